@@ -1,0 +1,31 @@
+"""The coordinator's one clock.
+
+Every time jobcoord stores or compares is an integer count of microseconds since the Unix
+epoch, UTC, taken here and bound into SQL as a parameter (never SQL's own `now()`), so a lease
+is judged by exactly one clock and freezegun controls it in tests.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+MICROS = 1_000_000
+
+
+def now_us() -> int:
+    """Current UTC time in integer microseconds."""
+    # datetime.now (not time.time) so that freezegun's frozen clock reaches every caller.
+    dt = datetime.now(UTC)
+    return int(dt.timestamp()) * MICROS + dt.microsecond
+
+
+def seconds_to_us(seconds: float) -> int:
+    return round(seconds * MICROS)
+
+
+def iso(us: int | None) -> str | None:
+    """Render a stored time as ISO 8601 UTC for humans and JSON output."""
+    if us is None:
+        return None
+    dt = datetime.fromtimestamp(us // MICROS, UTC).replace(microsecond=us % MICROS)
+    return dt.isoformat().replace("+00:00", "Z")

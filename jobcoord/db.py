@@ -1,0 +1,372 @@
+"""Engine and transactions: the one seam between jobcoord and its two databases.
+
+Everything dialect-specific lives here: how a connection is set up, how a write transaction
+begins (`BEGIN IMMEDIATE` on SQLite, plain `BEGIN` plus `FOR UPDATE SKIP LOCKED` row locks on
+PostgreSQL), how driver errors map to jobcoord's errors, and the bounded retry when the
+database stays busy. The service above only sees `Database.write(fn)` / `Database.read(fn)`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import re
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, CursorResult, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from .errors import (
+    DatabaseBusy,
+    DatabaseCorrupt,
+    JobcoordError,
+    SchemaMismatch,
+    StorageUnavailable,
+)
+
+T = TypeVar("T")
+
+#: Revisions of the core branch, oldest first. The last one is what this code expects.
+CORE_REVISIONS = ("c0001",)
+#: Revisions of optional branches, oldest first.
+OPTIONAL_REVISIONS = {"artifacts": ("a0001",)}
+
+SYNCHRONOUS_LEVELS = ("full", "normal")
+DEFAULT_BUSY_TIMEOUT = 5.0
+DEFAULT_RETRIES = 4  # attempts in all, when the busy timeout runs out anyway
+
+
+class SQL:
+    """One fixed statement written once with `:name` parameters, kept in the paramstyle of
+    each driver so the hot path can hand it straight to the DB-API cursor."""
+
+    __slots__ = ("postgresql", "sqlite")
+
+    def __init__(self, text: str) -> None:
+        assert "%" not in text, "psycopg would read % as a placeholder"
+        self.sqlite = text
+        self.postgresql = re.sub(r"(?<![:\w]):([A-Za-z_]\w*)", r"%(\1)s", text)
+
+
+@dataclass
+class Stats:
+    """Counters a caller (the contention tests, the benchmarks) can read after a run."""
+
+    busy_retries: int = 0
+    busy_failures: int = 0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the coordinator's state lives."""
+
+    url: str
+    sqlite_path: str | None = None  # absolute path for SQLite files
+
+    @property
+    def dialect(self) -> str:
+        return "sqlite" if self.sqlite_path is not None else "postgresql"
+
+    def display(self) -> str:
+        if self.sqlite_path is not None:
+            return self.sqlite_path
+        return make_url(self.url).render_as_string(hide_password=True)
+
+
+def resolve_target(db: str | None = None, url: str | None = None) -> Target:
+    """Turn `--db PATH` / `--url URL` / `JOBCOORD_URL` into a Target (default ./jobcoord.db)."""
+    from .errors import InvalidInput
+
+    if db is not None and url is not None:
+        raise InvalidInput("invalid_input", "give either --db or --url, not both")
+    if url is None and db is None:
+        url = os.environ.get("JOBCOORD_URL") or None
+    if url is None:
+        path = db if db is not None else "jobcoord.db"
+        if not path or "\x00" in path:
+            raise InvalidInput("invalid_input", "--db must be a file path")
+        return Target(url=f"sqlite:///{path}", sqlite_path=os.path.abspath(path))
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise InvalidInput("invalid_input", f"not a database URL: {url!r}") from e
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            raise InvalidInput("invalid_input", "a SQLite URL must name a file")
+        return Target(url=url, sqlite_path=os.path.abspath(parsed.database))
+    if backend == "postgresql":
+        if parsed.drivername in ("postgresql", "postgres"):
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return Target(url=parsed.render_as_string(hide_password=False))
+    raise InvalidInput(
+        "invalid_input",
+        f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
+        "postgresql+psycopg://USER@HOST/DB",
+    )
+
+
+# --- error classification --------------------------------------------------------------
+
+_SQLITE_CODES: tuple[tuple[str, type[JobcoordError], str, str], ...] = (
+    ("SQLITE_BUSY", DatabaseBusy, "database_locked", "the database is locked by another process"),
+    ("SQLITE_LOCKED", DatabaseBusy, "database_locked", "the database is locked"),
+    (
+        "SQLITE_READONLY",
+        StorageUnavailable,
+        "database_readonly",
+        "the database or its directory is read-only (WAL mode needs to write the -wal and "
+        "-shm files beside it); fix the permissions or run as the owner",
+    ),
+    ("SQLITE_FULL", StorageUnavailable, "database_full", "the disk is full"),
+    ("SQLITE_IOERR", StorageUnavailable, "database_io_error", "disk I/O error"),
+    ("SQLITE_CANTOPEN", StorageUnavailable, "database_unavailable", "cannot open the database"),
+    ("SQLITE_PERM", StorageUnavailable, "database_readonly", "permission denied"),
+    ("SQLITE_NOTADB", DatabaseCorrupt, "database_corrupt", "the file is not a database"),
+    ("SQLITE_CORRUPT", DatabaseCorrupt, "database_corrupt", "the database is malformed"),
+)
+
+_PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
+    "40001": (DatabaseBusy, "database_locked", "serialization failure"),
+    "40P01": (DatabaseBusy, "database_locked", "deadlock detected"),
+    "55P03": (DatabaseBusy, "database_locked", "lock not available"),
+    "53100": (StorageUnavailable, "database_full", "the database server's disk is full"),
+    "25006": (StorageUnavailable, "database_readonly", "the database is read-only"),
+    "42P01": (SchemaMismatch, "not_migrated", "a table is missing"),
+}
+
+
+def classify(exc: BaseException, where: str = "") -> JobcoordError:
+    """Map a driver error to jobcoord's hierarchy by SQLite's error name or PostgreSQL's
+    SQLSTATE, never by message text."""
+    orig = getattr(exc, "orig", exc)
+    suffix = f" ({where})" if where else ""
+    name = getattr(orig, "sqlite_errorname", None)
+    if name:
+        for prefix, cls, code, text in _SQLITE_CODES:
+            if name.startswith(prefix):
+                return cls(code, f"{text}{suffix} [{name}]", sqlite_error=name)
+        if "no such table" in str(orig):
+            return SchemaMismatch("not_migrated", f"the database is not migrated{suffix}; "
+                                  "run `jobcoord migrate`")
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate and sqlstate in _PG_STATES:
+        cls, code, text = _PG_STATES[sqlstate]
+        return cls(code, f"{text}{suffix} [SQLSTATE {sqlstate}]", sqlstate=sqlstate)
+    if type(orig).__module__.startswith("psycopg") and type(orig).__name__ == "OperationalError":
+        return StorageUnavailable(
+            "database_unavailable", f"cannot reach the database{suffix}: {str(orig).strip()}"
+        )
+    return JobcoordError("internal_error", f"database error{suffix}: {orig}")
+
+
+def _is_busy(err: JobcoordError) -> bool:
+    return isinstance(err, DatabaseBusy)
+
+
+# --- engine ----------------------------------------------------------------------------
+
+
+def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: float) -> Engine:
+    # mode=rw: every command but `migrate` must fail rather than create a file.
+    uri = f"file:{quote(path)}?mode={'rwc' if create else 'rw'}"
+    connect_kwargs: dict[str, Any] = {"timeout": busy_timeout, "uri": True}
+    if sys.version_info >= (3, 12):
+        # Pin the legacy mode: with autocommit=False our BEGIN IMMEDIATE fails ("cannot start a
+        # transaction within a transaction"); with autocommit=True commit() silently does
+        # nothing. Legacy plus isolation_level=None leaves every BEGIN to us.
+        connect_kwargs["autocommit"] = sqlite3.LEGACY_TRANSACTION_CONTROL
+
+    def _connect() -> sqlite3.Connection:
+        # check_same_thread=False: SQLAlchemy's pool may hand a connection to another thread,
+        # never to two at once.
+        return sqlite3.connect(uri, check_same_thread=False, **connect_kwargs)
+
+    engine = create_engine("sqlite://", creator=_connect)
+    sync = "FULL" if synchronous == "full" else "NORMAL"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        # The driver must not open transactions on its own: it would open a deferred one and
+        # a later write could then fail at once with SQLITE_BUSY instead of waiting.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        # Pragmas are no-ops inside a transaction, so they are set here, once per connection.
+        cur.execute("PRAGMA foreign_keys=ON")
+        # FULL syncs the WAL on every commit: an accepted job survives a power cut. NORMAL is
+        # faster and still never corrupts, but a power cut may drop the last commits.
+        cur.execute(f"PRAGMA synchronous={sync}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Write transactions take the write lock at their start (and so wait out the busy
+        # timeout); read-only work uses a deferred BEGIN and never blocks writers.
+        conn.exec_driver_sql(conn.get_execution_options().get("jobcoord_begin", "BEGIN"))
+
+    return engine
+
+
+def _pg_engine(url: str) -> Engine:
+    return create_engine(url, pool_pre_ping=False, connect_args={"application_name": "jobcoord"})
+
+
+def precheck_sqlite_path(path: str, *, create: bool) -> bool:
+    """Refuse paths SQLite cannot use, before SQLite touches anything. Returns whether the
+    file already exists."""
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
+    exists = os.path.exists(path)
+    if not exists:
+        if not os.path.isdir(parent):
+            raise StorageUnavailable(
+                "database_unavailable", f"cannot create {path}: directory {parent} does not exist"
+            )
+        if not create:
+            raise SchemaMismatch(
+                "not_migrated", f"no database at {path}; run `jobcoord migrate` to create it"
+            )
+    return exists
+
+
+def create_private_file(path: str) -> None:
+    """Create an empty database file readable and writable by its owner only (0600)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return
+    except PermissionError as e:
+        raise StorageUnavailable(
+            "database_readonly", f"cannot create {path}: the directory is not writable"
+        ) from e
+    except OSError as e:
+        code = "database_full" if e.errno == errno.ENOSPC else "database_unavailable"
+        raise StorageUnavailable(code, f"cannot create {path}: {e.strerror}") from e
+    os.close(fd)
+
+
+@dataclass
+class Database:
+    """An open coordinator database: an engine, its dialect, and transaction helpers."""
+
+    target: Target
+    engine: Engine
+    busy_retries: int = DEFAULT_RETRIES
+    stats: Stats = field(default_factory=Stats)
+    write_engine: Engine = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.write_engine = (
+            self.engine.execution_options(jobcoord_begin="BEGIN IMMEDIATE")
+            if self.is_sqlite
+            else self.engine
+        )
+
+    @classmethod
+    def open(
+        cls,
+        target: Target,
+        *,
+        create: bool = False,
+        synchronous: str = "full",
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        busy_retries: int = DEFAULT_RETRIES,
+    ) -> Database:
+        if target.sqlite_path is not None:
+            existed = precheck_sqlite_path(target.sqlite_path, create=create)
+            if create and not existed:
+                create_private_file(target.sqlite_path)
+            engine = _sqlite_engine(
+                target.sqlite_path,
+                create=create,
+                synchronous=synchronous,
+                busy_timeout=busy_timeout,
+            )
+        else:
+            engine = _pg_engine(target.url)
+        return cls(target=target, engine=engine, busy_retries=busy_retries)
+
+    @property
+    def dialect(self) -> str:
+        return self.target.dialect
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.target.sqlite_path is not None
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- statements --
+
+    def run(self, conn: Connection, stmt: SQL, params: Mapping[str, Any] | None = None
+            ) -> CursorResult[Any]:
+        """Execute a fixed statement in the driver's own paramstyle."""
+        text = stmt.sqlite if self.is_sqlite else stmt.postgresql
+        return conn.exec_driver_sql(text, dict(params) if params else {})
+
+    def run_text(self, conn: Connection, text: str, params: Mapping[str, Any] | None = None
+                 ) -> CursorResult[Any]:
+        """Execute a statement assembled at run time (still parameterized)."""
+        return self.run(conn, SQL(text), params)
+
+    def lock_clause(self) -> str:
+        """Row locking for a claim's candidate select. SQLite needs none: BEGIN IMMEDIATE
+        already holds the only write lock. PostgreSQL locks the candidate row and lets
+        concurrent claimers skip it instead of waiting."""
+        return "" if self.is_sqlite else " FOR UPDATE SKIP LOCKED"
+
+    # -- transactions --
+
+    def write(self, fn: Callable[[Connection], T], where: str = "") -> T:
+        """Run `fn` in one write transaction (BEGIN IMMEDIATE on SQLite), retrying the whole
+        transaction a bounded number of times, with jitter, if the database stays busy.
+
+        If `fn` returns a JobcoordError instead of raising it, the transaction commits (so a
+        refusal can be recorded as an event) and the error is raised afterwards."""
+        return self._transaction(fn, where, write=True)
+
+    def read(self, fn: Callable[[Connection], T], where: str = "") -> T:
+        """Run `fn` in a read transaction (deferred BEGIN: takes no write lock)."""
+        return self._transaction(fn, where, write=False)
+
+    def _transaction(self, fn: Callable[[Connection], T], where: str, *, write: bool) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                engine = self.write_engine if write else self.engine
+                with engine.begin() as conn:
+                    result = fn(conn)
+                    if isinstance(result, JobcoordError) and not write:
+                        raise result
+            except DBAPIError as e:
+                err = classify(e, where)
+                if _is_busy(err) and attempt < self.busy_retries:
+                    self.stats.busy_retries += 1
+                    # Jitter so that retrying processes do not collide again in lockstep.
+                    time.sleep(random.uniform(0.02, 0.1) * attempt)
+                    continue
+                if _is_busy(err):
+                    self.stats.busy_failures += 1
+                    err.message = (
+                        f"the database is still locked after {attempt} attempts; nothing was "
+                        "changed, try again"
+                    )
+                raise err from e
+            if isinstance(result, JobcoordError):
+                raise result
+            return result
+
+
+def sqlite_pragma(db: Database, conn: Connection, pragma: str) -> list[Any]:
+    return [row[0] for row in conn.exec_driver_sql(f"PRAGMA {pragma}").all()]

@@ -1,0 +1,194 @@
+"""Schema revisions: create, upgrade and downgrade through the Alembic history, and check that
+a database matches this code before any other command touches it.
+
+Alembic is imported only here and only when migrating, so everyday commands stay quick.
+The core tables are one branch (`alembic/versions`); optional features are branches of their
+own (`alembic/artifacts`), applied with `jobcoord migrate --with artifacts`.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+from .db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify, sqlite_pragma
+from .errors import InvalidInput, JobcoordError, SchemaMismatch, StorageUnavailable
+
+OPTIONAL_FEATURES = tuple(OPTIONAL_REVISIONS)
+
+
+def script_location() -> Path:
+    """The migration environment: shipped in the wheel as jobcoord/_alembic, or the
+    checkout's top-level alembic/ when running from source."""
+    packaged = Path(str(resources.files("jobcoord"))) / "_alembic"
+    if (packaged / "env.py").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parent.parent / "alembic"
+    if (checkout / "env.py").is_file():
+        return checkout
+    raise JobcoordError("internal_error", "the migration scripts are missing from this install")
+
+
+def _config(db: Database, conn: Connection, features: set[str]) -> Any:
+    from alembic.config import Config
+
+    here = script_location()
+    cfg = Config()
+    cfg.set_main_option("script_location", str(here))
+    cfg.set_main_option("path_separator", "os")
+    locations = [str(here / "versions")] + [str(here / f) for f in sorted(features)]
+    cfg.set_main_option("version_locations", os.pathsep.join(locations))
+    cfg.attributes["connection"] = conn
+    cfg.attributes["jobcoord_db"] = db
+    return cfg
+
+
+def current_revisions(db: Database, conn: Connection) -> set[str]:
+    if not db.engine.dialect.has_table(conn, "alembic_version"):
+        return set()
+    rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+    return {r[0] for r in rows}
+
+
+def installed_features(revisions: set[str]) -> set[str]:
+    return {f for f, revs in OPTIONAL_REVISIONS.items() if revisions & set(revs)}
+
+
+def verify_schema(db: Database) -> set[str]:
+    """Raise SchemaMismatch unless the database is at exactly this code's revisions.
+    Returns the optional features installed."""
+    revisions = db.read(lambda conn: current_revisions(db, conn), "reading the schema version")
+    known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+    unknown = revisions - known
+    if unknown:
+        raise SchemaMismatch(
+            "schema_newer",
+            f"the database is at revision {', '.join(sorted(unknown))}, newer than this "
+            "jobcoord understands; upgrade jobcoord",
+        )
+    core = revisions & set(CORE_REVISIONS)
+    if not core:
+        raise SchemaMismatch(
+            "not_migrated",
+            f"{db.target.display()} is not a migrated jobcoord database; run `jobcoord migrate`",
+        )
+    (rev,) = core
+    if rev != CORE_REVISIONS[-1]:
+        raise SchemaMismatch(
+            "schema_outdated",
+            f"the database is at revision {rev}, this jobcoord expects {CORE_REVISIONS[-1]}; "
+            "back it up, then run `jobcoord migrate`",
+        )
+    for feature, revs in OPTIONAL_REVISIONS.items():
+        have = revisions & set(revs)
+        if have and have != {revs[-1]}:
+            raise SchemaMismatch(
+                "schema_outdated",
+                f"the {feature} tables are at an older revision; run `jobcoord migrate`",
+            )
+    return installed_features(revisions)
+
+
+def _enable_wal(db: Database) -> str:
+    # journal_mode persists in the file; it must be set outside a transaction, and a
+    # filesystem without shared memory (a network mount) silently keeps the old mode.
+    with db.engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        mode = raw.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise StorageUnavailable(
+            "database_unavailable",
+            f"this filesystem does not support WAL mode (got {mode!r}); SQLite databases must "
+            "be on a local disk, not a network filesystem",
+        )
+    return "wal"
+
+
+def migrate(
+    db: Database, *, add: set[str] | None = None, remove: set[str] | None = None
+) -> dict[str, Any]:
+    """Bring the core schema to its newest revision, add or remove optional features, and
+    run `PRAGMA quick_check` afterwards (SQLite)."""
+    add = set(add or ())
+    remove = set(remove or ())
+    for feature in add | remove:
+        if feature not in OPTIONAL_FEATURES:
+            raise InvalidInput(
+                "invalid_input",
+                f"unknown optional feature {feature!r}; known: {', '.join(OPTIONAL_FEATURES)}",
+            )
+    if add & remove:
+        raise InvalidInput("invalid_input", "cannot add and remove the same feature")
+    from alembic import command
+
+    if db.is_sqlite:
+        _enable_wal(db)
+    before: set[str] = set()
+
+    def _upgrade(conn: Connection) -> None:
+        nonlocal before
+        before = current_revisions(db, conn)
+        known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+        if before - known:
+            raise SchemaMismatch(
+                "schema_newer",
+                "the database was migrated by a newer jobcoord; upgrade jobcoord",
+            )
+        features = (installed_features(before) | add) - remove
+        cfg = _config(db, conn, features | remove)
+        for feature in sorted(remove):
+            if installed_features(before) & {feature}:
+                command.downgrade(cfg, f"{feature}@base")
+        command.upgrade(cfg, "core@head")
+        for feature in sorted(features):
+            command.upgrade(cfg, f"{feature}@head")
+
+    # One write transaction for the whole run: the version is read under the write lock, so a
+    # second concurrent `migrate` waits, then finds nothing left to do.
+    try:
+        with db.write_engine.connect() as conn:
+            raw = conn.connection.dbapi_connection
+            if db.is_sqlite:
+                # Rebuilding a referenced table with foreign keys on would fire ON DELETE
+                # CASCADE on its children; the pragma only takes effect outside a transaction.
+                raw.execute("PRAGMA foreign_keys=OFF")
+            try:
+                with conn.begin():
+                    if not db.is_sqlite:
+                        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7270201)")
+                    _upgrade(conn)
+                    if db.is_sqlite:
+                        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                        if broken:
+                            raise SchemaMismatch(
+                                "migration_failed",
+                                f"migration left {len(broken)} broken foreign keys; rolled back",
+                            )
+            finally:
+                if db.is_sqlite:
+                    raw.execute("PRAGMA foreign_keys=ON")
+    except JobcoordError:
+        raise
+    except DBAPIError as e:
+        raise classify(e, "migrating") from e
+    except Exception as e:  # an error inside a migration script
+        raise SchemaMismatch(
+            "migration_failed", f"migration failed and was rolled back: {e}"
+        ) from e
+    after = db.read(lambda conn: current_revisions(db, conn))
+    result: dict[str, Any] = {
+        "revisions_before": sorted(before),
+        "revisions": sorted(after),
+        "features": sorted(installed_features(after)),
+        "changed": before != after,
+    }
+    if db.is_sqlite:
+        result["quick_check"] = db.read(lambda c: sqlite_pragma(db, c, "quick_check"))
+        result["journal_mode"] = db.read(lambda c: sqlite_pragma(db, c, "journal_mode"))[0]
+    return result

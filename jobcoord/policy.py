@@ -1,0 +1,140 @@
+"""The gate policy: which machine readings allow which claims, plus the coordinator's limits.
+
+Defaults come from the seeds. Override any of them with a TOML file passed as `--policy PATH`
+(or JOBCOORD_POLICY); unknown keys are refused so a typo never silently keeps a default.
+
+Unknown readings (a platform that cannot report a value) never block: no memory or
+temperature reading means no evidence of pressure, no battery means AC power, and no
+interactive user session means the user is idle. Set `unknown_blocks_background = true` to
+make missing power or idle readings keep background priorities (P2, P3) off the machine.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Policy:
+    #: No new claim above this memory use (a reading of 90 is refused at 85).
+    max_memory_pct: float = 85.0
+    #: No new claim above this temperature.
+    max_temperature_c: float = 90.0
+    #: Priorities from this one on (P2, P3) are background work.
+    background_from_priority: int = 2
+    #: Background work needs AC power...
+    background_requires_ac: bool = True
+    #: ...and a user idle for at least this long.
+    background_min_idle_s: float = 300.0
+    unknown_blocks_background: bool = False
+    #: A heartbeat older than this means no claim.
+    heartbeat_max_age_s: float = 60.0
+    default_lease_s: float = 45.0
+    max_lease_s: float = 12 * 3600.0
+    max_payload_bytes: int = 256 * 1024
+    max_result_bytes: int = 1024 * 1024
+    #: Retry backoff after the n-th failed attempt: min(retry_max_s, retry_base_s * 2**(n-1)).
+    retry_base_s: float = 10.0
+    retry_max_s: float = 600.0
+    default_max_attempts: int = 3
+    #: Priority of a job enqueued without one: P1, so work a user enqueues by hand is not held
+    #: back by the background gates unless they ask for a background priority.
+    default_priority: int = 1
+
+    @classmethod
+    def from_toml(cls, path: str) -> Policy:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as e:
+            raise InvalidInput("invalid_policy", f"cannot read policy {path}: {e.strerror}"
+                               ) from None
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidInput("invalid_policy", f"policy {path} is not valid TOML: {e}"
+                               ) from None
+        return cls.from_mapping(data.get("policy", data), source=path)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], source: str = "policy") -> Policy:
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise InvalidInput("invalid_policy", f"{source}: unknown setting {key!r}")
+            default = getattr(cls, key)
+            if isinstance(default, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(default, int):
+                ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            else:
+                ok = (isinstance(value, int | float) and not isinstance(value, bool)
+                      and math.isfinite(value) and value >= 0)
+            if not ok:
+                raise InvalidInput(
+                    "invalid_policy",
+                    f"{source}: {key} must be a non-negative {type(default).__name__}",
+                )
+            values[key] = value
+        policy = cls(**values)
+        if policy.default_lease_s <= 0 or policy.default_lease_s > policy.max_lease_s:
+            raise InvalidInput("invalid_policy", f"{source}: default_lease_s out of range")
+        if policy.default_max_attempts < 1:
+            raise InvalidInput("invalid_policy", f"{source}: default_max_attempts must be >= 1")
+        if policy.default_priority > 3 or policy.background_from_priority > 4:
+            raise InvalidInput("invalid_policy", f"{source}: priorities are 0..3")
+        return policy
+
+    def backoff_s(self, failed_attempts: int) -> float:
+        """Deterministic backoff after the n-th failed attempt (n >= 1)."""
+        exponent = min(max(failed_attempts, 1) - 1, 30)  # clamp before multiplying
+        return min(self.retry_max_s, self.retry_base_s * 2.0**exponent)
+
+
+@dataclass(frozen=True)
+class Readings:
+    memory_used_pct: float | None = None
+    temperature_c: float | None = None
+    on_battery: bool | None = None
+    user_idle_s: float | None = None
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """What the gates allow for one worker right now."""
+
+    #: Highest priority number (0..3) the worker may claim; -1 means nothing at all.
+    max_priority: int
+    #: Why everything is refused, or why background work is refused (code, detail).
+    refusal: tuple[str, str] | None = None
+
+    @property
+    def blocks_all(self) -> bool:
+        return self.max_priority < 0
+
+
+def evaluate(policy: Policy, r: Readings) -> GateDecision:
+    """Apply the gates in a fixed order: memory, temperature (both stop all new claims), then
+    power and user activity (which only hold back background priorities)."""
+    if r.memory_used_pct is not None and r.memory_used_pct > policy.max_memory_pct:
+        return GateDecision(-1, ("memory_gate", f"memory use {r.memory_used_pct:g}% is above "
+                                 f"the {policy.max_memory_pct:g}% limit"))
+    if r.temperature_c is not None and r.temperature_c > policy.max_temperature_c:
+        return GateDecision(-1, ("thermal_gate", f"temperature {r.temperature_c:g} C is above "
+                                 f"the {policy.max_temperature_c:g} C limit"))
+    foreground = policy.background_from_priority - 1
+    strict = policy.unknown_blocks_background
+    if policy.background_requires_ac and (r.on_battery or (strict and r.on_battery is None)):
+        reason = "on battery" if r.on_battery else "power source unknown"
+        return GateDecision(foreground, ("power_gate", f"{reason}: background priorities "
+                                         f"(P{policy.background_from_priority}+) need AC power"))
+    idle = r.user_idle_s
+    if (idle is not None and idle < policy.background_min_idle_s) or (strict and idle is None):
+        what = f"user active {idle:g}s ago" if idle is not None else "user activity unknown"
+        return GateDecision(foreground, ("user_active", f"{what}: background priorities need "
+                                         f"{policy.background_min_idle_s:g}s of idle time"))
+    return GateDecision(3)

@@ -1,0 +1,1126 @@
+"""The coordinator: every rule of the job lifecycle, in one place.
+
+Each public method is one short transaction (or none) and returns plain dicts ready for JSON.
+Write transactions begin with BEGIN IMMEDIATE on SQLite (db.py), so reading a job and changing
+it can never interleave with another writer. Every state change is additionally a
+compare-and-set on (status, epoch), and writes its job_events row in the same transaction.
+No file, network or model I/O ever happens inside a transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from . import validate as v
+from .clock import MICROS, iso, now_us, seconds_to_us
+from .db import SQL, Database, Target, resolve_target
+from .errors import InvalidInput, JobcoordError, Refused
+from .models import FINAL_STATUSES, STATUSES
+from .policy import GateDecision, Policy, Readings, evaluate
+
+DEFAULT_TENANT = "default"
+
+# --- fixed statements -------------------------------------------------------------------
+
+_INSERT_JOB = SQL(
+    "INSERT INTO jobs (tenant, kind, required_role, priority, payload_json, status, created_at,"
+    " updated_at, run_after, deadline_at, attempts, max_attempts, epoch, idempotency_key,"
+    " effect_started, cancel_requested)"
+    " VALUES (:tenant, :kind, :role, :priority, :payload, 'waiting', :now, :now, :run_after,"
+    " :deadline, 0, :max_attempts, 0, :key, :f, :f) RETURNING job_id"
+)
+_INSERT_EVENT = SQL(
+    "INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id, epoch,"
+    " detail) VALUES (:job_id, :now, :from_status, :to_status, :reason, :worker, :epoch,"
+    " :detail)"
+)
+_JOB_BY_KEY = SQL(
+    "SELECT job_id, kind, payload_json FROM jobs WHERE tenant = :tenant"
+    " AND idempotency_key = :key"
+)
+_WORKER = SQL(
+    "SELECT roles_json, kinds_json, heartbeat_at, memory_used_pct, temperature_c, on_battery,"
+    " user_idle_s FROM workers WHERE worker_id = :worker"
+)
+_UPSERT_WORKER = SQL(
+    "INSERT INTO workers (worker_id, roles_json, kinds_json, heartbeat_raw, heartbeat_at,"
+    " memory_used_pct, temperature_c, on_battery, user_idle_s, created_at)"
+    " VALUES (:worker, :roles, :kinds, :raw, :now, :mem, :temp, :battery, :idle, :now)"
+    " ON CONFLICT (worker_id) DO UPDATE SET roles_json = excluded.roles_json,"
+    " kinds_json = excluded.kinds_json, heartbeat_raw = excluded.heartbeat_raw,"
+    " heartbeat_at = excluded.heartbeat_at, memory_used_pct = excluded.memory_used_pct,"
+    " temperature_c = excluded.temperature_c, on_battery = excluded.on_battery,"
+    " user_idle_s = excluded.user_idle_s"
+)
+_RECORD_REFUSAL = SQL(
+    "UPDATE workers SET last_refusal = :code, last_refusal_detail = :detail,"
+    " last_refusal_at = :now WHERE worker_id = :worker"
+)
+_TAKE_JOB = SQL(
+    "UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
+    " effect_started = :f, updated_at = :now WHERE job_id = :job_id AND status = 'waiting'"
+    " RETURNING job_id, kind, priority, payload_json, attempts, max_attempts, epoch, tenant"
+)
+_INSERT_LEASE = SQL(
+    "INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at)"
+    " VALUES (:job_id, :worker, :epoch, :now, :expires)"
+)
+_CHECKPOINTS = SQL(
+    "SELECT name, data_json, epoch, worker_id, updated_at FROM checkpoints"
+    " WHERE job_id = :job_id ORDER BY name"
+)
+_OWNED = SQL(
+    "SELECT j.status, j.epoch, j.tenant, j.cancel_requested, j.effect_started, j.attempts,"
+    " j.max_attempts, j.deadline_at, j.result_json, l.worker_id, l.epoch, l.expires_at"
+    " FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = :job_id"
+)
+_FINISH = SQL(
+    "UPDATE jobs SET status = :to_status, result_json = :result, provenance_json = :provenance,"
+    " last_error = :error, finished_at = :finished, run_after = :run_after, updated_at = :now"
+    " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch"
+)
+_DROP_LEASE = SQL("DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch")
+_RENEW = SQL(
+    "UPDATE leases SET expires_at = :expires WHERE job_id = :job_id AND epoch = :epoch"
+    " AND worker_id = :worker AND expires_at > :now"
+)
+_MARK_EFFECT = SQL(
+    "UPDATE jobs SET effect_started = :t, updated_at = :now WHERE job_id = :job_id"
+    " AND status = 'running' AND epoch = :epoch"
+)
+_UPSERT_CHECKPOINT = SQL(
+    "INSERT INTO checkpoints (job_id, name, data_json, epoch, worker_id, created_at,"
+    " updated_at) VALUES (:job_id, :name, :data, :epoch, :worker, :now, :now)"
+    " ON CONFLICT (job_id, name) DO UPDATE SET data_json = excluded.data_json,"
+    " epoch = excluded.epoch, worker_id = excluded.worker_id, updated_at = excluded.updated_at"
+)
+_EXPIRED_LEASES = SQL(
+    "SELECT l.job_id, l.epoch, l.worker_id, l.expires_at, j.effect_started, j.attempts,"
+    " j.max_attempts, j.deadline_at, j.cancel_requested FROM leases l"
+    " JOIN jobs j ON j.job_id = l.job_id WHERE l.expires_at <= :now"
+    " ORDER BY l.expires_at LIMIT :limit"
+)
+_OVERDUE_WAITING = SQL(
+    "SELECT job_id FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
+    " ORDER BY deadline_at LIMIT :limit"
+)
+_SET_STATUS = SQL(
+    "UPDATE jobs SET status = :to_status, updated_at = :now, finished_at = :finished,"
+    " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
+    " AND status = :from_status AND epoch = :epoch"
+)
+_JOB_ROW = SQL(
+    "SELECT job_id, tenant, kind, required_role, priority, payload_json, status, created_at,"
+    " updated_at, run_after, deadline_at, attempts, max_attempts, epoch, idempotency_key,"
+    " result_json, provenance_json, last_error, effect_started, cancel_requested, finished_at"
+    " FROM jobs WHERE job_id = :job_id"
+)
+_JOB_COLUMNS = (
+    "job_id", "tenant", "kind", "required_role", "priority", "payload_json", "status",
+    "created_at", "updated_at", "run_after", "deadline_at", "attempts", "max_attempts", "epoch",
+    "idempotency_key", "result_json", "provenance_json", "last_error", "effect_started",
+    "cancel_requested", "finished_at",
+)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue (the batch API takes many)."""
+
+    kind: str
+    payload: Any = None
+    priority: int | str | None = None
+    role: str | None = None
+    tenant: str = DEFAULT_TENANT
+    key: str | None = None
+    max_attempts: int | None = None
+    deadline_s: float | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A validated JobSpec, ready to insert."""
+
+    kind: str
+    payload_text: str
+    priority: int
+    role: str | None
+    tenant: str
+    key: str | None
+    max_attempts: int
+    deadline_us: int | None
+    delay_us: int
+
+
+class Coordinator:
+    """The public Python API. Open one per process (it holds a connection pool)."""
+
+    def __init__(self, db: Database, policy: Policy | None = None, *, verify: bool = True):
+        self.db = db
+        self.policy = policy or Policy()
+        self.features: set[str] = set()
+        if verify:
+            from .migrate import verify_schema
+
+            self.features = verify_schema(db)
+
+    @classmethod
+    def open(
+        cls,
+        target: str | Target | None = None,
+        *,
+        url: str | None = None,
+        policy: Policy | None = None,
+        synchronous: str = "full",
+        busy_timeout: float = 5.0,
+        verify: bool = True,
+    ) -> Coordinator:
+        """Open a coordinator on a SQLite path, a URL, or a resolved Target."""
+        if not isinstance(target, Target):
+            target = resolve_target(db=target, url=url)
+        db = Database.open(target, synchronous=synchronous, busy_timeout=busy_timeout)
+        try:
+            return cls(db, policy, verify=verify)
+        except BaseException:
+            db.close()
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _event(self, conn: Connection, job_id: int, now: int, from_status: str | None,
+               to_status: str, reason: str, worker: str | None = None,
+               epoch: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
+        self.db.run(conn, _INSERT_EVENT, {
+            "job_id": job_id, "now": now, "from_status": from_status, "to_status": to_status,
+            "reason": reason, "worker": worker, "epoch": epoch,
+            "detail": v.dumps(detail) if detail else None,
+        })
+
+    def _lease_seconds(self, lease_s: float | None) -> int:
+        value = self.policy.default_lease_s if lease_s is None else lease_s
+        return seconds_to_us(v.seconds(value, "lease", 0, self.policy.max_lease_s,
+                                       lo_inclusive=False))
+
+    def _check_spec(self, spec: JobSpec, now: int) -> _Checked:
+        p = self.policy
+        _, payload_text = v.json_value(
+            {} if spec.payload is None else spec.payload, "payload",
+            max_bytes=p.max_payload_bytes, require_object=True,
+        )
+        deadline_us = None
+        if spec.deadline_s is not None:
+            deadline_us = now + seconds_to_us(
+                v.seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
+        return _Checked(
+            kind=v.name(spec.kind, "kind"),
+            payload_text=payload_text,
+            priority=v.priority(p.default_priority if spec.priority is None else spec.priority),
+            role=v.optional_name(spec.role, "role"),
+            tenant=v.name(spec.tenant, "tenant"),
+            key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
+            max_attempts=v.integer(
+                p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
+                "max_attempts", 1, 100),
+            deadline_us=deadline_us,
+            delay_us=seconds_to_us(v.seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S)),
+        )
+
+    def _insert(self, conn: Connection, c: _Checked, now: int) -> dict[str, Any] | JobcoordError:
+        if c.key is not None:
+            existing = self.db.run(conn, _JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}).first()
+            if existing is not None:
+                if existing[1] != c.kind or existing[2] != c.payload_text:
+                    return Refused(
+                        "idempotency_conflict",
+                        f"idempotency key {c.key!r} was already used in tenant {c.tenant!r} "
+                        f"for job {existing[0]} with a different kind or payload",
+                        job_id=existing[0],
+                    )
+                return {"job_id": existing[0], "created": False}
+        job_id = self.db.run(conn, _INSERT_JOB, {
+            "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
+            "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
+            "deadline": c.deadline_us, "max_attempts": c.max_attempts, "key": c.key,
+            "f": False,
+        }).scalar_one()
+        detail: dict[str, Any] = {"priority": c.priority}
+        if c.delay_us:
+            detail["run_after"] = iso(now + c.delay_us)
+        self._event(conn, job_id, now, None, "waiting", "enqueued", detail=detail)
+        return {"job_id": job_id, "created": True}
+
+    # --- submission ---------------------------------------------------------------------
+
+    def enqueue(self, kind: str, payload: Any = None, *, priority: int | str | None = None,
+                role: str | None = None, tenant: str = DEFAULT_TENANT, key: str | None = None,
+                max_attempts: int | None = None, deadline_s: float | None = None,
+                delay_s: float = 0.0) -> dict[str, Any]:
+        """Accept a job. Returns {"job_id", "created"} only after the row is committed.
+        The same tenant and idempotency key returns the same job (created False); the same
+        key with another kind or payload is refused (idempotency_conflict)."""
+        spec = JobSpec(kind, payload, priority, role, tenant, key, max_attempts, deadline_s,
+                       delay_s)
+        now = now_us()
+        checked = self._check_spec(spec, now)
+        return self.db.write(lambda conn: self._insert(conn, checked, now), "enqueue")
+
+    def enqueue_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Accept many jobs in one transaction: all of them or none."""
+        now = now_us()
+        checked = [self._check_spec(s if isinstance(s, JobSpec) else JobSpec(**s), now)
+                   for s in specs]
+
+        def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
+            out = []
+            for c in checked:
+                res = self._insert(conn, c, now)
+                if isinstance(res, JobcoordError):
+                    raise res  # roll the whole batch back
+                out.append(res)
+            return out
+
+        return self.db.write(_all, "enqueue")
+
+    # --- workers ------------------------------------------------------------------------
+
+    def heartbeat(self, worker_id: str, *, roles: Sequence[str] | None = None,
+                  readings: Mapping[str, Any] | str | None = None,
+                  kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Record a worker's readings, exactly as received, with the time received."""
+        worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+        role_list = sorted({v.name(r, "role") for r in roles or ()})
+        kind_list = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
+        raw_text, parsed = parse_readings(readings)
+        now = now_us()
+        params = {
+            "worker": worker_id, "roles": v.dumps(role_list),
+            "kinds": None if kind_list is None else v.dumps(kind_list), "raw": raw_text,
+            "now": now, "mem": parsed.memory_used_pct, "temp": parsed.temperature_c,
+            "battery": parsed.on_battery, "idle": parsed.user_idle_s,
+        }
+        self.db.write(lambda conn: self.db.run(conn, _UPSERT_WORKER, params), "heartbeat")
+        gates = evaluate(self.policy, parsed)
+        return {"worker_id": worker_id, "roles": role_list, "kinds": kind_list,
+                "received_at": iso(now), "readings": _readings_json(parsed),
+                "gates": _gates_json(gates)}
+
+    # --- claim --------------------------------------------------------------------------
+
+    def _candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
+                       due_only: bool) -> tuple[str, dict[str, Any]]:
+        """One index probe per (role, kind): each reads only the head of its slice of the
+        partial claim index, however many jobs wait for other roles and kinds."""
+        params: dict[str, Any] = {}
+        parts = []
+        role_opts: list[str | None] = [None, *roles]
+        kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
+        lock = self.db.lock_clause()
+        for i, role in enumerate(role_opts):
+            for j, kind in enumerate(kind_opts):
+                where = ["status = 'waiting'", "priority <= :maxp"]
+                if role is None:
+                    where.append("required_role IS NULL")
+                else:
+                    params[f"r{i}"] = role
+                    where.append(f"required_role = :r{i}")
+                if kind is not None:
+                    params[f"k{j}"] = kind
+                    where.append(f"kind = :k{j}")
+                if due_only:
+                    where.append("run_after <= :now")
+                    where.append("(deadline_at IS NULL OR deadline_at > :now)")
+                parts.append(
+                    f"c{i}_{j} AS MATERIALIZED (SELECT job_id, priority, created_at FROM jobs"
+                    f" WHERE {' AND '.join(where)} ORDER BY priority, created_at, job_id"
+                    f" LIMIT 1{lock})"
+                )
+        names = [p.split(" ", 1)[0] for p in parts]
+        union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
+        text = (f"WITH {', '.join(parts)} SELECT job_id FROM ({union}) AS candidates"
+                " ORDER BY priority, created_at, job_id LIMIT 1")
+        return text, params
+
+    def claim(self, worker_id: str, *, lease_s: float | None = None,
+              kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Give this worker the first eligible waiting job, under a new lease and epoch.
+
+        Returns {"job": {...}, "lease": {...}}, or {"job": None, "reason": CODE, "detail"}
+        when nothing can be claimed (the refusal is also recorded on the worker)."""
+        worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+        lease_us = self._lease_seconds(lease_s)
+        kind_filter = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
+        now = now_us()
+        return self.db.write(
+            lambda conn: self._claim(conn, worker_id, lease_us, kind_filter, now), "claim")
+
+    def _refuse(self, conn: Connection, worker_id: str, now: int, code: str, detail: str,
+                known_worker: bool = True) -> dict[str, Any]:
+        if known_worker:
+            self.db.run(conn, _RECORD_REFUSAL, {"worker": worker_id, "code": code,
+                                                "detail": detail, "now": now})
+        return {"job": None, "reason": code, "detail": detail}
+
+    def _claim(self, conn: Connection, worker_id: str, lease_us: int,
+               kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+        row = self.db.run(conn, _WORKER, {"worker": worker_id}).first()
+        if row is None:
+            return self._refuse(conn, worker_id, now, "heartbeat_missing",
+                                f"worker {worker_id} has never sent a heartbeat", False)
+        roles = json.loads(row[0])
+        if kinds is None and row[1] is not None:
+            kinds = json.loads(row[1])
+        age_s = (now - row[2]) / MICROS if row[2] is not None else None
+        if age_s is None or age_s > self.policy.heartbeat_max_age_s:
+            return self._refuse(conn, worker_id, now, "heartbeat_stale",
+                                f"last heartbeat {age_s:.0f}s ago; the limit is "
+                                f"{self.policy.heartbeat_max_age_s:g}s")
+        gates = evaluate(self.policy, Readings(row[3], row[4], _bool(row[5]), row[6]))
+        if gates.blocks_all:
+            assert gates.refusal is not None
+            return self._refuse(conn, worker_id, now, *gates.refusal)
+        text, params = self._candidate_sql(roles, kinds, due_only=True)
+        params.update(now=now, maxp=gates.max_priority)
+        found = self.db.run_text(conn, text, params).first()
+        if found is None:
+            code, detail = self._why_nothing(conn, roles, kinds, gates, now)
+            return self._refuse(conn, worker_id, now, code, detail)
+        job = self.db.run(conn, _TAKE_JOB, {"job_id": found[0], "now": now, "f": False}).first()
+        if job is None:  # cannot happen under the write lock; the guard is defence in depth
+            return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
+        job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = job
+        expires = now + lease_us
+        self.db.run(conn, _INSERT_LEASE, {"job_id": job_id, "worker": worker_id,
+                                          "epoch": epoch, "now": now, "expires": expires})
+        self._event(conn, job_id, now, "waiting", "running", "claimed", worker_id, epoch,
+                    {"expires_at": iso(expires), "attempt": attempts})
+        checkpoints = [
+            {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
+             "updated_at": iso(r[4])}
+            for r in self.db.run(conn, _CHECKPOINTS, {"job_id": job_id})
+        ]
+        return {
+            "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,
+                    "payload": json.loads(payload), "attempt": attempts,
+                    "max_attempts": max_attempts, "checkpoints": checkpoints},
+            "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": iso(expires),
+                      "expires_at_us": expires},
+        }
+
+    def _why_nothing(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
+                     gates: GateDecision, now: int) -> tuple[str, str]:
+        if self.db.run_text(conn, "SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1"
+                            ).first() is None:
+            return "no_waiting_jobs", "no job is waiting"
+        text, params = self._candidate_sql(roles, kinds, due_only=True)
+        params.update(now=now, maxp=3)
+        if gates.refusal and self.db.run_text(conn, text, params).first() is not None:
+            return gates.refusal
+        text, params = self._candidate_sql(roles, kinds, due_only=False)
+        params.update(maxp=3)
+        if self.db.run_text(conn, text, params).first() is not None:
+            return ("no_waiting_jobs",
+                    "the waiting jobs this worker could run are scheduled for later or past "
+                    "their deadline")
+        serves = f"roles {list(roles)}" if roles else "no role"
+        if kinds is not None:
+            serves += f" and kinds {list(kinds)}"
+        return "no_matching_role", f"jobs are waiting, but none for a worker with {serves}"
+
+    # --- fenced operations on a held lease ----------------------------------------------
+
+    def _owned(self, conn: Connection, job_id: int, worker_id: str, epoch: int,
+               tenant: str | None, now: int, op: str) -> tuple[Any, ...] | JobcoordError:
+        """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
+        row or the refusal (a requested cancellation is carried out here)."""
+        row = self.db.run(conn, _OWNED, {"job_id": job_id}).first()
+        if row is None or (tenant is not None and row[2] != tenant):
+            return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
+        status, job_epoch = row[0], row[1]
+        if status == "cancelled":
+            return Refused("job_cancelled", f"job {job_id} was cancelled; stop working on it",
+                           job_id=job_id)
+        if status in FINAL_STATUSES:
+            return Refused("job_finished", f"job {job_id} is already {status}; the first "
+                           "outcome stands", job_id=job_id, status=status,
+                           accepted_epoch=job_epoch)
+        if epoch != job_epoch:
+            return Refused("stale_epoch", f"epoch {epoch} is stale: job {job_id} is at epoch "
+                           f"{job_epoch}", job_id=job_id, current_epoch=job_epoch)
+        if status != "running" or row[9] is None:
+            return Refused("lease_expired", f"the lease on job {job_id} expired and was "
+                           f"reaped; the job is {status}", job_id=job_id, status=status)
+        if row[9] != worker_id:
+            return Refused("not_owner", f"job {job_id} is leased to another worker",
+                           job_id=job_id)
+        if now >= row[11]:
+            return Refused("lease_expired", f"the lease on job {job_id} expired at "
+                           f"{iso(row[11])}", job_id=job_id, expired_at=iso(row[11]))
+        if _bool(row[3]):
+            self._end(conn, job_id, epoch, now, "cancelled", "cancelled", worker_id,
+                      detail={"during": op})
+            return Refused("job_cancelled", f"job {job_id} was cancelled; stop working on it",
+                           job_id=job_id)
+        return tuple(row)
+
+    def _end(self, conn: Connection, job_id: int, epoch: int, now: int, to_status: str,
+             reason: str, worker: str | None, *, result: str | None = None,
+             provenance: str | None = None, error: str | None = None, run_after: int | None = None,
+             detail: Mapping[str, Any] | None = None) -> None:
+        """Move a running job out of `running`: drop its lease, record the event."""
+        final = to_status in FINAL_STATUSES
+        updated = self.db.run(conn, _FINISH, {
+            "job_id": job_id, "epoch": epoch, "to_status": to_status, "result": result,
+            "provenance": provenance, "error": error, "finished": now if final else None,
+            "run_after": now if run_after is None else run_after, "now": now,
+        }).rowcount
+        if updated != 1:  # only reachable if a caller skipped _owned: fail loudly
+            raise JobcoordError("internal_error", f"job {job_id} changed under its write lock")
+        self.db.run(conn, _DROP_LEASE, {"job_id": job_id, "epoch": epoch})
+        self._event(conn, job_id, now, "running", to_status, reason, worker, epoch, detail)
+
+    def _fenced(self, op: str, job_id: Any, worker_id: str, epoch: Any, tenant: str | None
+                ) -> tuple[int, str, int, str | None]:
+        return (
+            v.integer(job_id, "job_id", 1, 2**62),
+            v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID),
+            v.integer(epoch, "epoch", 0, 2**31 - 1),
+            v.optional_name(tenant, "tenant"),
+        )
+
+    def _reject_event(self, conn: Connection, refusal: JobcoordError, job_id: int,
+                      worker: str, epoch: int, now: int, op: str) -> None:
+        """A late or stale result is evidence worth keeping: record it without a transition."""
+        if refusal.code in ("job_not_found", "job_cancelled"):
+            return
+        status = self.db.run_text(conn, "SELECT status FROM jobs WHERE job_id = :job_id",
+                                  {"job_id": job_id}).scalar()
+        self._event(conn, job_id, now, status, status, f"{op}_refused", worker, epoch,
+                    {"refusal": refusal.code})
+
+    def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
+                 provenance: Mapping[str, Any] | None = None, tenant: str | None = None
+                 ) -> dict[str, Any]:
+        """Accept the result of the lease owner at the current epoch, before expiry."""
+        job_id, worker_id, epoch, tenant = self._fenced("complete", job_id, worker_id, epoch,
+                                                        tenant)
+        _, result_text = v.json_value({} if result is None else result, "result",
+                                      max_bytes=self.policy.max_result_bytes,
+                                      require_object=False, too_large_code="result_too_large")
+        prov_text = None if provenance is None else v.json_value(
+            dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "complete")
+            if isinstance(owned, JobcoordError):
+                self._reject_event(conn, owned, job_id, worker_id, epoch, now, "complete")
+                return owned
+            self._end(conn, job_id, epoch, now, "succeeded", "completed", worker_id,
+                      result=result_text, provenance=prov_text)
+            return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
+                    "finished_at": iso(now)}
+
+        return self.db.write(_do, "complete")
+
+    def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
+             permanent: bool = False, reason: str = "failed", tenant: str | None = None
+             ) -> dict[str, Any]:
+        """Report a failed attempt. Retryable failures go back to `waiting` after the
+        policy's backoff, until max attempts or the deadline; then (or if permanent) `dead`."""
+        job_id, worker_id, epoch, tenant = self._fenced("fail", job_id, worker_id, epoch, tenant)
+        error = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
+        reason = v.name(reason, "reason", max_len=40)
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "fail")
+            if isinstance(owned, JobcoordError):
+                self._reject_event(conn, owned, job_id, worker_id, epoch, now, "fail")
+                return owned
+            attempts, max_attempts, deadline = owned[5], owned[6], owned[7]
+            detail: dict[str, Any] = {"error": error, "attempt": attempts}
+            backoff_us = seconds_to_us(self.policy.backoff_s(attempts))
+            if permanent:
+                to_status, why = "dead", "permanent failure"
+            elif attempts >= max_attempts:
+                to_status, why = "dead", f"all {max_attempts} attempts used"
+            elif deadline is not None and now + backoff_us >= deadline:
+                to_status, why = "dead", "the next attempt would start past the deadline"
+            else:
+                to_status, why = "waiting", None
+                detail["backoff_s"] = backoff_us / MICROS
+                detail["run_after"] = iso(now + backoff_us)
+            if why:
+                detail["dead_because"] = why
+            self._end(conn, job_id, epoch, now, to_status, reason, worker_id, error=error,
+                      run_after=now + backoff_us if to_status == "waiting" else now,
+                      detail=detail)
+            out = {"job_id": job_id, "status": to_status, "attempt": attempts,
+                   "max_attempts": max_attempts}
+            if to_status == "waiting":
+                out["run_after"] = iso(now + backoff_us)
+            else:
+                out["dead_because"] = why
+            return out
+
+        return self.db.write(_do, "fail")
+
+    def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
+              tenant: str | None = None) -> dict[str, Any]:
+        """Extend a live lease of this owner and epoch to now + lease_s."""
+        job_id, worker_id, epoch, tenant = self._fenced("renew", job_id, worker_id, epoch,
+                                                        tenant)
+        lease_us = self._lease_seconds(lease_s)
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "renew")
+            if isinstance(owned, JobcoordError):
+                return owned
+            expires = now + lease_us
+            self.db.run(conn, _RENEW, {"job_id": job_id, "epoch": epoch, "worker": worker_id,
+                                       "now": now, "expires": expires})
+            return {"job_id": job_id, "epoch": epoch, "expires_at": iso(expires),
+                    "expires_at_us": expires}
+
+        return self.db.write(_do, "renew")
+
+    def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
+                    tenant: str | None = None) -> dict[str, Any]:
+        """Record that this attempt started an external effect it cannot undo. If its lease
+        then expires, the job becomes `unknown` instead of running the effect again."""
+        job_id, worker_id, epoch, tenant = self._fenced("effect", job_id, worker_id, epoch,
+                                                        tenant)
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "effect")
+            if isinstance(owned, JobcoordError):
+                return owned
+            if not _bool(owned[4]):
+                self.db.run(conn, _MARK_EFFECT, {"job_id": job_id, "epoch": epoch, "now": now,
+                                                 "t": True})
+                self._event(conn, job_id, now, "running", "running", "effect_started",
+                            worker_id, epoch)
+            return {"job_id": job_id, "epoch": epoch, "effect_started": True}
+
+        return self.db.write(_do, "effect")
+
+    def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str,
+                   data: Any = None, *, tenant: str | None = None) -> dict[str, Any]:
+        """Commit step progress under the current epoch; the next attempt's claim returns it."""
+        job_id, worker_id, epoch, tenant = self._fenced("checkpoint", job_id, worker_id, epoch,
+                                                        tenant)
+        name = v.name(name, "name")
+        _, data_text = v.json_value({} if data is None else data, "data",
+                                    max_bytes=self.policy.max_payload_bytes,
+                                    require_object=False, too_large_code="checkpoint_too_large")
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "checkpoint")
+            if isinstance(owned, JobcoordError):
+                return owned
+            self.db.run(conn, _UPSERT_CHECKPOINT, {"job_id": job_id, "name": name,
+                                                   "data": data_text, "epoch": epoch,
+                                                   "worker": worker_id, "now": now})
+            return {"job_id": job_id, "name": name, "epoch": epoch, "saved_at": iso(now)}
+
+        return self.db.write(_do, "checkpoint")
+
+    # --- recovery -----------------------------------------------------------------------
+
+    def reap(self, *, limit: int = 1000) -> dict[str, Any]:
+        """Turn expired leases into `waiting` (or `dead` when attempts or the deadline are
+        used up, `unknown` when an external effect had started, `cancelled` when asked), and
+        waiting jobs past their deadline into `dead`. Safe from any number of processes: each
+        change is a compare-and-set on (status, epoch)."""
+        limit = v.integer(limit, "limit", 1, 100_000)
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any]:
+            counts = {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
+                      "deadline_dead": 0}
+            jobs: list[dict[str, Any]] = []
+            for (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline,
+                 cancel) in self.db.run(conn, _EXPIRED_LEASES, {"now": now, "limit": limit}
+                                        ).all():
+                if _bool(cancel):
+                    to_status, why = "cancelled", "cancelled while running"
+                elif _bool(effect):
+                    to_status, why = "unknown", "an external effect had started"
+                elif attempts >= max_attempts:
+                    to_status, why = "dead", f"all {max_attempts} attempts used"
+                elif deadline is not None and deadline <= now:
+                    to_status, why = "dead", "deadline passed"
+                else:
+                    to_status, why = "waiting", None
+                error = (f"lease expired at {iso(expires)} (worker {worker}, epoch {epoch})"
+                         if to_status != "cancelled" else None)
+                detail = {"expired_at": iso(expires), "attempt": attempts}
+                if why:
+                    detail["because"] = why
+                self._end(conn, job_id, epoch, now, to_status, "lease_expired", worker,
+                          error=error, detail=detail)
+                counts["expired"] += 1
+                counts[to_status] += 1
+                jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})
+            for (job_id,) in self.db.run(conn, _OVERDUE_WAITING, {"now": now, "limit": limit}
+                                         ).all():
+                epoch = self.db.run_text(conn, "SELECT epoch FROM jobs WHERE job_id = :job_id",
+                                         {"job_id": job_id}).scalar_one()
+                self.db.run(conn, _SET_STATUS, {
+                    "job_id": job_id, "epoch": epoch, "from_status": "waiting",
+                    "to_status": "dead", "now": now, "finished": now,
+                    "error": "deadline passed before the job could run"})
+                self._event(conn, job_id, now, "waiting", "dead", "deadline_passed")
+                counts["deadline_dead"] += 1
+                jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})
+            return {**counts, "jobs": jobs, "at": iso(now)}
+
+        return self.db.write(_do, "reap")
+
+    # --- operator actions ---------------------------------------------------------------
+
+    def _load(self, conn: Connection, job_id: int, tenant: str | None
+              ) -> dict[str, Any] | JobcoordError:
+        row = self.db.run(conn, _JOB_ROW, {"job_id": job_id}).first()
+        if row is None or (tenant is not None and row[1] != tenant):
+            return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
+        return dict(zip(_JOB_COLUMNS, row, strict=True))
+
+    def _operator(self, op: str, job_id: Any, tenant: str | None, fn: Any) -> dict[str, Any]:
+        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        tenant = v.optional_name(tenant, "tenant")
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            job = self._load(conn, job_id, tenant)
+            if isinstance(job, JobcoordError):
+                return job
+            return fn(conn, job, now)
+
+        return self.db.write(_do, op)
+
+    def cancel(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """waiting -> cancelled at once; running -> the owner's next renew, complete, fail or
+        checkpoint is told `job_cancelled` and the job ends `cancelled` (or the reaper ends it
+        when the lease runs out)."""
+
+        def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
+            status, epoch = job["status"], job["epoch"]
+            if status == "waiting":
+                self.db.run(conn, _SET_STATUS, {
+                    "job_id": job["job_id"], "epoch": epoch, "from_status": "waiting",
+                    "to_status": "cancelled", "now": now, "finished": now, "error": None})
+                self._event(conn, job["job_id"], now, "waiting", "cancelled", "cancelled")
+                return {"job_id": job["job_id"], "status": "cancelled"}
+            if status == "running":
+                if not _bool(job["cancel_requested"]):
+                    self.db.run_text(conn, "UPDATE jobs SET cancel_requested = :t, updated_at ="
+                                     " :now WHERE job_id = :job_id",
+                                     {"t": True, "now": now, "job_id": job["job_id"]})
+                    self._event(conn, job["job_id"], now, "running", "running",
+                                "cancel_requested", epoch=epoch)
+                return {"job_id": job["job_id"], "status": "running", "cancel_requested": True}
+            if status in FINAL_STATUSES:
+                return Refused("job_finished", f"job {job['job_id']} is already {status}",
+                               job_id=job["job_id"], status=status)
+            return Refused("illegal_transition", f"job {job['job_id']} is {status}; resolve it "
+                           "with `jobcoord reconcile`", job_id=job["job_id"], status=status)
+
+        return self._operator("cancel", job_id, tenant, _do)
+
+    def _back_to_waiting(self, conn: Connection, job: dict[str, Any], now: int,
+                         reason: str, detail: dict[str, Any]) -> None:
+        # Give at least one more attempt, keep every attempt counted (attempts never shrinks).
+        max_attempts = max(job["max_attempts"], job["attempts"] + 1)
+        deadline = job["deadline_at"]
+        if deadline is not None and deadline <= now:
+            deadline = None
+            detail["deadline_cleared"] = True
+        self.db.run_text(
+            conn,
+            "UPDATE jobs SET status = 'waiting', run_after = :now, updated_at = :now,"
+            " finished_at = NULL, effect_started = :f, cancel_requested = :f,"
+            " max_attempts = :max_attempts, deadline_at = :deadline"
+            " WHERE job_id = :job_id AND status = :status",
+            {"now": now, "f": False, "max_attempts": max_attempts, "deadline": deadline,
+             "job_id": job["job_id"], "status": job["status"]},
+        )
+        self._event(conn, job["job_id"], now, job["status"], "waiting", reason,
+                    epoch=job["epoch"], detail=detail)
+
+    def retry(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """Operator: dead or unknown -> waiting, with at least one attempt left."""
+
+        def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
+            if job["status"] not in ("dead", "unknown"):
+                return Refused("illegal_transition", f"only dead or unknown jobs can be retried;"
+                               f" job {job['job_id']} is {job['status']}", job_id=job["job_id"],
+                               status=job["status"])
+            self._back_to_waiting(conn, job, now, "operator_retry", {})
+            return {"job_id": job["job_id"], "status": "waiting"}
+
+        return self._operator("retry", job_id, tenant, _do)
+
+    def reconcile(self, job_id: int, as_status: str, reason: str, *, result: Any = None,
+                  tenant: str | None = None) -> dict[str, Any]:
+        """Operator: settle an `unknown` job as succeeded (with its result), waiting or dead,
+        with the reason recorded."""
+        if as_status not in ("succeeded", "waiting", "dead"):
+            raise InvalidInput("invalid_input", "--as must be succeeded, waiting or dead")
+        reason = v.utf8_text(reason, "reason", max_len=4096)
+        if as_status == "succeeded" and result is None:
+            raise InvalidInput("invalid_input", "reconciling as succeeded needs --result")
+        result_text = None
+        if result is not None:
+            result_text = v.json_value(result, "result", max_bytes=self.policy.max_result_bytes,
+                                       require_object=False, too_large_code="result_too_large")[1]
+
+        def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
+            if job["status"] != "unknown":
+                return Refused("illegal_transition", f"only unknown jobs are reconciled; job "
+                               f"{job['job_id']} is {job['status']}", job_id=job["job_id"],
+                               status=job["status"])
+            detail = {"reason": reason}
+            if as_status == "waiting":
+                self._back_to_waiting(conn, job, now, "reconciled", detail)
+            else:
+                self.db.run_text(
+                    conn,
+                    "UPDATE jobs SET status = :to_status, result_json = COALESCE(:result,"
+                    " result_json), finished_at = :now, updated_at = :now"
+                    " WHERE job_id = :job_id AND status = 'unknown'",
+                    {"to_status": as_status, "result": result_text, "now": now,
+                     "job_id": job["job_id"]})
+                self._event(conn, job["job_id"], now, "unknown", as_status, "reconciled",
+                            epoch=job["epoch"], detail=detail)
+            return {"job_id": job["job_id"], "status": as_status}
+
+        return self._operator("reconcile", job_id, tenant, _do)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def jobs(self, *, status: str | None = None, kind: str | None = None,
+             tenant: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """List jobs, newest first."""
+        if status is not None and status not in STATUSES:
+            raise InvalidInput("invalid_input", f"status must be one of {', '.join(STATUSES)}")
+        kind = v.optional_name(kind, "kind")
+        tenant = v.optional_name(tenant, "tenant")
+        limit = v.integer(limit, "limit", 1, 10_000)
+        where, params = [], {"limit": limit}
+        for col, val in (("status", status), ("kind", kind), ("tenant", tenant)):
+            if val is not None:
+                where.append(f"{col} = :{col}")
+                params[col] = val
+        text = ("SELECT job_id, tenant, kind, required_role, priority, status, attempts,"
+                " max_attempts, epoch, created_at, updated_at, run_after FROM jobs"
+                + (" WHERE " + " AND ".join(where) if where else "")
+                + " ORDER BY job_id DESC LIMIT :limit")
+        rows = self.db.read(lambda conn: self.db.run_text(conn, text, params).all(), "jobs")
+        return {"jobs": [
+            {"job_id": r[0], "tenant": r[1], "kind": r[2], "role": r[3], "priority": r[4],
+             "status": r[5], "attempts": r[6], "max_attempts": r[7], "epoch": r[8],
+             "created_at": iso(r[9]), "updated_at": iso(r[10]), "run_after": iso(r[11])}
+            for r in rows]}
+
+    def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """A job with its lease, full event history, checkpoints and provenance."""
+        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        tenant = v.optional_name(tenant, "tenant")
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            job = self._load(conn, job_id, tenant)
+            if isinstance(job, JobcoordError):
+                return job
+            lease = self.db.run_text(conn, "SELECT worker_id, epoch, granted_at, expires_at FROM"
+                                     " leases WHERE job_id = :job_id", {"job_id": job_id}
+                                     ).first()
+            events = self.db.run_text(conn, "SELECT event_id, at, from_status, to_status,"
+                                      " reason, worker_id, epoch, detail FROM job_events WHERE"
+                                      " job_id = :job_id ORDER BY event_id", {"job_id": job_id}
+                                      ).all()
+            checkpoints = self.db.run(conn, _CHECKPOINTS, {"job_id": job_id}).all()
+            artifacts = []
+            if "artifacts" in self.features:
+                artifacts = self.db.run_text(conn, "SELECT name, location, sha256, size_bytes,"
+                                             " media_type, validation_state FROM artifacts"
+                                             " WHERE job_id = :job_id ORDER BY name",
+                                             {"job_id": job_id}).all()
+            return {
+                "job": _job_json(job),
+                "lease": None if lease is None else {
+                    "worker_id": lease[0], "epoch": lease[1], "granted_at": iso(lease[2]),
+                    "expires_at": iso(lease[3])},
+                "events": [
+                    {"event_id": e[0], "at": iso(e[1]), "from": e[2], "to": e[3],
+                     "reason": e[4], "worker_id": e[5], "epoch": e[6], "detail": _loads(e[7])}
+                    for e in events],
+                "checkpoints": [
+                    {"name": c[0], "data": json.loads(c[1]), "epoch": c[2], "worker_id": c[3],
+                     "updated_at": iso(c[4])} for c in checkpoints],
+                "artifacts": [
+                    {"name": a[0], "location": a[1], "sha256": a[2], "size": a[3],
+                     "media_type": a[4], "validation_state": a[5]} for a in artifacts],
+            }
+
+        return self.db.read(_do, "show")
+
+    def _worker_rows(self, conn: Connection) -> list[dict[str, Any]]:
+        rows = self.db.run_text(
+            conn, "SELECT worker_id, roles_json, kinds_json, heartbeat_at, memory_used_pct,"
+            " temperature_c, on_battery, user_idle_s, last_refusal, last_refusal_detail,"
+            " last_refusal_at, heartbeat_raw FROM workers ORDER BY worker_id").all()
+        return [{"worker_id": r[0], "roles": json.loads(r[1]), "kinds": _loads(r[2]),
+                 "heartbeat_at": r[3],
+                 "readings": Readings(r[4], r[5], _bool(r[6]), r[7]),
+                 "last_refusal": r[8], "last_refusal_detail": r[9], "last_refusal_at": r[10],
+                 "heartbeat_raw": r[11]} for r in rows]
+
+    def _worker_gate(self, w: dict[str, Any], now: int) -> tuple[GateDecision, float | None]:
+        age = None if w["heartbeat_at"] is None else (now - w["heartbeat_at"]) / MICROS
+        if age is None or age > self.policy.heartbeat_max_age_s:
+            detail = f"last heartbeat {age:.0f}s ago" if age is not None else "no heartbeat"
+            return GateDecision(-1, ("heartbeat_stale", detail)), age
+        return evaluate(self.policy, w["readings"]), age
+
+    def workers(self) -> dict[str, Any]:
+        """Every worker, its roles, heartbeat age and readings, and whether the gates would
+        let it claim now."""
+        now = now_us()
+        rows = self.db.read(self._worker_rows, "workers")
+        out = []
+        for w in rows:
+            gate, age = self._worker_gate(w, now)
+            out.append({
+                "worker_id": w["worker_id"], "roles": w["roles"], "kinds": w["kinds"],
+                "heartbeat_age_s": None if age is None else round(age, 3),
+                "readings": _readings_json(w["readings"]), "gates": _gates_json(gate),
+                "last_refusal": None if w["last_refusal"] is None else {
+                    "reason": w["last_refusal"], "detail": w["last_refusal_detail"],
+                    "at": iso(w["last_refusal_at"])},
+            })
+        return {"workers": out}
+
+    def explain(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """Why this job is (or is not) being picked up right now."""
+        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        tenant = v.optional_name(tenant, "tenant")
+        now = now_us()
+
+        def _do(conn: Connection) -> Any:
+            job = self._load(conn, job_id, tenant)
+            if isinstance(job, JobcoordError):
+                return job
+            ahead = None
+            if job["status"] == "waiting":
+                role_test = ("required_role IS NULL" if job["required_role"] is None
+                             else "required_role = :role")
+                ahead = self.db.run_text(
+                    conn, f"SELECT COUNT(*) FROM jobs WHERE status = 'waiting' AND {role_test}"
+                    " AND (priority < :p OR (priority = :p AND (created_at < :c OR"
+                    " (created_at = :c AND job_id < :id))))",
+                    {"role": job["required_role"], "p": job["priority"],
+                     "c": job["created_at"], "id": job_id}).scalar_one()
+            lease = self.db.run_text(conn, "SELECT worker_id, epoch, expires_at FROM leases"
+                                     " WHERE job_id = :job_id", {"job_id": job_id}).first()
+            return job, ahead, lease, self._worker_rows(conn)
+
+        got = self.db.read(_do, "explain")
+        job, ahead, lease, workers = got
+        return explain_job(self.policy, job, ahead, lease, workers, now,
+                           self._worker_gate)
+
+    def status(self) -> dict[str, Any]:
+        """Counts by status, workers, active leases, schema and storage facts."""
+        from .migrate import current_revisions
+
+        def _do(conn: Connection) -> dict[str, Any]:
+            counts = dict.fromkeys(STATUSES, 0)
+            for st, n in self.db.run_text(conn, "SELECT status, COUNT(*) FROM jobs GROUP BY"
+                                          " status").all():
+                counts[st] = n
+            workers = self.db.run_text(conn, "SELECT COUNT(*) FROM workers").scalar_one()
+            leases = self.db.run_text(conn, "SELECT COUNT(*) FROM leases").scalar_one()
+            out: dict[str, Any] = {"workers": workers, "active_leases": leases, "jobs": counts,
+                                   "revisions": sorted(current_revisions(self.db, conn)),
+                                   "features": sorted(self.features),
+                                   "dialect": self.db.dialect}
+            if self.db.is_sqlite:
+                out["journal_mode"] = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+                sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()
+                out["synchronous"] = {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync)
+            return out
+
+        out = self.db.read(_do, "status")
+        if self.db.is_sqlite:
+            import sqlite3
+
+            path = self.db.target.sqlite_path
+            assert path is not None
+            out["path"] = path
+            out["file_size_bytes"] = os.path.getsize(path)
+            wal = path + "-wal"
+            out["wal_size_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
+            out["sqlite_version"] = sqlite3.sqlite_version
+        out["time"] = iso(now_us())
+        return out
+
+
+# --- helpers shared by the service and the CLI ---------------------------------------------
+
+READING_RANGES: dict[str, tuple[float, float]] = {
+    "memory_used_pct": (0.0, 100.0),
+    "temperature_c": (-50.0, 150.0),
+    "user_idle_s": (0.0, float(v.TEN_YEARS_S)),
+}
+
+
+def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None, Readings]:
+    """Validate heartbeat readings. Returns the raw text exactly as received (a mapping is
+    serialised once) and the parsed values the gates use. Each reading may be absent, null or
+    "unknown"."""
+    if readings is None:
+        return None, Readings()
+    if isinstance(readings, str):
+        raw = readings
+        value, _ = v.json_value(readings, "readings", max_bytes=16 * 1024, require_object=True)
+    else:
+        value, raw = v.json_value(dict(readings), "readings", max_bytes=16 * 1024,
+                                  require_object=True)
+    parsed: dict[str, Any] = {}
+    for key, val in value.items():
+        if key not in (*READING_RANGES, "on_battery"):
+            raise InvalidInput("invalid_input", f"readings: unknown reading {key!r}; known: "
+                               "memory_used_pct, temperature_c, on_battery, user_idle_s",
+                               field="readings")
+        if val is None or val == "unknown":
+            continue
+        if key == "on_battery":
+            if not isinstance(val, bool):
+                raise InvalidInput("invalid_input", "readings: on_battery must be true, false, "
+                                   "null or \"unknown\"", field="readings")
+            parsed[key] = val
+            continue
+        lo, hi = READING_RANGES[key]
+        if isinstance(val, bool) or not isinstance(val, int | float) or not lo <= val <= hi:
+            raise InvalidInput("invalid_input", f"readings: {key} must be a number in "
+                               f"{lo:g}..{hi:g}, null or \"unknown\"", field="readings")
+        parsed[key] = float(val)
+    return raw, Readings(**parsed)
+
+
+def _bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _readings_json(r: Readings) -> dict[str, Any]:
+    return {"memory_used_pct": r.memory_used_pct, "temperature_c": r.temperature_c,
+            "on_battery": r.on_battery, "user_idle_s": r.user_idle_s}
+
+
+def _gates_json(g: GateDecision) -> dict[str, Any]:
+    return {"can_claim": not g.blocks_all, "max_priority": g.max_priority,
+            "background_allowed": g.max_priority >= 3,
+            "refusal": None if g.refusal is None else {"reason": g.refusal[0],
+                                                       "detail": g.refusal[1]}}
+
+
+def _job_json(job: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "job_id": job["job_id"], "tenant": job["tenant"], "kind": job["kind"],
+        "role": job["required_role"], "priority": job["priority"], "status": job["status"],
+        "payload": json.loads(job["payload_json"]), "result": _loads(job["result_json"]),
+        "provenance": _loads(job["provenance_json"]), "attempts": job["attempts"],
+        "max_attempts": job["max_attempts"], "epoch": job["epoch"],
+        "idempotency_key": job["idempotency_key"], "last_error": job["last_error"],
+        "effect_started": bool(job["effect_started"]),
+        "cancel_requested": bool(job["cancel_requested"]),
+        "created_at": iso(job["created_at"]), "updated_at": iso(job["updated_at"]),
+        "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
+        "finished_at": iso(job["finished_at"]),
+    }
+
+
+def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: Any,
+                workers: list[dict[str, Any]], now: int, gate_of: Any) -> dict[str, Any]:
+    """The diagnosis an operator would do by hand, in the seed's order: status, schedule,
+    deadline, then the workers that could take it (role, kind, heartbeat, gates)."""
+    status = job["status"]
+    reasons: list[dict[str, str]] = []
+
+    def say(code: str, detail: str) -> None:
+        reasons.append({"code": code, "detail": detail})
+
+    out: dict[str, Any] = {"job_id": job["job_id"], "status": status,
+                           "priority": job["priority"], "role": job["required_role"],
+                           "kind": job["kind"]}
+    if status == "running":
+        assert lease is not None
+        left = (lease[2] - now) / MICROS
+        say("running", f"leased to {lease[0]} at epoch {lease[1]}; the lease "
+            + (f"expires in {left:.0f}s" if left > 0 else
+               f"expired {-left:.0f}s ago and waits for the reaper"))
+    elif status == "unknown":
+        say("unknown", "its lease expired after an external effect had started; an operator "
+            "must `jobcoord reconcile` it")
+    elif status != "waiting":
+        say(status, f"the job is {status}: final, nobody will pick it up")
+    else:
+        if job["run_after"] > now:
+            say("scheduled", f"not due until {iso(job['run_after'])} (backoff or delay)")
+        if job["deadline_at"] is not None and job["deadline_at"] <= now:
+            say("deadline_passed", "its deadline has passed; the reaper will mark it dead")
+        role, kind, bg = job["required_role"], job["kind"], job["priority"]
+        able = [w for w in workers if role is None or role in w["roles"]]
+        if not able:
+            say("no_matching_role", f"no worker has role {role!r}")
+        handlers = [w for w in able if w["kinds"] is None or kind in w["kinds"]]
+        if able and not handlers:
+            say("no_handler", f"no worker with role {role!r} has a handler for kind {kind!r}")
+        ready = []
+        for w in handlers:
+            gate, _age = gate_of(w, now)
+            if gate.max_priority >= bg:
+                ready.append(w["worker_id"])
+            elif gate.refusal is not None:
+                say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
+        if handlers and not ready and not reasons:
+            say("gated", "every worker that could run it is gated")
+        out["ready_workers"] = ready
+        out["jobs_ahead"] = ahead
+        if ready and not reasons:
+            say("eligible", f"{len(ready)} worker(s) can claim it now; {ahead} job(s) are "
+                "ahead of it in the claim order")
+    out["claimable_now"] = bool(status == "waiting" and out.get("ready_workers")
+                                and all(r["code"] == "eligible" for r in reasons))
+    out["reasons"] = reasons
+    return out
+
+
+def default_worker_id() -> str:
+    """host:pid, unique per process incarnation on one host."""
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -1,0 +1,202 @@
+"""Input checks, done before any write. Each failure is an InvalidInput (exit 2) naming the
+field, so bad input never reaches the database and never shows a traceback."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from .errors import InvalidInput
+
+# Names the coordinator matches on (kinds, roles, tenants, worker ids): printable, no spaces,
+# no NUL (SQLite functions silently stop at a NUL), no wildcards that could mean "many".
+_NAME = re.compile(r"[A-Za-z0-9_.:@/+-]+")
+MAX_NAME = 128
+MAX_WORKER_ID = 200
+MAX_KEY = 200
+MAX_JSON_DEPTH = 64
+MAX_TEXT = 64 * 1024
+TEN_YEARS_S = 10 * 365 * 24 * 3600
+
+
+def _bad(field: str, message: str) -> InvalidInput:
+    return InvalidInput("invalid_input", f"{field}: {message}", field=field)
+
+
+def utf8_text(value: Any, field: str, *, max_len: int = MAX_TEXT, allow_empty: bool = False
+              ) -> str:
+    if not isinstance(value, str):
+        raise _bad(field, "must be text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(field, "is not valid UTF-8 (undecodable bytes or a lone surrogate)") from None
+    if "\x00" in value:
+        raise _bad(field, "must not contain NUL characters")
+    if not value and not allow_empty:
+        raise _bad(field, "must not be empty")
+    if len(value) > max_len:
+        raise _bad(field, f"is {len(value)} characters long; the limit is {max_len}")
+    return value
+
+
+def name(value: Any, field: str, *, max_len: int = MAX_NAME) -> str:
+    value = utf8_text(value, field, max_len=max_len)
+    if not _NAME.fullmatch(value):
+        raise _bad(
+            field,
+            f"{value!r} may use only letters, digits and _ . : @ / + - (no spaces)",
+        )
+    return value
+
+
+def optional_name(value: Any, field: str) -> str | None:
+    return None if value is None else name(value, field)
+
+
+def priority(value: Any) -> int:
+    """0..3, also written P0..P3."""
+    if isinstance(value, bool):
+        raise _bad("priority", "must be 0..3 or P0..P3")
+    if isinstance(value, str):
+        text = value.strip().upper()
+        if text.startswith("P"):
+            text = text[1:]
+        if not text.isdigit() or not text.isascii():
+            raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
+        value = int(text)
+    if not isinstance(value, int) or not 0 <= value <= 3:
+        raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
+    return value
+
+
+def integer(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        else:
+            raise _bad(field, f"{value!r} is not a whole number")
+    if not lo <= value <= hi:
+        raise _bad(field, f"{value} is outside {lo}..{hi}")
+    return value
+
+
+def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool = True
+            ) -> float:
+    if isinstance(value, bool):
+        raise _bad(field, "must be a number of seconds")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _bad(field, f"{value!r} is not a number of seconds") from None
+    if not isinstance(value, int | float):
+        raise _bad(field, "must be a number of seconds")
+    value = float(value)
+    if not math.isfinite(value):
+        raise _bad(field, "must be a finite number")
+    if value < lo or (not lo_inclusive and value == lo) or value > hi:
+        low = "[" if lo_inclusive else "("
+        raise _bad(field, f"{value:g} is outside {low}{lo:g}, {hi:g}] seconds")
+    return value
+
+
+def _no_constants(token: str) -> Any:
+    raise ValueError(f"{token} is not valid JSON")
+
+
+def _finite_float(token: str) -> float:
+    number = float(token)
+    if not math.isfinite(number):
+        raise ValueError(f"number {token} is out of range")
+    return number
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, val in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = val
+    return obj
+
+
+def _depth(value: Any, limit: int) -> int:
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, d = stack.pop()
+        deepest = max(deepest, d)
+        if d > limit:
+            return d
+        if isinstance(item, dict):
+            stack.extend((v, d + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, d + 1) for v in item)
+    return deepest
+
+
+def dumps(value: Any) -> str:
+    """The one serialisation jobcoord stores: compact, sorted keys (so equal JSON compares
+    equal), no NaN."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True,
+                      allow_nan=False)
+
+
+def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
+               too_large_code: str = "payload_too_large") -> tuple[Any, str]:
+    """Parse (or accept) a JSON value strictly; return it and its stored text.
+
+    Refused: invalid JSON, NaN/Infinity, numbers out of float range, duplicate keys, nesting
+    deeper than 64, lone surrogates, and anything over max_bytes (with a hint to keep large
+    data as an artifact)."""
+    if isinstance(raw, bytes):
+        if len(raw) > max_bytes:
+            raise _too_large(field, len(raw), max_bytes, too_large_code)
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _bad(field, f"is not valid UTF-8 (byte {e.start})") from None
+    if isinstance(raw, str):
+        utf8_text(raw, field, max_len=max_bytes + 1, allow_empty=True)
+        if len(raw.encode("utf-8")) > max_bytes:
+            raise _too_large(field, len(raw.encode("utf-8")), max_bytes, too_large_code)
+        try:
+            value = json.loads(raw, parse_constant=_no_constants, parse_float=_finite_float,
+                               object_pairs_hook=_no_duplicates)
+        except json.JSONDecodeError as e:
+            raise _bad(field, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+                       ) from None
+        except ValueError as e:
+            raise _bad(field, f"is not valid JSON ({e})") from None
+        except RecursionError:
+            raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    else:
+        value = raw
+    if require_object and not isinstance(value, dict):
+        raise _bad(field, "must be a JSON object ({...})")
+    if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        text = dumps(value)
+        text.encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise _bad(field, f"cannot be stored as JSON ({e})") from None
+    except UnicodeEncodeError:
+        raise _bad(field, "contains a lone surrogate (\\ud800-\\udfff)") from None
+    except RecursionError:
+        raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    if len(text.encode("utf-8")) > max_bytes:
+        raise _too_large(field, len(text.encode("utf-8")), max_bytes, too_large_code)
+    return value, text
+
+
+def _too_large(field: str, size: int, limit: int, code: str) -> InvalidInput:
+    return InvalidInput(
+        code,
+        f"{field} is {size} bytes; the limit is {limit}. Keep large inputs and results as "
+        "files and pass a reference (artifact storage: `jobcoord migrate --with artifacts`)",
+        field=field, size=size, limit=limit,
+    )
