@@ -1,0 +1,187 @@
+"""Shared fixtures: one suite, two databases.
+
+`coord` (and `target`) are parametrized over SQLite and PostgreSQL. Each test gets a fresh
+database copied from a template migrated once per session: a file copy for SQLite,
+`CREATE DATABASE ... TEMPLATE` for PostgreSQL. The PostgreSQL cases read
+JOBCOORD_TEST_PG_URL (a URL of an existing database on the server, used only to create and
+drop test databases) and skip, with the reason shown, when it is unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from jobcoord.db import Database, Target, resolve_target
+from jobcoord.migrate import migrate
+from jobcoord.service import Coordinator
+
+PG_URL = os.environ.get("JOBCOORD_TEST_PG_URL")
+PG_SKIP = "JOBCOORD_TEST_PG_URL is not set: PostgreSQL cases skipped"
+
+# Tests must not pick up a developer's database or policy.
+for _var in [k for k in os.environ if k.startswith("JOBCOORD_") and k != "JOBCOORD_TEST_PG_URL"]:
+    del os.environ[_var]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("JOBCOORD_SLOW_TESTS"):
+        return
+    skip = pytest.mark.skip(reason="slow scale-up: set JOBCOORD_SLOW_TESTS=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+# --- SQLite ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = str(tmp_path_factory.mktemp("template") / "template.db")
+    db = Database.open(resolve_target(db=path), create=True)
+    migrate(db)
+    db.close()
+    return path
+
+
+def fresh_sqlite(template: str, directory: str, name: str = "jobcoord.db") -> Target:
+    path = os.path.join(directory, name)
+    shutil.copy(template, path)
+    os.chmod(path, 0o600)
+    return resolve_target(db=path)
+
+
+# --- PostgreSQL -----------------------------------------------------------------------------
+
+
+def _pg_admin() -> Any:
+    import psycopg
+
+    from jobcoord.db import resolve_target as _rt
+
+    url = _rt(url=PG_URL).url.replace("postgresql+psycopg://", "postgresql://")
+    return psycopg.connect(url, autocommit=True)
+
+
+def _pg_url_for(dbname: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    assert PG_URL is not None
+    return make_url(PG_URL).set(drivername="postgresql+psycopg", database=dbname
+                                ).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_template() -> Iterator[str]:
+    if not PG_URL:
+        pytest.skip(PG_SKIP)
+    name = f"jobcoord_tpl_{os.getpid()}"
+    with _pg_admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    db = Database.open(resolve_target(url=_pg_url_for(name)))
+    migrate(db)
+    db.close()
+    yield name
+    with _pg_admin() as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def fresh_pg(template: str) -> Iterator[Target]:
+    name = f"jobcoord_t_{uuid.uuid4().hex[:12]}"
+    with _pg_admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    try:
+        yield resolve_target(url=_pg_url_for(name))
+    finally:
+        with _pg_admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# --- the parametrized fixtures ----------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest) -> str:
+    if request.param == "postgresql" and not PG_URL:
+        pytest.skip(PG_SKIP)
+    return str(request.param)
+
+
+@pytest.fixture
+def target(backend: str, request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Target]:
+    """A fresh, migrated database on the parametrized backend."""
+    if backend == "sqlite":
+        yield fresh_sqlite(request.getfixturevalue("sqlite_template"), str(tmp_path))
+    else:
+        with fresh_pg(request.getfixturevalue("pg_template")) as t:
+            yield t
+
+
+@pytest.fixture
+def coord(target: Target) -> Iterator[Coordinator]:
+    c = Coordinator.open(target)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def sqlite_target(sqlite_template: str, tmp_path: Any) -> Target:
+    """A fresh migrated SQLite database, for SQLite-only facts."""
+    return fresh_sqlite(sqlite_template, str(tmp_path))
+
+
+# --- running the CLI in-process -------------------------------------------------------------
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+def run_cli(target: Target | None, *args: str, stdin: bytes = b"") -> CliResult:
+    """Run `jobcoord [--db|--url] ARGS` in this process (so freezegun applies) and capture
+    stdout, stderr and the exit code."""
+    from jobcoord.cli import main
+
+    argv: list[str] = []
+    if target is not None:
+        argv = (["--db", target.sqlite_path] if target.sqlite_path
+                else ["--url", target.url])
+    argv += list(args)
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdout, sys.stderr, sys.stdin
+    sys.stdout, sys.stderr = out, err
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.stdout, sys.stderr, sys.stdin = old
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli(target: Target) -> Any:
+    """`cli("claim", "w1", "--json")` against the parametrized database."""
+    return lambda *args, stdin=b"": run_cli(target, *args, stdin=stdin)
