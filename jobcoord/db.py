@@ -227,6 +227,14 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
         raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
     exists = os.path.exists(path)
     if not exists:
+        try:
+            os.stat(parent)
+        except PermissionError:
+            raise StorageUnavailable(
+                "database_unavailable", f"cannot reach {path}: permission denied on {parent}"
+            ) from None
+        except OSError:
+            pass
         if not os.path.isdir(parent):
             raise StorageUnavailable(
                 "database_unavailable", f"cannot create {path}: directory {parent} does not exist"

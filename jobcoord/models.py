@@ -11,6 +11,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -54,10 +55,10 @@ class Worker(Base):
     kinds_json: Mapped[str | None] = mapped_column(Text)
     heartbeat_raw: Mapped[str | None] = mapped_column(Text)
     heartbeat_at: Mapped[int | None] = mapped_column(BigInteger)
-    memory_used_pct: Mapped[float | None]
-    temperature_c: Mapped[float | None]
+    memory_used_pct: Mapped[float | None] = mapped_column(Float)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
     on_battery: Mapped[bool | None] = mapped_column(Boolean)
-    user_idle_s: Mapped[float | None]
+    user_idle_s: Mapped[float | None] = mapped_column(Float)
     last_refusal: Mapped[str | None] = mapped_column(String(40))
     last_refusal_detail: Mapped[str | None] = mapped_column(Text)
     last_refusal_at: Mapped[int | None] = mapped_column(BigInteger)
