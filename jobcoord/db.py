@@ -62,6 +62,9 @@ class Stats:
 
     busy_retries: int = 0
     busy_failures: int = 0
+    # Busy errors by SQLite error name (or SQLSTATE): SQLITE_BUSY_SNAPSHOT means a deferred
+    # transaction tried to upgrade to a write, which BEGIN IMMEDIATE never does.
+    busy_errors: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -273,8 +276,12 @@ class Database:
     write_engine: Engine = field(init=False)
 
     def __post_init__(self) -> None:
+        from . import faults
+
+        # The deferred switch exists only for the test proving the harness catches it.
+        begin = "BEGIN" if faults.DEFERRED_WRITES else "BEGIN IMMEDIATE"
         self.write_engine = (
-            self.engine.execution_options(jobcoord_begin="BEGIN IMMEDIATE")
+            self.engine.execution_options(jobcoord_begin=begin)
             if self.is_sqlite
             else self.engine
         )
@@ -333,6 +340,11 @@ class Database:
         concurrent claimers skip it instead of waiting."""
         return "" if self.is_sqlite else " FOR UPDATE SKIP LOCKED"
 
+    def binary_collation(self) -> str:
+        """The collation that orders text by code point on this dialect (byte order of
+        UTF-8), so both databases sort the same keys the same way."""
+        return "BINARY" if self.is_sqlite else "C"
+
     # -- transactions --
 
     def write(self, fn: Callable[[Connection], T], where: str = "") -> T:
@@ -359,6 +371,9 @@ class Database:
                         raise result
             except DBAPIError as e:
                 err = classify(e, where)
+                if _is_busy(err):
+                    name = err.details.get("sqlite_error") or err.details.get("sqlstate") or "?"
+                    self.stats.busy_errors[name] = self.stats.busy_errors.get(name, 0) + 1
                 if _is_busy(err) and attempt < self.busy_retries:
                     self.stats.busy_retries += 1
                     # Jitter so that retrying processes do not collide again in lockstep.

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from . import faults
 from . import validate as v
 from .clock import MICROS, iso, now_us, seconds_to_us
 from .db import SQL, Database, Target, resolve_target
@@ -409,11 +410,14 @@ class Coordinator:
         if job is None:  # cannot happen under the write lock; the guard is defence in depth
             return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
         job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = job
+        faults.point("claim.after_take")
         expires = now + lease_us
         self.db.run(conn, _INSERT_LEASE, {"job_id": job_id, "worker": worker_id,
                                           "epoch": epoch, "now": now, "expires": expires})
+        faults.point("claim.after_lease")
         self._event(conn, job_id, now, "waiting", "running", "claimed", worker_id, epoch,
                     {"expires_at": iso(expires), "attempt": attempts})
+        faults.point("claim.after_event")
         checkpoints = [
             {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
              "updated_at": iso(r[4])}
@@ -496,8 +500,12 @@ class Coordinator:
         }).rowcount
         if updated != 1:  # only reachable if a caller skipped _owned: fail loudly
             raise JobcoordError("internal_error", f"job {job_id} changed under its write lock")
+        # Fault points are named by the reason: completed.*, failed.*, lease_expired.*, ...
+        faults.point(f"{reason}.after_update")
         self.db.run(conn, _DROP_LEASE, {"job_id": job_id, "epoch": epoch})
+        faults.point(f"{reason}.after_drop_lease")
         self._event(conn, job_id, now, "running", to_status, reason, worker, epoch, detail)
+        faults.point(f"{reason}.after_event")
 
     def _fenced(self, op: str, job_id: Any, worker_id: str, epoch: Any, tenant: str | None
                 ) -> tuple[int, str, int, str | None]:
