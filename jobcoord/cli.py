@@ -471,6 +471,29 @@ def workers(s: Settings, as_json: bool) -> None:
     emit(as_json, s.coordinator().workers())
 
 
+@cli.command()
+@click.option("--to", "to_url", required=True, metavar="URL",
+              help="An empty, migrated PostgreSQL database, e.g. "
+                   "postgresql+psycopg://user@host/db.")
+@click.option("--allow-active-leases", is_flag=True,
+              help="Copy even while workers hold live leases (their results would still go "
+                   "to the old database).")
+@json_option
+@click.pass_obj
+def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool) -> None:
+    """Copy this SQLite coordinator's whole state into PostgreSQL and verify every table."""
+    from .db import resolve_target
+    from .transfer import transfer as run_transfer
+
+    dest = resolve_target(url=to_url)
+    c = s.coordinator()
+    result = run_transfer(c.db, c.features, dest, allow_active_leases=allow_active_leases)
+    emit(as_json, result, lambda: "\n".join(
+        [f"copied {result['source']} to {result['target']}, verified:"]
+        + [f"  {name}: {t['rows']} rows, sha256 {t['sha256'][:16]}..."
+           for name, t in result["tables"].items()]))
+
+
 # --- entry point ----------------------------------------------------------------------------
 
 

@@ -1,0 +1,221 @@
+"""Move a SQLite coordinator to PostgreSQL without losing a row.
+
+The source is read in one read transaction (a WAL snapshot: it never takes SQLite's write
+lock, so the source stays usable, and every table is read at the same instant). The target is
+written in one transaction, after locking its tables and checking that they are empty, so a
+failed or refused transfer leaves it exactly as it was. Every row keeps its ids, epochs and
+times. Before the target commits, and again afterwards from a fresh connection, each table's
+row count and checksum are compared with the source's; the checksum is computed the same way on
+both sides over a dialect-independent canonical form of each row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Boolean, Float, Integer, Table, func, select
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+
+from .clock import iso, now_us
+from .db import Database, Target, classify
+from .errors import DatabaseCorrupt, InvalidInput, Refused, SchemaMismatch
+from .migrate import verify_schema
+from .models import CORE_TABLES, OPTIONAL_TABLES, Base
+
+BATCH_ROWS = 1000
+#: Tables whose integer key comes from a sequence on PostgreSQL.
+SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id"}
+
+
+def tables_for(features: set[str]) -> list[Table]:
+    """Core tables then optional ones, parents before children (foreign keys)."""
+    names = list(CORE_TABLES)
+    for feature in sorted(features):
+        names.extend(OPTIONAL_TABLES.get(feature, ()))
+    return [Base.metadata.tables[n] for n in names]
+
+
+def canonical(table: Table, row: Any) -> str:
+    """One row as a line of JSON that reads the same from SQLite and PostgreSQL: booleans
+    as true/false (SQLite stores 0/1), floats in exact hex, integers as integers, text as is."""
+    out: list[Any] = []
+    for col, value in zip(table.columns, row, strict=True):
+        if value is None:
+            out.append(None)
+        elif isinstance(col.type, Boolean):
+            out.append(bool(value))
+        elif isinstance(col.type, Float):
+            out.append(float(value).hex())
+        elif isinstance(col.type, Integer):
+            out.append(int(value))
+        else:
+            out.append(str(value))
+    return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+def _ordered(db: Database, table: Table) -> Any:
+    # Byte order on both sides: SQLite's BINARY and PostgreSQL's "C" collation agree; a
+    # locale collation on the server would order text keys differently and change the hash.
+    keys = [c.collate(db.binary_collation()) if not isinstance(c.type, Integer) else c
+            for c in table.primary_key.columns]
+    return select(table).order_by(*keys)
+
+
+def rows_in_order(db: Database, conn: Connection, table: Table) -> Iterator[Any]:
+    result = conn.execution_options(yield_per=BATCH_ROWS).execute(_ordered(db, table))
+    yield from result
+
+
+def digest(db: Database, conn: Connection, table: Table) -> dict[str, Any]:
+    """Row count and SHA-256 over the canonical rows in primary-key order."""
+    h = hashlib.sha256()
+    n = 0
+    for row in rows_in_order(db, conn, table):
+        h.update(canonical(table, row).encode())
+        h.update(b"\n")
+        n += 1
+    return {"rows": n, "sha256": h.hexdigest()}
+
+
+def _check_target_empty(db: Database, conn: Connection, tables: list[Table]) -> None:
+    filled = {}
+    for t in tables:
+        n = conn.execute(select(func.count()).select_from(t)).scalar_one()
+        if n:
+            filled[t.name] = n
+    if filled:
+        desc = ", ".join(f"{k} ({v} rows)" for k, v in filled.items())
+        raise InvalidInput(
+            "target_not_empty",
+            f"the target {db.target.display()} already holds data: {desc}; transfer only "
+            "fills an empty, freshly migrated database",
+            tables=filled,
+        )
+
+
+def _fix_sequences(conn: Connection, tables: list[Table]) -> dict[str, int]:
+    """Make new ids continue after the copied ones (explicit ids never advance a sequence)."""
+    out = {}
+    names = {t.name for t in tables}
+    for table, column in SEQUENCES.items():
+        if table not in names:
+            continue
+        # setval(seq, max+1, false): the next nextval() returns max+1 (1 on an empty table).
+        nxt = conn.exec_driver_sql(
+            f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
+            f" COALESCE((SELECT MAX({column}) FROM {table}), 0) + 1, false)"
+        ).scalar_one()
+        out[table] = int(nxt)
+    return out
+
+
+def transfer(source: Database, source_features: set[str], target: Target, *,
+             allow_active_leases: bool = False,
+             after_snapshot: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Copy the whole state of a SQLite coordinator into an empty, migrated PostgreSQL
+    database and verify it. `after_snapshot` runs once the source snapshot is taken (tests
+    use it to write to the source mid-copy)."""
+    if not source.is_sqlite:
+        raise InvalidInput("invalid_input", "transfer copies a SQLite coordinator (--db PATH) "
+                           "into PostgreSQL; the source here is not SQLite")
+    if target.sqlite_path is not None:
+        raise InvalidInput("invalid_input", "the target of a transfer must be PostgreSQL "
+                           "(--to postgresql+psycopg://USER@HOST/DB); to copy a SQLite "
+                           "database use `jobcoord backup`")
+    dest = Database.open(target)
+    try:
+        target_features = verify_schema(dest)
+        missing = source_features - target_features
+        if missing:
+            raise SchemaMismatch(
+                "feature_missing",
+                f"the source uses {', '.join(sorted(missing))} but the target does not have "
+                f"it; run `jobcoord --url ... migrate --with {' --with '.join(sorted(missing))}`"
+                " on the target first",
+            )
+        tables = tables_for(source_features)
+        try:
+            result = _copy(source, dest, tables, allow_active_leases, after_snapshot)
+        except DBAPIError as e:
+            raise classify(e, "transferring") from e
+        # Verify again from a fresh connection: what committed is what the source had.
+        after = dest.read(lambda conn: {t.name: digest(dest, conn, t) for t in tables},
+                          "verifying the target")
+        _compare(result["tables"], after, "after commit")
+    finally:
+        dest.close()
+    result.update(source=source.target.display(), target=target.display(),
+                  features=sorted(source_features), verified=True)
+    return result
+
+
+def _compare(expected: dict[str, Any], got: dict[str, Any], when: str) -> None:
+    bad = {name: {"source": exp, "target": got.get(name)} for name, exp in expected.items()
+           if got.get(name) != exp}
+    if bad:
+        raise DatabaseCorrupt(
+            "transfer_mismatch",
+            f"verification failed {when}: {', '.join(bad)} differ between source and target",
+            tables=bad,
+        )
+
+
+def _copy(source: Database, dest: Database, tables: list[Table], allow_active_leases: bool,
+          after_snapshot: Callable[[], None] | None) -> dict[str, Any]:
+    now = now_us()
+    # A deferred BEGIN: a read snapshot, never the write lock. The same connection reads
+    # data_version afterwards, which changes only if another connection committed since.
+    with source.engine.connect() as sconn:
+        with sconn.begin():
+            version = sconn.exec_driver_sql("PRAGMA data_version").scalar_one()
+            active = source.run_text(
+                sconn, "SELECT COUNT(*), MAX(expires_at) FROM leases WHERE expires_at > :now",
+                {"now": now}).one()
+            if active[0] and not allow_active_leases:
+                raise Refused(
+                    "active_leases",
+                    f"{active[0]} job(s) are leased to workers until as late as "
+                    f"{iso(active[1])}; their results would go to the old database. Stop the "
+                    "workers and let the leases end (then `jobcoord reap`), or pass "
+                    "--allow-active-leases to copy them as they are",
+                    active_leases=active[0],
+                )
+            source_digests = {t.name: digest(source, sconn, t) for t in tables}
+            if after_snapshot is not None:
+                after_snapshot()
+            with dest.write_engine.begin() as tconn:
+                # No coordinator may write to the target while it is being filled, and two
+                # transfers into one target must not interleave.
+                tconn.exec_driver_sql(
+                    f"LOCK TABLE {', '.join(t.name for t in tables)} IN EXCLUSIVE MODE")
+                _check_target_empty(dest, tconn, tables)
+                for t in tables:
+                    batch: list[dict[str, Any]] = []
+                    for row in rows_in_order(source, sconn, t):
+                        batch.append(dict(row._mapping))
+                        if len(batch) >= BATCH_ROWS:
+                            tconn.execute(t.insert(), batch)
+                            batch = []
+                    if batch:
+                        tconn.execute(t.insert(), batch)
+                sequences = _fix_sequences(tconn, tables)
+                inside = {t.name: digest(dest, tconn, t) for t in tables}
+                # A mismatch raises here, before commit: the target is left empty.
+                _compare(source_digests, inside, "before commit")
+        changed = sconn.exec_driver_sql("PRAGMA data_version").scalar_one() != version
+        sconn.rollback()
+    if changed:
+        raise Refused(
+            "source_changed",
+            "the target holds a verified copy of the source as it was when the transfer "
+            "began, but the source accepted writes during the copy, which the target lacks. "
+            "Stop every writer (workers, submitters, reapers), recreate and migrate the "
+            "target, and run transfer again",
+        )
+    return {"tables": source_digests, "next_ids": sequences,
+            "active_leases_copied": int(active[0])}
+

@@ -1,0 +1,350 @@
+"""`jobcoord transfer`: a SQLite coordinator moved into PostgreSQL loses nothing.
+
+Every case here needs PostgreSQL (the only target) and skips, with the reason shown, without
+JOBCOORD_TEST_PG_URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from jobcoord.db import Database, Target, resolve_target
+from jobcoord.maintenance import check
+from jobcoord.migrate import migrate
+from jobcoord.service import Coordinator
+from jobcoord.transfer import canonical, tables_for, transfer
+
+from .conftest import PG_SKIP, PG_URL, _pg_admin, _pg_url_for, fresh_pg, fresh_sqlite, run_cli
+
+T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
+READY = {"memory_used_pct": 30, "temperature_c": 50, "on_battery": False, "user_idle_s": 900}
+
+pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
+
+
+def at(t: float) -> datetime:
+    return T0 + timedelta(seconds=t)
+
+
+@contextlib.contextmanager
+def empty_pg_database() -> Iterator[Target]:
+    """A PostgreSQL database with no schema at all."""
+    name = f"jobcoord_e_{uuid.uuid4().hex[:12]}"
+    with _pg_admin() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield resolve_target(url=_pg_url_for(name))
+    finally:
+        with _pg_admin() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg(pg_template: str) -> Iterator[Target]:
+    with fresh_pg(pg_template) as t:
+        yield t
+
+
+@pytest.fixture
+def src(sqlite_template: str, tmp_path: Any) -> Target:
+    return fresh_sqlite(sqlite_template, str(tmp_path), "source.db")
+
+
+def with_artifacts(target: Target) -> None:
+    db = Database.open(target)
+    try:
+        migrate(db, add={"artifacts"})
+    finally:
+        db.close()
+
+
+def populate(target: Target) -> dict[str, int]:
+    """Jobs in every state, a dead job with its error history, an idempotency key,
+    checkpoints and two workers. Ends at t=1000 with no live lease (one expired, unreaped)."""
+    ids: dict[str, int] = {}
+    with Coordinator.open(target) as c, freeze_time(at(0)) as clock:
+        c.heartbeat("w1", roles=["gpu"], readings=READY)
+        c.heartbeat("w2", roles=["cpu"], readings={"memory_used_pct": 91, "on_battery": True})
+        ids["succeeded"] = c.enqueue("summarize", {"doc": "a"}, priority=0, role="gpu")["job_id"]
+        ids["dead"] = c.enqueue("embed", {"doc": "b"}, priority=1, role="gpu",
+                                max_attempts=2)["job_id"]
+        ids["unknown"] = c.enqueue("send", {"to": "x"}, priority=1, role="gpu")["job_id"]
+        ids["running"] = c.enqueue("embed", {"doc": "c"}, priority=2, role="gpu")["job_id"]
+        ids["cancelled"] = c.enqueue("embed", {"doc": "d"}, priority=3, role="gpu")["job_id"]
+        ids["waiting"] = c.enqueue("summarize", {"doc": "é ✓"}, priority=3, role="gpu",
+                                   key="order-17", tenant="acme")["job_id"]
+        got = c.claim("w1", lease_s=30)["job"]
+        assert got["job_id"] == ids["succeeded"]
+        c.checkpoint(got["job_id"], "w1", 1, "remote", {"remote_id": "R-17"})
+        c.complete(got["job_id"], "w1", 1, {"summary": "ok", "score": 0.1})
+        # The dead job: two retryable failures, both kept in its history.
+        for attempt in (1, 2):
+            clock.tick(60)
+            c.heartbeat("w1", roles=["gpu"], readings=READY)
+            got = c.claim("w1", lease_s=30)["job"]
+            assert got["job_id"] == ids["dead"], got
+            c.fail(got["job_id"], "w1", attempt, f"model timeout #{attempt}")
+        clock.tick(10)
+        got = c.claim("w1", lease_s=30)["job"]
+        assert got["job_id"] == ids["unknown"]
+        c.checkpoint(got["job_id"], "w1", 1, "sent", {"message_id": "M-1"})
+        c.mark_effect(got["job_id"], "w1", 1)
+        clock.tick(31)
+        c.reap()
+        c.heartbeat("w1", roles=["gpu"], readings=READY)
+        got = c.claim("w1", lease_s=30)["job"]
+        assert got["job_id"] == ids["running"]
+        c.cancel(ids["cancelled"])
+        clock.tick(100)  # the running job's lease has expired, but nobody reaped it
+        statuses = {k: c.show(v)["job"]["status"] for k, v in ids.items()}
+    assert statuses == {k: k for k in ids}, statuses
+    return ids
+
+
+def add_artifact_rows(target: Target, job_id: int) -> None:
+    db = Database.open(target)
+    try:
+        db.write(lambda conn: db.run_text(
+            conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
+            " media_type, validation_state, created_at) VALUES (:j, :n, :loc, :sha, :size,"
+            " 'application/json', :state, 1)",
+            {"j": job_id, "n": "summary", "loc": "file:///data/a.json", "sha": "ab" * 32,
+             "size": 12345, "state": "valid"}))
+    finally:
+        db.close()
+
+
+def table_rows(target: Target, features: set[str]) -> dict[str, list[str]]:
+    """Every row of every table, canonical and in primary-key order."""
+    from jobcoord.transfer import rows_in_order
+
+    db = Database.open(target)
+    try:
+        return db.read(lambda conn: {
+            t.name: [canonical(t, r) for r in rows_in_order(db, conn, t)]
+            for t in tables_for(features)})
+    finally:
+        db.close()
+
+
+# --- the happy path ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("features", [set(), {"artifacts"}], ids=["core", "with_artifacts"])
+def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
+                                                  features: set[str]) -> None:
+    if features:
+        with_artifacts(src)
+        with_artifacts(pg)
+    ids = populate(src)
+    if features:
+        add_artifact_rows(src, ids["succeeded"])
+    before = table_rows(src, features)
+    with freeze_time(at(1000)):
+        r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 0, r.out + r.err
+    out = r.json
+    assert out["verified"] is True
+    assert out["features"] == sorted(features)
+    after = table_rows(pg, features)
+    assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints",
+                          *(["artifacts"] if features else [])}
+    for name, rows in before.items():
+        assert rows, f"{name} should have been populated"
+        assert after[name] == rows, name  # row by row, ids and epochs included
+        assert out["tables"][name]["rows"] == len(rows)
+    # The source is untouched.
+    assert table_rows(src, features) == before
+
+
+def test_every_job_reads_the_same_through_the_api_after_the_move(src: Target,
+                                                                 pg: Target) -> None:
+    ids = populate(src)
+    with freeze_time(at(1000)):
+        assert run_cli(src, "transfer", "--to", pg.url).code == 0
+        with Coordinator.open(src) as old, Coordinator.open(pg) as new:
+            for job_id in ids.values():
+                assert new.show(job_id) == old.show(job_id)
+            assert new.workers() == old.workers()
+            dead = new.show(ids["dead"])
+            errors = [e["detail"]["error"] for e in dead["events"] if e["reason"] == "failed"]
+            assert errors == ["model timeout #1", "model timeout #2"]
+            assert dead["job"]["last_error"] == "model timeout #2"
+            assert check(new.db)["ok"]
+
+
+def test_acceptance_and_idempotency_contracts_survive_the_move(src: Target, pg: Target) -> None:
+    ids = populate(src)
+    with freeze_time(at(1000)):
+        assert run_cli(src, "transfer", "--to", pg.url).code == 0
+    with Coordinator.open(pg) as c, freeze_time(at(1001)):
+        again = c.enqueue("summarize", {"doc": "é ✓"}, priority=3, role="gpu", key="order-17",
+                          tenant="acme")
+        assert again == {"job_id": ids["waiting"], "created": False}
+        conflict = run_cli(pg, "enqueue", "summarize", "--payload", '{"doc": "other"}',
+                           "--key", "order-17", "--tenant", "acme", "--json")
+        assert conflict.code == 4
+        assert conflict.json["error"]["code"] == "idempotency_conflict"
+        # New ids continue after the copied ones: the sequences were moved on.
+        fresh = c.enqueue("summarize", {"doc": "new"}, role="cpu")
+        assert fresh["created"] and fresh["job_id"] == max(ids.values()) + 1
+        events = c.show(fresh["job_id"])["events"]
+        old_max = max(e["event_id"] for j in ids.values() for e in c.show(j)["events"])
+        assert events[0]["event_id"] == old_max + 1
+        # The expired lease copied from SQLite is reaped on PostgreSQL like any other.
+        reaped = c.reap()
+        assert [j["job_id"] for j in reaped["jobs"]] == [ids["running"]]
+        # Epochs continue: the next claim of that job fences out the old owner.
+        c.heartbeat("w9", roles=["gpu"], readings=READY)
+        got = c.claim("w9")
+        assert got["job"]["job_id"] == ids["running"]
+        assert got["lease"]["epoch"] == 2
+        assert check(c.db)["ok"]
+
+
+# --- refusals: each leaves the target as it was -----------------------------------------------
+
+
+def _count_jobs(target: Target) -> int:
+    db = Database.open(target)
+    try:
+        return db.read(lambda conn: db.run_text(conn, "SELECT COUNT(*) FROM jobs").scalar_one())
+    finally:
+        db.close()
+
+
+def test_transfer_refuses_while_a_worker_holds_a_live_lease(src: Target, pg: Target) -> None:
+    populate(src)
+    with Coordinator.open(src) as c, freeze_time(at(1000)):
+        c.heartbeat("w1", roles=["gpu"], readings=READY)
+        c.reap()
+        held = c.claim("w1", lease_s=60)["job"]
+    with freeze_time(at(1030)):
+        r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 4, r.out + r.err
+    assert r.json["error"]["code"] == "active_leases"
+    assert "--allow-active-leases" in r.json["error"]["message"]
+    assert _count_jobs(pg) == 0
+    # Told to, it copies the lease as it is.
+    with freeze_time(at(1030)):
+        r = run_cli(src, "transfer", "--to", pg.url, "--allow-active-leases", "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["active_leases_copied"] == 1
+    with Coordinator.open(pg) as c:
+        assert c.show(held["job_id"])["lease"]["worker_id"] == "w1"
+
+
+def test_transfer_refuses_a_target_that_already_holds_data(src: Target, pg: Target) -> None:
+    populate(src)
+    with Coordinator.open(pg) as c:
+        c.enqueue("other", {"x": 1})
+    before = table_rows(pg, set())
+    with freeze_time(at(1000)):
+        r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "target_not_empty"
+    assert "jobs (1 rows)" in r.json["error"]["message"]
+    assert table_rows(pg, set()) == before
+
+
+def test_transfer_refuses_an_unmigrated_target(src: Target) -> None:
+    populate(src)
+    with empty_pg_database() as bare, freeze_time(at(1000)):
+        r = run_cli(src, "transfer", "--to", bare.url, "--json")
+        assert r.code == 8, r.out + r.err
+        assert r.json["error"]["code"] == "not_migrated"
+        db = Database.open(bare)
+        try:
+            tables = db.read(lambda conn: db.run_text(
+                conn, "SELECT COUNT(*) FROM information_schema.tables"
+                " WHERE table_schema = 'public'").scalar_one())
+        finally:
+            db.close()
+        assert tables == 0
+
+
+def test_transfer_refuses_a_target_without_the_artifacts_the_source_uses(
+        src: Target, pg: Target) -> None:
+    with_artifacts(src)
+    populate(src)
+    with freeze_time(at(1000)):
+        r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 8, r.out + r.err
+    assert r.json["error"]["code"] == "feature_missing"
+    assert "--with artifacts" in r.json["error"]["message"]
+    assert _count_jobs(pg) == 0
+
+
+def test_transfer_refuses_a_sqlite_target(src: Target, tmp_path: Any,
+                                          sqlite_template: str) -> None:
+    populate(src)
+    other = fresh_sqlite(sqlite_template, str(tmp_path), "other.db")
+    r = run_cli(src, "transfer", "--to", other.url, "--json")
+    assert r.code == 2, r.out + r.err
+    assert "must be PostgreSQL" in r.json["error"]["message"]
+    assert _count_jobs(other) == 0
+
+
+def test_transfer_from_postgresql_is_refused(pg: Target, pg_template: str) -> None:
+    with fresh_pg(pg_template) as other:
+        r = run_cli(pg, "transfer", "--to", other.url, "--json")
+    assert r.code == 2, r.out + r.err
+    assert "not SQLite" in r.json["error"]["message"]
+
+
+def test_transfer_to_an_unreachable_server_is_storage_unavailable(src: Target) -> None:
+    r = run_cli(src, "transfer", "--to", "postgresql+psycopg://postgres@127.0.0.1:1/x",
+                "--json")
+    assert r.code == 6, r.out + r.err
+    assert r.json["error"]["code"] == "database_unavailable"
+    assert "Traceback" not in r.err
+
+
+# --- the source side: a snapshot, never the write lock -------------------------------------
+
+
+def test_transfer_reads_the_source_without_its_write_lock(src: Target, pg: Target) -> None:
+    populate(src)
+    assert src.sqlite_path is not None
+    holder = sqlite3.connect(src.sqlite_path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another process is mid-write
+    try:
+        with freeze_time(at(1000)):
+            r = run_cli(src, "--busy-timeout", "0.2", "transfer", "--to", pg.url, "--json")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert r.code == 0, r.out + r.err
+
+
+def test_a_write_to_the_source_during_the_copy_is_reported_not_lost_silently(
+        src: Target, pg: Target) -> None:
+    ids = populate(src)
+    assert src.sqlite_path is not None
+
+    def late_submission() -> None:
+        other = sqlite3.connect(src.sqlite_path, isolation_level=None)
+        try:
+            other.execute("UPDATE workers SET heartbeat_raw = 'late' WHERE worker_id = 'w1'")
+        finally:
+            other.close()
+
+    source = Coordinator.open(src)
+    try:
+        with freeze_time(at(1000)), pytest.raises(Exception) as err:
+            transfer(source.db, source.features, pg, after_snapshot=late_submission)
+    finally:
+        source.close()
+    assert getattr(err.value, "code", None) == "source_changed"
+    # The target holds the snapshot as of the start, complete and consistent.
+    assert _count_jobs(pg) == len(ids)
+    rows = table_rows(pg, set())
+    assert not any("late" in r for r in rows["workers"])
