@@ -1,0 +1,274 @@
+"""Admission: idempotent submission, payload rules and limits, all-or-nothing batches, and
+tenant isolation, through the Python API and the CLI, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from jobcoord.errors import InvalidInput, Refused
+from jobcoord.service import Coordinator, JobSpec
+
+TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
+IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
+              "user_idle_s": 900}
+
+
+def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, to prove that a refused command changed nothing."""
+    def _read(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
+        return {t: [tuple(r) for r in coord.db.run_text(conn, f"SELECT * FROM {t} ORDER BY 1"
+                                                         ).all()] for t in TABLES}
+    return coord.db.read(_read)
+
+
+def payload_of_size(n: int) -> str:
+    """A JSON object whose canonical (stored) text is exactly n bytes."""
+    text = '{"a":""}'
+    body = "x" * (n - len(text))
+    out = '{"a":"' + body + '"}'
+    assert len(out.encode()) == n
+    return out
+
+
+# --- idempotency ------------------------------------------------------------------------------
+
+
+def test_same_tenant_key_and_payload_returns_the_same_job(coord, cli):
+    r1 = cli("enqueue", "summarize", "--payload", '{"doc": 1, "lang": "en"}', "--key", "k1",
+             "--json")
+    assert r1.code == 0, r1.err
+    assert r1.json["created"] is True
+    # Key order and spacing do not make a payload different.
+    r2 = cli("enqueue", "summarize", "--payload", '{"lang":"en","doc":1}', "--key", "k1",
+             "--json")
+    assert r2.code == 0, r2.err
+    assert r2.json == {"job_id": r1.json["job_id"], "created": False}
+    assert len(coord.jobs()["jobs"]) == 1
+    events = coord.show(r1.json["job_id"])["events"]
+    assert [e["reason"] for e in events] == ["enqueued"]
+
+
+def test_same_key_with_a_different_payload_is_an_idempotency_conflict(coord, cli):
+    first = coord.enqueue("summarize", {"doc": 1}, key="k1")
+    before = dump(coord)
+    r = cli("enqueue", "summarize", "--payload", '{"doc": 2}', "--key", "k1", "--json")
+    assert r.code == 4
+    assert r.json["error"]["code"] == "idempotency_conflict"
+    assert "k1" in r.json["error"]["message"]
+    assert dump(coord) == before
+    # A different kind under the same key is the same conflict.
+    with pytest.raises(Refused) as caught:
+        coord.enqueue("translate", {"doc": 1}, key="k1")
+    assert caught.value.code == "idempotency_conflict"
+    assert caught.value.details["job_id"] == first["job_id"]
+    assert dump(coord) == before
+
+
+def test_same_key_in_another_tenant_is_a_new_job(coord, cli):
+    a = cli("enqueue", "summarize", "--payload", '{"doc": 1}', "--key", "k1", "--tenant", "A",
+            "--json").json
+    b = cli("enqueue", "summarize", "--payload", '{"doc": 2}', "--key", "k1", "--tenant", "B",
+            "--json").json
+    assert a["created"] and b["created"] and a["job_id"] != b["job_id"]
+    assert coord.show(b["job_id"])["job"]["tenant"] == "B"
+    assert coord.show(b["job_id"])["job"]["payload"] == {"doc": 2}
+
+
+def test_jobs_without_a_key_are_never_merged(coord):
+    ids = {coord.enqueue("summarize", {"doc": 1})["job_id"] for _ in range(3)}
+    assert len(ids) == 3
+
+
+# --- payloads -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("payload", ["[1, 2]", '"text"', "3", "null", "true"])
+def test_payload_must_be_a_json_object(coord, cli, payload):
+    before = dump(coord)
+    r = cli("enqueue", "summarize", "--payload", payload, "--json")
+    assert r.code == 2
+    assert r.json["error"]["code"] == "invalid_input"
+    assert "payload" in r.json["error"]["message"] and "object" in r.json["error"]["message"]
+    assert dump(coord) == before
+
+
+def test_payload_is_stored_and_returned_as_parsed_json(coord, cli):
+    payload = {"text": "naïve café ✓", "nested": {"list": [1, 2.5, None, True]}}
+    job_id = cli("enqueue", "summarize", "--payload", json.dumps(payload), "--json"
+                 ).json["job_id"]
+    assert coord.show(job_id)["job"]["payload"] == payload
+    shown = cli("show", str(job_id), "--json").json
+    assert shown["job"]["payload"] == payload
+
+
+@pytest.mark.parametrize("delta,ok", [(-1, True), (0, True), (1, False)])
+def test_default_payload_limit_is_256_kib(coord, cli, delta, ok):
+    limit = 256 * 1024
+    assert coord.policy.max_payload_bytes == limit
+    before = dump(coord)
+    r = cli("enqueue", "embed", "--payload", payload_of_size(limit + delta), "--json")
+    if ok:
+        assert r.code == 0, r.out
+        assert len(coord.show(r.json["job_id"])["job"]["payload"]["a"]) == limit + delta - 8
+    else:
+        assert r.code == 2
+        err = r.json["error"]
+        assert err["code"] == "payload_too_large"
+        assert "artifact" in err["message"] and str(limit) in err["message"]
+        assert dump(coord) == before
+
+
+@pytest.mark.parametrize("delta,ok", [(-1, True), (0, True), (1, False)])
+def test_payload_limit_is_configurable_by_a_policy_file(coord, cli, tmp_path, delta, ok):
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max_payload_bytes = 100\n")
+    before = dump(coord)
+    r = cli("--policy", str(policy), "enqueue", "embed", "--payload",
+            payload_of_size(100 + delta), "--json")
+    if ok:
+        assert r.code == 0, r.out
+    else:
+        assert r.code == 2
+        assert r.json["error"]["code"] == "payload_too_large"
+        assert "artifact" in r.json["error"]["message"]
+        assert dump(coord) == before
+
+
+def test_payload_limit_applies_to_payload_files_and_stdin(coord, cli, tmp_path):
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[policy]\nmax_payload_bytes = 100\n")
+    big = tmp_path / "big.json"
+    big.write_text(payload_of_size(5000))
+    before = dump(coord)
+    r = cli("--policy", str(policy), "enqueue", "embed", "--payload-file", str(big), "--json")
+    assert r.code == 2 and r.json["error"]["code"] == "payload_too_large"
+    r = cli("--policy", str(policy), "enqueue", "embed", "--payload-file", "-", "--json",
+            stdin=payload_of_size(101).encode())
+    assert r.code == 2 and r.json["error"]["code"] == "payload_too_large"
+    assert dump(coord) == before
+    r = cli("--policy", str(policy), "enqueue", "embed", "--payload-file", "-", "--json",
+            stdin=payload_of_size(100).encode())
+    assert r.code == 0, r.out
+
+
+def test_python_api_applies_the_same_payload_limit(coord):
+    with pytest.raises(InvalidInput) as caught:
+        coord.enqueue("embed", {"a": "x" * (256 * 1024)})
+    assert caught.value.code == "payload_too_large"
+    assert coord.jobs()["jobs"] == []
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+
+def test_batch_enqueue_accepts_every_job_in_one_transaction(coord):
+    out = coord.enqueue_many([
+        JobSpec("summarize", {"doc": 1}, priority=0),
+        {"kind": "embed", "payload": {"doc": 2}, "priority": "P3", "key": "e2"},
+        JobSpec("summarize", {"doc": 3}, tenant="B"),
+    ])
+    assert [o["created"] for o in out] == [True, True, True]
+    assert len({o["job_id"] for o in out}) == 3
+    assert {j["job_id"] for j in coord.jobs()["jobs"]} == {o["job_id"] for o in out}
+    # Resubmitting a keyed job in a batch returns it again.
+    again = coord.enqueue_many([{"kind": "embed", "payload": {"doc": 2}, "key": "e2",
+                                 "priority": "P3"}])
+    assert again == [{"job_id": out[1]["job_id"], "created": False}]
+
+
+def test_batch_with_a_conflicting_job_creates_nothing(coord):
+    coord.enqueue("summarize", {"doc": 1}, key="taken")
+    before = dump(coord)
+    with pytest.raises(Refused) as caught:
+        coord.enqueue_many([
+            JobSpec("summarize", {"doc": 10}),
+            JobSpec("summarize", {"doc": 11}),
+            JobSpec("summarize", {"doc": 99}, key="taken"),
+        ])
+    assert caught.value.code == "idempotency_conflict"
+    assert dump(coord) == before
+
+
+def test_batch_conflicting_with_itself_creates_nothing(coord):
+    before = dump(coord)
+    with pytest.raises(Refused):
+        coord.enqueue_many([JobSpec("a", {"v": 1}, key="k"), JobSpec("a", {"v": 2}, key="k")])
+    assert dump(coord) == before
+
+
+def test_batch_with_an_invalid_job_creates_nothing(coord):
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as caught:
+        coord.enqueue_many([JobSpec("ok", {}), JobSpec("ok", {}, priority=7)])
+    assert "priority" in caught.value.message
+    with pytest.raises(InvalidInput):
+        coord.enqueue_many([JobSpec("ok", {}), JobSpec("ok", [1, 2])])
+    assert dump(coord) == before
+
+
+# --- tenants ------------------------------------------------------------------------------------
+
+
+def _not_found_message(r: Any, job_id: int) -> str:
+    assert r.code == 4, (r.out, r.err)
+    assert r.json["error"]["code"] == "job_not_found"
+    return r.json["error"]["message"].replace(str(job_id), "<id>")
+
+
+def test_another_tenants_job_is_indistinguishable_from_a_missing_one(coord, cli):
+    with freeze_time("2026-03-01 09:00:00"):
+        job_id = coord.enqueue("summarize", {"doc": 1}, tenant="A", priority=0)["job_id"]
+        coord.heartbeat("w1", readings=IDLE_ON_AC)
+        epoch = str(coord.claim("w1")["lease"]["epoch"])
+        before = dump(coord)
+        missing = 10**6
+        commands = [
+            ("show", "{id}"),
+            ("explain", "{id}"),
+            ("complete", "{id}", "--worker", "w1", "--epoch", epoch, "--result", "{}"),
+            ("renew", "{id}", "--worker", "w1", "--epoch", epoch),
+            ("fail", "{id}", "--worker", "w1", "--epoch", epoch, "--error", "x"),
+            ("effect", "{id}", "--worker", "w1", "--epoch", epoch),
+            ("checkpoint", "{id}", "--worker", "w1", "--epoch", epoch, "--name", "n"),
+            ("cancel", "{id}"),
+            ("retry", "{id}"),
+            ("reconcile", "{id}", "--as", "dead", "--reason", "r"),
+        ]
+        for cmd in commands:
+            as_b = cli(*[a.replace("{id}", str(job_id)) for a in cmd], "--tenant", "B", "--json")
+            absent = cli(*[a.replace("{id}", str(missing)) for a in cmd], "--tenant", "B", "--json")
+            assert _not_found_message(as_b, job_id) == _not_found_message(absent, missing), cmd
+            assert as_b.err.replace(str(job_id), "<id>") == absent.err.replace(
+                str(missing), "<id>")
+        assert dump(coord) == before
+        # Its own tenant (and the operator without --tenant) still sees and completes it.
+        assert cli("show", str(job_id), "--tenant", "A", "--json").json["job"]["tenant"] == "A"
+        r = cli("complete", str(job_id), "--worker", "w1", "--epoch", epoch, "--tenant", "A",
+                "--result", '{"ok": true}', "--json")
+        assert r.code == 0, r.out
+
+
+def test_jobs_with_a_tenant_lists_only_that_tenant(coord, cli):
+    a = {coord.enqueue("k", {"n": n}, tenant="A")["job_id"] for n in range(3)}
+    b = {coord.enqueue("k", {"n": n}, tenant="B")["job_id"] for n in range(2)}
+    coord.enqueue("k", {}, tenant="AB")
+    listed_a = cli("jobs", "--tenant", "A", "--json").json["jobs"]
+    assert {j["job_id"] for j in listed_a} == a
+    assert {j["tenant"] for j in listed_a} == {"A"}
+    listed_b = cli("jobs", "--tenant", "B", "--json").json["jobs"]
+    assert {j["job_id"] for j in listed_b} == b
+    assert cli("jobs", "--tenant", "nobody", "--json").json == {"jobs": []}
+    # "_" is a LIKE wildcard: the filter must be an exact match, not a pattern.
+    assert cli("jobs", "--tenant", "A_", "--json").json == {"jobs": []}
+    assert len(cli("jobs", "--json").json["jobs"]) == 6
+
+
+def test_enqueue_without_a_tenant_uses_the_default_tenant(coord, cli):
+    job_id = cli("enqueue", "k", "--json").json["job_id"]
+    assert coord.show(job_id)["job"]["tenant"] == "default"
+    assert [j["job_id"] for j in coord.jobs(tenant="default")["jobs"]] == [job_id]
+    assert coord.show(job_id)["job"]["payload"] == {}
