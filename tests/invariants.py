@@ -53,7 +53,7 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-def storage_violations(conn: sqlite3.Connection) -> list[str]:
+def storage_violations(conn: sqlite3.Connection, wal: bool = True) -> list[str]:
     out = []
     integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
     if integrity != ["ok"]:
@@ -62,7 +62,7 @@ def storage_violations(conn: sqlite3.Connection) -> list[str]:
     if fks:
         out.append(f"I13 foreign_key_check: {fks[:5]}")
     mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-    if mode != "wal":
+    if wal and mode != "wal":
         out.append(f"I13 journal_mode is {mode}")
     return out
 
@@ -157,12 +157,14 @@ def application_violations(conn: sqlite3.Connection) -> list[str]:
     return out
 
 
-def violations(path: str) -> list[str]:
+def violations(path: str, *, wal: bool = True) -> list[str]:
+    """All findings on the database at `path`; `wal=False` for a backup copy, which is a
+    standalone file in rollback-journal mode."""
     conn = _connect(path)
     try:
         conn.execute("BEGIN")  # one snapshot for every query
         try:
-            return storage_violations(conn) + application_violations(conn)
+            return storage_violations(conn, wal) + application_violations(conn)
         finally:
             conn.execute("ROLLBACK")
     finally:
