@@ -926,6 +926,7 @@ class Coordinator:
             out.append({
                 "worker_id": w["worker_id"], "roles": w["roles"], "kinds": w["kinds"],
                 "heartbeat_age_s": None if age is None else round(age, 3),
+                "heartbeat_at": iso(w["heartbeat_at"]), "heartbeat_raw": w["heartbeat_raw"],
                 "readings": _readings_json(w["readings"]), "gates": _gates_json(gate),
                 "last_refusal": None if w["last_refusal"] is None else {
                     "reason": w["last_refusal"], "detail": w["last_refusal_detail"],
@@ -1102,6 +1103,9 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
             say("scheduled", f"not due until {iso(job['run_after'])} (backoff or delay)")
         if job["deadline_at"] is not None and job["deadline_at"] <= now:
             say("deadline_passed", "its deadline has passed; the reaper will mark it dead")
+        # Only the schedule and the deadline stop every worker; a gated worker does not stop
+        # another one that is ready.
+        blocked = bool(reasons)
         role, kind, bg = job["required_role"], job["kind"], job["priority"]
         able = [w for w in workers if role is None or role in w["roles"]]
         if not able:
@@ -1120,11 +1124,10 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
             say("gated", "every worker that could run it is gated")
         out["ready_workers"] = ready
         out["jobs_ahead"] = ahead
-        if ready and not reasons:
+        if ready and not blocked:
             say("eligible", f"{len(ready)} worker(s) can claim it now; {ahead} job(s) are "
                 "ahead of it in the claim order")
-    out["claimable_now"] = bool(status == "waiting" and out.get("ready_workers")
-                                and all(r["code"] == "eligible" for r in reasons))
+    out["claimable_now"] = any(r["code"] == "eligible" for r in reasons)
     out["reasons"] = reasons
     return out
 
