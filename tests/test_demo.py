@@ -1,0 +1,91 @@
+"""`jobcoord demo` end to end: real worker processes, a real SIGKILL, a real reaper."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jobcoord.demo import report
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _jobcoord(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "jobcoord", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=75, check=False)
+
+
+def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_the_database(
+        tmp_path):
+    run = _jobcoord("demo", "--json", cwd=str(tmp_path))
+    assert run.returncode == 0, run.stdout + run.stderr
+    s = json.loads(run.stdout)
+    assert s["ok"] and s["problems"] == []
+
+    # Default directory: a new one under the current directory.
+    directory = os.path.join(str(tmp_path), s["directory"])
+    assert os.path.dirname(os.path.abspath(directory)) == str(tmp_path)
+    assert os.path.isfile(os.path.join(directory, "jobcoord.db"))
+
+    # Every job succeeded, each with exactly one accepted completion.
+    assert s["succeeded"] == s["jobs"] >= 20
+    assert s["completed_exactly_once"] is True
+
+    # At least three real workers ran work, with two roles between them.
+    ran = {w["worker_id"]: w["ran"] for w in s["workers"]}
+    assert sum(1 for r in ran.values() if r) >= 3
+    assert sum(sum(r.values()) for r in ran.values()) == s["jobs"]
+    roles = {role for w in s["workers"] for role in (w["roles"] or [])}
+    assert {"gpu", "cpu"} <= roles
+
+    # The high-memory worker was refused by the memory gate and ran nothing.
+    laptop = next(w for w in s["workers"] if w["worker_id"] == "laptop")
+    assert laptop["ran"] == {}
+    assert [g["reason"] for g in laptop["gates"]] == ["memory_gate"]
+    # The worker whose owner is active took user requests but no background work.
+    desk = next(w for w in s["workers"] if w["worker_id"] == "desk-cpu")
+    assert "index" not in desk["ran"]
+    assert any(g["reason"] == "user_active" for g in desk["gates"])
+
+    # One worker was SIGKILLed mid-job; the reaper recovered the job and another worker
+    # finished it under a new epoch.
+    killed, rec = s["killed"], s["recovered_job"]
+    assert rec["job_id"] == killed["job_id"] and rec["status"] == "succeeded"
+    reasons = [(e["reason"], e["worker_id"], e["epoch"]) for e in rec["events"]]
+    assert reasons[0][0] == "enqueued"
+    assert ("claimed", killed["worker_id"], killed["epoch"]) in reasons
+    assert ("lease_expired", killed["worker_id"], killed["epoch"]) in reasons
+    finish = [r for r in reasons if r[0] == "completed"]
+    assert len(finish) == 1 and finish[0][1] != killed["worker_id"]
+    assert finish[0][2] == killed["epoch"] + 1
+    assert rec["provenance"]["worker"] == finish[0][1]
+    assert rec["provenance"]["reported"]["model"] == "demo-embedder"
+    assert s["duration_s"] < 60
+
+    # The database stays behind for the user to explore.
+    db = os.path.join(directory, "jobcoord.db")
+    status = _jobcoord("--db", db, "status", "--json", cwd=str(tmp_path))
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["jobs"]["succeeded"] == s["jobs"]
+    shown = _jobcoord("--db", db, "show", str(rec["job_id"]), "--json", cwd=str(tmp_path))
+    assert json.loads(shown.stdout)["job"]["status"] == "succeeded"
+
+    # The human rendering says the same.
+    text = "\n".join(report(s))
+    assert f"{s['jobs']}/{s['jobs']} jobs succeeded; each completed exactly once: yes" in text
+    assert "memory_gate" in text and f"recovered job {rec['job_id']}" in text
+
+
+def test_demo_refuses_a_directory_that_already_has_a_database_and_changes_nothing(tmp_path):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "jobcoord.db").write_bytes(b"precious")
+    run = _jobcoord("demo", "--dir", str(target), "--json", cwd=str(tmp_path))
+    assert run.returncode == 2
+    assert json.loads(run.stdout)["error"]["code"] == "invalid_input"
+    assert (target / "jobcoord.db").read_bytes() == b"precious"
+    assert sorted(os.listdir(target)) == ["jobcoord.db"]
