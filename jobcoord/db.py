@@ -130,6 +130,15 @@ _SQLITE_CODES: tuple[tuple[str, type[JobcoordError], str, str], ...] = (
         "-shm files beside it); fix the permissions or run as the owner",
     ),
     ("SQLITE_FULL", StorageUnavailable, "database_full", "the disk is full"),
+    # Opening a database no other process has open creates and sizes its -shm file; on a full
+    # disk that fails with this I/O error before SQLITE_FULL could be reported.
+    (
+        "SQLITE_IOERR_SHMSIZE",
+        StorageUnavailable,
+        "database_full",
+        "cannot grow the shared-memory (-shm) file beside the database; the disk is "
+        "probably full",
+    ),
     ("SQLITE_IOERR", StorageUnavailable, "database_io_error", "disk I/O error"),
     ("SQLITE_CANTOPEN", StorageUnavailable, "database_unavailable", "cannot open the database"),
     ("SQLITE_PERM", StorageUnavailable, "database_readonly", "permission denied"),
