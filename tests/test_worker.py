@@ -1,0 +1,466 @@
+"""The worker runtime with real worker processes, real handlers, real signals (SQLite).
+
+Each test starts `python -m jobcoord --db DB worker ...` from the repository root (so
+`examples.handlers:app` and `examples/*.py` resolve) with a JSON decision log, and watches the
+database and the log. Waits poll in small steps and are bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from examples import remote_service
+from jobcoord.service import Coordinator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+CMD = f"{PY} examples/summarize_cmd.py"
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.03)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Worker:
+    def __init__(self, db: str, log: str, name: str, args: tuple[str, ...]):
+        self.name = name
+        self.log = log
+        argv = [PY, "-m", "jobcoord", "--db", db, "worker", "--worker-id", name,
+                "--log-format", "json", "--json", "--heartbeat-every", "0.5", "--poll", "0.05",
+                "--reap-every", "0", *args]
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=err,
+                                         stdin=subprocess.DEVNULL)
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        out = []
+        with open(self.log, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                if name is None or entry["event"] == name:
+                    out.append(entry)
+        return out
+
+    def wait_event(self, name: str, timeout: float = 15.0, **match: Any) -> dict[str, Any]:
+        def found() -> Any:
+            for e in self.events(name):
+                if all(e.get(k) == v for k, v in match.items()):
+                    return e
+            if self.proc.poll() is not None and name != "stopped_worker":
+                with open(self.log, encoding="utf-8") as f:
+                    raise AssertionError(f"worker exited {self.proc.returncode}: {f.read()}")
+            return None
+
+        return wait_for(found, timeout, f"{name} {match} in {self.name}'s log")
+
+    def finish(self, timeout: float = 20.0) -> tuple[int, dict[str, Any] | None]:
+        out, _ = self.proc.communicate(timeout=timeout)
+        text = out.decode().strip()
+        return self.proc.returncode, json.loads(text) if text else None
+
+
+@pytest.fixture
+def db(sqlite_target: Any) -> Iterator[tuple[str, Coordinator]]:
+    c = Coordinator.open(sqlite_target)
+    yield sqlite_target.sqlite_path, c
+    c.close()
+
+
+@pytest.fixture
+def start(db: tuple[str, Coordinator], tmp_path: Any) -> Iterator[Callable[..., Worker]]:
+    procs: list[Worker] = []
+
+    def _start(*args: str, name: str = "w1") -> Worker:
+        w = Worker(db[0], str(tmp_path / f"{name}.log"), name, args)
+        procs.append(w)
+        return w
+
+    yield _start
+    for w in procs:
+        if w.proc.poll() is None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                w.proc.send_signal(sig)
+            w.proc.wait(10)
+
+
+APP = ("--app", "examples.handlers:app")
+
+
+def running(c: Coordinator, job_id: int) -> dict[str, Any] | None:
+    shown = c.show(job_id)
+    return shown["lease"] if shown["job"]["status"] == "running" else None
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone too
+        return f.read().split(") ")[1].startswith("Z")
+
+
+# --- outcomes ---------------------------------------------------------------------------------
+
+
+def test_python_handler_worker_completes_jobs_with_epoch_and_provenance(db, start):
+    _, c = db
+    ids = [c.enqueue("summarize", {"text": f"doc {i} says hello to the whole wide world"})
+           ["job_id"] for i in range(3)]
+    w = start(*APP, "--burst")
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 3 and summary["claimed"] == 3
+    for job_id in ids:
+        job = c.show(job_id)["job"]
+        assert job["status"] == "succeeded" and job["result"]["words"] == 9
+        prov = job["provenance"]
+        assert prov["worker"] == "w1" and prov["host"] and prov["jobcoord"]
+        assert prov["handler"] == {"kind": "summarize", "type": "python",
+                                   "callable": "examples.handlers:summarize"}
+        assert prov["epoch"] == 1 and prov["duration_s"] >= 0
+        assert prov["reported"]["model"] == "tiny-summarizer"
+    claimed = {e["job_id"]: e for e in w.events("claimed")}
+    completed = {e["job_id"]: e for e in w.events("completed")}
+    assert set(claimed) == set(completed) == set(ids)
+    assert all(e["epoch"] == 1 and "claim_ms" in e for e in claimed.values())
+
+
+def test_command_worker_completes_fails_with_stderr_tail_and_exit_65_is_permanent(db, start):
+    _, c = db
+    ok = c.enqueue("summarize", {"text": "one two three four five six"})["job_id"]
+    failing = c.enqueue("summarize", {"fail": "CUDA out of memory"})["job_id"]
+    bad = c.enqueue("summarize", {"bad": True})["job_id"]
+    w = start("--exec", f"summarize={CMD}", "--burst")
+    code, summary = w.finish()
+    assert code == 0, summary
+    job = c.show(ok)["job"]
+    assert job["status"] == "succeeded"
+    assert job["result"] == {"summary": "one two three four five", "pad": "", "job": str(ok)}
+    assert job["provenance"]["reported"]["model"] == "cmd-summarizer"
+    assert job["provenance"]["handler"]["type"] == "command"
+    failed = c.show(failing)
+    assert failed["job"]["status"] == "waiting"  # retried after backoff
+    assert "exit code 3" in failed["job"]["last_error"]
+    assert "error: CUDA out of memory" in failed["job"]["last_error"]
+    assert failed["events"][-1]["reason"] == "failed"
+    dead = c.show(bad)["job"]
+    assert dead["status"] == "dead" and "exit code 65" in dead["last_error"]
+
+
+def test_exception_is_retried_and_permanent_error_goes_dead(db, start):
+    _, c = db
+    flaky = c.enqueue("flaky", {})["job_id"]
+    strict = c.enqueue("strict", {})["job_id"]
+    code, _ = start(*APP, "--burst").finish()
+    assert code == 0
+    f = c.show(flaky)
+    assert f["job"]["status"] == "waiting" and f["job"]["attempts"] == 1
+    assert "ValueError: model server refused" in f["job"]["last_error"]
+    s = c.show(strict)["job"]
+    assert s["status"] == "dead" and "PermanentError" in s["last_error"]
+
+
+def test_worker_claims_only_kinds_it_handles_and_explain_names_the_missing_handler(db, start):
+    _, c = db
+    orphan = c.enqueue("transcribe", {}, priority=0)["job_id"]
+    done = c.enqueue("summarize", {"text": "a b"}, priority=1)["job_id"]
+    code, summary = start(*APP, "--burst").finish()
+    assert code == 0 and summary["claimed"] == 1
+    assert c.show(done)["job"]["status"] == "succeeded"
+    assert c.show(orphan)["job"]["status"] == "waiting"
+    reasons = c.explain(orphan)["reasons"]
+    assert any(r["code"] == "no_handler" and "transcribe" in r["detail"] for r in reasons)
+    worker = c.workers()["workers"][0]
+    assert "summarize" in worker["kinds"] and "transcribe" not in worker["kinds"]
+
+
+def test_high_memory_reading_is_refused_by_the_gate_and_logged(db, start):
+    _, c = db
+    job = c.enqueue("summarize", {"text": "x"}, priority=0)["job_id"]
+    w = start(*APP, "--readings-override", '{"memory_used_pct": 92}')
+    e = w.wait_event("gate_refused")
+    assert e["reason"] == "memory_gate" and "92" in e["detail"]
+    assert c.show(job)["job"]["status"] == "waiting"
+    assert c.workers()["workers"][0]["last_refusal"]["reason"] == "memory_gate"
+    started = w.events("started")[0]
+    assert started["sources"]["memory_used_pct"] == "override"
+    assert started["sources"]["on_battery"] != "override"  # the rest stay real
+
+
+# --- budgets ----------------------------------------------------------------------------------
+
+
+def test_budget_timeout_stops_the_handler_and_fails_the_attempt_retryably(db, start, tmp_path):
+    _, c = db
+    marker = str(tmp_path / "sleepy")
+    job = c.enqueue("sleepy", {"seconds": 30, "marker": marker})["job_id"]
+    w = start(*APP, "--timeout", "sleepy=0.5")
+    e = w.wait_event("failed", job_id=job)
+    assert e["reason"] == "timeout" and e["permanent"] is False
+    got = c.show(job)
+    assert got["job"]["status"] == "waiting" and "budget" in got["job"]["last_error"]
+    assert got["events"][-1]["reason"] == "timeout"
+    assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
+    assert read(marker) == "timeout"
+
+
+def test_timeout_of_a_handler_that_must_not_retry_sends_the_job_dead(db, start):
+    _, c = db
+    job = c.enqueue("deadline_render", {})["job_id"]
+    w = start(*APP)
+    w.wait_event("failed", job_id=job)
+    assert c.show(job)["job"]["status"] == "dead"
+
+
+def test_command_timeout_terminates_its_process_group(db, start, tmp_path):
+    _, c = db
+    pid_file = str(tmp_path / "cmd.pid")
+    job = c.enqueue("summarize", {"sleep": 30, "pid_file": pid_file})["job_id"]
+    w = start("--exec", f"summarize={CMD}", "--timeout", "summarize=0.5")
+    w.wait_event("failed", job_id=job)
+    pid = int(read(pid_file))
+    assert gone(pid)
+    assert os.path.exists(pid_file + ".term")  # asked politely first (SIGTERM)
+    assert c.show(job)["events"][-1]["reason"] == "timeout"
+
+
+def test_oversized_result_fails_the_attempt_and_is_never_stored(db, start):
+    _, c = db
+    job = c.enqueue("summarize", {"text": "a", "pad": 5000})["job_id"]
+    w = start(*APP, "--max-result-bytes", "summarize=1000", "--burst")
+    code, _ = w.finish()
+    assert code == 0
+    got = c.show(job)["job"]
+    assert got["status"] == "dead" and got["result"] is None
+    assert "1000 byte budget" in got["last_error"]
+    assert w.events("failed")[0]["reason"] == "result_too_large"
+
+
+# --- losing the lease -------------------------------------------------------------------------
+
+
+def _steal(c: Coordinator, job: int, lease: dict[str, Any]) -> dict[str, Any]:
+    """Wait out the paused worker's lease, reap it, and claim the job as `other`."""
+    wait_for(lambda: time.time() > _ts(lease["expires_at"]) + 0.05, 10, "lease expiry")
+    assert c.reap()["expired"] == 1
+    c.heartbeat("other", readings={"memory_used_pct": 10})
+    got = c.claim("other", lease_s=30)
+    assert got["job"]["job_id"] == job
+    return got["lease"]
+
+
+def _ts(iso_text: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso_text.replace("Z", "+00:00")).timestamp()
+
+
+def test_handler_that_outlives_its_lease_is_stopped_and_reports_nothing(db, start, tmp_path):
+    _, c = db
+    marker = str(tmp_path / "sleepy")
+    job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
+    w = start(*APP, "--lease", "1")
+    lease = wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGSTOP)  # a GC pause, a suspended laptop
+    other = _steal(c, job, lease)
+    w.proc.send_signal(signal.SIGCONT)
+    lost = w.wait_event("lease_lost", job_id=job)
+    assert lost["reason"] in ("stale_epoch", "lease_expired")
+    w.wait_event("stopped", job_id=job)
+    assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
+    assert read(marker) == lost["reason"]
+    # Nothing from the first attempt landed: the job is still the new owner's.
+    assert running(c, job)["worker_id"] == "other"
+    assert not w.events("failed") and not w.events("completed")
+    c.complete(job, "other", other["epoch"], {"by": "other"})
+    assert c.show(job)["job"]["result"] == {"by": "other"}
+
+
+def test_late_result_of_a_handler_ignoring_cancellation_never_lands(db, start):
+    _, c = db
+    job = c.enqueue("stubborn", {"seconds": 2.5})["job_id"]
+    w = start(*APP, "--lease", "1")
+    lease = wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGSTOP)
+    other = _steal(c, job, lease)
+    time.sleep(max(0.0, 2.6 - (time.time() - _ts(lease["expires_at"]) + 1)))
+    w.proc.send_signal(signal.SIGCONT)  # the handler's sleep is over: it returns a result
+    wait_for(lambda: w.events("stopped") or w.events("report_refused"), 10, "outcome")
+    c.complete(job, "other", other["epoch"], {"by": "other"})
+    shown = c.show(job)
+    assert shown["job"]["result"] == {"by": "other"}
+    completed = [e for e in shown["events"] if e["reason"] == "completed"]
+    assert [(e["worker_id"], e["epoch"]) for e in completed] == [("other", 2)]
+
+
+def test_command_outliving_its_lease_is_terminated(db, start, tmp_path):
+    _, c = db
+    pid_file = str(tmp_path / "cmd.pid")
+    job = c.enqueue("summarize", {"sleep": 60, "pid_file": pid_file})["job_id"]
+    w = start("--exec", f"summarize={CMD}", "--lease", "1", "--kill-grace", "1")
+    lease = wait_for(lambda: running(c, job), 10, "claim")
+    wait_for(lambda: os.path.exists(pid_file) and read(pid_file), 10, "command start")
+    pid = int(read(pid_file))
+    w.proc.send_signal(signal.SIGSTOP)
+    _steal(c, job, lease)
+    assert not gone(pid)  # its own process group: the pause did not touch it
+    w.proc.send_signal(signal.SIGCONT)
+    w.wait_event("stopped", job_id=job)
+    assert gone(pid)
+    assert running(c, job)["worker_id"] == "other"
+
+
+@pytest.mark.parametrize("handler", ["python", "command"])
+def test_cancelling_a_running_job_stops_its_handler(db, start, tmp_path, handler):
+    _, c = db
+    marker = str(tmp_path / "marker")
+    if handler == "python":
+        job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
+        w = start(*APP, "--lease", "1.5")
+    else:
+        job = c.enqueue("summarize", {"sleep": 60, "pid_file": marker})["job_id"]
+        w = start("--exec", f"summarize={CMD}", "--lease", "1.5")
+    wait_for(lambda: running(c, job), 10, "claim")
+    wait_for(lambda: os.path.exists(marker if handler == "command" else marker + ".started"),
+             10, "handler start")
+    assert c.cancel(job)["cancel_requested"] is True
+    lost = w.wait_event("lease_lost", job_id=job)
+    assert lost["reason"] == "job_cancelled"
+    assert c.show(job)["job"]["status"] == "cancelled"
+    if handler == "python":
+        assert wait_for(lambda: os.path.exists(marker) and read(marker), 5, "marker")
+        assert read(marker) == "job_cancelled"
+    else:
+        w.wait_event("stopped", job_id=job)
+        assert gone(int(read(marker)))
+
+
+# --- shutdown ---------------------------------------------------------------------------------
+
+
+def test_sigterm_releases_the_running_job_after_the_grace_period(db, start, tmp_path):
+    _, c = db
+    marker = str(tmp_path / "sleepy")
+    job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
+    w = start(*APP, "--lease", "30", "--grace", "0.3")
+    wait_for(lambda: running(c, job), 10, "claim")
+    t0 = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    code, summary = w.finish()
+    assert code == 0 and summary["released"] == 1
+    # Released at once, not after the 30 s lease.
+    assert time.monotonic() - t0 < 15
+    got = c.show(job)
+    assert got["job"]["status"] == "waiting" and got["lease"] is None
+    assert got["events"][-1]["reason"] == "worker_shutdown"
+    assert read(marker) == "worker_shutdown"
+
+
+def test_sigterm_lets_a_job_that_finishes_within_the_grace_period_complete(db, start):
+    _, c = db
+    job = c.enqueue("sleepy", {"seconds": 1})["job_id"]
+    other = c.enqueue("summarize", {"text": "never claimed"})["job_id"]
+    w = start(*APP, "--grace", "20")
+    wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGTERM)
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 1 and summary["released"] == 0
+    assert c.show(job)["job"]["status"] == "succeeded"
+    assert c.show(other)["job"]["status"] == "waiting"  # no new claims after the signal
+
+
+def test_second_signal_exits_at_once(db, start):
+    _, c = db
+    job = c.enqueue("sleepy", {"seconds": 60})["job_id"]
+    w = start(*APP, "--grace", "30")
+    wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGTERM)
+    w.wait_event("shutting_down")
+    w.proc.send_signal(signal.SIGINT)
+    assert w.proc.wait(10) == 130
+    assert running(c, job) is not None  # left to its lease and the reaper
+
+
+def test_concurrency_runs_jobs_side_by_side(db, start, tmp_path):
+    _, c = db
+    markers = [str(tmp_path / f"m{i}") for i in range(2)]
+    ids = [c.enqueue("sleepy", {"seconds": 60, "marker": m})["job_id"] for m in markers]
+    w = start(*APP, "--concurrency", "2")
+    leases = wait_for(lambda: [running(c, j) for j in ids] if all(running(c, j) for j in ids)
+                      else None, 10, "both jobs running")
+    assert {lease["worker_id"] for lease in leases} == {"w1"}
+    assert len(w.events("claimed")) == 2
+
+
+# --- the seed 002 checkpoint pattern ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("handler", ["python", "command"])
+def test_checkpointed_remote_id_is_resumed_after_sigkill_not_resubmitted(db, start, tmp_path,
+                                                                         handler):
+    _, c = db
+    remote = str(tmp_path / "remote")
+    job = c.enqueue("render", {"remote_dir": remote, "prompt": "a lighthouse"})["job_id"]
+    args = (APP if handler == "python"
+            else ("--exec", f"render={PY} examples/render_cmd.py"))
+    first = start(*args, "--lease", "1", name="first")
+    cp = wait_for(lambda: c.show(job)["checkpoints"], 15, "checkpoint")
+    assert cp[0]["name"] == "remote_submitted" and cp[0]["epoch"] == 1
+    assert remote_service.submissions(remote) == ["R-1"]
+    first.proc.send_signal(signal.SIGKILL)  # crash while watching the remote request
+    first.proc.wait(5)
+    second = start(*args, "--lease", "1", "--reap-every", "0.2", name="second")
+    claimed = second.wait_event("claimed", job_id=job)
+    assert claimed["epoch"] == 2 and claimed["checkpoints"] == ["remote_submitted"]
+    remote_service.finish(remote, "R-1", "lighthouse.png")
+    wait_for(lambda: c.show(job)["job"]["status"] == "succeeded", 15, "completion")
+    result = c.show(job)["job"]["result"]
+    assert result == {"remote_id": "R-1", "output": "lighthouse.png", "resumed": True}
+    assert remote_service.submissions(remote) == ["R-1"]  # never submitted twice
+    reasons = [e["reason"] for e in c.show(job)["events"]]
+    assert reasons == ["enqueued", "claimed", "lease_expired", "claimed", "completed"]
+
+
+# --- bad options --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, needle", [
+    ((), "at least one handler"),
+    (("--exec", "summarize"), "KIND="),
+    (("--app", "no_such_module_xyz:app"), "cannot import"),
+    (("--app", "examples.handlers:summarize"), "not a jobcoord.app.App"),
+    (("--exec", f"summarize={CMD}", "--timeout", "other=5"), "no handler for kind"),
+    (("--exec", f"summarize={CMD}", "--readings-override", '{"cpu": 1}'), "unknown reading"),
+    (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
+])
+def test_bad_worker_options_exit_2_and_change_nothing(db, args, needle):
+    path, c = db
+    run = subprocess.run([PY, "-m", "jobcoord", "--db", path, "worker", *args, "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode == 2, run.stderr
+    assert needle in json.loads(run.stdout)["error"]["message"]
+    assert c.workers()["workers"] == []
