@@ -464,3 +464,18 @@ def test_bad_worker_options_exit_2_and_change_nothing(db, args, needle):
     assert run.returncode == 2, run.stderr
     assert needle in json.loads(run.stdout)["error"]["message"]
     assert c.workers()["workers"] == []
+
+
+def test_heartbeats_and_renewals_continue_while_a_long_handler_runs(db, start):
+    _, c = db
+    job = c.enqueue("sleepy", {"seconds": 60})["job_id"]
+    w = start(*APP, "--lease", "1.5")
+    wait_for(lambda: running(c, job), 10, "claim")
+    ages = []
+    for _ in range(3):
+        time.sleep(1.0)
+        ages.append(c.workers()["workers"][0]["heartbeat_age_s"])
+    assert all(age < 1.5 for age in ages), ages  # heartbeat every 0.5 s, handler busy
+    renewals = w.events("renewed")
+    assert len(renewals) >= 4 and all(e["job_id"] == job for e in renewals)
+    assert running(c, job)["worker_id"] == "w1"
