@@ -596,7 +596,8 @@ class Coordinator:
 
     def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
               tenant: str | None = None) -> dict[str, Any]:
-        """Extend a live lease of this owner and epoch to now + lease_s."""
+        """Extend a live lease of this owner and epoch to now + lease_s, never to earlier than
+        it already runs (after the clock jumped back, now + lease_s can be before it)."""
         job_id, worker_id, epoch, tenant = self._fenced("renew", job_id, worker_id, epoch,
                                                         tenant)
         lease_us = self._lease_seconds(lease_s)
@@ -606,7 +607,9 @@ class Coordinator:
             owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "renew")
             if isinstance(owned, JobcoordError):
                 return owned
-            expires = now + lease_us
+            # Never shorten: a lease moved before its grant time would break the schema's
+            # expiry check and turn a clock step into an internal error.
+            expires = max(now + lease_us, owned[11])
             self.db.run(conn, _RENEW, {"job_id": job_id, "epoch": epoch, "worker": worker_id,
                                        "now": now, "expires": expires})
             return {"job_id": job_id, "epoch": epoch, "expires_at": iso(expires),

@@ -1,0 +1,136 @@
+"""Clock jumps. Leases are judged by the coordinator's clock only (the time taken where the
+call runs, bound into SQL as a parameter); a worker never sends a time. Safety never depends
+on that clock: whatever it does, a job's outcome is accepted at most once, and only from the
+current epoch. Liveness does: a jump forward reaps early (the job may run twice, one result is
+kept), a jump backward delays reaping.
+
+Each test runs on SQLite and PostgreSQL under freezegun."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from jobcoord.errors import Refused
+from jobcoord.maintenance import check
+from jobcoord.service import Coordinator
+from tests.invariants import assert_invariants
+
+T0 = datetime(2026, 6, 1, 12, 0, 0, tzinfo=UTC)
+HOUR = 3600
+
+
+def at(t: float) -> datetime:
+    return T0 + timedelta(seconds=t)
+
+
+@pytest.fixture
+def clock() -> Iterator[Any]:
+    with freeze_time(at(0)) as frozen:
+        yield frozen
+
+
+@pytest.fixture(autouse=True)
+def invariants_hold_afterwards(coord: Coordinator) -> Iterator[None]:
+    yield
+    result = check(coord.db, full=True)
+    assert result["ok"], result
+    if coord.db.target.sqlite_path:
+        assert_invariants(coord.db.target.sqlite_path)
+
+
+def refused(code: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    with pytest.raises(Refused) as caught:
+        fn(*args, **kwargs)
+    assert caught.value.code == code, caught.value.message
+
+
+def claim(coord: Coordinator, worker: str, lease_s: float) -> tuple[int, int]:
+    coord.heartbeat(worker)
+    got = coord.claim(worker, lease_s=lease_s)
+    assert got["job"] is not None, got
+    return got["job"]["job_id"], got["lease"]["epoch"]
+
+
+def completed_events(coord: Coordinator, job_id: int) -> list[dict[str, Any]]:
+    return [e for e in coord.show(job_id)["events"] if e["reason"] == "completed"]
+
+
+def test_forward_jump_reaps_early_and_the_old_epoch_is_refused(coord: Coordinator,
+                                                               clock: Any) -> None:
+    job_id = coord.enqueue("work", {})["job_id"]
+    _, e1 = claim(coord, "w1", 60)
+    clock.move_to(at(10 + HOUR))  # the lease had 50 s left; the clock now says it is long gone
+    # Even before the reaper runs, the owner's own completion is judged by this clock.
+    refused("lease_expired", coord.complete, job_id, "w1", e1, {"by": "w1"})
+    reaped = coord.reap()
+    assert reaped["jobs"] == [{"job_id": job_id, "epoch": e1, "to": "waiting"}]
+    _, e2 = claim(coord, "w2", 60)
+    assert e2 == e1 + 1
+    # The first worker really was still running: its late result is refused, by epoch.
+    refused("stale_epoch", coord.complete, job_id, "w1", e1, {"by": "w1"})
+    coord.complete(job_id, "w2", e2, {"by": "w2"})
+    refused("job_finished", coord.complete, job_id, "w1", e1, {"by": "w1"})
+    shown = coord.show(job_id)
+    assert shown["job"]["result"] == {"by": "w2"}
+    assert len(completed_events(coord, job_id)) == 1
+
+
+def test_forward_jump_backoff_is_computed_from_the_jumped_clock(coord: Coordinator,
+                                                                clock: Any) -> None:
+    job_id = coord.enqueue("work", {})["job_id"]
+    _, e1 = claim(coord, "w1", 60)
+    clock.move_to(at(30 + HOUR))
+    coord.heartbeat("w1")
+    refused("lease_expired", coord.fail, job_id, "w1", e1, "boom")
+    coord.reap()
+    job = coord.show(job_id)["job"]
+    assert job["status"] == "waiting"
+    run_after = datetime.fromisoformat(job["run_after"].replace("Z", "+00:00"))
+    assert run_after >= at(30 + HOUR)  # never scheduled in the (jumped-over) past
+
+
+def test_backward_jump_delays_reaping_and_renew_still_works(coord: Coordinator,
+                                                            clock: Any) -> None:
+    job_id = coord.enqueue("work", {})["job_id"]
+    _, e1 = claim(coord, "w1", 5)
+    clock.move_to(at(2 - HOUR))
+    coord.heartbeat("w1")
+    # The lease looks an hour longer than it was: nothing is reaped yet.
+    clock.move_to(at(60 - HOUR))
+    assert coord.reap()["expired"] == 0
+    assert coord.show(job_id)["job"]["status"] == "running"
+    # The owner can still renew; a renewal never moves the expiry earlier than it was.
+    renewed = coord.renew(job_id, "w1", e1, lease_s=5)
+    assert renewed["expires_at_us"] >= int(at(5).timestamp()) * 1_000_000
+    clock.move_to(at(5 + 1))  # the clock caught up past the original expiry
+    assert coord.reap()["jobs"] == [{"job_id": job_id, "epoch": e1, "to": "waiting"}]
+    # The event history is ordered by event_id, whatever their timestamps say.
+    events = coord.show(job_id)["events"]
+    assert [e["event_id"] for e in events] == sorted(e["event_id"] for e in events)
+    assert [e["reason"] for e in events] == ["enqueued", "claimed", "lease_expired"]
+    assert events[2]["at"] > events[1]["at"]
+
+
+def test_backward_jump_between_claims_keeps_events_in_id_order(coord: Coordinator,
+                                                               clock: Any) -> None:
+    job_id = coord.enqueue("work", {})["job_id"]
+    _, e1 = claim(coord, "w1", 5)
+    coord.fail(job_id, "w1", e1, "transient")
+    clock.move_to(at(20 - HOUR))  # earlier than every event so far
+    coord.heartbeat("w2")
+    assert coord.claim("w2")["job"] is None  # backoff is also judged by this clock: later
+    clock.move_to(at(20))
+    job_id2, e2 = claim(coord, "w2", 30)
+    assert (job_id2, e2) == (job_id, e1 + 1)
+    clock.move_to(at(21 - HOUR))
+    coord.complete(job_id, "w2", e2, {"ok": 1})
+    events = coord.show(job_id)["events"]
+    ids = [e["event_id"] for e in events]
+    assert ids == sorted(ids)
+    assert events[-1]["reason"] == "completed"
+    assert events[-1]["at"] < events[-2]["at"]  # timestamps went back; the order did not
