@@ -13,6 +13,7 @@ from .errors import InvalidInput
 # Names the coordinator matches on (kinds, roles, tenants, worker ids): printable, no spaces,
 # no NUL (SQLite functions silently stop at a NUL), no wildcards that could mean "many".
 _NAME = re.compile(r"[A-Za-z0-9_.:@/+-]+")
+_WHOLE = re.compile(r"-?[0-9]+")
 MAX_NAME = 128
 MAX_WORKER_ID = 200
 MAX_KEY = 200
@@ -74,7 +75,9 @@ def priority(value: Any) -> int:
 
 def integer(value: Any, field: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        # ASCII digits only: str.isdigit() and int() also accept other scripts' digits and
+        # superscripts ("٣", "²"), and "--5" passes an lstrip test but breaks int().
+        if isinstance(value, str) and _WHOLE.fullmatch(value):
             value = int(value)
         else:
             raise _bad(field, f"{value!r} is not a whole number")
