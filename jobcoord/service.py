@@ -551,6 +551,41 @@ class Coordinator:
 
         return self.db.write(_do, "complete")
 
+    def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
+                           *, provenance: Mapping[str, Any] | None = None,
+                           tenant: str | None = None, lease_s: float | None = None,
+                           kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Complete this worker's job and claim its next one in the same write transaction:
+        one commit per job in steady state instead of two.
+
+        The completion is judged exactly like `complete` (same refusals, same events); a
+        refused completion raises its refusal and claims nothing. After an accepted
+        completion the claim follows every rule of `claim` (heartbeat, gates, order).
+        Returns {"completed": <complete's answer>, "next": <claim's answer>}."""
+        job_id, worker_id, epoch, tenant = self._fenced("complete", job_id, worker_id, epoch,
+                                                        tenant)
+        _, result_text = v.json_value({} if result is None else result, "result",
+                                      max_bytes=self.policy.max_result_bytes,
+                                      require_object=False, too_large_code="result_too_large")
+        prov_text = None if provenance is None else v.json_value(
+            dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+        lease_us = self._lease_seconds(lease_s)
+        kind_filter = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
+        now = now_us()
+
+        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "complete")
+            if isinstance(owned, JobcoordError):
+                self._reject_event(conn, owned, job_id, worker_id, epoch, now, "complete")
+                return owned
+            self._end(conn, job_id, epoch, now, "succeeded", "completed", worker_id,
+                      result=result_text, provenance=prov_text)
+            return {"completed": {"job_id": job_id, "status": "succeeded", "epoch": epoch,
+                                  "finished_at": iso(now)},
+                    "next": self._claim(conn, worker_id, lease_us, kind_filter, now)}
+
+        return self.db.write(_do, "complete_and_claim")
+
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
              permanent: bool = False, reason: str = "failed", tenant: str | None = None
              ) -> dict[str, Any]:

@@ -1,0 +1,284 @@
+"""Complete-and-claim-next: a worker's completion and its next claim in one write transaction.
+
+It must accept exactly what `complete` accepts, refuse exactly what `complete` refuses (and
+then claim nothing), keep the fence and every event row, and the next claim must follow every
+rule of `claim`. Each test runs on SQLite and PostgreSQL under a frozen clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from jobcoord.db import Target
+from jobcoord.errors import InvalidInput, Refused
+from jobcoord.maintenance import check
+from jobcoord.service import Coordinator
+
+T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
+IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
+              "user_idle_s": 900}
+REPO = Path(__file__).resolve().parent.parent
+
+
+def at(t: float) -> datetime:
+    return T0 + timedelta(seconds=t)
+
+
+@pytest.fixture
+def clock() -> Iterator[Any]:
+    with freeze_time(at(0)) as frozen:
+        yield frozen
+
+
+def claimed(coord: Coordinator, worker: str = "w1", **enqueue: Any) -> tuple[int, int]:
+    """Enqueue one job, heartbeat `worker`, claim it; returns (job_id, epoch)."""
+    job_id = coord.enqueue("work", {"n": "claimed"}, **enqueue)["job_id"]
+    coord.heartbeat(worker, readings=IDLE_ON_AC)
+    got = coord.claim(worker, lease_s=45)
+    assert got["job"]["job_id"] == job_id
+    return job_id, got["lease"]["epoch"]
+
+
+def reasons(coord: Coordinator, job_id: int) -> list[str]:
+    return [e["reason"] for e in coord.show(job_id)["events"]]
+
+
+def test_complete_and_claim_finishes_the_job_and_leases_the_next_in_claim_order(
+        coord: Coordinator, clock: Any) -> None:
+    first, epoch = claimed(coord)
+    background = coord.enqueue("work", {"n": "p3"}, priority=3)["job_id"]
+    clock.tick(1)
+    urgent = coord.enqueue("work", {"n": "p0"}, priority=0)["job_id"]
+    clock.tick(2)
+
+    out = coord.complete_and_claim(first, "w1", epoch, {"answer": 42}, lease_s=30)
+
+    assert out["completed"] == {"job_id": first, "status": "succeeded", "epoch": epoch,
+                                "finished_at": "2026-03-01T09:00:03Z"}
+    nxt = out["next"]
+    assert nxt["job"]["job_id"] == urgent  # P0 before the older P3
+    assert nxt["job"]["payload"] == {"n": "p0"}
+    assert nxt["lease"] == {"worker_id": "w1", "epoch": 1,
+                            "expires_at": "2026-03-01T09:00:33Z",
+                            "expires_at_us": nxt["lease"]["expires_at_us"]}
+    done = coord.show(first)
+    assert done["job"]["status"] == "succeeded"
+    assert done["job"]["result"] == {"answer": 42}
+    assert done["lease"] is None
+    assert reasons(coord, first) == ["enqueued", "claimed", "completed"]
+    assert reasons(coord, urgent) == ["enqueued", "claimed"]
+    assert coord.show(urgent)["events"][-1]["epoch"] == 1
+    assert coord.show(background)["job"]["status"] == "waiting"
+    # The next job's lease is fenced like any other: its epoch completes it, the old does not.
+    assert coord.complete(urgent, "w1", 1)["status"] == "succeeded"
+    assert check(coord.db)["ok"]
+
+
+def test_complete_and_claim_with_nothing_left_completes_and_says_why_nothing_was_claimed(
+        coord: Coordinator, clock: Any) -> None:
+    job_id, epoch = claimed(coord)
+    out = coord.complete_and_claim(job_id, "w1", epoch)
+    assert out["completed"]["status"] == "succeeded"
+    assert out["next"] == {"job": None, "reason": "no_waiting_jobs",
+                           "detail": "no job is waiting"}
+    assert coord.show(job_id)["job"]["result"] == {}
+
+
+def test_the_next_claim_still_passes_the_gates(coord: Coordinator, clock: Any) -> None:
+    job_id, epoch = claimed(coord)
+    other = coord.enqueue("work", {"n": "next"})["job_id"]
+    coord.heartbeat("w1", readings={**IDLE_ON_AC, "memory_used_pct": 90})
+    out = coord.complete_and_claim(job_id, "w1", epoch, {"ok": True})
+    assert out["completed"]["status"] == "succeeded"
+    assert out["next"]["job"] is None
+    assert out["next"]["reason"] == "memory_gate"
+    assert coord.show(other)["job"]["status"] == "waiting"
+
+
+def test_the_next_claim_only_takes_the_kinds_asked_for(coord: Coordinator, clock: Any) -> None:
+    job_id, epoch = claimed(coord)
+    coord.enqueue("embed", {"n": "embed"})
+    wanted = coord.enqueue("summarize", {"n": "sum"})["job_id"]
+    out = coord.complete_and_claim(job_id, "w1", epoch, kinds=["summarize"])
+    assert out["next"]["job"]["job_id"] == wanted
+
+
+# --- refusals: exactly complete's, and then no claim ------------------------------------------
+
+
+def _stale_epoch(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, epoch = claimed(coord)
+    return job_id, "w1", epoch + 1, {}
+
+
+def _not_owner(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, epoch = claimed(coord)
+    coord.heartbeat("w2", readings=IDLE_ON_AC)
+    return job_id, "w2", epoch, {}
+
+
+def _expired_not_reaped(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, epoch = claimed(coord)
+    clock.tick(46)
+    coord.heartbeat("w1", readings=IDLE_ON_AC)  # fresh, so only the lease can refuse
+    return job_id, "w1", epoch, {}
+
+
+def _expired_and_reaped(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, _, epoch, _ = _expired_not_reaped(coord, clock)
+    assert coord.reap()["expired"] == 1
+    return job_id, "w1", epoch, {}
+
+
+def _finished(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, epoch = claimed(coord)
+    coord.complete(job_id, "w1", epoch, {"first": True})
+    return job_id, "w1", epoch, {}
+
+
+def _unknown_job(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    claimed(coord)
+    return 999_999, "w1", 1, {}
+
+
+def _other_tenant(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, epoch = claimed(coord, tenant="acme")
+    return job_id, "w1", epoch, {"tenant": "globex"}
+
+
+def _cancelled(coord: Coordinator, clock: Any) -> tuple[int, str, int, dict[str, Any]]:
+    job_id, epoch = claimed(coord)
+    coord.cancel(job_id)
+    return job_id, "w1", epoch, {}
+
+
+REFUSALS: dict[str, tuple[str, Callable[..., tuple[int, str, int, dict[str, Any]]]]] = {
+    "stale epoch": ("stale_epoch", _stale_epoch),
+    "another worker": ("not_owner", _not_owner),
+    "expired, reaper not run yet": ("lease_expired", _expired_not_reaped),
+    "expired and reaped": ("lease_expired", _expired_and_reaped),
+    "already finished": ("job_finished", _finished),
+    "no such job": ("job_not_found", _unknown_job),
+    "another tenant's job": ("job_not_found", _other_tenant),
+    "cancelled while running": ("job_cancelled", _cancelled),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_complete_and_claim_refuses_exactly_what_complete_refuses_and_then_claims_nothing(
+        coord: Coordinator, clock: Any, case: str) -> None:
+    code, setup = REFUSALS[case]
+    job_id, worker, epoch, extra = setup(coord, clock)
+    bystander = coord.enqueue("work", {"n": "bystander"})["job_id"]
+    before = coord.show(job_id, tenant=extra.get("tenant")) if code != "job_not_found" else None
+
+    with pytest.raises(Refused) as caught:
+        coord.complete_and_claim(job_id, worker, epoch, {"late": True}, **extra)
+    assert caught.value.code == code, caught.value.message
+    assert caught.value.exit_code == 4
+
+    # Nothing was claimed: the waiting job is untouched and the worker holds no new lease.
+    waiting = coord.show(bystander)
+    assert waiting["job"]["status"] == "waiting"
+    assert waiting["job"]["epoch"] == 0
+    assert waiting["lease"] is None
+    assert reasons(coord, bystander) == ["enqueued"]
+    if before is not None and code != "job_cancelled":
+        after = coord.show(job_id)
+        assert after["job"]["status"] == before["job"]["status"]
+        assert after["job"]["result"] == before["job"]["result"]
+        assert after["job"]["epoch"] == before["job"]["epoch"]
+
+    # complete refuses the same call with the same code.
+    with pytest.raises(Refused) as again:
+        coord.complete(job_id, worker, epoch, {"late": True}, **extra)
+    assert again.value.code == code
+    assert check(coord.db)["ok"]
+
+
+def test_a_refused_second_completion_keeps_the_first_result_and_records_the_attempt(
+        coord: Coordinator, clock: Any) -> None:
+    job_id, _, epoch, _ = _finished(coord, clock)
+    with pytest.raises(Refused):
+        coord.complete_and_claim(job_id, "w1", epoch, {"second": True})
+    shown = coord.show(job_id)
+    assert shown["job"]["result"] == {"first": True}
+    assert [e["reason"] for e in shown["events"]][-1] == "complete_refused"
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [
+    ((), {"lease_s": -1}),
+    ((), {"lease_s": float("nan")}),
+    (({"x": float("nan")},), {}),
+    ((), {"kinds": ["bad\x00kind"]}),
+    ((), {"provenance": {"x": float("inf")}}),
+])
+def test_bad_input_to_complete_and_claim_is_refused_before_any_write(
+        coord: Coordinator, clock: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    job_id, epoch = claimed(coord)
+    other = coord.enqueue("work", {"n": "next"})["job_id"]
+    with pytest.raises(InvalidInput):
+        coord.complete_and_claim(job_id, "w1", epoch, *args, **kwargs)
+    assert coord.show(job_id)["job"]["status"] == "running"
+    assert reasons(coord, job_id) == ["enqueued", "claimed"]
+    assert coord.show(other)["job"]["status"] == "waiting"
+
+
+# --- one transaction: a crash between the completion and the claim keeps neither --------------
+
+CAC = r"""
+import json, sys
+from jobcoord.service import Coordinator
+c = Coordinator.open(sys.argv[1])
+out = c.complete_and_claim(int(sys.argv[2]), "w1", int(sys.argv[3]), {"done": True})
+print(json.dumps(out))
+"""
+
+
+def _state(path: str) -> list[tuple[Any, ...]]:
+    conn = sqlite3.connect(path)
+    try:
+        return [tuple(r) for r in conn.execute(
+            "SELECT j.job_id, j.status, j.epoch, j.result_json, l.worker_id,"
+            " (SELECT COUNT(*) FROM job_events e WHERE e.job_id = j.job_id)"
+            " FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id ORDER BY j.job_id")]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("point", ["completed.after_event", "claim.after_take",
+                                   "claim.after_event"])
+def test_a_crash_inside_complete_and_claim_keeps_neither_the_completion_nor_the_claim(
+        sqlite_target: Target, point: str) -> None:
+    path = sqlite_target.sqlite_path
+    assert path is not None
+    with Coordinator.open(path) as c:
+        job_id, epoch = claimed(c)
+        c.enqueue("work", {"n": "next"})
+    before = _state(path)
+    env = {**os.environ, "JOBCOORD_FAULT": f"{point}:kill"}
+    killed = subprocess.run([sys.executable, "-c", CAC, path, str(job_id), str(epoch)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert _state(path) == before
+
+    done = subprocess.run([sys.executable, "-c", CAC, path, str(job_id), str(epoch)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["completed"]["status"] == "succeeded"
+    assert out["next"]["lease"]["epoch"] == 1
+    with Coordinator.open(path) as c:
+        assert check(c.db)["ok"]
+
