@@ -112,6 +112,12 @@ _OVERDUE_WAITING = SQL(
     "SELECT job_id FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
     " ORDER BY deadline_at LIMIT :limit"
 )
+# PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
+# each takes the row locks of what it is about to change, and a reaper skips rows another
+# transaction holds instead of failing its compare-and-set after waiting for them.
+_EXPIRED_LEASES_LOCKED = SQL(_EXPIRED_LEASES.sqlite + " FOR UPDATE OF l, j SKIP LOCKED")
+_OVERDUE_WAITING_LOCKED = SQL(_OVERDUE_WAITING.sqlite + " FOR UPDATE SKIP LOCKED")
+_LOCK_JOB = SQL("SELECT job_id FROM jobs WHERE job_id = :job_id FOR UPDATE")
 _SET_STATUS = SQL(
     "UPDATE jobs SET status = :to_status, updated_at = :now, finished_at = :finished,"
     " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
@@ -453,10 +459,19 @@ class Coordinator:
 
     # --- fenced operations on a held lease ----------------------------------------------
 
+    def _lock_job(self, conn: Connection, job_id: int) -> None:
+        """Hold the job's row until commit before reading it to decide a change. SQLite needs
+        nothing (BEGIN IMMEDIATE already excludes every other writer); on PostgreSQL a
+        concurrent reaper, completer or operator waits here, and the read that follows sees
+        what it committed, instead of both deciding on the same old row."""
+        if not self.db.is_sqlite:
+            self.db.run(conn, _LOCK_JOB, {"job_id": job_id})
+
     def _owned(self, conn: Connection, job_id: int, worker_id: str, epoch: int,
                tenant: str | None, now: int, op: str) -> tuple[Any, ...] | JobcoordError:
         """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
         row or the refusal (a requested cancellation is carried out here)."""
+        self._lock_job(conn, job_id)
         row = self.db.run(conn, _OWNED, {"job_id": job_id}).first()
         if row is None or (tenant is not None and row[2] != tenant):
             return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
@@ -704,13 +719,16 @@ class Coordinator:
         change is a compare-and-set on (status, epoch)."""
         limit = v.integer(limit, "limit", 1, 100_000)
         now = now_us()
+        sqlite = self.db.is_sqlite
+        expired_sql = _EXPIRED_LEASES if sqlite else _EXPIRED_LEASES_LOCKED
+        overdue_sql = _OVERDUE_WAITING if sqlite else _OVERDUE_WAITING_LOCKED
 
         def _do(conn: Connection) -> dict[str, Any]:
             counts = {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
                       "deadline_dead": 0}
             jobs: list[dict[str, Any]] = []
             for (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline,
-                 cancel) in self.db.run(conn, _EXPIRED_LEASES, {"now": now, "limit": limit}
+                 cancel) in self.db.run(conn, expired_sql, {"now": now, "limit": limit}
                                         ).all():
                 if _bool(cancel):
                     to_status, why = "cancelled", "cancelled while running"
@@ -732,14 +750,16 @@ class Coordinator:
                 counts["expired"] += 1
                 counts[to_status] += 1
                 jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})
-            for (job_id,) in self.db.run(conn, _OVERDUE_WAITING, {"now": now, "limit": limit}
+            for (job_id,) in self.db.run(conn, overdue_sql, {"now": now, "limit": limit}
                                          ).all():
                 epoch = self.db.run_text(conn, "SELECT epoch FROM jobs WHERE job_id = :job_id",
                                          {"job_id": job_id}).scalar_one()
-                self.db.run(conn, _SET_STATUS, {
+                swept = self.db.run(conn, _SET_STATUS, {
                     "job_id": job_id, "epoch": epoch, "from_status": "waiting",
                     "to_status": "dead", "now": now, "finished": now,
-                    "error": "deadline passed before the job could run"})
+                    "error": "deadline passed before the job could run"}).rowcount
+                if swept != 1:  # claimed meanwhile: no transition, so no event
+                    continue
                 self._event(conn, job_id, now, "waiting", "dead", "deadline_passed")
                 counts["deadline_dead"] += 1
                 jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})
@@ -762,6 +782,7 @@ class Coordinator:
         now = now_us()
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+            self._lock_job(conn, job_id)
             job = self._load(conn, job_id, tenant)
             if isinstance(job, JobcoordError):
                 return job

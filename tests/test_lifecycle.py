@@ -6,8 +6,14 @@ invariants (`maintenance.check`) must hold when it ends."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +24,7 @@ from jobcoord.maintenance import check
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
 
+REPO = Path(__file__).resolve().parent.parent
 T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
               "user_idle_s": 900}
@@ -560,3 +567,92 @@ def test_a_refused_transition_writes_no_transition_event(coord, clock):
     # A late result is kept as evidence, but as a non-transition (succeeded -> succeeded).
     assert after[:len(before)] == before
     assert all(f == t == "succeeded" for f, t, _ in after[len(before):])
+
+
+# --- several processes at once -------------------------------------------------------------------
+
+
+def _in_threads(target: Any, n: int, work: Callable[[Coordinator, int], Any]) -> list[str]:
+    """Run `work` in n threads, each with its own coordinator (its own connections), the
+    way separate processes would; return the errors they hit."""
+    errors: list[str] = []
+    start_together = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        c = Coordinator.open(target)
+        try:
+            start_together.wait()
+            work(c, i)
+        except Exception as e:  # collected and asserted empty below
+            errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    return errors
+
+
+def test_concurrent_reapers_reap_each_expired_lease_exactly_once(coord, target, clock):
+    coord.enqueue_many([{"kind": "work", "payload": {"n": n}} for n in range(120)])
+    coord.enqueue_many([{"kind": "work", "payload": {"n": n}, "deadline_s": 5}
+                        for n in range(40)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    for _ in range(120):
+        assert coord.claim("w1", lease_s=5)["job"] is not None
+    clock.tick(10)
+    counts: list[dict[str, Any]] = []
+    errors = _in_threads(target, 4, lambda c, _i: counts.extend(
+        c.reap(limit=20) for _ in range(8)))
+    assert errors == []
+    assert sum(r["expired"] for r in counts) == 120
+    assert sum(r["deadline_dead"] for r in counts) == 40
+    assert coord.reap()["jobs"] == []
+    for job in coord.jobs(limit=1000)["jobs"]:
+        reasons = [e["reason"] for e in coord.show(job["job_id"])["events"]]
+        assert reasons.count("lease_expired") + reasons.count("deadline_passed") == 1
+
+
+def _wait_until_row_locked(coord: Coordinator, job_id: int) -> None:
+    """Poll from another connection until some transaction holds the job's row lock."""
+    from sqlalchemy.exc import DBAPIError
+
+    give_up = time.monotonic() + 30
+    while time.monotonic() < give_up:
+        with coord.db.engine.connect() as conn:
+            try:
+                conn.exec_driver_sql("SELECT job_id FROM jobs WHERE job_id = %(j)s FOR UPDATE"
+                                     " NOWAIT", {"j": job_id})
+            except DBAPIError:
+                return
+            finally:
+                conn.rollback()
+        time.sleep(0.02)
+    raise AssertionError("the completion never took the job's row lock")
+
+
+def test_on_postgresql_a_cancel_waits_for_a_completion_in_flight_and_sees_it(
+        coord, target, backend):
+    if backend != "postgresql":
+        pytest.skip("SQLite: BEGIN IMMEDIATE already keeps a second writer out entirely")
+    job_id = coord.enqueue("work", {})["job_id"]
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    epoch = coord.claim("w1", lease_s=600)["lease"]["epoch"]
+    # A real completion, paused inside its transaction after it changed the job.
+    env = {**os.environ, "JOBCOORD_FAULT": "completed.after_event:sleep=3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--url", target.url, "complete", str(job_id),
+         "--worker", "w1", "--epoch", str(epoch), "--result", '{"ok": true}', "--json"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until_row_locked(coord, job_id)
+        refused("job_finished", coord.cancel, job_id)
+    finally:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    shown = coord.show(job_id)
+    assert shown["job"]["status"] == "succeeded" and not shown["job"]["cancel_requested"]
+    assert [e["reason"] for e in shown["events"]][-1] == "completed"
