@@ -479,3 +479,20 @@ def test_heartbeats_and_renewals_continue_while_a_long_handler_runs(db, start):
     renewals = w.events("renewed")
     assert len(renewals) >= 4 and all(e["job_id"] == job for e in renewals)
     assert running(c, job)["worker_id"] == "w1"
+
+
+def test_worker_runs_the_same_on_postgresql_and_sqlite(target, tmp_path):
+    """The runtime has no SQLite assumptions: the same worker against `--url`."""
+    c = Coordinator.open(target)
+    try:
+        ids = [c.enqueue("summarize", {"text": "hello there"})["job_id"] for _ in range(3)]
+        flag = ["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url]
+        run = subprocess.run(
+            [PY, "-m", "jobcoord", *flag, "worker", *APP, "--burst", "--poll", "0.05",
+             "--concurrency", "2", "--json"], cwd=REPO, capture_output=True, text=True,
+            timeout=30, check=False)
+        assert run.returncode == 0, run.stderr
+        assert json.loads(run.stdout)["completed"] == 3
+        assert [c.show(j)["job"]["status"] for j in ids] == ["succeeded"] * 3
+    finally:
+        c.close()
