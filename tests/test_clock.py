@@ -134,3 +134,19 @@ def test_backward_jump_between_claims_keeps_events_in_id_order(coord: Coordinato
     assert ids == sorted(ids)
     assert events[-1]["reason"] == "completed"
     assert events[-1]["at"] < events[-2]["at"]  # timestamps went back; the order did not
+
+
+def test_a_worker_that_reclaims_its_job_cannot_complete_with_the_old_epoch(
+        coord: Coordinator, clock: Any) -> None:
+    """The same worker id (a restarted process) is fenced by the epoch alone."""
+    job_id = coord.enqueue("work", {})["job_id"]
+    _, e1 = claim(coord, "w1", 60)
+    clock.move_to(at(61))
+    coord.reap()
+    _, e2 = claim(coord, "w1", 60)
+    assert e2 == e1 + 1
+    refused("stale_epoch", coord.complete, job_id, "w1", e1, {"attempt": 1})
+    refused("stale_epoch", coord.renew, job_id, "w1", e1)
+    coord.complete(job_id, "w1", e2, {"attempt": 2})
+    assert coord.show(job_id)["job"]["result"] == {"attempt": 2}
+    assert len(completed_events(coord, job_id)) == 1

@@ -345,7 +345,11 @@ def test_backup_taken_while_writers_run_is_a_consistent_database(sqlite_target: 
     for w in writers:
         w.start()
     try:
-        time.sleep(1.5)
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"l{i}").exists() and (tmp_path / f"l{i}").stat().st_size
+                      for i in range(4)):
+            assert time.monotonic() < deadline, "the writers did not start"
+            time.sleep(0.1)
         for i in range(3):
             dest = str(tmp_path / f"backup{i}.db")
             res = cli(path, "backup", dest, "--json")

@@ -130,6 +130,13 @@ def test_frozen_images_and_damaged_wal_tails_keep_every_acknowledged_job(
                for led in ledgers]
     for w in writers:
         w.start()
+    # Start-up (a fresh interpreter each) can be slow on a loaded machine: wait until every
+    # writer has acknowledged work before the first freeze.
+    deadline = time.monotonic() + 120
+    while not all(led.exists() and led.stat().st_size > 0 for led in ledgers):
+        assert time.monotonic() < deadline, "the writers did not start"
+        assert all(w.is_alive() for w in writers), "a writer died"
+        time.sleep(0.1)
     rng = random.Random(20261129)
     lost_if_normal: list[int] = []
     images = 0
