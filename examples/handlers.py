@@ -46,6 +46,9 @@ def sleepy(payload: dict, ctx: Context) -> dict:
 def stubborn(payload: dict, ctx: Context) -> dict:
     """Ignores cancellation: its result, however late, must never be accepted."""
     time.sleep(float(payload.get("seconds", 1)))
+    if payload.get("marker"):
+        with open(payload["marker"], "w") as f:
+            f.write(repr(time.time()))  # when it really returned
     return {"by": "stubborn", "epoch": ctx.epoch}
 
 

@@ -171,6 +171,7 @@ class JobRun:
         self.release_requested = threading.Event()
         self.wake = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.handler_thread: threading.Thread | None = None
         self.thread = threading.Thread(target=self._main, name=f"job-{self.job_id}",
                                        daemon=True)
         self.outcome: str | None = None
@@ -205,7 +206,9 @@ class JobRun:
             finally:
                 self.wake.set()
 
-        threading.Thread(target=target, name=f"handler-{self.job_id}", daemon=True).start()
+        self.handler_thread = threading.Thread(target=target, name=f"handler-{self.job_id}",
+                                               daemon=True)
+        self.handler_thread.start()
         return lambda: box.get("out")
 
     def _command_env(self, ctx: Context) -> dict[str, str]:
@@ -394,6 +397,17 @@ class JobRun:
         if result.kind == "success" and ctx.cancelled:
             result = _Outcome("lost", code=ctx.cancel_reason)
         self._report(result, duration, started_at)
+        handler = self.handler_thread
+        if handler is not None and handler.is_alive():
+            # A Python thread cannot be stopped from outside. Its outcome is settled, but it
+            # keeps its slot until it returns, so the worker never runs more handlers at once
+            # than --concurrency allows (they may hold a GPU's memory).
+            log("handler_still_running", job_id=self.job_id, epoch=self.epoch,
+                reason=ctx.cancel_reason)
+            t0 = time.monotonic()
+            handler.join()
+            log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
+                late_s=round(time.monotonic() - t0, 3))
 
     def _report(self, out: _Outcome, duration: float, started_at: str | None) -> None:
         w, log, cfg = self.w, self.w.log, self.w.config
@@ -460,7 +474,8 @@ class Worker:
         self.coordinator = coordinator
         self.config = config
         self.log = log or Log(config.worker_id, config.log_format)
-        self.db = _Serialized(coordinator)
+        # Three: a busy database slowing one renewal must not hold up the others.
+        self.db = _Serialized(coordinator, threads=3)
         self.kinds = sorted(config.handlers)
         self.running: dict[int, JobRun] = {}
         self.children: set[subprocess.Popen[bytes]] = set()

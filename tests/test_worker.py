@@ -496,3 +496,20 @@ def test_worker_runs_the_same_on_postgresql_and_sqlite(target, tmp_path):
         assert [c.show(j)["job"]["status"] for j in ids] == ["succeeded"] * 3
     finally:
         c.close()
+
+
+def test_handler_ignoring_its_timeout_keeps_its_slot_until_it_returns(db, start, tmp_path):
+    _, c = db
+    marker = str(tmp_path / "returned")
+    stuck = c.enqueue("stubborn", {"seconds": 2, "marker": marker}, priority=0)["job_id"]
+    nxt = c.enqueue("summarize", {"text": "next"}, priority=1)["job_id"]
+    w = start(*APP, "--timeout", "stubborn=0.3", "--concurrency", "1")
+    failed = w.wait_event("failed", job_id=stuck)
+    assert failed["reason"] == "timeout"  # the attempt is settled at once...
+    assert c.show(stuck)["job"]["status"] == "waiting"
+    returned = w.wait_event("handler_returned_late", job_id=stuck)
+    claimed = w.wait_event("claimed", job_id=nxt)
+    # ...but the next job waits for the slot: never two handlers with --concurrency 1.
+    assert claimed["ts"] >= returned["ts"]
+    assert _ts(claimed["ts"]) >= float(read(marker)) - 0.001
+    assert w.events("handler_still_running")[0]["ts"] <= returned["ts"]
