@@ -38,10 +38,11 @@ def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condit
 
 
 class Worker:
-    def __init__(self, db: str, log: str, name: str, args: tuple[str, ...]):
+    def __init__(self, db: str, log: str, name: str, args: tuple[str, ...],
+                 global_args: tuple[str, ...] = ()):
         self.name = name
         self.log = log
-        argv = [PY, "-m", "jobcoord", "--db", db, "worker", "--worker-id", name,
+        argv = [PY, "-m", "jobcoord", "--db", db, *global_args, "worker", "--worker-id", name,
                 "--log-format", "json", "--json", "--heartbeat-every", "0.5", "--poll", "0.05",
                 "--reap-every", "0", *args]
         with open(log, "wb") as err:
@@ -89,8 +90,8 @@ def db(sqlite_target: Any) -> Iterator[tuple[str, Coordinator]]:
 def start(db: tuple[str, Coordinator], tmp_path: Any) -> Iterator[Callable[..., Worker]]:
     procs: list[Worker] = []
 
-    def _start(*args: str, name: str = "w1") -> Worker:
-        w = Worker(db[0], str(tmp_path / f"{name}.log"), name, args)
+    def _start(*args: str, name: str = "w1", global_args: tuple[str, ...] = ()) -> Worker:
+        w = Worker(db[0], str(tmp_path / f"{name}.log"), name, args, global_args)
         procs.append(w)
         return w
 
@@ -513,3 +514,23 @@ def test_handler_ignoring_its_timeout_keeps_its_slot_until_it_returns(db, start,
     assert claimed["ts"] >= returned["ts"]
     assert _ts(claimed["ts"]) >= float(read(marker)) - 0.001
     assert w.events("handler_still_running")[0]["ts"] <= returned["ts"]
+
+
+def test_a_locked_database_delays_renewal_but_the_worker_keeps_its_lease_and_finishes(db, start):
+    import sqlite3
+
+    path, c = db
+    job = c.enqueue("sleepy", {"seconds": 5})["job_id"]
+    w = start(*APP, "--lease", "6", global_args=("--busy-timeout", "0.1"))
+    wait_for(lambda: running(c, job), 10, "claim")
+    blocker = sqlite3.connect(path, isolation_level=None)
+    try:
+        blocker.execute("BEGIN EXCLUSIVE")  # another process holds the write lock
+        w.wait_event("renew_error", timeout=10)
+    finally:
+        blocker.execute("COMMIT")
+        blocker.close()
+    w.wait_event("completed", job_id=job)
+    assert c.show(job)["job"]["status"] == "succeeded"
+    assert not w.events("lease_lost")
+    assert w.proc.poll() is None  # errors are logged and retried, never fatal
