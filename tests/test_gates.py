@@ -376,3 +376,24 @@ def test_explain_of_a_running_job_names_the_lease_holder(coord, clock):
     (reason,) = coord.explain(job_id)["reasons"]
     assert reason["code"] == "running"
     assert "w1" in reason["detail"] and "expired" in reason["detail"]
+
+
+# --- the claim order ------------------------------------------------------------------------------
+
+
+def test_claim_order_is_priority_then_age_across_the_workers_roles(coord, clock):
+    # Jobs for the worker's two roles and for no role compete in one order.
+    p3_any = coord.enqueue("learn", {}, priority=3)["job_id"]
+    clock.tick(1)
+    p1_cpu = coord.enqueue("ask", {}, priority=1, role="cpu")["job_id"]
+    clock.tick(1)
+    p0_gpu_new = coord.enqueue("ask", {}, priority=0, role="gpu")["job_id"]
+    p1_any = coord.enqueue("ask", {}, priority=1)["job_id"]
+    clock.tick(1)
+    p1_cpu_newer = coord.enqueue("ask", {}, priority=1, role="cpu")["job_id"]
+    clock.tick(-5)  # an older P0 job enqueued "earlier": age decides within a priority
+    p0_cpu_old = coord.enqueue("ask", {}, priority=0, role="cpu")["job_id"]
+    clock.tick(10)
+    coord.heartbeat("w1", roles=["cpu", "gpu"], readings=IDLE_ON_AC)
+    order = [coord.claim("w1")["job"]["job_id"] for _ in range(6)]
+    assert order == [p0_cpu_old, p0_gpu_new, p1_cpu, p1_any, p1_cpu_newer, p3_any]
