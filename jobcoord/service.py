@@ -335,14 +335,15 @@ class Coordinator:
     # --- claim --------------------------------------------------------------------------
 
     def _candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                       due_only: bool) -> tuple[str, dict[str, Any]]:
+                       due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
         """One index probe per (role, kind): each reads only the head of its slice of the
-        partial claim index, however many jobs wait for other roles and kinds."""
+        partial claim index, however many jobs wait for other roles and kinds. `locked`
+        False is for diagnosis only: it must neither lock rows nor skip locked ones."""
         params: dict[str, Any] = {}
         parts = []
         role_opts: list[str | None] = [None, *roles]
         kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
-        lock = self.db.lock_clause()
+        lock = self.db.lock_clause() if locked else ""
         for i, role in enumerate(role_opts):
             for j, kind in enumerate(kind_opts):
                 where = ["status = 'waiting'", "priority <= :maxp"]
@@ -442,16 +443,27 @@ class Coordinator:
         if self.db.run_text(conn, "SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1"
                             ).first() is None:
             return "no_waiting_jobs", "no job is waiting"
-        text, params = self._candidate_sql(roles, kinds, due_only=True)
+        text, params = self._candidate_sql(roles, kinds, due_only=True, locked=False)
+        params.update(now=now, maxp=gates.max_priority)
+        if self.db.run_text(conn, text, params).first() is not None:
+            # Only on PostgreSQL: the claim skipped rows that concurrent claims hold locked.
+            return ("no_waiting_jobs",
+                    "every job this worker could run is being claimed by another worker")
+        text, params = self._candidate_sql(roles, kinds, due_only=True, locked=False)
         params.update(now=now, maxp=3)
         if gates.refusal and self.db.run_text(conn, text, params).first() is not None:
             return gates.refusal
-        text, params = self._candidate_sql(roles, kinds, due_only=False)
+        text, params = self._candidate_sql(roles, kinds, due_only=False, locked=False)
         params.update(maxp=3)
         if self.db.run_text(conn, text, params).first() is not None:
             return ("no_waiting_jobs",
                     "the waiting jobs this worker could run are scheduled for later or past "
                     "their deadline")
+        # Each statement above may see a newer snapshot on PostgreSQL: the jobs seen waiting
+        # at first may have been claimed since. Ask again before blaming the role.
+        if self.db.run_text(conn, "SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1"
+                            ).first() is None:
+            return "no_waiting_jobs", "no job is waiting"
         serves = f"roles {list(roles)}" if roles else "no role"
         if kinds is not None:
             serves += f" and kinds {list(kinds)}"

@@ -1,0 +1,28 @@
+"""Bodies of the real processes the PostgreSQL tests start (multiprocessing "spawn": a fresh
+interpreter, no inherited connections). Each writes what it was told to a JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+def _write(path: str, data: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def claim_once(target: Any, worker_id: str, out: str) -> None:
+    """Heartbeat, claim one job, record the answer. A JOBCOORD_FAULT in this process's
+    environment can hold the claim's transaction open at a pause point."""
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(target) as coord:
+        coord.heartbeat(worker_id, readings={"memory_used_pct": 10.0})
+        got = coord.claim(worker_id, lease_s=120)
+        _write(out, {"job_id": None if got["job"] is None else got["job"]["job_id"],
+                     "epoch": None if got["job"] is None else got["lease"]["epoch"],
+                     "reason": got.get("reason")})

@@ -1,0 +1,324 @@
+"""Facts that only PostgreSQL has: row locks with SKIP LOCKED, many real processes claiming
+at once, the Alembic history on a populated server database, `check` and `backup` there.
+
+Each case skips, with the reason shown, when JOBCOORD_TEST_PG_URL is unset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import event
+
+from jobcoord.db import Database, Target
+from jobcoord.maintenance import check
+from jobcoord.migrate import migrate
+from jobcoord.service import Coordinator, JobSpec
+from jobcoord.transfer import canonical, rows_in_order, tables_for
+
+from .conftest import PG_SKIP, PG_URL, fresh_pg, run_cli
+from .pg_procs import claim_once
+from .procs import claim_complete_worker
+
+pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.fixture
+def pg(pg_template: str) -> Iterator[Target]:
+    with fresh_pg(pg_template) as t:
+        yield t
+
+
+def psql(target: Target) -> psycopg.Connection[Any]:
+    """A plain driver connection, so the checks do not go through jobcoord's own code."""
+    return psycopg.connect(target.url.replace("postgresql+psycopg://", "postgresql://"),
+                           autocommit=True)
+
+
+def wait_for(condition: Any, what: str, limit_s: float = 60.0) -> None:
+    # A bound on waiting for setup to happen, not a timing assertion.
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+# --- the claim ------------------------------------------------------------------------------
+
+
+def test_the_claim_selects_its_candidate_with_for_update_skip_locked(pg: Target) -> None:
+    statements: list[str] = []
+    with Coordinator.open(pg) as c:
+        c.enqueue("summarize", {"doc": 1}, role="gpu")
+        c.heartbeat("w1", roles=["gpu"], readings={"memory_used_pct": 10}, kinds=["summarize"])
+        event.listen(c.db.engine, "before_cursor_execute",
+                     lambda _c, _cur, stmt, *_a: statements.append(stmt))
+        assert c.claim("w1")["job"] is not None
+    (candidate,) = [s for s in statements if s.startswith("WITH")]
+    # Every probe of the claim index locks its row and skips rows others hold, and each is
+    # MATERIALIZED so PostgreSQL evaluates it exactly once (no re-run that locks more rows).
+    probes = candidate.count("AS MATERIALIZED (")
+    assert probes >= 2
+    assert candidate.count("LIMIT 1 FOR UPDATE SKIP LOCKED)") == probes
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Set variables for the processes started inside (spawn copies the environment)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _open_transactions(target: Target) -> list[str]:
+    dbname = target.url.rsplit("/", 1)[1]
+    with psql(target) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT state FROM pg_stat_activity WHERE datname = %s AND application_name ="
+            " 'jobcoord' AND state = 'idle in transaction'", (dbname,)).fetchall()]
+
+
+@contextlib.contextmanager
+def paused_claimer(target: Target, tmp: Path) -> Iterator[Any]:
+    """A real process that took a job in its claim and stopped inside the transaction,
+    holding that row's lock; SIGKILLed on the way out (the server then rolls it back)."""
+    with environment(JOBCOORD_FAULT="claim.after_take:sleep=120"):
+        a = SPAWN.Process(target=claim_once, args=(target, "wA", str(tmp / "a.json")))
+        a.start()
+    try:
+        wait_for(lambda: len(_open_transactions(target)) == 1, "A to pause inside its claim")
+        yield a
+    finally:
+        if a.is_alive():
+            os.kill(a.pid, signal.SIGKILL)
+        a.join(timeout=30)
+        wait_for(lambda: not _open_transactions(target), "A's session to end")
+
+
+def claim_in_process(target: Target, tmp: Path) -> dict[str, Any]:
+    out = tmp / "b.json"
+    b = SPAWN.Process(target=claim_once, args=(target, "wB", str(out)))
+    b.start()
+    b.join(timeout=60)
+    assert b.exitcode == 0
+    return json.loads(out.read_text())
+
+
+def test_a_claimer_never_waits_on_the_candidate_another_claimer_holds(pg: Target,
+                                                                      tmp_path: Path) -> None:
+    with Coordinator.open(pg) as c:
+        first = c.enqueue("work", {"n": 1}, priority=0)["job_id"]
+        second = c.enqueue("work", {"n": 2}, priority=1)["job_id"]
+    with paused_claimer(pg, tmp_path) as a:
+        got_b = claim_in_process(pg, tmp_path)
+        # B finished while A's transaction is still open: it skipped A's row, never waited.
+        assert a.is_alive()
+        assert len(_open_transactions(pg)) == 1
+        assert got_b["job_id"] == second and got_b["epoch"] == 1
+    # A died mid-claim: the server rolled its transaction back, the first job is untouched.
+    with Coordinator.open(pg) as c:
+        assert c.show(first)["job"]["status"] == "waiting"
+        assert c.show(first)["job"]["epoch"] == 0
+        assert c.show(first)["lease"] is None
+        assert c.show(second)["lease"]["worker_id"] == "wB"
+        assert check(c.db)["ok"]
+
+
+def test_when_every_eligible_job_is_being_claimed_the_reason_says_so(pg: Target,
+                                                                    tmp_path: Path) -> None:
+    with Coordinator.open(pg) as c:
+        only = c.enqueue("work", {"n": 1})["job_id"]
+    with paused_claimer(pg, tmp_path):
+        got_b = claim_in_process(pg, tmp_path)
+    assert got_b["job_id"] is None
+    # Not "no_matching_role": the job is one B could run, only another claim holds it.
+    assert got_b["reason"] == "no_waiting_jobs"
+    with Coordinator.open(pg) as c:
+        assert c.show(only)["job"]["status"] == "waiting"
+
+
+# --- contention: 8 processes -----------------------------------------------------------------
+
+
+def _fill(target: Target, n: int) -> None:
+    with Coordinator.open(target) as c:
+        specs = [JobSpec("work", {"i": i}, priority=i % 4, tenant=f"t{i % 3}")
+                 for i in range(n)]
+        for start in range(0, n, 1000):
+            c.enqueue_many(specs[start:start + 1000])
+
+
+def _contention(target: Target, tmp: Path, n_jobs: int, n_workers: int = 8) -> None:
+    _fill(target, n_jobs)
+    start = SPAWN.Event()
+    procs = []
+    for i in range(n_workers):
+        ledger = str(tmp / f"worker{i}.json")
+        p = SPAWN.Process(target=claim_complete_worker, args=(target, f"w{i}", ledger, start))
+        p.start()
+        procs.append((p, ledger))
+    start.set()
+    for p, _ in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0, f"worker exited with {p.exitcode}"
+    ledgers = [json.loads(Path(ledger).read_text()) for _, ledger in procs]
+
+    errors: Counter[str] = Counter()
+    for led in ledgers:
+        errors.update(led["errors"])
+    assert not errors, f"workers saw errors: {dict(errors)}"
+    claims = Counter((j, e) for led in ledgers for j, e in led["claims"])
+    assert [k for k, n in claims.items() if n > 1] == [], "a (job, epoch) was leased twice"
+    accepted = Counter(j for led in ledgers for j, _ in led["completed"])
+    assert len(accepted) == n_jobs and set(accepted.values()) == {1}
+    assert sum(1 for led in ledgers if led["claims"]) > 1, "only one process ever claimed"
+    # What the database holds, read with plain SQL.
+    with psql(target) as conn:
+        statuses = dict(conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status"))
+        assert statuses == {"succeeded": n_jobs}
+        assert conn.execute("SELECT COUNT(*) FROM leases").fetchone()[0] == 0
+        assert conn.execute("SELECT COUNT(*) FROM jobs WHERE epoch <> 1").fetchone()[0] == 0
+        per_reason = dict(conn.execute(
+            "SELECT reason, COUNT(DISTINCT (job_id, epoch)) FROM job_events"
+            " WHERE reason IN ('claimed', 'completed') GROUP BY reason"))
+        rows = dict(conn.execute(
+            "SELECT reason, COUNT(*) FROM job_events WHERE reason IN ('claimed', 'completed')"
+            " GROUP BY reason"))
+        assert per_reason == rows == {"claimed": n_jobs, "completed": n_jobs}
+    with Coordinator.open(target) as c:
+        assert check(c.db) == {"violations": [], "ok": True}
+
+
+def test_eight_processes_drain_a_thousand_jobs_exactly_once(pg: Target, tmp_path: Path) -> None:
+    _contention(pg, tmp_path, 1000)
+
+
+@pytest.mark.slow
+def test_eight_processes_drain_five_thousand_jobs_exactly_once(pg: Target,
+                                                               tmp_path: Path) -> None:
+    _contention(pg, tmp_path, 5000)
+
+
+# --- migrations on a populated server database ------------------------------------------------
+
+
+def _populate(c: Coordinator) -> list[int]:
+    c.heartbeat("w1", roles=["gpu"], readings={"memory_used_pct": 10, "user_idle_s": 9999,
+                                               "on_battery": False})
+    ids = [c.enqueue("summarize", {"i": i}, priority=i % 4, role="gpu", key=f"k{i}")["job_id"]
+           for i in range(6)]
+    first = c.claim("w1")["job"]
+    c.checkpoint(first["job_id"], "w1", 1, "remote", {"remote_id": "R-17"})
+    c.complete(first["job_id"], "w1", 1, {"ok": True})
+    second = c.claim("w1")["job"]
+    c.fail(second["job_id"], "w1", 1, "boom")
+    assert c.claim("w1")["job"] is not None  # stays running, holding a lease
+    return ids
+
+
+def _rows(target: Target, features: set[str]) -> dict[str, list[str]]:
+    db = Database.open(target)
+    try:
+        return db.read(lambda conn: {t.name: [canonical(t, r) for r in rows_in_order(db, conn, t)]
+                                     for t in tables_for(features)})
+    finally:
+        db.close()
+
+
+def test_artifacts_branch_up_and_down_on_a_populated_database_keeps_every_row(
+        pg: Target) -> None:
+    with Coordinator.open(pg) as c:
+        ids = _populate(c)
+    core = _rows(pg, set())
+    assert all(core.values())
+    db = Database.open(pg)
+    try:
+        assert migrate(db, add={"artifacts"})["features"] == ["artifacts"]
+        db.write(lambda conn: db.run_text(
+            conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
+            " media_type, created_at) VALUES (:j, 'out', 'file:///a', :sha, 10, 'text/plain', 1)",
+            {"j": ids[0], "sha": "0" * 64}))
+        with_artifacts = _rows(pg, {"artifacts"})
+        assert with_artifacts["artifacts"]
+        assert {k: v for k, v in with_artifacts.items() if k != "artifacts"} == core
+        assert migrate(db, remove={"artifacts"})["features"] == []
+        assert _rows(pg, set()) == core
+        assert migrate(db, add={"artifacts"})["features"] == ["artifacts"]
+        assert _rows(pg, {"artifacts"}) == {**core, "artifacts": []}
+        assert migrate(db)["changed"] is False
+    finally:
+        db.close()
+    with Coordinator.open(pg) as c:
+        assert c.features == {"artifacts"}
+        assert c.enqueue("more", {})["job_id"] == max(ids) + 1
+        assert check(c.db)["ok"]
+
+
+def test_migrate_creates_the_schema_on_an_empty_server_database(pg_template: str) -> None:
+    # The template was itself migrated through the same history; a second run changes nothing
+    # and reports the revisions both dialects share.
+    with fresh_pg(pg_template) as t:
+        r = run_cli(t, "migrate", "--json")
+        assert r.code == 0, r.err
+        assert r.json["changed"] is False
+        assert r.json["revisions"] == ["c0001"]
+        assert "quick_check" not in r.json
+
+
+# --- check and backup -------------------------------------------------------------------------
+
+BREAKS = {
+    "running_without_lease": "DELETE FROM leases WHERE job_id = {running}",
+    "lease_epoch_differs_from_job": "UPDATE leases SET epoch = epoch + 5 WHERE job_id = {running}",
+    "succeeded_without_result": "UPDATE jobs SET result_json = NULL WHERE job_id = {done}",
+    "job_without_events": "DELETE FROM job_events WHERE job_id = {waiting}",
+    "latest_event_differs_from_status":
+        "UPDATE jobs SET status = 'cancelled' WHERE job_id = {waiting}",
+}
+
+
+@pytest.mark.parametrize("invariant", sorted(BREAKS))
+def test_check_finds_each_broken_invariant_on_postgresql(pg: Target, invariant: str) -> None:
+    with Coordinator.open(pg) as c:
+        ids = _populate(c)
+        running = c.jobs(status="running")["jobs"][0]["job_id"]
+        done = c.jobs(status="succeeded")["jobs"][0]["job_id"]
+    assert run_cli(pg, "check", "--json").json == {"violations": [], "ok": True}
+    waiting = ids[-1]
+    with psql(pg) as conn:
+        conn.execute(BREAKS[invariant].format(running=running, done=done, waiting=waiting))
+    r = run_cli(pg, "check", "--json")
+    assert r.code == 7, r.out + r.err
+    found = {v["invariant"]: v["job_ids"] for v in r.json["violations"]}
+    assert invariant in found
+    assert r.json["ok"] is False
+
+
+def test_backup_on_postgresql_points_to_pg_dump_and_writes_nothing(pg: Target,
+                                                                  tmp_path: Path) -> None:
+    dest = tmp_path / "copy.db"
+    r = run_cli(pg, "backup", str(dest), "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "unsupported"
+    assert "pg_dump" in r.json["error"]["message"]
+    assert not dest.exists()
+    assert list(tmp_path.iterdir()) == []
