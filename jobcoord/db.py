@@ -227,8 +227,76 @@ def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: f
     return engine
 
 
+# --- time on PostgreSQL --------------------------------------------------------------------
+#
+# One clock judges every lease on both databases: the coordinator's own clock (clock.py),
+# read by the process making the call and bound into SQL as a parameter, never SQL's now().
+# On PostgreSQL that process may run on any of several hosts, so the server's clock is used as
+# the reference they must all agree with: every new connection measures this host's offset
+# from clock_timestamp() and refuses to work when it exceeds MAX_CLOCK_SKEW_S (exit 6,
+# clock_skew). Why not let the server's clock judge instead: the same statements and the same
+# rules then run on both databases, freezegun controls time in the PostgreSQL half of the
+# suite exactly as in the SQLite half, and safety never depended on clocks anyway (fencing
+# epochs and compare-and-set updates do); a clock only decides *when* a lease counts as
+# expired, and the check bounds how far two hosts can disagree about that.
+
+#: Largest tolerated distance between this host's clock and the server's, in seconds; a
+#: fraction of the shortest sensible lease. Override with JOBCOORD_MAX_CLOCK_SKEW.
+MAX_CLOCK_SKEW_S = 1.0
+
+
+def clock_skew_refusal(offset_s: float, uncertainty_s: float, limit_s: float
+                       ) -> JobcoordError | None:
+    """The refusal when the measured offset is certainly beyond the limit, else None."""
+    if abs(offset_s) - uncertainty_s <= limit_s:
+        return None
+    side = "ahead of" if offset_s < 0 else "behind"
+    return StorageUnavailable(
+        "clock_skew",
+        f"this host's clock is {abs(offset_s):.3f}s {side} the database server's (the limit "
+        f"is {limit_s:g}s); leases would expire at different times on different hosts. Sync "
+        "the clocks (NTP) or raise JOBCOORD_MAX_CLOCK_SKEW",
+        offset_s=round(offset_s, 6),
+    )
+
+
+def _max_clock_skew() -> float:
+    raw = os.environ.get("JOBCOORD_MAX_CLOCK_SKEW")
+    if raw is None:
+        return MAX_CLOCK_SKEW_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        from .errors import InvalidInput
+
+        raise InvalidInput("invalid_input", "JOBCOORD_MAX_CLOCK_SKEW must be seconds in 0..3600")
+    return value
+
+
 def _pg_engine(url: str) -> Engine:
-    return create_engine(url, pool_pre_ping=False, connect_args={"application_name": "jobcoord"})
+    limit = _max_clock_skew()
+    # Recycle hourly so a long-running worker's clock is measured again.
+    engine = create_engine(url, pool_pre_ping=False, pool_recycle=3600,
+                           connect_args={"application_name": "jobcoord"})
+
+    @event.listens_for(engine, "connect")
+    def _measure_clock(dbapi_conn: Any, record: Any) -> None:
+        # The system clock itself, not datetime.now(): a test's frozen clock must not trip this.
+        before = time.clock_gettime(time.CLOCK_REALTIME)
+        with dbapi_conn.cursor() as cur:
+            cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+            server = float(cur.fetchone()[0])
+        after = time.clock_gettime(time.CLOCK_REALTIME)
+        dbapi_conn.rollback()
+        offset = server - (before + after) / 2
+        record.info["clock_offset_s"] = offset
+        refusal = clock_skew_refusal(offset, (after - before) / 2, limit)
+        if refusal is not None:
+            raise refusal
+
+    return engine
 
 
 def precheck_sqlite_path(path: str, *, create: bool) -> bool:

@@ -1053,6 +1053,10 @@ class Coordinator:
                 out["journal_mode"] = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
                 sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()
                 out["synchronous"] = {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync)
+            else:
+                # Measured when the connection opened (db.py): this host against the server.
+                offset = conn.info.get("clock_offset_s")
+                out["clock_offset_s"] = None if offset is None else round(offset, 6)
             return out
 
         out = self.db.read(_do, "status")

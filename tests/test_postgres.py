@@ -322,3 +322,89 @@ def test_backup_on_postgresql_points_to_pg_dump_and_writes_nothing(pg: Target,
     assert "pg_dump" in r.json["error"]["message"]
     assert not dest.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+# --- one clock --------------------------------------------------------------------------------
+
+
+def test_the_coordinators_clock_judges_expiry_not_the_servers(pg: Target) -> None:
+    # Frozen years away from the server's clock: had SQL's now() judged, this lease would be
+    # long expired at once, and the late completion below would not be refused.
+    from freezegun import freeze_time
+
+    with Coordinator.open(pg) as c, freeze_time("2020-05-01 10:00:00") as clock:
+        job = c.enqueue("work", {})["job_id"]
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        got = c.claim("w1", lease_s=45)
+        assert got["lease"]["expires_at"] == "2020-05-01T10:00:45Z"
+        clock.tick(44)
+        assert c.renew(job, "w1", 1, lease_s=45)["expires_at"] == "2020-05-01T10:01:29Z"
+        clock.tick(46)
+        r = run_cli(pg, "complete", str(job), "--worker", "w1", "--epoch", "1", "--json")
+        assert r.code == 4 and r.json["error"]["code"] == "lease_expired"
+        assert c.reap()["jobs"] == [{"job_id": job, "epoch": 1, "to": "waiting"}]
+
+
+def test_no_statement_asks_the_server_for_the_time(pg: Target) -> None:
+    statements: list[str] = []
+    with Coordinator.open(pg) as c:
+        event.listen(c.db.engine, "before_cursor_execute",
+                     lambda _c, _cur, stmt, *_a: statements.append(stmt.lower()))
+        job = c.enqueue("work", {}, key="k")["job_id"]
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        c.claim("w1")
+        c.renew(job, "w1", 1)
+        c.mark_effect(job, "w1", 1)
+        c.checkpoint(job, "w1", 1, "step", {})
+        c.fail(job, "w1", 1, "x")
+        c.reap()
+        c.cancel(job)
+        c.status()
+        c.explain(job)
+    assert len(statements) > 10
+    for word in ("now()", "current_timestamp", "clock_timestamp", "localtimestamp",
+                 "transaction_timestamp", "statement_timestamp"):
+        assert not [s for s in statements if word in s], word
+
+
+def test_each_connection_measures_this_hosts_clock_against_the_server(pg: Target) -> None:
+    from freezegun import freeze_time
+
+    from jobcoord.db import MAX_CLOCK_SKEW_S
+
+    # A frozen test clock does not trip the check: it reads the system clock itself.
+    with freeze_time("2001-01-01"):
+        r = run_cli(pg, "status", "--json")
+    assert r.code == 0, r.out + r.err
+    offset = r.json["clock_offset_s"]
+    assert isinstance(offset, float)
+    assert abs(offset) <= MAX_CLOCK_SKEW_S
+
+
+@pytest.mark.parametrize(("offset", "uncertainty", "refused"), [
+    (0.0, 0.001, False),
+    (0.95, 0.001, False),
+    (1.2, 0.3, False),     # maybe within the limit: the round trip was slow, give the benefit
+    (1.2, 0.01, True),
+    (-30.0, 0.01, True),
+    (3600.0, 0.01, True),
+])
+def test_a_host_clock_beyond_the_skew_limit_is_refused(offset: float, uncertainty: float,
+                                                       refused: bool) -> None:
+    from jobcoord.db import clock_skew_refusal
+
+    err = clock_skew_refusal(offset, uncertainty, 1.0)
+    assert (err is not None) == refused
+    if err is not None:
+        assert err.exit_code == 6 and err.code == "clock_skew"
+        side = "ahead of" if offset < 0 else "behind"
+        assert f"{abs(offset):.3f}s {side} the database server's" in err.message
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "1e9"])
+def test_an_unreadable_skew_limit_is_bad_input(pg: Target, value: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBCOORD_MAX_CLOCK_SKEW", value)
+    r = run_cli(pg, "status", "--json")
+    assert r.code == 2, r.out + r.err
+    assert "JOBCOORD_MAX_CLOCK_SKEW" in r.json["error"]["message"]
