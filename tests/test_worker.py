@@ -19,6 +19,7 @@ import pytest
 
 from examples import remote_service
 from jobcoord.service import Coordinator
+from tests.conftest import run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = sys.executable
@@ -458,12 +459,11 @@ def test_checkpointed_remote_id_is_resumed_after_sigkill_not_resubmitted(db, sta
     (("--exec", f"summarize={CMD}", "--readings-override", '{"cpu": 1}'), "unknown reading"),
     (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
 ])
-def test_bad_worker_options_exit_2_and_change_nothing(db, args, needle):
-    path, c = db
-    run = subprocess.run([PY, "-m", "jobcoord", "--db", path, "worker", *args, "--json"],
-                         cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
-    assert run.returncode == 2, run.stderr
-    assert needle in json.loads(run.stdout)["error"]["message"]
+def test_bad_worker_options_exit_2_and_change_nothing(db, sqlite_target, args, needle):
+    _, c = db
+    run = run_cli(sqlite_target, "worker", *args, "--json")
+    assert run.code == 2, run.err
+    assert needle in run.json["error"]["message"]
     assert c.workers()["workers"] == []
 
 
