@@ -26,3 +26,16 @@ def claim_once(target: Any, worker_id: str, out: str) -> None:
         _write(out, {"job_id": None if got["job"] is None else got["job"]["job_id"],
                      "epoch": None if got["job"] is None else got["lease"]["epoch"],
                      "reason": got.get("reason")})
+
+
+def complete_once(target: Any, worker_id: str, job_id: int, epoch: int, out: str) -> None:
+    """Complete one job; a JOBCOORD_FAULT may SIGKILL this process inside the transaction."""
+    from jobcoord.errors import JobcoordError
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(target) as coord:
+        try:
+            got: dict[str, Any] = coord.complete(job_id, worker_id, epoch, {"by": worker_id})
+        except JobcoordError as e:
+            got = {"error": e.code}
+        _write(out, got)

@@ -21,14 +21,14 @@ import psycopg
 import pytest
 from sqlalchemy import event
 
-from jobcoord.db import Database, Target
+from jobcoord.db import SQL, Database, Target
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator, JobSpec
 from jobcoord.transfer import canonical, rows_in_order, tables_for
 
 from .conftest import PG_SKIP, PG_URL, fresh_pg, run_cli
-from .pg_procs import claim_once
+from .pg_procs import claim_once, complete_once
 from .procs import claim_complete_worker
 
 pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
@@ -154,6 +154,44 @@ def test_when_every_eligible_job_is_being_claimed_the_reason_says_so(pg: Target,
     assert got_b["reason"] == "no_waiting_jobs"
     with Coordinator.open(pg) as c:
         assert c.show(only)["job"]["status"] == "waiting"
+
+
+@pytest.mark.parametrize("point", ["completed.after_update", "completed.after_drop_lease"])
+def test_a_completer_killed_inside_its_transaction_changes_nothing(pg: Target, tmp_path: Path,
+                                                                   point: str) -> None:
+    with Coordinator.open(pg) as c:
+        job = c.enqueue("work", {})["job_id"]
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        c.claim("w1", lease_s=300)
+        before = c.show(job)
+    out = str(tmp_path / "done.json")
+    with environment(JOBCOORD_FAULT=f"{point}:kill"):
+        p = SPAWN.Process(target=complete_once, args=(pg, "w1", job, 1, out))
+        p.start()
+    p.join(timeout=60)
+    assert p.exitcode == -signal.SIGKILL
+    wait_for(lambda: not _open_transactions(pg), "the killed session to end")
+    with Coordinator.open(pg) as c:
+        assert c.show(job) == before  # still running, same lease, no half-written outcome
+        assert check(c.db)["ok"]
+    p = SPAWN.Process(target=complete_once, args=(pg, "w1", job, 1, out))
+    p.start()
+    p.join(timeout=60)
+    assert json.loads(Path(out).read_text())["status"] == "succeeded"
+
+
+def test_the_claim_reads_the_partial_claim_index_on_postgresql(pg: Target) -> None:
+    with Coordinator.open(pg) as c:
+        c.enqueue_many([JobSpec("work", {"i": i}, role=f"r{i % 50}") for i in range(5000)])
+        c.enqueue("work", {}, role="gpu")
+        text, params = c._candidate_sql(["gpu"], None, due_only=True)
+    params.update(now=2**62, maxp=3)
+    with psql(pg) as conn:
+        conn.execute("ANALYZE jobs")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN " + SQL(text).postgresql, params).fetchall())
+    assert "ix_jobs_claim_role" in plan, plan
+    assert "Seq Scan on jobs" not in plan, plan
 
 
 # --- contention: 8 processes -----------------------------------------------------------------
