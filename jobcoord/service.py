@@ -1184,7 +1184,8 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
         role, kind, bg = job["required_role"], job["kind"], job["priority"]
         able = [w for w in workers if role is None or role in w["roles"]]
         if not able:
-            say("no_matching_role", f"no worker has role {role!r}")
+            say("no_matching_role", f"no worker has role {role!r}" if role is not None
+                else "no worker has sent a heartbeat yet")
         handlers = [w for w in able if w["kinds"] is None or kind in w["kinds"]]
         if able and not handlers:
             say("no_handler", f"no worker with role {role!r} has a handler for kind {kind!r}")

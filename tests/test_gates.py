@@ -306,6 +306,12 @@ def test_explain_says_when_no_worker_has_the_role(coord, clock):
     assert out["claimable_now"] is False and out["ready_workers"] == []
 
 
+def test_explain_says_when_no_worker_exists_at_all(coord, clock):
+    job_id = coord.enqueue("anything", {}, priority=0)["job_id"]
+    (reason,) = coord.explain(job_id)["reasons"]
+    assert reason == {"code": "no_matching_role", "detail": "no worker has sent a heartbeat yet"}
+
+
 def test_explain_says_when_no_worker_has_a_handler_for_the_kind(coord, clock):
     job_id = coord.enqueue("render", {}, role="gpu", priority=0)["job_id"]
     coord.heartbeat("w1", roles=["gpu"], kinds=["summarize"], readings=IDLE_ON_AC)
