@@ -97,3 +97,15 @@ def render(payload: dict, ctx: Context) -> Result:
                            "resumed": resumed},
                           provenance={"remote_service": "example", "remote_id": remote_id})
         ctx.sleep(0.05)
+
+
+@app.handler("bad_result", timeout=60)
+def bad_result(payload: dict, ctx: Context) -> object:
+    """A handler bug: a result JSON cannot express."""
+    return {"tags": {"a", "b"}}
+
+
+@app.handler("noisy", timeout=60)
+def noisy(payload: dict, ctx: Context) -> dict:
+    """An error message no coordinator field would take as is."""
+    raise RuntimeError("start\x00" + "x" * 100_000 + " the real cause is at the end")

@@ -53,7 +53,13 @@ from typing import IO, Any
 from . import __version__
 from .app import Cancelled, Context, HandlerSpec, PermanentError, Result
 from .clock import iso, now_us
-from .errors import InvalidInput, JobcoordError, Refused
+from .errors import (
+    DatabaseBusy,
+    InvalidInput,
+    JobcoordError,
+    Refused,
+    StorageUnavailable,
+)
 from .readings import current_readings
 
 #: The lease is renewed after this fraction of its length has passed (every lease/3), so two
@@ -320,6 +326,12 @@ class JobRun:
     def _main(self) -> None:
         try:
             self._run()
+        except Exception as e:
+            # A bug here must not kill the worker silently: say so; the lease then expires
+            # and the reaper offers the job again.
+            self.w.log("internal_error", job_id=self.job_id, epoch=self.epoch,
+                       error=f"{type(e).__name__}: {e}")
+            self.w.count("internal_errors")
         finally:
             self.w.job_finished()
 
@@ -396,7 +408,7 @@ class JobRun:
         duration = time.monotonic() - started
         if result.kind == "success" and ctx.cancelled:
             result = _Outcome("lost", code=ctx.cancel_reason)
-        self._report(result, duration, started_at)
+        self._report(result, duration, started_at, lease_end)
         handler = self.handler_thread
         if handler is not None and handler.is_alive():
             # A Python thread cannot be stopped from outside. Its outcome is settled, but it
@@ -409,8 +421,9 @@ class JobRun:
             log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
                 late_s=round(time.monotonic() - t0, 3))
 
-    def _report(self, out: _Outcome, duration: float, started_at: str | None) -> None:
-        w, log, cfg = self.w, self.w.log, self.w.config
+    def _report(self, out: _Outcome, duration: float, started_at: str | None,
+                lease_end: float) -> None:
+        w, log = self.w, self.w.log
         base = {"job_id": self.job_id, "epoch": self.epoch, "kind": self.spec.kind,
                 "duration_s": round(duration, 3)}
         tenant = self.job.get("tenant")
@@ -422,39 +435,84 @@ class JobRun:
             return
         if out.kind == "success":
             limit = w.result_limit(self.spec)
-            size = len(json.dumps(out.result, ensure_ascii=False).encode())
-            if size > limit:
-                out = _Outcome("too_large", error=f"result is {size} bytes, larger than the "
-                               f"{limit} byte budget")
+            try:
+                size = len(json.dumps(out.result, ensure_ascii=False, allow_nan=False).encode())
+            except (TypeError, ValueError) as e:
+                out = _Outcome("invalid", error=f"the result is not JSON: {e}")
+            else:
+                if size > limit:
+                    out = _Outcome("too_large", error=f"result is {size} bytes, larger than "
+                                   f"the {limit} byte budget")
         t0 = time.monotonic()
-        try:
-            if out.kind == "success":
-                prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
-                                    self.job.get("attempt"), started_at)
-                got = w.db.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
-                                    provenance=prov, tenant=tenant)
-                log("completed", **base, report_ms=_ms(t0))
-                w.count("completed")
+        while True:
+            try:
+                self._deliver(out, base, duration, started_at, tenant, t0)
                 return
-            reason, permanent = {
-                "failed": ("failed", False),
-                "permanent": ("failed", True),
-                "timeout": ("timeout", not self.spec.retry_on_timeout),
-                "too_large": ("result_too_large", not self.spec.retry_on_too_large),
-                "released": ("worker_shutdown", False),
-            }[out.kind]
-            got = w.db.fail(self.job_id, cfg.worker_id, self.epoch, out.error or out.kind,
-                            permanent=permanent, reason=reason, tenant=tenant)
-            event = "released" if out.kind == "released" else "failed"
-            log(event, **base, reason=reason, permanent=permanent, status=got["status"],
-                error=(out.error or "")[:500], report_ms=_ms(t0))
-            w.count(event)
-        except Refused as e:
-            log("report_refused", **base, outcome=out.kind, reason=e.code, detail=e.message)
-            w.count("lost")
-        except JobcoordError as e:
-            log("report_error", **base, outcome=out.kind, error=e.code, detail=e.message)
-            w.count("report_errors")
+            except InvalidInput as e:
+                if out.kind != "success":
+                    raise
+                # The coordinator refused the result itself (too deep, bad text): the
+                # attempt failed like a handler exception would.
+                out = _Outcome("invalid", error=f"the result was refused: {e.message}")
+            except Refused as e:
+                log("report_refused", **base, outcome=out.kind, reason=e.code,
+                    detail=e.message)
+                w.count("lost")
+                return
+            except (DatabaseBusy, StorageUnavailable) as e:
+                # Keep trying while the lease may still be ours; after that it is moot.
+                if time.monotonic() >= lease_end:
+                    log("report_error", **base, outcome=out.kind, error=e.code,
+                        detail=e.message)
+                    w.count("report_errors")
+                    return
+                log("report_retry", **base, outcome=out.kind, error=e.code)
+                time.sleep(0.25)
+            except JobcoordError as e:
+                log("report_error", **base, outcome=out.kind, error=e.code, detail=e.message)
+                w.count("report_errors")
+                return
+
+    def _deliver(self, out: _Outcome, base: dict[str, Any], duration: float,
+                 started_at: str | None, tenant: str | None, t0: float) -> None:
+        w, log, cfg = self.w, self.w.log, self.w.config
+        if out.kind == "success":
+            prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
+                                self.job.get("attempt"), started_at)
+            w.db.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
+                          provenance=prov, tenant=tenant)
+            log("completed", **base, report_ms=_ms(t0))
+            w.count("completed")
+            return
+        reason, permanent = {
+            "failed": ("failed", False),
+            "invalid": ("invalid_result", False),
+            "permanent": ("failed", True),
+            "timeout": ("timeout", not self.spec.retry_on_timeout),
+            "too_large": ("result_too_large", not self.spec.retry_on_too_large),
+            "released": ("worker_shutdown", False),
+        }[out.kind]
+        error = _clean(out.error or out.kind)
+        got = w.db.fail(self.job_id, cfg.worker_id, self.epoch, error, permanent=permanent,
+                        reason=reason, tenant=tenant)
+        event = "released" if out.kind == "released" else "failed"
+        log(event, **base, reason=reason, permanent=permanent, status=got["status"],
+            error=error[:500], report_ms=_ms(t0))
+        w.count(event)
+
+
+#: Longest error text kept per attempt (the coordinator's own limit is larger).
+MAX_ERROR_CHARS = 4000
+
+
+def _clean(text: str) -> str:
+    """Error text the coordinator accepts whatever a handler raised: valid UTF-8, no NUL,
+    bounded (the end of a message usually says the most, so keep both ends)."""
+    text = text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\0")
+    if len(text) > MAX_ERROR_CHARS:
+        half = MAX_ERROR_CHARS // 2
+        text = text[:half] + " [...] " + text[-half:]
+    return text
 
 
 def _ms(t0: float) -> float:
@@ -531,12 +589,18 @@ class Worker:
                     self.heartbeat()
                 except JobcoordError as e:
                     self.log("heartbeat_error", error=e.code, detail=e.message)
+                except Exception as e:  # the timer must outlive any one failure
+                    self.log("heartbeat_error", error="internal_error",
+                             detail=f"{type(e).__name__}: {e}")
             if now >= next_reap:
                 next_reap = now + cfg.reap_s
                 try:
                     got = self.db.reap(limit=100)
                 except JobcoordError as e:
                     self.log("reap_error", error=e.code, detail=e.message)
+                except Exception as e:  # the timer must outlive any one failure
+                    self.log("reap_error", error="internal_error",
+                             detail=f"{type(e).__name__}: {e}")
                 else:
                     if got["expired"] or got["deadline_dead"]:
                         self.log("reaped", expired=got["expired"], jobs=got["jobs"])

@@ -534,3 +534,23 @@ def test_a_locked_database_delays_renewal_but_the_worker_keeps_its_lease_and_fin
     assert c.show(job)["job"]["status"] == "succeeded"
     assert not w.events("lease_lost")
     assert w.proc.poll() is None  # errors are logged and retried, never fatal
+
+
+def test_a_result_json_cannot_hold_fails_the_attempt_instead_of_stalling_the_job(db, start):
+    _, c = db
+    job = c.enqueue("bad_result", {})["job_id"]
+    code, summary = start(*APP, "--burst").finish()
+    assert code == 0 and summary["failed"] == 1
+    got = c.show(job)
+    assert got["job"]["status"] == "waiting" and "not JSON" in got["job"]["last_error"]
+    assert got["events"][-1]["reason"] == "invalid_result"
+
+
+def test_an_unwieldy_error_message_is_kept_bounded_with_both_ends(db, start):
+    _, c = db
+    job = c.enqueue("noisy", {})["job_id"]
+    code, _ = start(*APP, "--burst").finish()
+    assert code == 0
+    error = c.show(job)["job"]["last_error"]
+    assert error.startswith("RuntimeError: start\\0") and "\x00" not in error
+    assert error.endswith("the real cause is at the end") and len(error) <= 4010
