@@ -554,3 +554,42 @@ def test_an_unwieldy_error_message_is_kept_bounded_with_both_ends(db, start):
     error = c.show(job)["job"]["last_error"]
     assert error.startswith("RuntimeError: start\\0") and "\x00" not in error
     assert error.endswith("the real cause is at the end") and len(error) <= 4010
+
+
+def test_many_workers_reaping_at_once_recover_a_dead_workers_job_exactly_once(db, start):
+    _, c = db
+    job = c.enqueue("summarize", {"text": "orphaned by a crash"})["job_id"]
+    c.heartbeat("ghost", readings={"memory_used_pct": 10})
+    assert c.claim("ghost", lease_s=0.5)["job"]["job_id"] == job  # then the ghost dies
+    workers = [start(*APP, "--reap-every", "0.05", name=f"r{i}") for i in range(3)]
+    wait_for(lambda: c.show(job)["job"]["status"] == "succeeded", 20, "recovery")
+    events = c.show(job)["events"]
+    assert [e["reason"] for e in events] == ["enqueued", "claimed", "lease_expired",
+                                             "claimed", "completed"]
+    reaped = sum(e["expired"] for w in workers for e in w.events("reaped"))
+    assert reaped == 1
+
+
+def test_text_log_has_one_line_per_decision_with_job_and_epoch(db, tmp_path):
+    path, c = db
+    job = c.enqueue("summarize", {"text": "plain text log"})["job_id"]
+    run = subprocess.run(
+        [PY, "-m", "jobcoord", "--db", path, "worker", *APP, "--worker-id", "tw", "--burst",
+         "--poll", "0.05", "--max-jobs", "5"],
+        cwd=REPO, capture_output=True, text=True, timeout=30, check=False)
+    assert run.returncode == 0, run.stderr
+    lines = run.stderr.splitlines()
+    claimed = [ln for ln in lines if " tw claimed " in ln]
+    completed = [ln for ln in lines if " tw completed " in ln]
+    assert len(claimed) == len(completed) == 1
+    assert f"job_id={job} epoch=1" in claimed[0] and "claim_ms=" in claimed[0]
+    assert f"job_id={job} epoch=1" in completed[0] and "duration_s=" in completed[0]
+    assert "completed: 1" in run.stdout  # the summary, for people
+
+
+def test_max_jobs_stops_the_worker_after_that_many_claims(db, start):
+    _, c = db
+    ids = [c.enqueue("summarize", {"text": str(i)})["job_id"] for i in range(3)]
+    code, summary = start(*APP, "--max-jobs", "2").finish()
+    assert code == 0 and summary["claimed"] == 2
+    assert [c.show(j)["job"]["status"] for j in ids] == ["succeeded", "succeeded", "waiting"]
