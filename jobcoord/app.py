@@ -205,6 +205,9 @@ def load_app(spec: str) -> App:
     except ImportError as e:
         raise InvalidInput("invalid_input", f"--app: cannot import {module_name!r}: {e}"
                            ) from None
+    except Exception as e:  # the user's module failed while loading: say where, no traceback
+        raise InvalidInput("invalid_input", f"--app: importing {module_name!r} failed: "
+                           f"{type(e).__name__}: {e}") from None
     obj = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)

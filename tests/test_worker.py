@@ -593,3 +593,14 @@ def test_max_jobs_stops_the_worker_after_that_many_claims(db, start):
     code, summary = start(*APP, "--max-jobs", "2").finish()
     assert code == 0 and summary["claimed"] == 2
     assert [c.show(j)["job"]["status"] for j in ids] == ["succeeded", "succeeded", "waiting"]
+
+
+def test_an_app_module_failing_to_load_is_a_clear_usage_error(db, sqlite_target, tmp_path,
+                                                              monkeypatch):
+    (tmp_path / "broken_handlers.py").write_text('raise RuntimeError("no GPU found")\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = run_cli(sqlite_target, "worker", "--app", "broken_handlers:app", "--json")
+    assert run.code == 2
+    assert run.json["error"]["message"] == ("--app: importing 'broken_handlers' failed: "
+                                            "RuntimeError: no GPU found")
+    assert "Traceback" not in run.err
