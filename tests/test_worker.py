@@ -291,7 +291,7 @@ def test_handler_that_outlives_its_lease_is_stopped_and_reports_nothing(db, star
     other = _steal(c, job, lease)
     w.proc.send_signal(signal.SIGCONT)
     lost = w.wait_event("lease_lost", job_id=job)
-    assert lost["reason"] in ("stale_epoch", "lease_expired")
+    assert lost["reason"] == "stale_epoch"  # someone else holds epoch 2 now
     w.wait_event("stopped", job_id=job)
     assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
     assert read(marker) == lost["reason"]
@@ -300,6 +300,23 @@ def test_handler_that_outlives_its_lease_is_stopped_and_reports_nothing(db, star
     assert not w.events("failed") and not w.events("completed")
     c.complete(job, "other", other["epoch"], {"by": "other"})
     assert c.show(job)["job"]["result"] == {"by": "other"}
+
+
+def test_lease_expired_but_not_yet_reaped_still_stops_the_handler(db, start, tmp_path):
+    _, c = db
+    marker = str(tmp_path / "sleepy")
+    job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
+    w = start(*APP, "--lease", "1")
+    lease = wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGSTOP)
+    wait_for(lambda: time.time() > _ts(lease["expires_at"]) + 0.05, 10, "lease expiry")
+    w.proc.send_signal(signal.SIGCONT)  # nobody has reaped: the expiry alone refuses it
+    assert w.wait_event("lease_lost", job_id=job)["reason"] == "lease_expired"
+    assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
+    assert read(marker) == "lease_expired"
+    assert not w.events("failed") and not w.events("completed")
+    assert c.reap()["waiting"] == 1
+    assert [e["reason"] for e in c.show(job)["events"]][-1] == "lease_expired"
 
 
 def test_late_result_of_a_handler_ignoring_cancellation_never_lands(db, start):
