@@ -2,8 +2,9 @@
 examples/summarize_cmd.py'`. Payload JSON on stdin, result on stdout.
 
 Payload switches for the tests: `fail` (exit 3 with a message on stderr: retried),
-`bad` (exit 65: permanent), `sleep` seconds (writes its pid to `pid_file` first, and a
-`<pid_file>.term` marker if it receives SIGTERM), `huge` bytes of output.
+`bad` (exit 65: permanent), `background_pid_file` (leaves a child running), `sleep`
+seconds (writes its pid to `pid_file` first, and a `<pid_file>.term` marker if it receives
+SIGTERM), `huge` bytes of output.
 """
 
 import json
@@ -23,6 +24,13 @@ if payload.get("pid_file"):
         sys.exit(143)
 
     signal.signal(signal.SIGTERM, _term)
+if payload.get("background_pid_file"):
+    # A careless command: a child left running in the background, holding stdout open.
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "60"])
+    with open(payload["background_pid_file"], "w") as f:
+        f.write(str(child.pid))
 if payload.get("fail"):
     print("loading model weights...", file=sys.stderr)
     print(f"error: {payload['fail']}", file=sys.stderr)

@@ -274,6 +274,9 @@ class JobRun:
 
         def waiter() -> None:
             proc.wait()
+            # Whatever the command left behind in its group (a background child holding
+            # stdout open) would keep the job from ever finishing: it goes too.
+            _kill_group(proc, signal.SIGKILL)
             for t in readers[1:]:
                 t.join(5.0)
             self.wake.set()
@@ -283,7 +286,6 @@ class JobRun:
         def poll() -> _Outcome | None:
             if proc.returncode is None or any(t.is_alive() for t in readers[1:]):
                 return None
-            _kill_group(proc, signal.SIGKILL)  # leftovers of a finished command
             err = b"".join(tail).decode("utf-8", "replace")[-STDERR_TAIL_BYTES:].strip()
             rc = proc.returncode
             if rc != 0:

@@ -621,3 +621,13 @@ def test_an_app_module_failing_to_load_is_a_clear_usage_error(db, sqlite_target,
     assert run.json["error"]["message"] == ("--app: importing 'broken_handlers' failed: "
                                             "RuntimeError: no GPU found")
     assert "Traceback" not in run.err
+
+
+def test_a_command_leaving_a_background_child_on_stdout_still_finishes(db, start, tmp_path):
+    _, c = db
+    pid_file = str(tmp_path / "child.pid")
+    job = c.enqueue("summarize", {"text": "done", "background_pid_file": pid_file})["job_id"]
+    w = start("--exec", f"summarize={CMD}")
+    w.wait_event("completed", job_id=job)  # not after the child's 60 s
+    assert c.show(job)["job"]["result"]["summary"] == "done"
+    assert wait_for(lambda: gone(int(read(pid_file))), 5, "leftover child killed")
