@@ -35,7 +35,10 @@ _INSERT_JOB = SQL(
     " updated_at, run_after, deadline_at, attempts, max_attempts, epoch, idempotency_key,"
     " effect_started, cancel_requested)"
     " VALUES (:tenant, :kind, :role, :priority, :payload, 'waiting', :now, :now, :run_after,"
-    " :deadline, 0, :max_attempts, 0, :key, :f, :f) RETURNING job_id"
+    " :deadline, 0, :max_attempts, 0, :key, :f, :f)"
+    # Two submissions with one key at once (PostgreSQL: neither sees the other's row yet):
+    # the later insert waits for the earlier, then inserts nothing instead of failing.
+    " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING job_id"
 )
 _INSERT_EVENT = SQL(
     "INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id, epoch,"
@@ -253,7 +256,8 @@ class Coordinator:
             delay_us=seconds_to_us(v.seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S)),
         )
 
-    def _insert(self, conn: Connection, c: _Checked, now: int) -> dict[str, Any] | JobcoordError:
+    def _insert(self, conn: Connection, c: _Checked, now: int, *, after_conflict: bool = False
+                ) -> dict[str, Any] | JobcoordError:
         if c.key is not None:
             existing = self.db.run(conn, _JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}).first()
             if existing is not None:
@@ -265,12 +269,19 @@ class Coordinator:
                         job_id=existing[0],
                     )
                 return {"job_id": existing[0], "created": False}
-        job_id = self.db.run(conn, _INSERT_JOB, {
+        inserted = self.db.run(conn, _INSERT_JOB, {
             "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
             "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
             "deadline": c.deadline_us, "max_attempts": c.max_attempts, "key": c.key,
             "f": False,
-        }).scalar_one()
+        }).first()
+        if inserted is None and not after_conflict:
+            # The same key was committed meanwhile: answer as if it had arrived first.
+            return self._insert(conn, c, now, after_conflict=True)
+        if inserted is None:
+            raise JobcoordError("internal_error", f"idempotency key {c.key!r} conflicts with "
+                                "a job that cannot be read")
+        job_id = inserted[0]
         detail: dict[str, Any] = {"priority": c.priority}
         if c.delay_us:
             detail["run_after"] = iso(now + c.delay_us)

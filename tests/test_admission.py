@@ -4,6 +4,7 @@ tenant isolation, through the Python API and the CLI, on SQLite and PostgreSQL."
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
@@ -272,3 +273,41 @@ def test_enqueue_without_a_tenant_uses_the_default_tenant(coord, cli):
     assert coord.show(job_id)["job"]["tenant"] == "default"
     assert [j["job_id"] for j in coord.jobs(tenant="default")["jobs"]] == [job_id]
     assert coord.show(job_id)["job"]["payload"] == {}
+
+
+def test_concurrent_submissions_with_one_key_create_one_job(coord, target):
+    """Six submitters at once per key, half with the winner's payload or not: one job, the
+    same id for every same-payload caller, a conflict for every other one, nothing else."""
+    for round_ in range(5):
+        key = f"burst-{round_}"
+        answers: list[tuple[int, Any]] = []
+        start = threading.Barrier(6)
+
+        def submit(i: int, key: str = key, answers: list[Any] = answers,
+                   start: threading.Barrier = start) -> None:
+            c = Coordinator.open(target)
+            try:
+                start.wait()
+                answers.append((i, c.enqueue("summarize", {"v": i % 2}, key=key)))
+            except Refused as e:
+                answers.append((i, e.code))
+            except Exception as e:  # anything else is the finding
+                answers.append((i, f"{type(e).__name__}: {e}"))
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        jobs = coord.jobs(limit=1000)["jobs"]
+        (job,) = [j for j in jobs if coord.show(j["job_id"])["job"]["idempotency_key"] == key]
+        winner = coord.show(job["job_id"])["job"]["payload"]["v"]
+        assert len(answers) == 6
+        for i, answer in answers:
+            if i % 2 == winner:
+                assert isinstance(answer, dict) and answer["job_id"] == job["job_id"], answer
+            else:
+                assert answer == "idempotency_conflict", answer
+        assert sum(1 for _, a in answers if isinstance(a, dict) and a["created"]) == 1
