@@ -1103,6 +1103,9 @@ def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None
     if isinstance(readings, str):
         raw = readings
         value, _ = v.json_value(readings, "readings", max_bytes=16 * 1024, require_object=True)
+    elif not isinstance(readings, Mapping):
+        raise InvalidInput("invalid_input", "readings must be a JSON object (as text) or a "
+                           "mapping", field="readings")
     else:
         value, raw = v.json_value(dict(readings), "readings", max_bytes=16 * 1024,
                                   require_object=True)
