@@ -66,6 +66,7 @@ def _sqlite_worker(index: int, barrier: Any, queue: Any, path: str, sync: str) -
     lat: list[float] = []
     done = 0
     barrier.wait()
+    cpu0 = time.process_time()
     while True:
         t0 = time.perf_counter()
         con.execute("BEGIN IMMEDIATE")
@@ -79,7 +80,8 @@ def _sqlite_worker(index: int, barrier: Any, queue: Any, path: str, sync: str) -
         con.execute("COMMIT")
         done += 1
     con.close()
-    queue.put({"index": index, "done": done, "claim_s": lat[:-1]})
+    queue.put({"index": index, "done": done, "claim_s": lat[:-1],
+               "cpu_s": time.process_time() - cpu0})
 
 
 def sqlite_ceiling(scratch: Scratch, procs: int, sync: str, jobs: int) -> dict[str, Any]:
@@ -95,7 +97,9 @@ def _summary(elapsed: float, results: list[dict[str, Any]], jobs: int) -> dict[s
         raise RuntimeError(f"{done} jobs completed out of {jobs}")
     lat = [x for r in results for x in r["claim_s"]]
     return {"jobs": done, "seconds": elapsed, "jobs_s": done / elapsed,
-            "claim_p50": pct(lat, 50), "claim_p99": pct(lat, 99)}
+            "claim_p50": pct(lat, 50), "claim_p99": pct(lat, 99),
+            # CPU per job of the worker processes: steadier than wall time on a busy machine.
+            "cpu_us": sum(r["cpu_s"] for r in results) / done * 1e6}
 
 
 # --- PostgreSQL ---------------------------------------------------------------------------
@@ -132,6 +136,7 @@ def _pg_worker(index: int, barrier: Any, queue: Any, url: str) -> None:
     lat: list[float] = []
     done = 0
     barrier.wait()
+    cpu0 = time.process_time()
     while True:
         t0 = time.perf_counter()
         row = con.execute(_PG_CLAIM, (worker,), prepare=True).fetchone()
@@ -143,7 +148,8 @@ def _pg_worker(index: int, barrier: Any, queue: Any, url: str) -> None:
         con.commit()
         done += 1
     con.close()
-    queue.put({"index": index, "done": done, "claim_s": lat[:-1]})
+    queue.put({"index": index, "done": done, "claim_s": lat[:-1],
+               "cpu_s": time.process_time() - cpu0})
 
 
 def pg_ceiling(base_url: str, procs: int, jobs: int) -> dict[str, Any]:
@@ -177,19 +183,21 @@ def main() -> None:
     print(conditions(syncs))
     print()
     print(f"{'backend':<10} {'sync':<7} {'procs':>5} {'jobs':>7} {'jobs/s':>9} "
-          f"{'claim p50 ms':>13} {'claim p99 ms':>13}")
+          f"{'claim p50 ms':>13} {'claim p99 ms':>13} {'cpu us/job':>11}")
     with Scratch() as scratch:
         for sync in syncs:
             for n in args.procs:
                 r = sqlite_ceiling(scratch, n, sync, args.jobs or DEFAULT_JOBS[sync])
                 print(f"{'sqlite':<10} {sync:<7} {n:>5} {r['jobs']:>7} {r['jobs_s']:>9.0f} "
-                      f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13}", flush=True)
+                      f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13} {r['cpu_us']:>11.0f}",
+                      flush=True)
     url = pg_url()
     if args.pg and url:
         for n in args.procs:
             r = pg_ceiling(url, n, args.jobs or DEFAULT_JOBS["postgresql"])
             print(f"{'postgres':<10} {'on':<7} {n:>5} {r['jobs']:>7} {r['jobs_s']:>9.0f} "
-                  f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13}", flush=True)
+                  f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13} {r['cpu_us']:>11.0f}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
     lat: list[float] = []
     done = 0
     barrier.wait()
+    cpu0 = time.process_time()
     if mode == "two":
         while True:
             t0 = time.perf_counter()
@@ -69,7 +70,8 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
             done += 1
             got = both["next"]
     c.close()
-    queue.put({"index": index, "done": done, "claim_s": lat})
+    queue.put({"index": index, "done": done, "claim_s": lat,
+               "cpu_s": time.process_time() - cpu0})
 
 
 def _fill(where: str, jobs: int, sync: str = "normal") -> None:
@@ -80,7 +82,7 @@ def _fill(where: str, jobs: int, sync: str = "normal") -> None:
     try:
         step = 5000
         for start in range(0, jobs, step):
-            c.enqueue_many([JobSpec("summarize", PAYLOAD, priority=i % 4, role="gpu")
+            c.enqueue_many([JobSpec("summarize", PAYLOAD, role="gpu")
                             for i in range(start, min(jobs, start + step))])
     finally:
         c.close()
@@ -115,7 +117,7 @@ def jobcoord_pg(base_url: str, procs: int, mode: str, jobs: int) -> dict[str, An
 def _line(what: str, sync: str, n: int, r: dict[str, Any], base: float | None) -> str:
     ratio = f"{r['jobs_s'] / base:.2f}x" if base else ""
     return (f"{what:<20} {sync:<7} {n:>5} {r['jobs']:>7} {r['jobs_s']:>9.0f} "
-            f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13} {ratio:>7}")
+            f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13} {ratio:>7} {r['cpu_us']:>11.0f}")
 
 
 def main() -> None:
@@ -134,7 +136,7 @@ def main() -> None:
     print(conditions(syncs or None, modes=", ".join(modes)))
     print()
     print(f"{'cycle':<20} {'sync':<7} {'procs':>5} {'jobs':>7} {'jobs/s':>9} "
-          f"{'claim p50 ms':>13} {'claim p99 ms':>13} {'ratio':>7}")
+          f"{'claim p50 ms':>13} {'claim p99 ms':>13} {'ratio':>7} {'cpu us/job':>11}")
     with Scratch() as scratch:
         for sync in syncs:
             jobs = args.jobs or ceiling.DEFAULT_JOBS[sync]

@@ -8,14 +8,16 @@ database stays busy. The service above only sees `Database.write(fn)` / `Databas
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
 import re
 import sqlite3
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -54,6 +56,20 @@ class SQL:
         assert "%" not in text, "psycopg would read % as a placeholder"
         self.sqlite = text
         self.postgresql = re.sub(r"(?<![:\w]):([A-Za-z_]\w*)", r"%(\1)s", text)
+
+    @classmethod
+    def cached(cls, text: str) -> SQL:
+        """The SQL for a statement assembled at run time, translated once per distinct text
+        (the translation costs more than running a small statement)."""
+        stmt = _SQL_CACHE.get(text)
+        if stmt is None:
+            if len(_SQL_CACHE) >= 512:  # texts are few shapes, but never grow without bound
+                _SQL_CACHE.clear()
+            stmt = _SQL_CACHE[text] = cls(text)
+        return stmt
+
+
+_SQL_CACHE: dict[str, SQL] = {}
 
 
 @dataclass
@@ -222,7 +238,13 @@ def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: f
     def _on_begin(conn: Connection) -> None:
         # Write transactions take the write lock at their start (and so wait out the busy
         # timeout); read-only work uses a deferred BEGIN and never blocks writers.
-        conn.exec_driver_sql(conn.get_execution_options().get("jobcoord_begin", "BEGIN"))
+        begin = conn.get_execution_options().get("jobcoord_begin", "BEGIN")
+        # Straight to the driver: exec_driver_sql costs more than the BEGIN itself on the hot
+        # path. Errors are wrapped as SQLAlchemy would, so callers still see DBAPIError.
+        try:
+            conn.connection.driver_connection.execute(begin)
+        except sqlite3.Error as e:
+            raise DBAPIError.instance(begin, None, e, sqlite3.Error) from e
 
     return engine
 
@@ -351,9 +373,21 @@ class Database:
     busy_retries: int = DEFAULT_RETRIES
     stats: Stats = field(default_factory=Stats)
     write_engine: Engine = field(init=False)
+    _local: threading.local = field(init=False, repr=False)
+    _held: list[Connection] = field(init=False, repr=False)
+    _driver_errors: tuple[type[BaseException], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         from . import faults
+
+        self._local = threading.local()
+        self._held = []
+        if self.is_sqlite:
+            self._driver_errors = (DBAPIError, sqlite3.Error)
+        else:
+            import psycopg
+
+            self._driver_errors = (DBAPIError, psycopg.Error)
 
         # The deferred switch exists only for the test proving the harness catches it.
         begin = "BEGIN" if faults.DEFERRED_WRITES else "BEGIN IMMEDIATE"
@@ -396,6 +430,10 @@ class Database:
         return self.target.sqlite_path is not None
 
     def close(self) -> None:
+        for conn in self._held:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._held.clear()
         self.engine.dispose()
 
     # -- statements --
@@ -406,10 +444,25 @@ class Database:
         text = stmt.sqlite if self.is_sqlite else stmt.postgresql
         return conn.exec_driver_sql(text, dict(params) if params else {})
 
+    def execute(self, conn: Connection, stmt: SQL, params: Mapping[str, Any]) -> Any:
+        """The hot path's statements (claim, complete, fail): a fixed statement straight on
+        the DB-API connection inside the transaction SQLAlchemy began, skipping its result
+        machinery (ten times the cost of the statement itself). Returns the DB-API cursor:
+        fetchone(), fetchall(), rowcount, iteration. Driver errors are classified by
+        `_transaction` like SQLAlchemy's."""
+        text = stmt.sqlite if self.is_sqlite else stmt.postgresql
+        if conn.dispatch.before_cursor_execute:
+            # Someone is watching the statements (tracing, a test): let them see this one.
+            # CursorResult answers fetchone(), fetchall(), rowcount and iteration alike.
+            return conn.exec_driver_sql(text, dict(params))
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        return driver.execute(text, params)
+
     def run_text(self, conn: Connection, text: str, params: Mapping[str, Any] | None = None
                  ) -> CursorResult[Any]:
         """Execute a statement assembled at run time (still parameterized)."""
-        return self.run(conn, SQL(text), params)
+        return self.run(conn, SQL.cached(text), params)
 
     def lock_clause(self) -> str:
         """Row locking for a claim's candidate select. SQLite needs none: BEGIN IMMEDIATE
@@ -436,17 +489,52 @@ class Database:
         """Run `fn` in a read transaction (deferred BEGIN: takes no write lock)."""
         return self._transaction(fn, where, write=False)
 
+    def _write_connection(self) -> Connection | None:
+        """This thread's write connection, kept open between transactions: checking a
+        connection out of the pool and back costs more than a whole claim. None when this
+        thread is already inside a write transaction (a nested write gets its own)."""
+        local = self._local
+        conn: Connection | None = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid() or conn.closed or conn.invalidated:
+            conn = self.write_engine.connect()
+            local.conn, local.pid = conn, os.getpid()
+            self._held.append(conn)
+        return None if conn.in_transaction() else conn
+
+    def _drop_write_connection(self, conn: Connection) -> None:
+        self._local.conn = None
+        with contextlib.suppress(ValueError):
+            self._held.remove(conn)
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    @contextlib.contextmanager
+    def _begin(self, write: bool) -> Iterator[Connection]:
+        held = self._write_connection() if write else None
+        if held is None:
+            with (self.write_engine if write else self.engine).begin() as conn:
+                yield conn
+            return
+        try:
+            with held.begin():
+                yield held
+        except JobcoordError:
+            raise  # a rule's refusal: rolled back, the connection is fine
+        except BaseException:
+            # The failure may have left the connection half-begun: start afresh next time.
+            self._drop_write_connection(held)
+            raise
+
     def _transaction(self, fn: Callable[[Connection], T], where: str, *, write: bool) -> T:
         attempt = 0
         while True:
             attempt += 1
             try:
-                engine = self.write_engine if write else self.engine
-                with engine.begin() as conn:
+                with self._begin(write) as conn:
                     result = fn(conn)
                     if isinstance(result, JobcoordError) and not write:
                         raise result
-            except DBAPIError as e:
+            except self._driver_errors as e:
                 err = classify(e, where)
                 if _is_busy(err):
                     name = err.details.get("sqlite_error") or err.details.get("sqlstate") or "?"

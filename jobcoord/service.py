@@ -27,6 +27,8 @@ from .models import FINAL_STATUSES, STATUSES
 from .policy import GateDecision, Policy, Readings, evaluate
 
 DEFAULT_TENANT = "default"
+#: Claim candidate statements by shape (roles, kinds, due only, lock clause).
+_CANDIDATE_TEXT: dict[tuple[int, int | None, bool, str], str] = {}
 
 # --- fixed statements -------------------------------------------------------------------
 
@@ -221,7 +223,7 @@ class Coordinator:
     def _event(self, conn: Connection, job_id: int, now: int, from_status: str | None,
                to_status: str, reason: str, worker: str | None = None,
                epoch: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
-        self.db.run(conn, _INSERT_EVENT, {
+        self.db.execute(conn, _INSERT_EVENT, {
             "job_id": job_id, "now": now, "from_status": from_status, "to_status": to_status,
             "reason": reason, "worker": worker, "epoch": epoch,
             "detail": v.dumps(detail) if detail else None,
@@ -259,7 +261,8 @@ class Coordinator:
     def _insert(self, conn: Connection, c: _Checked, now: int, *, after_conflict: bool = False
                 ) -> dict[str, Any] | JobcoordError:
         if c.key is not None:
-            existing = self.db.run(conn, _JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}).first()
+            existing = self.db.execute(conn, _JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}
+                                       ).fetchone()
             if existing is not None:
                 if existing[1] != c.kind or existing[2] != c.payload_text:
                     return Refused(
@@ -269,12 +272,12 @@ class Coordinator:
                         job_id=existing[0],
                     )
                 return {"job_id": existing[0], "created": False}
-        inserted = self.db.run(conn, _INSERT_JOB, {
+        inserted = self.db.execute(conn, _INSERT_JOB, {
             "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
             "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
             "deadline": c.deadline_us, "max_attempts": c.max_attempts, "key": c.key,
             "f": False,
-        }).first()
+        }).fetchone()
         if inserted is None and not after_conflict:
             # The same key was committed meanwhile: answer as if it had arrived first.
             return self._insert(conn, c, now, after_conflict=True)
@@ -350,21 +353,31 @@ class Coordinator:
         """One index probe per (role, kind): each reads only the head of its slice of the
         partial claim index, however many jobs wait for other roles and kinds. `locked`
         False is for diagnosis only: it must neither lock rows nor skip locked ones."""
-        params: dict[str, Any] = {}
+        params: dict[str, Any] = {f"r{i}": role for i, role in enumerate(roles, 1)}
+        if kinds is not None:
+            params.update((f"k{j}", kind) for j, kind in enumerate(kinds))
+        lock = self.db.lock_clause() if locked else ""
+        # The text depends only on the shape, so it is built once per shape, not per claim.
+        shape = (len(roles), None if kinds is None else len(kinds), due_only, lock)
+        text = _CANDIDATE_TEXT.get(shape)
+        if text is None:
+            text = _CANDIDATE_TEXT[shape] = self._candidate_text(roles, kinds, due_only, lock)
+        return text, params
+
+    @staticmethod
+    def _candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
+                        lock: str) -> str:
         parts = []
         role_opts: list[str | None] = [None, *roles]
         kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
-        lock = self.db.lock_clause() if locked else ""
         for i, role in enumerate(role_opts):
             for j, kind in enumerate(kind_opts):
                 where = ["status = 'waiting'", "priority <= :maxp"]
                 if role is None:
                     where.append("required_role IS NULL")
                 else:
-                    params[f"r{i}"] = role
                     where.append(f"required_role = :r{i}")
                 if kind is not None:
-                    params[f"k{j}"] = kind
                     where.append(f"kind = :k{j}")
                 if due_only:
                     where.append("run_after <= :now")
@@ -376,9 +389,8 @@ class Coordinator:
                 )
         names = [p.split(" ", 1)[0] for p in parts]
         union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
-        text = (f"WITH {', '.join(parts)} SELECT job_id FROM ({union}) AS candidates"
+        return (f"WITH {', '.join(parts)} SELECT job_id FROM ({union}) AS candidates"
                 " ORDER BY priority, created_at, job_id LIMIT 1")
-        return text, params
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
               kinds: Sequence[str] | None = None) -> dict[str, Any]:
@@ -396,13 +408,13 @@ class Coordinator:
     def _refuse(self, conn: Connection, worker_id: str, now: int, code: str, detail: str,
                 known_worker: bool = True) -> dict[str, Any]:
         if known_worker:
-            self.db.run(conn, _RECORD_REFUSAL, {"worker": worker_id, "code": code,
-                                                "detail": detail, "now": now})
+            self.db.execute(conn, _RECORD_REFUSAL, {"worker": worker_id, "code": code,
+                                                    "detail": detail, "now": now})
         return {"job": None, "reason": code, "detail": detail}
 
     def _claim(self, conn: Connection, worker_id: str, lease_us: int,
                kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
-        row = self.db.run(conn, _WORKER, {"worker": worker_id}).first()
+        row = self.db.execute(conn, _WORKER, {"worker": worker_id}).fetchone()
         if row is None:
             return self._refuse(conn, worker_id, now, "heartbeat_missing",
                                 f"worker {worker_id} has never sent a heartbeat", False)
@@ -420,26 +432,28 @@ class Coordinator:
             return self._refuse(conn, worker_id, now, *gates.refusal)
         text, params = self._candidate_sql(roles, kinds, due_only=True)
         params.update(now=now, maxp=gates.max_priority)
-        found = self.db.run_text(conn, text, params).first()
+        found = self.db.execute(conn, SQL.cached(text), params).fetchone()
         if found is None:
             code, detail = self._why_nothing(conn, roles, kinds, gates, now)
             return self._refuse(conn, worker_id, now, code, detail)
-        job = self.db.run(conn, _TAKE_JOB, {"job_id": found[0], "now": now, "f": False}).first()
+        job = self.db.execute(conn, _TAKE_JOB, {"job_id": found[0], "now": now, "f": False}
+                              ).fetchone()
         if job is None:  # cannot happen under the write lock; the guard is defence in depth
             return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
         job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = job
         faults.point("claim.after_take")
         expires = now + lease_us
-        self.db.run(conn, _INSERT_LEASE, {"job_id": job_id, "worker": worker_id,
-                                          "epoch": epoch, "now": now, "expires": expires})
+        self.db.execute(conn, _INSERT_LEASE, {"job_id": job_id, "worker": worker_id,
+                                              "epoch": epoch, "now": now, "expires": expires})
         faults.point("claim.after_lease")
         self._event(conn, job_id, now, "waiting", "running", "claimed", worker_id, epoch,
                     {"expires_at": iso(expires), "attempt": attempts})
         faults.point("claim.after_event")
-        checkpoints = [
+        # Checkpoints are written under a lease, so a job's first epoch has none to read.
+        checkpoints = [] if epoch == 1 else [
             {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
              "updated_at": iso(r[4])}
-            for r in self.db.run(conn, _CHECKPOINTS, {"job_id": job_id})
+            for r in self.db.execute(conn, _CHECKPOINTS, {"job_id": job_id})
         ]
         return {
             "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,
@@ -495,7 +509,7 @@ class Coordinator:
         """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
         row or the refusal (a requested cancellation is carried out here)."""
         self._lock_job(conn, job_id)
-        row = self.db.run(conn, _OWNED, {"job_id": job_id}).first()
+        row = self.db.execute(conn, _OWNED, {"job_id": job_id}).fetchone()
         if row is None or (tenant is not None and row[2] != tenant):
             return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
         status, job_epoch = row[0], row[1]
@@ -531,7 +545,7 @@ class Coordinator:
              detail: Mapping[str, Any] | None = None) -> None:
         """Move a running job out of `running`: drop its lease, record the event."""
         final = to_status in FINAL_STATUSES
-        updated = self.db.run(conn, _FINISH, {
+        updated = self.db.execute(conn, _FINISH, {
             "job_id": job_id, "epoch": epoch, "to_status": to_status, "result": result,
             "provenance": provenance, "error": error, "finished": now if final else None,
             "run_after": now if run_after is None else run_after, "now": now,
@@ -540,7 +554,7 @@ class Coordinator:
             raise JobcoordError("internal_error", f"job {job_id} changed under its write lock")
         # Fault points are named by the reason: completed.*, failed.*, lease_expired.*, ...
         faults.point(f"{reason}.after_update")
-        self.db.run(conn, _DROP_LEASE, {"job_id": job_id, "epoch": epoch})
+        self.db.execute(conn, _DROP_LEASE, {"job_id": job_id, "epoch": epoch})
         faults.point(f"{reason}.after_drop_lease")
         self._event(conn, job_id, now, "running", to_status, reason, worker, epoch, detail)
         faults.point(f"{reason}.after_event")
