@@ -348,3 +348,18 @@ def test_a_write_to_the_source_during_the_copy_is_reported_not_lost_silently(
     assert _count_jobs(pg) == len(ids)
     rows = table_rows(pg, set())
     assert not any("late" in r for r in rows["workers"])
+
+
+def test_tables_larger_than_one_batch_are_copied_whole(src: Target, pg: Target) -> None:
+    from jobcoord.service import JobSpec
+    from jobcoord.transfer import BATCH_ROWS
+
+    n = 2 * BATCH_ROWS + 345
+    with Coordinator.open(src) as c:
+        c.enqueue_many([JobSpec("work", {"i": i}, priority=i % 4, key=f"k{i}")
+                        for i in range(n)])
+    r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["tables"]["jobs"]["rows"] == n
+    assert r.json["next_ids"]["jobs"] == n + 1
+    assert table_rows(pg, set()) == table_rows(src, set())
