@@ -192,11 +192,12 @@ def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json:
 
 
 @cli.command()
+@tenant_option
 @json_option
 @click.pass_obj
-def status(s: Settings, as_json: bool) -> None:
+def status(s: Settings, tenant: str | None, as_json: bool) -> None:
     """Counts by status, workers, active leases, schema revision and storage facts."""
-    emit(as_json, s.coordinator().status())
+    emit(as_json, s.coordinator().status(tenant=tenant))
 
 
 @cli.command()

@@ -1059,18 +1059,25 @@ class Coordinator:
         return explain_job(self.policy, job, ahead, lease, workers, now,
                            self._worker_gate)
 
-    def status(self) -> dict[str, Any]:
-        """Counts by status, workers, active leases, schema and storage facts."""
+    def status(self, *, tenant: str | None = None) -> dict[str, Any]:
+        """Counts by status, workers, active leases, schema and storage facts. With a tenant,
+        the job and lease counts are that tenant's only."""
         from .migrate import current_revisions
+
+        tenant = v.optional_name(tenant, "tenant")
+        only = "" if tenant is None else " WHERE j.tenant = :tenant"
 
         def _do(conn: Connection) -> dict[str, Any]:
             counts = dict.fromkeys(STATUSES, 0)
-            for st, n in self.db.run_text(conn, "SELECT status, COUNT(*) FROM jobs GROUP BY"
-                                          " status").all():
+            for st, n in self.db.run_text(conn, f"SELECT j.status, COUNT(*) FROM jobs j{only}"
+                                          " GROUP BY j.status", {"tenant": tenant}).all():
                 counts[st] = n
             workers = self.db.run_text(conn, "SELECT COUNT(*) FROM workers").scalar_one()
-            leases = self.db.run_text(conn, "SELECT COUNT(*) FROM leases").scalar_one()
+            leases = self.db.run_text(conn, "SELECT COUNT(*) FROM leases l JOIN jobs j ON"
+                                      f" j.job_id = l.job_id{only}", {"tenant": tenant}
+                                      ).scalar_one()
             out: dict[str, Any] = {"workers": workers, "active_leases": leases, "jobs": counts,
+                                   "tenant": tenant,
                                    "revisions": sorted(current_revisions(self.db, conn)),
                                    "features": sorted(self.features),
                                    "dialect": self.db.dialect}

@@ -268,6 +268,22 @@ def test_jobs_with_a_tenant_lists_only_that_tenant(coord, cli):
     assert len(cli("jobs", "--json").json["jobs"]) == 6
 
 
+def test_status_with_a_tenant_counts_only_that_tenants_jobs_and_leases(coord, cli):
+    for n in range(3):
+        coord.enqueue("k", {"n": n}, tenant="A")
+    coord.enqueue("k", {}, tenant="B", priority=0)
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    assert coord.claim("w1")["job"]["tenant"] == "B"
+    a = cli("status", "--tenant", "A", "--json").json
+    assert a["tenant"] == "A" and a["active_leases"] == 0
+    assert a["jobs"]["waiting"] == 3 and a["jobs"]["running"] == 0
+    b = cli("status", "--tenant", "B", "--json").json
+    assert b["active_leases"] == 1 and b["jobs"]["running"] == 1 and b["jobs"]["waiting"] == 0
+    everyone = cli("status", "--json").json
+    assert everyone["tenant"] is None and everyone["active_leases"] == 1
+    assert everyone["jobs"]["waiting"] == 3 and everyone["jobs"]["running"] == 1
+
+
 def test_enqueue_without_a_tenant_uses_the_default_tenant(coord, cli):
     job_id = cli("enqueue", "k", "--json").json["job_id"]
     assert coord.show(job_id)["job"]["tenant"] == "default"

@@ -274,11 +274,13 @@ def _cases(ids: dict[str, str]) -> dict[str, list[tuple[str, ...]]]:
         + [("jobs", "--limit", bad) for bad in ("0", "-1", "abc", "1e3", str(10**6), "")]
     )
     cases["reap"] = [("reap", "--limit", bad) for bad in ("0", "-1", "abc", "1.5", "")]
+    cases["status"] = [("status", "--tenant", bad) for bad in BAD_NAMES]
     return cases
 
 
 COMMANDS = ["renew", "complete", "fail", "effect", "checkpoint", "enqueue", "heartbeat",
-            "claim", "cancel", "retry", "show", "explain", "reconcile", "jobs", "reap"]
+            "claim", "cancel", "retry", "show", "explain", "reconcile", "jobs", "reap",
+            "status"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
