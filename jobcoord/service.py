@@ -241,9 +241,15 @@ class Coordinator:
             max_bytes=p.max_payload_bytes, require_object=True,
         )
         deadline_us = None
+        delay_us = seconds_to_us(v.seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
         if spec.deadline_s is not None:
             deadline_us = now + seconds_to_us(
                 v.seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
+            if deadline_us <= now + delay_us:
+                # A job that may not start before its deadline could only ever die.
+                raise InvalidInput("invalid_input", "deadline: must be later than the delay "
+                                   "(no attempt may start at or after the deadline)",
+                                   field="deadline")
         return _Checked(
             kind=v.name(spec.kind, "kind"),
             payload_text=payload_text,
@@ -255,7 +261,7 @@ class Coordinator:
                 p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
                 "max_attempts", 1, 100),
             deadline_us=deadline_us,
-            delay_us=seconds_to_us(v.seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S)),
+            delay_us=delay_us,
         )
 
     def _insert(self, conn: Connection, c: _Checked, now: int, *, after_conflict: bool = False

@@ -236,6 +236,7 @@ def _cases(ids: dict[str, str]) -> dict[str, list[tuple[str, ...]]]:
         + [("enqueue", "work", "--max-attempts", bad) for bad in BAD_ATTEMPTS]
         + [("enqueue", "work", "--deadline", bad) for bad in [*BAD_SECONDS, "0"]]
         + [("enqueue", "work", "--delay", bad) for bad in BAD_SECONDS]
+        + [("enqueue", "work", "--delay", "60", "--deadline", bad) for bad in ("30", "60")]
         + [("enqueue", "work", "--role", bad) for bad in BAD_NAMES if bad]
         + [("enqueue", "work", "--tenant", bad) for bad in BAD_NAMES]
         + [("enqueue", "work", "--key", bad) for bad in ("a\x00b", "\udcff", "", "k" * 201)]

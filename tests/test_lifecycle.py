@@ -247,6 +247,15 @@ def test_retry_that_would_start_past_the_deadline_goes_dead(coord, clock):
     assert shown["events"][-1]["detail"]["dead_because"] == out["dead_because"]
 
 
+def test_a_deadline_must_leave_time_after_the_delay(coord, clock):
+    with pytest.raises(InvalidInput) as caught:
+        coord.enqueue("work", {}, delay_s=60, deadline_s=60)
+    assert caught.value.message.startswith("deadline")
+    job_id = coord.enqueue("work", {}, delay_s=60, deadline_s=61)["job_id"]
+    clock.move_to(at(60))
+    assert claim(coord, "w1")["job"]["job_id"] == job_id
+
+
 def test_permanent_failure_goes_straight_to_dead(coord, clock):
     job_id, epoch = start(coord, max_attempts=5)
     out = coord.fail(job_id, "w1", epoch, "bad input file", permanent=True)
