@@ -266,6 +266,8 @@ def test_same_idempotency_key_from_eight_processes_creates_one_job(sqlite_target
         p.join(timeout=120)
         assert p.exitcode == 0
         outs.append(json.loads(Path(ledger).read_text()))
+    # Every caller got an answer: the job, or the conflict. Never an internal error.
+    assert {o.get("error") for o in outs} <= {None, "idempotency_conflict"}, outs
     conn = sqlite3.connect(path)
     rows = conn.execute("SELECT job_id, payload_json FROM jobs").fetchall()
     conn.close()
