@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 SPAWN = multiprocessing.get_context("spawn")
 
 # A worker as its own OS process: claim (optionally mark an external effect), print the lease
-# as one JSON line, then either sit on the job or renew it every 0.2 s until refused, and then
+# as one JSON line, then either sit on the job or renew it every 0.5 s until refused, and then
 # try to complete it. Every answer it gets is printed as a JSON line.
 WORKER = r"""
 import json, sys, time
@@ -57,7 +57,8 @@ while True:
     except JobcoordError as e:
         print(json.dumps({"renew": e.code}), flush=True)
         break
-    time.sleep(0.2)
+    # Long enough that the test's SIGSTOP lands here, not inside a write transaction.
+    time.sleep(0.5)
 try:
     c.complete(job_id, worker, epoch, {"by": worker})
     print(json.dumps({"complete": "ok"}), flush=True)
@@ -110,7 +111,7 @@ def test_killed_worker_loses_the_job_only_when_its_lease_expires(
     assert path is not None
     with Coordinator.open(path) as c:
         job_id = c.enqueue("work", {"x": 1})["job_id"]
-        proc = start_worker(path, "doomed", 1.5, mode)
+        proc = start_worker(path, "doomed", 4.0, mode)
         claimed = read_line(proc)
         granted = time.time()
         assert claimed == {"job_id": job_id, "epoch": 1}
@@ -119,7 +120,7 @@ def test_killed_worker_loses_the_job_only_when_its_lease_expires(
         # The lease is still live: the job stays running and nothing reaps it.
         assert c.reap()["expired"] == 0
         assert job_row(path, job_id) == ("running", 1, 1)
-        wait_past(granted + 1.5)
+        wait_past(granted + 4.0)
         reaped = c.reap()
         assert reaped["jobs"] == [{"job_id": job_id, "epoch": 1, "to": after_reap}]
         assert job_row(path, job_id)[0] == after_reap
@@ -231,12 +232,12 @@ def test_worker_paused_past_its_lease_cannot_renew_or_complete(sqlite_target: Ta
     assert path is not None
     with Coordinator.open(path) as c:
         job_id = c.enqueue("work", {})["job_id"]
-        proc = start_worker(path, "sleeper", 1.0, "renew")
+        proc = start_worker(path, "sleeper", 2.0, "renew")
         assert read_line(proc) == {"job_id": job_id, "epoch": 1}
         assert read_line(proc) == {"renew": "ok"}
         proc.send_signal(signal.SIGSTOP)
         try:
-            time.sleep(1.3)  # past any lease it could have renewed before the stop
+            time.sleep(2.5)  # past any lease it could have renewed before the stop
             assert c.reap()["jobs"] == [{"job_id": job_id, "epoch": 1, "to": "waiting"}]
             c.heartbeat("other")
             got = c.claim("other", lease_s=60)
@@ -267,8 +268,8 @@ def reaper_loop(path: str, stop: Any) -> None:
 def test_reaper_racing_a_completer_never_lets_both_win(sqlite_target: Target) -> None:
     path = sqlite_target.sqlite_path
     assert path is not None
-    n = 100
-    lease = 0.05
+    n = 60
+    lease = 0.1
     with Coordinator.open(path) as c:
         for i in range(n):
             c.enqueue("work", {"i": i}, max_attempts=1)
