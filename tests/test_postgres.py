@@ -256,6 +256,48 @@ def test_eight_processes_drain_five_thousand_jobs_exactly_once(pg: Target,
     _contention(pg, tmp_path, 5000)
 
 
+def test_a_submission_racing_an_uncommitted_one_with_its_key_gets_that_job(pg: Target) -> None:
+    import threading
+
+    other = psql(pg)
+    other.autocommit = False
+    try:
+        # Another coordinator is mid-enqueue: its row (and key) exist, uncommitted.
+        job_id = other.execute(
+            "INSERT INTO jobs (tenant, kind, priority, payload_json, status, created_at,"
+            " updated_at, run_after, attempts, max_attempts, epoch, idempotency_key)"
+            " VALUES ('default', 'report', 1, '{}', 'waiting', 1, 1, 1, 0, 3, 0, 'K-2')"
+            " RETURNING job_id").fetchone()[0]
+        other.execute("INSERT INTO job_events (job_id, at, to_status, reason)"
+                      " VALUES (%s, 1, 'waiting', 'enqueued')", (job_id,))
+        got: dict[str, Any] = {}
+
+        def submit() -> None:
+            with Coordinator.open(pg) as c:
+                try:
+                    got["ok"] = c.enqueue("report", {}, key="K-2")
+                except Exception as e:
+                    got["error"] = e
+
+        t = threading.Thread(target=submit)
+        t.start()
+        dbname = pg.url.rsplit("/", 1)[1]
+
+        def blocked() -> bool:
+            with psql(pg) as conn:
+                return conn.execute(
+                    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = %s AND"
+                    " application_name = 'jobcoord' AND wait_event_type = 'Lock'",
+                    (dbname,)).fetchone()[0] == 1
+
+        wait_for(lambda: blocked() or not t.is_alive(), "the submission to reach the key")
+        other.commit()
+        t.join(timeout=60)
+    finally:
+        other.close()
+    assert got == {"ok": {"job_id": job_id, "created": False}}, got
+
+
 # --- migrations on a populated server database ------------------------------------------------
 
 
