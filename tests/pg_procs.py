@@ -28,14 +28,17 @@ def claim_once(target: Any, worker_id: str, out: str) -> None:
                      "reason": got.get("reason")})
 
 
-def complete_once(target: Any, worker_id: str, job_id: int, epoch: int, out: str) -> None:
-    """Complete one job; a JOBCOORD_FAULT may SIGKILL this process inside the transaction."""
+def complete_once(target: Any, worker_id: str, job_id: int, epoch: int, out: str,
+                  op: str = "complete") -> None:
+    """Complete one job (op "complete_and_claim": and claim the next in the same
+    transaction); a JOBCOORD_FAULT may SIGKILL this process inside the transaction."""
     from jobcoord.errors import JobcoordError
     from jobcoord.service import Coordinator
 
     with Coordinator.open(target) as coord:
         try:
-            got: dict[str, Any] = coord.complete(job_id, worker_id, epoch, {"by": worker_id})
+            got: dict[str, Any] = getattr(coord, op)(job_id, worker_id, epoch,
+                                                     {"by": worker_id})
         except JobcoordError as e:
             got = {"error": e.code}
         _write(out, got)

@@ -156,28 +156,35 @@ def test_when_every_eligible_job_is_being_claimed_the_reason_says_so(pg: Target,
         assert c.show(only)["job"]["status"] == "waiting"
 
 
-@pytest.mark.parametrize("point", ["completed.after_update", "completed.after_drop_lease"])
+@pytest.mark.parametrize(("op", "point"), [
+    ("complete", "completed.after_update"),
+    ("complete_and_claim", "completed.after_event"),
+    ("complete_and_claim", "claim.after_take"),
+])
 def test_a_completer_killed_inside_its_transaction_changes_nothing(pg: Target, tmp_path: Path,
-                                                                   point: str) -> None:
+                                                                   op: str, point: str) -> None:
     with Coordinator.open(pg) as c:
         job = c.enqueue("work", {})["job_id"]
         c.heartbeat("w1", readings={"memory_used_pct": 10})
         c.claim("w1", lease_s=300)
-        before = c.show(job)
+        nxt = c.enqueue("work", {"n": "next"})["job_id"]
+        before = [c.show(job), c.show(nxt)]
     out = str(tmp_path / "done.json")
     with environment(JOBCOORD_FAULT=f"{point}:kill"):
-        p = SPAWN.Process(target=complete_once, args=(pg, "w1", job, 1, out))
+        p = SPAWN.Process(target=complete_once, args=(pg, "w1", job, 1, out, op))
         p.start()
     p.join(timeout=60)
     assert p.exitcode == -signal.SIGKILL
     wait_for(lambda: not _open_transactions(pg), "the killed session to end")
     with Coordinator.open(pg) as c:
-        assert c.show(job) == before  # still running, same lease, no half-written outcome
+        # Still running under the same lease, the next job still waiting: nothing half-done.
+        assert [c.show(job), c.show(nxt)] == before
         assert check(c.db)["ok"]
-    p = SPAWN.Process(target=complete_once, args=(pg, "w1", job, 1, out))
+    p = SPAWN.Process(target=complete_once, args=(pg, "w1", job, 1, out, op))
     p.start()
     p.join(timeout=60)
-    assert json.loads(Path(out).read_text())["status"] == "succeeded"
+    done = json.loads(Path(out).read_text())
+    assert (done if op == "complete" else done["completed"])["status"] == "succeeded"
 
 
 def test_the_claim_reads_the_partial_claim_index_on_postgresql(pg: Target) -> None:
