@@ -168,8 +168,10 @@ class JobRun:
     """One claimed job: run its handler, keep the lease, report the outcome."""
 
     def __init__(self, worker: Worker, job: dict[str, Any], lease: dict[str, Any],
-                 spec: HandlerSpec):
+                 spec: HandlerSpec, claim_started: float | None = None):
         self.w = worker
+        #: When the claim was sent (monotonic): the lease cannot have started before it.
+        self.claim_started = time.monotonic() if claim_started is None else claim_started
         self.job = job
         self.job_id: int = job["job_id"]
         self.epoch: int = lease["epoch"]
@@ -344,8 +346,10 @@ class JobRun:
         started_at = iso(now_us())
         lease_s = cfg.lease_s
         renew_every = lease_s * RENEW_FRACTION
-        lease_end = started + lease_s  # local, conservative: measured from after the claim
-        next_renew = started + renew_every
+        # Measured from before the claim was sent, so the local end is never later than the
+        # coordinator's: the worker gives up no later than the lease really ends.
+        lease_end = self.claim_started + lease_s
+        next_renew = self.claim_started + renew_every
         deadline = started + self.spec.timeout_s
         checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
         ctx = Context(job_id=self.job_id, epoch=self.epoch, attempt=self.job.get("attempt", 1),
@@ -681,7 +685,7 @@ class Worker:
                          kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
                          expires_at=lease["expires_at"], claim_ms=_ms(t0),
                          checkpoints=[c["name"] for c in job["checkpoints"]] or None)
-                run = JobRun(self, job, lease, spec)
+                run = JobRun(self, job, lease, spec, claim_started=t0)
                 self.running[job["job_id"]] = run
                 run.start()
             self._drain()
