@@ -529,7 +529,8 @@ def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="Decision log on stderr.")
 @click.option("--max-jobs", help="Exit after claiming this many jobs.")
-@click.option("--burst", is_flag=True, help="Exit once nothing is running and nothing waits.")
+@click.option("--burst", is_flag=True,
+              help="Exit once nothing is running and a claim gets nothing (no job, or gated).")
 @json_option
 @click.pass_obj
 def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tuple[str, ...],

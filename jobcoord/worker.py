@@ -97,7 +97,8 @@ class WorkerConfig:
     database_url: str | None = None
     #: Stop after this many jobs were claimed (None: no limit).
     max_jobs: int | None = None
-    #: Exit once nothing is running and a claim finds nothing to do.
+    #: Exit once nothing is running and a claim gets nothing, whatever the reason (no job,
+    #: or a gate): a script running the queue dry must not hang on a busy machine.
     burst: bool = False
 
 
@@ -672,7 +673,7 @@ class Worker:
                         self.log("gate_refused" if gate else "idle", reason=got["reason"],
                                  detail=got["detail"])
                         last_refusal = refusal
-                    if cfg.burst and not self.running and not gate:
+                    if cfg.burst and not self.running:
                         break
                     self._pause(cfg.poll_s)
                     continue

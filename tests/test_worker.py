@@ -631,3 +631,13 @@ def test_a_command_leaving_a_background_child_on_stdout_still_finishes(db, start
     w.wait_event("completed", job_id=job)  # not after the child's 60 s
     assert c.show(job)["job"]["result"]["summary"] == "done"
     assert wait_for(lambda: gone(int(read(pid_file))), 5, "leftover child killed")
+
+
+def test_burst_worker_exits_when_the_gate_refuses_instead_of_hanging(db, start):
+    _, c = db
+    job = c.enqueue("summarize", {"text": "x"}, priority=0)["job_id"]
+    w = start(*APP, "--burst", "--readings-override", '{"memory_used_pct": 97}')
+    code, summary = w.finish()
+    assert code == 0 and summary["claimed"] == 0 and summary["gate_refused"] == 1
+    assert w.events("gate_refused")[0]["reason"] == "memory_gate"
+    assert c.show(job)["job"]["status"] == "waiting"
