@@ -643,7 +643,7 @@ class Worker:
                  sources=hb["sources"])
         ticker = threading.Thread(target=self._ticker, name="ticker", daemon=True)
         ticker.start()
-        last_refusal: tuple[str, str] | None = None
+        last_refusal: str | None = None
         try:
             while not self.stopping.is_set():
                 self._collect()
@@ -665,7 +665,9 @@ class Worker:
                     self._pause(cfg.poll_s)
                     continue
                 if got["job"] is None:
-                    refusal = (got["reason"], got["detail"])
+                    # Keyed on the reason only: the detail carries live readings (memory 86.1%,
+                    # 86.3% ...) and would otherwise log a line on every poll.
+                    refusal = got["reason"]
                     gate = got["reason"] in GATE_CODES
                     if gate:
                         self.count("gate_refused")

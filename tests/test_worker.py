@@ -206,6 +206,8 @@ def test_high_memory_reading_is_refused_by_the_gate_and_logged(db, start):
     w = start(*APP, "--readings-override", '{"memory_used_pct": 92}')
     e = w.wait_event("gate_refused")
     assert e["reason"] == "memory_gate" and "92" in e["detail"]
+    time.sleep(0.5)  # about ten more refused polls
+    assert len(w.events("gate_refused")) == 1  # one line per decision, not per poll
     assert c.show(job)["job"]["status"] == "waiting"
     assert c.workers()["workers"][0]["last_refusal"]["reason"] == "memory_gate"
     started = w.events("started")[0]
