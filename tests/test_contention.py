@@ -163,9 +163,9 @@ def test_harness_catches_a_deferred_begin(sqlite_target: Target, tmp_path: Path)
     path = sqlite_target.sqlite_path
     assert path is not None
     with env(JOBCOORD_TEST_DEFERRED_WRITES="1"):
-        run = run_contention(path, tmp_path, 1000, 8)
-    report(run, "deferred BEGIN, 8 processes, 1,000 jobs")
-    found = findings(path, 1000, run)
+        run = run_contention(path, tmp_path, 400, 8)
+    report(run, "deferred BEGIN, 8 processes, 400 jobs")
+    found = findings(path, 400, run)
     assert found, "the contention harness did not notice write transactions using BEGIN"
 
 
