@@ -29,13 +29,15 @@ from jobcoord.service import Coordinator
 PG_URL = os.environ.get("JOBCOORD_TEST_PG_URL")
 PG_SKIP = "JOBCOORD_TEST_PG_URL is not set: PostgreSQL cases skipped"
 
-# Tests must not pick up a developer's database or policy.
+# Tests must not pick up a developer's database or policy. The switches of the test run itself
+# are read first: clearing them would make the slow tests impossible to run.
+SLOW_TESTS = bool(os.environ.get("JOBCOORD_SLOW_TESTS"))
 for _var in [k for k in os.environ if k.startswith("JOBCOORD_") and k != "JOBCOORD_TEST_PG_URL"]:
     del os.environ[_var]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("JOBCOORD_SLOW_TESTS"):
+    if SLOW_TESTS:
         return
     skip = pytest.mark.skip(reason="slow scale-up: set JOBCOORD_SLOW_TESTS=1 to run")
     for item in items:
