@@ -166,8 +166,10 @@ def _start_worker(w: dict[str, Any], db_path: str, logs: str) -> subprocess.Pope
         argv += ["--exec", w["exec"]]
     out = open(os.path.join(logs, f"{w['id']}.out"), "wb")  # noqa: SIM115 - owned by the child
     err = open(os.path.join(logs, f"{w['id']}.log"), "wb")  # noqa: SIM115
+    # The demo's outcome must not depend on the user's settings (a policy with other limits).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBCOORD_")}
     try:
-        return subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
     finally:
         out.close()
         err.close()
@@ -229,6 +231,13 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
                 + json.dumps(w["readings"]))
         deadline = started + DEADLINE_S
         while time.monotonic() < deadline:
+            crashed = [(name, p.returncode) for name, p in procs.items()
+                       if p.poll() is not None and (killed is None or name != killed["worker_id"])]
+            if crashed:
+                for name, code in crashed:
+                    problems.append(f"worker {name} exited with code {code}: "
+                                    + _last_line(os.path.join(logs, f"{name}.log")))
+                break
             counts = coord.status()["jobs"]
             if killed is None:
                 shown = coord.show(long_id)
@@ -261,6 +270,15 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
                    duration_s=round(time.monotonic() - started, 1))
     summary["ok"] = not summary["problems"]
     return summary
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
 
 
 def _at(iso_text: str) -> float:

@@ -14,14 +14,19 @@ from jobcoord.demo import report
 pytestmark = pytest.mark.timeout(90)
 
 
-def _jobcoord(*args: str, cwd: str) -> subprocess.CompletedProcess[str]:
+def _jobcoord(*args: str, cwd: str, env: dict[str, str] | None = None
+              ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "jobcoord", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=75, check=False)
+                          capture_output=True, text=True, timeout=75, check=False,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_the_database(
         tmp_path):
-    run = _jobcoord("demo", "--json", cwd=str(tmp_path))
+    # A user's own policy (here: a memory limit no reading reaches) must not change the demo.
+    policy = tmp_path / "lenient.toml"
+    policy.write_text("max_memory_pct = 99\nbackground_min_idle_s = 0\n")
+    run = _jobcoord("demo", "--json", cwd=str(tmp_path), env={"JOBCOORD_POLICY": str(policy)})
     assert run.returncode == 0, run.stdout + run.stderr
     s = json.loads(run.stdout)
     assert s["ok"] and s["problems"] == []
@@ -89,3 +94,25 @@ def test_demo_refuses_a_directory_that_already_has_a_database_and_changes_nothin
     assert json.loads(run.stdout)["error"]["code"] == "invalid_input"
     assert (target / "jobcoord.db").read_bytes() == b"precious"
     assert sorted(os.listdir(target)) == ["jobcoord.db"]
+
+
+def test_demo_stops_and_names_a_worker_that_died_unexpectedly(tmp_path):
+    import re
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "jobcoord", "demo", "--dir",
+                             str(tmp_path / "d")], cwd=str(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            found = re.match(r"started worker laptop\s+pid (\d+)", line)
+            if found:
+                os.kill(int(found.group(1)), signal.SIGKILL)  # not the demo's own kill
+                break
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "PROBLEM: worker laptop exited with code -9" in out
