@@ -1,5 +1,5 @@
 """Seed 002 as a command handler: `jobcoord worker --exec render='python
-examples/render_cmd.py'`. Earlier checkpoints arrive in JOBCOORD_CHECKPOINTS; a new one is
+examples/render_cmd.py'`. Earlier checkpoints arrive in JOBCOORD_CHECKPOINTS_FILE; a new one is
 saved by running `jobcoord checkpoint` with the job id, worker and epoch from the environment
 (JOBCOORD_URL names the database)."""
 
@@ -14,7 +14,8 @@ from examples import remote_service
 
 payload = json.load(sys.stdin)
 remote = payload["remote_dir"]
-saved = json.loads(os.environ["JOBCOORD_CHECKPOINTS"]).get("remote_submitted")
+with open(os.environ["JOBCOORD_CHECKPOINTS_FILE"], encoding="utf-8") as f:
+    saved = json.load(f).get("remote_submitted")
 if saved is None:
     remote_id = remote_service.submit(remote, {"prompt": payload.get("prompt")})
     subprocess.run(

@@ -4,7 +4,7 @@ examples/summarize_cmd.py'`. Payload JSON on stdin, result on stdout.
 Payload switches for the tests: `fail` (exit 3 with a message on stderr: retried),
 `bad` (exit 65: permanent), `background_pid_file` (leaves a child running), `sleep`
 seconds (writes its pid to `pid_file` first, and a `<pid_file>.term` marker if it receives
-SIGTERM), `huge` bytes of output.
+SIGTERM), `huge` bytes of output, `echo_checkpoints` (reports the checkpoints it was given).
 """
 
 import json
@@ -39,6 +39,14 @@ if payload.get("bad"):
     print("payload has no text", file=sys.stderr)
     sys.exit(65)
 time.sleep(float(payload.get("sleep", 0)))
+if payload.get("echo_checkpoints"):
+    with open(os.environ["JOBCOORD_CHECKPOINTS_FILE"], encoding="utf-8") as f:
+        from_file = json.load(f)
+    print(json.dumps({"names": sorted(from_file),
+                      "sizes": {k: len(json.dumps(v)) for k, v in from_file.items()},
+                      "in_env": "JOBCOORD_CHECKPOINTS" in os.environ,
+                      "file": os.environ["JOBCOORD_CHECKPOINTS_FILE"]}))
+    sys.exit(0)
 words = str(payload.get("text", "")).split()
 print(json.dumps({
     "jobcoord_envelope": 1,

@@ -25,8 +25,9 @@ Command protocol. The payload is written as JSON to stdin; stdout must be one JS
 result (empty stdout is `{}`). To report provenance, print an envelope instead:
 `{"jobcoord_envelope": 1, "result": ..., "provenance": {...}}`. The environment carries
 JOBCOORD_JOB_ID, JOBCOORD_EPOCH, JOBCOORD_WORKER, JOBCOORD_ATTEMPT, JOBCOORD_KIND,
-JOBCOORD_TENANT, JOBCOORD_CHECKPOINTS (a JSON object: checkpoint name -> data, from earlier
-attempts) and JOBCOORD_URL (the database), so the command can run
+JOBCOORD_TENANT, JOBCOORD_CHECKPOINTS_FILE (a file holding a JSON object: checkpoint name ->
+data, from earlier attempts), JOBCOORD_CHECKPOINTS (the same JSON, when it is at most 32 KiB)
+and JOBCOORD_URL (the database), so the command can run
 `jobcoord checkpoint "$JOBCOORD_JOB_ID" --worker "$JOBCOORD_WORKER" --epoch "$JOBCOORD_EPOCH"
 --name NAME --data JSON` and `jobcoord effect ...` itself.
 """
@@ -44,6 +45,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -72,6 +74,8 @@ STDERR_TAIL_BYTES = 2000
 #: Refusal codes that come from the machine's state (logged as "gate refused").
 GATE_CODES = frozenset({"memory_gate", "thermal_gate", "power_gate", "user_active",
                         "heartbeat_stale", "heartbeat_missing"})
+#: Checkpoints larger than this reach a command only through JOBCOORD_CHECKPOINTS_FILE.
+CHECKPOINTS_ENV_MAX_BYTES = 32 * 1024
 #: Exit code after a second SIGTERM/SIGINT (exit at once, leases left to expire).
 EXIT_FORCED = 130
 
@@ -181,6 +185,7 @@ class JobRun:
         self.wake = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
         self.handler_thread: threading.Thread | None = None
+        self.checkpoints_file: str | None = None
         self.thread = threading.Thread(target=self._main, name=f"job-{self.job_id}",
                                        daemon=True)
         self.outcome: str | None = None
@@ -226,8 +231,18 @@ class JobRun:
             "JOBCOORD_JOB_ID": str(self.job_id), "JOBCOORD_EPOCH": str(self.epoch),
             "JOBCOORD_WORKER": self.w.config.worker_id, "JOBCOORD_ATTEMPT": str(ctx.attempt),
             "JOBCOORD_KIND": self.spec.kind, "JOBCOORD_TENANT": str(self.job.get("tenant")),
-            "JOBCOORD_CHECKPOINTS": json.dumps(ctx.checkpoints),
         })
+        env.pop("JOBCOORD_CHECKPOINTS", None)
+        text = json.dumps(ctx.checkpoints)
+        # The file always holds every checkpoint; the variable is a convenience kept small,
+        # because one environment string cannot exceed 128 KiB on Linux (exec fails: E2BIG).
+        fd, path = tempfile.mkstemp(prefix=f"jobcoord-{self.job_id}-", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        self.checkpoints_file = path
+        env["JOBCOORD_CHECKPOINTS_FILE"] = path
+        if len(text.encode()) <= CHECKPOINTS_ENV_MAX_BYTES:
+            env["JOBCOORD_CHECKPOINTS"] = text
         if self.w.config.database_url:
             env["JOBCOORD_URL"] = self.w.config.database_url
         return env
@@ -338,6 +353,9 @@ class JobRun:
                        error=f"{type(e).__name__}: {e}")
             self.w.count("internal_errors")
         finally:
+            if self.checkpoints_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.checkpoints_file)
             self.w.job_finished()
 
     def _run(self) -> None:

@@ -643,3 +643,19 @@ def test_burst_worker_exits_when_the_gate_refuses_instead_of_hanging(db, start):
     assert code == 0 and summary["claimed"] == 0 and summary["gate_refused"] == 1
     assert w.events("gate_refused")[0]["reason"] == "memory_gate"
     assert c.show(job)["job"]["status"] == "waiting"
+
+
+@pytest.mark.parametrize("size, in_env", [(100, True), (200_000, False)])
+def test_commands_get_every_checkpoint_in_a_file_and_small_ones_in_the_environment(
+        db, start, size, in_env):
+    _, c = db
+    job = c.enqueue("summarize", {"echo_checkpoints": True})["job_id"]
+    c.heartbeat("before", readings={"memory_used_pct": 10})
+    c.claim("before", lease_s=0.3)  # an earlier attempt saved progress, then died
+    c.checkpoint(job, "before", 1, "progress", {"blob": "x" * size})
+    w = start("--exec", f"summarize={CMD}", "--reap-every", "0.05")
+    w.wait_event("completed", job_id=job)
+    result = c.show(job)["job"]["result"]
+    assert result["names"] == ["progress"] and result["sizes"]["progress"] > size
+    assert result["in_env"] is in_env
+    assert not os.path.exists(result["file"])  # removed once the job is over
