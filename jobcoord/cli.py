@@ -504,17 +504,19 @@ def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool)
 @click.option("--exec", "execs", multiple=True, metavar="KIND=COMMAND",
               help="Command handler, e.g. summarize='python summarize.py' (repeatable): "
                    "payload JSON on stdin, result JSON on stdout, exit 65 = permanent failure.")
-@click.option("--role", "roles", multiple=True, help="A role this worker serves (repeatable; "
-              "Python handlers add their own).")
-@click.option("--worker-id", help="Default: HOST:PID.")
+@click.option("--role", "roles", multiple=True, metavar="ROLE",
+              help="A role this worker serves (repeatable; Python handlers add their own).")
+@click.option("--worker-id", metavar="ID", help="Default: HOST:PID.")
 @click.option("--lease", default="30", show_default=True, metavar="SECONDS",
               help="Lease length; renewed every lease/3.")
-@click.option("--concurrency", default="1", show_default=True, help="Jobs run at once.")
+@click.option("--concurrency", default="1", show_default=True, metavar="N",
+              help="Jobs run at once.")
 @click.option("--grace", default="10", show_default=True, metavar="SECONDS",
               help="On SIGTERM/SIGINT, running jobs get this long before they are released.")
 @click.option("--kill-grace", default="5", show_default=True, metavar="SECONDS",
               help="A stopped command gets this long between SIGTERM and SIGKILL.")
-@click.option("--heartbeat-every", default="10", show_default=True, metavar="SECONDS")
+@click.option("--heartbeat-every", default="10", show_default=True, metavar="SECONDS",
+              help="Send the machine's readings this often, on a timer of its own.")
 @click.option("--reap-every", default="5", show_default=True, metavar="SECONDS",
               help="Reap expired leases this often (0: never).")
 @click.option("--poll", default="1", show_default=True, metavar="SECONDS",
@@ -528,7 +530,7 @@ def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool)
                    '{"memory_used_pct": 92}.')
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="Decision log on stderr.")
-@click.option("--max-jobs", help="Exit after claiming this many jobs.")
+@click.option("--max-jobs", metavar="N", help="Exit after claiming this many jobs.")
 @click.option("--burst", is_flag=True,
               help="Exit once nothing is running and a claim gets nothing (no job, or gated).")
 @json_option
