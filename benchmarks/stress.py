@@ -39,9 +39,14 @@ def worker(db: str, worker_id: str, ledger: str, stop_file: str, lease_s: float)
     from jobcoord.service import Coordinator
 
     coord = Coordinator.open(db)
-    coord.heartbeat(worker_id, readings={"memory_used_pct": 10.0})
-    beat = time.monotonic()
     errors: Counter[str] = Counter()
+    while True:  # a new process may wait a long time for its first write under contention
+        try:
+            coord.heartbeat(worker_id, readings={"memory_used_pct": 10.0})
+            break
+        except JobcoordError as e:
+            errors[e.code] += 1
+    beat = time.monotonic()
     with open(ledger, "a", buffering=1) as out:
         while not os.path.exists(stop_file):
             try:
