@@ -17,7 +17,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -451,13 +451,22 @@ class Database:
         fetchone(), fetchall(), rowcount, iteration. Driver errors are classified by
         `_transaction` like SQLAlchemy's."""
         text = stmt.sqlite if self.is_sqlite else stmt.postgresql
-        if conn.dispatch.before_cursor_execute:
-            # Someone is watching the statements (tracing, a test): let them see this one.
-            # CursorResult answers fetchone(), fetchall(), rowcount and iteration alike.
-            return conn.exec_driver_sql(text, dict(params))
-        driver = conn.connection.driver_connection
-        assert driver is not None
-        return driver.execute(text, params)
+        direct = getattr(self._local, "direct", None)
+        if direct is not None and direct[0] is conn:
+            return direct[1].execute(text, params)
+        # Watched (tracing, a test) or not begun by `_begin`: SQLAlchemy's path, whose
+        # CursorResult answers fetchone(), fetchall(), rowcount and iteration alike.
+        return conn.exec_driver_sql(text, dict(params))
+
+    def execute_many(self, conn: Connection, stmt: SQL, rows: Sequence[Mapping[str, Any]]
+                     ) -> None:
+        """`execute` for many parameter sets at once (the driver's executemany)."""
+        text = stmt.sqlite if self.is_sqlite else stmt.postgresql
+        direct = getattr(self._local, "direct", None)
+        if direct is not None and direct[0] is conn:
+            direct[1].cursor().executemany(text, rows)
+        else:
+            conn.exec_driver_sql(text, [dict(r) for r in rows])
 
     def run_text(self, conn: Connection, text: str, params: Mapping[str, Any] | None = None
                  ) -> CursorResult[Any]:
@@ -512,11 +521,12 @@ class Database:
     def _begin(self, write: bool) -> Iterator[Connection]:
         held = self._write_connection() if write else None
         if held is None:
-            with (self.write_engine if write else self.engine).begin() as conn:
+            with (self.write_engine if write else self.engine).begin() as conn, \
+                    self._direct(conn):
                 yield conn
             return
         try:
-            with held.begin():
+            with held.begin(), self._direct(held):
                 yield held
         except JobcoordError:
             raise  # a rule's refusal: rolled back, the connection is fine
@@ -524,6 +534,20 @@ class Database:
             # The failure may have left the connection half-begun: start afresh next time.
             self._drop_write_connection(held)
             raise
+
+    @contextlib.contextmanager
+    def _direct(self, conn: Connection) -> Iterator[None]:
+        """Let `execute` use this connection's driver directly while its transaction runs,
+        unless someone listens to its statements. Decided once per transaction: asking
+        SQLAlchemy's event registry per statement costs more than the statement."""
+        local = self._local
+        outer = getattr(local, "direct", None)
+        local.direct = (None if conn.dispatch.before_cursor_execute
+                        else (conn, conn.connection.driver_connection))
+        try:
+            yield
+        finally:
+            local.direct = outer
 
     def _transaction(self, fn: Callable[[Connection], T], where: str, *, write: bool) -> T:
         attempt = 0

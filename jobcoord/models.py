@@ -33,10 +33,9 @@ NAMING = {
     "pk": "pk_%(table_name)s",
 }
 
-#: Every job status (DESIGN.md "Job states").
-STATUSES = ("waiting", "running", "succeeded", "dead", "cancelled", "unknown")
-#: Final for workers: no claim, no completion, no renewal.
-FINAL_STATUSES = ("succeeded", "dead", "cancelled")
+# Defined beside the service's hot path; re-exported here for the schema and its readers.
+from .states import FINAL_STATUSES as FINAL_STATUSES  # noqa: E402
+from .states import STATUSES as STATUSES  # noqa: E402
 
 # 64-bit ids on PostgreSQL; on SQLite only INTEGER PRIMARY KEY aliases the rowid.
 Id = BigInteger().with_variant(Integer, "sqlite")

@@ -282,3 +282,66 @@ def test_a_crash_inside_complete_and_claim_keeps_neither_the_completion_nor_the_
     with Coordinator.open(path) as c:
         assert check(c.db)["ok"]
 
+
+
+# --- batch enqueue without keys: ids computed in the transaction, rows inserted together -----
+
+
+def test_a_keyless_batch_gets_increasing_ids_in_batch_order_each_with_the_enqueued_event(
+        coord: Coordinator, clock: Any) -> None:
+    single = coord.enqueue("work", {"n": 0}, priority=2, delay_s=30)["job_id"]
+    batch = coord.enqueue_many([
+        {"kind": "work", "payload": {"n": 1}, "priority": 2, "delay_s": 30},
+        {"kind": "embed", "payload": {"n": 2}, "role": "gpu"},
+        {"kind": "work", "payload": {"n": 3}, "priority": "P0", "tenant": "acme"},
+    ])
+    after = coord.enqueue("work", {"n": 4})["job_id"]
+    ids = [b["job_id"] for b in batch]
+    assert all(b["created"] for b in batch)
+    assert single < ids[0] < ids[1] < ids[2] < after
+    if coord.db.is_sqlite:
+        assert ids == [single + 1, single + 2, single + 3]
+    # Each batch job is stored and recorded exactly as a single enqueue would have done it.
+    first_single = coord.show(single)["events"]
+    first_batch = coord.show(ids[0])["events"]
+    assert [(e["reason"], e["from"], e["to"], e["detail"]) for e in first_batch] == \
+        [(e["reason"], e["from"], e["to"], e["detail"]) for e in first_single]
+    shown = coord.show(ids[1])["job"]
+    assert (shown["kind"], shown["role"], shown["payload"], shown["status"], shown["epoch"],
+            shown["attempts"], shown["max_attempts"]) == ("embed", "gpu", {"n": 2}, "waiting",
+                                                         0, 0, 3)
+    assert coord.show(ids[2], tenant="acme")["job"]["priority"] == 0
+    with pytest.raises(Refused):
+        coord.show(ids[2], tenant="default")
+    assert check(coord.db)["ok"]
+
+
+def test_a_batch_with_an_invalid_job_inserts_nothing(coord: Coordinator, clock: Any) -> None:
+    coord.enqueue("work", {"n": 0})
+    with pytest.raises(InvalidInput):
+        coord.enqueue_many([{"kind": "work", "payload": {"n": 1}},
+                            {"kind": "work", "payload": {"n": float("nan")}}])
+    assert len(coord.jobs()["jobs"]) == 1
+
+
+def test_a_batch_with_keys_still_answers_each_key(coord: Coordinator, clock: Any) -> None:
+    first = coord.enqueue("work", {"n": 1}, key="k1")["job_id"]
+    out = coord.enqueue_many([{"kind": "work", "payload": {"n": 1}, "key": "k1"},
+                              {"kind": "work", "payload": {"n": 2}}])
+    assert out[0] == {"job_id": first, "created": False}
+    assert out[1]["created"] is True
+
+
+def test_batch_jobs_are_claimed_in_order_after_the_jobs_before_them(
+        coord: Coordinator, clock: Any) -> None:
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    ids = [coord.enqueue("work", {"n": 0})["job_id"]]
+    ids += [b["job_id"] for b in coord.enqueue_many([{"kind": "work", "payload": {"n": i}}
+                                                     for i in range(1, 6)])]
+    got = coord.claim("w1")
+    order = []
+    while got["job"] is not None:
+        order.append(got["job"]["job_id"])
+        got = coord.complete_and_claim(got["job"]["job_id"], "w1", got["lease"]["epoch"])["next"]
+    assert order == ids
+    assert check(coord.db)["ok"]

@@ -1,0 +1,83 @@
+"""Accepting work: single `enqueue` calls (one transaction each) and the batch API
+(`enqueue_many`, one transaction), on SQLite at FULL and NORMAL and optionally PostgreSQL.
+
+    python -m benchmarks.enqueue [--single N] [--batch N] [--sync full,normal] [--pg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from benchmarks._common import (
+    Scratch,
+    conditions,
+    migrated_sqlite,
+    pg_drop_database,
+    pg_fresh_database,
+    pg_url,
+)
+
+
+def _payload(i: int) -> dict[str, Any]:
+    return {"document": f"notes/{i:07d}.md", "model": "small"}
+
+
+def measure(coord: Any, single: int, batch: int) -> dict[str, float]:
+    from jobcoord.service import JobSpec
+
+    t0 = time.perf_counter()
+    for i in range(single):
+        coord.enqueue("summarize", _payload(i), role="gpu")
+    single_s = time.perf_counter() - t0
+    specs = [JobSpec("summarize", _payload(i), role="gpu") for i in range(batch)]
+    t0 = time.perf_counter()
+    out = coord.enqueue_many(specs)
+    batch_s = time.perf_counter() - t0
+    assert len(out) == batch
+    return {"single_s": single / single_s, "batch_s": batch / batch_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--single", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=100_000)
+    ap.add_argument("--sync", default="full,normal")
+    ap.add_argument("--pg", action="store_true")
+    args = ap.parse_args()
+    from jobcoord.service import Coordinator
+
+    syncs = [s for s in args.sync.split(",") if s]
+    print(conditions(syncs, single=args.single, batch=args.batch))
+    print()
+    print(f"{'backend':<10} {'sync':<7} {'single jobs/s':>14} {'batch jobs/s':>13}")
+    with Scratch() as scratch:
+        for sync in syncs:
+            path = scratch.file(f"enqueue-{sync}.db")
+            migrated_sqlite(path)
+            with Coordinator.open(path, synchronous=sync) as c:
+                r = measure(c, args.single, args.batch)
+            print(f"{'sqlite':<10} {sync:<7} {r['single_s']:>14.0f} {r['batch_s']:>13.0f}",
+                  flush=True)
+    url = pg_url()
+    if args.pg and url:
+        from jobcoord.db import Database, resolve_target
+        from jobcoord.migrate import migrate
+
+        name = "jobcoord_bench_enqueue"
+        db_url = pg_fresh_database(url, name)
+        try:
+            db = Database.open(resolve_target(url=db_url))
+            migrate(db)
+            db.close()
+            with Coordinator.open(url=db_url) as c:
+                r = measure(c, args.single, args.batch)
+            print(f"{'postgres':<10} {'on':<7} {r['single_s']:>14.0f} {r['batch_s']:>13.0f}")
+        finally:
+            pg_drop_database(url, name)
+
+
+if __name__ == "__main__":
+    main()
