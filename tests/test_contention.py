@@ -283,3 +283,44 @@ def test_same_idempotency_key_from_eight_processes_creates_one_job(sqlite_target
             assert o["error"] == "idempotency_conflict" and o["exit"] == 4
             assert o["job_id"] == job_id
     assert_invariants(path)
+
+
+def test_reaper_loop_outlives_a_lock_held_past_the_busy_bound(sqlite_target: Target) -> None:
+    """`reap --every` is a long-running sweep: a pass refused as busy is skipped (and said
+    on stderr), the loop goes on, and the next pass after the lock is released reaps."""
+    path = sqlite_target.sqlite_path
+    assert path is not None
+    with Coordinator.open(path) as c:
+        c.heartbeat("w1")
+        job_id = c.enqueue("work", {})["job_id"]
+        c.claim("w1", lease_s=0.2)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    reaper = subprocess.Popen([sys.executable, "-m", "jobcoord", "--db", path,
+                               "--busy-timeout", "0.05", "reap", "--every", "0.1", "--json"],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 60
+        time.sleep(3.0)  # several passes meet the held lock
+        assert reaper.poll() is None, reaper.communicate()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+    conn = sqlite3.connect(path, timeout=30)
+    while conn.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)
+                       ).fetchone()[0] != "waiting":
+        assert time.monotonic() < deadline, "the reaper never reaped after the lock was freed"
+        assert reaper.poll() is None, reaper.communicate()
+        time.sleep(0.1)
+    conn.close()
+    reaper.terminate()
+    out, err = reaper.communicate(timeout=30)
+    assert reaper.returncode == 0, err
+    assert "Traceback" not in err
+    assert "reap pass skipped (database_locked)" in err
+    assert any(json.loads(line)["expired"] == 1 for line in out.splitlines())
+    assert_invariants(path)
