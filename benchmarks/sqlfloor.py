@@ -1,0 +1,161 @@
+"""The floor under jobcoord's own SQL: the exact statements one claim and one completion
+issue (worker row, candidate probe, take, lease, event; fence read, finish, drop lease,
+event), replayed on plain `sqlite3` with no Python layer around them, next to the ceiling's
+two-statement cycle, in the same run and process count.
+
+It answers "how fast could jobcoord be if its Python cost nothing": the difference between
+this line and the ceiling is the price of the schema (a lease row, an event row per
+transition and the claim, status and tenant indexes); the difference between this line and
+`throughput` is the price of the Python around the statements.
+
+It also counts the WAL frames (4 KiB pages) each cycle writes, one process, automatic
+checkpoints off: every frame is written at commit and copied back at the next checkpoint.
+
+    python -m benchmarks.sqlfloor [--procs 1,4] [--sync full,normal] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import time
+from typing import Any
+
+from benchmarks import ceiling
+from benchmarks._common import Scratch, conditions, migrated_sqlite, ms, run_processes
+from benchmarks.throughput import _fill
+
+
+def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
+            autocheckpoint: bool = True) -> None:
+    from jobcoord import service as s
+
+    con = sqlite3.connect(path, isolation_level=None, timeout=30)
+    if not autocheckpoint:
+        con.execute("PRAGMA wal_autocheckpoint=0")
+    con.execute("PRAGMA foreign_keys=ON")
+    con.execute(f"PRAGMA synchronous={sync.upper()}")
+    worker = f"bench-{index}"
+    now = time.time_ns() // 1000
+    con.execute("INSERT INTO workers (worker_id, roles_json, heartbeat_at, created_at)"
+                " VALUES (?, '[\"gpu\"]', ?, ?)", (worker, now, now))
+    probe = s.Coordinator._candidate_text(["gpu"], None, True, "")  # SQLite: no lock clause
+    lat: list[float] = []
+    done = 0
+    barrier.wait()
+    cpu0 = time.process_time()
+    while True:
+        now = time.time_ns() // 1000
+        t0 = time.perf_counter()
+        con.execute("BEGIN IMMEDIATE")
+        con.execute(s._WORKER.sqlite, {"worker": worker}).fetchone()
+        found = con.execute(probe, {"r1": "gpu", "now": now, "maxp": 3}).fetchone()
+        if found is None:
+            con.execute("COMMIT")
+            break
+        job = con.execute(s._TAKE_JOB.sqlite, {"job_id": found[0], "now": now, "f": False}
+                          ).fetchone()
+        epoch = job[6]
+        con.execute(s._INSERT_LEASE.sqlite, {"job_id": job[0], "worker": worker,
+                                             "epoch": epoch, "now": now,
+                                             "expires": now + 45_000_000})
+        con.execute(s._INSERT_EVENT.sqlite, {
+            "job_id": job[0], "now": now, "from_status": "waiting", "to_status": "running",
+            "reason": "claimed", "worker": worker, "epoch": epoch,
+            "detail": '{"attempt":1,"expires_at":"2026-11-29T00:00:45Z"}'})
+        con.execute("COMMIT")
+        lat.append(time.perf_counter() - t0)
+        con.execute("BEGIN IMMEDIATE")
+        con.execute(s._OWNED.sqlite, {"job_id": job[0]}).fetchone()
+        con.execute(s._FINISH.sqlite, {
+            "job_id": job[0], "epoch": epoch, "to_status": "succeeded", "result": '{"ok":true}',
+            "provenance": None, "error": None, "finished": now, "run_after": now, "now": now})
+        con.execute(s._DROP_LEASE.sqlite, {"job_id": job[0], "epoch": epoch})
+        con.execute(s._INSERT_EVENT.sqlite, {
+            "job_id": job[0], "now": now, "from_status": "running", "to_status": "succeeded",
+            "reason": "completed", "worker": worker, "epoch": epoch, "detail": None})
+        con.execute("COMMIT")
+        done += 1
+    con.close()
+    queue.put({"index": index, "done": done, "claim_s": lat,
+               "cpu_s": time.process_time() - cpu0})
+
+
+class _Inline:
+    """The worker's barrier and queue, for running it in this process."""
+
+    def __init__(self) -> None:
+        self.got: list[Any] = []
+
+    def wait(self) -> None:
+        pass
+
+    def put(self, item: Any) -> None:
+        self.got.append(item)
+
+
+def _frames(con: sqlite3.Connection) -> int:
+    return int(con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
+
+
+def wal_frames_per_job(scratch: Scratch, jobs: int = 1000) -> tuple[float, float]:
+    path = scratch.file("frames-ceiling.db")
+    ceiling.prepare_sqlite(path, jobs)
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.execute("PRAGMA wal_autocheckpoint=0")
+    for _ in range(jobs):
+        con.execute("BEGIN IMMEDIATE")
+        row = con.execute(ceiling._SQLITE_CLAIM, ("w",)).fetchone()
+        con.execute("COMMIT")
+        con.execute("BEGIN IMMEDIATE")
+        con.execute(ceiling._SQLITE_COMPLETE, ('{"ok": true}', row[0], "w"))
+        con.execute("COMMIT")
+    raw = _frames(con) / jobs
+    con.close()
+    path = scratch.file("frames-jobcoord.db")
+    migrated_sqlite(path)
+    _fill(path, jobs)
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    inline = _Inline()
+    _worker(0, inline, inline, path, "normal", autocheckpoint=False)
+    ours = _frames(con) / jobs
+    con.close()
+    return raw, ours
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--procs", type=ceiling._ints, default=[1, 4])
+    ap.add_argument("--sync", default="full,normal")
+    ap.add_argument("--jobs", type=int, default=None)
+    args = ap.parse_args()
+    syncs = [x for x in args.sync.split(",") if x]
+    print(conditions(syncs))
+    print()
+    print(f"{'cycle':<22} {'sync':<7} {'procs':>5} {'jobs':>7} {'jobs/s':>9} "
+          f"{'claim p50 ms':>13} {'ratio':>7} {'cpu us/job':>11}")
+    with Scratch() as scratch:
+        for sync in syncs:
+            jobs = args.jobs or ceiling.DEFAULT_JOBS[sync]
+            for n in args.procs:
+                base = ceiling.sqlite_ceiling(scratch, n, sync, jobs)
+                path = scratch.file(f"floor-{sync}-{n}.db")
+                migrated_sqlite(path)
+                _fill(path, jobs)
+                elapsed, results = run_processes(_worker, n, (path, sync))
+                r = ceiling._summary(elapsed, results, jobs)
+                for name, x, ratio in (("ceiling sqlite3", base, ""),
+                                       ("jobcoord SQL, raw", r,
+                                        f"{r['jobs_s'] / base['jobs_s']:.2f}x")):
+                    print(f"{name:<22} {sync:<7} {n:>5} {x['jobs']:>7} {x['jobs_s']:>9.0f} "
+                          f"{ms(x['claim_p50']):>13} {ratio:>7} {x['cpu_us']:>11.0f}",
+                          flush=True)
+        raw, ours = wal_frames_per_job(scratch)
+        print(f"\nWAL frames written per job: ceiling {raw:.1f}, jobcoord SQL {ours:.1f}")
+
+
+if __name__ == "__main__":
+    main()
