@@ -345,3 +345,76 @@ def test_batch_jobs_are_claimed_in_order_after_the_jobs_before_them(
         got = coord.complete_and_claim(got["job"]["job_id"], "w1", got["lease"]["epoch"])["next"]
     assert order == ids
     assert check(coord.db)["ok"]
+
+
+# --- the held write connection and the direct driver path ----------------------------------
+
+
+def test_threads_sharing_one_coordinator_each_claim_and_complete_without_losing_a_job(
+        coord: Coordinator) -> None:
+    import threading
+
+    ids = [b["job_id"] for b in coord.enqueue_many([{"kind": "work", "payload": {"n": i}}
+                                                    for i in range(60)])]
+    done: list[int] = []
+    errors: list[BaseException] = []
+
+    def work(worker: str) -> None:
+        try:
+            coord.heartbeat(worker, readings=IDLE_ON_AC)
+            got = coord.claim(worker)
+            while got["job"] is not None:
+                done.append(got["job"]["job_id"])
+                got = coord.complete_and_claim(got["job"]["job_id"], worker,
+                                               got["lease"]["epoch"], {"by": worker})["next"]
+        except BaseException as e:  # surfaced below, in the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(f"t{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert sorted(done) == ids
+    assert {j["status"] for j in coord.jobs(limit=100)["jobs"]} == {"succeeded"}
+    assert check(coord.db)["ok"]
+
+
+def test_a_statement_listener_sees_the_claim_and_completion_statements(
+        coord: Coordinator) -> None:
+    from sqlalchemy import event
+
+    coord.enqueue("work", {"n": 1})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    seen: list[str] = []
+    event.listen(coord.db.engine, "before_cursor_execute",
+                 lambda _c, _cur, stmt, *_a: seen.append(stmt))
+    got = coord.claim("w1")
+    coord.complete(got["job"]["job_id"], "w1", got["lease"]["epoch"])
+    assert any(s.startswith("UPDATE jobs SET status = 'running'") for s in seen)
+    assert any(s.startswith("INSERT INTO leases") for s in seen)
+    assert any(s.startswith("DELETE FROM leases") for s in seen)
+    assert sum(s.startswith("INSERT INTO job_events") for s in seen) == 2
+
+
+def test_after_the_database_stayed_locked_the_next_claim_works(sqlite_target: Target) -> None:
+    from jobcoord.errors import DatabaseBusy
+
+    path = sqlite_target.sqlite_path
+    assert path is not None
+    with Coordinator.open(path, busy_timeout=0.05) as c:
+        job_id = c.enqueue("work", {"n": 1})["job_id"]
+        c.heartbeat("w1", readings=IDLE_ON_AC)
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(DatabaseBusy):
+                c.claim("w1")
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        got = c.claim("w1")
+        assert got["job"]["job_id"] == job_id
+        assert c.complete(job_id, "w1", got["lease"]["epoch"])["status"] == "succeeded"
+        assert check(c.db)["ok"]
