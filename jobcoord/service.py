@@ -105,6 +105,7 @@ _FINISH = SQL(
     " last_error = :error, finished_at = :finished, run_after = :run_after, updated_at = :now"
     " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch"
 )
+_GRANT_ATTEMPT = SQL("UPDATE jobs SET max_attempts = :max_attempts WHERE job_id = :job_id")
 _DROP_LEASE = SQL("DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch")
 _RENEW = SQL(
     "UPDATE leases SET expires_at = :expires WHERE job_id = :job_id AND epoch = :epoch"
@@ -711,7 +712,12 @@ class Coordinator:
              permanent: bool = False, reason: str = "failed", tenant: str | None = None
              ) -> dict[str, Any]:
         """Report a failed attempt. Retryable failures go back to `waiting` after the
-        policy's backoff, until max attempts or the deadline; then (or if permanent) `dead`."""
+        policy's backoff, until max attempts or the deadline; then (or if permanent) `dead`.
+
+        reason="worker_shutdown" is a release, not a failure of the job: a worker stopping
+        gives the job back at once, without backoff, and the job keeps one attempt to run in
+        (a deploy or a closed laptop lid must not use up retries). The attempt still counts in
+        `attempts` and the event history."""
         job_id, worker_id, epoch, tenant = self._fenced("fail", job_id, worker_id, epoch, tenant)
         error = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
         reason = v.name(reason, "reason", max_len=40)
@@ -725,8 +731,17 @@ class Coordinator:
             attempts, max_attempts, deadline = owned[5], owned[6], owned[7]
             detail: dict[str, Any] = {"error": error, "attempt": attempts}
             backoff_us = seconds_to_us(self.policy.backoff_s(attempts))
+            release = reason == "worker_shutdown" and not permanent
+            if release:
+                backoff_us = 0
             if permanent:
                 to_status, why = "dead", "permanent failure"
+            elif release and (deadline is None or now < deadline):
+                to_status, why = "waiting", None
+                if attempts >= max_attempts:
+                    self.db.run(conn, _GRANT_ATTEMPT, {"job_id": job_id,
+                                                       "max_attempts": attempts + 1})
+                    detail["max_attempts"] = max_attempts = attempts + 1
             elif attempts >= max_attempts:
                 to_status, why = "dead", f"all {max_attempts} attempts used"
             elif deadline is not None and now + backoff_us >= deadline:
