@@ -1186,6 +1186,12 @@ class Coordinator:
             wal = path + "-wal"
             out["wal_size_bytes"] = os.path.getsize(wal) if os.path.exists(wal) else 0
             out["sqlite_version"] = sqlite3.sqlite_version
+            if sqlite3.sqlite_version_info < (3, 51, 3):
+                # SQLite 3.7.0 to 3.51.2 can, rarely, corrupt a WAL database when two
+                # connections write or checkpoint at the same instant (fixed in 3.51.3).
+                out["warnings"] = [
+                    f"SQLite {sqlite3.sqlite_version} predates the fix for the WAL-reset bug "
+                    "(3.51.3); keep backups with `jobcoord backup` and run `jobcoord check`"]
         out["time"] = iso(now_us())
         return out
 

@@ -76,6 +76,8 @@ def test_status_of_a_new_database_counts_nothing(target: Target) -> None:
         assert out["journal_mode"] == "wal"
         assert out["file_size_bytes"] > 0
         assert out["synchronous"] == "full"
+        old_sqlite = sqlite3.sqlite_version_info < (3, 51, 3)
+        assert ("WAL-reset" in " ".join(out.get("warnings", []))) == old_sqlite
 
 
 def test_every_command_prints_exactly_one_json_object(target: Target) -> None:
