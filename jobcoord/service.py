@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -648,10 +648,11 @@ class Coordinator:
         self._event(conn, job_id, now, status, status, f"{op}_refused", worker, epoch,
                     {"refusal": refusal.code})
 
-    def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
-                 provenance: Mapping[str, Any] | None = None, tenant: str | None = None
-                 ) -> dict[str, Any]:
-        """Accept the result of the lease owner at the current epoch, before expiry."""
+    def _completion(self, job_id: Any, worker_id: str, epoch: Any, result: Any,
+                    provenance: Mapping[str, Any] | None, tenant: str | None
+                    ) -> tuple[Callable[[Connection, int], dict[str, Any] | JobcoordError], str]:
+        """Validate a completion before any transaction; return the fenced step that accepts
+        it inside one (shared by complete and complete_and_claim) and the worker id."""
         job_id, worker_id, epoch, tenant = self._fenced("complete", job_id, worker_id, epoch,
                                                         tenant)
         _, result_text = v.json_value({} if result is None else result, "result",
@@ -659,9 +660,8 @@ class Coordinator:
                                       require_object=False, too_large_code="result_too_large")
         prov_text = None if provenance is None else v.json_value(
             dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
-        now = now_us()
 
-        def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        def finish(conn: Connection, now: int) -> dict[str, Any] | JobcoordError:
             owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "complete")
             if isinstance(owned, JobcoordError):
                 self._reject_event(conn, owned, job_id, worker_id, epoch, now, "complete")
@@ -671,7 +671,15 @@ class Coordinator:
             return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
                     "finished_at": iso(now)}
 
-        return self.db.write(_do, "complete")
+        return finish, worker_id
+
+    def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
+                 provenance: Mapping[str, Any] | None = None, tenant: str | None = None
+                 ) -> dict[str, Any]:
+        """Accept the result of the lease owner at the current epoch, before expiry."""
+        finish, _ = self._completion(job_id, worker_id, epoch, result, provenance, tenant)
+        now = now_us()
+        return self.db.write(lambda conn: finish(conn, now), "complete")
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Mapping[str, Any] | None = None,
@@ -684,26 +692,17 @@ class Coordinator:
         refused completion raises its refusal and claims nothing. After an accepted
         completion the claim follows every rule of `claim` (heartbeat, gates, order).
         Returns {"completed": <complete's answer>, "next": <claim's answer>}."""
-        job_id, worker_id, epoch, tenant = self._fenced("complete", job_id, worker_id, epoch,
-                                                        tenant)
-        _, result_text = v.json_value({} if result is None else result, "result",
-                                      max_bytes=self.policy.max_result_bytes,
-                                      require_object=False, too_large_code="result_too_large")
-        prov_text = None if provenance is None else v.json_value(
-            dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+        finish, worker_id = self._completion(job_id, worker_id, epoch, result, provenance,
+                                             tenant)
         lease_us = self._lease_seconds(lease_s)
         kind_filter = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
         now = now_us()
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "complete")
-            if isinstance(owned, JobcoordError):
-                self._reject_event(conn, owned, job_id, worker_id, epoch, now, "complete")
-                return owned
-            self._end(conn, job_id, epoch, now, "succeeded", "completed", worker_id,
-                      result=result_text, provenance=prov_text)
-            return {"completed": {"job_id": job_id, "status": "succeeded", "epoch": epoch,
-                                  "finished_at": iso(now)},
+            done = finish(conn, now)
+            if isinstance(done, JobcoordError):
+                return done
+            return {"completed": done,
                     "next": self._claim(conn, worker_id, lease_us, kind_filter, now)}
 
         return self.db.write(_do, "complete_and_claim")
