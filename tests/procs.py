@@ -107,3 +107,38 @@ def enqueue_writer(db_path: str, ledger: str, synchronous: str = "full") -> None
                                    {"n": n})
             if n % 50 == 0:
                 coord.heartbeat(worker, readings={"memory_used_pct": 10.0})
+
+
+def fill(db: Any, n: int) -> None:
+    """Enqueue n jobs over four priorities and three tenants, in batches of 1,000."""
+    from jobcoord.service import Coordinator, JobSpec
+
+    with Coordinator.open(db) as c:
+        specs = [JobSpec("work", {"i": i}, priority=i % 4, tenant=f"t{i % 3}")
+                 for i in range(n)]
+        for start in range(0, n, 1000):
+            c.enqueue_many(specs[start:start + 1000])
+
+
+def run_contention(db: Any, tmp: Any, n_jobs: int, n_workers: int, timeout: float = 600
+                   ) -> list[dict[str, Any]]:
+    """Fill `db` (a SQLite path or a Target) with n_jobs and let n_workers real processes
+    drain it with claim_complete_worker, released together. Returns their ledgers."""
+    import multiprocessing
+    from pathlib import Path
+
+    spawn = multiprocessing.get_context("spawn")
+    fill(db, n_jobs)
+    start = spawn.Event()
+    procs = []
+    for i in range(n_workers):
+        ledger = str(Path(tmp) / f"worker{i}.json")
+        p = spawn.Process(target=claim_complete_worker, args=(db, f"w{i}", ledger, start))
+        p.start()
+        procs.append((p, ledger))
+    start.set()
+    for p, _ in procs:
+        p.join(timeout=timeout)
+        assert p.exitcode == 0, f"worker exited with {p.exitcode}"
+    return [json.loads(Path(ledger).read_text()) for _, ledger in procs]
+

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 
 from jobcoord.db import Target
-from jobcoord.service import Coordinator, JobSpec
+from jobcoord.service import Coordinator
+from tests import procs
 from tests.invariants import assert_invariants, violations
-from tests.procs import claim_complete_worker, enqueue_with_key
+from tests.procs import enqueue_with_key
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,29 +58,9 @@ def jobcoord_cli(db: str, *args: str, env_extra: dict[str, str] | None = None,
     )
 
 
-def fill(path: str, n: int) -> None:
-    with Coordinator.open(path) as c:
-        specs = [JobSpec("work", {"i": i}, priority=i % 4, tenant=f"t{i % 3}")
-                 for i in range(n)]
-        for start in range(0, n, 1000):
-            c.enqueue_many(specs[start:start + 1000])
-
-
 def run_contention(path: str, tmp: Path, n_jobs: int, n_workers: int) -> dict[str, Any]:
     """Fill `path` with n_jobs and let n_workers processes drain it. Returns the ledgers."""
-    fill(path, n_jobs)
-    start = SPAWN.Event()
-    procs = []
-    for i in range(n_workers):
-        ledger = str(tmp / f"worker{i}.json")
-        p = SPAWN.Process(target=claim_complete_worker, args=(path, f"w{i}", ledger, start))
-        p.start()
-        procs.append((p, ledger))
-    start.set()
-    for p, _ in procs:
-        p.join(timeout=500)
-        assert p.exitcode == 0, f"worker exited with {p.exitcode}"
-    return {"ledgers": [json.loads(Path(ledger).read_text()) for _, ledger in procs]}
+    return {"ledgers": procs.run_contention(path, tmp, n_jobs, n_workers, timeout=500)}
 
 
 def findings(path: str, n_jobs: int, run: dict[str, Any]) -> list[str]:

@@ -29,7 +29,7 @@ from jobcoord.transfer import canonical, rows_in_order, tables_for
 
 from .conftest import PG_SKIP, PG_URL, fresh_pg, run_cli
 from .pg_procs import claim_once, complete_once
-from .procs import claim_complete_worker
+from .procs import run_contention
 
 pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
 SPAWN = multiprocessing.get_context("spawn")
@@ -204,28 +204,8 @@ def test_the_claim_reads_the_partial_claim_index_on_postgresql(pg: Target) -> No
 # --- contention: 8 processes -----------------------------------------------------------------
 
 
-def _fill(target: Target, n: int) -> None:
-    with Coordinator.open(target) as c:
-        specs = [JobSpec("work", {"i": i}, priority=i % 4, tenant=f"t{i % 3}")
-                 for i in range(n)]
-        for start in range(0, n, 1000):
-            c.enqueue_many(specs[start:start + 1000])
-
-
 def _contention(target: Target, tmp: Path, n_jobs: int, n_workers: int = 8) -> None:
-    _fill(target, n_jobs)
-    start = SPAWN.Event()
-    procs = []
-    for i in range(n_workers):
-        ledger = str(tmp / f"worker{i}.json")
-        p = SPAWN.Process(target=claim_complete_worker, args=(target, f"w{i}", ledger, start))
-        p.start()
-        procs.append((p, ledger))
-    start.set()
-    for p, _ in procs:
-        p.join(timeout=600)
-        assert p.exitcode == 0, f"worker exited with {p.exitcode}"
-    ledgers = [json.loads(Path(ledger).read_text()) for _, ledger in procs]
+    ledgers = run_contention(target, tmp, n_jobs, n_workers)
 
     errors: Counter[str] = Counter()
     for led in ledgers:
