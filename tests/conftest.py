@@ -101,15 +101,32 @@ def pg_template() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def fresh_pg(template: str) -> Iterator[Target]:
+def fresh_pg(template: str | None) -> Iterator[Target]:
+    """A new PostgreSQL database copied from `template`, or with no schema at all."""
     name = f"jobcoord_t_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template else ""
     with _pg_admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+        admin.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
         yield resolve_target(url=_pg_url_for(name))
     finally:
         with _pg_admin() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def environment(**values: str) -> Iterator[None]:
+    """Set variables for the processes started inside the block (spawn copies os.environ)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # --- the parametrized fixtures ----------------------------------------------------------------

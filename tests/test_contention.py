@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ import pytest
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests import procs
+from tests.conftest import environment
 from tests.invariants import assert_invariants, violations
 from tests.procs import enqueue_with_key
 
@@ -32,21 +32,6 @@ pytestmark = pytest.mark.timeout(600)
 
 SPAWN = multiprocessing.get_context("spawn")
 REPO = Path(__file__).resolve().parent.parent
-
-
-@contextmanager
-def env(**values: str) -> Any:
-    """Environment for the processes started inside the block (spawn copies os.environ)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def jobcoord_cli(db: str, *args: str, env_extra: dict[str, str] | None = None,
@@ -143,7 +128,7 @@ def test_harness_catches_a_deferred_begin(sqlite_target: Target, tmp_path: Path)
     not consulted). The harness must report it."""
     path = sqlite_target.sqlite_path
     assert path is not None
-    with env(JOBCOORD_TEST_DEFERRED_WRITES="1"):
+    with environment(JOBCOORD_TEST_DEFERRED_WRITES="1"):
         run = run_contention(path, tmp_path, 400, 8)
     report(run, "deferred BEGIN, 8 processes, 400 jobs")
     found = findings(path, 400, run)

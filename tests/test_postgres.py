@@ -27,7 +27,7 @@ from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator, JobSpec
 from jobcoord.transfer import canonical, rows_in_order, tables_for
 
-from .conftest import PG_SKIP, PG_URL, fresh_pg, run_cli
+from .conftest import PG_SKIP, PG_URL, environment, fresh_pg, run_cli
 from .pg_procs import claim_once, complete_once
 from .procs import run_contention
 
@@ -72,21 +72,6 @@ def test_the_claim_selects_its_candidate_with_for_update_skip_locked(pg: Target)
     probes = candidate.count("AS MATERIALIZED (")
     assert probes >= 2
     assert candidate.count("LIMIT 1 FOR UPDATE SKIP LOCKED)") == probes
-
-
-@contextlib.contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """Set variables for the processes started inside (spawn copies the environment)."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _open_transactions(target: Target) -> list[str]:

@@ -6,9 +6,7 @@ JOBCOORD_TEST_PG_URL.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,13 +14,13 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 
-from jobcoord.db import Database, Target, resolve_target
+from jobcoord.db import Database, Target
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from jobcoord.transfer import canonical, tables_for, transfer
 
-from .conftest import PG_SKIP, PG_URL, _pg_admin, _pg_url_for, fresh_pg, fresh_sqlite, run_cli
+from .conftest import PG_SKIP, PG_URL, fresh_pg, fresh_sqlite, run_cli
 
 T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 READY = {"memory_used_pct": 30, "temperature_c": 50, "on_battery": False, "user_idle_s": 900}
@@ -32,19 +30,6 @@ pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
 
 def at(t: float) -> datetime:
     return T0 + timedelta(seconds=t)
-
-
-@contextlib.contextmanager
-def empty_pg_database() -> Iterator[Target]:
-    """A PostgreSQL database with no schema at all."""
-    name = f"jobcoord_e_{uuid.uuid4().hex[:12]}"
-    with _pg_admin() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield resolve_target(url=_pg_url_for(name))
-    finally:
-        with _pg_admin() as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
@@ -257,7 +242,7 @@ def test_transfer_refuses_a_target_that_already_holds_data(src: Target, pg: Targ
 
 def test_transfer_refuses_an_unmigrated_target(src: Target) -> None:
     populate(src)
-    with empty_pg_database() as bare, freeze_time(at(1000)):
+    with fresh_pg(None) as bare, freeze_time(at(1000)):
         r = run_cli(src, "transfer", "--to", bare.url, "--json")
         assert r.code == 8, r.out + r.err
         assert r.json["error"]["code"] == "not_migrated"
