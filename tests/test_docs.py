@@ -42,3 +42,12 @@ def test_ci_runs_the_exact_test_command_from_the_readme() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     readme_cmd = next(line for line in README.splitlines() if "-m pytest" in line)
     assert readme_cmd.strip() in ci
+
+
+def test_every_proof_named_in_the_guarantees_exists() -> None:
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    named = set(re.findall(r"`(tests/[\w/]+\.py)::(test_\w+)", text))
+    assert named, "docs/guarantees.md names no proofs"
+    for path, test in sorted(named):
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^def {test}\(", source, re.M), f"{path}::{test} does not exist"
