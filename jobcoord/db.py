@@ -479,6 +479,19 @@ class Database:
         concurrent claimers skip it instead of waiting."""
         return "" if self.is_sqlite else " FOR UPDATE SKIP LOCKED"
 
+    @property
+    def folds_transitions(self) -> bool:
+        """Whether a transition of the hot path runs as one statement (PostgreSQL) or as the
+        separate statements it is made of (SQLite).
+
+        On PostgreSQL every statement is a round trip to the server, and a claim and a
+        completion were six each: candidate, take, lease and event become one data-modifying
+        `WITH` statement, and so do finish, drop lease and event. The transaction and every
+        compare-and-set guard are the same, so the rows written are the same. On SQLite the
+        statements are calls into the same process, and `BEGIN IMMEDIATE` already serialises
+        the writers, so nothing is folded."""
+        return not self.is_sqlite
+
     def binary_collation(self) -> str:
         """The collation that orders text by code point on this dialect (byte order of
         UTF-8), so both databases sort the same keys the same way."""

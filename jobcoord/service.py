@@ -27,7 +27,8 @@ from .policy import GateDecision, Policy, Readings, evaluate
 from .states import FINAL_STATUSES, STATUSES
 
 DEFAULT_TENANT = "default"
-#: Claim candidate statements by shape (roles, kinds, due only, lock clause).
+#: Claim candidate statements by shape (roles, kinds, due only, lock clause; PostgreSQL's
+#: folded claim statement is cached here too, its lock clause marked " take").
 _CANDIDATE_TEXT: dict[tuple[int, int | None, bool, str], str] = {}
 
 # --- fixed statements -------------------------------------------------------------------
@@ -142,6 +143,50 @@ _SET_STATUS = SQL(
     " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
     " AND status = :from_status AND epoch = :epoch"
 )
+# --- PostgreSQL: one statement per transition (Database.folds_transitions) ---------------
+#
+# On PostgreSQL each statement is a round trip, so the statements of one transition run as a
+# single data-modifying WITH statement: the same statements, guards and rows as the separate
+# ones SQLite runs (_TAKE_JOB + _INSERT_LEASE + _INSERT_EVENT; _FINISH + _DROP_LEASE +
+# _INSERT_EVENT), in the same transaction. A data-modifying CTE runs exactly once whether or
+# not anything reads it, and the lease and the event are written only for the row the
+# compare-and-set actually changed.
+
+# The claim: the candidate probes (each locking its row, skipping rows others hold), then the
+# take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt": n,
+# "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
+# string of the expiry. One row: the candidate's id, then the taken job (NULLs when the
+# compare-and-set took nothing); no row when there was no candidate.
+_CLAIM_FOLDED = (
+    "WITH {probes}, pick AS ({pick}),"
+    " taken AS (UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
+    " effect_started = :f, updated_at = :now WHERE job_id = (SELECT job_id FROM pick)"
+    " AND status = 'waiting'"
+    " RETURNING job_id, kind, priority, payload_json, attempts, max_attempts, epoch, tenant),"
+    " leased AS (INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at)"
+    " SELECT job_id, :worker, epoch, :now, :expires FROM taken),"
+    " claimed AS (INSERT INTO job_events (job_id, at, from_status, to_status, reason,"
+    " worker_id, epoch, detail) SELECT job_id, :now, 'waiting', 'running', 'claimed', :worker,"
+    " epoch, '{{\"attempt\":' || CAST(attempts AS text) || ',\"expires_at\":' || :expires_json"
+    " || '}}' FROM taken)"
+    " SELECT pick.job_id, taken.job_id, taken.kind, taken.priority, taken.payload_json,"
+    " taken.attempts, taken.max_attempts, taken.epoch, taken.tenant"
+    " FROM pick LEFT JOIN taken ON true"
+)
+# A running job's end: _FINISH's compare-and-set, the lease dropped, the event recorded only
+# for the row it changed. Returns how many rows the compare-and-set changed.
+_END_FOLDED = SQL(
+    "WITH finished AS (UPDATE jobs SET status = :to_status, result_json = :result,"
+    " provenance_json = :provenance, last_error = :error, finished_at = :finished,"
+    " run_after = :run_after, updated_at = :now"
+    " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch RETURNING job_id),"
+    " dropped AS (DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch),"
+    " ended AS (INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id,"
+    " epoch, detail) SELECT job_id, :now, 'running', :to_status, :reason, :worker, :epoch,"
+    " :detail FROM finished)"
+    " SELECT count(*) FROM finished"
+)
+
 _JOB_ROW = SQL(
     "SELECT job_id, tenant, kind, required_role, priority, payload_json, status, created_at,"
     " updated_at, run_after, deadline_at, attempts, max_attempts, epoch, idempotency_key,"
@@ -437,6 +482,28 @@ class Coordinator:
     @staticmethod
     def _candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
                         lock: str) -> str:
+        probes, pick = Coordinator._candidate_parts(roles, kinds, due_only, lock)
+        return f"WITH {probes} {pick}"
+
+    def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None
+                          ) -> tuple[str, dict[str, Any]]:
+        """PostgreSQL: the claim's candidate probes, take, lease and event as one statement
+        (_CLAIM_FOLDED), built once per shape like the candidate query."""
+        params: dict[str, Any] = {f"r{i}": role for i, role in enumerate(roles, 1)}
+        if kinds is not None:
+            params.update((f"k{j}", kind) for j, kind in enumerate(kinds))
+        lock = self.db.lock_clause()
+        shape = (len(roles), None if kinds is None else len(kinds), True, lock + " take")
+        text = _CANDIDATE_TEXT.get(shape)
+        if text is None:
+            probes, pick = self._candidate_parts(roles, kinds, True, lock)
+            text = _CANDIDATE_TEXT[shape] = _CLAIM_FOLDED.format(probes=probes, pick=pick)
+        return text, params
+
+    @staticmethod
+    def _candidate_parts(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
+                         lock: str) -> tuple[str, str]:
+        """The probes (named CTEs) and the select that picks the first of their heads."""
         parts = []
         role_opts: list[str | None] = [None, *roles]
         kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
@@ -459,7 +526,7 @@ class Coordinator:
                 )
         names = [p.split(" ", 1)[0] for p in parts]
         union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
-        return (f"WITH {', '.join(parts)} SELECT job_id FROM ({union}) AS candidates"
+        return (", ".join(parts), f"SELECT job_id FROM ({union}) AS candidates"
                 " ORDER BY priority, created_at, job_id LIMIT 1")
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
@@ -500,25 +567,44 @@ class Coordinator:
         if gates.blocks_all:
             assert gates.refusal is not None
             return self._refuse(conn, worker_id, now, *gates.refusal)
-        text, params = self._candidate_sql(roles, kinds, due_only=True)
-        params.update(now=now, maxp=gates.max_priority)
-        found = self.db.execute(conn, SQL.cached(text), params).fetchone()
-        if found is None:
-            code, detail = self._why_nothing(conn, roles, kinds, gates, now)
-            return self._refuse(conn, worker_id, now, code, detail)
-        job = self.db.execute(conn, _TAKE_JOB, {"job_id": found[0], "now": now, "f": False}
-                              ).fetchone()
-        if job is None:  # cannot happen under the write lock; the guard is defence in depth
-            return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
-        job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = job
-        faults.point("claim.after_take")
         expires = now + lease_us
-        self.db.execute(conn, _INSERT_LEASE, {"job_id": job_id, "worker": worker_id,
-                                              "epoch": epoch, "now": now, "expires": expires})
-        faults.point("claim.after_lease")
-        self._event(conn, job_id, now, "waiting", "running", "claimed", worker_id, epoch,
-                    {"expires_at": iso(expires), "attempt": attempts})
-        faults.point("claim.after_event")
+        if self.db.folds_transitions:
+            # PostgreSQL: candidate, take, lease and event in one statement (_CLAIM_FOLDED).
+            text, params = self._claim_folded_sql(roles, kinds)
+            params.update(now=now, maxp=gates.max_priority, f=False, worker=worker_id,
+                          expires=expires, expires_json=v.dumps(iso(expires)))
+            found = self.db.execute(conn, SQL.cached(text), params).fetchone()
+            if found is None:
+                code, detail = self._why_nothing(conn, roles, kinds, gates, now)
+                return self._refuse(conn, worker_id, now, code, detail)
+            if found[1] is None:  # the compare-and-set took nothing: defence in depth
+                return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
+            job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = found[1:]
+            # All three happened in that one statement; a fault here still sits inside the
+            # open transaction, before its commit.
+            faults.point("claim.after_take")
+            faults.point("claim.after_lease")
+            faults.point("claim.after_event")
+        else:
+            text, params = self._candidate_sql(roles, kinds, due_only=True)
+            params.update(now=now, maxp=gates.max_priority)
+            found = self.db.execute(conn, SQL.cached(text), params).fetchone()
+            if found is None:
+                code, detail = self._why_nothing(conn, roles, kinds, gates, now)
+                return self._refuse(conn, worker_id, now, code, detail)
+            job = self.db.execute(conn, _TAKE_JOB, {"job_id": found[0], "now": now, "f": False}
+                                  ).fetchone()
+            if job is None:  # cannot happen under the write lock; the guard is defence in depth
+                return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
+            job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = job
+            faults.point("claim.after_take")
+            self.db.execute(conn, _INSERT_LEASE, {"job_id": job_id, "worker": worker_id,
+                                                  "epoch": epoch, "now": now,
+                                                  "expires": expires})
+            faults.point("claim.after_lease")
+            self._event(conn, job_id, now, "waiting", "running", "claimed", worker_id, epoch,
+                        {"expires_at": iso(expires), "attempt": attempts})
+            faults.point("claim.after_event")
         # Checkpoints are written under a lease, so a job's first epoch has none to read.
         checkpoints = [] if epoch == 1 else [
             {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
@@ -615,18 +701,28 @@ class Coordinator:
              detail: Mapping[str, Any] | None = None) -> None:
         """Move a running job out of `running`: drop its lease, record the event."""
         final = to_status in FINAL_STATUSES
-        updated = self.db.execute(conn, _FINISH, {
+        params = {
             "job_id": job_id, "epoch": epoch, "to_status": to_status, "result": result,
             "provenance": provenance, "error": error, "finished": now if final else None,
             "run_after": now if run_after is None else run_after, "now": now,
-        }).rowcount
+        }
+        if self.db.folds_transitions:
+            # PostgreSQL: finish, drop lease and event in one statement (_END_FOLDED).
+            params.update(reason=reason, worker=worker,
+                          detail=v.dumps(detail) if detail else None)
+            updated = self.db.execute(conn, _END_FOLDED, params).fetchone()[0]
+        else:
+            updated = self.db.execute(conn, _FINISH, params).rowcount
         if updated != 1:  # only reachable if a caller skipped _owned: fail loudly
             raise JobcoordError("internal_error", f"job {job_id} changed under its write lock")
         # Fault points are named by the reason: completed.*, failed.*, lease_expired.*, ...
+        # On PostgreSQL all three follow the one statement, inside the open transaction.
         faults.point(f"{reason}.after_update")
-        self.db.execute(conn, _DROP_LEASE, {"job_id": job_id, "epoch": epoch})
+        if not self.db.folds_transitions:
+            self.db.execute(conn, _DROP_LEASE, {"job_id": job_id, "epoch": epoch})
         faults.point(f"{reason}.after_drop_lease")
-        self._event(conn, job_id, now, "running", to_status, reason, worker, epoch, detail)
+        if not self.db.folds_transitions:
+            self._event(conn, job_id, now, "running", to_status, reason, worker, epoch, detail)
         faults.point(f"{reason}.after_event")
 
     def _fenced(self, op: str, job_id: Any, worker_id: str, epoch: Any, tenant: str | None

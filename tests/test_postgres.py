@@ -19,9 +19,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from freezegun import freeze_time
 from sqlalchemy import event
 
 from jobcoord.db import SQL, Database, Target
+from jobcoord.errors import JobcoordError
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator, JobSpec
@@ -72,6 +74,10 @@ def test_the_claim_selects_its_candidate_with_for_update_skip_locked(pg: Target)
     probes = candidate.count("AS MATERIALIZED (")
     assert probes >= 2
     assert candidate.count("LIMIT 1 FOR UPDATE SKIP LOCKED)") == probes
+    # The take, the lease and the event are the same statement: one round trip per claim.
+    for part in ("UPDATE jobs SET status = 'running'", "INSERT INTO leases",
+                 "INSERT INTO job_events"):
+        assert part in candidate
 
 
 def _open_transactions(target: Target) -> list[str]:
@@ -143,8 +149,10 @@ def test_when_every_eligible_job_is_being_claimed_the_reason_says_so(pg: Target,
 
 @pytest.mark.parametrize(("op", "point"), [
     ("complete", "completed.after_update"),
+    ("complete", "completed.after_event"),
     ("complete_and_claim", "completed.after_event"),
     ("complete_and_claim", "claim.after_take"),
+    ("complete_and_claim", "claim.after_event"),
 ])
 def test_a_completer_killed_inside_its_transaction_changes_nothing(pg: Target, tmp_path: Path,
                                                                    op: str, point: str) -> None:
@@ -170,6 +178,66 @@ def test_a_completer_killed_inside_its_transaction_changes_nothing(pg: Target, t
     p.join(timeout=60)
     done = json.loads(Path(out).read_text())
     assert (done if op == "complete" else done["completed"])["status"] == "succeeded"
+
+
+def _history(c: Coordinator) -> tuple[list[tuple[Any, ...]], ...]:
+    jobs = c.db.read(lambda conn: [tuple(r) for r in c.db.run_text(
+        conn, "SELECT job_id, status, epoch, attempts, max_attempts, effect_started,"
+        " updated_at, run_after, finished_at, result_json, provenance_json, last_error"
+        " FROM jobs ORDER BY job_id")])
+    leases = c.db.read(lambda conn: [tuple(r) for r in c.db.run_text(
+        conn, "SELECT job_id, worker_id, epoch, granted_at, expires_at FROM leases"
+        " ORDER BY job_id")])
+    events = c.db.read(lambda conn: [tuple(r) for r in c.db.run_text(
+        conn, "SELECT event_id, job_id, at, from_status, to_status, reason, worker_id, epoch,"
+        " detail FROM job_events ORDER BY event_id")])
+    return jobs, leases, events
+
+
+def _transitions(c: Coordinator) -> tuple[list[tuple[Any, ...]], ...]:
+    """Every folded transition and its refusals, on a frozen clock."""
+    with freeze_time("2026-03-01 09:00:00") as clock:
+        a = c.enqueue("work", {"n": 1})["job_id"]
+        b = c.enqueue("work", {"n": 2}, priority=0)["job_id"]
+        d = c.enqueue("work", {"n": 3}, max_attempts=1)["job_id"]
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        got = c.claim("w1", lease_s=60)
+        assert got["job"]["job_id"] == b
+        clock.tick(1.5)
+        nxt = c.complete_and_claim(b, "w1", 1, {"ok": True}, provenance={"model": "m"},
+                                   lease_s=60)["next"]
+        assert nxt["job"]["job_id"] == a
+        with pytest.raises(JobcoordError):
+            c.complete(b, "w1", 1, {"again": 1})
+        c.fail(a, "w1", 1, "boom")
+        clock.tick(3600)
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        again = c.claim("w1", lease_s=30)
+        c.cancel(again["job"]["job_id"])
+        with pytest.raises(JobcoordError):
+            c.complete(again["job"]["job_id"], "w1", again["lease"]["epoch"], {})
+        last = c.claim("w1", lease_s=30)
+        assert last["job"]["job_id"] == d
+        clock.tick(31)
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        c.reap()
+        assert c.claim("w1")["job"] is None
+    return _history(c)
+
+
+def test_folded_transitions_write_exactly_the_rows_of_the_separate_statements(
+        pg: Target, sqlite_target: Target) -> None:
+    with Coordinator.open(sqlite_target) as c:
+        assert not c.db.folds_transitions
+        separate = _transitions(c)
+    with Coordinator.open(pg) as c:
+        assert c.db.folds_transitions
+        folded = _transitions(c)
+    assert folded == separate
+    assert [e[5] for e in folded[2]] == [
+        "enqueued", "enqueued", "enqueued", "claimed", "completed", "claimed",
+        "complete_refused", "failed", "claimed", "cancel_requested", "cancelled", "claimed",
+        "lease_expired"]
 
 
 def test_the_claim_reads_the_partial_claim_index_on_postgresql(pg: Target) -> None:
