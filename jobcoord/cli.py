@@ -173,20 +173,16 @@ def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json:
     from .migrate import migrate as run_migrate
 
     target = s.target()
-    existed = target.sqlite_path is None or os.path.exists(target.sqlite_path)
     # Migrations wait longer for the lock: a concurrent migrate finishes first.
     db = Database.open(target, create=True, synchronous=s.synchronous,
                        busy_timeout=max(s.busy_timeout, 60.0))
+    # A failed migration is rolled back whole. A new file it created stays behind, empty and
+    # unmigrated (any command says "run jobcoord migrate"): deleting it could pull the file
+    # from under a concurrent migrate that opened it meanwhile and is about to commit.
     try:
         result = run_migrate(db, add=set(add), remove=set(remove))
-    except BaseException:
+    finally:
         db.close()
-        if not existed and target.sqlite_path:
-            for suffix in ("", "-wal", "-shm"):
-                if os.path.exists(target.sqlite_path + suffix):
-                    os.unlink(target.sqlite_path + suffix)
-        raise
-    db.close()
     result["database"] = target.display()
     emit(as_json, result)
 

@@ -348,12 +348,13 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
     return exists
 
 
-def create_private_file(path: str) -> None:
-    """Create an empty database file readable and writable by its owner only (0600)."""
+def create_private_file(path: str) -> bool:
+    """Create an empty database file readable and writable by its owner only (0600).
+    Returns whether this call created it (False: it already existed)."""
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
-        return
+        return False
     except PermissionError as e:
         raise StorageUnavailable(
             "database_readonly", f"cannot create {path}: the directory is not writable"
@@ -362,6 +363,7 @@ def create_private_file(path: str) -> None:
         code = "database_full" if e.errno == errno.ENOSPC else "database_unavailable"
         raise StorageUnavailable(code, f"cannot create {path}: {e.strerror}") from e
     os.close(fd)
+    return True
 
 
 @dataclass

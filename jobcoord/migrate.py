@@ -94,13 +94,28 @@ def verify_schema(db: Database) -> set[str]:
     return installed_features(revisions)
 
 
-def _enable_wal(db: Database) -> str:
+def _enable_wal(db: Database, wait_s: float = 60.0) -> str:
     # journal_mode persists in the file; it must be set outside a transaction, and a
     # filesystem without shared memory (a network mount) silently keeps the old mode.
-    with db.engine.connect() as conn:
-        raw = conn.connection.dbapi_connection
-        assert raw is not None
-        mode = raw.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    # Switching needs an exclusive lock, and SQLite answers BUSY at once, without its busy
+    # handler, when another process holds the file (a concurrent migrate creating the same
+    # new database): wait and try again, up to wait_s.
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with db.engine.connect() as conn:
+                raw = conn.connection.dbapi_connection
+                assert raw is not None
+                mode = raw.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            break
+        except (sqlite3.Error, DBAPIError) as e:
+            err = classify(e, "switching to WAL mode")
+            if err.code != "database_locked" or time.monotonic() > deadline:
+                raise err from e
+            time.sleep(0.05)
     if str(mode).lower() != "wal":
         raise StorageUnavailable(
             "database_unavailable",

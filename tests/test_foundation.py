@@ -522,3 +522,35 @@ def test_backup_and_writer_threads_share_no_connection(sqlite_target: Target,
     assert copy.execute("SELECT COUNT(*) FROM workers").fetchone() == (0,)
     copy.close()
     c.close()
+
+
+def test_a_first_migrate_that_fails_is_rolled_back_and_can_be_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobcoord.migrate as m
+
+    real = m.installed_features
+
+    def broken(revisions: set[str]) -> set[str]:
+        raise RuntimeError("a migration script failed")
+
+    path = tmp_path / "q.db"
+    monkeypatch.setattr(m, "installed_features", broken)  # fails inside the transaction
+    r = run_cli(None, "--db", str(path), "migrate", "--json")
+    assert (r.code, r.json["error"]["code"]) == (8, "migration_failed")
+    assert run_cli(None, "--db", str(path), "status", "--json").json["error"]["code"] == (
+        "not_migrated")  # nothing of the schema was left half-applied
+    monkeypatch.setattr(m, "installed_features", real)
+    assert run_cli(None, "--db", str(path), "migrate", "--json").code == 0
+
+
+def test_a_failed_migrate_of_an_existing_database_keeps_the_file(sqlite_target: Target,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    import jobcoord.migrate as m
+
+    path = Path(sqlite_target.sqlite_path or "")
+    before = path.read_bytes()
+    monkeypatch.setattr(m, "installed_features", lambda revisions: 1 / 0)
+    r = run_cli(sqlite_target, "migrate", "--json")
+    assert r.code == 8
+    assert path.read_bytes() == before
