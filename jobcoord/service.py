@@ -129,7 +129,7 @@ _EXPIRED_LEASES = SQL(
     " ORDER BY l.expires_at LIMIT :limit"
 )
 _OVERDUE_WAITING = SQL(
-    "SELECT job_id FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
+    "SELECT job_id, epoch FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
     " ORDER BY deadline_at LIMIT :limit"
 )
 # PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
@@ -966,10 +966,8 @@ class Coordinator:
                 counts["expired"] += 1
                 counts[to_status] += 1
                 jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})
-            for (job_id,) in self.db.run(conn, overdue_sql, {"now": now, "limit": limit}
-                                         ).all():
-                epoch = self.db.run_text(conn, "SELECT epoch FROM jobs WHERE job_id = :job_id",
-                                         {"job_id": job_id}).scalar_one()
+            for job_id, epoch in self.db.run(conn, overdue_sql, {"now": now, "limit": limit}
+                                             ).all():
                 swept = self.db.run(conn, _SET_STATUS, {
                     "job_id": job_id, "epoch": epoch, "from_status": "waiting",
                     "to_status": "dead", "now": now, "finished": now,
