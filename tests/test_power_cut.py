@@ -73,8 +73,17 @@ def wal_layout(wal: bytes) -> tuple[int, int]:
 
 
 def backfilled(shm: bytes) -> int:
-    """Frames a checkpoint already copied into the database file (WalCkptInfo.nBackfill)."""
-    return int(struct.unpack("=I", shm[96:100])[0]) if len(shm) >= 100 else 0
+    """Frames a checkpoint may already have copied into the database file.
+
+    WalCkptInfo.nBackfill (offset 96) is only advanced when a checkpoint finishes; while one
+    is under way the database file already holds pages up to nBackfillAttempted (offset 128),
+    which SQLite sets after syncing the WAL and before copying. A frozen image can catch a
+    checkpoint half done, so the synced floor is the larger of the two."""
+    if len(shm) < 132:
+        return 0
+    n_backfill = struct.unpack("=I", shm[96:100])[0]
+    attempted = struct.unpack("=I", shm[128:132])[0]
+    return int(max(n_backfill, attempted))
 
 
 def frozen_image(writers: list[multiprocessing.process.BaseProcess], db: str, dest: Path,
