@@ -36,7 +36,7 @@ def conditions(durability: str | Sequence[str] | None = None, **extra: Any) -> s
     lines = [
         f"date        {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"machine     {platform.machine()} {platform.system()} {platform.release()}, "
-        f"{os.cpu_count()} CPUs",
+        f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
         f"python      {platform.python_version()} ({platform.python_implementation()})",
         f"sqlite      {sqlite3.sqlite_version}",
         f"sqlalchemy  {sqlalchemy.__version__}",
