@@ -180,19 +180,22 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
         value = raw
     if require_object and not isinstance(value, dict):
         raise _bad(field, "must be a JSON object ({...})")
-    if _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         text = dumps(value)
-        text.encode("utf-8")
-    except (TypeError, ValueError) as e:
-        raise _bad(field, f"cannot be stored as JSON ({e})") from None
+        size = len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise _bad(field, "contains a lone surrogate (\\ud800-\\udfff)") from None
+    except (TypeError, ValueError) as e:
+        raise _bad(field, f"cannot be stored as JSON ({e})") from None
     except RecursionError:
         raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
-    if len(text.encode("utf-8")) > max_bytes:
-        raise _too_large(field, len(text.encode("utf-8")), max_bytes, too_large_code)
+    # Every level of nesting writes one opening bracket, so a text with no more brackets than
+    # the limit cannot be too deep: only such texts need the walk (most payloads are flat).
+    if (text.count("{") + text.count("[") > MAX_JSON_DEPTH
+            and _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH):
+        raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    if size > max_bytes:
+        raise _too_large(field, size, max_bytes, too_large_code)
     return value, text
 
 

@@ -163,6 +163,45 @@ def test_python_api_applies_the_same_payload_limit(coord):
     assert coord.jobs()["jobs"] == []
 
 
+def nested(depth: int) -> dict[str, Any]:
+    """A payload whose outermost object is level 1 and whose innermost is level `depth`."""
+    value: dict[str, Any] = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth,ok", [(64, True), (65, False), (5000, False)])
+def test_payloads_nested_deeper_than_64_levels_are_refused(coord, cli, depth, ok):
+    before = dump(coord)
+    if ok:
+        job = coord.enqueue("embed", nested(depth))
+        assert coord.show(job["job_id"])["job"]["payload"] == nested(depth)
+    else:
+        with pytest.raises(InvalidInput) as caught:
+            coord.enqueue("embed", nested(depth))
+        assert "nested deeper than 64" in caught.value.message
+        assert dump(coord) == before
+    r = cli("enqueue", "embed", "--payload", json.dumps(nested(min(depth, 900))), "--json")
+    assert (r.code == 0) == ok, r.out
+    if not ok:
+        assert "nested deeper than 64" in r.json["error"]["message"]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting(coord):
+    payload = {"text": "{[" * 200, "list": [[1], {"b": "]}" * 100}]}
+    job = coord.enqueue("embed", payload)
+    assert coord.show(job["job_id"])["job"]["payload"] == payload
+
+
+def test_a_lone_surrogate_in_a_payload_is_refused_by_name(coord):
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as caught:
+        coord.enqueue("embed", {"text": "half a pair: \ud800"})
+    assert "lone surrogate" in caught.value.message
+    assert dump(coord) == before
+
+
 # --- batches ----------------------------------------------------------------------------------
 
 
