@@ -130,6 +130,16 @@ def pg_url() -> str | None:
     return os.environ.get(PG_URL_ENV) or os.environ.get("JOBCOORD_TEST_PG_URL")
 
 
+def require_pg_url() -> str:
+    """The PostgreSQL URL for a run that asked for PostgreSQL, checked before any work: a run
+    that silently left PostgreSQL out would be misread."""
+    url = pg_url()
+    if not url:
+        raise SystemExit(f"PostgreSQL was asked for: set {PG_URL_ENV} (or JOBCOORD_TEST_PG_URL)"
+                         " to the URL of an existing database on the server")
+    return url
+
+
 def pg_admin(url: str) -> Any:
     import psycopg
 

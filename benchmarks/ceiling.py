@@ -24,7 +24,7 @@ from benchmarks._common import (
     pct,
     pg_drop_database,
     pg_fresh_database,
-    pg_url,
+    require_pg_url,
     run_processes,
 )
 
@@ -179,6 +179,7 @@ def main() -> None:
     ap.add_argument("--pg", action="store_true", help="also the PostgreSQL SKIP LOCKED ceiling "
                     "(JOBCOORD_BENCH_PG_URL or JOBCOORD_TEST_PG_URL)")
     args = ap.parse_args()
+    url = require_pg_url() if args.pg else None
     syncs = [s for s in args.sync.split(",") if s]
     print(conditions(syncs))
     print()
@@ -191,7 +192,6 @@ def main() -> None:
                 print(f"{'sqlite':<10} {sync:<7} {n:>5} {r['jobs']:>7} {r['jobs_s']:>9.0f} "
                       f"{ms(r['claim_p50']):>13} {ms(r['claim_p99']):>13} {r['cpu_us']:>11.0f}",
                       flush=True)
-    url = pg_url()
     if args.pg and url:
         for n in args.procs:
             r = pg_ceiling(url, n, args.jobs or DEFAULT_JOBS["postgresql"])

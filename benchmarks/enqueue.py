@@ -21,7 +21,7 @@ from benchmarks._common import (
     migrated_sqlite,
     pg_drop_database,
     pg_fresh_database,
-    pg_url,
+    require_pg_url,
 )
 
 
@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--sync", default="full,normal")
     ap.add_argument("--pg", action="store_true")
     args = ap.parse_args()
+    url = require_pg_url() if args.pg else None
     from jobcoord.service import Coordinator
 
     syncs = [s for s in args.sync.split(",") if s]
@@ -93,7 +94,6 @@ def main() -> None:
             floor = raw_floor(floor_path, sync, args.batch)
             print(f"{'sqlite':<10} {sync:<7} {r['single_s']:>14.0f} {r['batch_s']:>13.0f} "
                   f"{floor:>10.0f}", flush=True)
-    url = pg_url()
     if args.pg and url:
         from jobcoord.db import Database, resolve_target
         from jobcoord.migrate import migrate

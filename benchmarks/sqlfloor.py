@@ -1,7 +1,8 @@
 """The floor under jobcoord's own SQL: the exact statements one claim and one completion
 issue (worker row, candidate probe, take, lease, event; fence read, finish, drop lease,
 event), replayed on plain `sqlite3` with no Python layer around them, next to the ceiling's
-two-statement cycle, in the same run and process count.
+two-statement cycle, in the same run and process count: `two` commits the claim and the
+completion separately, `cac` commits a completion with the next claim (complete_and_claim).
 
 It answers "how fast could jobcoord be if its Python cost nothing": the difference between
 this line and the ceiling is the price of the schema (a lease row, an event row per
@@ -27,7 +28,7 @@ from benchmarks.throughput import _fill
 
 
 def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
-            autocheckpoint: bool = True) -> None:
+            autocheckpoint: bool = True, mode: str = "two") -> None:
     from jobcoord import service as s
 
     con = sqlite3.connect(path, isolation_level=None, timeout=30)
@@ -40,19 +41,14 @@ def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
     con.execute("INSERT INTO workers (worker_id, roles_json, heartbeat_at, created_at)"
                 " VALUES (?, '[\"gpu\"]', ?, ?)", (worker, now, now))
     probe = s.Coordinator._candidate_text(["gpu"], None, True, "")  # SQLite: no lock clause
-    lat: list[float] = []
-    done = 0
-    barrier.wait()
-    cpu0 = time.process_time()
-    while True:
-        now = time.time_ns() // 1000
-        t0 = time.perf_counter()
-        con.execute("BEGIN IMMEDIATE")
+
+    def claim(now: int) -> tuple[int, int] | None:
+        """The claim's statements (worker row, probe, take, lease, event), in the open
+        transaction."""
         con.execute(s._WORKER.sqlite, {"worker": worker}).fetchone()
         found = con.execute(probe, {"r1": "gpu", "now": now, "maxp": 3}).fetchone()
         if found is None:
-            con.execute("COMMIT")
-            break
+            return None
         job = con.execute(s._TAKE_JOB.sqlite, {"job_id": found[0], "now": now, "f": False}
                           ).fetchone()
         epoch = job[6]
@@ -63,19 +59,52 @@ def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
             "job_id": job[0], "now": now, "from_status": "waiting", "to_status": "running",
             "reason": "claimed", "worker": worker, "epoch": epoch,
             "detail": '{"attempt":1,"expires_at":"2026-11-29T00:00:45Z"}'})
-        con.execute("COMMIT")
-        lat.append(time.perf_counter() - t0)
-        con.execute("BEGIN IMMEDIATE")
-        con.execute(s._OWNED.sqlite, {"job_id": job[0]}).fetchone()
+        return job[0], epoch
+
+    def complete(job_id: int, epoch: int, now: int) -> None:
+        """The completion's statements (fence read, finish, drop lease, event)."""
+        con.execute(s._OWNED.sqlite, {"job_id": job_id}).fetchone()
         con.execute(s._FINISH.sqlite, {
-            "job_id": job[0], "epoch": epoch, "to_status": "succeeded", "result": '{"ok":true}',
-            "provenance": None, "error": None, "finished": now, "run_after": now, "now": now})
-        con.execute(s._DROP_LEASE.sqlite, {"job_id": job[0], "epoch": epoch})
+            "job_id": job_id, "epoch": epoch, "to_status": "succeeded",
+            "result": '{"ok":true}', "provenance": None, "error": None, "finished": now,
+            "run_after": now, "now": now})
+        con.execute(s._DROP_LEASE.sqlite, {"job_id": job_id, "epoch": epoch})
         con.execute(s._INSERT_EVENT.sqlite, {
-            "job_id": job[0], "now": now, "from_status": "running", "to_status": "succeeded",
+            "job_id": job_id, "now": now, "from_status": "running", "to_status": "succeeded",
             "reason": "completed", "worker": worker, "epoch": epoch, "detail": None})
+
+    lat: list[float] = []
+    done = 0
+    barrier.wait()
+    cpu0 = time.process_time()
+    if mode == "two":
+        while True:
+            now = time.time_ns() // 1000
+            t0 = time.perf_counter()
+            con.execute("BEGIN IMMEDIATE")
+            got = claim(now)
+            con.execute("COMMIT")
+            if got is None:
+                break
+            lat.append(time.perf_counter() - t0)
+            con.execute("BEGIN IMMEDIATE")
+            complete(*got, now)
+            con.execute("COMMIT")
+            done += 1
+    else:  # cac: the completion and the next claim in one transaction
+        now = time.time_ns() // 1000
+        con.execute("BEGIN IMMEDIATE")
+        got = claim(now)
         con.execute("COMMIT")
-        done += 1
+        while got is not None:
+            now = time.time_ns() // 1000
+            t0 = time.perf_counter()
+            con.execute("BEGIN IMMEDIATE")
+            complete(*got, now)
+            got = claim(now)
+            con.execute("COMMIT")
+            lat.append(time.perf_counter() - t0)
+            done += 1
     con.close()
     queue.put({"index": index, "done": done, "claim_s": lat,
                "cpu_s": time.process_time() - cpu0})
@@ -98,7 +127,8 @@ def _frames(con: sqlite3.Connection) -> int:
     return int(con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
 
 
-def wal_frames_per_job(scratch: Scratch, jobs: int = 1000) -> tuple[float, float]:
+def wal_frames_per_job(scratch: Scratch, jobs: int = 1000) -> tuple[float, float, float]:
+    """WAL frames per job: the ceiling, jobcoord's SQL as two commits, and as cac."""
     path = scratch.file("frames-ceiling.db")
     ceiling.prepare_sqlite(path, jobs)
     con = sqlite3.connect(path, isolation_level=None)
@@ -113,16 +143,18 @@ def wal_frames_per_job(scratch: Scratch, jobs: int = 1000) -> tuple[float, float
         con.execute("COMMIT")
     raw = _frames(con) / jobs
     con.close()
-    path = scratch.file("frames-jobcoord.db")
-    migrated_sqlite(path)
-    _fill(path, jobs)
-    con = sqlite3.connect(path, isolation_level=None)
-    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    inline = _Inline()
-    _worker(0, inline, inline, path, "normal", autocheckpoint=False)
-    ours = _frames(con) / jobs
-    con.close()
-    return raw, ours
+    ours = []
+    for mode in ("two", "cac"):
+        path = scratch.file(f"frames-jobcoord-{mode}.db")
+        migrated_sqlite(path)
+        _fill(path, jobs)
+        con = sqlite3.connect(path, isolation_level=None)
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # also keeps the WAL open
+        inline = _Inline()
+        _worker(0, inline, inline, path, "normal", autocheckpoint=False, mode=mode)
+        ours.append(_frames(con) / jobs)
+        con.close()
+    return raw, ours[0], ours[1]
 
 
 def main() -> None:
@@ -146,15 +178,23 @@ def main() -> None:
                 migrated_sqlite(path)
                 _fill(path, jobs)
                 elapsed, results = run_processes(_worker, n, (path, sync))
-                r = ceiling._summary(elapsed, results, jobs)
+                two = ceiling._summary(elapsed, results, jobs)
+                path = scratch.file(f"floor-cac-{sync}-{n}.db")
+                migrated_sqlite(path)
+                _fill(path, jobs)
+                elapsed, results = run_processes(_worker, n, (path, sync, True, "cac"))
+                cac = ceiling._summary(elapsed, results, jobs)
                 for name, x, ratio in (("ceiling sqlite3", base, ""),
-                                       ("jobcoord SQL, raw", r,
-                                        f"{r['jobs_s'] / base['jobs_s']:.2f}x")):
+                                       ("jobcoord SQL two", two,
+                                        f"{two['jobs_s'] / base['jobs_s']:.2f}x"),
+                                       ("jobcoord SQL cac", cac,
+                                        f"{cac['jobs_s'] / base['jobs_s']:.2f}x")):
                     print(f"{name:<22} {sync:<7} {n:>5} {x['jobs']:>7} {x['jobs_s']:>9.0f} "
                           f"{ms(x['claim_p50']):>13} {ratio:>7} {x['cpu_us']:>11.0f}",
                           flush=True)
-        raw, ours = wal_frames_per_job(scratch)
-        print(f"\nWAL frames written per job: ceiling {raw:.1f}, jobcoord SQL {ours:.1f}")
+        raw, two, cac = wal_frames_per_job(scratch)
+        print(f"\nWAL frames written per job: ceiling {raw:.1f}, jobcoord SQL two {two:.1f},"
+              f" cac {cac:.1f}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from benchmarks._common import (
     ms,
     pg_drop_database,
     pg_fresh_database,
-    pg_url,
+    require_pg_url,
     run_processes,
 )
 
@@ -131,6 +131,7 @@ def main() -> None:
                     "or JOBCOORD_TEST_PG_URL)")
     ap.add_argument("--pg-only", action="store_true", help="only PostgreSQL")
     args = ap.parse_args()
+    url = require_pg_url() if (args.pg or args.pg_only) else None
     syncs = [] if args.pg_only else [s for s in args.sync.split(",") if s]
     modes = [m for m in args.modes.split(",") if m]
     print(conditions(syncs or None, modes=", ".join(modes)))
@@ -146,7 +147,6 @@ def main() -> None:
                 for mode in modes:
                     r = jobcoord_sqlite(scratch, n, sync, mode, jobs)
                     print(_line(f"jobcoord {mode}", sync, n, r, base["jobs_s"]), flush=True)
-    url = pg_url()
     if (args.pg or args.pg_only) and url:
         jobs = args.jobs or ceiling.DEFAULT_JOBS["postgresql"]
         for n in args.procs:
