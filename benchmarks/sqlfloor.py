@@ -13,6 +13,7 @@ It also counts the WAL frames (4 KiB pages) each cycle writes, one process, auto
 checkpoints off: every frame is written at commit and copied back at the next checkpoint.
 
     python -m benchmarks.sqlfloor [--procs 1,4] [--sync full,normal] [--jobs N]
+                                  [--without-index NAME ...]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from benchmarks import ceiling
@@ -110,6 +112,18 @@ def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
                "cpu_s": time.process_time() - cpu0})
 
 
+def _prepare(path: str, jobs: int, without: Sequence[str]) -> None:
+    """A migrated, filled database, minus the indexes named in `without` (to measure what each
+    index costs the hot path; jobcoord itself always has them all)."""
+    migrated_sqlite(path)
+    _fill(path, jobs)
+    if without:
+        con = sqlite3.connect(path, isolation_level=None)
+        for name in without:
+            con.execute(f'DROP INDEX "{name}"')
+        con.close()
+
+
 class _Inline:
     """The worker's barrier and queue, for running it in this process."""
 
@@ -127,7 +141,8 @@ def _frames(con: sqlite3.Connection) -> int:
     return int(con.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1])
 
 
-def wal_frames_per_job(scratch: Scratch, jobs: int = 1000) -> tuple[float, float, float]:
+def wal_frames_per_job(scratch: Scratch, jobs: int = 1000, without: Sequence[str] = ()
+                       ) -> tuple[float, float, float]:
     """WAL frames per job: the ceiling, jobcoord's SQL as two commits, and as cac."""
     path = scratch.file("frames-ceiling.db")
     ceiling.prepare_sqlite(path, jobs)
@@ -146,8 +161,7 @@ def wal_frames_per_job(scratch: Scratch, jobs: int = 1000) -> tuple[float, float
     ours = []
     for mode in ("two", "cac"):
         path = scratch.file(f"frames-jobcoord-{mode}.db")
-        migrated_sqlite(path)
-        _fill(path, jobs)
+        _prepare(path, jobs, without)
         con = sqlite3.connect(path, isolation_level=None)
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # also keeps the WAL open
         inline = _Inline()
@@ -163,9 +177,12 @@ def main() -> None:
     ap.add_argument("--procs", type=ceiling._ints, default=[1, 4])
     ap.add_argument("--sync", default="full,normal")
     ap.add_argument("--jobs", type=int, default=None)
+    ap.add_argument("--without-index", action="append", default=[], metavar="NAME",
+                    help="drop this index before replaying (repeatable): what it costs")
     args = ap.parse_args()
     syncs = [x for x in args.sync.split(",") if x]
-    print(conditions(syncs))
+    print(conditions(syncs, **({"dropped": ", ".join(args.without_index)}
+                               if args.without_index else {})))
     print()
     print(f"{'cycle':<22} {'sync':<7} {'procs':>5} {'jobs':>7} {'jobs/s':>9} "
           f"{'claim p50 ms':>13} {'ratio':>7} {'cpu us/job':>11}")
@@ -175,13 +192,11 @@ def main() -> None:
             for n in args.procs:
                 base = ceiling.sqlite_ceiling(scratch, n, sync, jobs)
                 path = scratch.file(f"floor-{sync}-{n}.db")
-                migrated_sqlite(path)
-                _fill(path, jobs)
+                _prepare(path, jobs, args.without_index)
                 elapsed, results = run_processes(_worker, n, (path, sync))
                 two = ceiling._summary(elapsed, results, jobs)
                 path = scratch.file(f"floor-cac-{sync}-{n}.db")
-                migrated_sqlite(path)
-                _fill(path, jobs)
+                _prepare(path, jobs, args.without_index)
                 elapsed, results = run_processes(_worker, n, (path, sync, True, "cac"))
                 cac = ceiling._summary(elapsed, results, jobs)
                 for name, x, ratio in (("ceiling sqlite3", base, ""),
@@ -192,7 +207,7 @@ def main() -> None:
                     print(f"{name:<22} {sync:<7} {n:>5} {x['jobs']:>7} {x['jobs_s']:>9.0f} "
                           f"{ms(x['claim_p50']):>13} {ratio:>7} {x['cpu_us']:>11.0f}",
                           flush=True)
-        raw, two, cac = wal_frames_per_job(scratch)
+        raw, two, cac = wal_frames_per_job(scratch, without=args.without_index)
         print(f"\nWAL frames written per job: ceiling {raw:.1f}, jobcoord SQL two {two:.1f},"
               f" cac {cac:.1f}")
 
