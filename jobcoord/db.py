@@ -81,6 +81,11 @@ class Stats:
     # Busy errors by SQLite error name (or SQLSTATE): SQLITE_BUSY_SNAPSHOT means a deferred
     # transaction tried to upgrade to a write, which BEGIN IMMEDIATE never does.
     busy_errors: dict[str, int] = field(default_factory=dict)
+    # SQLite busy errors that came back well before the busy timeout ran out. SQLite answers
+    # at once, without waiting, when a transaction that began as a reader tries to write while
+    # another connection writes: the signature of a write started with a deferred BEGIN. A
+    # BEGIN IMMEDIATE waits out the busy timeout first, so this stays 0.
+    busy_unwaited: int = 0
 
 
 @dataclass(frozen=True)
@@ -373,6 +378,7 @@ class Database:
     target: Target
     engine: Engine
     busy_retries: int = DEFAULT_RETRIES
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     stats: Stats = field(default_factory=Stats)
     write_engine: Engine = field(init=False)
     _local: threading.local = field(init=False, repr=False)
@@ -421,7 +427,8 @@ class Database:
             )
         else:
             engine = _pg_engine(target.url)
-        return cls(target=target, engine=engine, busy_retries=busy_retries)
+        return cls(target=target, engine=engine, busy_retries=busy_retries,
+                   busy_timeout=busy_timeout)
 
     @property
     def dialect(self) -> str:
@@ -568,6 +575,7 @@ class Database:
         attempt = 0
         while True:
             attempt += 1
+            started = time.monotonic()
             try:
                 with self._begin(write) as conn:
                     result = fn(conn)
@@ -578,6 +586,8 @@ class Database:
                 if _is_busy(err):
                     name = err.details.get("sqlite_error") or err.details.get("sqlstate") or "?"
                     self.stats.busy_errors[name] = self.stats.busy_errors.get(name, 0) + 1
+                    if self.is_sqlite and time.monotonic() - started < self.busy_timeout / 2:
+                        self.stats.busy_unwaited += 1
                 if _is_busy(err) and attempt < self.busy_retries:
                     self.stats.busy_retries += 1
                     # Jitter so that retrying processes do not collide again in lockstep.

@@ -62,7 +62,7 @@ def claim_complete_worker(db_path: str, worker_id: str, ledger: str, start: Any,
     _write(ledger, {"worker": worker_id, "claims": claims, "completed": completed,
                     "errors": errors, "locked_seen": locked_seen,
                     "busy_retries": stats.busy_retries, "busy_failures": stats.busy_failures,
-                    "busy_errors": stats.busy_errors})
+                    "busy_errors": stats.busy_errors, "busy_unwaited": stats.busy_unwaited})
     coord.close()
 
 

@@ -71,6 +71,10 @@ def findings(path: str, n_jobs: int, run: dict[str, Any]) -> list[str]:
     if snapshot:
         found.append(f"{snapshot} write transactions lost their snapshot (deferred BEGIN "
                      "upgraded to a write)")
+    unwaited = sum(led["busy_unwaited"] for led in ledgers)
+    if unwaited:
+        found.append(f"{unwaited} write transactions were refused with SQLITE_BUSY at once, "
+                     "without waiting out the busy timeout (they began as readers)")
     conn = sqlite3.connect(path)
     try:
         statuses = dict(conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status"))
@@ -95,8 +99,9 @@ def report(run: dict[str, Any], label: str) -> None:
     names: Counter[str] = Counter()
     for led in ledgers:
         names.update(led["busy_errors"])
+    unwaited = sum(led["busy_unwaited"] for led in ledgers)
     print(f"\n{label}: busy retries {retries}, busy failures {failures}, "
-          f"busy errors by name {dict(names)}")
+          f"busy errors by name {dict(names)}, refused without waiting {unwaited}")
 
 
 def test_eight_processes_drain_every_job_exactly_once(sqlite_target: Target,
@@ -125,13 +130,16 @@ def test_eight_processes_drain_five_thousand_jobs_exactly_once(sqlite_target: Ta
 def test_harness_catches_a_deferred_begin(sqlite_target: Target, tmp_path: Path) -> None:
     """The same run with write transactions starting as plain BEGIN: a claim reads as a
     reader and upgrades to a writer later, which SQLite refuses at once (the busy timeout is
-    not consulted). The harness must report it."""
+    not consulted). The harness must report it, even when the bounded retry hides every
+    refusal from the callers."""
     path = sqlite_target.sqlite_path
     assert path is not None
+    # 1,000 jobs: a quiet machine shows about one immediate refusal per 40 jobs, so a run this
+    # long cannot plausibly pass unnoticed.
     with environment(JOBCOORD_TEST_DEFERRED_WRITES="1"):
-        run = run_contention(path, tmp_path, 400, 8)
-    report(run, "deferred BEGIN, 8 processes, 400 jobs")
-    found = findings(path, 400, run)
+        run = run_contention(path, tmp_path, 1000, 8)
+    report(run, "deferred BEGIN, 8 processes, 1,000 jobs")
+    found = findings(path, 1000, run)
     assert found, "the contention harness did not notice write transactions using BEGIN"
 
 
