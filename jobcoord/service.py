@@ -1102,6 +1102,106 @@ class Coordinator:
 
         return self._operator("reconcile", job_id, tenant, _do)
 
+    # --- retention ----------------------------------------------------------------------
+
+    def prune(self, older_than: Any, *, statuses: Sequence[str] | None = None,
+              tenant: str | None = None, batch: Any = 500, dry_run: bool = False
+              ) -> dict[str, Any]:
+        """Delete finished jobs (succeeded, dead, cancelled; `statuses` narrows it) that
+        finished more than `older_than` ago (seconds, or "7d", "12h", ...), with their events,
+        checkpoints and artifact rows, in write transactions of at most `batch` jobs each, so
+        claims never wait long behind a large prune.
+
+        Waiting, running and unknown jobs are never deleted: an unknown job must be settled
+        with `reconcile` first. The newest job is kept whatever its age, so no job id is ever
+        handed out twice. A pruned job's idempotency key is forgotten (the same key makes a
+        new job), and the files its artifact rows named are left where they are."""
+        older_s = v.duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
+        if isinstance(statuses, str):
+            statuses = [statuses]
+        if statuses is not None and (not isinstance(statuses, list | tuple | set | frozenset)
+                                     or not all(isinstance(x, str) for x in statuses)):
+            raise InvalidInput("invalid_input", "status: give a list of status names",
+                               field="status")
+        chosen = sorted(set(FINAL_STATUSES if statuses is None else statuses))
+        for status in chosen:
+            if status == "unknown":
+                raise InvalidInput("invalid_input", "status: unknown jobs are never pruned; "
+                                   "settle them with `jobcoord reconcile` first",
+                                   field="status")
+            if status not in FINAL_STATUSES:
+                raise InvalidInput("invalid_input", "status: only finished jobs can be pruned "
+                                   f"({', '.join(FINAL_STATUSES)}), not {status!r}",
+                                   field="status")
+        if not chosen:
+            raise InvalidInput("invalid_input", "status: name at least one status",
+                               field="status")
+        tenant = v.optional_name(tenant, "tenant")
+        batch = v.integer(batch, "batch", 1, 10_000)
+        now = now_us()
+        cutoff = now - seconds_to_us(older_s)
+        params: dict[str, Any] = {f"s{i}": st for i, st in enumerate(chosen)}
+        params.update(cutoff=cutoff, tenant=tenant, limit=batch)
+        # The guard is part of every statement, so a job retried or reconciled meanwhile is
+        # never deleted; finished_at is set by every transition into a finished status. The
+        # newest job always stays: SQLite gives a new row the largest id plus one, so deleting
+        # the largest would hand its id (and epoch 1) to the next job, and a late report for
+        # the old job could then pass the new one's fence.
+        guard = (f"status IN ({', '.join(f':s{i}' for i in range(len(chosen)))})"
+                 " AND finished_at < :cutoff AND job_id < (SELECT MAX(job_id) FROM jobs)"
+                 + (" AND tenant = :tenant" if tenant else ""))
+        out: dict[str, Any] = {
+            "dry_run": dry_run, "cutoff": iso(cutoff), "statuses": chosen, "tenant": tenant,
+            "jobs": 0, "events": 0, "checkpoints": 0, "artifacts": 0, "keys_released": 0,
+            "batches": 0,
+        }
+        related = [("events", "job_events"), ("checkpoints", "checkpoints")]
+        if "artifacts" in self.features:
+            related.append(("artifacts", "artifacts"))
+
+        if dry_run:
+            def _count(conn: Connection) -> None:
+                picked = f"SELECT job_id FROM jobs WHERE {guard}"
+                row = self.db.run_text(conn, "SELECT COUNT(*), COUNT(idempotency_key) FROM jobs"
+                                       f" WHERE {guard}", params).one()
+                out["jobs"], out["keys_released"] = row[0], row[1]
+                for key, table in related:
+                    out[key] = self.db.run_text(conn, f"SELECT COUNT(*) FROM {table} WHERE"
+                                                f" job_id IN ({picked})", params).scalar()
+
+            self.db.read(_count, "prune")
+            return out
+
+        pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {guard} ORDER BY job_id"
+                f" LIMIT :limit{self.db.lock_clause()}")
+
+        def _one_batch(conn: Connection) -> dict[str, int]:
+            rows = self.db.run_text(conn, pick, params).all()
+            if not rows:
+                return {"jobs": 0}
+            ids = {f"j{i}": r[0] for i, r in enumerate(rows)}
+            in_list = ", ".join(f":{k}" for k in ids)
+            both = {**params, **ids}
+            counts = {key: self.db.run_text(conn, f"SELECT COUNT(*) FROM {table} WHERE job_id"
+                                            f" IN ({in_list})", both).scalar()
+                      for key, table in related}
+            # Events, checkpoints, artifact rows (and any lease) go by ON DELETE CASCADE.
+            deleted = self.db.run_text(conn, f"DELETE FROM jobs WHERE job_id IN ({in_list})"
+                                       f" AND {guard}", both).rowcount
+            if deleted != len(rows):  # the rows are locked or under the write lock
+                raise JobcoordError("internal_error", "a job changed while it was pruned")
+            counts.update(jobs=deleted, batches=1,
+                          keys_released=sum(1 for r in rows if r[1] is not None))
+            return counts
+
+        while True:
+            # Counted only once a batch has committed (a busy retry runs it again).
+            done = self.db.write(_one_batch, "prune")
+            for key, n in done.items():
+                out[key] += n
+            if done["jobs"] < batch:
+                return out
+
     # --- reading ------------------------------------------------------------------------
 
     def jobs(self, *, status: str | None = None, kind: str | None = None,

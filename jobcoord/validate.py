@@ -106,6 +106,21 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
     return value
 
 
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw]?)")
+_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def duration(value: Any, field: str, lo: float, hi: float) -> float:
+    """Seconds, or an age for people: 90, 90s, 15m, 12h, 7d, 2w (one unit, ASCII digits)."""
+    if isinstance(value, str):
+        found = _DURATION.fullmatch(value.strip())
+        if found is None:
+            raise _bad(field, f"{value!r} is not a duration (seconds, or a number followed "
+                       "by s, m, h, d or w: 90, 15m, 12h, 7d)")
+        value = float(found.group(1)) * _UNIT_S[found.group(2)]
+    return seconds(value, field, lo, hi)
+
+
 def _no_constants(token: str) -> Any:
     raise ValueError(f"{token} is not valid JSON")
 

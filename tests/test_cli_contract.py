@@ -276,12 +276,19 @@ def _cases(ids: dict[str, str]) -> dict[str, list[tuple[str, ...]]]:
     )
     cases["reap"] = [("reap", "--limit", bad) for bad in ("0", "-1", "abc", "1.5", "")]
     cases["status"] = [("status", "--tenant", bad) for bad in BAD_NAMES]
+    cases["prune"] = (
+        [("prune", "--older-than", bad) for bad in ("", "soon", "-1", "1y", "nan", "1e400")]
+        + [("prune", "--older-than", "0", "--status", bad)
+           for bad in ("running", "unknown", "waiting", "", "SUCCEEDED")]
+        + [("prune", "--older-than", "0", "--batch", bad) for bad in ("0", "abc", "1e6")]
+        + [("prune", "--older-than", "0", "--tenant", bad) for bad in BAD_NAMES]
+    )
     return cases
 
 
 COMMANDS = ["renew", "complete", "fail", "effect", "checkpoint", "enqueue", "heartbeat",
             "claim", "cancel", "retry", "show", "explain", "reconcile", "jobs", "reap",
-            "status"]
+            "status", "prune"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -84,6 +84,7 @@ OPTIONS: dict[str, list[str]] = {
     "effect": ["--tenant"],
     "checkpoint": ["--name", "--data", "--tenant"],
     "reap": ["--limit"],
+    "prune": ["--older-than", "--status", "--tenant", "--batch", "--dry-run"],
     "reconcile": ["--as", "--result", "--reason", "--tenant"],
     "jobs": ["--status", "--kind", "--tenant", "--limit"],
     "cancel": ["--tenant"], "retry": ["--tenant"], "show": ["--tenant"],
@@ -91,7 +92,7 @@ OPTIONS: dict[str, list[str]] = {
     "backup": ["--force"], "check": ["--full"], "status": [], "workers": [],
     "migrate": ["--with", "--without"],
 }
-FLAGS = {"--permanent", "--force", "--full"}
+FLAGS = {"--permanent", "--force", "--full", "--dry-run"}
 POSITIONAL = {"enqueue": 1, "heartbeat": 1, "claim": 1, "backup": 1, "reconcile": 1,
               **dict.fromkeys(ID_COMMANDS + FENCED, 1)}
 
@@ -183,7 +184,7 @@ anything = st.one_of(
 def api_calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
     name = draw(st.sampled_from(["enqueue", "heartbeat", "claim", "renew", "complete", "fail",
                                  "mark_effect", "checkpoint", "reap", "cancel", "retry",
-                                 "reconcile", "jobs", "show", "explain"]))
+                                 "reconcile", "jobs", "show", "explain", "prune"]))
     small = st.one_of(st.sampled_from([1, 2, 3, "w1", 0, -1]), anything)
     job = st.one_of(st.sampled_from([1, 2, 3, 4]), huge, anything)
     worker = st.one_of(st.just("w1"), anything)
@@ -208,6 +209,11 @@ def api_calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
         return name, [*fence, draw(anything), draw(anything)], {}
     if name == "reap":
         return name, [], {"limit": draw(anything)}
+    if name == "prune":
+        return name, [draw(st.one_of(st.sampled_from([0, "1d", "90s"]), anything))], {
+            k: draw(st.one_of(anything, st.lists(fuzz_text, max_size=3)))
+            for k in draw(st.lists(st.sampled_from(["statuses", "tenant", "batch", "dry_run"]),
+                                   max_size=3, unique=True))}
     if name == "reconcile":
         return name, [draw(job), draw(anything), draw(anything)], {"result": draw(anything)}
     if name == "jobs":

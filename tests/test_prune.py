@@ -1,0 +1,233 @@
+"""Retention: `prune` deletes finished jobs past an age with everything that belongs to them,
+in short batches, and never a job that is waiting, running or unknown, nor the newest job
+(whose id SQLite would otherwise hand out again)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from freezegun import freeze_time
+
+from jobcoord.errors import InvalidInput
+from jobcoord.maintenance import check
+from jobcoord.service import Coordinator
+from tests.test_admission import dump
+
+T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
+IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
+
+
+def run_one(coord: Coordinator, worker: str = "w1") -> tuple[int, int]:
+    """Claim the next job as `worker`; returns (job id, epoch)."""
+    coord.heartbeat(worker, readings=IDLE_ON_AC)
+    got = coord.claim(worker, lease_s=30)
+    assert got["job"] is not None, got
+    return got["job"]["job_id"], got["lease"]["epoch"]
+
+
+def every_status(coord: Coordinator, clock: Any) -> dict[str, int]:
+    """One job in each status, all created and finished at T0, plus a newer waiting job."""
+    ids: dict[str, int] = {}
+    for name in ("succeeded", "dead", "running", "unknown"):
+        coord.enqueue("embed", {"for": name})
+    ids["cancelled"] = coord.enqueue("embed", {"for": "cancelled"})["job_id"]
+    coord.cancel(ids["cancelled"])
+    ids["waiting"] = coord.enqueue("embed", {"for": "waiting"}, key="k-waiting")["job_id"]
+    job, epoch = run_one(coord)
+    coord.checkpoint(job, "w1", epoch, "step", {"done": 1})
+    coord.complete(job, "w1", epoch, {"ok": True})
+    ids["succeeded"] = job
+    job, epoch = run_one(coord)
+    coord.fail(job, "w1", epoch, "bad input", permanent=True)
+    ids["dead"] = job
+    ids["running"] = run_one(coord)[0]
+    job, epoch = run_one(coord)
+    coord.mark_effect(job, "w1", epoch)
+    ids["unknown"] = job
+    clock.tick(timedelta(seconds=31))
+    coord.reap()
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    assert coord.show(ids["unknown"])["job"]["status"] == "unknown"
+    assert coord.show(ids["running"])["job"]["status"] == "waiting"  # its lease was reaped
+    ids["running"] = run_one(coord)[0]
+    return ids
+
+
+def status_of(coord: Coordinator, job_id: int) -> str | None:
+    return next((j["status"] for j in coord.jobs(limit=10_000)["jobs"]
+                 if j["job_id"] == job_id), None)
+
+
+def test_prune_deletes_only_finished_jobs_past_the_age_with_their_history(
+        coord: Coordinator) -> None:
+    with freeze_time(T0) as clock:
+        ids = every_status(coord, clock)
+        clock.tick(timedelta(days=2))
+        fresh = coord.enqueue("embed", {"for": "fresh"})["job_id"]
+        job, epoch = run_one(coord, "w2")
+        assert job == ids["waiting"]
+        coord.complete(job, "w2", epoch, {"ok": True})  # finished now: too young to go
+        out = coord.prune("1d")
+    assert out["jobs"] == 3 and out["batches"] == 1
+    assert out["statuses"] == ["cancelled", "dead", "succeeded"]
+    gone = {ids["succeeded"], ids["dead"], ids["cancelled"]}
+    for job_id in gone:
+        assert status_of(coord, job_id) is None
+    for name in ("running", "unknown", "waiting"):
+        assert status_of(coord, ids[name]) is not None, name
+    assert status_of(coord, fresh) == "waiting"
+
+    def leftovers(conn: Any) -> tuple[int, int]:
+        marks = ", ".join(str(j) for j in gone)
+        events = coord.db.run_text(conn, f"SELECT COUNT(*) FROM job_events WHERE job_id IN"
+                                   f" ({marks})").scalar()
+        points = coord.db.run_text(conn, f"SELECT COUNT(*) FROM checkpoints WHERE job_id IN"
+                                   f" ({marks})").scalar()
+        return events, points
+
+    assert coord.db.read(leftovers) == (0, 0)
+    assert out["checkpoints"] == 1 and out["events"] > 3
+    assert check(coord.db)["ok"]
+
+
+def test_prune_never_touches_waiting_running_or_unknown_jobs_however_old(
+        coord: Coordinator) -> None:
+    with freeze_time(T0) as clock:
+        ids = every_status(coord, clock)
+        coord.enqueue("embed", {"for": "newest"})
+        clock.tick(timedelta(days=400))
+        coord.prune(0)
+    remaining = {j["status"] for j in coord.jobs()["jobs"]}
+    assert remaining == {"waiting", "running", "unknown"}
+    for name in ("running", "unknown", "waiting"):
+        assert status_of(coord, ids[name]) == name
+
+
+@pytest.mark.parametrize("status", ["unknown", "running", "waiting", "finished"])
+def test_only_finished_statuses_can_be_named(coord: Coordinator, status: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        coord.prune("1d", statuses=[status])
+    expected = "settle them with `jobcoord reconcile`" if status == "unknown" else "only finished"
+    assert expected in caught.value.message
+
+
+def test_the_newest_job_is_kept_so_no_id_is_handed_out_twice(coord: Coordinator) -> None:
+    with freeze_time(T0) as clock:
+        coord.enqueue("embed", {"n": 1})
+        first, epoch = run_one(coord)
+        coord.complete(first, "w1", epoch, {})
+        coord.enqueue("embed", {"n": 2})
+        newest, epoch = run_one(coord)
+        coord.complete(newest, "w1", epoch, {})
+        clock.tick(timedelta(days=30))
+        out = coord.prune("7d")
+        assert out["jobs"] == 1
+        assert status_of(coord, first) is None
+        assert status_of(coord, newest) == "succeeded"
+        again = coord.enqueue("embed", {"n": 3})["job_id"]
+    assert again > newest
+
+
+def test_a_pruned_jobs_idempotency_key_makes_a_new_job(coord: Coordinator) -> None:
+    with freeze_time(T0) as clock:
+        old = coord.enqueue("embed", {"n": 1}, key="report-2026-03")["job_id"]
+        job, epoch = run_one(coord)
+        coord.complete(job, "w1", epoch, {})
+        coord.enqueue("embed", {"n": 2})
+        clock.tick(timedelta(days=8))
+        assert coord.enqueue("embed", {"n": 1}, key="report-2026-03") == {
+            "job_id": old, "created": False}
+        out = coord.prune("7d")
+        assert out["keys_released"] == 1
+        new = coord.enqueue("embed", {"n": 1}, key="report-2026-03")
+    assert new["created"] is True and new["job_id"] > old
+
+
+def test_prune_works_in_batches_of_the_given_size(coord: Coordinator) -> None:
+    with freeze_time(T0) as clock:
+        coord.enqueue_many([{"kind": "embed", "payload": {"n": i}} for i in range(6)])
+        for _ in range(5):
+            job, epoch = run_one(coord)
+            coord.complete(job, "w1", epoch, {})
+        clock.tick(timedelta(hours=2))
+        out = coord.prune("1h", batch=2)
+    assert (out["jobs"], out["batches"]) == (5, 3)
+    assert [j["status"] for j in coord.jobs()["jobs"]] == ["waiting"]
+
+
+def test_a_dry_run_counts_what_prune_would_delete_and_changes_nothing(coord: Coordinator
+                                                                      ) -> None:
+    with freeze_time(T0) as clock:
+        every_status(coord, clock)
+        coord.enqueue("embed", {"for": "newest"})
+        clock.tick(timedelta(days=3))
+        before = dump(coord)
+        dry = coord.prune("2d", dry_run=True)
+        assert dump(coord) == before
+        real = coord.prune("2d")
+    counted = ("jobs", "events", "checkpoints", "artifacts", "keys_released")
+    assert {k: dry[k] for k in counted} == {k: real[k] for k in counted}
+    assert dry["dry_run"] is True and real["jobs"] == 3
+
+
+def test_statuses_and_tenant_narrow_what_is_pruned(coord: Coordinator) -> None:
+    with freeze_time(T0) as clock:
+        for tenant in ("acme", "globex"):
+            coord.enqueue("embed", {"t": tenant}, tenant=tenant)
+            job, epoch = run_one(coord)
+            coord.fail(job, "w1", epoch, "no", permanent=True)
+            coord.enqueue("embed", {"t": tenant, "n": 2}, tenant=tenant)
+            job, epoch = run_one(coord)
+            coord.complete(job, "w1", epoch, {})
+        coord.enqueue("embed", {"for": "newest"})
+        clock.tick(timedelta(days=2))
+        out = coord.prune("1d", statuses=["dead"], tenant="acme")
+    assert out["jobs"] == 1
+    left = sorted((j["tenant"], j["status"]) for j in coord.jobs()["jobs"])
+    assert left == [("acme", "succeeded"), ("default", "waiting"), ("globex", "dead"),
+                    ("globex", "succeeded")]
+
+
+def test_prune_from_the_cli(coord: Coordinator, cli: Any) -> None:
+    with freeze_time(T0) as clock:
+        coord.enqueue("embed", {"n": 1})
+        job, epoch = run_one(coord)
+        coord.complete(job, "w1", epoch, {})
+        coord.enqueue("embed", {"n": 2})
+        clock.tick(timedelta(days=10))
+        dry = cli("prune", "--older-than", "1w", "--dry-run", "--json")
+        assert dry.code == 0 and dry.json["jobs"] == 1 and dry.json["dry_run"] is True
+        done = cli("prune", "--older-than", "1w", "--status", "succeeded,dead", "--json")
+        assert done.code == 0, done.out
+        assert done.json["jobs"] == 1 and done.json["statuses"] == ["dead", "succeeded"]
+        text = cli("prune", "--older-than", "7d")
+    assert text.code == 0 and text.out.startswith("deleted 0 jobs")
+
+
+@pytest.mark.parametrize("args", [
+    ["--older-than", "soon"],
+    ["--older-than", "-1"],
+    ["--older-than", "7y"],
+    ["--older-than", "nan"],
+    ["--older-than", "1d", "--status", "running"],
+    ["--older-than", "1d", "--status", "unknown"],
+    ["--older-than", "1d", "--status", ","],
+    ["--older-than", "1d", "--batch", "0"],
+    ["--older-than", "1d", "--tenant", ""],
+    [],
+])
+def test_bad_prune_input_exits_2_and_deletes_nothing(coord: Coordinator, cli: Any,
+                                                     args: list[str]) -> None:
+    with freeze_time(T0) as clock:
+        coord.enqueue("embed", {"n": 1})
+        job, epoch = run_one(coord)
+        coord.complete(job, "w1", epoch, {})
+        coord.enqueue("embed", {"n": 2})
+        clock.tick(timedelta(days=30))
+        before = dump(coord)
+        r = cli("prune", *args, "--json")
+    assert r.code == 2, r.out
+    assert "Traceback" not in r.out + r.err
+    assert dump(coord) == before
