@@ -220,6 +220,20 @@ def backup(s: Settings, dest: str, force: bool, as_json: bool) -> None:
     emit(as_json, run_backup(s.coordinator().db, dest, force=force))
 
 
+@cli.command()
+@click.argument("backup_file", metavar="BACKUP")
+@json_option
+@click.pass_obj
+def restore(s: Settings, backup_file: str, as_json: bool) -> None:
+    """Make the database named by --db, which must not exist yet, from BACKUP.
+
+    BACKUP must be one file written by `backup`; it is checked whole (integrity_check and the
+    invariants) before anything is written, and the new database is checked again after."""
+    from .maintenance import restore as run_restore
+
+    emit(as_json, run_restore(backup_file, s.target()))
+
+
 # --- submission ----------------------------------------------------------------------------
 
 

@@ -208,9 +208,13 @@ def _is_busy(err: JobcoordError) -> bool:
 # --- engine ----------------------------------------------------------------------------
 
 
-def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: float) -> Engine:
-    # mode=rw: every command but `migrate` must fail rather than create a file.
-    uri = f"file:{quote(path)}?mode={'rwc' if create else 'rw'}"
+def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: float,
+                   frozen: bool = False) -> Engine:
+    # mode=rw: every command but `migrate` must fail rather than create a file. `frozen` is
+    # for a file nothing writes (a backup being restored): read-only, and immutable so that
+    # SQLite creates no -wal or -shm beside it and reads exactly the bytes in the file.
+    mode = "ro&immutable=1" if frozen else "rwc" if create else "rw"
+    uri = f"file:{quote(path)}?mode={mode}"
     connect_kwargs: dict[str, Any] = {"timeout": busy_timeout, "uri": True}
     if sys.version_info >= (3, 12):
         # Pin the legacy mode: with autocommit=False our BEGIN IMMEDIATE fails ("cannot start a
@@ -414,6 +418,7 @@ class Database:
         synchronous: str = "full",
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         busy_retries: int = DEFAULT_RETRIES,
+        frozen: bool = False,
     ) -> Database:
         if target.sqlite_path is not None:
             existed = precheck_sqlite_path(target.sqlite_path, create=create)
@@ -424,6 +429,7 @@ class Database:
                 create=create,
                 synchronous=synchronous,
                 busy_timeout=busy_timeout,
+                frozen=frozen,
             )
         else:
             engine = _pg_engine(target.url)

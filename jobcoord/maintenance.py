@@ -1,9 +1,10 @@
-"""Checks and backups: recovery is checked, not assumed.
+"""Checks, backups and restores: recovery is checked, not assumed.
 
 `check` runs SQLite's own check (quick or full) and the application invariants, which hold
 on both databases. `backup` uses SQLite's online backup API in a single step (a page-by-page
 backup restarts on every write and may never finish under load), writes to a temporary file,
-syncs and renames it, then opens the copy on its own connection and checks it.
+syncs and renames it, then opens the copy on its own connection and checks it. `restore` is
+the way back: a backup proven whole becomes a new database, never written over an old one.
 """
 
 from __future__ import annotations
@@ -12,11 +13,18 @@ import contextlib
 import os
 import sqlite3
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy.engine import Connection
 
-from .db import Database, classify, create_private_file
-from .errors import DatabaseCorrupt, InvalidInput, JobcoordError, StorageUnavailable
+from .db import Database, Target, classify, create_private_file, resolve_target
+from .errors import (
+    DatabaseCorrupt,
+    InvalidInput,
+    JobcoordError,
+    SchemaMismatch,
+    StorageUnavailable,
+)
 
 #: Each invariant is a query returning the offending job ids (zero rows when it holds).
 INVARIANTS: tuple[tuple[str, str], ...] = (
@@ -95,40 +103,9 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    create_private_file(tmp)
-    try:
-        src = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
-        try:
-            dst = sqlite3.connect(tmp)
-            try:
-                src.backup(dst)  # pages=-1: the whole database in one step
-                # The copy should stand alone: one file, no -wal beside it.
-                dst.execute("PRAGMA journal_mode=DELETE")
-            finally:
-                dst.close()
-        finally:
-            src.close()
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, dest)
-        dir_fd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except sqlite3.Error as e:
-        _unlink(tmp)
-        raise classify(e, "backing up") from e
-    except OSError as e:
-        _unlink(tmp)
-        raise StorageUnavailable("database_io_error", f"backup failed: {e.strerror}") from e
-    except BaseException:
-        _unlink(tmp)
-        raise
+    # The copy should stand alone: one file, no -wal beside it.
+    _copy_into_place(f"file:{quote(source)}?mode=ro", dest, journal_mode="delete",
+                     replace=True, what="backing up")
     copy_check = _check_copy(dest)
     result = {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
               "quick_check": copy_check, "ok": copy_check == ["ok"]}
@@ -155,3 +132,145 @@ def _check_copy(path: str) -> list[str]:
 def _unlink(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+_BESIDE = ("-wal", "-shm", "-journal")
+
+
+def restore(backup_path: str, target: Target) -> dict[str, Any]:
+    """Make a new database at `target` from a backup file, once the backup is proven whole.
+
+    Restore never writes over anything: a database that may be open elsewhere must not be
+    replaced under its connections, and a -wal left beside a path belongs to the file that
+    was there. So the target and any -wal, -shm or -journal beside it must not exist. The
+    backup must be one self-contained file (what `backup` writes; copies of a live database's
+    files with a -wal beside them may be torn), pass integrity_check and the application
+    invariants, and be at a revision this jobcoord knows. It is copied with the backup API
+    into a temporary file next to the target, switched to WAL like every migrated database,
+    synced, linked into place (which fails rather than replace a file that appeared
+    meanwhile), then opened and checked again."""
+    from .migrate import verify_schema
+
+    if target.sqlite_path is None:
+        raise InvalidInput("unsupported", "restore makes SQLite files; restore PostgreSQL with "
+                           "its own tools (pg_restore, or the server's point-in-time recovery)")
+    dest = target.sqlite_path
+    source = os.path.abspath(backup_path)
+    if source == dest:
+        raise InvalidInput("invalid_input", "the backup and the restore target are one file")
+    if os.path.isdir(source):
+        raise InvalidInput("invalid_input", f"{source} is a directory; name the backup file")
+    if not os.path.isfile(source):
+        raise InvalidInput("invalid_input", f"no backup file at {source}")
+    for suffix in _BESIDE:
+        if os.path.exists(source + suffix):
+            raise InvalidInput(
+                "backup_not_standalone",
+                f"{source}{suffix} lies beside the backup, so the file alone is not the whole "
+                "database: it looks like a copy of a live database's files, which may be torn. "
+                "Restore from a file written by `jobcoord backup`")
+    for path in (dest, *(dest + suffix for suffix in _BESIDE)):
+        if os.path.lexists(path):
+            raise InvalidInput(
+                "destination_exists",
+                f"{path} exists; restore never writes over a database. Stop every worker and "
+                f"submitter using {dest}, move it away with any -wal and -shm beside it, then "
+                "restore; or restore to a new path and point them at that")
+    parent = os.path.dirname(dest)
+    if not os.path.isdir(parent):
+        raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
+
+    # 1. The backup: whole, a jobcoord database, every invariant holding.
+    src_db = Database.open(resolve_target(db=source), frozen=True)
+    try:
+        try:
+            features = verify_schema(src_db)
+        except SchemaMismatch as e:
+            if e.code != "schema_outdated":  # an older backup restores; `migrate` follows
+                raise
+            features = set()
+        found = check(src_db, full=True)
+    finally:
+        src_db.close()
+    if not found["ok"]:
+        raise DatabaseCorrupt(
+            "database_corrupt", f"the backup {source} failed its checks; nothing was restored",
+            integrity_check=found.get("integrity_check"), violations=found["violations"])
+
+    # 2. The copy: WAL like every migrated database, linked into place when complete.
+    _copy_into_place(f"file:{quote(source)}?mode=ro&immutable=1", dest, journal_mode="wal",
+                     replace=False, what="restoring")
+
+    # 3. The result, opened as the coordinator opens it, checked once more.
+    db = Database.open(target)
+    try:
+        after = check(db, full=True)
+        counts = dict(db.read(lambda conn: db.run_text(
+            conn, "SELECT status, COUNT(*) FROM jobs GROUP BY status").all(), "counting jobs"))
+    finally:
+        db.close()
+    if not after["ok"]:  # the source passed: only a failing disk gets here
+        _unlink_with_sidecars(dest)
+        raise DatabaseCorrupt("database_corrupt", f"the restored copy at {dest} failed its "
+                              "checks and was removed", violations=after["violations"])
+    return {"restored": dest, "from": source, "size_bytes": os.path.getsize(dest),
+            "features": sorted(features), "jobs": counts, "integrity_check": ["ok"],
+            "ok": True}
+
+
+def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: bool,
+                     what: str) -> None:
+    """Copy a database with the online backup API, in one step, into a temporary file beside
+    `dest`; set its journal mode, sync it and put it in place: renamed over `dest` when
+    `replace`, otherwise linked, which fails rather than replace a file that appeared
+    meanwhile. A failure leaves no temporary file behind."""
+    parent = os.path.dirname(dest)
+    tmp = f"{dest}.tmp-{os.getpid()}"
+    create_private_file(tmp)
+    try:
+        src = sqlite3.connect(source_uri, uri=True, timeout=30)
+        try:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)  # pages=-1: the whole database in one step
+                mode = dst.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0]
+            finally:
+                dst.close()  # the last connection: a -wal is checkpointed and removed
+        finally:
+            src.close()
+        if mode != journal_mode:
+            raise StorageUnavailable("wal_unsupported", f"the filesystem under {parent} "
+                                     f"refused journal_mode={journal_mode} (it stayed {mode})")
+        _sync(tmp)
+        if replace:
+            os.replace(tmp, dest)
+        else:
+            os.link(tmp, dest)
+            _unlink(tmp)
+        _sync(parent)
+    except FileExistsError:
+        _unlink_with_sidecars(tmp)
+        raise InvalidInput("destination_exists", f"{dest} appeared meanwhile; nothing was "
+                           "replaced") from None
+    except sqlite3.Error as e:
+        _unlink_with_sidecars(tmp)
+        raise classify(e, what) from e
+    except OSError as e:
+        _unlink_with_sidecars(tmp)
+        raise StorageUnavailable("database_io_error", f"{what} failed: {e.strerror}") from e
+    except BaseException:
+        _unlink_with_sidecars(tmp)
+        raise
+
+
+def _sync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_with_sidecars(path: str) -> None:
+    for p in (path, *(path + suffix for suffix in _BESIDE)):
+        _unlink(p)

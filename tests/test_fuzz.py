@@ -89,11 +89,12 @@ OPTIONS: dict[str, list[str]] = {
     "jobs": ["--status", "--kind", "--tenant", "--limit"],
     "cancel": ["--tenant"], "retry": ["--tenant"], "show": ["--tenant"],
     "explain": ["--tenant"],
-    "backup": ["--force"], "check": ["--full"], "status": [], "workers": [],
+    "backup": ["--force"], "check": ["--full"], "status": [], "workers": [], "restore": [],
     "migrate": ["--with", "--without"],
 }
 FLAGS = {"--permanent", "--force", "--full", "--dry-run"}
 POSITIONAL = {"enqueue": 1, "heartbeat": 1, "claim": 1, "backup": 1, "reconcile": 1,
+              "restore": 1,
               **dict.fromkeys(ID_COMMANDS + FENCED, 1)}
 
 
