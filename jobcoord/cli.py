@@ -440,18 +440,20 @@ def reconcile(s: Settings, job_id: str, as_status: str, result: str | None, reas
 @tenant_option
 @click.option("--batch", default="500", show_default=True,
               help="Jobs deleted per write transaction.")
+@click.option("--pause", metavar="SECONDS",
+              help="Rest between batches (default: as long as the last batch took).")
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @json_option
 @click.pass_obj
 def prune(s: Settings, older_than: str, statuses: tuple[str, ...], tenant: str | None,
-          batch: str, dry_run: bool, as_json: bool) -> None:
+          batch: str, pause: str | None, dry_run: bool, as_json: bool) -> None:
     """Delete finished jobs older than AGE, with their events, checkpoints and artifact rows.
 
     Waiting, running and unknown jobs are never deleted. A pruned job's idempotency key is
     forgotten, and files named by its artifact rows are left in place."""
     chosen = [x.strip() for item in statuses for x in item.split(",")] or None
     result = s.coordinator().prune(older_than, statuses=chosen, tenant=tenant, batch=batch,
-                                   dry_run=dry_run)
+                                   dry_run=dry_run, pause_s=pause)
     verb = "would delete" if dry_run else "deleted"
     emit(as_json, result, lambda: (
         f"{verb} {result['jobs']} jobs ({', '.join(result['statuses'])}) that finished before "

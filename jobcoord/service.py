@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -1105,12 +1106,13 @@ class Coordinator:
     # --- retention ----------------------------------------------------------------------
 
     def prune(self, older_than: Any, *, statuses: Sequence[str] | None = None,
-              tenant: str | None = None, batch: Any = 500, dry_run: bool = False
-              ) -> dict[str, Any]:
+              tenant: str | None = None, batch: Any = 500, dry_run: bool = False,
+              pause_s: Any = None) -> dict[str, Any]:
         """Delete finished jobs (succeeded, dead, cancelled; `statuses` narrows it) that
         finished more than `older_than` ago (seconds, or "7d", "12h", ...), with their events,
-        checkpoints and artifact rows, in write transactions of at most `batch` jobs each, so
-        claims never wait long behind a large prune.
+        checkpoints and artifact rows, in write transactions of at most `batch` jobs each,
+        resting `pause_s` between them (by default as long as the batch took), so claims
+        never wait long behind a large prune.
 
         Waiting, running and unknown jobs are never deleted: an unknown job must be settled
         with `reconcile` first. The newest job is kept whatever its age, so no job id is ever
@@ -1138,6 +1140,8 @@ class Coordinator:
                                field="status")
         tenant = v.optional_name(tenant, "tenant")
         batch = v.integer(batch, "batch", 1, 10_000)
+        if pause_s is not None:
+            pause_s = v.seconds(pause_s, "pause", 0, 60)
         now = now_us()
         cutoff = now - seconds_to_us(older_s)
         params: dict[str, Any] = {f"s{i}": st for i, st in enumerate(chosen)}
@@ -1175,7 +1179,10 @@ class Coordinator:
         pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {guard} ORDER BY job_id"
                 f" LIMIT :limit{self.db.lock_clause()}")
 
+        held_since = [0.0]
+
         def _one_batch(conn: Connection) -> dict[str, int]:
+            held_since[0] = time.monotonic()  # the write lock is ours from here to the commit
             rows = self.db.run_text(conn, pick, params).all()
             if not rows:
                 return {"jobs": 0}
@@ -1201,6 +1208,11 @@ class Coordinator:
                 out[key] += n
             if done["jobs"] < batch:
                 return out
+            # SQLite hands its write lock to whoever asks first, and a waiting worker's busy
+            # handler sleeps between tries (up to 100 ms): back to back, the batches would
+            # take the lock again and again before it woke. Resting as long as the batch
+            # held the lock leaves it free at least half the time.
+            time.sleep(time.monotonic() - held_since[0] if pause_s is None else pause_s)
 
     # --- reading ------------------------------------------------------------------------
 

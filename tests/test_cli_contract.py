@@ -281,6 +281,7 @@ def _cases(ids: dict[str, str]) -> dict[str, list[tuple[str, ...]]]:
         + [("prune", "--older-than", "0", "--status", bad)
            for bad in ("running", "unknown", "waiting", "", "SUCCEEDED")]
         + [("prune", "--older-than", "0", "--batch", bad) for bad in ("0", "abc", "1e6")]
+        + [("prune", "--older-than", "0", "--pause", bad) for bad in ("-1", "abc", "61")]
         + [("prune", "--older-than", "0", "--tenant", bad) for bad in BAD_NAMES]
     )
     return cases

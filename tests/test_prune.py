@@ -157,6 +157,32 @@ def test_prune_works_in_batches_of_the_given_size(coord: Coordinator) -> None:
     assert [j["status"] for j in coord.jobs()["jobs"]] == ["waiting"]
 
 
+def test_prune_rests_between_batches_so_waiting_workers_get_the_lock(
+        coord: Coordinator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Back to back, batches would take SQLite's write lock again before a waiting worker's
+    busy handler woke (benchmarks/prune.py: a 1.3 s claim). The rest is as long as the batch
+    held the lock, or `pause_s`."""
+    import jobcoord.service as service
+
+    rests: list[float] = []
+    monkeypatch.setattr(service.time, "sleep", rests.append)
+    with freeze_time(T0) as clock:
+        coord.enqueue_many([{"kind": "embed", "payload": {"n": i}} for i in range(8)])
+        for _ in range(7):
+            job, epoch = run_one(coord)
+            coord.complete(job, "w1", epoch, {})
+        clock.tick(timedelta(hours=2))
+        coord.prune("1h", batch=3)
+        assert len(rests) == 2 and all(r >= 0 for r in rests)  # after each full batch
+        rests.clear()
+        job, epoch = run_one(coord)
+        coord.complete(job, "w1", epoch, {})
+        coord.enqueue("embed", {"n": "newest"})
+        clock.tick(timedelta(hours=2))
+        coord.prune("1h", batch=1, pause_s=0.25)
+    assert rests == [0.25]
+
+
 def test_a_dry_run_counts_what_prune_would_delete_and_changes_nothing(coord: Coordinator
                                                                       ) -> None:
     with freeze_time(T0) as clock:
