@@ -1111,8 +1111,8 @@ class Coordinator:
         """Delete finished jobs (succeeded, dead, cancelled; `statuses` narrows it) that
         finished more than `older_than` ago (seconds, or "7d", "12h", ...), with their events,
         checkpoints and artifact rows, in write transactions of at most `batch` jobs each,
-        resting `pause_s` between them (by default as long as the batch took), so claims
-        never wait long behind a large prune.
+        resting `pause_s` between them (by default as long as the batch held the write lock),
+        so claims never wait long behind a large prune.
 
         Waiting, running and unknown jobs are never deleted: an unknown job must be settled
         with `reconcile` first. The newest job is kept whatever its age, so no job id is ever
