@@ -113,7 +113,7 @@ _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 def duration(value: Any, field: str, lo: float, hi: float) -> float:
     """Seconds, or an age for people: 90, 90s, 15m, 12h, 7d, 2w (one unit, ASCII digits)."""
     if isinstance(value, str):
-        found = _DURATION.fullmatch(value.strip())
+        found = _DURATION.fullmatch(value.strip().lower())
         if found is None:
             raise _bad(field, f"{value!r} is not a duration (seconds, or a number followed "
                        "by s, m, h, d or w: 90, 15m, 12h, 7d)")

@@ -232,6 +232,14 @@ def test_prune_from_the_cli(coord: Coordinator, cli: Any) -> None:
     assert text.code == 0 and text.out.startswith("deleted 0 jobs")
 
 
+@pytest.mark.parametrize("age,seconds", [("90", 90), ("90s", 90), ("15m", 900),
+                                         ("1.5h", 5400), ("7D", 604800), (" 2w ", 1209600)])
+def test_ages_are_seconds_or_a_number_with_a_unit(age: str, seconds: float) -> None:
+    from jobcoord import validate as v
+
+    assert v.duration(age, "older_than", 0, 10**9) == seconds
+
+
 @pytest.mark.parametrize("args", [
     ["--older-than", "soon"],
     ["--older-than", "-1"],
