@@ -27,6 +27,14 @@ def run_one(coord: Coordinator, worker: str = "w1") -> tuple[int, int]:
     return got["job"]["job_id"], got["lease"]["epoch"]
 
 
+def finished(coord: Coordinator, count: int) -> None:
+    """`count` succeeded jobs, and one newer job left waiting."""
+    coord.enqueue_many([{"kind": "embed", "payload": {"n": i}} for i in range(count + 1)])
+    for _ in range(count):
+        job, epoch = run_one(coord)
+        coord.complete(job, "w1", epoch, {})
+
+
 def every_status(coord: Coordinator, clock: Any) -> dict[str, int]:
     """One job in each status, all created and finished at T0, plus a newer waiting job."""
     ids: dict[str, int] = {}
@@ -147,10 +155,7 @@ def test_a_pruned_jobs_idempotency_key_makes_a_new_job(coord: Coordinator) -> No
 
 def test_prune_works_in_batches_of_the_given_size(coord: Coordinator) -> None:
     with freeze_time(T0) as clock:
-        coord.enqueue_many([{"kind": "embed", "payload": {"n": i}} for i in range(6)])
-        for _ in range(5):
-            job, epoch = run_one(coord)
-            coord.complete(job, "w1", epoch, {})
+        finished(coord, 5)
         clock.tick(timedelta(hours=2))
         out = coord.prune("1h", batch=2)
     assert (out["jobs"], out["batches"]) == (5, 3)
@@ -167,10 +172,7 @@ def test_prune_rests_between_batches_so_waiting_workers_get_the_lock(
     rests: list[float] = []
     monkeypatch.setattr(service.time, "sleep", rests.append)
     with freeze_time(T0) as clock:
-        coord.enqueue_many([{"kind": "embed", "payload": {"n": i}} for i in range(8)])
-        for _ in range(7):
-            job, epoch = run_one(coord)
-            coord.complete(job, "w1", epoch, {})
+        finished(coord, 7)
         clock.tick(timedelta(hours=2))
         coord.prune("1h", batch=3)
         assert len(rests) == 2 and all(r >= 0 for r in rests)  # after each full batch
@@ -218,10 +220,7 @@ def test_statuses_and_tenant_narrow_what_is_pruned(coord: Coordinator) -> None:
 
 def test_prune_from_the_cli(coord: Coordinator, cli: Any) -> None:
     with freeze_time(T0) as clock:
-        coord.enqueue("embed", {"n": 1})
-        job, epoch = run_one(coord)
-        coord.complete(job, "w1", epoch, {})
-        coord.enqueue("embed", {"n": 2})
+        finished(coord, 1)
         clock.tick(timedelta(days=10))
         dry = cli("prune", "--older-than", "1w", "--dry-run", "--json")
         assert dry.code == 0 and dry.json["jobs"] == 1 and dry.json["dry_run"] is True
@@ -255,10 +254,7 @@ def test_ages_are_seconds_or_a_number_with_a_unit(age: str, seconds: float) -> N
 def test_bad_prune_input_exits_2_and_deletes_nothing(coord: Coordinator, cli: Any,
                                                      args: list[str]) -> None:
     with freeze_time(T0) as clock:
-        coord.enqueue("embed", {"n": 1})
-        job, epoch = run_one(coord)
-        coord.complete(job, "w1", epoch, {})
-        coord.enqueue("embed", {"n": 2})
+        finished(coord, 1)
         clock.tick(timedelta(days=30))
         before = dump(coord)
         r = cli("prune", *args, "--json")
