@@ -102,6 +102,8 @@ _OWNED = SQL(
     " j.max_attempts, j.deadline_at, j.result_json, l.worker_id, l.epoch, l.expires_at"
     " FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = :job_id"
 )
+# PostgreSQL: the fence read takes the job row's lock itself (see _owned).
+_OWNED_LOCKED = SQL(_OWNED.sqlite + " FOR UPDATE OF j")
 _FINISH = SQL(
     "UPDATE jobs SET status = :to_status, result_json = :result, provenance_json = :provenance,"
     " last_error = :error, finished_at = :finished, run_after = :run_after, updated_at = :now"
@@ -665,8 +667,13 @@ class Coordinator:
                tenant: str | None, now: int, op: str) -> tuple[Any, ...] | JobcoordError:
         """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
         row or the refusal (a requested cancellation is carried out here)."""
-        self._lock_job(conn, job_id)
-        row = self.db.execute(conn, _OWNED, {"job_id": job_id}).fetchone()
+        # On PostgreSQL the read locks the job row (FOR UPDATE OF j): a concurrent reaper,
+        # completer or operator holding it is waited for, and the row read is the version it
+        # committed. The lease columns come from the statement's snapshot; the only change to
+        # a lease that leaves its job row alone is a renewal, which no lock of the job row
+        # would wait for anyway. SQLite needs no lock: BEGIN IMMEDIATE excludes every writer.
+        owned = _OWNED if self.db.is_sqlite else _OWNED_LOCKED
+        row = self.db.execute(conn, owned, {"job_id": job_id}).fetchone()
         if row is None or (tenant is not None and row[2] != tenant):
             return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
         status, job_epoch = row[0], row[1]

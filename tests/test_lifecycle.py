@@ -665,3 +665,30 @@ def test_on_postgresql_a_cancel_waits_for_a_completion_in_flight_and_sees_it(
     shown = coord.show(job_id)
     assert shown["job"]["status"] == "succeeded" and not shown["job"]["cancel_requested"]
     assert [e["reason"] for e in shown["events"]][-1] == "completed"
+
+
+def test_on_postgresql_a_second_completion_waits_for_the_first_in_flight_and_is_refused(
+        coord, target, backend):
+    """The fence read locks the job's row: a duplicate completion arriving while the first is
+    still inside its transaction waits, then reads the committed row and is told the first
+    outcome stands (without the lock it would read `running` and fail its compare-and-set)."""
+    if backend != "postgresql":
+        pytest.skip("SQLite: BEGIN IMMEDIATE already keeps a second writer out entirely")
+    job_id = coord.enqueue("work", {})["job_id"]
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    epoch = coord.claim("w1", lease_s=600)["lease"]["epoch"]
+    env = {**os.environ, "JOBCOORD_FAULT": "completed.after_event:sleep=3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--url", target.url, "complete", str(job_id),
+         "--worker", "w1", "--epoch", str(epoch), "--result", '{"first": true}', "--json"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until_row_locked(coord, job_id)
+        second = refused("job_finished", coord.complete, job_id, "w1", epoch, {"second": True})
+        assert second.details["accepted_epoch"] == epoch
+    finally:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    shown = coord.show(job_id)
+    assert shown["job"]["status"] == "succeeded" and shown["job"]["result"] == {"first": True}
+    assert [e["reason"] for e in shown["events"]][-2:] == ["completed", "complete_refused"]
