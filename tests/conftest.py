@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from freezegun import freeze_time
 
 from jobcoord.db import Database, Target, resolve_target
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
+from tests.timeline import at
 
 PG_URL = os.environ.get("JOBCOORD_TEST_PG_URL")
 PG_SKIP = "JOBCOORD_TEST_PG_URL is not set: PostgreSQL cases skipped"
@@ -204,3 +206,10 @@ def run_cli(target: Target | None, *args: str, stdin: bytes = b"") -> CliResult:
 def cli(target: Target) -> Any:
     """`cli("claim", "w1", "--json")` against the parametrized database."""
     return lambda *args, stdin=b"": run_cli(target, *args, stdin=stdin)
+
+
+@pytest.fixture
+def clock() -> Iterator[Any]:
+    """Time frozen at tests.timeline.T0; tick it to move on."""
+    with freeze_time(at(0)) as frozen:
+        yield frozen

@@ -13,6 +13,18 @@ import time
 from typing import Any
 
 
+def one_job(path: str, *, lease_s: float | None = None) -> int:
+    """A fresh job for worker w1 (heartbeat sent), claimed under `lease_s` when given."""
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(path) as c:
+        c.heartbeat("w1")
+        job_id = c.enqueue("work", {})["job_id"]
+        if lease_s is not None:
+            c.claim("w1", lease_s=lease_s)
+    return int(job_id)
+
+
 def _write(path: str, data: dict[str, Any]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

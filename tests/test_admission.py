@@ -12,10 +12,9 @@ from freezegun import freeze_time
 
 from jobcoord.errors import InvalidInput, Refused
 from jobcoord.service import Coordinator, JobSpec
+from tests.timeline import IDLE_ON_AC
 
 TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
-IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
-              "user_idle_s": 900}
 
 
 def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:

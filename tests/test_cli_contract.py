@@ -16,12 +16,11 @@ from freezegun import freeze_time
 from jobcoord.db import Database, resolve_target
 from jobcoord.errors import EXIT_CODES
 from jobcoord.service import Coordinator
+from tests.timeline import IDLE_ON_AC
 
 from .conftest import run_cli
 
 TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
-IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
-              "user_idle_s": 900}
 
 #: The exit-code table of the design brief, verbatim.
 DESIGN_EXIT_CODES = """

@@ -26,7 +26,7 @@ from jobcoord.service import Coordinator
 from tests import procs
 from tests.conftest import environment
 from tests.invariants import assert_invariants, violations
-from tests.procs import enqueue_with_key
+from tests.procs import enqueue_with_key, one_job
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -264,10 +264,7 @@ def test_reaper_loop_outlives_a_lock_held_past_the_busy_bound(sqlite_target: Tar
     on stderr), the loop goes on, and the next pass after the lock is released reaps."""
     path = sqlite_target.sqlite_path
     assert path is not None
-    with Coordinator.open(path) as c:
-        c.heartbeat("w1")
-        job_id = c.enqueue("work", {})["job_id"]
-        c.claim("w1", lease_s=0.2)
+    job_id = one_job(path, lease_s=0.2)
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"

@@ -26,7 +26,7 @@ import pytest
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.invariants import assert_invariants, violations
-from tests.procs import enqueue_writer
+from tests.procs import enqueue_writer, one_job
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -151,9 +151,7 @@ def test_kill_inside_a_claim_leaves_no_half_owned_job(sqlite_target: Target,
                                                       point: str) -> None:
     path = sqlite_target.sqlite_path
     assert path is not None
-    with Coordinator.open(path) as c:
-        c.heartbeat("w1")
-        job_id = c.enqueue("work", {})["job_id"]
+    job_id = one_job(path)
     res = cli(path, "claim", "w1", "--json", fault=f"{point}:kill")
     assert res.returncode == -signal.SIGKILL, res.stdout + res.stderr
     # None of the claim happened: still waiting, epoch 0, no lease, no claimed event.
@@ -177,10 +175,7 @@ def test_kill_inside_a_completion_keeps_the_lease_whole(sqlite_target: Target,
                                                         point: str) -> None:
     path = sqlite_target.sqlite_path
     assert path is not None
-    with Coordinator.open(path) as c:
-        c.heartbeat("w1")
-        job_id = c.enqueue("work", {})["job_id"]
-        c.claim("w1", lease_s=600)
+    job_id = one_job(path, lease_s=600)
     res = cli(path, "complete", str(job_id), "--worker", "w1", "--epoch", "1",
               "--result", '{"n": 1}', "--json", fault=f"{point}:kill")
     assert res.returncode == -signal.SIGKILL

@@ -12,33 +12,19 @@ import signal
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from freezegun import freeze_time
 
 from jobcoord.db import Target
 from jobcoord.errors import InvalidInput, Refused
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
+from tests.timeline import IDLE_ON_AC
 
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
-IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
-              "user_idle_s": 900}
 REPO = Path(__file__).resolve().parent.parent
-
-
-def at(t: float) -> datetime:
-    return T0 + timedelta(seconds=t)
-
-
-@pytest.fixture
-def clock() -> Iterator[Any]:
-    with freeze_time(at(0)) as frozen:
-        yield frozen
 
 
 def claimed(coord: Coordinator, worker: str = "w1", **enqueue: Any) -> tuple[int, int]:
@@ -281,7 +267,6 @@ def test_a_crash_inside_complete_and_claim_keeps_neither_the_completion_nor_the_
     assert out["next"]["lease"]["epoch"] == 1
     with Coordinator.open(path) as c:
         assert check(c.db)["ok"]
-
 
 
 # --- batch enqueue without keys: ids computed in the transaction, rows inserted together -----

@@ -4,33 +4,16 @@ the gate decisions an operator needs. SQLite and PostgreSQL, frozen clock."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from freezegun import freeze_time
 
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
+from tests.timeline import IDLE_ON_AC, at, iso_at
 
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
-IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
-              "user_idle_s": 900}
-
-
-def at(t: float) -> datetime:
-    return T0 + timedelta(seconds=t)
-
-
-def iso_at(t: float) -> str:
-    return at(t).isoformat().replace("+00:00", "Z")
-
-
-@pytest.fixture
-def clock() -> Any:
-    with freeze_time(at(0)) as frozen:
-        yield frozen
 
 
 def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:

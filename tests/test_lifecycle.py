@@ -6,36 +6,27 @@ invariants (`maintenance.check`) must hold when it ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from freezegun import freeze_time
 
+from jobcoord.db import Target
 from jobcoord.errors import InvalidInput, Refused
 from jobcoord.maintenance import check
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
+from tests.timeline import IDLE_ON_AC, at, iso_at
 
 REPO = Path(__file__).resolve().parent.parent
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
-IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
-              "user_idle_s": 900}
-
-
-def at(t: float) -> datetime:
-    return T0 + timedelta(seconds=t)
-
-
-def iso_at(t: float) -> str:
-    return at(t).isoformat().replace("+00:00", "Z")
 
 
 @pytest.fixture(autouse=True)
@@ -43,12 +34,6 @@ def invariants_hold_afterwards(coord: Coordinator) -> Iterator[None]:
     yield
     result = check(coord.db)
     assert result["ok"], result
-
-
-@pytest.fixture
-def clock() -> Iterator[Any]:
-    with freeze_time(at(0)) as frozen:
-        yield frozen
 
 
 def refused(code: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Refused:
@@ -643,25 +628,33 @@ def _wait_until_row_locked(coord: Coordinator, job_id: int) -> None:
     raise AssertionError("the completion never took the job's row lock")
 
 
+@contextlib.contextmanager
+def completion_in_flight(coord: Coordinator, target: Target, result: str
+                         ) -> Iterator[tuple[int, int]]:
+    """A real `complete` process, paused inside its transaction after it changed the job and
+    holding the job's row lock; yields (job id, epoch) and checks the completion committed."""
+    job_id = coord.enqueue("work", {})["job_id"]
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    epoch = coord.claim("w1", lease_s=600)["lease"]["epoch"]
+    env = {**os.environ, "JOBCOORD_FAULT": "completed.after_event:sleep=3"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--url", target.url, "complete", str(job_id),
+         "--worker", "w1", "--epoch", str(epoch), "--result", result, "--json"],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_until_row_locked(coord, job_id)
+        yield job_id, epoch
+    finally:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+
+
 def test_on_postgresql_a_cancel_waits_for_a_completion_in_flight_and_sees_it(
         coord, target, backend):
     if backend != "postgresql":
         pytest.skip("SQLite: BEGIN IMMEDIATE already keeps a second writer out entirely")
-    job_id = coord.enqueue("work", {})["job_id"]
-    coord.heartbeat("w1", readings=IDLE_ON_AC)
-    epoch = coord.claim("w1", lease_s=600)["lease"]["epoch"]
-    # A real completion, paused inside its transaction after it changed the job.
-    env = {**os.environ, "JOBCOORD_FAULT": "completed.after_event:sleep=3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobcoord", "--url", target.url, "complete", str(job_id),
-         "--worker", "w1", "--epoch", str(epoch), "--result", '{"ok": true}', "--json"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_until_row_locked(coord, job_id)
+    with completion_in_flight(coord, target, '{"ok": true}') as (job_id, _epoch):
         refused("job_finished", coord.cancel, job_id)
-    finally:
-        out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, (out, err)
     shown = coord.show(job_id)
     assert shown["job"]["status"] == "succeeded" and not shown["job"]["cancel_requested"]
     assert [e["reason"] for e in shown["events"]][-1] == "completed"
@@ -674,21 +667,9 @@ def test_on_postgresql_a_second_completion_waits_for_the_first_in_flight_and_is_
     outcome stands (without the lock it would read `running` and fail its compare-and-set)."""
     if backend != "postgresql":
         pytest.skip("SQLite: BEGIN IMMEDIATE already keeps a second writer out entirely")
-    job_id = coord.enqueue("work", {})["job_id"]
-    coord.heartbeat("w1", readings=IDLE_ON_AC)
-    epoch = coord.claim("w1", lease_s=600)["lease"]["epoch"]
-    env = {**os.environ, "JOBCOORD_FAULT": "completed.after_event:sleep=3"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jobcoord", "--url", target.url, "complete", str(job_id),
-         "--worker", "w1", "--epoch", str(epoch), "--result", '{"first": true}', "--json"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_until_row_locked(coord, job_id)
+    with completion_in_flight(coord, target, '{"first": true}') as (job_id, epoch):
         second = refused("job_finished", coord.complete, job_id, "w1", epoch, {"second": True})
         assert second.details["accepted_epoch"] == epoch
-    finally:
-        out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, (out, err)
     shown = coord.show(job_id)
     assert shown["job"]["status"] == "succeeded" and shown["job"]["result"] == {"first": True}
     assert [e["reason"] for e in shown["events"]][-2:] == ["completed", "complete_refused"]

@@ -4,7 +4,7 @@ in short batches, and never a job that is waiting, running or unknown, nor the n
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,8 +14,8 @@ from jobcoord.errors import InvalidInput
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from tests.test_admission import dump
+from tests.timeline import T0
 
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
 
 

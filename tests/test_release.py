@@ -3,14 +3,14 @@ attempt to run in, because a stopping worker is not the job's failure."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from freezegun import freeze_time
 
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
+from tests.timeline import T0
 
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
 
 

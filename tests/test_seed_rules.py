@@ -2,27 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import pytest
 from freezegun import freeze_time
 
 from jobcoord.errors import Refused
 from jobcoord.maintenance import check
-
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
-
-#: Readings that pass every gate, background ones included: AC power, user idle.
-IDLE_ON_AC = {"memory_used_pct": 40, "temperature_c": 55, "on_battery": False,
-              "user_idle_s": 900}
-
-
-def at(t: float) -> datetime:
-    return T0 + timedelta(seconds=t)
-
-
-def iso_at(t: float) -> str:
-    return at(t).isoformat().replace("+00:00", "Z")
+from tests.timeline import IDLE_ON_AC, at, iso_at
 
 
 def assert_checks_pass(coord) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,17 +18,13 @@ from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from jobcoord.transfer import canonical, tables_for, transfer
+from tests.timeline import at
 
 from .conftest import PG_SKIP, PG_URL, fresh_pg, fresh_sqlite, run_cli
 
-T0 = datetime(2026, 3, 1, 9, 0, 0, tzinfo=UTC)
 READY = {"memory_used_pct": 30, "temperature_c": 50, "on_battery": False, "user_idle_s": 900}
 
 pytestmark = pytest.mark.skipif(not PG_URL, reason=PG_SKIP)
-
-
-def at(t: float) -> datetime:
-    return T0 + timedelta(seconds=t)
 
 
 @pytest.fixture
