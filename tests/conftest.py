@@ -213,3 +213,13 @@ def clock() -> Iterator[Any]:
     """Time frozen at tests.timeline.T0; tick it to move on."""
     with freeze_time(at(0)) as frozen:
         yield frozen
+
+
+def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every core table, to prove that a refused command changed nothing."""
+    from jobcoord.models import CORE_TABLES
+
+    def _read(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
+        return {t: [tuple(r) for r in coord.db.run_text(conn, f"SELECT * FROM {t} ORDER BY 1"
+                                                         ).all()] for t in CORE_TABLES}
+    return coord.db.read(_read)

@@ -12,17 +12,8 @@ from freezegun import freeze_time
 
 from jobcoord.errors import InvalidInput, Refused
 from jobcoord.service import Coordinator, JobSpec
+from tests.conftest import dump
 from tests.timeline import IDLE_ON_AC
-
-TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
-
-
-def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table, to prove that a refused command changed nothing."""
-    def _read(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
-        return {t: [tuple(r) for r in coord.db.run_text(conn, f"SELECT * FROM {t} ORDER BY 1"
-                                                         ).all()] for t in TABLES}
-    return coord.db.read(_read)
 
 
 def payload_of_size(n: int) -> str:

@@ -16,11 +16,10 @@ from freezegun import freeze_time
 from jobcoord.db import Database, resolve_target
 from jobcoord.errors import EXIT_CODES
 from jobcoord.service import Coordinator
+from tests.conftest import dump
 from tests.timeline import IDLE_ON_AC
 
 from .conftest import run_cli
-
-TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
 
 #: The exit-code table of the design brief, verbatim.
 DESIGN_EXIT_CODES = """
@@ -35,13 +34,6 @@ job not found or not visible to this tenant, idempotency conflict, illegal trans
 | 7 | corrupt: not a database, malformed, integrity or invariant check failed |
 | 8 | schema mismatch: not migrated, older than the code, or newer than the code |
 """
-
-
-def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
-    def _read(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
-        return {t: [tuple(r) for r in coord.db.run_text(conn, f"SELECT * FROM {t} ORDER BY 1"
-                                                         ).all()] for t in TABLES}
-    return coord.db.read(_read)
 
 
 def one_json_object(out: str) -> dict[str, Any]:

@@ -11,16 +11,8 @@ import pytest
 
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
+from tests.conftest import dump
 from tests.timeline import IDLE_ON_AC, at, iso_at
-
-TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
-
-
-def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
-    def _read(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
-        return {t: [tuple(r) for r in coord.db.run_text(conn, f"SELECT * FROM {t} ORDER BY 1"
-                                                         ).all()] for t in TABLES}
-    return coord.db.read(_read)
 
 
 def worker_row(coord: Coordinator, worker: str) -> tuple[Any, ...] | None:

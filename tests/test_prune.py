@@ -13,7 +13,7 @@ from freezegun import freeze_time
 from jobcoord.errors import InvalidInput
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
-from tests.test_admission import dump
+from tests.conftest import dump
 from tests.timeline import T0
 
 IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
