@@ -1,9 +1,10 @@
-"""Engine and transactions: the one seam between jobcoord and its two databases.
+"""Engine and transactions: how jobcoord opens its two databases and runs a transaction.
 
-Everything dialect-specific lives here: how a connection is set up, how a write transaction
-begins (`BEGIN IMMEDIATE` on SQLite, plain `BEGIN` plus `FOR UPDATE SKIP LOCKED` row locks on
-PostgreSQL), how driver errors map to jobcoord's errors, and the bounded retry when the
-database stays busy. The service above only sees `Database.write(fn)` / `Database.read(fn)`.
+Here: how a connection is set up, how a write transaction begins (`BEGIN IMMEDIATE` on
+SQLite, plain `BEGIN` on PostgreSQL), how reads get one consistent snapshot, how connections
+are shared by any number of threads, how driver errors map to jobcoord's errors, and the
+bounded retry when the database stays busy. Callers see `Database.write(fn)` /
+`Database.read(fn)`. (The statements that differ per dialect still live in the service.)
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from urllib.parse import quote
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, CursorResult, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import NullPool, QueuePool
 
 from .errors import (
     DatabaseBusy,
@@ -123,6 +126,9 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
     except ArgumentError as e:
         raise InvalidInput("invalid_input", f"not a database URL: {url!r}") from e
     backend = parsed.get_backend_name()
+    if backend == "postgres":  # Heroku-style URLs name the scheme without "ql"
+        parsed = parsed.set(drivername="postgresql+psycopg")
+        backend = "postgresql"
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise InvalidInput("invalid_input", "a SQLite URL must name a file")
@@ -182,14 +188,17 @@ def classify(exc: BaseException, where: str = "") -> JobcoordError:
     SQLSTATE, never by message text."""
     orig = getattr(exc, "orig", exc)
     suffix = f" ({where})" if where else ""
+    if isinstance(orig, PoolTimeout):
+        return DatabaseBusy(
+            "connections_exhausted",
+            f"every connection to the database is in use{suffix}; nothing was changed, try "
+            "again",
+        )
     name = getattr(orig, "sqlite_errorname", None)
     if name:
         for prefix, cls, code, text in _SQLITE_CODES:
             if name.startswith(prefix):
                 return cls(code, f"{text}{suffix} [{name}]", sqlite_error=name)
-        if "no such table" in str(orig):
-            return SchemaMismatch("not_migrated", f"the database is not migrated{suffix}; "
-                                  "run `jobcoord migrate`")
     sqlstate = getattr(orig, "sqlstate", None)
     if sqlstate and sqlstate in _PG_STATES:
         cls, code, text = _PG_STATES[sqlstate]
@@ -199,10 +208,6 @@ def classify(exc: BaseException, where: str = "") -> JobcoordError:
             "database_unavailable", f"cannot reach the database{suffix}: {str(orig).strip()}"
         )
     return JobcoordError("internal_error", f"database error{suffix}: {orig}")
-
-
-def _is_busy(err: JobcoordError) -> bool:
-    return isinstance(err, DatabaseBusy)
 
 
 # --- engine ----------------------------------------------------------------------------
@@ -223,11 +228,15 @@ def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: f
         connect_kwargs["autocommit"] = sqlite3.LEGACY_TRANSACTION_CONTROL
 
     def _connect() -> sqlite3.Connection:
-        # check_same_thread=False: SQLAlchemy's pool may hand a connection to another thread,
-        # never to two at once.
+        # check_same_thread=False: Database hands an idle connection to whichever thread runs
+        # the next transaction, never to two threads at once.
         return sqlite3.connect(uri, check_same_thread=False, **connect_kwargs)
 
-    engine = create_engine("sqlite://", creator=_connect)
+    # NullPool: Database keeps its own small stack of open connections (_ConnectionCache);
+    # what it does not keep is really closed. Left to choose, SQLAlchemy would take this
+    # creator-built "sqlite://" engine for an in-memory database and give it a
+    # SingletonThreadPool, which closes connections other threads are still using.
+    engine = create_engine("sqlite://", creator=_connect, poolclass=NullPool)
     sync = "FULL" if synchronous == "full" else "NORMAL"
 
     @event.listens_for(engine, "connect")
@@ -306,26 +315,69 @@ def _max_clock_skew() -> float:
     return value
 
 
+#: How often a connection's clock offset is measured again, seconds. A host whose clock steps
+#: after connecting is noticed within this long on its next transaction.
+SKEW_RECHECK_S = 30.0
+#: PostgreSQL connections kept open per process, and how many more may be opened under load.
+PG_POOL_SIZE = 5
+PG_POOL_OVERFLOW = 15
+
+
+def _host_time() -> float:
+    """This host's wall clock for the skew check: the system clock itself, not
+    datetime.now(), so a test's frozen clock does not trip it (tests replace this function
+    to simulate a host whose clock stepped)."""
+    return time.clock_gettime(time.CLOCK_REALTIME)
+
+
+def _measure_clock(dbapi_conn: Any, info: dict[str, Any], limit: float) -> None:
+    """Measure this host's clock against the server's on one connection (outside any
+    transaction) and refuse to use it when they differ by more than `limit` seconds."""
+    before = _host_time()
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        server = float(cur.fetchone()[0])
+    after = _host_time()
+    dbapi_conn.rollback()
+    offset = server - (before + after) / 2
+    info["clock_offset_s"] = offset
+    info["clock_measured_at"] = time.monotonic()
+    refusal = clock_skew_refusal(offset, (after - before) / 2, limit)
+    if refusal is not None:
+        # Measure again on the next use: a refused connection must never count as checked.
+        info["clock_measured_at"] = float("-inf")
+        raise refusal
+
+
 def _pg_engine(url: str) -> Engine:
     limit = _max_clock_skew()
-    # Recycle hourly so a long-running worker's clock is measured again.
-    engine = create_engine(url, pool_pre_ping=False, pool_recycle=3600,
-                           connect_args={"application_name": "jobcoord"})
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise StorageUnavailable(
+            "driver_missing",
+            "the PostgreSQL driver is not installed; install jobcoord with its postgresql "
+            "extra: pip install 'jobcoord[postgresql]'",
+        ) from None
+    # A bounded pool: each transaction checks a connection out and gives it back, so any
+    # number of threads share at most PG_POOL_SIZE + PG_POOL_OVERFLOW connections; recycled
+    # hourly.
+    engine = create_engine(url, poolclass=QueuePool, pool_size=PG_POOL_SIZE,
+                           max_overflow=PG_POOL_OVERFLOW, pool_timeout=30, pool_pre_ping=False,
+                           pool_recycle=3600, connect_args={"application_name": "jobcoord"})
 
     @event.listens_for(engine, "connect")
-    def _measure_clock(dbapi_conn: Any, record: Any) -> None:
-        # The system clock itself, not datetime.now(): a test's frozen clock must not trip this.
-        before = time.clock_gettime(time.CLOCK_REALTIME)
-        with dbapi_conn.cursor() as cur:
-            cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
-            server = float(cur.fetchone()[0])
-        after = time.clock_gettime(time.CLOCK_REALTIME)
-        dbapi_conn.rollback()
-        offset = server - (before + after) / 2
-        record.info["clock_offset_s"] = offset
-        refusal = clock_skew_refusal(offset, (after - before) / 2, limit)
-        if refusal is not None:
-            raise refusal
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
+        _measure_clock(dbapi_conn, record.info, limit)
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        # The offset is measured again on a timer, so a clock that steps after the
+        # connection opened is caught within SKEW_RECHECK_S, before this connection judges
+        # (or reaps) another host's leases with it.
+        measured = record.info.get("clock_measured_at", float("-inf"))
+        if time.monotonic() - measured >= SKEW_RECHECK_S:
+            _measure_clock(dbapi_conn, record.info, limit)
 
     return engine
 
@@ -375,9 +427,76 @@ def create_private_file(path: str) -> bool:
     return True
 
 
+class _ConnectionCache:
+    """Open connections waiting for their next transaction, last in first out, shared by
+    every thread (SQLite only).
+
+    Checking a connection out of a SQLAlchemy pool and back costs about as much as a small
+    claim on SQLite, so a transaction takes an open Connection from this stack and puts it
+    back when it ends. Each is used by one thread at a time; at most `keep` wait here, the
+    rest are closed, so threads that come and go never pin connections. After a fork the
+    child starts with an empty stack: a connection must never be shared across processes."""
+
+    def __init__(self, engine: Engine, keep: int = 8):
+        self.engine = engine
+        self.keep = keep
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def take(self) -> Connection:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle, self._pid = [], os.getpid()  # the parent's: never touch them
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self.engine.connect()
+        return conn
+
+    def give(self, conn: Connection, healthy: bool) -> None:
+        if healthy and not conn.closed and not conn.invalidated and not conn.in_transaction():
+            with self._lock:
+                if self._pid == os.getpid() and len(self._idle) < self.keep:
+                    self._idle.append(conn)
+                    return
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class _EngineConnections:
+    """A connection per transaction straight from the engine's own bounded pool
+    (PostgreSQL: a network round trip costs far more than the checkout)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def take(self) -> Connection:
+        return self.engine.connect()
+
+    def give(self, conn: Connection, healthy: bool) -> None:
+        if not healthy:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    def close(self) -> None:
+        pass
+
+
 @dataclass
 class Database:
-    """An open coordinator database: an engine, its dialect, and transaction helpers."""
+    """An open coordinator database: an engine, its dialect, and transaction helpers.
+
+    Safe to share between any number of threads: every transaction runs on a connection
+    that no other thread uses until it ends."""
 
     target: Target
     engine: Engine
@@ -385,29 +504,38 @@ class Database:
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT
     stats: Stats = field(default_factory=Stats)
     write_engine: Engine = field(init=False)
+    read_engine: Engine = field(init=False)
     _local: threading.local = field(init=False, repr=False)
-    _held: list[Connection] = field(init=False, repr=False)
+    _writers: _ConnectionCache | _EngineConnections = field(init=False, repr=False)
+    _readers: _ConnectionCache | _EngineConnections = field(init=False, repr=False)
+    _stats_lock: threading.Lock = field(init=False, repr=False)
     _driver_errors: tuple[type[BaseException], ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         from . import faults
 
         self._local = threading.local()
-        self._held = []
+        self._stats_lock = threading.Lock()
         if self.is_sqlite:
-            self._driver_errors = (DBAPIError, sqlite3.Error)
+            self._driver_errors = (DBAPIError, PoolTimeout, sqlite3.Error)
+            # The deferred switch exists only for the test proving the harness catches it.
+            begin = "BEGIN" if faults.DEFERRED_WRITES else "BEGIN IMMEDIATE"
+            self.write_engine = self.engine.execution_options(jobcoord_begin=begin)
+            # A deferred BEGIN: the snapshot starts at the first read and holds to the end.
+            self.read_engine = self.engine
+            self._writers = _ConnectionCache(self.write_engine)
+            self._readers = _ConnectionCache(self.read_engine)
         else:
             import psycopg
 
-            self._driver_errors = (DBAPIError, psycopg.Error)
-
-        # The deferred switch exists only for the test proving the harness catches it.
-        begin = "BEGIN" if faults.DEFERRED_WRITES else "BEGIN IMMEDIATE"
-        self.write_engine = (
-            self.engine.execution_options(jobcoord_begin=begin)
-            if self.is_sqlite
-            else self.engine
-        )
+            self._driver_errors = (DBAPIError, PoolTimeout, psycopg.Error)
+            self.write_engine = self.engine
+            # One snapshot for every statement of a read (READ COMMITTED would give each
+            # statement its own): `explain` must never see a running job without its lease.
+            self.read_engine = self.engine.execution_options(
+                isolation_level="REPEATABLE READ", postgresql_readonly=True)
+            self._writers = _EngineConnections(self.write_engine)
+            self._readers = _EngineConnections(self.read_engine)
 
     @classmethod
     def open(
@@ -445,10 +573,8 @@ class Database:
         return self.target.sqlite_path is not None
 
     def close(self) -> None:
-        for conn in self._held:
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._held.clear()
+        self._writers.close()
+        self._readers.close()
         self.engine.dispose()
 
     # -- statements --
@@ -519,49 +645,34 @@ class Database:
         transaction a bounded number of times, with jitter, if the database stays busy.
 
         If `fn` returns a JobcoordError instead of raising it, the transaction commits (so a
-        refusal can be recorded as an event) and the error is raised afterwards."""
+        refusal can be recorded as an event) and the error is raised afterwards. Called from
+        inside a transaction of this thread, `fn` joins that transaction (no retry of its
+        own: the outer one retries as a whole)."""
         return self._transaction(fn, where, write=True)
 
     def read(self, fn: Callable[[Connection], T], where: str = "") -> T:
-        """Run `fn` in a read transaction (deferred BEGIN: takes no write lock)."""
+        """Run `fn` in a read transaction: one consistent snapshot for all its statements
+        (SQLite: a deferred BEGIN, which takes no write lock; PostgreSQL: REPEATABLE READ,
+        READ ONLY)."""
         return self._transaction(fn, where, write=False)
-
-    def _write_connection(self) -> Connection | None:
-        """This thread's write connection, kept open between transactions: checking a
-        connection out of the pool and back costs more than a whole claim. None when this
-        thread is already inside a write transaction (a nested write gets its own)."""
-        local = self._local
-        conn: Connection | None = getattr(local, "conn", None)
-        if conn is None or local.pid != os.getpid() or conn.closed or conn.invalidated:
-            conn = self.write_engine.connect()
-            local.conn, local.pid = conn, os.getpid()
-            self._held.append(conn)
-        return None if conn.in_transaction() else conn
-
-    def _drop_write_connection(self, conn: Connection) -> None:
-        self._local.conn = None
-        with contextlib.suppress(ValueError):
-            self._held.remove(conn)
-        with contextlib.suppress(Exception):
-            conn.close()
 
     @contextlib.contextmanager
     def _begin(self, write: bool) -> Iterator[Connection]:
-        held = self._write_connection() if write else None
-        if held is None:
-            with (self.write_engine if write else self.engine).begin() as conn, \
-                    self._direct(conn):
-                yield conn
-            return
+        cache = self._writers if write else self._readers
+        conn = cache.take()
+        healthy = False
+        self._local.conn, self._local.writing = conn, write
         try:
-            with held.begin(), self._direct(held):
-                yield held
+            with conn.begin(), self._direct(conn):
+                yield conn
+            healthy = True
         except JobcoordError:
-            raise  # a rule's refusal: rolled back, the connection is fine
-        except BaseException:
-            # The failure may have left the connection half-begun: start afresh next time.
-            self._drop_write_connection(held)
+            healthy = True  # a rule's refusal: rolled back, the connection is fine
             raise
+        finally:
+            # After a driver error the connection may be half-begun: never reuse it.
+            self._local.conn = None
+            cache.give(conn, healthy)
 
     @contextlib.contextmanager
     def _direct(self, conn: Connection) -> Iterator[None]:
@@ -577,7 +688,25 @@ class Database:
         finally:
             local.direct = outer
 
+    def _count_busy(self, err: JobcoordError, started: float) -> None:
+        name = err.details.get("sqlite_error") or err.details.get("sqlstate") or "?"
+        with self._stats_lock:
+            self.stats.busy_errors[name] = self.stats.busy_errors.get(name, 0) + 1
+            if self.is_sqlite and time.monotonic() - started < self.busy_timeout / 2:
+                self.stats.busy_unwaited += 1
+
     def _transaction(self, fn: Callable[[Connection], T], where: str, *, write: bool) -> T:
+        outer = getattr(self._local, "conn", None)
+        if outer is not None:
+            # Nested in a transaction of this thread: join it. A write inside a read cannot
+            # (SQLite would upgrade a reader, PostgreSQL's snapshot is read only).
+            if write and not self._local.writing:
+                raise JobcoordError("internal_error", "a write cannot run inside a read "
+                                    f"transaction ({where})")
+            result = fn(outer)
+            if isinstance(result, JobcoordError):
+                raise result
+            return result
         attempt = 0
         while True:
             attempt += 1
@@ -589,22 +718,21 @@ class Database:
                         raise result
             except self._driver_errors as e:
                 err = classify(e, where)
-                if _is_busy(err):
-                    name = err.details.get("sqlite_error") or err.details.get("sqlstate") or "?"
-                    self.stats.busy_errors[name] = self.stats.busy_errors.get(name, 0) + 1
-                    if self.is_sqlite and time.monotonic() - started < self.busy_timeout / 2:
-                        self.stats.busy_unwaited += 1
-                if _is_busy(err) and attempt < self.busy_retries:
-                    self.stats.busy_retries += 1
+                busy = isinstance(err, DatabaseBusy)
+                if busy:
+                    self._count_busy(err, started)
+                if busy and attempt < self.busy_retries:
+                    with self._stats_lock:
+                        self.stats.busy_retries += 1
                     # Jitter so that retrying processes do not collide again in lockstep.
                     time.sleep(random.uniform(0.02, 0.1) * attempt)
                     continue
-                if _is_busy(err):
-                    self.stats.busy_failures += 1
-                    err.message = (
-                        f"the database is still locked after {attempt} attempts; nothing was "
-                        "changed, try again"
-                    )
+                if busy:
+                    with self._stats_lock:
+                        self.stats.busy_failures += 1
+                    err = DatabaseBusy(
+                        err.code, f"the database is still locked after {attempt} attempts; "
+                        "nothing was changed, try again", **err.details)
                 raise err from e
             if isinstance(result, JobcoordError):
                 raise result
