@@ -525,6 +525,12 @@ class Database:
             self.read_engine = self.engine
             self._writers = _ConnectionCache(self.write_engine)
             self._readers = _ConnectionCache(self.read_engine)
+
+            @event.listens_for(self.engine, "engine_disposed")
+            def _forget(_engine: Engine) -> None:
+                # Disposing the engine means "no old connection from here on": the stacks too.
+                self._writers.close()
+                self._readers.close()
         else:
             import psycopg
 
