@@ -1,7 +1,8 @@
 """The `jobcoord` command: parse, call the coordinator, print. No rules live here.
 
 Every command takes `--json` and then prints exactly one JSON object on stdout; errors become
-`{"error": {"code", "message"}}` and the exit code of their class (errors.py, DESIGN.md).
+`{"error": {"code", "message"}}` and the exit code of their class (errors.py; the table in
+README.md "Exit codes"). Long-running commands print JSON Lines instead, one object per pass.
 """
 
 from __future__ import annotations
@@ -98,7 +99,18 @@ def _scalar(val: Any) -> str:
     return "-" if val is None else str(val)
 
 
-json_option = click.option("--json", "as_json", is_flag=True,
+#: What click parsed for the running command, read by `main` when an error escapes it.
+#: --json is decided by the parser, never by looking for the text in argv: in
+#: `enqueue k --key --json` it is the idempotency key, not a switch.
+_PARSED: dict[str, bool] = {}
+
+
+def _note(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    _PARSED[param.name or ""] = bool(value)
+    return value
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_note,
                            help="Print exactly one JSON object on stdout.")
 tenant_option = click.option("--tenant", default=None,
                              help="Act only within this tenant (others' jobs are invisible).")
@@ -145,7 +157,8 @@ def _read_json_source(inline: str | None, path: str | None, field: str, limit: i
 @click.option("--busy-timeout", type=click.FloatRange(0.0, 600.0), default=5.0,
               envvar="JOBCOORD_BUSY_TIMEOUT", show_default=True,
               help="Seconds to wait for a lock before each bounded retry.")
-@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+@click.option("--debug", is_flag=True, callback=_note,
+              help="Show tracebacks for internal errors.")
 @click.version_option(__version__, prog_name="jobcoord")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, url: str | None, policy_path: str | None,
@@ -615,8 +628,38 @@ def demo(s: Settings, directory: str | None, as_json: bool) -> None:
 # --- entry point ----------------------------------------------------------------------------
 
 
-def _wants(flag: str, argv: list[str]) -> bool:
-    return flag in argv
+def _value_options(command: click.Command) -> set[str]:
+    """The option names of `command` that take a value (the next token is that value)."""
+    names: set[str] = set()
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.is_flag and not param.count:
+            names.update(param.opts)
+    return names
+
+
+def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
+    """(--json, --debug) for a command line click could not parse: a token counts only where
+    click would read it as that flag, not as the value of an option before it, and not after
+    `--`. --debug belongs before the command name, --json after it."""
+    group_values = _value_options(cli)
+    i, debug = 0, False
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        if argv[i] == "--debug":
+            debug = True
+        i += 2 if argv[i] in group_values else 1
+    if i >= len(argv) or argv[i] == "--":
+        return False, debug
+    command = cli.commands.get(argv[i])
+    rest = argv[i + 1:]
+    if command is None:  # an unknown command: its options are unknown too
+        return "--json" in rest[:rest.index("--")] if "--" in rest else "--json" in rest, debug
+    values = _value_options(command)
+    j = 0
+    while j < len(rest) and rest[j] != "--":
+        if rest[j] == "--json":
+            return True, debug
+        j += 2 if rest[j] in values else 1
+    return False, debug
 
 
 def _print_error(err: JobcoordError, as_json: bool) -> None:
@@ -629,19 +672,27 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI; map every failure to its documented exit code, never a traceback (unless
     --debug for internal errors)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json, debug = _wants("--json", args), _wants("--debug", args)
+    _PARSED.clear()
+
+    def modes() -> tuple[bool, bool]:
+        # What click parsed, when it got that far; the argv scan only for what it did not.
+        scanned = _flag_in_argv(args)
+        return (_PARSED.get("as_json", scanned[0]), _PARSED.get("debug", scanned[1]))
+
     try:
         code = cli.main(args=args, prog_name="jobcoord", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        click.echo("jobcoord: aborted", err=True)
+        # Ctrl-C at a prompt or during a read: nothing half-done was committed.
+        click.echo("jobcoord: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         err = InvalidInput("usage_error", e.format_message())
-        _print_error(err, as_json)
+        _print_error(err, modes()[0])
         sys.exit(2)
     except JobcoordError as e:
+        as_json, debug = modes()
         if debug and type(e) is JobcoordError:
             traceback.print_exc()
         _print_error(e, as_json)
@@ -652,8 +703,11 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(0)
     except KeyboardInterrupt:
+        # Ctrl-C: every write is one transaction, so an interrupted one was rolled back.
+        click.echo("jobcoord: interrupted", err=True)
         sys.exit(130)
     except Exception as e:
+        as_json, debug = modes()
         if debug:
             traceback.print_exc()
         err = JobcoordError("internal_error", f"unexpected error: {type(e).__name__}: {e}"

@@ -71,7 +71,8 @@ class SchemaMismatch(JobcoordError):
     default_code = "not_migrated"
 
 
-#: Exit code table, the contract in DESIGN.md; the README repeats it and a test compares them.
+#: Exit code table, the contract scripts rely on; README.md "Exit codes" repeats it and
+#: tests/test_docs.py compares them.
 EXIT_CODES: dict[int, str] = {
     0: "done",
     1: "unexpected internal error (traceback only with --debug)",
@@ -82,4 +83,5 @@ EXIT_CODES: dict[int, str] = {
     6: "storage unavailable: cannot open, read-only, disk full, I/O error",
     7: "corrupt: not a database, malformed, integrity or invariant check failed",
     8: "schema mismatch: not migrated, older or newer than the code",
+    130: "interrupted (Ctrl-C); nothing half-done was committed",
 }

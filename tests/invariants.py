@@ -27,7 +27,7 @@ from typing import Any
 
 FINAL = {"succeeded", "dead", "cancelled"}
 
-#: Every status change the state machine allows (DESIGN.md "Job states"). Events whose
+#: Every status change the state machine allows (README.md "Job states"). Events whose
 #: from-status equals their to-status record something without a transition (an external
 #: effect started, a cancellation was requested, a late result was refused).
 TRANSITIONS = {
