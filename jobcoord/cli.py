@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -61,6 +62,29 @@ def _dump(payload: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, sort_keys=False)
 
 
+#: Characters that data must not bring to a terminal: C0 controls (line breaks, escape
+#: sequences), DEL, C1 controls (U+0085 is a line break, U+009B a CSI), the Unicode line and
+#: paragraph separators, and the bidi marks, embeddings, overrides and isolates that reorder
+#: what is shown.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    ch = found.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return f"\\x{ord(ch):02x}" if ord(ch) <= 0xFF else f"\\u{ord(ch):04x}"
+
+
+def safe_text(value: Any) -> str:
+    """`value` as text that cannot start a line, move the cursor or reorder the display:
+    every unsafe character is written as a visible escape (\\n, \\x1b, \\u2028). Applied to
+    every piece of data in text output; JSON output carries the data unchanged."""
+    return _UNSAFE.sub(_escape, str(value))
+
+
 def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] | None = None,
          code: int = 0) -> None:
     """Print the result (one JSON object, or text for people) and exit with `code`."""
@@ -77,14 +101,14 @@ def _human(payload: Any, indent: str = "") -> str:
     if isinstance(payload, dict):
         for k, val in payload.items():
             if isinstance(val, dict | list) and val:
-                lines.append(f"{indent}{k}:")
+                lines.append(f"{indent}{safe_text(k)}:")
                 lines.append(_human(val, indent + "  "))
             else:
-                lines.append(f"{indent}{k}: {_scalar(val)}")
+                lines.append(f"{indent}{safe_text(k)}: {_scalar(val)}")
     elif isinstance(payload, list):
         for item in payload:
             if isinstance(item, dict):
-                lines.append(f"{indent}- " + ", ".join(f"{k}={_scalar(x)}"
+                lines.append(f"{indent}- " + ", ".join(f"{safe_text(k)}={_scalar(x)}"
                                                      for k, x in item.items()))
             else:
                 lines.append(f"{indent}- {_scalar(item)}")
@@ -95,8 +119,8 @@ def _human(payload: Any, indent: str = "") -> str:
 
 def _scalar(val: Any) -> str:
     if isinstance(val, dict | list):
-        return _dump(val)
-    return "-" if val is None else str(val)
+        return safe_text(_dump(val))
+    return "-" if val is None else safe_text(val)
 
 
 #: What click parsed for the running command, read by `main` when an error escapes it.
@@ -305,13 +329,14 @@ def claim(s: Settings, worker_id: str, lease: str | None, kinds: tuple[str, ...]
     """Claim the first eligible job; exit 3 with the reason when there is none."""
     result = s.coordinator().claim(worker_id, lease_s=lease, kinds=kinds or None)
     if result["job"] is None:
-        emit(as_json, result, f"nothing to claim: {result['reason']}: {result['detail']}",
+        emit(as_json, result, f"nothing to claim: {result['reason']}: "
+             f"{safe_text(result['detail'])}",
              code=EXIT_NOTHING_TO_CLAIM)
         return
     job, lease_info = result["job"], result["lease"]
-    emit(as_json, result, lambda: f"claimed job {job['job_id']} ({job['kind']}, "
+    emit(as_json, result, lambda: f"claimed job {job['job_id']} ({safe_text(job['kind'])}, "
          f"P{job['priority']}) epoch {lease_info['epoch']} until {lease_info['expires_at']}\n"
-         f"payload: {_dump(job['payload'])}")
+         f"payload: {safe_text(_dump(job['payload']))}")
 
 
 @cli.command()
@@ -489,8 +514,9 @@ def jobs(s: Settings, status_: str | None, kind: str | None, tenant: str | None,
 
     def table() -> str:
         rows = [f"{'id':>8} {'status':<10} {'P':<2} {'kind':<20} {'tenant':<12} attempts"]
-        rows += [f"{j['job_id']:>8} {j['status']:<10} P{j['priority']} {j['kind']:<20} "
-                 f"{j['tenant']:<12} {j['attempts']}/{j['max_attempts']}"
+        rows += [f"{j['job_id']:>8} {j['status']:<10} P{j['priority']} "
+                 f"{safe_text(j['kind']):<20} {safe_text(j['tenant']):<12} "
+                 f"{j['attempts']}/{j['max_attempts']}"
                  for j in result["jobs"]]
         return "\n".join(rows)
 
@@ -516,7 +542,7 @@ def explain(s: Settings, job_id: str, tenant: str | None, as_json: bool) -> None
     """Why a job is or is not being picked up right now."""
     result = s.coordinator().explain(job_id, tenant=tenant)
     emit(as_json, result, lambda: f"job {result['job_id']} is {result['status']}\n" + "\n".join(
-        f"- {r['code']}: {r['detail']}" for r in result["reasons"]))
+        f"- {r['code']}: {safe_text(r['detail'])}" for r in result["reasons"]))
 
 
 @cli.command()
@@ -545,7 +571,7 @@ def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool)
     c = s.coordinator()
     result = run_transfer(c.db, c.features, dest, allow_active_leases=allow_active_leases)
     emit(as_json, result, lambda: "\n".join(
-        [f"copied {result['source']} to {result['target']}, verified:"]
+        [f"copied {safe_text(result['source'])} to {safe_text(result['target'])}, verified:"]
         + [f"  {name}: {t['rows']} rows, sha256 {t['sha256'][:16]}..."
            for name, t in result["tables"].items()]))
 
@@ -665,7 +691,8 @@ def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
 def _print_error(err: JobcoordError, as_json: bool) -> None:
     if as_json:
         click.echo(_dump(err.to_json()))
-    click.echo(f"jobcoord: error: {err.message}", err=True)
+    # One line on stderr whatever the message echoes (a path, a value): data cannot add one.
+    click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:
