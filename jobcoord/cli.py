@@ -150,21 +150,30 @@ def fenced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _read_json_source(inline: str | None, path: str | None, field: str, limit: int
-                      ) -> str | bytes | None:
-    """--x JSON or --x-file PATH|- (stdin), read with a size bound."""
+def _read_json_source(inline: str | None, path: str | None, field: str, limit: int,
+                      too_large_code: str) -> str | bytes | None:
+    """--x JSON or --x-file PATH|- (stdin), read with a size bound: never more than
+    limit + 1 bytes, and a source with more is refused here, with its size when a regular
+    file says it (a pipe does not)."""
+    from .validate import too_large
+
     if inline is not None and path is not None:
         raise InvalidInput("invalid_input", f"give --{field} or --{field}-file, not both")
     if path is None:
         return inline
     try:
+        size: int | None = None
         if path == "-":
             data = sys.stdin.buffer.read(limit + 1)
         else:
             with open(path, "rb") as f:
                 data = f.read(limit + 1)
+                if len(data) > limit and os.path.isfile(path):
+                    size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise InvalidInput("invalid_input", f"cannot read {path}: {e.strerror}") from None
+    if len(data) > limit:
+        raise too_large(field, size, limit, too_large_code)
     return data
 
 
@@ -292,7 +301,8 @@ def enqueue(s: Settings, kind: str, payload: str | None, payload_file: str | Non
             max_attempts: str | None, deadline: str | None, delay: str, as_json: bool) -> None:
     """Accept a job; print its id only after it is committed."""
     c = s.coordinator()
-    raw = _read_json_source(payload, payload_file, "payload", c.policy.max_payload_bytes)
+    raw = _read_json_source(payload, payload_file, "payload", c.policy.max_payload_bytes,
+                            "payload_too_large")
     result = c.enqueue(kind, "{}" if raw is None else raw, priority=priority, role=role,
                        tenant="default" if tenant is None else tenant, key=key,
                        max_attempts=max_attempts, deadline_s=deadline, delay_s=delay)
@@ -364,7 +374,8 @@ def complete(s: Settings, job_id: str, worker: str, epoch: str, result: str | No
              result_file: str | None, tenant: str | None, as_json: bool) -> None:
     """Deliver the result: only the owner, at the current epoch, before expiry."""
     c = s.coordinator()
-    raw = _read_json_source(result, result_file, "result", c.policy.max_result_bytes)
+    raw = _read_json_source(result, result_file, "result", c.policy.max_result_bytes,
+                            "result_too_large")
     emit(as_json, c.complete(job_id, worker, epoch, "{}" if raw is None else raw,
                              tenant=tenant))
 

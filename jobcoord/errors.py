@@ -18,6 +18,11 @@ class JobcoordError(Exception):
         self.details = details
         super().__init__(self.message)
 
+    def __str__(self) -> str:
+        # The message may be rewritten after construction (the busy retry says how many
+        # attempts were made): str() always shows the current one.
+        return self.message
+
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details:
