@@ -1,13 +1,15 @@
 """The `jobcoord` command: parse, call the coordinator, print. No rules live here.
 
 Every command takes `--json` and then prints exactly one JSON object on stdout; errors become
-`{"error": {"code", "message"}}` and the exit code of their class (errors.py, DESIGN.md).
+`{"error": {"code", "message"}}` and the exit code of their class (errors.py; the table in
+README.md "Exit codes"). Long-running commands print JSON Lines instead, one object per pass.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import traceback
 from collections.abc import Callable
@@ -60,6 +62,29 @@ def _dump(payload: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, sort_keys=False)
 
 
+#: Characters that data must not bring to a terminal: C0 controls (line breaks, escape
+#: sequences), DEL, C1 controls (U+0085 is a line break, U+009B a CSI), the Unicode line and
+#: paragraph separators, and the bidi marks, embeddings, overrides and isolates that reorder
+#: what is shown.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    ch = found.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return f"\\x{ord(ch):02x}" if ord(ch) <= 0xFF else f"\\u{ord(ch):04x}"
+
+
+def safe_text(value: Any) -> str:
+    """`value` as text that cannot start a line, move the cursor or reorder the display:
+    every unsafe character is written as a visible escape (\\n, \\x1b, \\u2028). Applied to
+    every piece of data in text output; JSON output carries the data unchanged."""
+    return _UNSAFE.sub(_escape, str(value))
+
+
 def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] | None = None,
          code: int = 0) -> None:
     """Print the result (one JSON object, or text for people) and exit with `code`."""
@@ -76,14 +101,14 @@ def _human(payload: Any, indent: str = "") -> str:
     if isinstance(payload, dict):
         for k, val in payload.items():
             if isinstance(val, dict | list) and val:
-                lines.append(f"{indent}{k}:")
+                lines.append(f"{indent}{safe_text(k)}:")
                 lines.append(_human(val, indent + "  "))
             else:
-                lines.append(f"{indent}{k}: {_scalar(val)}")
+                lines.append(f"{indent}{safe_text(k)}: {_scalar(val)}")
     elif isinstance(payload, list):
         for item in payload:
             if isinstance(item, dict):
-                lines.append(f"{indent}- " + ", ".join(f"{k}={_scalar(x)}"
+                lines.append(f"{indent}- " + ", ".join(f"{safe_text(k)}={_scalar(x)}"
                                                      for k, x in item.items()))
             else:
                 lines.append(f"{indent}- {_scalar(item)}")
@@ -94,11 +119,22 @@ def _human(payload: Any, indent: str = "") -> str:
 
 def _scalar(val: Any) -> str:
     if isinstance(val, dict | list):
-        return _dump(val)
-    return "-" if val is None else str(val)
+        return safe_text(_dump(val))
+    return "-" if val is None else safe_text(val)
 
 
-json_option = click.option("--json", "as_json", is_flag=True,
+#: What click parsed for the running command, read by `main` when an error escapes it.
+#: --json is decided by the parser, never by looking for the text in argv: in
+#: `enqueue k --key --json` it is the idempotency key, not a switch.
+_PARSED: dict[str, bool] = {}
+
+
+def _note(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    _PARSED[param.name or ""] = bool(value)
+    return value
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_note,
                            help="Print exactly one JSON object on stdout.")
 tenant_option = click.option("--tenant", default=None,
                              help="Act only within this tenant (others' jobs are invisible).")
@@ -114,21 +150,30 @@ def fenced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _read_json_source(inline: str | None, path: str | None, field: str, limit: int
-                      ) -> str | bytes | None:
-    """--x JSON or --x-file PATH|- (stdin), read with a size bound."""
+def _read_json_source(inline: str | None, path: str | None, field: str, limit: int,
+                      too_large_code: str) -> str | bytes | None:
+    """--x JSON or --x-file PATH|- (stdin), read with a size bound: never more than
+    limit + 1 bytes, and a source with more is refused here, with its size when a regular
+    file says it (a pipe does not)."""
+    from .validate import too_large
+
     if inline is not None and path is not None:
         raise InvalidInput("invalid_input", f"give --{field} or --{field}-file, not both")
     if path is None:
         return inline
     try:
+        size: int | None = None
         if path == "-":
             data = sys.stdin.buffer.read(limit + 1)
         else:
             with open(path, "rb") as f:
                 data = f.read(limit + 1)
+                if len(data) > limit and os.path.isfile(path):
+                    size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise InvalidInput("invalid_input", f"cannot read {path}: {e.strerror}") from None
+    if len(data) > limit:
+        raise too_large(field, size, limit, too_large_code)
     return data
 
 
@@ -145,7 +190,8 @@ def _read_json_source(inline: str | None, path: str | None, field: str, limit: i
 @click.option("--busy-timeout", type=click.FloatRange(0.0, 600.0), default=5.0,
               envvar="JOBCOORD_BUSY_TIMEOUT", show_default=True,
               help="Seconds to wait for a lock before each bounded retry.")
-@click.option("--debug", is_flag=True, help="Show tracebacks for internal errors.")
+@click.option("--debug", is_flag=True, callback=_note,
+              help="Show tracebacks for internal errors.")
 @click.version_option(__version__, prog_name="jobcoord")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, url: str | None, policy_path: str | None,
@@ -255,7 +301,8 @@ def enqueue(s: Settings, kind: str, payload: str | None, payload_file: str | Non
             max_attempts: str | None, deadline: str | None, delay: str, as_json: bool) -> None:
     """Accept a job; print its id only after it is committed."""
     c = s.coordinator()
-    raw = _read_json_source(payload, payload_file, "payload", c.policy.max_payload_bytes)
+    raw = _read_json_source(payload, payload_file, "payload", c.policy.max_payload_bytes,
+                            "payload_too_large")
     result = c.enqueue(kind, "{}" if raw is None else raw, priority=priority, role=role,
                        tenant="default" if tenant is None else tenant, key=key,
                        max_attempts=max_attempts, deadline_s=deadline, delay_s=delay)
@@ -292,13 +339,14 @@ def claim(s: Settings, worker_id: str, lease: str | None, kinds: tuple[str, ...]
     """Claim the first eligible job; exit 3 with the reason when there is none."""
     result = s.coordinator().claim(worker_id, lease_s=lease, kinds=kinds or None)
     if result["job"] is None:
-        emit(as_json, result, f"nothing to claim: {result['reason']}: {result['detail']}",
+        emit(as_json, result, f"nothing to claim: {result['reason']}: "
+             f"{safe_text(result['detail'])}",
              code=EXIT_NOTHING_TO_CLAIM)
         return
     job, lease_info = result["job"], result["lease"]
-    emit(as_json, result, lambda: f"claimed job {job['job_id']} ({job['kind']}, "
+    emit(as_json, result, lambda: f"claimed job {job['job_id']} ({safe_text(job['kind'])}, "
          f"P{job['priority']}) epoch {lease_info['epoch']} until {lease_info['expires_at']}\n"
-         f"payload: {_dump(job['payload'])}")
+         f"payload: {safe_text(_dump(job['payload']))}")
 
 
 @cli.command()
@@ -326,7 +374,8 @@ def complete(s: Settings, job_id: str, worker: str, epoch: str, result: str | No
              result_file: str | None, tenant: str | None, as_json: bool) -> None:
     """Deliver the result: only the owner, at the current epoch, before expiry."""
     c = s.coordinator()
-    raw = _read_json_source(result, result_file, "result", c.policy.max_result_bytes)
+    raw = _read_json_source(result, result_file, "result", c.policy.max_result_bytes,
+                            "result_too_large")
     emit(as_json, c.complete(job_id, worker, epoch, "{}" if raw is None else raw,
                              tenant=tenant))
 
@@ -476,8 +525,9 @@ def jobs(s: Settings, status_: str | None, kind: str | None, tenant: str | None,
 
     def table() -> str:
         rows = [f"{'id':>8} {'status':<10} {'P':<2} {'kind':<20} {'tenant':<12} attempts"]
-        rows += [f"{j['job_id']:>8} {j['status']:<10} P{j['priority']} {j['kind']:<20} "
-                 f"{j['tenant']:<12} {j['attempts']}/{j['max_attempts']}"
+        rows += [f"{j['job_id']:>8} {j['status']:<10} P{j['priority']} "
+                 f"{safe_text(j['kind']):<20} {safe_text(j['tenant']):<12} "
+                 f"{j['attempts']}/{j['max_attempts']}"
                  for j in result["jobs"]]
         return "\n".join(rows)
 
@@ -503,7 +553,7 @@ def explain(s: Settings, job_id: str, tenant: str | None, as_json: bool) -> None
     """Why a job is or is not being picked up right now."""
     result = s.coordinator().explain(job_id, tenant=tenant)
     emit(as_json, result, lambda: f"job {result['job_id']} is {result['status']}\n" + "\n".join(
-        f"- {r['code']}: {r['detail']}" for r in result["reasons"]))
+        f"- {r['code']}: {safe_text(r['detail'])}" for r in result["reasons"]))
 
 
 @cli.command()
@@ -532,7 +582,7 @@ def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool)
     c = s.coordinator()
     result = run_transfer(c.db, c.features, dest, allow_active_leases=allow_active_leases)
     emit(as_json, result, lambda: "\n".join(
-        [f"copied {result['source']} to {result['target']}, verified:"]
+        [f"copied {safe_text(result['source'])} to {safe_text(result['target'])}, verified:"]
         + [f"  {name}: {t['rows']} rows, sha256 {t['sha256'][:16]}..."
            for name, t in result["tables"].items()]))
 
@@ -615,33 +665,72 @@ def demo(s: Settings, directory: str | None, as_json: bool) -> None:
 # --- entry point ----------------------------------------------------------------------------
 
 
-def _wants(flag: str, argv: list[str]) -> bool:
-    return flag in argv
+def _value_options(command: click.Command) -> set[str]:
+    """The option names of `command` that take a value (the next token is that value)."""
+    names: set[str] = set()
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.is_flag and not param.count:
+            names.update(param.opts)
+    return names
+
+
+def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
+    """(--json, --debug) for a command line click could not parse: a token counts only where
+    click would read it as that flag, not as the value of an option before it, and not after
+    `--`. --debug belongs before the command name, --json after it."""
+    group_values = _value_options(cli)
+    i, debug = 0, False
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        if argv[i] == "--debug":
+            debug = True
+        i += 2 if argv[i] in group_values else 1
+    if i >= len(argv) or argv[i] == "--":
+        return False, debug
+    command = cli.commands.get(argv[i])
+    rest = argv[i + 1:]
+    if command is None:  # an unknown command: its options are unknown too
+        return "--json" in rest[:rest.index("--")] if "--" in rest else "--json" in rest, debug
+    values = _value_options(command)
+    j = 0
+    while j < len(rest) and rest[j] != "--":
+        if rest[j] == "--json":
+            return True, debug
+        j += 2 if rest[j] in values else 1
+    return False, debug
 
 
 def _print_error(err: JobcoordError, as_json: bool) -> None:
     if as_json:
         click.echo(_dump(err.to_json()))
-    click.echo(f"jobcoord: error: {err.message}", err=True)
+    # One line on stderr whatever the message echoes (a path, a value): data cannot add one.
+    click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; map every failure to its documented exit code, never a traceback (unless
     --debug for internal errors)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    as_json, debug = _wants("--json", args), _wants("--debug", args)
+    _PARSED.clear()
+
+    def modes() -> tuple[bool, bool]:
+        # What click parsed, when it got that far; the argv scan only for what it did not.
+        scanned = _flag_in_argv(args)
+        return (_PARSED.get("as_json", scanned[0]), _PARSED.get("debug", scanned[1]))
+
     try:
         code = cli.main(args=args, prog_name="jobcoord", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
-        click.echo("jobcoord: aborted", err=True)
+        # Ctrl-C at a prompt or during a read: nothing half-done was committed.
+        click.echo("jobcoord: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         err = InvalidInput("usage_error", e.format_message())
-        _print_error(err, as_json)
+        _print_error(err, modes()[0])
         sys.exit(2)
     except JobcoordError as e:
+        as_json, debug = modes()
         if debug and type(e) is JobcoordError:
             traceback.print_exc()
         _print_error(e, as_json)
@@ -652,8 +741,11 @@ def main(argv: list[str] | None = None) -> None:
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(0)
     except KeyboardInterrupt:
+        # Ctrl-C: every write is one transaction, so an interrupted one was rolled back.
+        click.echo("jobcoord: interrupted", err=True)
         sys.exit(130)
     except Exception as e:
+        as_json, debug = modes()
         if debug:
             traceback.print_exc()
         err = JobcoordError("internal_error", f"unexpected error: {type(e).__name__}: {e}"

@@ -18,6 +18,11 @@ class JobcoordError(Exception):
         self.details = details
         super().__init__(self.message)
 
+    def __str__(self) -> str:
+        # The message may be rewritten after construction (the busy retry says how many
+        # attempts were made): str() always shows the current one.
+        return self.message
+
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"code": self.code, "message": self.message}
         if self.details:
@@ -71,7 +76,8 @@ class SchemaMismatch(JobcoordError):
     default_code = "not_migrated"
 
 
-#: Exit code table, the contract in DESIGN.md; the README repeats it and a test compares them.
+#: Exit code table, the contract scripts rely on; README.md "Exit codes" repeats it and
+#: tests/test_docs.py compares them.
 EXIT_CODES: dict[int, str] = {
     0: "done",
     1: "unexpected internal error (traceback only with --debug)",
@@ -82,4 +88,5 @@ EXIT_CODES: dict[int, str] = {
     6: "storage unavailable: cannot open, read-only, disk full, I/O error",
     7: "corrupt: not a database, malformed, integrity or invariant check failed",
     8: "schema mismatch: not migrated, older or newer than the code",
+    130: "interrupted (Ctrl-C); nothing half-done was committed",
 }

@@ -1,18 +1,21 @@
-"""Test-only fault points.
+"""Fault points, switched on only by the test suite.
 
-`point("claim.after_take")` does nothing in normal use. When the environment variable
-JOBCOORD_FAULT names that point, the process pauses or dies right there, inside the
-transaction, so a test can prove that a crash between two statements leaves either the whole
-change or none of it. The variable is read once, at import, so the hot path costs one dict
-lookup on an empty dict.
+`point("claim.after_take")` does nothing in normal use. A test can make the process pause or
+die right there, inside the transaction, to prove that a crash between two statements leaves
+either the whole change or none of it. The hot path costs one test of an empty dict.
 
-    JOBCOORD_FAULT="claim.after_lease:kill"            SIGKILL this process at that point
-    JOBCOORD_FAULT="completed.after_update:sleep=3"    sleep 3 seconds there
-    JOBCOORD_FAULT="a:kill,b:sleep=1"                  several points at once
+Nothing here reads the environment: an installed jobcoord cannot be steered into dying or
+into unsafe transactions by a variable set in a production process's environment. The test
+suite turns the points on in the processes it starts, through a `sitecustomize` module it
+puts on their path (tests/fault_site/), which calls `install` and `set_deferred_writes`:
 
-JOBCOORD_TEST_DEFERRED_WRITES=1 makes write transactions on SQLite start with a plain
-(deferred) BEGIN instead of BEGIN IMMEDIATE. It exists only so the contention tests can prove
-that they would catch that regression.
+    install("claim.after_lease:kill")            SIGKILL this process at that point
+    install("completed.after_update:sleep=3")    sleep 3 seconds there
+    install("a:kill,b:sleep=1")                  several points at once
+
+`set_deferred_writes(True)` makes write transactions on SQLite start with a plain (deferred)
+BEGIN instead of BEGIN IMMEDIATE, so the contention tests can prove that they would catch that
+regression. db.py reads DEFERRED_WRITES when a Database is created.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from __future__ import annotations
 import os
 import signal
 import time
+
+_ACTIONS: dict[str, tuple[str, float]] = {}
+DEFERRED_WRITES = False
 
 
 def _parse(spec: str) -> dict[str, tuple[str, float]]:
@@ -31,13 +37,21 @@ def _parse(spec: str) -> dict[str, tuple[str, float]]:
         elif action.startswith("sleep="):
             actions[name] = ("sleep", float(action.removeprefix("sleep=")))
         else:
-            raise ValueError(f"JOBCOORD_FAULT: cannot read {item!r} (use NAME:kill or "
+            raise ValueError(f"fault spec: cannot read {item!r} (use NAME:kill or "
                              "NAME:sleep=SECONDS)")
     return actions
 
 
-_ACTIONS = _parse(os.environ.get("JOBCOORD_FAULT", ""))
-DEFERRED_WRITES = os.environ.get("JOBCOORD_TEST_DEFERRED_WRITES", "") == "1"
+def install(spec: str) -> None:
+    """Arm the fault points named in `spec` (replacing any armed before); "" disarms all."""
+    global _ACTIONS
+    _ACTIONS = _parse(spec)
+
+
+def set_deferred_writes(flag: bool) -> None:
+    """Start SQLite write transactions with a deferred BEGIN (only to test the tests)."""
+    global DEFERRED_WRITES
+    DEFERRED_WRITES = bool(flag)
 
 
 def point(name: str) -> None:

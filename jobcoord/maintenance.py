@@ -2,8 +2,10 @@
 
 `check` runs SQLite's own check (quick or full) and the application invariants, which hold
 on both databases. `backup` uses SQLite's online backup API in a single step (a page-by-page
-backup restarts on every write and may never finish under load), writes to a temporary file,
-syncs and renames it, then opens the copy on its own connection and checks it. `restore` is
+backup restarts on every write and may never finish under load) into a temporary file, opens
+that copy on its own connection and checks it, and only then syncs and renames it into place:
+a copy that fails its check never replaces anything, so the last good backup survives a
+damaged database. `restore` is
 the way back: a backup proven whole becomes a new database, never written over an old one.
 """
 
@@ -21,7 +23,6 @@ from .db import Database, Target, classify, create_private_file, resolve_target
 from .errors import (
     DatabaseCorrupt,
     InvalidInput,
-    JobcoordError,
     SchemaMismatch,
     StorageUnavailable,
 )
@@ -103,30 +104,37 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
-    # The copy should stand alone: one file, no -wal beside it.
-    _copy_into_place(f"file:{quote(source)}?mode=ro", dest, journal_mode="delete",
-                     replace=True, what="backing up")
-    copy_check = _check_copy(dest)
-    result = {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
-              "quick_check": copy_check, "ok": copy_check == ["ok"]}
-    if not result["ok"]:
-        raise DatabaseCorrupt("database_corrupt", f"the backup at {dest} failed quick_check: "
-                              f"{copy_check[:3]}", **result)
-    return result
+    # The copy should stand alone: one file, no -wal beside it. It is checked before it is
+    # put in place (a damaged copy raises here and DEST keeps its old bytes).
+    copy_check = _copy_into_place(sqlite_uri(source, "ro"), dest, journal_mode="delete",
+                                  replace=True, what="backing up")
+    return {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
+            "quick_check": copy_check, "ok": True}
+
+
+def sqlite_uri(path: str, mode: str) -> str:
+    """A `file:` URI naming exactly `path`: unquoted, `#` would end the path, `?` start the
+    options and `%` begin an escape, so SQLite would open (or create) another file."""
+    return f"file:{quote(path)}?mode={mode}"
 
 
 def _check_copy(path: str) -> list[str]:
+    """quick_check of a copy on its own read-only connection. A copy that cannot be opened or
+    read is a storage problem (StorageUnavailable, exit 6), not a damaged copy; a copy that is
+    not a database at all is reported as a finding, like any damage."""
     try:
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        # immutable: the copy is a closed file no other connection knows about, so no locks
+        # are needed, and SQLite leaves no -wal or -shm beside it.
+        conn = sqlite3.connect(sqlite_uri(path, "ro&immutable=1"), uri=True)
         try:
             return [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
         finally:
             conn.close()
     except sqlite3.Error as e:
-        err = classify(e, "checking the backup")
-        if isinstance(err, JobcoordError):
+        err = classify(e, "checking the copy")
+        if isinstance(err, DatabaseCorrupt):
             return [err.message]
-        raise
+        raise err from e
 
 
 def _unlink(path: str) -> None:
@@ -147,8 +155,8 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
     files with a -wal beside them may be torn), pass integrity_check and the application
     invariants, and be at a revision this jobcoord knows. It is copied with the backup API
     into a temporary file next to the target, switched to WAL like every migrated database,
-    synced, linked into place (which fails rather than replace a file that appeared
-    meanwhile), then quick-checked and opened."""
+    quick-checked, synced, linked into place (which fails rather than replace a file that
+    appeared meanwhile), then opened."""
     from .migrate import verify_schema
 
     if target.sqlite_path is None:
@@ -186,6 +194,12 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
         try:
             features = verify_schema(src_db)
         except SchemaMismatch as e:
+            if e.code == "not_migrated":
+                # Advice to migrate would be advice to write into the backup: say what it is.
+                raise SchemaMismatch(
+                    "not_migrated", f"{source} is not a jobcoord backup (it holds no jobcoord "
+                    "schema); nothing was restored. Restore from a file written by "
+                    "`jobcoord backup`") from e
             if e.code != "schema_outdated":  # an older backup restores; `migrate` follows
                 raise
             features = set()
@@ -197,18 +211,12 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
             "database_corrupt", f"the backup {source} failed its checks; nothing was restored",
             integrity_check=found.get("integrity_check"), violations=found["violations"])
 
-    # 2. The copy: WAL like every migrated database, linked into place when complete.
-    _copy_into_place(f"file:{quote(source)}?mode=ro&immutable=1", dest, journal_mode="wal",
-                     replace=False, what="restoring")
-
-    # 3. The copy is the backup page for page, which passed integrity_check and every
-    # invariant: a quick_check (as `backup` runs on its copies) catches a write that went
-    # wrong on the way, without checking the same rows twice.
-    copy_check = _check_copy(dest)
-    if copy_check != ["ok"]:
-        _unlink_with_sidecars(dest)
-        raise DatabaseCorrupt("database_corrupt", f"the restored copy at {dest} failed "
-                              f"quick_check and was removed: {copy_check[:3]}")
+    # 2. The copy: WAL like every migrated database, quick-checked, then linked into place.
+    # It is the backup page for page, which passed integrity_check and every invariant: the
+    # quick_check (as `backup` runs on its copies) catches a write that went wrong on the
+    # way, without checking the same rows twice.
+    copy_check = _copy_into_place(sqlite_uri(source, "ro&immutable=1"), dest,
+                                  journal_mode="wal", replace=False, what="restoring")
     db = Database.open(target)  # as the coordinator opens it
     try:
         counts = dict(db.read(lambda conn: db.run_text(
@@ -221,17 +229,22 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
 
 
 def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: bool,
-                     what: str) -> None:
+                     what: str) -> list[str]:
     """Copy a database with the online backup API, in one step, into a temporary file beside
-    `dest`; set its journal mode, sync it and put it in place: renamed over `dest` when
-    `replace`, otherwise linked, which fails rather than replace a file that appeared
-    meanwhile. A failure leaves no temporary file behind."""
+    `dest`; set its journal mode, quick_check the copy, sync it and put it in place: renamed
+    over `dest` when `replace`, otherwise linked, which fails rather than replace a file that
+    appeared meanwhile. Returns the quick_check rows (["ok"]).
+
+    Nothing is put in place before the copy passed its check: a damaged copy raises
+    DatabaseCorrupt and `dest` is exactly what it was. A failure leaves no temporary file
+    behind."""
     parent = os.path.dirname(dest)
     tmp = f"{dest}.tmp-{os.getpid()}"
     create_private_file(tmp)
     try:
         src = sqlite3.connect(source_uri, uri=True, timeout=30)
         try:
+            # A plain path, not a URI: sqlite3.connect without uri=True never parses it.
             dst = sqlite3.connect(tmp)
             try:
                 src.backup(dst)  # pages=-1: the whole database in one step
@@ -243,6 +256,13 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
         if mode != journal_mode:
             raise StorageUnavailable("wal_unsupported", f"the filesystem under {parent} "
                                      f"refused journal_mode={journal_mode} (it stayed {mode})")
+        found = _check_copy(tmp)
+        if found != ["ok"]:
+            kept = (f"{dest} was left as it was" if os.path.lexists(dest)
+                    else f"nothing was written at {dest}")
+            raise DatabaseCorrupt(
+                "database_corrupt", f"{what}: the copy failed quick_check, so the source "
+                f"database is damaged; {kept}: {found[:3]}", quick_check=found[:20])
         _sync(tmp)
         if replace:
             os.replace(tmp, dest)
@@ -263,6 +283,7 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
     except BaseException:
         _unlink_with_sidecars(tmp)
         raise
+    return found
 
 
 def _sync(path: str) -> None:

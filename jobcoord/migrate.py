@@ -55,6 +55,26 @@ def current_revisions(db: Database, conn: Connection) -> set[str]:
     return {r[0] for r in rows}
 
 
+def unversioned_tables(db: Database, conn: Connection) -> list[str]:
+    """jobcoord's own tables found in a database that records no revision (alembic_version
+    missing or empty): a database whose schema nobody can vouch for."""
+    from .models import CORE_TABLES
+
+    return [t for t in CORE_TABLES if db.engine.dialect.has_table(conn, t)]
+
+
+def _unknown_schema(db: Database, tables: list[str]) -> SchemaMismatch:
+    return SchemaMismatch(
+        "schema_unknown",
+        f"{db.target.display()} holds jobcoord tables ({', '.join(tables)}) but records no "
+        "schema revision (its alembic_version table is missing or empty), so which version "
+        "its tables are is unknown. jobcoord neither uses nor migrates such a database: "
+        "restore it from a backup (`jobcoord restore`), or move it away and run `jobcoord "
+        "migrate` to start a new one",
+        tables=tables,
+    )
+
+
 def installed_features(revisions: set[str]) -> set[str]:
     return {f for f, revs in OPTIONAL_REVISIONS.items() if revisions & set(revs)}
 
@@ -62,7 +82,11 @@ def installed_features(revisions: set[str]) -> set[str]:
 def verify_schema(db: Database) -> set[str]:
     """Raise SchemaMismatch unless the database is at exactly this code's revisions.
     Returns the optional features installed."""
-    revisions = db.read(lambda conn: current_revisions(db, conn), "reading the schema version")
+    def _read(conn: Connection) -> tuple[set[str], list[str]]:
+        revisions = current_revisions(db, conn)
+        return revisions, ([] if revisions else unversioned_tables(db, conn))
+
+    revisions, orphans = db.read(_read, "reading the schema version")
     known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
     unknown = revisions - known
     if unknown:
@@ -72,6 +96,8 @@ def verify_schema(db: Database) -> set[str]:
             "jobcoord understands; upgrade jobcoord",
         )
     core = revisions & set(CORE_REVISIONS)
+    if not core and orphans:
+        raise _unknown_schema(db, orphans)
     if not core:
         raise SchemaMismatch(
             "not_migrated",
@@ -125,6 +151,28 @@ def _enable_wal(db: Database, wait_s: float = 60.0) -> str:
     return "wal"
 
 
+def _is_driver_error(e: BaseException) -> bool:
+    """A database driver's error, wrapped by SQLAlchemy or raw (a PRAGMA on the DB-API
+    connection raises sqlite3's own)."""
+    if isinstance(e, DBAPIError):
+        return True
+    import sqlite3
+
+    return isinstance(e, sqlite3.Error) or type(e).__module__.split(".")[0] == "psycopg"
+
+
+def _migration_error(e: BaseException) -> JobcoordError:
+    """What a failed migration run tells the operator. A driver error that SQLite's error name
+    or PostgreSQL's SQLSTATE classifies keeps its class (busy: exit 5, storage: 6, corrupt:
+    7); anything else came from inside a migration script: migration_failed (exit 8)."""
+    if _is_driver_error(e):
+        err = classify(e, "migrating")
+        if type(err) is not JobcoordError:  # classified, not the catch-all internal error
+            return err
+    return SchemaMismatch("migration_failed", f"migration failed and was rolled back: "
+                          f"{getattr(e, 'orig', None) or e}")
+
+
 def migrate(
     db: Database, *, add: set[str] | None = None, remove: set[str] | None = None
 ) -> dict[str, Any]:
@@ -155,6 +203,10 @@ def migrate(
                 "schema_newer",
                 "the database was migrated by a newer jobcoord; upgrade jobcoord",
             )
+        if not before:
+            orphans = unversioned_tables(db, conn)
+            if orphans:  # creating the tables again would fail half-way ("already exists")
+                raise _unknown_schema(db, orphans)
         features = (installed_features(before) | add) - remove
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):
@@ -190,12 +242,8 @@ def migrate(
                     raw.execute("PRAGMA foreign_keys=ON")
     except JobcoordError:
         raise
-    except DBAPIError as e:
-        raise classify(e, "migrating") from e
-    except Exception as e:  # an error inside a migration script
-        raise SchemaMismatch(
-            "migration_failed", f"migration failed and was rolled back: {e}"
-        ) from e
+    except Exception as e:
+        raise _migration_error(e) from e
     after = db.read(lambda conn: current_revisions(db, conn))
     result: dict[str, Any] = {
         "revisions_before": sorted(before),

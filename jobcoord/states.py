@@ -3,7 +3,7 @@ without importing the ORM models and with them most of SQLAlchemy."""
 
 from __future__ import annotations
 
-#: Every job status (DESIGN.md "Job states").
+#: Every job status (README.md "Job states").
 STATUSES = ("waiting", "running", "succeeded", "dead", "cancelled", "unknown")
 #: Final for workers: no claim, no completion, no renewal.
 FINAL_STATUSES = ("succeeded", "dead", "cancelled")

@@ -14,6 +14,15 @@ from .errors import InvalidInput
 # no NUL (SQLite functions silently stop at a NUL), no wildcards that could mean "many".
 _NAME = re.compile(r"[A-Za-z0-9_.:@/+-]+")
 _WHOLE = re.compile(r"-?[0-9]+")
+# Numbers typed by people are plain decimals: ASCII digits, at most one dot, an optional
+# leading minus. Python's int() and float() also take "5_0" (50), " 5", "1e3", "inf", "nan"
+# and other scripts' digits ("٣"); none of those is what a user meant by a number of seconds,
+# so each is refused. Exponents are refused too: no duration needs one, and "1e9" typed for
+# a delay is far more likely a mistake than a wish to wait thirty years.
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)")
+#: Digits an integer in JSON may have: Python's own limit for converting text to int, which
+#: otherwise surfaces as a hint about sys.set_int_max_str_digits().
+MAX_INT_DIGITS = 4300
 MAX_NAME = 128
 MAX_WORKER_ID = 200
 MAX_KEY = 200
@@ -91,10 +100,10 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
     if isinstance(value, bool):
         raise _bad(field, "must be a number of seconds")
     if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise _bad(field, f"{value!r} is not a number of seconds") from None
+        if not _DECIMAL.fullmatch(value):
+            raise _bad(field, f"{value!r} is not a number of seconds (plain decimal digits, "
+                       "e.g. 30 or 2.5)")
+        value = float(value)
     if not isinstance(value, int | float):
         raise _bad(field, "must be a number of seconds")
     value = float(value)
@@ -106,23 +115,52 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
     return value
 
 
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdw]?)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdwSMHDW]?)")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def duration(value: Any, field: str, lo: float, hi: float) -> float:
-    """Seconds, or an age for people: 90, 90s, 15m, 12h, 7d, 2w (one unit, ASCII digits)."""
+    """Seconds, or an age for people: 90, 90s, 15m, 12h, 7d, 2w (one unit, ASCII digits, no
+    spaces, no exponent)."""
     if isinstance(value, str):
-        found = _DURATION.fullmatch(value.strip().lower())
+        found = _DURATION.fullmatch(value)
         if found is None:
             raise _bad(field, f"{value!r} is not a duration (seconds, or a number followed "
                        "by s, m, h, d or w: 90, 15m, 12h, 7d)")
-        value = float(found.group(1)) * _UNIT_S[found.group(2)]
+        value = float(found.group(1)) * _UNIT_S[found.group(2).lower()]
     return seconds(value, field, lo, hi)
 
 
 def _no_constants(token: str) -> Any:
     raise ValueError(f"{token} is not valid JSON")
+
+
+class _TooManyDigits(ValueError):
+    pass
+
+
+def _bounded_int(token: str) -> int:
+    digits = len(token.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise _TooManyDigits(f"holds a number with {digits} digits; at most {MAX_INT_DIGITS} "
+                             "are accepted")
+    return int(token)
+
+
+def _huge_int(value: Any) -> bool:
+    """Whether a value (already parsed, e.g. from the Python API) holds an integer too long
+    to write as text."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, int) and not isinstance(item, bool):
+            if abs(item) >= 10**MAX_INT_DIGITS:  # only on the error path: exact, not fast
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def _finite_float(token: str) -> float:
@@ -172,7 +210,7 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
     data as an artifact)."""
     if isinstance(raw, bytes):
         if len(raw) > max_bytes:
-            raise _too_large(field, len(raw), max_bytes, too_large_code)
+            raise too_large(field, len(raw), max_bytes, too_large_code)
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -180,10 +218,12 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
     if isinstance(raw, str):
         utf8_text(raw, field, max_len=max_bytes + 1, allow_empty=True)
         if len(raw.encode("utf-8")) > max_bytes:
-            raise _too_large(field, len(raw.encode("utf-8")), max_bytes, too_large_code)
+            raise too_large(field, len(raw.encode("utf-8")), max_bytes, too_large_code)
         try:
             value = json.loads(raw, parse_constant=_no_constants, parse_float=_finite_float,
-                               object_pairs_hook=_no_duplicates)
+                               parse_int=_bounded_int, object_pairs_hook=_no_duplicates)
+        except _TooManyDigits as e:
+            raise _bad(field, str(e)) from None
         except json.JSONDecodeError as e:
             raise _bad(field, f"is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
                        ) from None
@@ -201,6 +241,8 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
     except UnicodeEncodeError:
         raise _bad(field, "contains a lone surrogate (\\ud800-\\udfff)") from None
     except (TypeError, ValueError) as e:
+        if _huge_int(value):
+            raise _bad(field, f"holds a number with more than {MAX_INT_DIGITS} digits") from None
         raise _bad(field, f"cannot be stored as JSON ({e})") from None
     except RecursionError:
         raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
@@ -210,14 +252,21 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
             and _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH):
         raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
     if size > max_bytes:
-        raise _too_large(field, size, max_bytes, too_large_code)
+        raise too_large(field, size, max_bytes, too_large_code)
     return value, text
 
 
-def _too_large(field: str, size: int, limit: int, code: str) -> InvalidInput:
+def too_large(field: str, size: int | None, limit: int, code: str) -> InvalidInput:
+    """The refusal of an oversized value. `size` None: only the first limit + 1 bytes were
+    read (a pipe, stdin), so all that is known is that it is larger than the limit."""
+    what = f"is {size} bytes" if size is not None else f"is more than {limit} bytes"
+    details: dict[str, Any] = {"field": field, "limit": limit}
+    if size is not None:
+        details["size"] = size
     return InvalidInput(
         code,
-        f"{field} is {size} bytes; the limit is {limit}. Keep large inputs and results as "
+        f"{field} {what}; the limit is {limit}. Keep large inputs and results as "
         "files and pass a reference (artifact storage: `jobcoord migrate --with artifacts`)",
-        field=field, size=size, limit=limit,
+        **details,
     )
+

@@ -9,33 +9,45 @@ drop test databases) and skip, with the reason shown, when it is unset.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import os
-import shutil
 import sys
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
-import pytest
-from freezegun import freeze_time
-
-from jobcoord.db import Database, Target, resolve_target
-from jobcoord.migrate import migrate
-from jobcoord.service import Coordinator
-from tests.timeline import at
-
+# Tests must not pick up a developer's database or policy, nor a fault switch: every
+# JOBCOORD_* variable is removed before anything imports jobcoord (a module reading one at
+# import would otherwise see it). The switches of the test run itself are read first and
+# kept: clearing them would make the PostgreSQL and slow tests impossible to run.
+assert "jobcoord" not in sys.modules, "tests/conftest.py must run before jobcoord is imported"
 PG_URL = os.environ.get("JOBCOORD_TEST_PG_URL")
-PG_SKIP = "JOBCOORD_TEST_PG_URL is not set: PostgreSQL cases skipped"
-
-# Tests must not pick up a developer's database or policy. The switches of the test run itself
-# are read first: clearing them would make the slow tests impossible to run.
 SLOW_TESTS = bool(os.environ.get("JOBCOORD_SLOW_TESTS"))
-for _var in [k for k in os.environ if k.startswith("JOBCOORD_") and k != "JOBCOORD_TEST_PG_URL"]:
+_KEEP = {"JOBCOORD_TEST_PG_URL", "JOBCOORD_SLOW_TESTS"}
+for _var in [k for k in os.environ if k.startswith("JOBCOORD_") and k not in _KEEP]:
     del os.environ[_var]
+
+# Every process the tests start imports tests/fault_site/sitecustomize.py, which arms the
+# fault points named by JOBCOORD_FAULT / JOBCOORD_TEST_DEFERRED_WRITES (see jobcoord/faults.py:
+# jobcoord itself reads neither). A test that sets them uses `environment(...)` below.
+FAULT_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fault_site")
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [FAULT_SITE, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from freezegun import freeze_time  # noqa: E402
+
+from jobcoord.db import Database, Target, resolve_target  # noqa: E402
+from jobcoord.migrate import migrate  # noqa: E402
+from jobcoord.service import Coordinator  # noqa: E402
+from tests.timeline import at  # noqa: E402
+
+PG_SKIP = "JOBCOORD_TEST_PG_URL is not set: PostgreSQL cases skipped"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -25,9 +25,11 @@ import sqlite3
 from collections import defaultdict
 from typing import Any
 
+from jobcoord.maintenance import sqlite_uri
+
 FINAL = {"succeeded", "dead", "cancelled"}
 
-#: Every status change the state machine allows (DESIGN.md "Job states"). Events whose
+#: Every status change the state machine allows (README.md "Job states"). Events whose
 #: from-status equals their to-status record something without a transition (an external
 #: effect started, a cancellation was requested, a late result was refused).
 TRANSITIONS = {
@@ -48,7 +50,7 @@ TRANSITIONS = {
 
 
 def _connect(path: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=30)
+    conn = sqlite3.connect(sqlite_uri(path, "rw"), uri=True, timeout=30)
     conn.isolation_level = None
     return conn
 

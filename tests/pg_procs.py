@@ -1,5 +1,7 @@
 """Bodies of the real processes the PostgreSQL tests start (multiprocessing "spawn": a fresh
-interpreter, no inherited connections). Each writes what it was told to a JSON file."""
+interpreter, no inherited connections). Each writes what it was told to a JSON file. A
+JOBCOORD_FAULT in a process's environment arms its fault points through
+tests/fault_site/sitecustomize.py, which the suite puts on every child's path."""
 
 from __future__ import annotations
 

@@ -127,20 +127,67 @@ def test_eight_processes_drain_five_thousand_jobs_exactly_once(sqlite_target: Ta
     assert jobcoord_cli(path, "check", "--full").returncode == 0
 
 
+#: A writer that commits a real change (the header's user_version) every few milliseconds,
+#: holding the write lock in between. A transaction that began as a reader while it held the
+#: lock is behind the newest commit when it tries to write, and SQLite refuses the upgrade at
+#: once (SQLITE_BUSY_SNAPSHOT). With BEGIN IMMEDIATE every writer waits its turn instead.
+BUMPER = """
+import os, sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+n = 0
+while not os.path.exists(sys.argv[2]):
+    n += 1
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute(f"PRAGMA user_version = {n}")
+    time.sleep(0.01)
+    conn.execute("COMMIT")
+    time.sleep(0.005)
+print(n)
+"""
+
+
 def test_harness_catches_a_deferred_begin(sqlite_target: Target, tmp_path: Path) -> None:
     """The same run with write transactions starting as plain BEGIN: a claim reads as a
     reader and upgrades to a writer later, which SQLite refuses at once (the busy timeout is
     not consulted). The harness must report it, even when the bounded retry hides every
-    refusal from the callers."""
+    refusal from the callers.
+
+    How often workers collide on their own depends on the machine's load (on an idle machine
+    they may not collide at all), so a steady committer makes collisions certain: every
+    worker that starts a claim while it holds the lock is refused, and it holds the lock two
+    thirds of the time for the whole run."""
     path = sqlite_target.sqlite_path
     assert path is not None
-    # 1,000 jobs: a quiet machine shows about one immediate refusal per 40 jobs, so a run this
-    # long cannot plausibly pass unnoticed.
-    with environment(JOBCOORD_TEST_DEFERRED_WRITES="1"):
-        run = run_contention(path, tmp_path, 1000, 8)
-    report(run, "deferred BEGIN, 8 processes, 1,000 jobs")
-    found = findings(path, 1000, run)
+    stop = tmp_path / "stop"
+    bumper = subprocess.Popen([sys.executable, "-c", BUMPER, path, str(stop)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        with environment(JOBCOORD_TEST_DEFERRED_WRITES="1"):
+            run = run_contention(path, tmp_path, 300, 8)
+    finally:
+        stop.touch()
+        commits, _ = bumper.communicate(timeout=60)
+    report(run, "deferred BEGIN, 8 processes, 300 jobs, a steady committer")
+    assert int(commits) > 0
+    found = findings(path, 300, run)
     assert found, "the contention harness did not notice write transactions using BEGIN"
+
+
+def test_a_steady_committer_alone_is_not_a_finding(sqlite_target: Target, tmp_path: Path
+                                                   ) -> None:
+    """The control for the test above: the same committer beside workers that use BEGIN
+    IMMEDIATE leaves nothing to report, so what it found was the deferred BEGIN."""
+    path = sqlite_target.sqlite_path
+    assert path is not None
+    stop = tmp_path / "stop"
+    bumper = subprocess.Popen([sys.executable, "-c", BUMPER, path, str(stop)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        run = run_contention(path, tmp_path, 300, 8)
+    finally:
+        stop.touch()
+        bumper.communicate(timeout=60)
+    assert findings(path, 300, run) == []
 
 
 # --- the busy bound ----------------------------------------------------------------------

@@ -232,7 +232,7 @@ def test_prune_from_the_cli(coord: Coordinator, cli: Any) -> None:
 
 
 @pytest.mark.parametrize("age,seconds", [("90", 90), ("90s", 90), ("15m", 900),
-                                         ("1.5h", 5400), ("7D", 604800), (" 2w ", 1209600)])
+                                         ("1.5h", 5400), ("7D", 604800), ("2w", 1209600)])
 def test_ages_are_seconds_or_a_number_with_a_unit(age: str, seconds: float) -> None:
     from jobcoord import validate as v
 

@@ -15,6 +15,7 @@ import pytest
 from freezegun import freeze_time
 
 from jobcoord.db import Target, resolve_target
+from jobcoord.maintenance import sqlite_uri
 from jobcoord.models import CORE_TABLES
 from jobcoord.service import Coordinator
 from tests.conftest import run_cli
@@ -24,7 +25,7 @@ IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
 
 
 def rows(path: Path | str) -> dict[str, list[tuple[Any, ...]]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    conn = sqlite3.connect(sqlite_uri(str(path), "ro"), uri=True)
     try:
         return {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall()
                 for t in CORE_TABLES}

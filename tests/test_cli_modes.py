@@ -1,0 +1,93 @@
+"""How the CLI decides its output mode and its exit on Ctrl-C.
+
+JSON mode is what click parsed for `--json`, never the text "--json" found anywhere in argv:
+as the value of an option (`enqueue k --key --json`) it is that value. Only a usage error that
+stops parsing falls back to reading argv, and then only where `--json` stands as a flag.
+Ctrl-C exits 130 with nothing half-done committed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobcoord.cli import _flag_in_argv
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.conftest import dump
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_json_given_as_an_option_value_is_that_value_not_json_mode(coord: Coordinator,
+                                                                   cli) -> None:
+    r = cli("enqueue", "k", "--key", "--json")
+    assert r.code == 0, (r.out, r.err)
+    assert r.out.startswith("job ") and "enqueued" in r.out  # text, as parsed
+    job = coord.jobs()["jobs"][0]
+    assert coord.show(job["job_id"])["job"]["idempotency_key"] == "--json"
+    # The same key again is the same job: the value really was the key.
+    again = cli("enqueue", "k", "--key", "--json", "--json")
+    assert again.code == 0 and json.loads(again.out)["created"] is False
+
+
+def test_an_error_after_json_as_a_value_is_reported_as_text(coord: Coordinator, cli) -> None:
+    before = dump(coord)
+    bad = cli("enqueue", "k", "--key", "--json", "--priority", "9")
+    assert bad.code == 2 and bad.out == "", (bad.out, bad.err)
+    assert bad.err.startswith("jobcoord: error: priority")
+    usage = cli("enqueue", "k", "--key", "--json", "--no-such-flag")
+    assert usage.code == 2 and usage.out == "", (usage.out, usage.err)
+    assert dump(coord) == before
+
+
+def test_a_usage_error_with_json_as_a_flag_is_reported_as_json(cli) -> None:
+    r = cli("enqueue", "k", "--no-such-flag", "--json")
+    assert r.code == 2 and json.loads(r.out)["error"]["code"] == "usage_error"
+    r = cli("claim", "w1", "--lease", "--json")  # --json is --lease's value: then bad input
+    assert r.code == 2 and r.out == ""
+
+
+def test_the_argv_fallback_skips_option_values_and_stops_at_double_dash() -> None:
+    assert _flag_in_argv(["enqueue", "k", "--json"]) == (True, False)
+    assert _flag_in_argv(["enqueue", "k", "--key", "--json"]) == (False, False)
+    assert _flag_in_argv(["enqueue", "--", "--json"]) == (False, False)
+    assert _flag_in_argv(["--db", "--json", "status"]) == (False, False)
+    assert _flag_in_argv(["--debug", "--db", "x.db", "show", "--tenant", "--debug"]
+                         ) == (False, True)
+    assert _flag_in_argv(["frobnicate", "--json"]) == (True, False)
+
+
+def _reading_stdin(pid: int) -> bool:
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+        syscall = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return "pipe" in wchan or syscall[:2] in (["0", "0x0"], ["63", "0x0"])
+
+
+def test_ctrl_c_exits_130_and_commits_nothing(sqlite_target: Target) -> None:
+    path = sqlite_target.sqlite_path or ""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", path, "enqueue", "k", "--payload-file", "-",
+         "--json"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not _reading_stdin(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "Traceback" not in err and "interrupted" in err
+    with Coordinator.open(sqlite_target) as c:
+        assert c.jobs()["jobs"] == []
