@@ -280,7 +280,7 @@ class ObjectReader:
         except BaseException:
             os.close(self._fd)
             raise
-        #: Size on disk when opened; the bytes read must match it (and the expected size).
+        #: Size on disk when opened (unverified until the stream ends).
         self.size = st.st_size
 
     def readinto(self, buf: memoryview) -> int:
@@ -303,9 +303,6 @@ class ObjectReader:
         if self._expected_size is not None and self._read != self._expected_size:
             raise _corrupt(self.digest, self.path,
                            f"{self._read} bytes, expected {self._expected_size}")
-        if self._read != self.size:
-            raise _corrupt(self.digest, self.path,
-                           f"{self._read} bytes read, {self.size} on disk when opened")
         actual = self._hash.hexdigest()
         if actual != self._hex:
             raise _corrupt(self.digest, self.path, f"its bytes hash to sha256:{actual}")
