@@ -25,14 +25,21 @@ from benchmarks._common import Scratch, conditions, median
 MiB = 1 << 20
 
 RSS_CHILD = r"""
-import json, os, resource, sys
+import json, os, sys
 from jobcoord.artifacts import ObjectStore
 src, root, dest = sys.argv[1:4]
 store = ObjectStore(root)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def hwm_kib():
+    # Peak RSS of this process image. ru_maxrss is not used: it carries over the parent's
+    # peak across fork + exec, which would hide any growth below the parent's size.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+before = hwm_kib()
 obj = store.put(src)
 store.copy_to(obj.digest, dest)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = hwm_kib()
 print(json.dumps({"before_kib": before, "peak_kib": after, "size": obj.size}))
 """
 

@@ -242,16 +242,23 @@ def test_copy_to_a_missing_directory_or_onto_a_directory_is_invalid_input(
 
 
 RSS_SCRIPT = r"""
-import json, os, resource, sys
+import json, os, sys
 from jobcoord.artifacts import ObjectStore
 src, root, dest = sys.argv[1:4]
 store = ObjectStore(root)
+
+def hwm_kib():
+    # Peak RSS of this process image. ru_maxrss is not used: it carries over the parent's
+    # peak across fork + exec, which would hide any growth below the parent's size.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
 # Everything is imported; the measurement starts before the first put, so that the put's
 # own buffers count.
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = hwm_kib()
 obj = store.put(src)
 store.copy_to(obj.digest, dest)
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = hwm_kib()
 print(json.dumps({"digest": obj.digest, "size": obj.size, "growth_kib": after - before}))
 """
 
