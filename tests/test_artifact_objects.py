@@ -11,6 +11,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -628,3 +629,12 @@ def test_non_string_name_is_refused() -> None:
                                   "...", ".env", "with space", "100%#?&.bin"])
 def test_good_artifact_names_are_accepted(name: str) -> None:
     assert validate_name(name) == name
+
+
+def test_every_proof_named_in_docs_artifacts_exists() -> None:
+    text = (REPO / "docs" / "artifacts.md").read_text()
+    named = set(re.findall(r"`(tests/[\w/]+\.py)::(test_\w+)`", text))
+    assert len(named) >= 15, "docs/artifacts.md names too few proofs"
+    for path, test in sorted(named):
+        source = (REPO / path).read_text()
+        assert re.search(rf"^def {test}\(", source, re.M), f"{path}::{test} does not exist"
