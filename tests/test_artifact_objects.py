@@ -106,6 +106,7 @@ def test_path_bytes_and_file_object_give_the_sha256sum_digest(store: ObjectStore
     assert [o.created for o in (from_path, from_str, from_bytes, from_file, from_stream)] == [
         True, False, False, False, False]
     assert Path(from_path.path).read_bytes() == data
+    assert b"".join(store.read(from_path.digest)) == data  # several chunks, verified
 
 
 def test_empty_content_is_an_object(store: ObjectStore, tmp_path: Path) -> None:
@@ -237,6 +238,18 @@ def test_copy_to_a_missing_directory_or_onto_a_directory_is_invalid_input(
         with pytest.raises(InvalidInput):
             store.copy_to(obj.digest, dest)
     assert not (tmp_path / "no").exists()
+
+
+def test_copy_to_a_full_filesystem_gives_destination_full_and_leaves_nothing(
+        store: ObjectStore) -> None:
+    obj = store.put(os.urandom(3 * MiB))
+    with small_tmpfs("2m") as mount_dir:
+        dest = os.path.join(mount_dir, "out.bin")
+        with pytest.raises(StorageUnavailable) as exc:
+            store.copy_to(obj.digest, dest)
+        assert exc.value.code == "destination_full" and exc.value.exit_code == 6
+        assert os.listdir(mount_dir) == []
+    assert store.verify(obj.digest) == "ok"
 
 
 # --- memory ---------------------------------------------------------------------------------
