@@ -352,9 +352,14 @@ class ObjectStore:
     def _ensure_layout(self) -> None:
         """Create root, objects/sha256 and tmp if needed, each new entry made durable."""
         try:
-            if not os.path.isdir(self.root):
-                os.makedirs(self.root, 0o700, exist_ok=True)
-                _fsync_dir(os.path.dirname(self.root))
+            missing = []
+            path = self.root
+            while not os.path.isdir(path) and os.path.dirname(path) != path:
+                missing.append(path)
+                path = os.path.dirname(path)
+            for directory in reversed(missing):  # outermost first, each entry made durable
+                if _mkdir(directory):
+                    _fsync_dir(os.path.dirname(directory))
             for parent, child in ((self.root, "objects"), (self.root, "tmp"),
                                   (os.path.join(self.root, "objects"), ALGORITHM)):
                 if _mkdir(os.path.join(parent, child)):
