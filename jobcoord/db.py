@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Connection, CursorResult, Engine, make_url
+from sqlalchemy.engine import URL, Connection, CursorResult, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import NullPool, QueuePool
@@ -120,7 +120,11 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
         path = db if db is not None else "jobcoord.db"
         if not path or "\x00" in path:
             raise InvalidInput("invalid_input", "--db must be a file path")
-        return Target(url=f"sqlite:///{path}", sqlite_path=os.path.abspath(path))
+        path = os.path.abspath(path)
+        # Quoted by URL.create: a raw "sqlite:///" + path would read "?" as the start of the
+        # query and "#" as a fragment, and name another file.
+        return Target(url=URL.create("sqlite", database=path).render_as_string(),
+                      sqlite_path=path)
     try:
         parsed = make_url(url)
     except ArgumentError as e:

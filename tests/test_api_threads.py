@@ -331,3 +331,12 @@ def test_database_objects_share_nothing_between_processes_after_a_fork(
         assert db.read(lambda c: db.run_text(c, "SELECT 1").scalar()) == 1
     finally:
         db.close()
+
+
+def test_a_sqlite_target_url_names_exactly_its_file(tmp_path: Any) -> None:
+    from sqlalchemy.engine import make_url
+
+    path = str(tmp_path / "a b#1?x=%41.db")
+    t = resolve_target(db=path)
+    assert make_url(t.url).database == path
+    assert resolve_target(url=t.url).sqlite_path == path
