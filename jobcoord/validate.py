@@ -221,3 +221,31 @@ def _too_large(field: str, size: int, limit: int, code: str) -> InvalidInput:
         "files and pass a reference (artifact storage: `jobcoord migrate --with artifacts`)",
         field=field, size=size, limit=limit,
     )
+
+
+#: At most this many roles or kinds per call: a claim probes the index once per (role, kind)
+#: pair, and SQLite allows at most 500 terms in one compound SELECT ((20 + 1) * 20 = 420).
+MAX_NAMES = 20
+
+
+def names(value: Any, field: str, *, empty: str | None = None) -> list[str]:
+    """A list of names (roles, kinds, statuses), sorted and without repeats. A bare string is
+    ONE name, never its characters, in every method. `empty` is the message refusing an empty
+    list; without it an empty list is accepted."""
+    if isinstance(value, str):
+        value = [value]
+    elif not isinstance(value, list | tuple | set | frozenset):
+        raise _bad(field, "give a name or a list of names")
+    if len(value) > MAX_NAMES:
+        raise _bad(field, f"{len(value)} names; the limit is {MAX_NAMES}")
+    out = sorted({name(item, field) for item in value})
+    if not out and empty is not None:
+        raise _bad(field, empty)
+    return out
+
+
+def flag(value: Any, field: str) -> bool:
+    """A yes/no argument: True or False only (not 0, 1, "yes" or None)."""
+    if not isinstance(value, bool):
+        raise _bad(field, "must be true or false")
+    return value
