@@ -165,13 +165,27 @@ _SET_STATUS = SQL(
 # not anything reads it, and the lease and the event are written only for the row the
 # compare-and-set actually changed.
 
-# The claim: the candidate probes (each locking its row, skipping rows others hold), then the
-# take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt": n,
-# "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
-# string of the expiry. One row: the candidate's id, then the taken job (NULLs when the
-# compare-and-set took nothing); no row when there was no candidate.
+# The claim: the candidate probes read the first :heads rows of each (role, kind) slice WITHOUT
+# locks; `pick` then locks only the one row it returns, the first candidate in claim order that
+# no concurrent claimer holds (FOR UPDATE SKIP LOCKED; a row another claim took meanwhile fails
+# the status recheck). Locking in every probe would hold the head of every slice until commit,
+# and a concurrent claimer could be told nothing waits while jobs it could take were untaken.
+# Then the take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt":
+# n, "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
+# string of the expiry. Always one row: how many candidates the probes found, the picked id
+# (NULL when every candidate was held by other claimers), then the taken job (NULLs when the
+# compare-and-set took nothing).
+_CLAIM_PICK = (
+    "SELECT job_id FROM jobs WHERE job_id IN (SELECT job_id FROM cand)"
+    " AND status = 'waiting' AND priority <= :maxp AND run_after <= :now"
+    " AND (deadline_at IS NULL OR deadline_at > :now)"
+    " ORDER BY priority, created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+#: Heads read per slice by a PostgreSQL claim; the next size is tried only when every
+#: candidate was held by concurrent claimers.
+CLAIM_HEADS = (4, 64, 1024)
 _CLAIM_FOLDED = (
-    "WITH {probes}, pick AS ({pick}),"
+    "WITH {probes}, cand AS MATERIALIZED ({union}), pick AS MATERIALIZED ({pick}),"
     " taken AS (UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
     " effect_started = :f, updated_at = :now WHERE job_id = (SELECT job_id FROM pick)"
     " AND status = 'waiting'"
@@ -182,9 +196,9 @@ _CLAIM_FOLDED = (
     " worker_id, epoch, detail) SELECT job_id, :now, 'waiting', 'running', 'claimed', :worker,"
     " epoch, '{{\"attempt\":' || CAST(attempts AS text) || ',\"expires_at\":' || :expires_json"
     " || '}}' FROM taken)"
-    " SELECT pick.job_id, taken.job_id, taken.kind, taken.priority, taken.payload_json,"
-    " taken.attempts, taken.max_attempts, taken.epoch, taken.tenant"
-    " FROM pick LEFT JOIN taken ON true"
+    " SELECT (SELECT count(*) FROM cand), pick.job_id, taken.job_id, taken.kind,"
+    " taken.priority, taken.payload_json, taken.attempts, taken.max_attempts, taken.epoch,"
+    " taken.tenant FROM (SELECT 1) AS one LEFT JOIN pick ON true LEFT JOIN taken ON true"
 )
 # A running job's end: _FINISH's compare-and-set, the lease dropped, the event recorded only
 # for the row it changed. Returns how many rows the compare-and-set changed.
@@ -583,18 +597,21 @@ class Coordinator:
         params: dict[str, Any] = {f"r{i}": role for i, role in enumerate(roles, 1)}
         if kinds is not None:
             params.update((f"k{j}", kind) for j, kind in enumerate(kinds))
-        lock = self.db.lock_clause()
-        shape = (len(roles), None if kinds is None else len(kinds), True, lock + " take")
+        shape = (len(roles), None if kinds is None else len(kinds), True, " take")
         text = _CANDIDATE_TEXT.get(shape)
         if text is None:
-            probes, pick = self._candidate_parts(roles, kinds, True, lock)
-            text = _CANDIDATE_TEXT[shape] = _CLAIM_FOLDED.format(probes=probes, pick=pick)
+            probes, union = self._candidate_parts(roles, kinds, True, "", limit=":heads",
+                                                  union_only=True)
+            text = _CANDIDATE_TEXT[shape] = _CLAIM_FOLDED.format(probes=probes, union=union,
+                                                                 pick=_CLAIM_PICK)
         return text, params
 
     @staticmethod
     def _candidate_parts(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
-                         lock: str) -> tuple[str, str]:
-        """The probes (named CTEs) and the select that picks the first of their heads."""
+                         lock: str, *, limit: str = "1", union_only: bool = False
+                         ) -> tuple[str, str]:
+        """The probes (named CTEs) and the select that picks the first of their heads (or,
+        with union_only, the union of every probe's rows)."""
         parts = []
         role_opts: list[str | None] = [None, *roles]
         kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
@@ -613,10 +630,12 @@ class Coordinator:
                 parts.append(
                     f"c{i}_{j} AS MATERIALIZED (SELECT job_id, priority, created_at FROM jobs"
                     f" WHERE {' AND '.join(where)} ORDER BY priority, created_at, job_id"
-                    f" LIMIT 1{lock})"
+                    f" LIMIT {limit}{lock})"
                 )
         names = [p.split(" ", 1)[0] for p in parts]
         union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
+        if union_only:
+            return ", ".join(parts), union
         return (", ".join(parts), f"SELECT job_id FROM ({union}) AS candidates"
                 " ORDER BY priority, created_at, job_id LIMIT 1")
 
@@ -669,13 +688,19 @@ class Coordinator:
             text, params = self._claim_folded_sql(roles, kinds)
             params.update(now=now, maxp=gates.max_priority, f=False, worker=worker_id,
                           expires=expires, expires_json=v.dumps(iso(expires)))
-            found = self.db.execute(conn, SQL.cached(text), params).fetchone()
-            if found is None:
+            for heads in CLAIM_HEADS:
+                params["heads"] = heads
+                found = self.db.execute(conn, SQL.cached(text), params).fetchone()
+                # Every candidate held by other claimers, and a slice may hold more: look
+                # further down the slices before saying they are all being claimed.
+                if found[1] is not None or found[0] < heads:
+                    break
+            if found[1] is None:
                 code, detail = self._why_nothing(conn, roles, kinds, gates, now)
                 return self._refuse(conn, worker_id, now, code, detail)
-            if found[1] is None:  # the compare-and-set took nothing: defence in depth
+            if found[2] is None:  # the compare-and-set took nothing: defence in depth
                 return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
-            job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = found[1:]
+            job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = found[2:]
             # All three happened in that one statement; a fault here still sits inside the
             # open transaction, before its commit.
             faults.point("claim.after_take")
