@@ -87,7 +87,7 @@ def test_c0002_upgrades_a_populated_c0001_database_in_place_and_back(
 
         out = migrate(db)
         assert out["revisions_before"] == ["c0001"] and out["revisions"] == ["c0002"]
-        assert NEW_INDEXES <= _indexes(db)
+        assert _indexes(db) >= NEW_INDEXES
         assert _snapshot(db) == before
         assert check(db)["ok"]
         c = Coordinator(db)  # verify_schema accepts the upgraded database
