@@ -378,7 +378,7 @@ class Coordinator:
 
     def _lease_seconds(self, lease_s: float | None) -> int:
         value = self.policy.default_lease_s if lease_s is None else lease_s
-        return seconds_to_us(v.seconds(value, "lease", 0, self.policy.max_lease_s,
+        return seconds_to_us(v.finite_seconds(value, "lease", 0, self.policy.max_lease_s,
                                        lo_inclusive=False))
 
     def _check_spec(self, spec: JobSpec,
@@ -392,10 +392,10 @@ class Coordinator:
             max_bytes=p.max_payload_bytes, require_object=True,
         )
         deadline_us = None
-        delay_us = seconds_to_us(v.seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
+        delay_us = seconds_to_us(v.finite_seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
         if spec.deadline_s is not None:
             deadline_us = seconds_to_us(
-                v.seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
+                v.finite_seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
             if deadline_us <= delay_us:
                 # A job that may not start before its deadline could only ever die.
                 raise InvalidInput("invalid_input", "deadline: must be later than the delay "
@@ -408,7 +408,7 @@ class Coordinator:
             role=None if spec.role is None else _name(names, spec.role, "role"),
             tenant=_name(names, spec.tenant, "tenant"),
             key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
-            max_attempts=v.integer(
+            max_attempts=v.whole(
                 p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
                 "max_attempts", 1, 100),
             deadline_in_us=deadline_us,
@@ -862,9 +862,9 @@ class Coordinator:
     def _fenced(self, job_id: Any, worker_id: str, epoch: Any, tenant: str | None
                 ) -> tuple[int, str, int, str | None]:
         return (
-            v.integer(job_id, "job_id", 1, 2**62),
+            v.whole(job_id, "job_id", 1, 2**62),
             v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID),
-            v.integer(epoch, "epoch", 0, 2**31 - 1),
+            v.whole(epoch, "epoch", 0, 2**31 - 1),
             v.optional_name(tenant, "tenant"),
         )
 
@@ -1084,7 +1084,7 @@ class Coordinator:
         used up, `unknown` when an external effect had started, `cancelled` when asked), and
         waiting jobs past their deadline into `dead`. Safe from any number of processes: each
         change is a compare-and-set on (status, epoch)."""
-        limit = v.integer(limit, "limit", 1, 100_000)
+        limit = v.whole(limit, "limit", 1, 100_000)
         sqlite = self.db.is_sqlite
         expired_sql = _EXPIRED_LEASES if sqlite else _EXPIRED_LEASES_LOCKED
         overdue_sql = _OVERDUE_WAITING if sqlite else _OVERDUE_WAITING_LOCKED
@@ -1146,7 +1146,7 @@ class Coordinator:
         return dict(zip(_JOB_COLUMNS, row, strict=True))
 
     def _operator(self, op: str, job_id: Any, tenant: str | None, fn: Any) -> dict[str, Any]:
-        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        job_id = v.whole(job_id, "job_id", 1, 2**62)
         tenant = v.optional_name(tenant, "tenant")
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
@@ -1272,7 +1272,7 @@ class Coordinator:
         with `reconcile` first. The newest job is kept whatever its age, so no job id is ever
         handed out twice. A pruned job's idempotency key is forgotten (the same key makes a
         new job), and the files its artifact rows named are left where they are."""
-        older_s = v.duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
+        older_s = v.safe_duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
         if isinstance(statuses, str):
             statuses = [statuses]
         if statuses is not None and (not isinstance(statuses, list | tuple | set | frozenset)
@@ -1293,9 +1293,9 @@ class Coordinator:
             raise InvalidInput("invalid_input", "status: name at least one status",
                                field="status")
         tenant = v.optional_name(tenant, "tenant")
-        batch = v.integer(batch, "batch", 1, 10_000)
+        batch = v.whole(batch, "batch", 1, 10_000)
         if pause_s is not None:
-            pause_s = v.seconds(pause_s, "pause", 0, 60)
+            pause_s = v.finite_seconds(pause_s, "pause", 0, 60)
         now = now_us()
         cutoff = now - seconds_to_us(older_s)
         params: dict[str, Any] = {f"s{i}": st for i, st in enumerate(chosen)}
@@ -1377,7 +1377,7 @@ class Coordinator:
             raise InvalidInput("invalid_input", f"status must be one of {', '.join(STATUSES)}")
         kind = v.optional_name(kind, "kind")
         tenant = v.optional_name(tenant, "tenant")
-        limit = v.integer(limit, "limit", 1, 10_000)
+        limit = v.whole(limit, "limit", 1, 10_000)
         where, params = [], {"limit": limit}
         for col, val in (("status", status), ("kind", kind), ("tenant", tenant)):
             if val is not None:
@@ -1396,7 +1396,7 @@ class Coordinator:
 
     def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """A job with its lease, full event history, checkpoints and provenance."""
-        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        job_id = v.whole(job_id, "job_id", 1, 2**62)
         tenant = v.optional_name(tenant, "tenant")
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
@@ -1475,7 +1475,7 @@ class Coordinator:
 
     def explain(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """Why this job is (or is not) being picked up right now."""
-        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        job_id = v.whole(job_id, "job_id", 1, 2**62)
         tenant = v.optional_name(tenant, "tenant")
         now = now_us()
 

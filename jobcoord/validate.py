@@ -249,3 +249,27 @@ def flag(value: Any, field: str) -> bool:
     if not isinstance(value, bool):
         raise _bad(field, "must be true or false")
     return value
+
+
+def whole(value: Any, field: str, lo: int, hi: int) -> int:
+    """`integer`, safe for any int: one out of range is refused without being formatted in
+    full (Python refuses to print an int of more than 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        raise _bad(field, f"is outside {lo}..{hi}")
+    return integer(value, field, lo, hi)
+
+
+def finite_seconds(value: Any, field: str, lo: float, hi: float, *,
+                   lo_inclusive: bool = True) -> float:
+    """`seconds`, safe for any int: one too large for a float is refused as out of range
+    instead of overflowing when converted."""
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
+    return seconds(value, field, lo, hi, lo_inclusive=lo_inclusive)
+
+
+def safe_duration(value: Any, field: str, lo: float, hi: float) -> float:
+    """`duration`, with `finite_seconds`' check of ints first."""
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
+    return duration(value, field, lo, hi)
