@@ -1,6 +1,7 @@
 """The coordinator: every rule of the job lifecycle, in one place.
 
-Each public method is one short transaction (or none) and returns plain dicts ready for JSON.
+Each public method is one short transaction (prune: one per batch; some reads: none) and
+returns plain dicts ready for JSON.
 Write transactions begin with BEGIN IMMEDIATE on SQLite (db.py), so reading a job and changing
 it can never interleave with another writer. Every state change is additionally a
 compare-and-set on (status, epoch), and writes its job_events row in the same transaction.
@@ -1273,13 +1274,7 @@ class Coordinator:
         handed out twice. A pruned job's idempotency key is forgotten (the same key makes a
         new job), and the files its artifact rows named are left where they are."""
         older_s = v.safe_duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
-        if isinstance(statuses, str):
-            statuses = [statuses]
-        if statuses is not None and (not isinstance(statuses, list | tuple | set | frozenset)
-                                     or not all(isinstance(x, str) for x in statuses)):
-            raise InvalidInput("invalid_input", "status: give a list of status names",
-                               field="status")
-        chosen = sorted(set(FINAL_STATUSES if statuses is None else statuses))
+        chosen = sorted(FINAL_STATUSES) if statuses is None else v.names(statuses, "status")
         for status in chosen:
             if status == "unknown":
                 raise InvalidInput("invalid_input", "status: unknown jobs are never pruned; "
