@@ -90,3 +90,21 @@ def test_the_largest_retry_values_allowed_do_not_overflow(target, tmp_path, cli,
         coord.close()
     path = _policy_file(tmp_path, f"retry_base_s = {week}\nretry_max_s = {week}\n")
     assert Policy.from_toml(path).backoff_s(1000) == week
+
+
+@pytest.mark.parametrize(("policy", "command"), [
+    ("max_lease_s = 1e300\n", ["claim", "w1", "--lease", "1e100"]),
+    ("retry_base_s = 1e300\nretry_max_s = 1e300\n",
+     ["fail", "1", "--worker", "w1", "--epoch", "1", "--error", "x"]),
+    ("max_payload_bytes = 10000000000000\n", ["enqueue", "k", "--payload", "{}"]),
+])
+def test_the_reported_reproductions_are_refused_as_invalid_policy(coord, cli, tmp_path, policy,
+                                                                   command):
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.claim("w1")
+    before = dump(coord)
+    r = cli("--policy", _policy_file(tmp_path, policy), *command, "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    assert dump(coord) == before
