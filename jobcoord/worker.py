@@ -7,7 +7,17 @@ One worker process runs up to `concurrency` jobs at a time. Threads:
   expired leases every `reap_s` (any number of workers reaping at once is safe: each change
   is a compare-and-set on status and epoch);
 - one thread per running job waits for its handler, renews the lease every lease/3
-  (`RENEW_FRACTION`), enforces the wall-clock budget, and reports the outcome.
+  (`RENEW_FRACTION`), enforces the wall-clock budget, and reports the outcome. It lives until
+  its handler has returned, and a slot is such a live thread (never a job id): a Python
+  handler that ignores its stop keeps its slot, and a newer attempt of the same job claimed
+  meanwhile waits for it before starting its own handler.
+
+Every loop survives errors that can heal (a database restart, a lost connection, a locked or
+unwritable file) with a log line and bounded backoff; `runtime.is_fatal` names the ones that
+stop the worker. Local lease timing runs on CLOCK_BOOTTIME (it counts a suspend), the wall
+clock is checked against the lease's `expires_at`, and a gap between the clocks (a resume)
+makes the worker stop or renew at once and heartbeat at once. The clocks are one `Clock`
+object, so a test can move them.
 
 Handlers (a Python callable in a thread, or a command in its own process group) run outside
 every database transaction. Once a renewal is refused (lease expired, stale epoch, job
@@ -19,10 +29,15 @@ Outcomes: success -> `complete` with provenance; an exception or non-zero exit -
 retried with backoff; `PermanentError` or exit code 65 (`PERMANENT_EXIT_CODE`, sysexits'
 EX_DATAERR: the input is wrong, retrying cannot help) -> `fail` permanent (`dead`); timeout
 -> `fail` with reason `timeout`; oversized result -> `fail` with reason `result_too_large`;
-shutdown after the grace period -> `fail` with reason `worker_shutdown` (always retryable).
+shutdown after the grace period -> `fail` with reason `worker_shutdown` (always retryable);
+a command's output that `complete --result` would refuse -> `fail` permanent with reason
+`invalid_result`.
 
-Command protocol. The payload is written as JSON to stdin; stdout must be one JSON value, the
-result (empty stdout is `{}`). To report provenance, print an envelope instead:
+Command protocol. The command runs under `_SHIM`, so it and its process group die with the
+worker. The payload is written as JSON to stdin; stdout must be one JSON value, the result
+(empty stdout is `{}`), validated like `complete --result`. The command is judged by its own
+exit; output still held open afterwards by a process outside its group is read for at most
+`OUTPUT_DRAIN_S` and reported. To report provenance, print an envelope instead:
 `{"jobcoord_envelope": 1, "result": ..., "provenance": {...}}`. The environment carries
 JOBCOORD_JOB_ID, JOBCOORD_EPOCH, JOBCOORD_WORKER, JOBCOORD_ATTEMPT, JOBCOORD_KIND,
 JOBCOORD_TENANT, JOBCOORD_CHECKPOINTS_FILE (a file holding a JSON object: checkpoint name ->
