@@ -160,6 +160,7 @@ def test_loops_survive_a_database_file_that_briefly_cannot_be_written(sqlite_tar
         w = _worker(loops, db_args, tmp_path)
         r = _reaper(loops, db_args, tmp_path)
         wait_for(lambda: w.alive() and _completed(w, first), 15, "a job before the fault")
+        wait_for(lambda: r.alive() and r.lines, 15, "the reaper's first pass")
         stuck = _expired_lease(c, lease_s=0.5)
         # The immutable flag stops writes even through descriptors already open, and stops
         # root too (chmod 000 stops neither): the closest thing to a disk that refuses
@@ -251,6 +252,7 @@ def test_loops_survive_a_real_postgresql_restart(private_pg, loops, tmp_path):
         w = _worker(loops, db_args, tmp_path)
         r = _reaper(loops, db_args, tmp_path)
         wait_for(lambda: w.alive() and _completed(w, first), 20, "a job before the restart")
+        wait_for(lambda: r.alive() and r.lines, 20, "the reaper's first pass")
         passes = len(r.lines)
         restart()  # terminates every connection: "terminating connection due to admin..."
         c.close()
