@@ -115,7 +115,11 @@ CLOCK_GAP_S = 2.0
 _SHIM = r"""
 import ctypes, os, signal, sys
 worker, argv = int(sys.argv[1]), sys.argv[2:]
-prctl = ctypes.CDLL(None, use_errno=True).prctl
+try:
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux: no death signal, the parent check remains
+    def prctl(*_):
+        return 0
 PR_SET_PDEATHSIG = 1
 def orphaned():
     os.killpg(0, signal.SIGKILL)
