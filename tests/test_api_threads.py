@@ -340,3 +340,19 @@ def test_a_sqlite_target_url_names_exactly_its_file(tmp_path: Any) -> None:
     t = resolve_target(db=path)
     assert make_url(t.url).database == path
     assert resolve_target(url=t.url).sqlite_path == path
+
+
+def test_a_server_restart_is_storage_unavailable_not_an_internal_error(target: Target) -> None:
+    if target.sqlite_path is not None:
+        pytest.skip("PostgreSQL only: a server that terminates connections")
+    import psycopg
+
+    with Coordinator.open(target) as c, c.db.engine.connect() as victim:
+        pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        victim.commit()
+        c.db.read(lambda conn: conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid})"))
+        with pytest.raises(psycopg.OperationalError) as lost:
+            victim.connection.dbapi_connection.execute("SELECT 1")
+    err = dbmod.classify(lost.value)
+    assert isinstance(err, StorageUnavailable)
+    assert err.code == "database_unavailable"
