@@ -21,6 +21,9 @@ EXIT_NOTHING_TO_CLAIM = 3
 
 @dataclass
 class Settings:
+    """The global options of one invocation; the Coordinator is opened on first use, so a
+    command that needs no database (or fails its input checks) never opens one."""
+
     db: str | None
     url: str | None
     policy_path: str | None

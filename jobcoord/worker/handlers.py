@@ -104,6 +104,8 @@ os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 @dataclass
 class Outcome:
+    """How a handler ended, as the job thread reports it."""
+
     kind: str  # success | failed | permanent | timeout | too_large | released | lost
     result: Any = None
     provenance: Mapping[str, Any] | None = None
@@ -112,6 +114,8 @@ class Outcome:
 
 
 def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
+    """Run the Python handler in its own thread; the poll returns its outcome once it
+    returned (None while it runs)."""
     box: dict[str, Outcome] = {}
     assert run.spec.fn is not None
     fn = run.spec.fn
@@ -139,6 +143,7 @@ def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
 
 
 def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
+    """The command's environment: the worker's, plus the job's JOBCOORD_* variables."""
     env = dict(os.environ)
     env.update({
         "JOBCOORD_JOB_ID": str(run.job_id), "JOBCOORD_EPOCH": str(run.epoch),
@@ -162,6 +167,8 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
 
 
 def start_command(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
+    """Start the command under the shim in its own process group, feed it the payload, read
+    its output; the poll returns its outcome once it exited (None while it runs)."""
     assert run.spec.command is not None
     limit = run.w.result_limit(run.spec)
     stdin_bytes = json.dumps(run.job["payload"]).encode()
