@@ -1,0 +1,254 @@
+"""Operator actions: cancel, retry, reconcile, and prune (retention of finished jobs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import bindparam, select
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import iso, now_us, seconds_to_us
+from ..errors import InvalidInput, JobcoordError, Refused
+from ..models import Job
+from ..states import FINAL_STATUSES
+from ..store import statements as sql
+from .common import Context, as_bool, record_event
+
+#: A job's whole row, its columns as the model names them.
+_JOB_ROW = select(Job.__table__).where(Job.__table__.c.job_id == bindparam("job_id"))
+
+
+def load_job(ctx: Context, conn: Connection, job_id: int, tenant: str | None
+          ) -> dict[str, Any] | JobcoordError:
+    """The job's row as a mapping of its columns, or job_not_found (outside `tenant`)."""
+    row = conn.execute(_JOB_ROW, {"job_id": job_id}).first()
+    if row is None or (tenant is not None and row.tenant != tenant):
+        return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
+    return dict(row._mapping)
+
+
+def operator(ctx: Context, op: str, job_id: Any, tenant: str | None, fn: Any
+             ) -> dict[str, Any]:
+    """An operator's action on one job: the job locked, read and handed to `fn` at the time
+    of the decision, in one write transaction."""
+    job_id = v.whole(job_id, "job_id", 1, 2**62)
+    tenant = v.optional_name(tenant, "tenant")
+
+    def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        ctx.db.lock_for_decision(conn, job_id)
+        now = now_us()  # after the row lock: see fencing.check_owner
+        job = load_job(ctx, conn, job_id, tenant)
+        if isinstance(job, JobcoordError):
+            return job
+        return fn(conn, job, now)
+
+    return ctx.db.write(_do, op)
+
+
+def cancel(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+    """waiting -> cancelled at once; running -> the owner's next renew, complete, fail or
+    checkpoint is told `job_cancelled` and the job ends `cancelled` (or the reaper ends it
+    when the lease runs out)."""
+
+    def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
+        status, epoch = job["status"], job["epoch"]
+        if status == "waiting":
+            ctx.db.run(conn, sql.SET_STATUS, {
+                "job_id": job["job_id"], "epoch": epoch, "from_status": "waiting",
+                "to_status": "cancelled", "now": now, "finished": now, "error": None})
+            record_event(ctx, conn, job["job_id"], now, "waiting", "cancelled", "cancelled")
+            return {"job_id": job["job_id"], "status": "cancelled"}
+        if status == "running":
+            if not as_bool(job["cancel_requested"]):
+                ctx.db.run_text(conn, "UPDATE jobs SET cancel_requested = :t, updated_at ="
+                                 " :now WHERE job_id = :job_id",
+                                 {"t": True, "now": now, "job_id": job["job_id"]})
+                record_event(ctx, conn, job["job_id"], now, "running", "running",
+                            "cancel_requested", epoch=epoch)
+            return {"job_id": job["job_id"], "status": "running", "cancel_requested": True}
+        if status in FINAL_STATUSES:
+            return Refused("job_finished", f"job {job['job_id']} is already {status}",
+                           job_id=job["job_id"], status=status)
+        return Refused("illegal_transition", f"job {job['job_id']} is {status}; resolve it "
+                       "with `jobcoord reconcile`", job_id=job["job_id"], status=status)
+
+    return operator(ctx, "cancel", job_id, tenant, _do)
+
+
+def back_to_waiting(ctx: Context, conn: Connection, job: dict[str, Any], now: int,
+                     reason: str, detail: dict[str, Any]) -> None:
+    # Give at least one more attempt, keep every attempt counted (attempts never shrinks).
+    max_attempts = max(job["max_attempts"], job["attempts"] + 1)
+    deadline = job["deadline_at"]
+    if deadline is not None and deadline <= now:
+        deadline = None
+        detail["deadline_cleared"] = True
+    ctx.db.run_text(
+        conn,
+        "UPDATE jobs SET status = 'waiting', run_after = :now, updated_at = :now,"
+        " finished_at = NULL, effect_started = :f, cancel_requested = :f,"
+        " max_attempts = :max_attempts, deadline_at = :deadline"
+        " WHERE job_id = :job_id AND status = :status",
+        {"now": now, "f": False, "max_attempts": max_attempts, "deadline": deadline,
+         "job_id": job["job_id"], "status": job["status"]},
+    )
+    record_event(ctx, conn, job["job_id"], now, job["status"], "waiting", reason,
+                epoch=job["epoch"], detail=detail)
+
+
+def retry(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+    """Operator: dead or unknown -> waiting, with at least one attempt left."""
+
+    def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
+        if job["status"] not in ("dead", "unknown"):
+            return Refused("illegal_transition", f"only dead or unknown jobs can be retried;"
+                           f" job {job['job_id']} is {job['status']}", job_id=job["job_id"],
+                           status=job["status"])
+        back_to_waiting(ctx, conn, job, now, "operator_retry", {})
+        return {"job_id": job["job_id"], "status": "waiting"}
+
+    return operator(ctx, "retry", job_id, tenant, _do)
+
+
+def reconcile(ctx: Context, job_id: int, as_status: str, reason: str, *, result: Any = None,
+              tenant: str | None = None) -> dict[str, Any]:
+    """Operator: settle an `unknown` job as succeeded (with its result), waiting or dead,
+    with the reason recorded."""
+    if as_status not in ("succeeded", "waiting", "dead"):
+        raise InvalidInput("invalid_input", "--as must be succeeded, waiting or dead")
+    reason = v.utf8_text(reason, "reason", max_len=4096)
+    if as_status == "succeeded" and result is None:
+        raise InvalidInput("invalid_input", "reconciling as succeeded needs --result")
+    result_text = None
+    if result is not None:
+        result_text = v.json_value(result, "result", max_bytes=ctx.policy.max_result_bytes,
+                                   require_object=False, too_large_code="result_too_large")[1]
+
+    def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
+        if job["status"] != "unknown":
+            return Refused("illegal_transition", f"only unknown jobs are reconciled; job "
+                           f"{job['job_id']} is {job['status']}", job_id=job["job_id"],
+                           status=job["status"])
+        detail = {"reason": reason}
+        if as_status == "waiting":
+            back_to_waiting(ctx, conn, job, now, "reconciled", detail)
+        else:
+            ctx.db.run_text(
+                conn,
+                "UPDATE jobs SET status = :to_status, result_json = COALESCE(:result,"
+                " result_json), finished_at = :now, updated_at = :now"
+                " WHERE job_id = :job_id AND status = 'unknown'",
+                {"to_status": as_status, "result": result_text, "now": now,
+                 "job_id": job["job_id"]})
+            record_event(ctx, conn, job["job_id"], now, "unknown", as_status, "reconciled",
+                        epoch=job["epoch"], detail=detail)
+        return {"job_id": job["job_id"], "status": as_status}
+
+    return operator(ctx, "reconcile", job_id, tenant, _do)
+
+
+def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = None,
+          tenant: str | None = None, batch: Any = 500, dry_run: bool = False,
+          pause_s: Any = None) -> dict[str, Any]:
+    """Delete finished jobs (succeeded, dead, cancelled; `statuses` narrows it) that
+    finished more than `older_than` ago (seconds, or "7d", "12h", ...), with their events,
+    checkpoints and artifact rows, in write transactions of at most `batch` jobs each,
+    resting `pause_s` between them (by default as long as the batch held the write lock),
+    so claims never wait long behind a large prune.
+
+    Waiting, running and unknown jobs are never deleted: an unknown job must be settled
+    with `reconcile` first. The newest job is kept whatever its age, so no job id is ever
+    handed out twice. A pruned job's idempotency key is forgotten (the same key makes a
+    new job), and the files its artifact rows named are left where they are."""
+    older_s = v.safe_duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
+    chosen = sorted(FINAL_STATUSES) if statuses is None else v.names(statuses, "status")
+    for status in chosen:
+        if status == "unknown":
+            raise InvalidInput("invalid_input", "status: unknown jobs are never pruned; "
+                               "settle them with `jobcoord reconcile` first",
+                               field="status")
+        if status not in FINAL_STATUSES:
+            raise InvalidInput("invalid_input", "status: only finished jobs can be pruned "
+                               f"({', '.join(FINAL_STATUSES)}), not {status!r}",
+                               field="status")
+    if not chosen:
+        raise InvalidInput("invalid_input", "status: name at least one status",
+                           field="status")
+    tenant = v.optional_name(tenant, "tenant")
+    batch = v.whole(batch, "batch", 1, 10_000)
+    if pause_s is not None:
+        pause_s = v.finite_seconds(pause_s, "pause", 0, 60)
+    now = now_us()
+    cutoff = now - seconds_to_us(older_s)
+    params: dict[str, Any] = {f"s{i}": st for i, st in enumerate(chosen)}
+    params.update(cutoff=cutoff, tenant=tenant, limit=batch)
+    # The guard is part of every statement, so a job retried or reconciled meanwhile is
+    # never deleted; finished_at is set by every transition into a finished status. The
+    # newest job always stays: SQLite gives a new row the largest id plus one, so deleting
+    # the largest would hand its id (and epoch 1) to the next job, and a late report for
+    # the old job could then pass the new one's fence.
+    guard = (f"status IN ({', '.join(f':s{i}' for i in range(len(chosen)))})"
+             " AND finished_at < :cutoff AND job_id < (SELECT MAX(job_id) FROM jobs)"
+             + (" AND tenant = :tenant" if tenant else ""))
+    out: dict[str, Any] = {
+        "dry_run": dry_run, "cutoff": iso(cutoff), "statuses": chosen, "tenant": tenant,
+        "jobs": 0, "events": 0, "checkpoints": 0, "artifacts": 0, "keys_released": 0,
+        "batches": 0,
+    }
+    related = [("events", "job_events"), ("checkpoints", "checkpoints")]
+    if "artifacts" in ctx.features:
+        related.append(("artifacts", "artifacts"))
+
+    if dry_run:
+        def _count(conn: Connection) -> None:
+            picked = f"SELECT job_id FROM jobs WHERE {guard}"
+            row = ctx.db.run_text(conn, "SELECT COUNT(*), COUNT(idempotency_key) FROM jobs"
+                                   f" WHERE {guard}", params).one()
+            out["jobs"], out["keys_released"] = row[0], row[1]
+            for key, table in related:
+                out[key] = ctx.db.run_text(conn, f"SELECT COUNT(*) FROM {table} WHERE"
+                                            f" job_id IN ({picked})", params).scalar()
+
+        ctx.db.read(_count, "prune")
+        return out
+
+    pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {guard} ORDER BY job_id"
+            " LIMIT :limit")
+
+    held_since = [0.0]
+
+    def _one_batch(conn: Connection) -> dict[str, int]:
+        held_since[0] = time.monotonic()  # the write lock is ours from here to the commit
+        rows = ctx.db.pick_for_delete(conn, pick, params)
+        if not rows:
+            return {"jobs": 0}
+        ids = {f"j{i}": r[0] for i, r in enumerate(rows)}
+        in_list = ", ".join(f":{k}" for k in ids)
+        both = {**params, **ids}
+        counts = {key: ctx.db.run_text(conn, f"SELECT COUNT(*) FROM {table} WHERE job_id"
+                                        f" IN ({in_list})", both).scalar()
+                  for key, table in related}
+        # Events, checkpoints, artifact rows (and any lease) go by ON DELETE CASCADE.
+        deleted = ctx.db.run_text(conn, f"DELETE FROM jobs WHERE job_id IN ({in_list})"
+                                   f" AND {guard}", both).rowcount
+        if deleted != len(rows):  # the rows are locked or under the write lock
+            raise JobcoordError("internal_error", "a job changed while it was pruned")
+        counts.update(jobs=deleted, batches=1,
+                      keys_released=sum(1 for r in rows if r[1] is not None))
+        return counts
+
+    while True:
+        # Counted only once a batch has committed (a busy retry runs it again).
+        done = ctx.db.write(_one_batch, "prune")
+        for key, n in done.items():
+            out[key] += n
+        if done["jobs"] < batch:
+            return out
+        # SQLite hands its write lock to whoever asks first, and a waiting worker's busy
+        # handler sleeps between tries (up to 100 ms): back to back, the batches would
+        # take the lock again and again before it woke. Resting as long as the batch
+        # held the lock leaves it free at least half the time.
+        time.sleep(time.monotonic() - held_since[0] if pause_s is None else pause_s)
