@@ -6,25 +6,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import iso, now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
-from ..models import Job
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from .common import Context, as_bool, record_event
-
-#: A job's whole row, its columns as the model names them.
-_JOB_ROW = select(Job.__table__).where(Job.__table__.c.job_id == bindparam("job_id"))
 
 
 def load_job(ctx: Context, conn: Connection, job_id: int, tenant: str | None
           ) -> dict[str, Any] | JobcoordError:
     """The job's row as a mapping of its columns, or job_not_found (outside `tenant`)."""
-    row = conn.execute(_JOB_ROW, {"job_id": job_id}).first()
+    row = conn.execute(sql.job_row(), {"job_id": job_id}).first()
     if row is None or (tenant is not None and row.tenant != tenant):
         return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
     return dict(row._mapping)

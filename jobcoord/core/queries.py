@@ -3,6 +3,7 @@ gives them their JSON shapes)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import func, select
@@ -11,20 +12,27 @@ from sqlalchemy.engine import Connection
 from .. import validate as v
 from ..clock import now_us
 from ..errors import InvalidInput, JobcoordError
-from ..models import Artifact, Job, JobEvent, Lease, Worker
 from ..states import STATUSES
 from ..store import statements as sql
 from .admin import load_job
 from .common import Context
 from .workers import worker_gate, worker_rows
 
-J, L, E, A, W = (Job.__table__, Lease.__table__, JobEvent.__table__, Artifact.__table__,
-                 Worker.__table__)
+
+@functools.cache
+def _tables() -> tuple[Any, Any, Any, Any, Any]:
+    """The jobs, leases, job_events, artifacts and workers tables, from the models (imported
+    on the first read: the ORM they need is no part of the claim and complete commands)."""
+    from ..models import Artifact, Job, JobEvent, Lease, Worker
+
+    return (Job.__table__, Lease.__table__, JobEvent.__table__, Artifact.__table__,
+            Worker.__table__)
 
 
 def jobs(ctx: Context, *, status: str | None = None, kind: str | None = None,
          tenant: str | None = None, limit: int = 100) -> list[Any]:
     """Jobs, newest first: their summary columns."""
+    J, _, _, _, _ = _tables()
     if status is not None and status not in STATUSES:
         raise InvalidInput("invalid_input", f"status must be one of {', '.join(STATUSES)}")
     kind = v.optional_name(kind, "kind")
@@ -42,6 +50,7 @@ def jobs(ctx: Context, *, status: str | None = None, kind: str | None = None,
 
 def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
     """A job's row with its lease, every event, checkpoints and artifact rows."""
+    _, L, E, A, _ = _tables()
     job_id = v.whole(job_id, "job_id", 1, 2**62)
     tenant = v.optional_name(tenant, "tenant")
 
@@ -77,6 +86,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
             ) -> tuple[dict[str, Any], int | None, Any, list[dict[str, Any]], int]:
     """What a diagnosis of the job needs, read in one snapshot: the job, how many jobs are
     ahead of it in the claim order (when waiting), its lease, every worker, and the time."""
+    J, L, _, _, _ = _tables()
     job_id = v.whole(job_id, "job_id", 1, 2**62)
     tenant = v.optional_name(tenant, "tenant")
     now = now_us()
@@ -109,6 +119,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
 def status(ctx: Context, *, tenant: str | None = None) -> dict[str, Any]:
     """Counts by status, workers, active leases, schema and storage facts. With a tenant,
     the job and lease counts are that tenant's only."""
+    J, L, _, _, W = _tables()
     from ..migrate import current_revisions
 
     tenant = v.optional_name(tenant, "tenant")

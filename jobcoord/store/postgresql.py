@@ -250,19 +250,19 @@ def _claim_folded(roles: Sequence[str], kinds: Sequence[str] | None) -> s.SQL:
 def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
     """The one-statement claim for this shape, with `:name` parameters, and the role and kind
     parameters (for reading its plan)."""
-    return _claim_folded(roles, kinds).sqlite, s.role_kind_params(roles, kinds)
+    return _claim_folded(roles, kinds).source, s.role_kind_params(roles, kinds)
 
 
 # PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
 # each takes the row locks of what it is about to change, and a reaper skips rows another
 # transaction holds instead of failing its compare-and-set after waiting for them.
-_EXPIRED_LEASES_LOCKED = s.SQL(s.EXPIRED_LEASES.sqlite + " FOR UPDATE OF l, j SKIP LOCKED")
-_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING.sqlite + " FOR UPDATE SKIP LOCKED")
+_EXPIRED_LEASES_LOCKED = s.SQL(s.EXPIRED_LEASES.source + " FOR UPDATE OF l, j SKIP LOCKED")
+_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING.source + " FOR UPDATE SKIP LOCKED")
 # The fence read takes the job row's lock itself: a concurrent reaper, completer or operator
 # holding it is waited for, and the row read is the version it committed. The lease columns
 # come from the statement's snapshot; the only change to a lease that leaves its job row alone
 # is a renewal, which no lock of the job row would wait for anyway.
-_OWNED_LOCKED = s.SQL(s.OWNED.sqlite + " FOR UPDATE OF j")
+_OWNED_LOCKED = s.SQL(s.OWNED.source + " FOR UPDATE OF j")
 _LOCK_JOB = s.SQL("SELECT job_id FROM jobs WHERE job_id = :job_id FOR UPDATE")
 _NEXT_JOB_IDS = s.SQL(
     "SELECT nextval(pg_get_serial_sequence('jobs', 'job_id')) FROM generate_series(1, :n)"

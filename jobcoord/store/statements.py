@@ -1,33 +1,67 @@
-"""The statements both stores run, written once with `:name` parameters and kept in each
-driver's own parameter style, and the claim's candidate select built per shape.
+"""The statements both stores run, written once with `:name` parameters and compiled by
+SQLAlchemy into each driver's own parameter style, and the claim's candidate select per shape.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import text as sql_text
+from sqlalchemy.engine import Dialect
+
+
+def _dialect(name: str) -> Dialect:
+    """The dialect whose compiler gives the driver's own parameter style (SQLite: `:name`,
+    psycopg: `%(name)s`); imported on first use, so a SQLite process never loads psycopg's."""
+    dialect = _DIALECTS.get(name)
+    if dialect is None:
+        if name == "sqlite":
+            from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
+
+            dialect = SQLiteDialect_pysqlite(paramstyle="named")
+        else:
+            from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+
+            dialect = PGDialect_psycopg()
+        _DIALECTS[name] = dialect
+    return dialect
+
+
+_DIALECTS: dict[str, Dialect] = {}
+
 
 class SQL:
-    """One fixed statement written once with `:name` parameters, kept in the paramstyle of
-    each driver so the hot path can hand it straight to the DB-API cursor."""
+    """One statement written once with `:name` parameters, compiled by SQLAlchemy once per
+    dialect into the driver's own parameter style, so the hot path can hand it straight to
+    the DB-API cursor."""
 
-    __slots__ = ("postgresql", "sqlite")
+    __slots__ = ("_texts", "source")
 
-    def __init__(self, text: str) -> None:
-        assert "%" not in text, "psycopg would read % as a placeholder"
-        self.sqlite = text
-        self.postgresql = re.sub(r"(?<![:\w]):([A-Za-z_]\w*)", r"%(\1)s", text)
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self._texts: dict[str, str] = {}
 
     def text(self, dialect: str) -> str:
-        """The statement for the named dialect's driver."""
-        return self.sqlite if dialect == "sqlite" else self.postgresql
+        """The statement for the named dialect's driver (compiled on first use)."""
+        compiled = self._texts.get(dialect)
+        if compiled is None:
+            compiled = self._texts[dialect] = str(
+                sql_text(self.source).compile(dialect=_dialect(dialect)))
+        return compiled
+
+    @property
+    def sqlite(self) -> str:
+        return self.text("sqlite")
+
+    @property
+    def postgresql(self) -> str:
+        return self.text("postgresql")
 
     @classmethod
     def cached(cls, text: str) -> SQL:
-        """The SQL for a statement assembled at run time, translated once per distinct text
-        (the translation costs more than running a small statement)."""
+        """The SQL for a statement assembled at run time, compiled once per distinct text
+        (compiling costs more than running a small statement)."""
         stmt = _SQL_CACHE.get(text)
         if stmt is None:
             if len(_SQL_CACHE) >= 512:  # texts are few shapes, but never grow without bound
@@ -153,6 +187,23 @@ SET_STATUS = SQL(
     " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
     " AND status = :from_status AND epoch = :epoch"
 )
+
+
+
+def job_row() -> Any:
+    """A job's whole row (`:job_id`), its columns as the model names them. Built on first use:
+    the models import SQLAlchemy's ORM, which the claim and complete commands never need."""
+    global _JOB_ROW
+    if _JOB_ROW is None:
+        from sqlalchemy import bindparam, select
+
+        from ..models import Job
+
+        _JOB_ROW = select(Job.__table__).where(Job.__table__.c.job_id == bindparam("job_id"))
+    return _JOB_ROW
+
+
+_JOB_ROW: Any = None
 
 
 # --- the claim's candidate select -----------------------------------------------------------
