@@ -17,7 +17,7 @@ from .common import Context, as_bool, record_event
 
 
 def load_job(ctx: Context, conn: Connection, job_id: int, tenant: str | None
-          ) -> dict[str, Any] | JobcoordError:
+             ) -> dict[str, Any] | JobcoordError:
     """The job's row as a mapping of its columns, or job_not_found (outside `tenant`)."""
     row = conn.execute(sql.job_row(), {"job_id": job_id}).first()
     if row is None or (tenant is not None and row.tenant != tenant):
@@ -58,11 +58,10 @@ def cancel(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str,
             return {"job_id": job["job_id"], "status": "cancelled"}
         if status == "running":
             if not as_bool(job["cancel_requested"]):
-                ctx.db.run_text(conn, "UPDATE jobs SET cancel_requested = :t, updated_at ="
-                                 " :now WHERE job_id = :job_id",
-                                 {"t": True, "now": now, "job_id": job["job_id"]})
+                ctx.db.run(conn, sql.REQUEST_CANCEL,
+                           {"t": True, "now": now, "job_id": job["job_id"]})
                 record_event(ctx, conn, job["job_id"], now, "running", "running",
-                            "cancel_requested", epoch=epoch)
+                             "cancel_requested", epoch=epoch)
             return {"job_id": job["job_id"], "status": "running", "cancel_requested": True}
         if status in FINAL_STATUSES:
             return Refused("job_finished", f"job {job['job_id']} is already {status}",
@@ -74,24 +73,18 @@ def cancel(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str,
 
 
 def back_to_waiting(ctx: Context, conn: Connection, job: dict[str, Any], now: int,
-                     reason: str, detail: dict[str, Any]) -> None:
+                    reason: str, detail: dict[str, Any]) -> None:
     # Give at least one more attempt, keep every attempt counted (attempts never shrinks).
     max_attempts = max(job["max_attempts"], job["attempts"] + 1)
     deadline = job["deadline_at"]
     if deadline is not None and deadline <= now:
         deadline = None
         detail["deadline_cleared"] = True
-    ctx.db.run_text(
-        conn,
-        "UPDATE jobs SET status = 'waiting', run_after = :now, updated_at = :now,"
-        " finished_at = NULL, effect_started = :f, cancel_requested = :f,"
-        " max_attempts = :max_attempts, deadline_at = :deadline"
-        " WHERE job_id = :job_id AND status = :status",
-        {"now": now, "f": False, "max_attempts": max_attempts, "deadline": deadline,
-         "job_id": job["job_id"], "status": job["status"]},
-    )
+    ctx.db.run(conn, sql.BACK_TO_WAITING, {
+        "now": now, "f": False, "max_attempts": max_attempts, "deadline": deadline,
+        "job_id": job["job_id"], "status": job["status"]})
     record_event(ctx, conn, job["job_id"], now, job["status"], "waiting", reason,
-                epoch=job["epoch"], detail=detail)
+                 epoch=job["epoch"], detail=detail)
 
 
 def retry(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
@@ -131,15 +124,11 @@ def reconcile(ctx: Context, job_id: int, as_status: str, reason: str, *, result:
         if as_status == "waiting":
             back_to_waiting(ctx, conn, job, now, "reconciled", detail)
         else:
-            ctx.db.run_text(
-                conn,
-                "UPDATE jobs SET status = :to_status, result_json = COALESCE(:result,"
-                " result_json), finished_at = :now, updated_at = :now"
-                " WHERE job_id = :job_id AND status = 'unknown'",
-                {"to_status": as_status, "result": result_text, "now": now,
+            ctx.db.run(conn, sql.SETTLE_UNKNOWN, {
+                "to_status": as_status, "result": result_text, "now": now,
                  "job_id": job["job_id"]})
             record_event(ctx, conn, job["job_id"], now, "unknown", as_status, "reconciled",
-                        epoch=job["epoch"], detail=detail)
+                         epoch=job["epoch"], detail=detail)
         return {"job_id": job["job_id"], "status": as_status}
 
     return operator(ctx, "reconcile", job_id, tenant, _do)
@@ -180,55 +169,41 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
     cutoff = now - seconds_to_us(older_s)
     params: dict[str, Any] = {f"s{i}": st for i, st in enumerate(chosen)}
     params.update(cutoff=cutoff, tenant=tenant, limit=batch)
-    # The guard is part of every statement, so a job retried or reconciled meanwhile is
-    # never deleted; finished_at is set by every transition into a finished status. The
-    # newest job always stays: SQLite gives a new row the largest id plus one, so deleting
-    # the largest would hand its id (and epoch 1) to the next job, and a late report for
-    # the old job could then pass the new one's fence.
-    guard = (f"status IN ({', '.join(f':s{i}' for i in range(len(chosen)))})"
-             " AND finished_at < :cutoff AND job_id < (SELECT MAX(job_id) FROM jobs)"
-             + (" AND tenant = :tenant" if tenant else ""))
+    related = [("events", "job_events"), ("checkpoints", "checkpoints")]
+    if "artifacts" in ctx.features:
+        related.append(("artifacts", "artifacts"))
+    stmts = sql.PruneStatements(len(chosen), by_tenant=tenant is not None,
+                                related=[table for _, table in related])
     out: dict[str, Any] = {
         "dry_run": dry_run, "cutoff": iso(cutoff), "statuses": chosen, "tenant": tenant,
         "jobs": 0, "events": 0, "checkpoints": 0, "artifacts": 0, "keys_released": 0,
         "batches": 0,
     }
-    related = [("events", "job_events"), ("checkpoints", "checkpoints")]
-    if "artifacts" in ctx.features:
-        related.append(("artifacts", "artifacts"))
 
     if dry_run:
         def _count(conn: Connection) -> None:
-            picked = f"SELECT job_id FROM jobs WHERE {guard}"
-            row = ctx.db.run_text(conn, "SELECT COUNT(*), COUNT(idempotency_key) FROM jobs"
-                                   f" WHERE {guard}", params).one()
+            row = ctx.db.run_text(conn, stmts.count_jobs, params).one()
             out["jobs"], out["keys_released"] = row[0], row[1]
             for key, table in related:
-                out[key] = ctx.db.run_text(conn, f"SELECT COUNT(*) FROM {table} WHERE"
-                                            f" job_id IN ({picked})", params).scalar()
+                out[key] = ctx.db.run_text(conn, stmts.count_related[table], params).scalar()
 
         ctx.db.read(_count, "prune")
         return out
-
-    pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {guard} ORDER BY job_id"
-            " LIMIT :limit")
 
     held_since = [0.0]
 
     def _one_batch(conn: Connection) -> dict[str, int]:
         held_since[0] = time.monotonic()  # the write lock is ours from here to the commit
-        rows = ctx.db.pick_for_delete(conn, pick, params)
+        rows = ctx.db.pick_for_delete(conn, stmts.pick, params)
         if not rows:
             return {"jobs": 0}
         ids = {f"j{i}": r[0] for i, r in enumerate(rows)}
-        in_list = ", ".join(f":{k}" for k in ids)
         both = {**params, **ids}
-        counts = {key: ctx.db.run_text(conn, f"SELECT COUNT(*) FROM {table} WHERE job_id"
-                                        f" IN ({in_list})", both).scalar()
+        counts = {key: ctx.db.run_text(conn, stmts.count_related_of(table, len(ids)),
+                                       both).scalar()
                   for key, table in related}
         # Events, checkpoints, artifact rows (and any lease) go by ON DELETE CASCADE.
-        deleted = ctx.db.run_text(conn, f"DELETE FROM jobs WHERE job_id IN ({in_list})"
-                                   f" AND {guard}", both).rowcount
+        deleted = ctx.db.run_text(conn, stmts.delete_of(len(ids)), both).rowcount
         if deleted != len(rows):  # the rows are locked or under the write lock
             raise JobcoordError("internal_error", "a job changed while it was pruned")
         counts.update(jobs=deleted, batches=1,

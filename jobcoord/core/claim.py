@@ -34,7 +34,7 @@ def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, 
     """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
     if known_worker:
         ctx.db.execute(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
-                                                "detail": detail, "now": now})
+                                                  "detail": detail, "now": now})
     return {"job": None, "reason": code, "detail": detail}
 
 
@@ -45,7 +45,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
-                            f"worker {worker_id} has never sent a heartbeat", False)
+                      f"worker {worker_id} has never sent a heartbeat", False)
     roles = json.loads(row[0])
     if kinds is None and row[1] is not None:
         kinds = json.loads(row[1])
@@ -53,13 +53,13 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
         # Heartbeats refuse an empty list; a row holding one claims nothing, clearly,
         # instead of building a statement with no probe.
         return refuse(ctx, conn, worker_id, now, "no_matching_role",
-                            f"worker {worker_id} handles no kinds (its heartbeat listed "
-                            "none)")
+                      f"worker {worker_id} handles no kinds (its heartbeat listed "
+                      "none)")
     age_s = (now - row[2]) / MICROS if row[2] is not None else None
     if age_s is None or age_s > ctx.policy.heartbeat_max_age_s:
         return refuse(ctx, conn, worker_id, now, "heartbeat_stale",
-                            f"last heartbeat {age_s:.0f}s ago; the limit is "
-                            f"{ctx.policy.heartbeat_max_age_s:g}s")
+                      f"last heartbeat {age_s:.0f}s ago; the limit is "
+                      f"{ctx.policy.heartbeat_max_age_s:g}s")
     gates = evaluate(ctx.policy, Readings(row[3], row[4], as_bool(row[5]), row[6]))
     if gates.blocks_all:
         code, detail = gates.refusal or ("gated", "the gates refuse every priority")
@@ -91,8 +91,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
 def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
                 kinds: Sequence[str] | None, gates: GateDecision, now: int) -> tuple[str, str]:
     """The reason code and detail of a claim that found nothing to take."""
-    if ctx.db.run_text(conn, "SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1"
-                        ).first() is None:
+    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
         return "no_waiting_jobs", "no job is waiting"
     text, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
     params.update(now=now, maxp=gates.max_priority)
@@ -112,8 +111,7 @@ def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
                 "their deadline")
     # Each statement above may see a newer snapshot on PostgreSQL: the jobs seen waiting
     # at first may have been claimed since. Ask again before blaming the role.
-    if ctx.db.run_text(conn, "SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1"
-                        ).first() is None:
+    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
         return "no_waiting_jobs", "no job is waiting"
     serves = f"roles {list(roles)}" if roles else "no role"
     if kinds is not None:

@@ -18,7 +18,7 @@ from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_ev
 
 
 def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epoch: int,
-           tenant: str | None, op: str) -> tuple[tuple[Any, ...] | JobcoordError, int]:
+                tenant: str | None, op: str) -> tuple[tuple[Any, ...] | JobcoordError, int]:
     """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
     row or the refusal (a requested cancellation is carried out here), and the time the
     decision was made at: read once the job row is locked, so a call that waited for the
@@ -33,7 +33,7 @@ def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epo
 
 
 def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str, epoch: int,
-           tenant: str | None, op: str, now: int) -> tuple[Any, ...] | JobcoordError:
+          tenant: str | None, op: str, now: int) -> tuple[Any, ...] | JobcoordError:
     if row is None or (tenant is not None and row[2] != tenant):
         return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
     status, job_epoch = row[0], row[1]
@@ -58,16 +58,16 @@ def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str,
                        f"{iso(row[11])}", job_id=job_id, expired_at=iso(row[11]))
     if as_bool(row[3]):
         end_running(ctx, conn, job_id, epoch, now, "cancelled", "cancelled", worker_id,
-                  detail={"during": op})
+                    detail={"during": op})
         return Refused("job_cancelled", f"job {job_id} was cancelled; stop working on it",
                        job_id=job_id)
     return tuple(row)
 
 
-def end_running(ctx: Context, conn: Connection, job_id: int, epoch: int, now: int, to_status: str,
-         reason: str, worker: str | None, *, result: str | None = None,
-         provenance: str | None = None, error: str | None = None, run_after: int | None = None,
-         detail: Mapping[str, Any] | None = None) -> None:
+def end_running(ctx: Context, conn: Connection, job_id: int, epoch: int, now: int,
+                to_status: str, reason: str, worker: str | None, *, result: str | None = None,
+                provenance: str | None = None, error: str | None = None,
+                run_after: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
     """Move a running job out of `running`: drop its lease, record the event."""
     final = to_status in FINAL_STATUSES
     params = {
@@ -83,24 +83,23 @@ def end_running(ctx: Context, conn: Connection, job_id: int, epoch: int, now: in
 
 
 def reject_event(ctx: Context, conn: Connection, refusal: JobcoordError, job_id: int,
-                  worker: str, epoch: int, now: int, op: str) -> None:
+                 worker: str, epoch: int, now: int, op: str) -> None:
     """A late or stale result is evidence worth keeping: record it without a transition."""
     if refusal.code in ("job_not_found", "job_cancelled"):
         return
-    status = ctx.db.run_text(conn, "SELECT status FROM jobs WHERE job_id = :job_id",
-                              {"job_id": job_id}).scalar()
+    status = ctx.db.run(conn, sql.JOB_STATUS, {"job_id": job_id}).scalar()
     record_event(ctx, conn, job_id, now, status, status, f"{op}_refused", worker, epoch,
-                {"refusal": refusal.code})
+                 {"refusal": refusal.code})
 
 
 def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: Any,
-                provenance: Mapping[str, Any] | None, tenant: str | None
-                ) -> tuple[Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]],
-                           str]:
+               provenance: Mapping[str, Any] | None, tenant: str | None
+               ) -> tuple[Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]],
+                          str]:
     """Validate a completion before any transaction; return the fenced step that accepts
     it inside one (shared by complete and complete_and_claim) and the worker id."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
-                                                    tenant)
+                                                   tenant)
     _, result_text = v.json_value({} if result is None else result, "result",
                                   max_bytes=ctx.policy.max_result_bytes,
                                   require_object=False, too_large_code="result_too_large")
@@ -113,7 +112,7 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
             reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
             return owned, now
         end_running(ctx, conn, job_id, epoch, now, "succeeded", "completed", worker_id,
-                  result=result_text, provenance=prov_text)
+                    result=result_text, provenance=prov_text)
         return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
                 "finished_at": iso(now)}, now
 
@@ -141,7 +140,7 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
     completion the claim follows every rule of `claim` (heartbeat, gates, order).
     Returns {"completed": <complete's answer>, "next": <claim's answer>}."""
     finish, worker_id = completion(ctx, job_id, worker_id, epoch, result, provenance,
-                                         tenant)
+                                   tenant)
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
 
@@ -191,7 +190,7 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
         backoff_us = seconds_to_us(ctx.policy.backoff_s(attempts))
         release = reason == "worker_shutdown" and not permanent and not effect
         if release and ctx.db.execute(conn, sql.RELEASES, {"job_id": job_id}
-                                       ).fetchone()[0] >= ctx.policy.max_releases:
+                                      ).fetchone()[0] >= ctx.policy.max_releases:
             release = False  # past the bound: this release counts as an attempt
             detail["releases_exhausted"] = ctx.policy.max_releases
         if release:
@@ -204,7 +203,7 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
             to_status, why = "waiting", None
             if attempts >= max_attempts:
                 ctx.db.run(conn, sql.GRANT_ATTEMPT, {"job_id": job_id,
-                                                   "max_attempts": attempts + 1})
+                                                     "max_attempts": attempts + 1})
                 detail["max_attempts"] = max_attempts = attempts + 1
         elif attempts >= max_attempts:
             to_status, why = "dead", f"all {max_attempts} attempts used"
@@ -219,8 +218,8 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
         elif why:
             detail["dead_because"] = why
         end_running(ctx, conn, job_id, epoch, now, to_status, reason, worker_id, error=error,
-                  run_after=now + backoff_us if to_status == "waiting" else now,
-                  detail=detail)
+                    run_after=now + backoff_us if to_status == "waiting" else now,
+                    detail=detail)
         out = {"job_id": job_id, "status": to_status, "attempt": attempts,
                "max_attempts": max_attempts}
         if to_status == "waiting":
@@ -239,7 +238,7 @@ def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: flo
     """Extend a live lease of this owner and epoch to now + lease_s, never to earlier than
     it already runs (after the clock jumped back, now + lease_s can be before it)."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
-                                                    tenant)
+                                                   tenant)
     lease = lease_us(ctx, lease_s)
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
@@ -250,7 +249,7 @@ def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: flo
         # expiry check and turn a clock step into an internal error.
         expires = max(now + lease, owned[11])
         ctx.db.run(conn, sql.RENEW, {"job_id": job_id, "epoch": epoch, "worker": worker_id,
-                                   "now": now, "expires": expires})
+                                     "now": now, "expires": expires})
         return {"job_id": job_id, "epoch": epoch, "expires_at": iso(expires),
                 "expires_at_us": expires}
 
@@ -262,7 +261,7 @@ def mark_effect(ctx: Context, job_id: int, worker_id: str, epoch: int, *,
     """Record that this attempt started an external effect it cannot undo. If its lease
     then expires, the job becomes `unknown` instead of running the effect again."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
-                                                    tenant)
+                                                   tenant)
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "effect")
@@ -270,9 +269,9 @@ def mark_effect(ctx: Context, job_id: int, worker_id: str, epoch: int, *,
             return owned
         if not as_bool(owned[4]):
             ctx.db.run(conn, sql.MARK_EFFECT, {"job_id": job_id, "epoch": epoch, "now": now,
-                                             "t": True})
+                                               "t": True})
             record_event(ctx, conn, job_id, now, "running", "running", "effect_started",
-                        worker_id, epoch)
+                         worker_id, epoch)
         return {"job_id": job_id, "epoch": epoch, "effect_started": True}
 
     return ctx.db.write(_do, "effect")
@@ -282,7 +281,7 @@ def checkpoint(ctx: Context, job_id: int, worker_id: str, epoch: int, name: str,
                data: Any = None, *, tenant: str | None = None) -> dict[str, Any]:
     """Commit step progress under the current epoch; the next attempt's claim returns it."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
-                                                    tenant)
+                                                   tenant)
     name = v.name(name, "name")
     _, data_text = v.json_value({} if data is None else data, "data",
                                 max_bytes=ctx.policy.max_payload_bytes,
@@ -293,8 +292,8 @@ def checkpoint(ctx: Context, job_id: int, worker_id: str, epoch: int, name: str,
         if isinstance(owned, JobcoordError):
             return owned
         ctx.db.run(conn, sql.UPSERT_CHECKPOINT, {"job_id": job_id, "name": name,
-                                               "data": data_text, "epoch": epoch,
-                                               "worker": worker_id, "now": now})
+                                                 "data": data_text, "epoch": epoch,
+                                                 "worker": worker_id, "now": now})
         return {"job_id": job_id, "name": name, "epoch": epoch, "saved_at": iso(now)}
 
     return ctx.db.write(_do, "checkpoint")

@@ -48,7 +48,7 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
             if why:
                 detail["because"] = why
             end_running(ctx, conn, job_id, epoch, now, to_status, "lease_expired", worker,
-                      error=error, detail=detail)
+                        error=error, detail=detail)
             counts["expired"] += 1
             counts[to_status] += 1
             jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})

@@ -86,7 +86,7 @@ def _spec(item: Any) -> JobSpec:
 
 
 def check_spec(ctx: Context, spec: JobSpec,
-                names: dict[tuple[str, type, Any], str] | None = None) -> CheckedSpec:
+               names: dict[tuple[str, type, Any], str] | None = None) -> CheckedSpec:
     """Validate one job. `names` remembers kinds, roles and tenants already checked in
     this batch (a batch repeats a few of them; checking each again is a third of the
     cost of accepting a job)."""
@@ -132,7 +132,7 @@ def key_differences(ctx: Context, conn: Connection, existing: Any, c: CheckedSpe
     if submitted != c.max_attempts:
         # Raised since by a release or an operator retry? Compare what was submitted.
         recorded = ctx.db.execute(conn, sql.SUBMITTED_DETAIL, {"job_id": existing[0]}
-                                   ).fetchone()
+                                  ).fetchone()
         shown = loads(recorded[0]) if recorded is not None else None
         if isinstance(shown, dict) and isinstance(shown.get("max_attempts"), int):
             submitted = shown["max_attempts"]
@@ -146,7 +146,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
     """Insert one checked job (or answer with the job its idempotency key made)."""
     if c.key is not None:
         existing = ctx.db.execute(conn, sql.JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}
-                                   ).fetchone()
+                                  ).fetchone()
         if existing is not None:
             differ = key_differences(ctx, conn, existing, c)
             if differ:
@@ -178,7 +178,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
 
 
 def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], now: int
-                 ) -> list[dict[str, Any]]:
+                ) -> list[dict[str, Any]]:
     """Insert keyless jobs and their `enqueued` events with two executemany calls."""
     n = len(checked)
     ids = ctx.db.allocate_job_ids(conn, n)
@@ -228,7 +228,7 @@ def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
 
     if checked and all(c.key is None for c in checked):
         return ctx.db.write(lambda conn: insert_bulk(ctx, conn, checked, now_us()),
-                             "enqueue")
+                            "enqueue")
 
     def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
         out = []

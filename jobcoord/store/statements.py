@@ -182,12 +182,65 @@ OVERDUE_WAITING = SQL(
     "SELECT job_id, epoch FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
     " ORDER BY deadline_at LIMIT :limit"
 )
+REQUEST_CANCEL = SQL(
+    "UPDATE jobs SET cancel_requested = :t, updated_at = :now WHERE job_id = :job_id"
+)
+BACK_TO_WAITING = SQL(
+    "UPDATE jobs SET status = 'waiting', run_after = :now, updated_at = :now,"
+    " finished_at = NULL, effect_started = :f, cancel_requested = :f,"
+    " max_attempts = :max_attempts, deadline_at = :deadline"
+    " WHERE job_id = :job_id AND status = :status"
+)
+SETTLE_UNKNOWN = SQL(
+    "UPDATE jobs SET status = :to_status, result_json = COALESCE(:result, result_json),"
+    " finished_at = :now, updated_at = :now WHERE job_id = :job_id AND status = 'unknown'"
+)
+JOB_STATUS = SQL("SELECT status FROM jobs WHERE job_id = :job_id")
+ANY_WAITING = SQL("SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1")
 SET_STATUS = SQL(
     "UPDATE jobs SET status = :to_status, updated_at = :now, finished_at = :finished,"
     " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
     " AND status = :from_status AND epoch = :epoch"
 )
 
+
+
+class PruneStatements:
+    """The statements of one prune, for `n_statuses` statuses (:s0, :s1, ...), one tenant
+    (:tenant) or all, and the tables whose rows go with a job.
+
+    The guard is part of every statement, so a job retried or reconciled meanwhile is never
+    deleted; finished_at is set by every transition into a finished status. The newest job
+    always stays: SQLite gives a new row the largest id plus one, so deleting the largest
+    would hand its id (and epoch 1) to the next job, and a late report for the old job could
+    then pass the new one's fence."""
+
+    def __init__(self, n_statuses: int, *, by_tenant: bool, related: Sequence[str]) -> None:
+        self.guard = (f"status IN ({', '.join(f':s{i}' for i in range(n_statuses))})"
+                      " AND finished_at < :cutoff AND job_id < (SELECT MAX(job_id) FROM jobs)"
+                      + (" AND tenant = :tenant" if by_tenant else ""))
+        picked = f"SELECT job_id FROM jobs WHERE {self.guard}"
+        #: How many jobs, and keys, the prune would delete (dry run).
+        self.count_jobs = ("SELECT COUNT(*), COUNT(idempotency_key) FROM jobs"
+                           f" WHERE {self.guard}")
+        #: How many rows of each related table go with them (dry run).
+        self.count_related = {table: f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({picked})"
+                              for table in related}
+        #: The next batch (:limit) of jobs to delete, oldest id first.
+        self.pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {self.guard}"
+                     " ORDER BY job_id LIMIT :limit")
+
+    @staticmethod
+    def _ids(n: int) -> str:
+        return ", ".join(f":j{i}" for i in range(n))
+
+    def count_related_of(self, table: str, n: int) -> str:
+        """Rows of `table` that go with the batch's jobs :j0..."""
+        return f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({self._ids(n)})"
+
+    def delete_of(self, n: int) -> str:
+        """Delete the batch's jobs :j0..., the guard checked again."""
+        return f"DELETE FROM jobs WHERE job_id IN ({self._ids(n)}) AND {self.guard}"
 
 
 def job_row() -> Any:
