@@ -193,10 +193,10 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None = None
              ) -> dict[str, Any]:
-    from .db import Database, resolve_target
+    from .coordinator import Coordinator
     from .migrate import migrate
     from .readings import read_machine
-    from .service import Coordinator
+    from .store import Database, resolve_target
 
     say = echo or (lambda _text: None)
     started = time.monotonic()

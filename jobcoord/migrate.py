@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify, sqlite_pragma
 from .errors import InvalidInput, JobcoordError, SchemaMismatch, StorageUnavailable
+from .store import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify
+from .store.sqlite import sqlite_pragma
 
 OPTIONAL_FEATURES = tuple(OPTIONAL_REVISIONS)
 

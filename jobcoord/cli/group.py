@@ -33,7 +33,7 @@ class Settings:
     _coordinator: Any = None
 
     def target(self) -> Any:
-        from ..db import resolve_target
+        from ..store import resolve_target
 
         return resolve_target(db=self.db, url=self.url)
 
@@ -44,7 +44,7 @@ class Settings:
 
     def coordinator(self) -> Any:
         if self._coordinator is None:
-            from ..service import Coordinator
+            from ..coordinator import Coordinator
 
             self._coordinator = Coordinator.open(
                 self.target(), policy=self.policy(), synchronous=self.synchronous,

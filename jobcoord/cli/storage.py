@@ -17,8 +17,8 @@ from .output import emit, json_option, safe_text
 @click.pass_obj
 def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json: bool) -> None:
     """Create the database or bring its schema to this version, then quick_check it."""
-    from ..db import Database
     from ..migrate import migrate as run_migrate
+    from ..store import Database
 
     target = s.target()
     # Migrations wait longer for the lock: a concurrent migrate finishes first.
@@ -93,7 +93,7 @@ def restore(s: Settings, backup_file: str, as_json: bool) -> None:
 @click.pass_obj
 def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool) -> None:
     """Copy this SQLite coordinator's whole state into PostgreSQL and verify every table."""
-    from ..db import resolve_target
+    from ..store import resolve_target
     from ..transfer import transfer as run_transfer
 
     dest = resolve_target(url=to_url)
