@@ -33,6 +33,7 @@ class Settings:
     busy_timeout: float
     debug: bool
     _coordinator: Any = None
+    artifacts: str | None = None  # --artifacts DIR / JOBCOORD_ARTIFACTS
 
     def target(self) -> Any:
         from .db import resolve_target
@@ -51,6 +52,7 @@ class Settings:
             self._coordinator = Coordinator.open(
                 self.target(), policy=self.policy(), synchronous=self.synchronous,
                 busy_timeout=self.busy_timeout)
+            self._coordinator.artifacts_dir = self.artifacts
         return self._coordinator
 
     def close(self) -> None:
@@ -192,13 +194,17 @@ def _read_json_source(inline: str | None, path: str | None, field: str, limit: i
               help="Seconds to wait for a lock before each bounded retry.")
 @click.option("--debug", is_flag=True, callback=_note,
               help="Show tracebacks for internal errors.")
+@click.option("--artifacts", "artifacts", envvar="JOBCOORD_ARTIFACTS", metavar="DIR",
+              help="Artifact store directory (env JOBCOORD_ARTIFACTS; SQLite default: "
+                   "<db>.artifacts; PostgreSQL: required).")
 @click.version_option(__version__, prog_name="jobcoord")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, url: str | None, policy_path: str | None,
-        synchronous: str, busy_timeout: float, debug: bool) -> None:
+        synchronous: str, busy_timeout: float, debug: bool, artifacts: str | None) -> None:
     """jobcoord: a durable job coordinator. Leases, fencing epochs and resource gates on
     one SQLite file, or PostgreSQL."""
-    settings = Settings(db, url, policy_path, synchronous, busy_timeout, debug)
+    settings = Settings(db, url, policy_path, synchronous, busy_timeout, debug,
+                        artifacts=artifacts)
     ctx.obj = settings
     ctx.call_on_close(settings.close)
 
@@ -211,9 +217,11 @@ def cli(ctx: click.Context, db: str | None, url: str | None, policy_path: str | 
               help="Also install an optional feature: artifacts.")
 @click.option("--without", "remove", multiple=True, metavar="FEATURE",
               help="Remove an optional feature (its tables are dropped).")
+@click.option("--force", is_flag=True, help="--without: drop the feature's rows too.")
 @json_option
 @click.pass_obj
-def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json: bool) -> None:
+def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], force: bool,
+            as_json: bool) -> None:
     """Create the database or bring its schema to this version, then quick_check it."""
     from .db import Database
     from .migrate import migrate as run_migrate
@@ -226,7 +234,7 @@ def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json:
     # unmigrated (any command says "run jobcoord migrate"): deleting it could pull the file
     # from under a concurrent migrate that opened it meanwhile and is about to commit.
     try:
-        result = run_migrate(db, add=set(add), remove=set(remove))
+        result = run_migrate(db, add=set(add), remove=set(remove), force=force)
     finally:
         db.close()
     result["database"] = target.display()
@@ -762,5 +770,9 @@ def main(argv: list[str] | None = None) -> None:
     # Without standalone mode click returns a command's exit code instead of exiting.
     sys.exit(code if isinstance(code, int) else 0)
 
+
+from .artifacts.commands import artifact as _artifact_group  # noqa: E402
+
+cli.add_command(_artifact_group)
 
 __all__ = ["EXIT_CODES", "cli", "main"]

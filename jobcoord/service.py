@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from . import faults
 from . import validate as v
+from .artifacts import rules as artifact_rules
 from .clock import MICROS, iso, now_us, seconds_to_us
 from .db import SQL, Database, Target, resolve_target
 from .errors import InvalidInput, JobcoordError, Refused
@@ -304,6 +305,8 @@ class _Checked(NamedTuple):
 
 class Coordinator:
     """The public Python API. Open one per process (it holds a connection pool)."""
+
+    artifacts_dir: str | None = None  # artifact store; None: $JOBCOORD_ARTIFACTS, <db>.artifacts
 
     def __init__(self, db: Database, policy: Policy | None = None, *, verify: bool = True):
         self.db = db
@@ -892,12 +895,14 @@ class Coordinator:
                                       require_object=False, too_large_code="result_too_large")
         prov_text = None if provenance is None else v.json_value(
             dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+        plan = artifact_rules.prepare_completion(self, job_id, worker_id, epoch, tenant)
 
         def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
             owned, now = self._owned(conn, job_id, worker_id, epoch, tenant, "complete")
             if isinstance(owned, JobcoordError):
                 self._reject_event(conn, owned, job_id, worker_id, epoch, now, "complete")
                 return owned, now
+            artifact_rules.link_accepted(self, conn, plan, job_id, worker_id, epoch, now)
             self._end(conn, job_id, epoch, now, "succeeded", "completed", worker_id,
                       result=result_text, provenance=prov_text)
             return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
@@ -1077,6 +1082,25 @@ class Coordinator:
             return {"job_id": job_id, "name": name, "epoch": epoch, "saved_at": iso(now)}
 
         return self.db.write(_do, "checkpoint")
+
+    # --- artifacts (rules in jobcoord/artifacts/rules.py) --------------------------------
+
+    def put_artifact(self, job_id: int, worker: str, epoch: int, name: str, source: Any,
+                     media_type: str | None = None, **kw: Any) -> dict[str, Any]:
+        return artifact_rules.put_artifact(self, job_id, worker, epoch, name, source,
+                                           media_type, **kw)
+
+    def get_artifact(self, job_id: int, name: str, dest: Any) -> dict[str, Any]:
+        return artifact_rules.get_artifact(self, job_id, name, dest)
+
+    def artifacts(self, job_id: int | None = None, **kw: Any) -> dict[str, Any]:
+        return artifact_rules.artifacts(self, job_id, **kw)
+
+    def verify_artifacts(self, job_id: int | None = None) -> dict[str, Any]:
+        return artifact_rules.verify_artifacts(self, job_id)
+
+    def gc_artifacts(self, **kw: Any) -> dict[str, Any]:
+        return artifact_rules.gc_artifacts(self, **kw)
 
     # --- recovery -----------------------------------------------------------------------
 
@@ -1408,9 +1432,9 @@ class Coordinator:
             checkpoints = self.db.run(conn, _CHECKPOINTS, {"job_id": job_id}).all()
             artifacts = []
             if "artifacts" in self.features:
-                artifacts = self.db.run_text(conn, "SELECT name, location, sha256, size_bytes,"
-                                             " media_type, validation_state FROM artifacts"
-                                             " WHERE job_id = :job_id ORDER BY name",
+                artifacts = self.db.run_text(conn, "SELECT name, location, digest, size,"
+                                             " media_type, state, epoch FROM artifacts"
+                                             " WHERE job_id = :job_id ORDER BY name, epoch",
                                              {"job_id": job_id}).all()
             return {
                 "job": _job_json(job),
@@ -1425,8 +1449,8 @@ class Coordinator:
                     {"name": c[0], "data": json.loads(c[1]), "epoch": c[2], "worker_id": c[3],
                      "updated_at": iso(c[4])} for c in checkpoints],
                 "artifacts": [
-                    {"name": a[0], "location": a[1], "sha256": a[2], "size": a[3],
-                     "media_type": a[4], "validation_state": a[5]} for a in artifacts],
+                    {"name": a[0], "location": a[1], "digest": a[2], "size": a[3],
+                     "media_type": a[4], "state": a[5], "epoch": a[6]} for a in artifacts],
             }
 
         return self.db.read(_do, "show")
