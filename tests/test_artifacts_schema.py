@@ -64,10 +64,11 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         for i, (job, name, state) in enumerate([(first, "report.pdf", "valid"),
                                                 (first, "raw.bin", "pending"),
                                                 (second, "bad.png", "invalid")]):
-            db.write(lambda conn, i=i, job=job, name=name, state=state: conn.exec_driver_sql(
-                "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes, media_type,"
-                " validation_state, created_at) VALUES (%s, '%s', 'objects/x', '%s', %d, "
-                "'application/pdf', '%s', %d)" % (job, name, HEX[i], 10 + i, state, 1000 + i)))
+            db.write(lambda conn, i=i, job=job, name=name, state=state: db.run_text(
+                conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
+                " media_type, validation_state, created_at) VALUES (:j, :n, 'objects/x', :h,"
+                " :s, 'application/pdf', :st, :t)",
+                {"j": job, "n": name, "h": HEX[i], "s": 10 + i, "st": state, "t": 1000 + i}))
         core_before = _snapshot(db)
         old_rows = _artifact_rows(db, A0001)
         assert len(old_rows) == 3
@@ -92,10 +93,10 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         listed = c.artifacts(first)["artifacts"]
         assert [a["name"] for a in listed] == ["report.pdf"]
         # New rows get ids past the copied ones (the PostgreSQL sequence was moved on).
-        db.write(lambda conn: conn.exec_driver_sql(
-            "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type, location,"
-            " created_at) VALUES (%d, 9, 'n', 'sha256:%s', 1, 'a/b', 'l', 1)"
-            % (second, "d" * 64)))
+        db.write(lambda conn: db.run_text(
+            conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
+            " location, created_at) VALUES (:j, 9, 'n', :d, 1, 'a/b', 'l', 1)",
+            {"j": second, "d": "sha256:" + "d" * 64}))
         assert _artifact_rows(db, "artifact_id")[-1][0] > old_rows[-1][0]
         db.write(lambda conn: conn.exec_driver_sql(
             "DELETE FROM artifacts WHERE name = 'n'"))
@@ -117,10 +118,11 @@ def test_a0002_downgrade_keeps_the_accepted_row_of_a_name_staged_by_several_atte
         job = c.enqueue("k", {})["job_id"]
         rows = [(1, "rejected"), (2, "accepted"), (3, "staged")]
         for epoch, state in rows:
-            db.write(lambda conn, epoch=epoch, state=state: conn.exec_driver_sql(
-                "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type, state,"
-                " location, created_at) VALUES (%d, %d, 'out', 'sha256:%s', %d, 'a/b', '%s',"
-                " 'l', 1)" % (job, epoch, HEX[epoch - 1], epoch, state)))
+            db.write(lambda conn, epoch=epoch, state=state: db.run_text(
+                conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
+                " state, location, created_at) VALUES (:j, :e, 'out', :d, :e, 'a/b', :st,"
+                " 'l', 1)", {"j": job, "e": epoch, "d": "sha256:" + HEX[epoch - 1],
+                            "st": state}))
         _alembic(db, "downgrade", "a0001")
         assert _artifact_rows(db, "sha256, validation_state") == [(HEX[1], "valid")]
     finally:
