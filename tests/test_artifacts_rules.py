@@ -90,8 +90,8 @@ def test_put_complete_ls_get_through_the_python_api(ac: Coordinator, tmp_path: P
     [a] = ac.artifacts(job_id)["artifacts"]
     assert (a["name"], a["state"], a["digest"], a["size"], a["epoch"]) == (
         "report.pdf", "accepted", sha(data), len(data), epoch)
-    assert a["location"] == "objects/sha256/{0}/{1}/{2}".format(
-        a["digest"][7:9], a["digest"][9:11], a["digest"][7:])
+    h = a["digest"][7:]
+    assert a["location"] == f"objects/sha256/{h[:2]}/{h[2:4]}/{h}"
     out = tmp_path / "out.pdf"
     ac.get_artifact(job_id, "report.pdf", out)
     assert out.read_bytes() == data
