@@ -53,6 +53,9 @@ DEFAULT_MEDIA_TYPE = "application/octet-stream"
 #: How long gc waits for uploads that are committing their rows (seconds).
 GC_LOCK_WAIT_S = 60.0
 VALIDATOR_TIMEOUT_S = 300.0
+#: gc never removes a temporary file younger than this, whatever its grace: an upload creates
+#: its file an instant before it locks it (objects.py, clean_temp).
+TEMP_MIN_AGE_S = 60.0
 _MEDIA = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}")
 _COLUMNS = ("artifact_id, job_id, epoch, name, digest, size, media_type, state, reason,"
             " location, created_at, verified_at")
@@ -545,7 +548,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                 store.remove(digest)
             removed.append(digest)
             freed += size
-    temp = {"removed": 0, "bytes_removed": 0} if dry_run else store.clean_temp(grace_s)
+    temp = {"removed": 0, "bytes_removed": 0} if dry_run else store.clean_temp(max(grace_s, TEMP_MIN_AGE_S))
     return {"dry_run": dry_run, "stages_ended": ended, "objects_removed": len(removed),
             "bytes_removed": freed, "kept_young": kept_young, "referenced": len(live),
             "removed": removed, "temp_files_removed": temp["removed"],
