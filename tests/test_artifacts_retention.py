@@ -73,7 +73,8 @@ CONCURRENT_PUTS = r"""
 import sys
 from jobcoord.errors import DatabaseBusy
 from jobcoord.service import Coordinator
-where, store, job, epoch, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+where, store = sys.argv[1], sys.argv[2]
+job, epoch, n = map(int, sys.argv[3:6])
 c = Coordinator.open(where)
 c.artifacts_dir = store
 ok = busy = 0

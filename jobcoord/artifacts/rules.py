@@ -548,7 +548,8 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                 store.remove(digest)
             removed.append(digest)
             freed += size
-    temp = {"removed": 0, "bytes_removed": 0} if dry_run else store.clean_temp(max(grace_s, TEMP_MIN_AGE_S))
+    temp = ({"removed": 0, "bytes_removed": 0} if dry_run
+            else store.clean_temp(max(grace_s, TEMP_MIN_AGE_S)))
     return {"dry_run": dry_run, "stages_ended": ended, "objects_removed": len(removed),
             "bytes_removed": freed, "kept_young": kept_young, "referenced": len(live),
             "removed": removed, "temp_files_removed": temp["removed"],
