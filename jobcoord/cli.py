@@ -269,9 +269,10 @@ def check(s: Settings, full: bool, as_json: bool) -> None:
 @click.pass_obj
 def backup(s: Settings, dest: str, force: bool, as_json: bool) -> None:
     """Copy the live database to DEST (online backup API), then check the copy."""
+    from .artifacts import backup as artifact_backup  # objects beside DEST, with a manifest
     from .maintenance import backup as run_backup
 
-    emit(as_json, run_backup(s.coordinator().db, dest, force=force))
+    emit(as_json, artifact_backup.backup(s.coordinator(), dest, force, run_backup))
 
 
 @cli.command()
@@ -283,9 +284,10 @@ def restore(s: Settings, backup_file: str, as_json: bool) -> None:
 
     BACKUP must be one file written by `backup`; it is checked whole (integrity_check and the
     invariants) before anything is written, and the new database is checked again after."""
+    from .artifacts import backup as artifact_backup  # checked objects first, then the db
     from .maintenance import restore as run_restore
 
-    emit(as_json, run_restore(backup_file, s.target()))
+    emit(as_json, artifact_backup.restore(backup_file, s.target(), s.artifacts, run_restore))
 
 
 # --- submission ----------------------------------------------------------------------------
