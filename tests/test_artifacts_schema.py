@@ -127,3 +127,44 @@ def test_a0002_downgrade_keeps_the_accepted_row_of_a_name_staged_by_several_atte
         assert _artifact_rows(db, "sha256, validation_state") == [(HEX[1], "valid")]
     finally:
         db.close()
+
+
+def test_migrate_without_artifacts_refuses_while_rows_exist_unless_forced(
+        target: Target, tmp_path: Any) -> None:
+    from jobcoord.errors import Refused
+    from tests.conftest import run_cli
+    from tests.test_artifacts_rules import start
+
+    store = str(tmp_path / "store")
+    db = Database.open(target)
+    migrate(db, add={"artifacts"})
+    db.close()
+    with Coordinator.open(target) as c:
+        c.artifacts_dir = store
+        job, epoch = start(c)
+        c.put_artifact(job, "w1", epoch, "a.bin", b"x" * 1000)
+        c.put_artifact(job, "w1", epoch, "b.bin", b"y" * 24)
+        c.complete(job, "w1", epoch, {})
+    r = run_cli(target, "migrate", "--without", "artifacts", "--json")
+    assert r.code == 4, r.out
+    err = r.json["error"]
+    assert err["code"] == "artifacts_present"
+    assert "2 artifact rows" in err["message"] and "1024 bytes" in err["message"]
+    db = Database.open(target)
+    try:
+        with pytest.raises(Refused):
+            migrate(db, remove={"artifacts"})
+        assert len(_artifact_rows(db, "artifact_id")) == 2  # nothing changed
+    finally:
+        db.close()
+    r = run_cli(target, "migrate", "--without", "artifacts", "--force", "--json")
+    assert r.code == 0, r.err
+    assert r.json["removed"] == {"artifact_rows_dropped": 2, "artifact_bytes_unreferenced": 1024}
+    assert r.json["features"] == []
+    # A schema downgrade never deletes objects: gc owns them.
+    from jobcoord.artifacts import ObjectStore
+
+    assert len(list(ObjectStore(store).iter_objects())) == 2
+    # Without rows there is nothing to refuse.
+    assert run_cli(target, "migrate", "--with", "artifacts").code == 0
+    assert run_cli(target, "migrate", "--without", "artifacts").code == 0
