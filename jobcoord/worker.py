@@ -71,6 +71,7 @@ from typing import IO, Any
 from . import __version__
 from . import validate as v
 from .app import Cancelled, Context, HandlerSpec, PermanentError, Result
+from .artifacts import rules as artifact_rules
 from .clock import iso, now_us
 from .errors import (
     InvalidInput,
@@ -399,6 +400,8 @@ class JobRun:
             env["JOBCOORD_CHECKPOINTS"] = text
         if self.w.config.database_url:
             env["JOBCOORD_URL"] = self.w.config.database_url
+        self.artifacts_out = env["JOBCOORD_ARTIFACTS_OUT"] = artifact_rules.make_outdir(
+            self.job_id)  # files left here are staged as artifacts before the completion
         return env
 
     def _start_command(self, ctx: Context) -> Callable[[], _Outcome | None]:
@@ -540,6 +543,7 @@ class JobRun:
             if self.checkpoints_file is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.checkpoints_file)
+            artifact_rules.remove_outdir(getattr(self, "artifacts_out", None))
             self.w.job_finished()
 
     def _run(self) -> None:
@@ -728,6 +732,8 @@ class JobRun:
         if out.kind == "success":
             prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
                                 self.job.get("attempt"), started_at)
+            artifact_rules.stage_outdir(w.db, getattr(self, "artifacts_out", None), self.job_id,
+                                        cfg.worker_id, self.epoch, tenant)  # command's files
             w.db.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
                           provenance=prov, tenant=tenant)
             log("completed", **base, report_ms=_ms(t0))

@@ -578,3 +578,34 @@ def _has_new_columns(db: Database, conn: Connection) -> bool:
     from sqlalchemy import inspect
 
     return "digest" in {c["name"] for c in inspect(conn).get_columns("artifacts")}
+
+
+# --- handlers -------------------------------------------------------------------------------
+
+
+def make_outdir(job_id: int) -> str:
+    """The directory a command handler writes its artifacts into ($JOBCOORD_ARTIFACTS_OUT)."""
+    import tempfile
+
+    return tempfile.mkdtemp(prefix=f"jobcoord-{job_id}-artifacts-")
+
+
+def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, epoch: int,
+                 tenant: str | None) -> list[dict[str, Any]]:
+    """Stage every regular file a command left in its artifacts directory (name = file name;
+    sub-directories and links are not followed), before the worker reports the completion."""
+    if not directory or not os.path.isdir(directory):
+        return []
+    staged = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.is_file(follow_symlinks=False):
+            staged.append(coord.put_artifact(job_id, worker, epoch, entry.name, entry.path,
+                                             None, tenant=tenant))
+    return staged
+
+
+def remove_outdir(directory: str | None) -> None:
+    if directory:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)
