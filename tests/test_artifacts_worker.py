@@ -26,7 +26,7 @@ def test_a_handler_returns_an_artifact_linked_to_its_result(db: Any, start: Any,
                                                             sqlite_target: Any,
                                                             tmp_path: Path,
                                                             handler: str) -> None:
-    path, c = db
+    _, c = db
     install(sqlite_target)
     c.features.add("artifacts")  # this coordinator opened before the feature was added
     job = c.enqueue("report", {"title": "Quarterly"})["job_id"]
