@@ -39,12 +39,16 @@ SUFFIX = ".artifacts"
 
 def _referenced(sqlite_path: str) -> tuple[dict[str, int], int] | None:
     """{digest: size} of the non-rejected rows of a SQLite database file, and the row count;
-    None if it has no artifacts table."""
+    None if it has no artifacts table, or is no database this can read (restore's own checks
+    then say what is wrong with it). Opened immutable: nothing is ever written beside it."""
     import sqlite3
 
     from jobcoord.maintenance import sqlite_uri
 
-    conn = sqlite3.connect(sqlite_uri(sqlite_path, "ro"), uri=True)
+    try:
+        conn = sqlite3.connect(sqlite_uri(sqlite_path, "ro&immutable=1"), uri=True)
+    except sqlite3.Error:
+        return None
     try:
         has = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND"
                            " name = 'artifacts'").fetchone()
@@ -55,6 +59,8 @@ def _referenced(sqlite_path: str) -> tuple[dict[str, int], int] | None:
             return {}, 0
         rows = conn.execute("SELECT digest, size FROM artifacts WHERE state <> 'rejected'"
                             ).fetchall()
+    except sqlite3.Error:
+        return None
     finally:
         conn.close()
     return {d: int(s) for d, s in rows}, len(rows)
@@ -79,7 +85,10 @@ def backup(coord: Any, dest: str, force: bool,
         result = run(coord.db, dest, force=force)
         snapshot = result["backup"]
         found = _referenced(snapshot)
-        referenced, nrows = found if found is not None else ({}, 0)
+        if found is None:  # the feature is installed: the checked snapshot has the table
+            raise DatabaseCorrupt("database_corrupt", f"cannot read the artifact rows of the "
+                                  f"backup {snapshot}", backup=snapshot)
+        referenced, nrows = found
         final = snapshot + SUFFIX
         work = f"{snapshot}{SUFFIX}.{secrets.token_hex(4)}.tmp"
         os.mkdir(work, 0o700)
