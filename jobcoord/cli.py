@@ -234,7 +234,8 @@ def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], force: b
     # unmigrated (any command says "run jobcoord migrate"): deleting it could pull the file
     # from under a concurrent migrate that opened it meanwhile and is about to commit.
     try:
-        result = run_migrate(db, add=set(add), remove=set(remove), force=force)
+        result = run_migrate(db, add=set(add), remove=set(remove), force=force,
+                             artifacts_dir=s.artifacts)
     finally:
         db.close()
     result["database"] = target.display()

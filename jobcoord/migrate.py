@@ -175,7 +175,7 @@ def _migration_error(e: BaseException) -> JobcoordError:
 
 def migrate(
     db: Database, *, add: set[str] | None = None, remove: set[str] | None = None,
-    force: bool = False,
+    force: bool = False, artifacts_dir: str | None = None,
 ) -> dict[str, Any]:
     """Bring the core schema to its newest revision, add or remove optional features, and
     run `PRAGMA quick_check` afterwards (SQLite)."""
@@ -214,7 +214,7 @@ def migrate(
         for feature in sorted(remove):
             if installed_features(before) & {feature}:
                 from .artifacts.rules import removal_check
-                removed.update(removal_check(db, conn, force))  # refused unless force
+                removed.update(removal_check(db, conn, force, artifacts_dir))  # unless force
                 command.downgrade(cfg, f"{feature}@base")
         command.upgrade(cfg, "core@head")
         for feature in sorted(features):

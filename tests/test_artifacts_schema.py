@@ -145,26 +145,32 @@ def test_migrate_without_artifacts_refuses_while_rows_exist_unless_forced(
         c.put_artifact(job, "w1", epoch, "a.bin", b"x" * 1000)
         c.put_artifact(job, "w1", epoch, "b.bin", b"y" * 24)
         c.complete(job, "w1", epoch, {})
-    r = run_cli(target, "migrate", "--without", "artifacts", "--json")
+    r = run_cli(target, "--artifacts", store, "migrate", "--without", "artifacts", "--json")
     assert r.code == 4, r.out
     err = r.json["error"]
     assert err["code"] == "artifacts_present"
     assert "2 artifact rows" in err["message"] and "1024 bytes" in err["message"]
+    assert err["details"]["objects"] == 2
     db = Database.open(target)
     try:
         with pytest.raises(Refused):
-            migrate(db, remove={"artifacts"})
+            migrate(db, remove={"artifacts"}, artifacts_dir=store)
         assert len(_artifact_rows(db, "artifact_id")) == 2  # nothing changed
     finally:
         db.close()
-    r = run_cli(target, "migrate", "--without", "artifacts", "--force", "--json")
+    r = run_cli(target, "--artifacts", store, "migrate", "--without", "artifacts", "--force",
+                "--json")
     assert r.code == 0, r.err
-    assert r.json["removed"] == {"artifact_rows_dropped": 2, "artifact_bytes_unreferenced": 1024}
+    assert r.json["removed"] == {"artifact_rows_dropped": 2, "artifact_bytes_unreferenced": 1024,
+                                 "objects_left": 2, "object_bytes_left": 1024}
     assert r.json["features"] == []
     # A schema downgrade never deletes objects: gc owns them.
     from jobcoord.artifacts import ObjectStore
 
     assert len(list(ObjectStore(store).iter_objects())) == 2
-    # Without rows there is nothing to refuse.
+    # Objects without any row still count; with neither there is nothing to refuse.
     assert run_cli(target, "migrate", "--with", "artifacts").code == 0
-    assert run_cli(target, "migrate", "--without", "artifacts").code == 0
+    r = run_cli(target, "--artifacts", store, "migrate", "--without", "artifacts", "--json")
+    assert r.code == 4 and r.json["error"]["details"]["rows"] == 0
+    assert run_cli(target, "--artifacts", str(tmp_path / "empty"), "migrate", "--without",
+                   "artifacts").code == 0

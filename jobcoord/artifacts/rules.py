@@ -559,19 +559,28 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
 # --- removing the feature -------------------------------------------------------------------
 
 
-def removal_check(db: Database, conn: Connection, force: bool) -> dict[str, int]:
-    """Before `migrate --without artifacts`: how many rows and bytes would go. Refused (exit 4)
-    when there are any, unless forced. Objects are never deleted here (gc owns them)."""
+def removal_check(db: Database, conn: Connection, force: bool,
+                  store: str | None = None) -> dict[str, int]:
+    """Before `migrate --without artifacts`: how many rows, and objects in the store, would be
+    left without the feature. Refused (exit 4) when there are any, unless forced. Objects are
+    never deleted here (gc owns them; without the feature, remove the directory by hand)."""
     rows, size = db.run_text(conn, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM artifacts"
                              ).one() if _has_new_columns(db, conn) else db.run_text(
         conn, "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM artifacts").one()
-    if rows and not force:
+    objects = object_bytes = 0
+    with contextlib.suppress(InvalidInput):  # PostgreSQL without a named store: rows only
+        for _digest, n, _mtime in ObjectStore(store_root(db, store)).iter_objects():
+            objects += 1
+            object_bytes += n
+    if (rows or objects) and not force:
         raise Refused("artifacts_present",
                       f"removing the artifacts feature would drop {rows} artifact rows naming "
-                      f"{int(size)} bytes of objects; pass --force to drop them (the objects "
-                      "stay in the store until `artifact gc` or you remove them)",
-                      rows=int(rows), bytes=int(size))
-    return {"artifact_rows_dropped": int(rows), "artifact_bytes_unreferenced": int(size)}
+                      f"{int(size)} bytes, and leave {objects} objects ({object_bytes} bytes) in "
+                      "the store unmanaged; pass --force to go ahead (objects are never deleted "
+                      "by a migration)", rows=int(rows), bytes=int(size), objects=objects,
+                      object_bytes=object_bytes)
+    return {"artifact_rows_dropped": int(rows), "artifact_bytes_unreferenced": int(size),
+            "objects_left": objects, "object_bytes_left": object_bytes}
 
 
 def _has_new_columns(db: Database, conn: Connection) -> bool:
