@@ -618,3 +618,12 @@ def remove_outdir(directory: str | None) -> None:
         import shutil
 
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def first_accepted(coord: Any, job_ids: Sequence[int]) -> dict[str, Any] | None:
+    """The first accepted artifact among these jobs (the demo shows one), or None."""
+    for job_id in job_ids:
+        found = artifacts(coord, job_id)["artifacts"]
+        if found:
+            return found[0]
+    return None
