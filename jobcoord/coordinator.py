@@ -28,6 +28,9 @@ class Coordinator:
     """The public Python API: one method per operation, each one short transaction (prune:
     one per batch). Open one per process (it holds a connection pool)."""
 
+    #: The artifact store's directory; None: $JOBCOORD_ARTIFACTS, else `<db>.artifacts/`.
+    artifacts_dir: str | None = None
+
     def __init__(self, db: Database, policy: Policy | None = None, *, verify: bool = True):
         self.db = db
         self.policy = policy or Policy()
@@ -162,6 +165,43 @@ class Coordinator:
         """Commit step progress under the current epoch; the next attempt's claim returns it
         (the rules: `core.fencing.checkpoint`)."""
         return fencing.checkpoint(self, job_id, worker_id, epoch, name, data, tenant=tenant)
+
+    # --- artifacts (the rules: `artifacts.rules`) ------------------------------------------
+
+    def put_artifact(self, job_id: int, worker: str, epoch: int, name: str, source: Any,
+                     media_type: str | None = None, **kw: Any) -> dict[str, Any]:
+        """Stage a file, bytes or a binary stream as an artifact of this live attempt: stored
+        (content-addressed, hashed) first, then recorded under the lease; linked to the
+        result only by this attempt's accepted completion."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.put_artifact(self, job_id, worker, epoch, name, source,
+                                           media_type, **kw)
+
+    def get_artifact(self, job_id: int, name: str, dest: Any) -> dict[str, Any]:
+        """Copy an accepted artifact to `dest`, verifying its digest (exit 7 on a mismatch or a
+        missing object; nothing is written then)."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.get_artifact(self, job_id, name, dest)
+
+    def artifacts(self, job_id: int | None = None, **kw: Any) -> dict[str, Any]:
+        """The artifact rows of a job (or of every job), with their states."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.artifacts(self, job_id, **kw)
+
+    def verify_artifacts(self, job_id: int | None = None) -> dict[str, Any]:
+        """Re-hash the stored objects of one job's artifacts, or of all of them."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.verify_artifacts(self, job_id)
+
+    def gc_artifacts(self, **kw: Any) -> dict[str, Any]:
+        """Delete objects no row references and older than the grace (`dry_run` counts)."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.gc_artifacts(self, **kw)
 
     def reap(self, *, limit: int = 1000) -> dict[str, Any]:
         """Turn expired leases into `waiting` (or `dead` when attempts or the deadline are used

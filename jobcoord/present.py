@@ -138,8 +138,8 @@ def show_json(got: Mapping[str, Any]) -> dict[str, Any]:
             for e in got["events"]],
         "checkpoints": [checkpoint_json(c) for c in got["checkpoints"]],
         "artifacts": [
-            {"name": a[0], "location": a[1], "sha256": a[2], "size": a[3],
-             "media_type": a[4], "validation_state": a[5]} for a in got["artifacts"]],
+            {"name": a[0], "location": a[1], "digest": a[2], "size": a[3],
+             "media_type": a[4], "state": a[5], "epoch": a[6]} for a in got["artifacts"]],
     }
 
 

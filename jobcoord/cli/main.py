@@ -13,7 +13,7 @@ import click
 from ..errors import InvalidInput, JobcoordError
 
 # Importing the command modules registers their commands on the group.
-from . import jobs, leases, runtime, storage  # noqa: F401
+from . import artifacts, jobs, leases, runtime, storage  # noqa: F401
 from .group import cli
 from .output import PARSED, dump, safe_text
 

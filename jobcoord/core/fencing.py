@@ -105,12 +105,21 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
                                   require_object=False, too_large_code="result_too_large")
     prov_text = None if provenance is None else v.json_value(
         dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+    # Artifacts the attempt staged are re-hashed and validated before the transaction (file
+    # I/O never runs inside one) and linked inside it, with the completion they belong to.
+    plan = None
+    if "artifacts" in ctx.features:
+        from ..artifacts import rules as artifact_rules
+
+        plan = artifact_rules.prepare_completion(ctx, job_id, worker_id, epoch, tenant)
 
     def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
         owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "complete")
         if isinstance(owned, JobcoordError):
             reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
             return owned, now
+        if plan:
+            artifact_rules.link_accepted(ctx, conn, plan, job_id, worker_id, epoch, now)
         end_running(ctx, conn, job_id, epoch, now, "succeeded", "completed", worker_id,
                     result=result_text, provenance=prov_text)
         return {"job_id": job_id, "status": "succeeded", "epoch": epoch,

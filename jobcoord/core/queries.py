@@ -66,9 +66,10 @@ def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, A
         checkpoints = ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id}).all()
         artifacts: list[Any] = []
         if "artifacts" in ctx.features:
-            artifacts = conn.execute(select(A.c.name, A.c.location, A.c.sha256, A.c.size_bytes,
-                                            A.c.media_type, A.c.validation_state)
-                                     .where(A.c.job_id == job_id).order_by(A.c.name)).all()
+            artifacts = conn.execute(select(A.c.name, A.c.location, A.c.digest, A.c.size,
+                                            A.c.media_type, A.c.state, A.c.epoch)
+                                     .where(A.c.job_id == job_id)
+                                     .order_by(A.c.name, A.c.epoch)).all()
         return {"job": job, "lease": lease, "events": events, "checkpoints": checkpoints,
                 "artifacts": artifacts}
 

@@ -29,7 +29,7 @@ T = TypeVar("T")
 #: Revisions of the core branch, oldest first. The last one is what this code expects.
 CORE_REVISIONS = ("c0001", "c0002")
 #: Revisions of optional branches, oldest first.
-OPTIONAL_REVISIONS = {"artifacts": ("a0001",)}
+OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 
 SYNCHRONOUS_LEVELS = ("full", "normal")
 DEFAULT_BUSY_TIMEOUT = 5.0
