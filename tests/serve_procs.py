@@ -77,7 +77,7 @@ class Served:
         buf = b""
         while b"\n" not in buf:
             left = end - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None and not sel.select(0):
+            if left <= 0 or (self.proc.poll() is not None and not sel.select(0)):
                 err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
                 raise AssertionError(f"serve did not start: {buf!r} {err}")
             if sel.select(min(left, 0.5)):
