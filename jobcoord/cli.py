@@ -385,14 +385,18 @@ def complete(s: Settings, job_id: str, worker: str, epoch: str, result: str | No
 @fenced
 @click.option("--error", required=True, help="What went wrong (kept for every attempt).")
 @click.option("--permanent", is_flag=True, help="Do not retry: the job goes to dead.")
+@click.option("--effect-not-applied", is_flag=True,
+              help="The external effect this attempt marked certainly did not happen: retry "
+              "normally instead of leaving the job unknown for reconcile.")
 @tenant_option
 @json_option
 @click.pass_obj
 def fail(s: Settings, job_id: str, worker: str, epoch: str, error: str, permanent: bool,
-         tenant: str | None, as_json: bool) -> None:
-    """Report a failed attempt (retried with backoff unless permanent or out of attempts)."""
+         effect_not_applied: bool, tenant: str | None, as_json: bool) -> None:
+    """Report a failed attempt (retried with backoff unless permanent or out of attempts;
+    after a marked effect the job becomes unknown unless --effect-not-applied)."""
     emit(as_json, s.coordinator().fail(job_id, worker, epoch, error, permanent=permanent,
-                                       tenant=tenant))
+                                       tenant=tenant, effect_not_applied=effect_not_applied))
 
 
 @cli.command()

@@ -97,6 +97,27 @@ class Job(Base):
             sqlite_where=text("status = 'waiting'"),
             postgresql_where=text("status = 'waiting'"),
         ),
+        # Role-less waiting jobs alone, in claim order (revision c0002): PostgreSQL does not
+        # treat `required_role IS NULL` on the leading column of the two indexes above as an
+        # equality that keeps the rest in order, so the role-less probe sorted every waiting
+        # job without these.
+        Index(
+            "ix_jobs_claim_roleless",
+            "priority",
+            "created_at",
+            "job_id",
+            sqlite_where=text("status = 'waiting' AND required_role IS NULL"),
+            postgresql_where=text("status = 'waiting' AND required_role IS NULL"),
+        ),
+        Index(
+            "ix_jobs_claim_roleless_kind",
+            "kind",
+            "priority",
+            "created_at",
+            "job_id",
+            sqlite_where=text("status = 'waiting' AND required_role IS NULL"),
+            postgresql_where=text("status = 'waiting' AND required_role IS NULL"),
+        ),
         # The reaper's sweep of waiting jobs whose deadline passed.
         Index(
             "ix_jobs_waiting_deadline",

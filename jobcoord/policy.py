@@ -45,6 +45,15 @@ class Policy:
     #: Priority of a job enqueued without one: P1, so work a user enqueues by hand is not held
     #: back by the background gates unless they ask for a background priority.
     default_priority: int = 1
+    #: Shutdown releases (`fail --reason worker_shutdown`) that give a job back without using
+    #: up an attempt; each release past this many counts as a normal attempt, so a job that
+    #: outlives every deploy still ends.
+    max_releases: int = 10
+
+    def __post_init__(self) -> None:
+        # Checked here too, not only when a file is loaded: a Policy built in Python reaches
+        # the same time arithmetic, where an unbounded value overflows.
+        _check_bounds({f.name: getattr(self, f.name) for f in fields(self)}, "policy")
 
     @classmethod
     def from_toml(cls, path: str) -> Policy:
@@ -80,19 +89,49 @@ class Policy:
                     f"{source}: {key} must be a non-negative {type(default).__name__}",
                 )
             values[key] = value
-        policy = cls(**values)
-        if policy.default_lease_s <= 0 or policy.default_lease_s > policy.max_lease_s:
-            raise InvalidInput("invalid_policy", f"{source}: default_lease_s out of range")
-        if policy.default_max_attempts < 1:
-            raise InvalidInput("invalid_policy", f"{source}: default_max_attempts must be >= 1")
-        if policy.default_priority > 3 or policy.background_from_priority > 4:
-            raise InvalidInput("invalid_policy", f"{source}: priorities are 0..3")
-        return policy
+        _check_bounds({**{k: f.default for k, f in known.items()}, **values}, source)
+        return cls(**values)
 
     def backoff_s(self, failed_attempts: int) -> float:
         """Deterministic backoff after the n-th failed attempt (n >= 1)."""
         exponent = min(max(failed_attempts, 1) - 1, 30)  # clamp before multiplying
         return min(self.retry_max_s, self.retry_base_s * 2.0**exponent)
+
+
+_DAY_S = 86400.0
+_MIB = 1024 * 1024
+#: Sane bounds of every numeric setting (inclusive), documented in README's policy list.
+#: They keep every time computation far from overflow: no lease, backoff or age longer than a
+#: week, no payload or result over 64 MiB, no more than 100 attempts (enqueue's own limit).
+POLICY_BOUNDS: dict[str, tuple[float, float]] = {
+    "max_memory_pct": (0.0, 100.0),
+    "max_temperature_c": (0.0, 150.0),
+    "background_from_priority": (0, 4),
+    "background_min_idle_s": (0.0, 7 * _DAY_S),
+    "heartbeat_max_age_s": (1.0, 7 * _DAY_S),
+    "default_lease_s": (0.001, 7 * _DAY_S),
+    "max_lease_s": (0.001, 7 * _DAY_S),
+    "max_payload_bytes": (2, 64 * _MIB),
+    "max_result_bytes": (2, 64 * _MIB),
+    "retry_base_s": (0.0, 7 * _DAY_S),
+    "retry_max_s": (0.0, 7 * _DAY_S),
+    "default_max_attempts": (1, 100),
+    "default_priority": (0, 3),
+    "max_releases": (0, 1000),
+}
+
+
+def _check_bounds(values: dict[str, Any], source: str) -> None:
+    """Refuse a setting outside POLICY_BOUNDS (or of the wrong type), naming the key."""
+    for key, (lo, hi) in POLICY_BOUNDS.items():
+        value = values[key]
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or not lo <= value <= hi):
+            raise InvalidInput("invalid_policy", f"{source}: {key} = {value!r} is outside "
+                               f"{lo:g}..{hi:g}", key=key)
+    if values["default_lease_s"] > values["max_lease_s"]:
+        raise InvalidInput("invalid_policy", f"{source}: default_lease_s is longer than "
+                           "max_lease_s", key="default_lease_s")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The coordinator: every rule of the job lifecycle, in one place.
 
-Each public method is one short transaction (or none) and returns plain dicts ready for JSON.
+Each public method is one short transaction (prune: one per batch; some reads: none) and
+returns plain dicts ready for JSON.
 Write transactions begin with BEGIN IMMEDIATE on SQLite (db.py), so reading a job and changing
 it can never interleave with another writer. Every state change is additionally a
 compare-and-set on (status, epoch), and writes its job_events row in the same transaction.
@@ -28,6 +29,7 @@ from .policy import GateDecision, Policy, Readings, evaluate
 from .states import FINAL_STATUSES, STATUSES
 
 DEFAULT_TENANT = "default"
+_NO_KINDS = "give at least one kind, or leave it out to take any kind"
 #: Claim candidate statements by shape (roles, kinds, due only, lock clause; PostgreSQL's
 #: folded claim statement is cached here too, its lock clause marked " take").
 _CANDIDATE_TEXT: dict[tuple[int, int | None, bool, str], str] = {}
@@ -63,8 +65,17 @@ _INSERT_EVENT = SQL(
     " :detail)"
 )
 _JOB_BY_KEY = SQL(
-    "SELECT job_id, kind, payload_json FROM jobs WHERE tenant = :tenant"
-    " AND idempotency_key = :key"
+    "SELECT job_id, kind, payload_json, priority, required_role, max_attempts FROM jobs"
+    " WHERE tenant = :tenant AND idempotency_key = :key"
+)
+# The max_attempts a keyed job was submitted with: releases and operator retries raise the
+# stored one later, so the key is compared with what the `enqueued` event recorded.
+_SUBMITTED_DETAIL = SQL(
+    "SELECT detail FROM job_events WHERE job_id = :job_id AND reason = 'enqueued'"
+    " ORDER BY event_id LIMIT 1"
+)
+_RELEASES = SQL(
+    "SELECT COUNT(*) FROM job_events WHERE job_id = :job_id AND reason = 'worker_shutdown'"
 )
 _WORKER = SQL(
     "SELECT roles_json, kinds_json, heartbeat_at, memory_used_pct, temperature_c, on_battery,"
@@ -155,13 +166,27 @@ _SET_STATUS = SQL(
 # not anything reads it, and the lease and the event are written only for the row the
 # compare-and-set actually changed.
 
-# The claim: the candidate probes (each locking its row, skipping rows others hold), then the
-# take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt": n,
-# "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
-# string of the expiry. One row: the candidate's id, then the taken job (NULLs when the
-# compare-and-set took nothing); no row when there was no candidate.
+# The claim: the candidate probes read the first :heads rows of each (role, kind) slice WITHOUT
+# locks; `pick` then locks only the one row it returns, the first candidate in claim order that
+# no concurrent claimer holds (FOR UPDATE SKIP LOCKED; a row another claim took meanwhile fails
+# the status recheck). Locking in every probe would hold the head of every slice until commit,
+# and a concurrent claimer could be told nothing waits while jobs it could take were untaken.
+# Then the take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt":
+# n, "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
+# string of the expiry. Always one row: how many candidates the probes found, the picked id
+# (NULL when every candidate was held by other claimers), then the taken job (NULLs when the
+# compare-and-set took nothing).
+_CLAIM_PICK = (
+    "SELECT job_id FROM jobs WHERE job_id IN (SELECT job_id FROM cand)"
+    " AND status = 'waiting' AND priority <= :maxp AND run_after <= :now"
+    " AND (deadline_at IS NULL OR deadline_at > :now)"
+    " ORDER BY priority, created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+#: Heads read per slice by a PostgreSQL claim; the next size is tried only when every
+#: candidate was held by concurrent claimers.
+CLAIM_HEADS = (4, 64, 1024)
 _CLAIM_FOLDED = (
-    "WITH {probes}, pick AS ({pick}),"
+    "WITH {probes}, cand AS MATERIALIZED ({union}), pick AS MATERIALIZED ({pick}),"
     " taken AS (UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
     " effect_started = :f, updated_at = :now WHERE job_id = (SELECT job_id FROM pick)"
     " AND status = 'waiting'"
@@ -172,9 +197,9 @@ _CLAIM_FOLDED = (
     " worker_id, epoch, detail) SELECT job_id, :now, 'waiting', 'running', 'claimed', :worker,"
     " epoch, '{{\"attempt\":' || CAST(attempts AS text) || ',\"expires_at\":' || :expires_json"
     " || '}}' FROM taken)"
-    " SELECT pick.job_id, taken.job_id, taken.kind, taken.priority, taken.payload_json,"
-    " taken.attempts, taken.max_attempts, taken.epoch, taken.tenant"
-    " FROM pick LEFT JOIN taken ON true"
+    " SELECT (SELECT count(*) FROM cand), pick.job_id, taken.job_id, taken.kind,"
+    " taken.priority, taken.payload_json, taken.attempts, taken.max_attempts, taken.epoch,"
+    " taken.tenant FROM (SELECT 1) AS one LEFT JOIN pick ON true LEFT JOIN taken ON true"
 )
 # A running job's end: _FINISH's compare-and-set, the lease dropped, the event recorded only
 # for the row it changed. Returns how many rows the compare-and-set changed.
@@ -215,6 +240,33 @@ def _name(memo: dict[tuple[str, type, Any], str] | None, value: Any, field: str)
     return checked
 
 
+def _spec_list(specs: Any) -> list[Any]:
+    """enqueue_many's argument: a list (or other iterable) of JobSpecs or mappings."""
+    if isinstance(specs, str | bytes | bytearray | Mapping | JobSpec) or specs is None:
+        raise InvalidInput("invalid_input", "specs: give a list of jobs (JobSpec or mapping)",
+                           field="specs")
+    try:
+        return list(specs)
+    except TypeError:
+        raise InvalidInput("invalid_input", "specs: give a list of jobs (JobSpec or mapping)",
+                           field="specs") from None
+
+
+def _spec(item: Any) -> JobSpec:
+    if isinstance(item, JobSpec):
+        return item
+    if not isinstance(item, Mapping):
+        raise InvalidInput("invalid_input", "specs: each job is a JobSpec or a mapping of its "
+                           "fields", field="specs")
+    unknown = sorted(str(k) for k in item if k not in JobSpec.__dataclass_fields__)
+    if unknown or "kind" not in item:
+        raise InvalidInput("invalid_input", "specs: each job needs a kind, and only "
+                           f"{', '.join(JobSpec.__dataclass_fields__)}"
+                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""),
+                           field="specs")
+    return JobSpec(**item)
+
+
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
@@ -245,7 +297,8 @@ class _Checked(NamedTuple):
     tenant: str
     key: str | None
     max_attempts: int
-    deadline_us: int | None
+    #: Relative to the submission time, which is read inside the write transaction.
+    deadline_in_us: int | None
     delay_us: int
 
 
@@ -271,10 +324,32 @@ class Coordinator:
         synchronous: str = "full",
         busy_timeout: float = 5.0,
         verify: bool = True,
+        migrate: bool = False,
     ) -> Coordinator:
-        """Open a coordinator on a SQLite path, a URL, or a resolved Target."""
+        """Open a coordinator on a SQLite path, a URL (positionally too: any string with
+        "://", e.g. "postgresql+psycopg://...", "postgres://...", "sqlite:///path"), or a
+        resolved Target. With migrate=True the database (a SQLite file, if missing) is created
+        or upgraded to this version's schema first, as `jobcoord migrate` would."""
+        if isinstance(target, str) and "://" in target:
+            if url is not None:
+                raise InvalidInput("invalid_input", "give the URL once: positionally or as "
+                                   "url=, not both")
+            target, url = None, target
+        if isinstance(url, str) and url.startswith("postgres://"):
+            url = "postgresql://" + url[len("postgres://"):]  # the short scheme libpq accepts
+        if target is not None and not isinstance(target, str | Target):
+            raise InvalidInput("invalid_input", "target: give a SQLite path or a database URL")
         if not isinstance(target, Target):
             target = resolve_target(db=target, url=url)
+        if migrate:
+            from .migrate import migrate as _migrate
+
+            fresh = Database.open(target, create=True, synchronous=synchronous,
+                                  busy_timeout=busy_timeout)
+            try:
+                _migrate(fresh)
+            finally:
+                fresh.close()
         db = Database.open(target, synchronous=synchronous, busy_timeout=busy_timeout)
         try:
             return cls(db, policy, verify=verify)
@@ -304,10 +379,10 @@ class Coordinator:
 
     def _lease_seconds(self, lease_s: float | None) -> int:
         value = self.policy.default_lease_s if lease_s is None else lease_s
-        return seconds_to_us(v.seconds(value, "lease", 0, self.policy.max_lease_s,
+        return seconds_to_us(v.finite_seconds(value, "lease", 0, self.policy.max_lease_s,
                                        lo_inclusive=False))
 
-    def _check_spec(self, spec: JobSpec, now: int,
+    def _check_spec(self, spec: JobSpec,
                     names: dict[tuple[str, type, Any], str] | None = None) -> _Checked:
         """Validate one job. `names` remembers kinds, roles and tenants already checked in
         this batch (a batch repeats a few of them; checking each again is a third of the
@@ -318,11 +393,11 @@ class Coordinator:
             max_bytes=p.max_payload_bytes, require_object=True,
         )
         deadline_us = None
-        delay_us = seconds_to_us(v.seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
+        delay_us = seconds_to_us(v.finite_seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
         if spec.deadline_s is not None:
-            deadline_us = now + seconds_to_us(
-                v.seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
-            if deadline_us <= now + delay_us:
+            deadline_us = seconds_to_us(
+                v.finite_seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
+            if deadline_us <= delay_us:
                 # A job that may not start before its deadline could only ever die.
                 raise InvalidInput("invalid_input", "deadline: must be later than the delay "
                                    "(no attempt may start at or after the deadline)",
@@ -334,12 +409,32 @@ class Coordinator:
             role=None if spec.role is None else _name(names, spec.role, "role"),
             tenant=_name(names, spec.tenant, "tenant"),
             key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
-            max_attempts=v.integer(
+            max_attempts=v.whole(
                 p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
                 "max_attempts", 1, 100),
-            deadline_us=deadline_us,
+            deadline_in_us=deadline_us,
             delay_us=delay_us,
         )
+
+    def _key_differences(self, conn: Connection, existing: Any, c: _Checked) -> list[str]:
+        """The submitted fields in which a resubmission with the same key differs from the job
+        the key made. Deadline and delay are relative to each submission's own time, so they
+        are not compared."""
+        differ = [name for name, old, new in (
+            ("kind", existing[1], c.kind), ("payload", existing[2], c.payload_text),
+            ("priority", existing[3], c.priority), ("role", existing[4], c.role))
+            if old != new]
+        submitted = existing[5]
+        if submitted != c.max_attempts:
+            # Raised since by a release or an operator retry? Compare what was submitted.
+            recorded = self.db.execute(conn, _SUBMITTED_DETAIL, {"job_id": existing[0]}
+                                       ).fetchone()
+            shown = _loads(recorded[0]) if recorded is not None else None
+            if isinstance(shown, dict) and isinstance(shown.get("max_attempts"), int):
+                submitted = shown["max_attempts"]
+        if submitted != c.max_attempts:
+            differ.append("max_attempts")
+        return differ
 
     def _insert(self, conn: Connection, c: _Checked, now: int, *, after_conflict: bool = False
                 ) -> dict[str, Any] | JobcoordError:
@@ -347,19 +442,20 @@ class Coordinator:
             existing = self.db.execute(conn, _JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}
                                        ).fetchone()
             if existing is not None:
-                if existing[1] != c.kind or existing[2] != c.payload_text:
+                differ = self._key_differences(conn, existing, c)
+                if differ:
                     return Refused(
                         "idempotency_conflict",
                         f"idempotency key {c.key!r} was already used in tenant {c.tenant!r} "
-                        f"for job {existing[0]} with a different kind or payload",
-                        job_id=existing[0],
+                        f"for job {existing[0]} with a different {', '.join(differ)}",
+                        job_id=existing[0], fields=differ,
                     )
                 return {"job_id": existing[0], "created": False}
         inserted = self.db.execute(conn, _INSERT_JOB, {
             "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
             "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
-            "deadline": c.deadline_us, "max_attempts": c.max_attempts, "key": c.key,
-            "f": False,
+            "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
+            "max_attempts": c.max_attempts, "key": c.key, "f": False,
         }).fetchone()
         if inserted is None and not after_conflict:
             # The same key was committed meanwhile: answer as if it had arrived first.
@@ -368,7 +464,7 @@ class Coordinator:
             raise JobcoordError("internal_error", f"idempotency key {c.key!r} conflicts with "
                                 "a job that cannot be read")
         job_id = inserted[0]
-        detail: dict[str, Any] = {"priority": c.priority}
+        detail: dict[str, Any] = {"priority": c.priority, "max_attempts": c.max_attempts}
         if c.delay_us:
             detail["run_after"] = iso(now + c.delay_us)
         self._event(conn, job_id, now, None, "waiting", "enqueued", detail=detail)
@@ -387,18 +483,19 @@ class Coordinator:
         self.db.execute_many(conn, _INSERT_JOB_AT, [
             {"job_id": job_id, "tenant": c.tenant, "kind": c.kind, "role": c.role,
              "priority": c.priority, "payload": c.payload_text, "now": now,
-             "run_after": now + c.delay_us, "deadline": c.deadline_us,
+             "run_after": now + c.delay_us,
+             "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
              "max_attempts": c.max_attempts, "f": False}
             for job_id, c in zip(ids, checked, strict=True)])
-        details: dict[tuple[int, int], str] = {}  # the same detail `_insert` records
+        details: dict[tuple[int, int, int], str] = {}  # the same detail `_insert` records
         events = []
         for job_id, c in zip(ids, checked, strict=True):
-            detail = details.get((c.priority, c.delay_us))
+            detail = details.get((c.priority, c.delay_us, c.max_attempts))
             if detail is None:
-                shown: dict[str, Any] = {"priority": c.priority}
+                shown: dict[str, Any] = {"priority": c.priority, "max_attempts": c.max_attempts}
                 if c.delay_us:
                     shown["run_after"] = iso(now + c.delay_us)
-                detail = details[(c.priority, c.delay_us)] = v.dumps(shown)
+                detail = details[(c.priority, c.delay_us, c.max_attempts)] = v.dumps(shown)
             events.append({"job_id": job_id, "now": now, "from_status": None,
                            "to_status": "waiting", "reason": "enqueued", "worker": None,
                            "epoch": None, "detail": detail})
@@ -416,22 +513,23 @@ class Coordinator:
         key with another kind or payload is refused (idempotency_conflict)."""
         spec = JobSpec(kind, payload, priority, role, tenant, key, max_attempts, deadline_s,
                        delay_s)
-        now = now_us()
-        checked = self._check_spec(spec, now)
-        return self.db.write(lambda conn: self._insert(conn, checked, now), "enqueue")
+        checked = self._check_spec(spec)
+        # The clock is read inside the transaction (a busy retry reads it again), so creation
+        # times follow commit order.
+        return self.db.write(lambda conn: self._insert(conn, checked, now_us()), "enqueue")
 
     def enqueue_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Accept many jobs in one transaction: all of them or none."""
-        now = now_us()
         names: dict[tuple[str, type, Any], str] = {}
-        checked = [self._check_spec(s if isinstance(s, JobSpec) else JobSpec(**s), now, names)
-                   for s in specs]
+        checked = [self._check_spec(_spec(s), names) for s in _spec_list(specs)]
 
         if checked and all(c.key is None for c in checked):
-            return self.db.write(lambda conn: self._insert_bulk(conn, checked, now), "enqueue")
+            return self.db.write(lambda conn: self._insert_bulk(conn, checked, now_us()),
+                                 "enqueue")
 
         def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
             out = []
+            now = now_us()
             for c in checked:
                 res = self._insert(conn, c, now)
                 if isinstance(res, JobcoordError):
@@ -448,17 +546,22 @@ class Coordinator:
                   kinds: Sequence[str] | None = None) -> dict[str, Any]:
         """Record a worker's readings, exactly as received, with the time received."""
         worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
-        role_list = sorted({v.name(r, "role") for r in roles or ()})
-        kind_list = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
+        role_list = [] if roles is None else v.names(roles, "role")
+        kind_list = None if kinds is None else v.names(kinds, "kind", empty=_NO_KINDS)
         raw_text, parsed = parse_readings(readings)
-        now = now_us()
         params = {
             "worker": worker_id, "roles": v.dumps(role_list),
             "kinds": None if kind_list is None else v.dumps(kind_list), "raw": raw_text,
-            "now": now, "mem": parsed.memory_used_pct, "temp": parsed.temperature_c,
+            "mem": parsed.memory_used_pct, "temp": parsed.temperature_c,
             "battery": parsed.on_battery, "idle": parsed.user_idle_s,
         }
-        self.db.write(lambda conn: self.db.run(conn, _UPSERT_WORKER, params), "heartbeat")
+
+        def _do(conn: Connection) -> int:
+            now = now_us()  # the time received: read under the write lock
+            self.db.run(conn, _UPSERT_WORKER, {**params, "now": now})
+            return now
+
+        now = self.db.write(_do, "heartbeat")
         gates = evaluate(self.policy, parsed)
         return {"worker_id": worker_id, "roles": role_list, "kinds": kind_list,
                 "received_at": iso(now), "readings": _readings_json(parsed),
@@ -495,18 +598,21 @@ class Coordinator:
         params: dict[str, Any] = {f"r{i}": role for i, role in enumerate(roles, 1)}
         if kinds is not None:
             params.update((f"k{j}", kind) for j, kind in enumerate(kinds))
-        lock = self.db.lock_clause()
-        shape = (len(roles), None if kinds is None else len(kinds), True, lock + " take")
+        shape = (len(roles), None if kinds is None else len(kinds), True, " take")
         text = _CANDIDATE_TEXT.get(shape)
         if text is None:
-            probes, pick = self._candidate_parts(roles, kinds, True, lock)
-            text = _CANDIDATE_TEXT[shape] = _CLAIM_FOLDED.format(probes=probes, pick=pick)
+            probes, union = self._candidate_parts(roles, kinds, True, "", limit=":heads",
+                                                  union_only=True)
+            text = _CANDIDATE_TEXT[shape] = _CLAIM_FOLDED.format(probes=probes, union=union,
+                                                                 pick=_CLAIM_PICK)
         return text, params
 
     @staticmethod
     def _candidate_parts(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
-                         lock: str) -> tuple[str, str]:
-        """The probes (named CTEs) and the select that picks the first of their heads."""
+                         lock: str, *, limit: str = "1", union_only: bool = False
+                         ) -> tuple[str, str]:
+        """The probes (named CTEs) and the select that picks the first of their heads (or,
+        with union_only, the union of every probe's rows)."""
         parts = []
         role_opts: list[str | None] = [None, *roles]
         kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
@@ -525,10 +631,12 @@ class Coordinator:
                 parts.append(
                     f"c{i}_{j} AS MATERIALIZED (SELECT job_id, priority, created_at FROM jobs"
                     f" WHERE {' AND '.join(where)} ORDER BY priority, created_at, job_id"
-                    f" LIMIT 1{lock})"
+                    f" LIMIT {limit}{lock})"
                 )
         names = [p.split(" ", 1)[0] for p in parts]
         union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
+        if union_only:
+            return ", ".join(parts), union
         return (", ".join(parts), f"SELECT job_id FROM ({union}) AS candidates"
                 " ORDER BY priority, created_at, job_id LIMIT 1")
 
@@ -540,10 +648,9 @@ class Coordinator:
         when nothing can be claimed (the refusal is also recorded on the worker)."""
         worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
         lease_us = self._lease_seconds(lease_s)
-        kind_filter = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
-        now = now_us()
+        kind_filter = None if kinds is None else v.names(kinds, "kind", empty=_NO_KINDS)
         return self.db.write(
-            lambda conn: self._claim(conn, worker_id, lease_us, kind_filter, now), "claim")
+            lambda conn: self._claim(conn, worker_id, lease_us, kind_filter, now_us()), "claim")
 
     def _refuse(self, conn: Connection, worker_id: str, now: int, code: str, detail: str,
                 known_worker: bool = True) -> dict[str, Any]:
@@ -561,6 +668,12 @@ class Coordinator:
         roles = json.loads(row[0])
         if kinds is None and row[1] is not None:
             kinds = json.loads(row[1])
+        if kinds is not None and not kinds:
+            # Heartbeats refuse an empty list; a row holding one claims nothing, clearly,
+            # instead of building a statement with no probe.
+            return self._refuse(conn, worker_id, now, "no_matching_role",
+                                f"worker {worker_id} handles no kinds (its heartbeat listed "
+                                "none)")
         age_s = (now - row[2]) / MICROS if row[2] is not None else None
         if age_s is None or age_s > self.policy.heartbeat_max_age_s:
             return self._refuse(conn, worker_id, now, "heartbeat_stale",
@@ -568,21 +681,27 @@ class Coordinator:
                                 f"{self.policy.heartbeat_max_age_s:g}s")
         gates = evaluate(self.policy, Readings(row[3], row[4], _bool(row[5]), row[6]))
         if gates.blocks_all:
-            assert gates.refusal is not None
-            return self._refuse(conn, worker_id, now, *gates.refusal)
+            code, detail = gates.refusal or ("gated", "the gates refuse every priority")
+            return self._refuse(conn, worker_id, now, code, detail)
         expires = now + lease_us
         if self.db.folds_transitions:
             # PostgreSQL: candidate, take, lease and event in one statement (_CLAIM_FOLDED).
             text, params = self._claim_folded_sql(roles, kinds)
             params.update(now=now, maxp=gates.max_priority, f=False, worker=worker_id,
                           expires=expires, expires_json=v.dumps(iso(expires)))
-            found = self.db.execute(conn, SQL.cached(text), params).fetchone()
-            if found is None:
+            for heads in CLAIM_HEADS:
+                params["heads"] = heads
+                found = self.db.execute(conn, SQL.cached(text), params).fetchone()
+                # Every candidate held by other claimers, and a slice may hold more: look
+                # further down the slices before saying they are all being claimed.
+                if found[1] is not None or found[0] < heads:
+                    break
+            if found[1] is None:
                 code, detail = self._why_nothing(conn, roles, kinds, gates, now)
                 return self._refuse(conn, worker_id, now, code, detail)
-            if found[1] is None:  # the compare-and-set took nothing: defence in depth
+            if found[2] is None:  # the compare-and-set took nothing: defence in depth
                 return self._refuse(conn, worker_id, now, "no_waiting_jobs", "lost a race")
-            job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = found[1:]
+            job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = found[2:]
             # All three happened in that one statement; a fault here still sits inside the
             # open transaction, before its commit.
             faults.point("claim.after_take")
@@ -664,9 +783,12 @@ class Coordinator:
             self.db.run(conn, _LOCK_JOB, {"job_id": job_id})
 
     def _owned(self, conn: Connection, job_id: int, worker_id: str, epoch: int,
-               tenant: str | None, now: int, op: str) -> tuple[Any, ...] | JobcoordError:
+               tenant: str | None, op: str) -> tuple[tuple[Any, ...] | JobcoordError, int]:
         """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
-        row or the refusal (a requested cancellation is carried out here)."""
+        row or the refusal (a requested cancellation is carried out here), and the time the
+        decision was made at: read once the job row is locked, so a call that waited for the
+        lock (a busy SQLite file, a PostgreSQL row lock) is judged when it writes, not when it
+        started (rule 3), and its event is never older than the one it waited for."""
         # On PostgreSQL the read locks the job row (FOR UPDATE OF j): a concurrent reaper,
         # completer or operator holding it is waited for, and the row read is the version it
         # committed. The lease columns come from the statement's snapshot; the only change to
@@ -674,6 +796,11 @@ class Coordinator:
         # would wait for anyway. SQLite needs no lock: BEGIN IMMEDIATE excludes every writer.
         owned = _OWNED if self.db.is_sqlite else _OWNED_LOCKED
         row = self.db.execute(conn, owned, {"job_id": job_id}).fetchone()
+        now = now_us()
+        return self._judge(conn, row, job_id, worker_id, epoch, tenant, op, now), now
+
+    def _judge(self, conn: Connection, row: Any, job_id: int, worker_id: str, epoch: int,
+               tenant: str | None, op: str, now: int) -> tuple[Any, ...] | JobcoordError:
         if row is None or (tenant is not None and row[2] != tenant):
             return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
         status, job_epoch = row[0], row[1]
@@ -733,12 +860,12 @@ class Coordinator:
             self._event(conn, job_id, now, "running", to_status, reason, worker, epoch, detail)
         faults.point(f"{reason}.after_event")
 
-    def _fenced(self, op: str, job_id: Any, worker_id: str, epoch: Any, tenant: str | None
+    def _fenced(self, job_id: Any, worker_id: str, epoch: Any, tenant: str | None
                 ) -> tuple[int, str, int, str | None]:
         return (
-            v.integer(job_id, "job_id", 1, 2**62),
+            v.whole(job_id, "job_id", 1, 2**62),
             v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID),
-            v.integer(epoch, "epoch", 0, 2**31 - 1),
+            v.whole(epoch, "epoch", 0, 2**31 - 1),
             v.optional_name(tenant, "tenant"),
         )
 
@@ -754,10 +881,11 @@ class Coordinator:
 
     def _completion(self, job_id: Any, worker_id: str, epoch: Any, result: Any,
                     provenance: Mapping[str, Any] | None, tenant: str | None
-                    ) -> tuple[Callable[[Connection, int], dict[str, Any] | JobcoordError], str]:
+                    ) -> tuple[Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]],
+                               str]:
         """Validate a completion before any transaction; return the fenced step that accepts
         it inside one (shared by complete and complete_and_claim) and the worker id."""
-        job_id, worker_id, epoch, tenant = self._fenced("complete", job_id, worker_id, epoch,
+        job_id, worker_id, epoch, tenant = self._fenced(job_id, worker_id, epoch,
                                                         tenant)
         _, result_text = v.json_value({} if result is None else result, "result",
                                       max_bytes=self.policy.max_result_bytes,
@@ -765,15 +893,15 @@ class Coordinator:
         prov_text = None if provenance is None else v.json_value(
             dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
 
-        def finish(conn: Connection, now: int) -> dict[str, Any] | JobcoordError:
-            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "complete")
+        def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
+            owned, now = self._owned(conn, job_id, worker_id, epoch, tenant, "complete")
             if isinstance(owned, JobcoordError):
                 self._reject_event(conn, owned, job_id, worker_id, epoch, now, "complete")
-                return owned
+                return owned, now
             self._end(conn, job_id, epoch, now, "succeeded", "completed", worker_id,
                       result=result_text, provenance=prov_text)
             return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
-                    "finished_at": iso(now)}
+                    "finished_at": iso(now)}, now
 
         return finish, worker_id
 
@@ -782,8 +910,7 @@ class Coordinator:
                  ) -> dict[str, Any]:
         """Accept the result of the lease owner at the current epoch, before expiry."""
         finish, _ = self._completion(job_id, worker_id, epoch, result, provenance, tenant)
-        now = now_us()
-        return self.db.write(lambda conn: finish(conn, now), "complete")
+        return self.db.write(lambda conn: finish(conn)[0], "complete")
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Mapping[str, Any] | None = None,
@@ -799,11 +926,10 @@ class Coordinator:
         finish, worker_id = self._completion(job_id, worker_id, epoch, result, provenance,
                                              tenant)
         lease_us = self._lease_seconds(lease_s)
-        kind_filter = None if kinds is None else sorted({v.name(k, "kind") for k in kinds})
-        now = now_us()
+        kind_filter = None if kinds is None else v.names(kinds, "kind", empty=_NO_KINDS)
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-            done = finish(conn, now)
+            done, now = finish(conn)
             if isinstance(done, JobcoordError):
                 return done
             return {"completed": done,
@@ -812,33 +938,50 @@ class Coordinator:
         return self.db.write(_do, "complete_and_claim")
 
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
-             permanent: bool = False, reason: str = "failed", tenant: str | None = None
-             ) -> dict[str, Any]:
+             permanent: bool = False, reason: str = "failed", tenant: str | None = None,
+             effect_not_applied: bool = False) -> dict[str, Any]:
         """Report a failed attempt. Retryable failures go back to `waiting` after the
         policy's backoff, until max attempts or the deadline; then (or if permanent) `dead`.
 
         reason="worker_shutdown" is a release, not a failure of the job: a worker stopping
         gives the job back at once, without backoff, and the job keeps one attempt to run in
         (a deploy or a closed laptop lid must not use up retries). The attempt still counts in
-        `attempts` and the event history."""
-        job_id, worker_id, epoch, tenant = self._fenced("fail", job_id, worker_id, epoch, tenant)
+        `attempts` and the event history. Only the policy's `max_releases` releases are free;
+        each one past them counts as a normal attempt.
+
+        After the attempt marked an external effect (mark_effect), any end that is not
+        permanent (a retryable failure, reason "timeout", a release) makes the job `unknown`
+        for `reconcile` (rule 6): the effect is never silently run again. Pass
+        effect_not_applied=True only when the worker knows the effect did not happen; the
+        normal path is then taken and the event records it."""
+        job_id, worker_id, epoch, tenant = self._fenced(job_id, worker_id, epoch, tenant)
         error = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
         reason = v.name(reason, "reason", max_len=40)
-        now = now_us()
+        permanent = v.flag(permanent, "permanent")
+        effect_not_applied = v.flag(effect_not_applied, "effect_not_applied")
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "fail")
+            owned, now = self._owned(conn, job_id, worker_id, epoch, tenant, "fail")
             if isinstance(owned, JobcoordError):
                 self._reject_event(conn, owned, job_id, worker_id, epoch, now, "fail")
                 return owned
             attempts, max_attempts, deadline = owned[5], owned[6], owned[7]
             detail: dict[str, Any] = {"error": error, "attempt": attempts}
+            if effect_not_applied:
+                detail["effect_not_applied"] = True
+            effect = _bool(owned[4]) and not effect_not_applied
             backoff_us = seconds_to_us(self.policy.backoff_s(attempts))
-            release = reason == "worker_shutdown" and not permanent
+            release = reason == "worker_shutdown" and not permanent and not effect
+            if release and self.db.execute(conn, _RELEASES, {"job_id": job_id}
+                                           ).fetchone()[0] >= self.policy.max_releases:
+                release = False  # past the bound: this release counts as an attempt
+                detail["releases_exhausted"] = self.policy.max_releases
             if release:
                 backoff_us = 0
             if permanent:
                 to_status, why = "dead", "permanent failure"
+            elif effect:
+                to_status, why = "unknown", "an external effect had started"
             elif release and (deadline is None or now < deadline):
                 to_status, why = "waiting", None
                 if attempts >= max_attempts:
@@ -853,7 +996,9 @@ class Coordinator:
                 to_status, why = "waiting", None
                 detail["backoff_s"] = backoff_us / MICROS
                 detail["run_after"] = iso(now + backoff_us)
-            if why:
+            if why and to_status == "unknown":
+                detail["because"] = why
+            elif why:
                 detail["dead_because"] = why
             self._end(conn, job_id, epoch, now, to_status, reason, worker_id, error=error,
                       run_after=now + backoff_us if to_status == "waiting" else now,
@@ -862,6 +1007,8 @@ class Coordinator:
                    "max_attempts": max_attempts}
             if to_status == "waiting":
                 out["run_after"] = iso(now + backoff_us)
+            elif to_status == "unknown":
+                out["because"] = why
             else:
                 out["dead_because"] = why
             return out
@@ -872,13 +1019,12 @@ class Coordinator:
               tenant: str | None = None) -> dict[str, Any]:
         """Extend a live lease of this owner and epoch to now + lease_s, never to earlier than
         it already runs (after the clock jumped back, now + lease_s can be before it)."""
-        job_id, worker_id, epoch, tenant = self._fenced("renew", job_id, worker_id, epoch,
+        job_id, worker_id, epoch, tenant = self._fenced(job_id, worker_id, epoch,
                                                         tenant)
         lease_us = self._lease_seconds(lease_s)
-        now = now_us()
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "renew")
+            owned, now = self._owned(conn, job_id, worker_id, epoch, tenant, "renew")
             if isinstance(owned, JobcoordError):
                 return owned
             # Never shorten: a lease moved before its grant time would break the schema's
@@ -895,12 +1041,11 @@ class Coordinator:
                     tenant: str | None = None) -> dict[str, Any]:
         """Record that this attempt started an external effect it cannot undo. If its lease
         then expires, the job becomes `unknown` instead of running the effect again."""
-        job_id, worker_id, epoch, tenant = self._fenced("effect", job_id, worker_id, epoch,
+        job_id, worker_id, epoch, tenant = self._fenced(job_id, worker_id, epoch,
                                                         tenant)
-        now = now_us()
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "effect")
+            owned, now = self._owned(conn, job_id, worker_id, epoch, tenant, "effect")
             if isinstance(owned, JobcoordError):
                 return owned
             if not _bool(owned[4]):
@@ -915,16 +1060,15 @@ class Coordinator:
     def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str,
                    data: Any = None, *, tenant: str | None = None) -> dict[str, Any]:
         """Commit step progress under the current epoch; the next attempt's claim returns it."""
-        job_id, worker_id, epoch, tenant = self._fenced("checkpoint", job_id, worker_id, epoch,
+        job_id, worker_id, epoch, tenant = self._fenced(job_id, worker_id, epoch,
                                                         tenant)
         name = v.name(name, "name")
         _, data_text = v.json_value({} if data is None else data, "data",
                                     max_bytes=self.policy.max_payload_bytes,
                                     require_object=False, too_large_code="checkpoint_too_large")
-        now = now_us()
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-            owned = self._owned(conn, job_id, worker_id, epoch, tenant, now, "checkpoint")
+            owned, now = self._owned(conn, job_id, worker_id, epoch, tenant, "checkpoint")
             if isinstance(owned, JobcoordError):
                 return owned
             self.db.run(conn, _UPSERT_CHECKPOINT, {"job_id": job_id, "name": name,
@@ -941,8 +1085,7 @@ class Coordinator:
         used up, `unknown` when an external effect had started, `cancelled` when asked), and
         waiting jobs past their deadline into `dead`. Safe from any number of processes: each
         change is a compare-and-set on (status, epoch)."""
-        limit = v.integer(limit, "limit", 1, 100_000)
-        now = now_us()
+        limit = v.whole(limit, "limit", 1, 100_000)
         sqlite = self.db.is_sqlite
         expired_sql = _EXPIRED_LEASES if sqlite else _EXPIRED_LEASES_LOCKED
         overdue_sql = _OVERDUE_WAITING if sqlite else _OVERDUE_WAITING_LOCKED
@@ -951,9 +1094,13 @@ class Coordinator:
             counts = {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
                       "deadline_dead": 0}
             jobs: list[dict[str, Any]] = []
+            # Candidates are chosen with a first reading; the decisions and event times use a
+            # second one, taken once their rows are locked (PostgreSQL) -- later, so every
+            # chosen lease is still expired, and no event is older than one it waited for.
+            expired = self.db.run(conn, expired_sql, {"now": now_us(), "limit": limit}).all()
+            now = now_us()
             for (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline,
-                 cancel) in self.db.run(conn, expired_sql, {"now": now, "limit": limit}
-                                        ).all():
+                 cancel) in expired:
                 if _bool(cancel):
                     to_status, why = "cancelled", "cancelled while running"
                 elif _bool(effect):
@@ -974,8 +1121,9 @@ class Coordinator:
                 counts["expired"] += 1
                 counts[to_status] += 1
                 jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})
-            for job_id, epoch in self.db.run(conn, overdue_sql, {"now": now, "limit": limit}
-                                             ).all():
+            overdue = self.db.run(conn, overdue_sql, {"now": now, "limit": limit}).all()
+            now = max(now, now_us())
+            for job_id, epoch in overdue:
                 swept = self.db.run(conn, _SET_STATUS, {
                     "job_id": job_id, "epoch": epoch, "from_status": "waiting",
                     "to_status": "dead", "now": now, "finished": now,
@@ -999,12 +1147,12 @@ class Coordinator:
         return dict(zip(_JOB_COLUMNS, row, strict=True))
 
     def _operator(self, op: str, job_id: Any, tenant: str | None, fn: Any) -> dict[str, Any]:
-        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        job_id = v.whole(job_id, "job_id", 1, 2**62)
         tenant = v.optional_name(tenant, "tenant")
-        now = now_us()
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
             self._lock_job(conn, job_id)
+            now = now_us()  # after the row lock: see _owned
             job = self._load(conn, job_id, tenant)
             if isinstance(job, JobcoordError):
                 return job
@@ -1125,14 +1273,8 @@ class Coordinator:
         with `reconcile` first. The newest job is kept whatever its age, so no job id is ever
         handed out twice. A pruned job's idempotency key is forgotten (the same key makes a
         new job), and the files its artifact rows named are left where they are."""
-        older_s = v.duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
-        if isinstance(statuses, str):
-            statuses = [statuses]
-        if statuses is not None and (not isinstance(statuses, list | tuple | set | frozenset)
-                                     or not all(isinstance(x, str) for x in statuses)):
-            raise InvalidInput("invalid_input", "status: give a list of status names",
-                               field="status")
-        chosen = sorted(set(FINAL_STATUSES if statuses is None else statuses))
+        older_s = v.safe_duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
+        chosen = sorted(FINAL_STATUSES) if statuses is None else v.names(statuses, "status")
         for status in chosen:
             if status == "unknown":
                 raise InvalidInput("invalid_input", "status: unknown jobs are never pruned; "
@@ -1146,9 +1288,9 @@ class Coordinator:
             raise InvalidInput("invalid_input", "status: name at least one status",
                                field="status")
         tenant = v.optional_name(tenant, "tenant")
-        batch = v.integer(batch, "batch", 1, 10_000)
+        batch = v.whole(batch, "batch", 1, 10_000)
         if pause_s is not None:
-            pause_s = v.seconds(pause_s, "pause", 0, 60)
+            pause_s = v.finite_seconds(pause_s, "pause", 0, 60)
         now = now_us()
         cutoff = now - seconds_to_us(older_s)
         params: dict[str, Any] = {f"s{i}": st for i, st in enumerate(chosen)}
@@ -1230,7 +1372,7 @@ class Coordinator:
             raise InvalidInput("invalid_input", f"status must be one of {', '.join(STATUSES)}")
         kind = v.optional_name(kind, "kind")
         tenant = v.optional_name(tenant, "tenant")
-        limit = v.integer(limit, "limit", 1, 10_000)
+        limit = v.whole(limit, "limit", 1, 10_000)
         where, params = [], {"limit": limit}
         for col, val in (("status", status), ("kind", kind), ("tenant", tenant)):
             if val is not None:
@@ -1249,7 +1391,7 @@ class Coordinator:
 
     def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """A job with its lease, full event history, checkpoints and provenance."""
-        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        job_id = v.whole(job_id, "job_id", 1, 2**62)
         tenant = v.optional_name(tenant, "tenant")
 
         def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
@@ -1328,7 +1470,7 @@ class Coordinator:
 
     def explain(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """Why this job is (or is not) being picked up right now."""
-        job_id = v.integer(job_id, "job_id", 1, 2**62)
+        job_id = v.whole(job_id, "job_id", 1, 2**62)
         tenant = v.optional_name(tenant, "tenant")
         now = now_us()
 
@@ -1340,11 +1482,13 @@ class Coordinator:
             if job["status"] == "waiting":
                 role_test = ("required_role IS NULL" if job["required_role"] is None
                              else "required_role = :role")
+                # A tenant-scoped caller is told about its own tenant's queue only.
+                scope = "" if tenant is None else " AND tenant = :tenant"
                 ahead = self.db.run_text(
                     conn, f"SELECT COUNT(*) FROM jobs WHERE status = 'waiting' AND {role_test}"
-                    " AND (priority < :p OR (priority = :p AND (created_at < :c OR"
+                    f"{scope} AND (priority < :p OR (priority = :p AND (created_at < :c OR"
                     " (created_at = :c AND job_id < :id))))",
-                    {"role": job["required_role"], "p": job["priority"],
+                    {"role": job["required_role"], "p": job["priority"], "tenant": tenant,
                      "c": job["created_at"], "id": job_id}).scalar_one()
             lease = self.db.run_text(conn, "SELECT worker_id, epoch, expires_at FROM leases"
                                      " WHERE job_id = :job_id", {"job_id": job_id}).first()
@@ -1391,8 +1535,7 @@ class Coordinator:
         if self.db.is_sqlite:
             import sqlite3
 
-            path = self.db.target.sqlite_path
-            assert path is not None
+            path = self.db.target.sqlite_path or ""
             out["path"] = path
             out["file_size_bytes"] = os.path.getsize(path)
             wal = path + "-wal"
@@ -1408,7 +1551,7 @@ class Coordinator:
         return out
 
 
-# --- helpers shared by the service and the CLI ---------------------------------------------
+# --- helpers ------------------------------------------------------------------------------
 
 READING_RANGES: dict[str, tuple[float, float]] = {
     "memory_used_pct": (0.0, 100.0),
@@ -1499,8 +1642,11 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
     out: dict[str, Any] = {"job_id": job["job_id"], "status": status,
                            "priority": job["priority"], "role": job["required_role"],
                            "kind": job["kind"]}
-    if status == "running":
-        assert lease is not None
+    if status == "running" and lease is None:
+        # Never in one snapshot of a consistent database; said plainly rather than asserted.
+        say("running", "running, but no lease was found for it (it is ending right now, or "
+            "the database needs `jobcoord check`)")
+    elif status == "running":
         left = (lease[2] - now) / MICROS
         say("running", f"leased to {lease[0]} at epoch {lease[1]}; the lease "
             + (f"expires in {left:.0f}s" if left > 0 else

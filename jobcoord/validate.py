@@ -270,3 +270,54 @@ def too_large(field: str, size: int | None, limit: int, code: str) -> InvalidInp
         **details,
     )
 
+
+#: At most this many roles or kinds per call: a claim probes the index once per (role, kind)
+#: pair, and SQLite allows at most 500 terms in one compound SELECT ((20 + 1) * 20 = 420).
+MAX_NAMES = 20
+
+
+def names(value: Any, field: str, *, empty: str | None = None) -> list[str]:
+    """A list of names (roles, kinds, statuses), sorted and without repeats. A bare string is
+    ONE name, never its characters, in every method. `empty` is the message refusing an empty
+    list; without it an empty list is accepted."""
+    if isinstance(value, str):
+        value = [value]
+    elif not isinstance(value, list | tuple | set | frozenset):
+        raise _bad(field, "give a name or a list of names")
+    if len(value) > MAX_NAMES:
+        raise _bad(field, f"{len(value)} names; the limit is {MAX_NAMES}")
+    out = sorted({name(item, field) for item in value})
+    if not out and empty is not None:
+        raise _bad(field, empty)
+    return out
+
+
+def flag(value: Any, field: str) -> bool:
+    """A yes/no argument: True or False only (not 0, 1, "yes" or None)."""
+    if not isinstance(value, bool):
+        raise _bad(field, "must be true or false")
+    return value
+
+
+def whole(value: Any, field: str, lo: int, hi: int) -> int:
+    """`integer`, safe for any int: one out of range is refused without being formatted in
+    full (Python refuses to print an int of more than 4300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        raise _bad(field, f"is outside {lo}..{hi}")
+    return integer(value, field, lo, hi)
+
+
+def finite_seconds(value: Any, field: str, lo: float, hi: float, *,
+                   lo_inclusive: bool = True) -> float:
+    """`seconds`, safe for any int: one too large for a float is refused as out of range
+    instead of overflowing when converted."""
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
+    return seconds(value, field, lo, hi, lo_inclusive=lo_inclusive)
+
+
+def safe_duration(value: Any, field: str, lo: float, hi: float) -> float:
+    """`duration`, with `finite_seconds`' check of ints first."""
+    if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
+        raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
+    return duration(value, field, lo, hi)

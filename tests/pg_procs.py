@@ -44,3 +44,20 @@ def complete_once(target: Any, worker_id: str, job_id: int, epoch: int, out: str
         except JobcoordError as e:
             got = {"error": e.code}
         _write(out, got)
+
+
+
+def claim_in_rounds(url: str, worker_id: str, kinds: list[str], rounds: int, barrier: Any,
+                    results: Any) -> None:
+    """Claim once per round, all claimers at once (the barrier starts each round after the
+    test enqueued its jobs, and ends it once every claimer has answered)."""
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(url) as coord:
+        coord.heartbeat(worker_id, kinds=kinds, readings={"memory_used_pct": 10.0})
+        for _ in range(rounds):
+            barrier.wait(60)
+            got = coord.claim(worker_id, lease_s=300)
+            results.put((worker_id, None if got["job"] is None else got["job"]["job_id"],
+                         got.get("reason"), got.get("detail")))
+            barrier.wait(60)

@@ -1,0 +1,186 @@
+"""Every input the Python API accepts either works or is refused as InvalidInput.
+
+Hypothesis calls every public method of Coordinator with arguments drawn from good values and
+odd ones: empty, huge, negative, float, NaN, bool, None, bytes, wrong types, nested containers,
+huge ints, strings with NUL or lone surrogates. Each call must succeed or raise a JobcoordError
+subclass -- never any other exception -- and a call refused as invalid input changes nothing
+(every core table is compared before and after). A bare string where a sequence is expected is
+one element, the same in every method."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobcoord.errors import InvalidInput, JobcoordError
+from jobcoord.service import Coordinator, JobSpec
+from tests.conftest import dump
+from tests.timeline import IDLE_ON_AC
+
+OMIT = object()
+
+ODD_TEXT = ["", " ", "a\x00b", "\ud800", "x" * 5000, "P0", "-1", "1e400", "nan", "🙂", "a b",
+            "gpu", "%", "'; DROP TABLE jobs; --"]
+odd = st.one_of(
+    st.none(), st.booleans(),
+    st.integers(min_value=-2**70, max_value=2**70),
+    st.sampled_from([0, -1, 2**63, 10**400, 10**5000]),
+    st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([1e300, -0.0, 1e-300]),
+    st.sampled_from(ODD_TEXT), st.text(max_size=8), st.binary(max_size=8),
+    st.lists(st.one_of(st.text(max_size=4), st.integers(), st.none()), max_size=4),
+    st.dictionaries(st.text(max_size=4), st.one_of(st.integers(), st.text(max_size=4)),
+                    max_size=3),
+    st.tuples(st.text(max_size=3)), st.sampled_from([[], {}, (), set(), [[["x"]]], {"a": {}}]),
+    st.sampled_from([object(), b"\xff", bytearray(b"x"), 1j, float("nan")]),
+)
+
+
+def arg(*good: Any, optional: bool = True) -> st.SearchStrategy[Any]:
+    """Mostly a good value (so calls reach deep), often an odd one, sometimes left out."""
+    choices = [st.sampled_from(good), st.sampled_from(good), odd]
+    if optional:
+        choices.append(st.just(OMIT))
+    return st.one_of(*choices)
+
+
+JOB = arg(1, 2, 3, optional=False)
+WORKER = arg("w1", "w2", optional=False)
+EPOCH = arg(1, 2, optional=False)
+TENANT = arg(None, "default", "A")
+KINDS = arg(None, ["k"], ["k", "j"], "k", ("k",))
+LEASE = arg(None, 30, 0.5, "30")
+
+METHODS: dict[str, tuple[list[st.SearchStrategy[Any]], dict[str, st.SearchStrategy[Any]]]] = {
+    "enqueue": ([arg("k", "j", optional=False), arg({"a": 1}, None, "{}")],
+                {"priority": arg(None, 0, "P3"), "role": arg(None, "gpu"), "tenant": TENANT,
+                 "key": arg(None, "key1"), "max_attempts": arg(None, 1, 5),
+                 "deadline_s": arg(None, 60), "delay_s": arg(0, 1.5)}),
+    "enqueue_many": ([arg([{"kind": "k"}], [JobSpec("k")], [], ({"kind": "j", "key": "b"},),
+                          optional=False)], {}),
+    "heartbeat": ([WORKER], {"roles": arg(None, ["gpu"], "gpu", []),
+                             "readings": arg(None, IDLE_ON_AC, '{"memory_used_pct": 3}'),
+                             "kinds": KINDS}),
+    "claim": ([WORKER], {"lease_s": LEASE, "kinds": KINDS}),
+    "complete": ([JOB, WORKER, EPOCH, arg({"ok": 1}, None)],
+                 {"provenance": arg(None, {"model": "m"}), "tenant": TENANT}),
+    "complete_and_claim": ([JOB, WORKER, EPOCH, arg({"ok": 1}, None)],
+                           {"provenance": arg(None, {"m": 1}), "tenant": TENANT,
+                            "lease_s": LEASE, "kinds": KINDS}),
+    "fail": ([JOB, WORKER, EPOCH, arg("boom", optional=False)],
+             {"permanent": arg(False, True), "reason": arg("failed", "timeout",
+                                                            "worker_shutdown"),
+              "tenant": TENANT, "effect_not_applied": arg(False, True)}),
+    "renew": ([JOB, WORKER, EPOCH], {"lease_s": LEASE, "tenant": TENANT}),
+    "mark_effect": ([JOB, WORKER, EPOCH], {"tenant": TENANT}),
+    "checkpoint": ([JOB, WORKER, EPOCH, arg("step", optional=False), arg({"n": 1}, None)],
+                   {"tenant": TENANT}),
+    "reap": ([], {"limit": arg(1000, 1)}),
+    "cancel": ([JOB], {"tenant": TENANT}),
+    "retry": ([JOB], {"tenant": TENANT}),
+    "reconcile": ([JOB, arg("waiting", "dead", "succeeded", optional=False),
+                   arg("checked", optional=False)], {"result": arg(None, {"r": 1}),
+                                                     "tenant": TENANT}),
+    # pause_s only from values that cannot make the run sleep for long
+    "prune": ([arg("7d", 0, 3600, optional=False)],
+              {"statuses": arg(None, ["dead"], "dead", ("succeeded", "cancelled")),
+               "tenant": TENANT, "batch": arg(500, 1), "dry_run": arg(False, True),
+               "pause_s": st.one_of(st.just(OMIT), st.sampled_from(
+                   [0, None, -1, 1e300, float("nan"), "x", [], True]))}),
+    "jobs": ([], {"status": arg(None, "waiting", "dead"), "kind": arg(None, "k"),
+                  "tenant": TENANT, "limit": arg(100, 1)}),
+    "show": ([JOB], {"tenant": TENANT}),
+    "explain": ([JOB], {"tenant": TENANT}),
+    "workers": ([], {}),
+    "status": ([], {"tenant": TENANT}),
+}
+
+
+@st.composite
+def calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
+    method = draw(st.sampled_from(sorted(METHODS)))
+    positional, keywords = METHODS[method]
+    args = [draw(s) for s in positional]
+    while args and args[-1] is OMIT:
+        args.pop()
+    if OMIT in args:  # a left-out positional in the middle: use None there instead
+        args = [None if a is OMIT else a for a in args]
+    kwargs = {k: v for k, v in ((k, draw(s)) for k, s in keywords.items()) if v is not OMIT}
+    return method, args, kwargs
+
+
+def _setup(coord: Coordinator) -> None:
+    for kind in ("k", "j", "k"):
+        coord.enqueue(kind, {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.claim("w1", lease_s=600)
+
+
+def _run(coord: Coordinator, examples: int) -> None:
+    _setup(coord)
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(call=calls())
+    def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
+        method, args, kwargs = call
+        before = dump(coord)
+        try:
+            getattr(coord, method)(*args, **kwargs)
+        except InvalidInput:
+            assert dump(coord) == before, f"refused {method} changed the database"
+        except JobcoordError:
+            pass
+
+    check_one()
+
+
+def test_every_public_method_either_works_or_refuses_input_sqlite(sqlite_target: Any) -> None:
+    with Coordinator.open(sqlite_target) as coord:
+        _run(coord, 1500)
+
+
+def test_every_public_method_either_works_or_refuses_input_postgresql(
+        request: pytest.FixtureRequest) -> None:
+    from tests.conftest import fresh_pg
+
+    with fresh_pg(request.getfixturevalue("pg_template")) as target, \
+            Coordinator.open(target) as coord:
+        _run(coord, 300)
+
+
+# --- the specific reproductions ------------------------------------------------------------
+
+
+def test_an_empty_kinds_list_is_invalid_input_everywhere(coord: Coordinator) -> None:
+    coord.enqueue("k", {})
+    before = dump(coord)
+    for call in (lambda: coord.claim("w1", kinds=[]),
+                 lambda: coord.heartbeat("w1", kinds=[]),
+                 lambda: coord.complete_and_claim(1, "w1", 1, kinds=[])):
+        with pytest.raises(InvalidInput) as caught:
+            call()
+        assert "give at least one kind, or leave it out to take any kind" in caught.value.message
+    assert dump(coord) == before
+
+
+def test_a_worker_row_with_no_kinds_claims_nothing_with_a_reason(coord: Coordinator) -> None:
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.db.write(lambda conn: coord.db.run_text(conn, "UPDATE workers SET kinds_json = '[]'"))
+    got = coord.claim("w1")
+    assert got["job"] is None and "no kinds" in got["detail"]
+
+
+def test_a_bare_string_is_one_element_in_every_method(coord: Coordinator) -> None:
+    coord.enqueue("abc", {}, role="gpu")
+    assert coord.heartbeat("w1", roles="gpu", kinds="abc", readings=IDLE_ON_AC
+                           )["roles"] == ["gpu"]
+    assert coord.workers()["workers"][0]["kinds"] == ["abc"]
+    got = coord.claim("w1", kinds="abc")
+    assert got["job"] is not None and got["job"]["kind"] == "abc"
+    coord.complete(got["job"]["job_id"], "w1", 1, {})
+    out = coord.prune(0, statuses="succeeded", dry_run=True)
+    assert out["statuses"] == ["succeeded"]

@@ -1,0 +1,110 @@
+"""Policy values are bounded, and no arithmetic on times can overflow.
+
+A policy outside the documented bounds is refused when it is loaded (invalid_policy, exit 2,
+naming the key), so no value can reach a time computation that overflows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from jobcoord.errors import InvalidInput
+from jobcoord.policy import POLICY_BOUNDS, Policy
+from tests.conftest import dump
+from tests.timeline import IDLE_ON_AC
+
+
+def _policy_file(tmp_path: Any, body: str) -> str:
+    path = tmp_path / "policy.toml"
+    path.write_text(body)
+    return str(path)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("max_lease_s", "1e300"),
+    ("max_lease_s", str(7 * 86400 + 1)),
+    ("retry_base_s", "1e300"),
+    ("retry_max_s", "1e300"),
+    ("max_payload_bytes", "10000000000000"),
+    ("max_result_bytes", str(64 * 1024 * 1024 + 1)),
+    ("default_max_attempts", "1001"),
+    ("heartbeat_max_age_s", "1e20"),
+    ("max_releases", "100000"),
+    ("max_memory_pct", "101"),
+])
+def test_policy_values_outside_their_bounds_are_refused_naming_the_key(coord, cli, tmp_path,
+                                                                         key, value):
+    path = _policy_file(tmp_path, f"{key} = {value}\n")
+    r = cli("--policy", path, "claim", "w1", "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    assert key in r.json["error"]["message"]
+    with pytest.raises(InvalidInput) as caught:
+        Policy.from_toml(path)
+    assert caught.value.code == "invalid_policy" and key in caught.value.message
+
+
+def test_every_policy_setting_has_bounds_and_the_defaults_lie_within_them():
+    default = Policy()
+    for name, (lo, hi) in POLICY_BOUNDS.items():
+        assert lo <= getattr(default, name) <= hi, name
+    assert set(POLICY_BOUNDS) >= {f for f in Policy.__dataclass_fields__
+                                  if not isinstance(getattr(default, f), bool)}
+
+
+def test_a_policy_built_in_python_is_bounded_too():
+    with pytest.raises(InvalidInput) as caught:
+        Policy(max_lease_s=1e300)
+    assert caught.value.code == "invalid_policy" and "max_lease_s" in caught.value.message
+
+
+@pytest.mark.parametrize("lease", ["1e100", "1e12", "inf", "nan"])
+def test_a_huge_lease_is_invalid_input_not_an_overflow(coord, cli, lease):
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    r = cli("claim", "w1", "--lease", lease, "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_input"
+    assert dump(coord) == before
+
+
+def test_the_largest_retry_values_allowed_do_not_overflow(target, tmp_path, cli, clock):
+    from jobcoord.service import Coordinator
+
+    week = 7 * 86400.0
+    coord = Coordinator.open(target, policy=Policy(retry_base_s=week, retry_max_s=week,
+                                                   max_lease_s=week, default_lease_s=week))
+    try:
+        job_id = coord.enqueue("k", {}, max_attempts=50)["job_id"]
+        coord.heartbeat("w1", readings=IDLE_ON_AC)
+        for _ in range(3):
+            got = coord.claim("w1", lease_s=week)
+            assert got["job"] is not None, got
+            out = coord.fail(job_id, "w1", got["lease"]["epoch"], "again")
+            assert out["status"] == "waiting"
+            clock.tick(week + 1)
+            coord.heartbeat("w1", readings=IDLE_ON_AC)
+    finally:
+        coord.close()
+    path = _policy_file(tmp_path, f"retry_base_s = {week}\nretry_max_s = {week}\n")
+    assert Policy.from_toml(path).backoff_s(1000) == week
+
+
+@pytest.mark.parametrize(("policy", "command"), [
+    ("max_lease_s = 1e300\n", ["claim", "w1", "--lease", "1e100"]),
+    ("retry_base_s = 1e300\nretry_max_s = 1e300\n",
+     ["fail", "1", "--worker", "w1", "--epoch", "1", "--error", "x"]),
+    ("max_payload_bytes = 10000000000000\n", ["enqueue", "k", "--payload", "{}"]),
+])
+def test_the_reported_reproductions_are_refused_as_invalid_policy(coord, cli, tmp_path, policy,
+                                                                   command):
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.claim("w1")
+    before = dump(coord)
+    r = cli("--policy", _policy_file(tmp_path, policy), *command, "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    assert dump(coord) == before
