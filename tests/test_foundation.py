@@ -61,7 +61,7 @@ def test_migrate_creates_an_owner_only_database_and_reports_quick_check(tmp_path
     out = r.json
     assert out["quick_check"] == ["ok"]
     assert out["journal_mode"] == "wal"
-    assert out["revisions"] == ["c0002"] and out["changed"] is True
+    assert out["revisions"] == ["c0003"] and out["changed"] is True
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again = run_cli(None, "--db", str(path), "migrate", "--json")
     assert again.code == 0 and again.json["changed"] is False
@@ -71,7 +71,7 @@ def test_status_of_a_new_database_counts_nothing(target: Target) -> None:
     out = run_cli(target, "status", "--json").json
     assert out["workers"] == 0 and out["active_leases"] == 0
     assert out["jobs"] == dict.fromkeys(STATUSES, 0)
-    assert out["revisions"] == ["c0002"]
+    assert out["revisions"] == ["c0003"]
     if target.sqlite_path:
         assert out["journal_mode"] == "wal"
         assert out["file_size_bytes"] > 0
@@ -249,7 +249,7 @@ def test_artifacts_migration_round_trip_keeps_every_row(target: Target) -> None:
         "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes, media_type,"
         " created_at) VALUES (1, 'out', 'file:out.json', 'ab', 2, 'application/json', 1)"))
     down = migrate(db, remove={"artifacts"})
-    assert down["features"] == [] and down["revisions"] == ["c0002"]
+    assert down["features"] == [] and down["revisions"] == ["c0003"]
     assert _snapshot(db) == before  # not one job, lease, event or checkpoint lost or changed
     assert not db.read(lambda conn: db.engine.dialect.has_table(conn, "artifacts"))
     db.close()
@@ -261,7 +261,7 @@ def test_migrate_with_artifacts_from_the_cli(tmp_path: Path) -> None:
     r = run_cli(None, "--db", path, "migrate", "--with", "artifacts", "--json")
     assert r.code == 0, r.err
     assert r.json["features"] == ["artifacts"]
-    assert sorted(r.json["revisions"]) == ["a0001", "c0002"]
+    assert sorted(r.json["revisions"]) == ["a0001", "c0003"]
     bad = run_cli(None, "--db", path, "migrate", "--with", "nonsense", "--json")
     assert bad.code == 2 and bad.json["error"]["code"] == "invalid_input"
 
@@ -375,7 +375,7 @@ def test_unusable_databases_are_refused_with_their_code_and_left_unchanged(
     if case == "older":  # this code expects a revision the database has not reached yet
         import jobcoord.migrate as m
 
-        monkeypatch.setattr(m, "CORE_REVISIONS", ("c0001", "c0002", "c0003"))
+        monkeypatch.setattr(m, "CORE_REVISIONS", ("c0001", "c0002", "c0003", "c0004"))
     before = _fs(tmp_path)
     for command in (["status"], ["enqueue", "k"], ["claim", "w1"]):
         r = run_cli(None, "--db", str(db), *command, "--json")
