@@ -71,7 +71,9 @@ class RemoteCoordinator:
             try:
                 resp = self._client.request(
                     method, path, json=json, headers=headers,
-                    timeout=None if timeout is None else httpx.Timeout(timeout))
+                    # (None would switch timeouts off: the client's default applies instead)
+                    timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
+                             else httpx.Timeout(timeout)))
             except httpx.TransportError as e:
                 # A claim whose answer was lost may have leased a job we never heard of: it is
                 # not sent again (the lease expires and the job is offered again). Everything
