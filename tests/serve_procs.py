@@ -45,6 +45,17 @@ def token(target: Target, name: str, role: str, tenant: str | None = None,
         return str(tokens.create(c.db, name, role, tenant=tenant, worker=worker)["token"])
 
 
+def tokens_for(target: Target, specs: list[tuple[str, str, str | None, str | None]]
+               ) -> list[str]:
+    """Many tokens through one connection: (name, role, tenant, worker) each."""
+    from jobcoord import tokens
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(target) as c:
+        return [str(tokens.create(c.db, name, role, tenant=tenant, worker=worker)["token"])
+                for name, role, tenant, worker in specs]
+
+
 class Served:
     def __init__(self, target: Target, *extra: str, env: dict[str, str] | None = None,
                  port: int = 0):

@@ -82,8 +82,10 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     server = _Server(config)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again:
     # SIGINT becomes KeyboardInterrupt, which the CLI turns into exit code 130.
-    server.run()
-    emit({"event": "stopped"})
+    try:
+        server.run()
+    finally:
+        emit({"event": "stopped"})
     if not server.started:
         raise InvalidInput("bind_failed", f"could not listen on {host}:{port} (in use, or "
                            "not an address of this machine)")
