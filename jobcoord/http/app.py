@@ -6,6 +6,7 @@ coroutines, not 200 threads."""
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run
 # time, and the Annotated aliases below are local to create_app.
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -128,24 +129,49 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 class Wakeup:
-    """Wakes every long-poll waiting for work. Used only from the event loop thread."""
+    """Wakes long-polls waiting for work, oldest first. Used only from the event loop thread.
+
+    A submission wakes one waiter (waking all of them would start as many claims racing for
+    one job); a waiter that then finds nothing passes the turn on to the next. Everything
+    else that may free work for several (the poller, the reaper, retries) wakes all."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
-        self.waiters = 0
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Single wake-ups that found nobody waiting (every long-poll was busy claiming): the
+        #: next waiter takes one at once, so a job committed during a claim is not left for
+        #: the poller.
+        self._pending = 0
 
-    def notify(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+    @property
+    def waiters(self) -> int:
+        return len(self._waiting)
 
-    async def wait(self, timeout: float) -> None:
-        event = self._event
-        self.waiters += 1
+    def notify(self, n: int | None = None) -> None:
+        """Wake `n` waiters (None: all)."""
+        while self._waiting and (n is None or n > 0):
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+                if n is not None:
+                    n -= 1
+        if n:
+            self._pending = min(self._pending + n, 1024)
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken, False when the timeout passed."""
+        if self._pending:
+            self._pending -= 1
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
+            await asyncio.wait_for(future, timeout)
+            return True
+        except TimeoutError:
+            return False
         finally:
-            self.waiters -= 1
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(future)
 
 
 class Server:
@@ -164,9 +190,9 @@ class Server:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
-    def notify(self) -> None:
+    def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
-            self.wakeup.notify()
+            self.wakeup.notify(n)
 
     def due_job_exists(self) -> bool:
         """A cheap read: is any waiting job due? Only a hint to wake the long-polls; the claim
@@ -432,8 +458,8 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
                              tenant=who.tenant or DEFAULT_TENANT, key=idempotency_key,
                              max_attempts=body.max_attempts, deadline_s=body.deadline_s,
                              delay_s=body.delay_s)
-        # Answered only now, after the commit; the waiting long-polls hear of it at once.
-        srv.notify()
+        # Answered only now, after the commit; a waiting long-poll hears of it at once.
+        srv.notify(1)
         if not got["created"]:
             response.status_code = 200
         response.headers["Location"] = f"/v1/jobs/{got['job_id']}"
@@ -467,11 +493,14 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         body = body or ClaimBody()
         worker = worker_of(who)
         end = time.monotonic() + body.wait
+        woken = False
         while True:
             got = await srv.call(coordinator.claim, worker, lease_s=body.lease_s,
                                  kinds=body.kinds)
             if got["job"] is not None:
                 return got
+            if woken:
+                srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
             left = end - time.monotonic()
             # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
             # heartbeat is said at once, the worker must act on it.
@@ -480,7 +509,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
                     return Response(status_code=204)
                 return got
             assert srv.wakeup is not None
-            await srv.wakeup.wait(min(left, srv.poll_s * 2))
+            woken = await srv.wakeup.wait(min(left, srv.poll_s * 2))
             if await request.is_disconnected():
                 # Nobody would hear of a job claimed now: it would sit leased until reaped.
                 return Response(status_code=204)
