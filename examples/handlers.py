@@ -3,6 +3,7 @@ repository root). The tests use them; each shows one part of the handler API."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -109,3 +110,20 @@ def bad_result(payload: dict, ctx: Context) -> object:
 def noisy(payload: dict, ctx: Context) -> dict:
     """An error message no coordinator field would take as is."""
     raise RuntimeError("start\x00" + "x" * 100_000 + " the real cause is at the end")
+
+
+
+@app.handler("overlap", timeout=60)
+def overlap(payload: dict, ctx: Context) -> dict:
+    """Ignores its stop and records when it really ran (one file per attempt, with its start
+    and end), so a test can count how many handlers were alive at once."""
+    path = os.path.join(payload["dir"], f"{ctx.job_id}-{ctx.epoch}.json")
+    record = {"job_id": ctx.job_id, "epoch": ctx.epoch, "pid": os.getpid(),
+              "start": time.time(), "end": None}
+    with open(path, "w") as f:
+        f.write(json.dumps(record))
+    time.sleep(float(payload.get("seconds", 1)))
+    record["end"] = time.time()
+    with open(path, "w") as f:
+        f.write(json.dumps(record))
+    return {"epoch": ctx.epoch}

@@ -441,7 +441,10 @@ def reap(s: Settings, every: str | None, limit: str, as_json: bool) -> None:
     from .runtime import run_reaper
 
     interval = v.seconds(every, "every", 0.05, 3600.0)
-    run_reaper(c, interval, limit=int(v.integer(limit, "limit", 1, 100_000)), as_json=as_json)
+    code = run_reaper(c, interval, limit=int(v.integer(limit, "limit", 1, 100_000)),
+                      as_json=as_json)
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 # --- operators ------------------------------------------------------------------------------
@@ -640,7 +643,7 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
     from .worker import Worker, make_config
 
     target = s.target()
-    url = f"sqlite:///{target.sqlite_path}" if target.sqlite_path else target.url
+    url = target.url  # quoted: a path with "?", "#" or "%" stays that path
     policy = s.policy()
     config = make_config(
         app_spec=app_spec, execs=execs, roles=roles, worker_id=worker_id, lease=lease,
@@ -648,7 +651,7 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
         heartbeat_every=heartbeat_every, reap_every=reap_every, poll=poll, timeouts=timeouts,
         max_results=max_results, readings_override=readings_override, log_format=log_format,
         max_jobs=max_jobs, burst=burst, database_url=url, policy=policy)
-    summary = Worker(s.coordinator(), config).run()
+    summary = Worker(s.coordinator(), config, as_json=as_json).run()
     emit(as_json, summary)
 
 

@@ -207,7 +207,13 @@ def classify(exc: BaseException, where: str = "") -> JobcoordError:
     if sqlstate and sqlstate in _PG_STATES:
         cls, code, text = _PG_STATES[sqlstate]
         return cls(code, f"{text}{suffix} [SQLSTATE {sqlstate}]", sqlstate=sqlstate)
-    if type(orig).__module__.startswith("psycopg") and type(orig).__name__ == "OperationalError":
+    if sqlstate and (sqlstate[:2] == "08" or sqlstate in ("57P01", "57P02", "57P03")):
+        # Connection lost, or the server shutting down or starting (a restart): transient.
+        return StorageUnavailable(
+            "database_unavailable", f"lost the database connection{suffix}: "
+            f"{str(orig).strip()} [SQLSTATE {sqlstate}]", sqlstate=sqlstate)
+    if any(c.__module__.startswith("psycopg") and c.__name__ == "OperationalError"
+           for c in type(orig).__mro__):
         return StorageUnavailable(
             "database_unavailable", f"cannot reach the database{suffix}: {str(orig).strip()}"
         )

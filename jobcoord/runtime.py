@@ -1,41 +1,108 @@
-"""Long-running processes: the dedicated reaper loop (the worker runtime builds on this)."""
+"""Long-running processes: the dedicated reaper loop (`jobcoord reap --every`), and the one
+place that decides which errors a long-running loop survives. The reaper loop here and the
+worker's loops (claim, ticker, job threads) all use `is_fatal` and `Backoff`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
 import threading
 from typing import Any
 
-from .errors import DatabaseBusy
+from .clock import iso, now_us
+from .errors import DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
+
+#: Errors no retry can heal: the schema is not what this code needs, the database is corrupt,
+#: or the loop itself asks for something invalid. A loop stops on these, with their exit code.
+#: Everything else (a busy or unreachable database, a server restart, a file briefly gone)
+#: may heal on its own: a loop logs it, backs off, and goes on.
+FATAL_ERRORS: tuple[type[JobcoordError], ...] = (SchemaMismatch, DatabaseCorrupt, InvalidInput)
+#: Longest pause between two attempts of a loop whose database keeps failing.
+MAX_BACKOFF_S = 15.0
+#: Exit code of `reap --every` after SIGINT (Ctrl-C), the shell's convention (128 + 2).
+EXIT_INTERRUPTED = 130
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """True when a long-running loop must stop on `exc` (and exit with its exit code)."""
+    return isinstance(exc, FATAL_ERRORS)
+
+
+def describe(exc: BaseException) -> tuple[str, str]:
+    """(code, message) of any error, for a log line or a JSON object."""
+    if isinstance(exc, JobcoordError):
+        return exc.code, exc.message
+    return "internal_error", f"{type(exc).__name__}: {exc}"
+
+
+class Backoff:
+    """Bounded exponential backoff: base, 2*base, 4*base ... at most `cap` seconds; `reset`
+    after a success."""
+
+    def __init__(self, base: float, cap: float = MAX_BACKOFF_S):
+        self.base = max(0.05, base)
+        self.cap = max(self.base, cap)
+        self.failures = 0
+
+    def next(self) -> float:
+        self.failures += 1
+        return min(self.cap, self.base * 2 ** min(self.failures - 1, 16))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+def _out(line: str) -> None:
+    # A closed stdout must not stop the loop every expired lease depends on.
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
 
 
 def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
-               as_json: bool = False) -> None:
-    """Reap every `interval` seconds until SIGTERM or SIGINT; one line per pass that did
-    something."""
+               as_json: bool = False) -> int:
+    """Reap every `interval` seconds until SIGTERM (exit 0) or SIGINT (exit 130), always after
+    finishing the pass under way. Text: one line per pass that did something. JSON: JSON
+    Lines, exactly one object per pass, also for passes that did nothing or were skipped (so a
+    script sees the loop is alive). Returns the exit code; raises on a fatal error."""
     stop = threading.Event()
+    interrupted = threading.Event()
 
-    def _stop(_signum: int, _frame: Any) -> None:
+    def _stop(signum: int, _frame: Any) -> None:
+        if signum == signal.SIGINT:
+            interrupted.set()
         stop.set()
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    backoff = Backoff(interval)
+    passes = 0
     while not stop.is_set():
+        passes += 1
         try:
             result = coordinator.reap(limit=limit)
-        except DatabaseBusy as e:
+        except Exception as e:
+            if is_fatal(e):
+                raise
             # A sweep loses nothing by waiting: skip this pass (nothing of it was applied)
             # instead of ending the loop that every expired lease depends on.
-            print(f"jobcoord: reap pass skipped ({e.code}): {e.message}", file=sys.stderr,
-                  flush=True)
-            stop.wait(interval)
+            wait = backoff.next()
+            code, message = describe(e)
+            print(f"jobcoord: reap pass skipped ({code}): {message}; next try in {wait:g}s",
+                  file=sys.stderr, flush=True)
+            if as_json:
+                _out(json.dumps({"pass": passes, "at": iso(now_us()), "skipped": True,
+                                 "error": {"code": code, "message": message},
+                                 "retry_in_s": wait}))
+            stop.wait(wait)
             continue
-        if result["expired"] or result["deadline_dead"]:
-            line = json.dumps(result) if as_json else (
-                f"reaped {result['expired']} expired lease(s): {result['waiting']} waiting, "
-                f"{result['dead']} dead, {result['unknown']} unknown, "
-                f"{result['cancelled']} cancelled; {result['deadline_dead']} past deadline")
-            print(line, flush=True)
+        backoff.reset()
+        if as_json:
+            _out(json.dumps({"pass": passes, "at": iso(now_us()), **result}))
+        elif result["expired"] or result["deadline_dead"]:
+            _out(f"reaped {result['expired']} expired lease(s): {result['waiting']} waiting, "
+                 f"{result['dead']} dead, {result['unknown']} unknown, "
+                 f"{result['cancelled']} cancelled; {result['deadline_dead']} past deadline")
         stop.wait(interval)
+    return EXIT_INTERRUPTED if interrupted.is_set() else 0

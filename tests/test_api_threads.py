@@ -152,49 +152,39 @@ def test_running_out_of_connections_is_database_busy_not_an_internal_error(
 # --- one snapshot per read -----------------------------------------------------------------
 
 
-def _complete_between_statements(coord: Coordinator, other: Coordinator, job_id: int,
-                                 epoch: int, marker: str) -> None:
-    """Complete the job from another connection just before `coord` runs the first statement
-    containing `marker` (the second statement of a read)."""
-    fired = []
-
-    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if marker in statement and not fired:
-            fired.append(1)
-            other.complete(job_id, "w", epoch, {"late": False})
-
-    event.listen(coord.db.engine, "before_cursor_execute", before)
-    coord._listener = before  # type: ignore[attr-defined]
-
-
-def test_explain_and_show_read_one_snapshot_while_a_completion_commits(target: Target) -> None:
+def _read_while_a_completion_commits(target: Target, read: str) -> tuple[int, int, Any]:
+    """Claim a fresh job, then call `read` (a Coordinator method name) on it while another
+    connection completes the job just before the read's first statement on `leases` (the
+    read's second statement). Returns the job id, the epoch and what the read answered."""
     with Coordinator.open(target) as coord, Coordinator.open(target) as other:
         coord.heartbeat("w")
         job_id = coord.enqueue("k", {})["job_id"]
         epoch = coord.claim("w")["lease"]["epoch"]
-        _complete_between_statements(coord, other, job_id, epoch, "FROM leases")
-        try:
-            got = coord.explain(job_id)
-        finally:
-            event.remove(coord.db.engine, "before_cursor_execute",
-                         coord._listener)  # type: ignore[attr-defined]
-        # The completion committed mid-read; the read still saw one moment: running, leased.
-        assert other.show(job_id)["job"]["status"] == "succeeded"
-        assert got["status"] == "running"
-        assert got["reasons"][0]["code"] == "running"
+        fired = []
 
-    with Coordinator.open(target) as coord, Coordinator.open(target) as other:
-        job_id = coord.enqueue("k", {})["job_id"]
-        epoch = coord.claim("w")["lease"]["epoch"]
-        _complete_between_statements(coord, other, job_id, epoch, "FROM leases")
+        def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if "FROM leases" in statement and not fired:
+                fired.append(1)
+                other.complete(job_id, "w", epoch, {"late": False})
+
+        event.listen(coord.db.engine, "before_cursor_execute", before)
         try:
-            shown = coord.show(job_id)
+            got = getattr(coord, read)(job_id)
         finally:
-            event.remove(coord.db.engine, "before_cursor_execute",
-                         coord._listener)  # type: ignore[attr-defined]
-        assert shown["job"]["status"] == "running"
-        assert shown["lease"] is not None and shown["lease"]["epoch"] == epoch
-        assert [e["to"] for e in shown["events"]] == ["waiting", "running"]
+            event.remove(coord.db.engine, "before_cursor_execute", before)
+        assert fired and other.show(job_id)["job"]["status"] == "succeeded"
+        return job_id, epoch, got
+
+
+def test_explain_and_show_read_one_snapshot_while_a_completion_commits(target: Target) -> None:
+    # The completion committed mid-read; each read still saw one moment: running, leased.
+    _, _, explained = _read_while_a_completion_commits(target, "explain")
+    assert explained["status"] == "running"
+    assert explained["reasons"][0]["code"] == "running"
+    _, epoch, shown = _read_while_a_completion_commits(target, "show")
+    assert shown["job"]["status"] == "running"
+    assert shown["lease"] is not None and shown["lease"]["epoch"] == epoch
+    assert [e["to"] for e in shown["events"]] == ["waiting", "running"]
 
 
 # --- nested calls --------------------------------------------------------------------------
@@ -340,3 +330,19 @@ def test_a_sqlite_target_url_names_exactly_its_file(tmp_path: Any) -> None:
     t = resolve_target(db=path)
     assert make_url(t.url).database == path
     assert resolve_target(url=t.url).sqlite_path == path
+
+
+def test_a_server_restart_is_storage_unavailable_not_an_internal_error(target: Target) -> None:
+    if target.sqlite_path is not None:
+        pytest.skip("PostgreSQL only: a server that terminates connections")
+    import psycopg
+
+    with Coordinator.open(target) as c, c.db.engine.connect() as victim:
+        pid = victim.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+        victim.commit()
+        c.db.read(lambda conn: conn.exec_driver_sql(f"SELECT pg_terminate_backend({pid})"))
+        with pytest.raises(psycopg.OperationalError) as lost:
+            victim.connection.dbapi_connection.execute("SELECT 1")
+    err = dbmod.classify(lost.value)
+    assert isinstance(err, StorageUnavailable)
+    assert err.code == "database_unavailable"

@@ -1,0 +1,268 @@
+"""Long-running loops: `reap --every` prints JSON Lines and stops cleanly on signals; the
+reaper and the worker survive a database restart (a private PostgreSQL cluster, restarted for
+real) and a database file that briefly cannot be written (SQLite), and go on working.
+
+Real processes, real signals, a real PostgreSQL server. The shared test server is never
+restarted: the restart test starts its own throwaway cluster and always stops it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobcoord.service import Coordinator
+from tests.test_worker import REPO, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+PY = sys.executable
+
+
+class Loop:
+    """A `jobcoord ... reap --every` or `worker` process; stdout lines collected as they come."""
+
+    def __init__(self, db_args: list[str], args: list[str], log: str):
+        self.log = log
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen([PY, "-m", "jobcoord", *db_args, *args], cwd=REPO,
+                                         stdout=subprocess.PIPE, stderr=err,
+                                         stdin=subprocess.DEVNULL)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append(raw.decode())
+
+    def objects(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in list(self.lines)]
+
+    def stderr(self) -> str:
+        with open(self.log, encoding="utf-8", errors="replace") as f:
+            return f.read()
+
+    def alive(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"exited {self.proc.returncode}: {self.stderr()[-3000:]}")
+        return True
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        self._reader.join(5)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def loops() -> Iterator[list[Loop]]:
+    started: list[Loop] = []
+    yield started
+    for loop in started:
+        loop.kill()
+
+
+def _reaper(loops: list[Loop], db_args: list[str], tmp: Any, every: str = "0.2") -> Loop:
+    loop = Loop(db_args, ["reap", "--every", every, "--json"], str(tmp / "reaper.log"))
+    loops.append(loop)
+    return loop
+
+
+def _worker(loops: list[Loop], db_args: list[str], tmp: Any) -> Loop:
+    loop = Loop(db_args, ["worker", "--worker-id", "w1", "--app", "examples.handlers:app",
+                          "--heartbeat-every", "0.3", "--poll", "0.05", "--reap-every", "0",
+                          "--log-format", "json", "--json"], str(tmp / "worker.log"))
+    loops.append(loop)
+    return loop
+
+
+def _expired_lease(c: Coordinator, lease_s: float = 0.3) -> int:
+    """A job claimed by a worker that then vanished: its lease ends in `lease_s`."""
+    c.heartbeat("gone", readings={"memory_used_pct": 10.0})
+    job = c.enqueue("other_kind", {})["job_id"]
+    got = c.claim("gone", lease_s=lease_s, kinds=["other_kind"])
+    assert got["job"]["job_id"] == job
+    return int(job)
+
+
+# --- JSON Lines and signals -------------------------------------------------------------------
+
+
+def test_reap_every_json_prints_one_object_per_pass_even_when_idle(target, coord, loops,
+                                                                   tmp_path):
+    db_args = (["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url])
+    r = _reaper(loops, db_args, tmp_path)
+    wait_for(lambda: r.alive() and len(r.lines) >= 3, 15, "three idle passes")
+    job = _expired_lease(coord)
+    wait_for(lambda: any(o.get("expired") for o in r.objects()), 15, "the pass that reaps")
+    assert coord.show(job)["job"]["status"] == "waiting"
+    assert r.stop(signal.SIGTERM) == 0
+    objects = r.objects()  # every line is exactly one JSON object
+    assert all(isinstance(o, dict) and "pass" in o for o in objects)
+    assert [o["pass"] for o in objects] == list(range(1, len(objects) + 1))
+    assert sum(o.get("expired", 0) for o in objects) == 1
+
+
+def test_ctrl_c_ends_reap_every_with_130_after_the_pass(sqlite_target, loops, tmp_path):
+    r = _reaper(loops, ["--db", sqlite_target.sqlite_path], tmp_path)
+    wait_for(lambda: r.alive() and len(r.lines) >= 2, 15, "two passes")
+    assert r.stop(signal.SIGINT) == 130
+    assert all(isinstance(o, dict) for o in r.objects())
+    assert "Traceback" not in r.stderr()
+
+
+# --- surviving the database ---------------------------------------------------------------
+
+
+def _completed(worker: Loop, job: int) -> bool:
+    with open(worker.log, encoding="utf-8") as f:
+        for line in f:
+            with contextlib.suppress(ValueError):
+                e = json.loads(line)
+                if e.get("event") == "completed" and e.get("job_id") == job:
+                    return True
+    return False
+
+
+def _chattr(flag: str, *paths: str) -> None:
+    for path in paths:
+        if os.path.exists(path):
+            subprocess.run(["chattr", flag, path], check=True, capture_output=True)
+
+
+def test_loops_survive_a_database_file_that_briefly_cannot_be_written(sqlite_target, loops,
+                                                                         tmp_path):
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    path = sqlite_target.sqlite_path
+    db_args = ["--db", path]
+    c = Coordinator.open(sqlite_target)
+    try:
+        first = c.enqueue("summarize", {"text": "before"})["job_id"]
+        w = _worker(loops, db_args, tmp_path)
+        r = _reaper(loops, db_args, tmp_path)
+        wait_for(lambda: w.alive() and _completed(w, first), 15, "a job before the fault")
+        wait_for(lambda: r.alive() and r.lines, 15, "the reaper's first pass")
+        stuck = _expired_lease(c, lease_s=0.5)
+        # The immutable flag stops writes even through descriptors already open, and stops
+        # root too (chmod 000 stops neither): the closest thing to a disk that refuses
+        # writes for a while. Reads go on working.
+        files = [path, path + "-wal"]
+        try:
+            _chattr("+i", *files)
+            wait_for(lambda: any(o.get("skipped") for o in r.objects()), 15,
+                     "a skipped reaper pass")
+            time.sleep(2.0)  # the worker's heartbeats fail too, for a while
+        finally:
+            _chattr("-i", *files)
+        wait_for(lambda: r.alive() and w.alive() and
+                 c.show(stuck)["job"]["status"] == "waiting", 30, "the reaper to go on")
+        after = c.enqueue("summarize", {"text": "after"})["job_id"]
+        wait_for(lambda: w.alive() and _completed(w, after), 30, "a job after the fault")
+        skipped = [o for o in r.objects() if o.get("skipped")]
+        assert skipped[0]["error"]["code"].startswith("database_")
+        assert r.stop() == 0 and w.stop() == 0
+    finally:
+        _chattr("-i", path, path + "-wal")
+        c.close()
+
+
+def _pg_bin() -> str | None:
+    root = "/usr/lib/postgresql"
+    if not os.path.isdir(root):
+        return None
+    versions = sorted(os.listdir(root), key=lambda v: int(v) if v.isdigit() else 0)
+    for version in reversed(versions):
+        if os.path.exists(os.path.join(root, version, "bin", "pg_ctl")):
+            return os.path.join(root, version, "bin")
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def private_pg() -> Iterator[tuple[str, Any]]:
+    """A throwaway PostgreSQL cluster of this test's own, on a free port; yields its URL and
+    a function that restarts it. Always stopped (immediately) at the end."""
+    bin_dir = _pg_bin()
+    if bin_dir is None or os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root, runuser and a PostgreSQL installation")
+    base = tempfile.mkdtemp(prefix="jobcoord-pg-")
+    data = os.path.join(base, "data")
+    shutil.chown(base, "postgres")
+    port = _free_port()
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    pg_ctl = [*as_pg, f"{bin_dir}/pg_ctl", "-D", data, "-w", "-t", "60", "-o",
+              f"-p {port} -k {base} -c listen_addresses=127.0.0.1 -c fsync=off"]
+    # The server's output goes to a log file, never to a pipe of ours: the server outlives
+    # pg_ctl and would hold the pipe open.
+    quiet: dict[str, Any] = {"check": True, "stdout": subprocess.DEVNULL,
+                             "stderr": subprocess.DEVNULL, "stdin": subprocess.DEVNULL}
+    log = ["-l", os.path.join(base, "log")]
+    subprocess.run([*as_pg, f"{bin_dir}/initdb", "-D", data, "-A", "trust", "-U", "postgres"],
+                   **quiet)
+    try:
+        subprocess.run([*pg_ctl, *log, "start"], **quiet)
+
+        def restart() -> None:
+            subprocess.run([*pg_ctl, *log, "-m", "fast", "restart"], **quiet)
+
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", restart
+    finally:
+        subprocess.run([*as_pg, f"{bin_dir}/pg_ctl", "-D", data, "-m", "immediate", "-w",
+                        "stop"], **(quiet | {"check": False}))
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_loops_survive_a_real_postgresql_restart(private_pg, loops, tmp_path):
+    url, restart = private_pg
+    from jobcoord.db import Database, resolve_target
+    from jobcoord.migrate import migrate
+
+    target = resolve_target(url=url)
+    db = Database.open(target, create=True)
+    migrate(db)
+    db.close()
+    db_args = ["--url", url]
+    c = Coordinator.open(target)
+    try:
+        first = c.enqueue("summarize", {"text": "before"})["job_id"]
+        w = _worker(loops, db_args, tmp_path)
+        r = _reaper(loops, db_args, tmp_path)
+        wait_for(lambda: w.alive() and _completed(w, first), 20, "a job before the restart")
+        wait_for(lambda: r.alive() and r.lines, 20, "the reaper's first pass")
+        passes = len(r.lines)
+        restart()  # terminates every connection: "terminating connection due to admin..."
+        c.close()
+        c = Coordinator.open(target)
+        after = c.enqueue("summarize", {"text": "after"})["job_id"]
+        wait_for(lambda: w.alive() and _completed(w, after), 30, "a job after the restart")
+        stuck = _expired_lease(c)
+        wait_for(lambda: r.alive() and c.show(stuck)["job"]["status"] == "waiting", 30,
+                 "the reaper to reap after the restart")
+        assert len(r.lines) > passes
+        assert r.stop() == 0 and w.stop() == 0
+    finally:
+        c.close()

@@ -1,0 +1,176 @@
+"""Handlers that outlive, outnumber or mislead their worker (real worker processes, real
+commands, real signals; SQLite).
+
+- a SIGKILLed worker takes its command handler and the handler's children with it;
+- a command's output is validated exactly like `complete --result`;
+- a command is judged by its own exit, even when a detached process holds its stdout;
+- slots are counted by live handler: never more than --concurrency, never two of one job;
+- a second signal still ends `worker --json` with one JSON line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests import test_worker as tw
+from tests.test_worker import APP, PY, gone, read, running, wait_for
+
+# The worker fixtures, shared with test_worker.py.
+db = tw.db
+start = tw.start
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _kill(pid_file: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(read(pid_file)), signal.SIGKILL)
+
+
+# --- handlers die with their worker -------------------------------------------------------
+
+
+def test_handlers_die_with_their_worker_when_it_is_sigkilled(db, start, tmp_path):
+    _, c = db
+    script = tmp_path / "hang.sh"
+    script.write_text('echo $$ > "$1/cmd.pid"\nsleep 300 &\necho $! > "$1/child.pid"\nwait\n')
+    job = c.enqueue("hang", {})["job_id"]
+    w = start("--exec", f"hang=sh {script} {tmp_path}")
+    pids = [str(tmp_path / "cmd.pid"), str(tmp_path / "child.pid")]
+    try:
+        wait_for(lambda: all(os.path.exists(p) and read(p).strip() for p in pids), 10,
+                 "the command and its child")
+        assert running(c, job) is not None
+        w.proc.kill()
+        w.proc.wait(5)
+        # Nothing may keep running a job the reaper is about to offer again.
+        wait_for(lambda: all(gone(int(read(p))) for p in pids), 2.0,
+                 "the handler and its child to die with the worker")
+    finally:
+        for p in pids:
+            _kill(p)
+
+
+# --- a command's output is validated like `complete --result` -------------------------------
+
+
+@pytest.mark.parametrize("raw, needle", [
+    (b'{"x": "\xff"}', "UTF-8"),
+    (b'{"a": 1, "a": 2}', "duplicate"),
+])
+def test_malformed_command_output_fails_the_attempt_permanently_as_invalid_result(
+        db, start, tmp_path, raw, needle):
+    path, c = db
+    script = tmp_path / "out.py"
+    script.write_text("import sys\nsys.stdout.buffer.write(bytes.fromhex(sys.argv[1]))\n")
+    job = c.enqueue("emit", {})["job_id"]
+    code, summary = start("--exec", f"emit={PY} {script} {raw.hex()}", "--burst").finish()
+    assert code == 0 and summary["failed"] == 1 and summary["completed"] == 0
+    got = c.show(job)
+    assert got["job"]["status"] == "dead"  # permanent: the same command prints it again
+    assert got["job"]["result"] is None
+    assert got["events"][-1]["reason"] == "invalid_result"
+    assert needle in got["job"]["last_error"]
+    # The CLI refuses the very same bytes (exit 2): one validation for both doors.
+    from tests.conftest import run_cli
+
+    refused = run_cli(None, "--db", path, "complete", str(job), "--worker", "w1", "--epoch",
+                      "1", "--result-file", "-", stdin=raw)
+    assert refused.code == 2 and needle in refused.err
+
+
+# --- judged by its own exit -----------------------------------------------------------------
+
+
+def test_a_command_exiting_0_while_a_detached_child_holds_stdout_completes_at_once(
+        db, start, tmp_path):
+    _, c = db
+    pid_file = str(tmp_path / "daemon.pid")
+    script = tmp_path / "detach.sh"
+    # The daemon says when it has left the group (setsid done); only then does the command
+    # print its result and exit 0, leaving the daemon holding stdout.
+    script.write_text(f"setsid sh -c 'echo $$ > {pid_file}.tmp; mv {pid_file}.tmp {pid_file}; "
+                      f"exec sleep 300' &\n"
+                      f"while [ ! -s {pid_file} ]; do sleep 0.01; done\n"
+                      "echo '{\"ok\": 1}'\nexit 0\n")
+    job = c.enqueue("detach", {})["job_id"]
+    w = start("--exec", f"detach=sh {script}", "--timeout", "detach=30")
+    try:
+        t0 = time.monotonic()
+        w.wait_event("completed", timeout=10, job_id=job)
+        assert time.monotonic() - t0 < 8  # by its own exit, never by the 30 s budget
+        assert c.show(job)["job"]["result"] == {"ok": 1}
+        held = w.wait_event("output_held_open", job_id=job)
+        assert "outside" in held["detail"]
+        # A fully detached daemon (its own session) is not tracked: documented, not killed.
+        assert not gone(int(read(pid_file)))
+    finally:
+        _kill(pid_file)
+
+
+# --- slots by live handler --------------------------------------------------------------------
+
+
+def _intervals(directory: str) -> list[dict[str, Any]]:
+    out = []
+    for path in glob.glob(os.path.join(directory, "*.json")):
+        with contextlib.suppress(ValueError):
+            out.append(json.loads(read(path)))
+    return out
+
+
+def test_never_more_live_handlers_than_concurrency_nor_two_handlers_of_one_job(
+        db, start, tmp_path):
+    _, c = db
+    policy = tmp_path / "policy.toml"
+    policy.write_text("retry_base_s = 1.0\nretry_max_s = 1.0\n")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # Job 1 ignores its 1 s budget and sleeps 6 s; after a 1 s backoff it is offered again
+    # while its first handler still sleeps in this worker. Job 2 arrives a little later.
+    job1 = c.enqueue("overlap", {"dir": str(runs), "seconds": 6}, priority=0)["job_id"]
+    job2 = c.enqueue("overlap", {"dir": str(runs), "seconds": 3}, priority=1,
+                     delay_s=2.5)["job_id"]
+    w = start(*APP, "--concurrency", "2", "--timeout", "overlap=1",
+              global_args=("--policy", str(policy)))
+    wait_for(lambda: any(r["job_id"] == job2 for r in _intervals(str(runs))), 20,
+             "job 2 to start")
+    time.sleep(1.0)  # let anything that would overlap show itself
+    w.proc.kill()
+    w.proc.wait(5)
+    now = time.time()
+    spans = [(r["job_id"], r["epoch"], r["start"], r["end"] or now)
+             for r in _intervals(str(runs))]
+    for _, _, t, _ in spans:
+        live = [s for s in spans if s[2] <= t < s[3]]
+        assert len(live) <= 2, f"{len(live)} live handlers with --concurrency 2: {live}"
+        ids = [s[0] for s in live]
+        assert len(ids) == len(set(ids)), f"two handlers of one job alive at once: {live}"
+    assert job1 in {s[0] for s in spans}
+
+
+# --- JSON to the end --------------------------------------------------------------------------
+
+
+def test_a_second_signal_still_prints_one_json_line_and_exits_130(db, start):
+    _, c = db
+    job = c.enqueue("sleepy", {"seconds": 60})["job_id"]
+    w = start(*APP, "--grace", "30")
+    wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGTERM)
+    w.wait_event("shutting_down")
+    w.proc.send_signal(signal.SIGINT)
+    out, _ = w.proc.communicate(timeout=10)
+    assert w.proc.returncode == 130
+    lines = out.decode().splitlines()
+    assert len(lines) == 1, lines
+    got = json.loads(lines[0])
+    assert got["event"] == "exiting_now" and got["running"] == [job]
