@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__, faults, tokens
 from .. import validate as v
-from ..errors import DatabaseBusy, InvalidInput, JobcoordError, Refused, StorageUnavailable
+from ..errors import InvalidInput, JobcoordError, Refused
 from ..tokens import Identity
 from .errors import BodyTooLarge, Forbidden, Unauthorized, headers_of, status_of
 
@@ -219,21 +219,26 @@ class Server:
                 pass  # the database is away: the waiters' own claims will say so
 
     async def reaper(self) -> None:
+        """Reap on a timer. The errors a loop survives are runtime.py's (a busy or
+        restarting database): the pass is skipped and the timer backs off. A fatal one
+        (schema, corruption) is said, and the timer keeps trying at the longest backoff, so
+        the server answers again once an operator has repaired or migrated the database."""
+        from ..runtime import Backoff, describe, is_fatal
+
+        backoff = Backoff(self.reap_every)
+        wait = self.reap_every
         while True:
-            await asyncio.sleep(self.reap_every)
+            await asyncio.sleep(wait)
+            wait = self.reap_every
             try:
                 got = await self.call(self.c.reap, limit=1000)
-            except (DatabaseBusy, StorageUnavailable) as e:
-                # Transient, as in every other loop (runtime.py): skip this pass.
-                self.emit({"event": "reap_skipped", "code": e.code, "message": e.message})
+            except Exception as e:
+                code, message = describe(e)
+                wait = backoff.next()
+                self.emit({"event": "reap_error" if is_fatal(e) else "reap_skipped",
+                           "code": code, "message": message, "retry_in_s": wait})
                 continue
-            except JobcoordError as e:
-                self.emit({"event": "reap_error", "code": e.code, "message": e.message})
-                continue
-            except Exception as e:  # the timer must outlive any one failure
-                self.emit({"event": "reap_error", "code": "internal_error",
-                           "message": f"{type(e).__name__}: {e}"})
-                continue
+            backoff.reset()
             if got["expired"] or got["deadline_dead"]:
                 self.emit({"event": "reaped", **got})
                 if got["waiting"]:
