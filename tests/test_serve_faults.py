@@ -1,6 +1,7 @@
 """Faults between remote workers and `jobcoord serve`: the server SIGKILLed mid-run and
-restarted, the server SIGSTOPped past a lease (a partition), and a completion's answer lost
-after the commit. Real processes, real signals, real HTTP."""
+restarted, the server SIGSTOPped past a lease (a partition), a completion's answer lost after
+the commit, and a real PostgreSQL restart under the server. Real processes, real signals,
+real HTTP."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from jobcoord.errors import Refused
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
 from tests.serve_procs import Served, served, token, wait_for
+from tests.test_loops import private_pg
 from tests.test_serve_workers import ledger_violations, start_worker
+
+__all__ = ["private_pg"]  # the throwaway-cluster fixture, used below
 
 
 def _succeeded(target: Target) -> int:
@@ -121,3 +125,50 @@ def test_completion_answer_lost_after_commit_is_answered_as_accepted(target: Tar
         shown = c.show(job)
     assert shown["job"]["result"] == {"answer": 42}
     assert [e["reason"] for e in shown["events"]].count("completed") == 1
+
+
+def test_serve_and_remote_worker_survive_a_real_postgresql_restart(
+        private_pg: Any, tmp_path: Any) -> None:
+    from jobcoord.db import Database, resolve_target
+    from jobcoord.migrate import migrate
+
+    url, restart = private_pg
+    target = resolve_target(url=url)
+    db = Database.open(target, create=True)
+    migrate(db)
+    db.close()
+    sub = token(target, "sub", "submitter")
+    wa = token(target, "wa", "worker", worker="wa")
+
+    def status(job: int) -> str:
+        with Coordinator.open(target) as c:
+            return str(c.show(job)["job"]["status"])
+
+    def submit(http: httpx.Client, n: int) -> int:
+        end = time.monotonic() + 30
+        while True:
+            resp = http.post("/v1/jobs", json={"kind": "work", "payload": {"i": n}})
+            if resp.status_code == 201:
+                return int(resp.json()["job_id"])
+            # While the database restarts: unavailable, with a hint when to come back.
+            assert resp.status_code == 503 and "Retry-After" in resp.headers, resp.text
+            assert time.monotonic() < end
+            time.sleep(0.2)
+
+    with served(target, "--reap-every", "0.3") as s, s.client(sub) as http:
+        worker = start_worker(s.url, wa, str(tmp_path), "wa", "--lease", "5")
+        try:
+            before = submit(http, 1)
+            wait_for(lambda: status(before) == "succeeded", timeout=30)
+            restart()  # every connection of the server and the worker's server is cut
+            after = submit(http, 2)
+            wait_for(lambda: status(after) == "succeeded", timeout=60)
+            with Coordinator.open(target) as c:  # an expired lease, for the reaper timer
+                c.heartbeat("ghost", roles=["ghost"], readings={"memory_used_pct": 10})
+                ghost = c.enqueue("work", {}, role="ghost")["job_id"]
+                c.claim("ghost", lease_s=0.5)
+            wait_for(lambda: status(ghost) == "waiting", timeout=30)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.communicate(timeout=60)
+        assert worker.returncode == 0
