@@ -97,3 +97,43 @@ def test_remote_workers_run_every_job_exactly_once(target: Target, tmp_path: Any
 @pytest.mark.slow
 def test_eight_remote_workers_over_two_thousand_jobs(target: Target, tmp_path: Any) -> None:
     run_fleet(target, str(tmp_path), 2000, 8)
+
+
+def test_remote_worker_releases_its_job_on_sigterm_and_checkpoints_over_http(
+        target: Target, tmp_path: Any) -> None:
+    import signal
+
+    from tests.serve_procs import wait_for
+
+    with Coordinator.open(target) as c:
+        job = c.enqueue("slow", {"i": 7, "sleep": 60})["job_id"]
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s:
+        proc = start_worker(s.url, secret, str(tmp_path), "wa", "--grace", "0.5")
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(job)["checkpoints"], timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            summary, _err = finish(proc, 60)
+            shown = c.show(job)
+    assert summary["released"] == 1 and summary["worker_id"] == "wa"
+    assert shown["job"]["status"] == "waiting"
+    assert shown["checkpoints"][0]["data"] == {"i": 7}
+    assert shown["events"][-1]["reason"] == "worker_shutdown"
+    assert shown["events"][-1]["worker_id"] == "wa"
+
+
+def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) -> None:
+    import subprocess as sp
+
+    viewer = token(target, "v", "viewer")
+    wa = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s:
+        for secret, extra, code in ((viewer, (), 2), (wa, ("--worker-id", "other"), 2),
+                                    ("jct_unknown", (), 4)):
+            proc = start_worker(s.url, secret, str(tmp_path), "t", *extra)
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == code, err.decode()[-2000:]
+            assert "error" in json.loads(out.decode().splitlines()[-1])
+        no_file = sp.run([*jobcoord_argv(), "worker", "--server", s.url, "--exec", "k=true",
+                          "--json"], capture_output=True, timeout=60, check=False)
+        assert no_file.returncode == 2
