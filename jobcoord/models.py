@@ -242,3 +242,25 @@ class Artifact(Base):
 
 CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
 OPTIONAL_TABLES = {"artifacts": ("artifacts",)}
+
+
+class Token(Base):
+    """An API token of the HTTP server (core revision c0003): only the SHA-256 hash of the
+    secret is kept; the role, tenant and worker binding are the caller's trusted identity."""
+
+    __tablename__ = "tokens"
+    __table_args__ = (
+        CheckConstraint("role IN ('submitter','worker','viewer','operator')", name="role"),
+        CheckConstraint("role = 'worker' OR worker_id IS NULL", name="worker_binding"),
+        UniqueConstraint("name"),
+        UniqueConstraint("token_hash"),
+    )
+
+    token_id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    token_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    role: Mapped[str] = mapped_column(String(16), nullable=False)
+    tenant: Mapped[str | None] = mapped_column(String(128))
+    worker_id: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger)

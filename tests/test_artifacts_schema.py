@@ -1,6 +1,6 @@
 """Artifacts revision a0002: a populated a0001 database is upgraded in place and back.
 
-The database is built the way users have it: core at c0002 with jobs in every status, the
+The database is built the way users have it: core at its head with jobs in every status, the
 artifacts branch at a0001 with rows in each of its validation states. a0002 must keep every
 row (core tables untouched, artifact rows mapped to the new columns), and the downgrade must
 give the a0001 rows back exactly. Both databases."""
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from jobcoord.db import OPTIONAL_REVISIONS, Database, Target, resolve_target
+from jobcoord.db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, Target, resolve_target
 from jobcoord.maintenance import check
 from jobcoord.migrate import _config, current_revisions, migrate
 from jobcoord.service import Coordinator
@@ -45,6 +45,9 @@ def _artifact_rows(db: Database, columns: str) -> list[tuple[Any, ...]]:
         f"SELECT {columns} FROM artifacts ORDER BY artifact_id").all()])
 
 
+#: The core branch's head: the artifacts branch upgrades beside whatever it is.
+CORE = CORE_REVISIONS[-1]
+
 A0001 = ("artifact_id, job_id, name, location, sha256, size_bytes, media_type,"
          " validation_state, created_at")
 
@@ -54,9 +57,9 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
     assert OPTIONAL_REVISIONS["artifacts"][-1] == "a0002"
     db = Database.open(empty_target, create=True)
     try:
-        migrate(db)  # core at its head (c0002)
+        migrate(db)  # core at its head
         _alembic(db, "upgrade", "a0001")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0002", "a0001"}
+        assert db.read(lambda conn: current_revisions(db, conn)) == {CORE, "a0001"}
         _every_status(Coordinator(db, verify=False))
         jobs = db.read(lambda conn: dict(conn.exec_driver_sql(
             "SELECT job_id, epoch FROM jobs").all()))
@@ -74,8 +77,8 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         assert len(old_rows) == 3
 
         out = migrate(db)  # the installed artifacts branch goes to its head
-        assert sorted(out["revisions_before"]) == ["a0001", "c0002"]
-        assert sorted(out["revisions"]) == ["a0002", "c0002"]
+        assert sorted(out["revisions_before"]) == ["a0001", CORE]
+        assert sorted(out["revisions"]) == ["a0002", CORE]
         assert _snapshot(db) == core_before
         new = _artifact_rows(db, "artifact_id, job_id, epoch, name, digest, size, state,"
                              " reason, location, created_at, verified_at")
@@ -102,7 +105,7 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
             "DELETE FROM artifacts WHERE name = 'n'"))
 
         _alembic(db, "downgrade", "a0001")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0002", "a0001"}
+        assert db.read(lambda conn: current_revisions(db, conn)) == {CORE, "a0001"}
         assert _artifact_rows(db, A0001) == old_rows
         assert _snapshot(db) == core_before
     finally:

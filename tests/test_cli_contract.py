@@ -388,7 +388,7 @@ def test_status_of_a_new_database_counts_nothing(target: Target) -> None:
     out = run_cli(target, "status", "--json").json
     assert out["workers"] == 0 and out["active_leases"] == 0
     assert out["jobs"] == dict.fromkeys(STATUSES, 0)
-    assert out["revisions"] == ["c0002"]
+    assert out["revisions"] == ["c0003"]
     if target.sqlite_path:
         assert out["journal_mode"] == "wal"
         assert out["file_size_bytes"] > 0

@@ -401,7 +401,7 @@ def test_migrate_creates_the_schema_on_an_empty_server_database(pg_template: str
         r = run_cli(t, "migrate", "--json")
         assert r.code == 0, r.err
         assert r.json["changed"] is False
-        assert r.json["revisions"] == ["c0002"]
+        assert r.json["revisions"] == ["c0003"]
         assert "quick_check" not in r.json
 
 

@@ -76,7 +76,7 @@ def _every_status(c: Coordinator) -> None:
 
 def test_c0002_upgrades_a_populated_c0001_database_in_place_and_back(
         empty_target: Target) -> None:
-    assert CORE_REVISIONS[-1] == "c0002"
+    assert "c0002" in CORE_REVISIONS
     db = Database.open(empty_target, create=True)
     try:
         _alembic(db, "upgrade", "c0001")
@@ -86,7 +86,8 @@ def test_c0002_upgrades_a_populated_c0001_database_in_place_and_back(
         assert not NEW_INDEXES & _indexes(db)
 
         out = migrate(db)
-        assert out["revisions_before"] == ["c0001"] and out["revisions"] == ["c0002"]
+        assert out["revisions_before"] == ["c0001"]
+        assert out["revisions"] == [CORE_REVISIONS[-1]]
         assert _indexes(db) >= NEW_INDEXES
         assert _snapshot(db) == before
         assert check(db)["ok"]

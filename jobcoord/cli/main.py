@@ -11,11 +11,14 @@ import traceback
 import click
 
 from ..errors import InvalidInput, JobcoordError
+from ..http.commands import register as register_http
 
 # Importing the command modules registers their commands on the group.
 from . import artifacts, jobs, leases, runtime, storage  # noqa: F401
 from .group import cli
 from .output import PARSED, dump, safe_text
+
+register_http(cli)  # serve, token, and worker --server (jobcoord/http/commands.py)
 
 
 def _value_options(command: click.Command) -> set[str]:

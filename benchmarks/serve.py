@@ -1,0 +1,264 @@
+"""`jobcoord serve` against the Python API, in one run, on SQLite (FULL durability):
+
+  throughput  claim+complete with 4 worker processes through HTTP (each a RemoteCoordinator
+              against one `jobcoord serve`) vs the same 4 processes through the Python API,
+              and the ratio (target >= 0.5x);
+  pickup      latency from a submission to the handler's start with 8 idle workers
+              long-polling (8 processes), each job submitted over HTTP while all 8 wait
+              (target p50 <= 5 ms, p99 <= 50 ms on loopback). Measured from just before the
+              submission is sent, so it includes the submission's own round trip;
+  memory      the server's resident memory and thread count idle, then with 200 idle
+              long-polls open at once.
+
+    python -m benchmarks.serve [--jobs N] [--pickups N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from benchmarks._common import Scratch, conditions, migrated_sqlite, ms, pct, run_processes
+
+READINGS = {"memory_used_pct": 10.0}
+
+
+def _make_tokens(path: str, specs: list[tuple[str, str, str | None]]) -> list[str]:
+    from jobcoord import tokens
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(path) as c:
+        return [tokens.create(c.db, name, role, worker=worker)["token"]
+                for name, role, worker in specs]
+
+
+class Server:
+    def __init__(self, path: str, *extra: str):
+        from jobcoord.cli import cli
+
+        module = "jobcoord" if "serve" in cli.commands else "jobcoord.http"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", module, "--db", path, "serve", "--port", "0", "--json",
+             *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        event = json.loads(self.proc.stdout.readline())
+        self.url = event["url"]
+
+    def status(self) -> dict[str, int]:
+        out = {}
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "Threads"):
+                    out[key] = int(value.split()[0])
+        return out
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# --- throughput -------------------------------------------------------------------------------
+
+
+def _api_worker(index: int, barrier: Any, queue: Any, path: str) -> None:
+    from jobcoord.service import Coordinator
+
+    c = Coordinator.open(path)
+    worker = f"api{index}"
+    c.heartbeat(worker, readings=READINGS)
+    barrier.wait()
+    done = 0
+    while True:
+        got = c.claim(worker)
+        if got["job"] is None:
+            break
+        c.complete(got["job"]["job_id"], worker, got["lease"]["epoch"], {"ok": True})
+        done += 1
+    c.close()
+    queue.put({"index": index, "done": done})
+
+
+def _http_worker(index: int, barrier: Any, queue: Any, url: str, secret: str) -> None:
+    from jobcoord.http.client import RemoteCoordinator
+
+    r = RemoteCoordinator(url, secret)
+    r.heartbeat("-", readings=READINGS)
+    barrier.wait()
+    done = 0
+    while True:
+        got = r.claim("-", wait=0)
+        if got["job"] is None:
+            break
+        r.complete(got["job"]["job_id"], "-", got["lease"]["epoch"], {"ok": True})
+        done += 1
+    r.close()
+    queue.put({"index": index, "done": done})
+
+
+def _fill(path: str, n: int) -> None:
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(path) as c:
+        c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(n)])
+
+
+def throughput(scratch: Scratch, jobs: int, procs: int = 4) -> dict[str, float]:
+    api_db = scratch.file("api.db")
+    migrated_sqlite(api_db, "full")
+    _fill(api_db, jobs)
+    api_s, api = run_processes(_api_worker, procs, (api_db,))
+    assert sum(r["done"] for r in api) == jobs
+
+    http_db = scratch.file("http.db")
+    migrated_sqlite(http_db, "full")
+    _fill(http_db, jobs)
+    secrets = _make_tokens(http_db, [(f"w{i}", "worker", f"w{i}") for i in range(procs)])
+    server = Server(http_db, "--reap-every", "0")
+    try:
+        http_s, http = run_processes(_http_worker_dispatch, procs, (server.url, secrets))
+    finally:
+        server.stop()
+    assert sum(r["done"] for r in http) == jobs
+    return {"api_jobs_s": jobs / api_s, "http_jobs_s": jobs / http_s}
+
+
+def _http_worker_dispatch(index: int, barrier: Any, queue: Any, url: str,
+                          secrets: list[str]) -> None:
+    _http_worker(index, barrier, queue, url, secrets[index])
+
+
+# --- pickup latency ---------------------------------------------------------------------------
+
+
+def _poller(index: int, barrier: Any, queue: Any, url: str, secrets: list[str],
+            n: int) -> None:
+    from jobcoord.http.client import RemoteCoordinator
+
+    r = RemoteCoordinator(url, secrets[index])
+    r.heartbeat("-", readings=READINGS)
+    barrier.wait()
+    latencies = []
+    while True:
+        got = r.claim("-", wait=30)
+        if got["job"] is None:
+            break
+        started = time.time()  # the handler would start here
+        payload = got["job"]["payload"]
+        if payload.get("stop"):
+            r.complete(got["job"]["job_id"], "-", got["lease"]["epoch"], {})
+            break
+        latencies.append(started - payload["t0"])
+        r.complete(got["job"]["job_id"], "-", got["lease"]["epoch"], {})
+    r.close()
+    queue.put({"index": index, "latencies": latencies})
+
+
+def pickup(scratch: Scratch, n: int, workers: int = 8) -> list[float]:
+    import threading
+
+    path = scratch.file("pickup.db")
+    migrated_sqlite(path, "full")
+    secrets = _make_tokens(path, [(f"w{i}", "worker", f"w{i}") for i in range(workers)])
+    (sub,) = _make_tokens(path, [("sub", "submitter", None)])
+    server = Server(path, "--reap-every", "0")
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        result["out"] = run_processes(_poller, workers, (server.url, secrets, n))
+
+    try:
+        thread = threading.Thread(target=run)
+        thread.start()
+        import httpx
+
+        with httpx.Client(base_url=server.url,
+                          headers={"Authorization": f"Bearer {sub}"}) as http:
+            time.sleep(2.0)  # every worker is waiting in its long-poll
+            for _ in range(n):
+                http.post("/v1/jobs", json={"kind": "k", "payload": {"t0": time.time()}})
+                time.sleep(0.05)  # the worker completes and long-polls again
+            for _ in range(workers):
+                http.post("/v1/jobs", json={"kind": "k", "payload": {"stop": True}})
+        thread.join(120)
+    finally:
+        server.stop()
+    return [x for r in result["out"][1] for x in r["latencies"]]
+
+
+# --- memory with 200 idle long-polls ------------------------------------------------------------
+
+
+async def _idle_polls(url: str, secrets: list[str], server: Server) -> dict[str, int]:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=60,
+                                 limits=httpx.Limits(max_connections=400)) as client:
+        for secret in secrets:
+            await client.post("/v1/heartbeat", json={"readings": READINGS},
+                              headers={"Authorization": f"Bearer {secret}"})
+        tasks = [asyncio.create_task(client.post(
+            "/v1/claims", json={"wait": 10}, headers={"Authorization": f"Bearer {secret}"}))
+            for secret in secrets]
+        await asyncio.sleep(4)
+        during = server.status()
+        answers = await asyncio.gather(*tasks)
+    assert all(a.status_code == 204 for a in answers), {a.status_code for a in answers}
+    return during
+
+
+def memory(scratch: Scratch, n: int = 200) -> dict[str, dict[str, int]]:
+    path = scratch.file("memory.db")
+    migrated_sqlite(path, "full")
+    secrets = _make_tokens(path, [(f"w{i}", "worker", f"w{i}") for i in range(n)])
+    server = Server(path, "--reap-every", "0")
+    try:
+        time.sleep(1)
+        idle = server.status()
+        during = asyncio.run(_idle_polls(server.url, secrets, server))
+    finally:
+        server.stop()
+    return {"idle": idle, "during": during}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--pickups", type=int, default=300)
+    args = parser.parse_args()
+    import fastapi
+    import httpx
+    import uvicorn
+
+    print(conditions("full", fastapi=fastapi.__version__, uvicorn=uvicorn.__version__,
+                     httpx=httpx.__version__))
+    with Scratch() as scratch:
+        t = throughput(scratch, args.jobs)
+        print(f"\nthroughput  {args.jobs} jobs, 4 processes, claim+complete")
+        print(f"  Python API  {t['api_jobs_s']:8.0f} jobs/s")
+        print(f"  HTTP        {t['http_jobs_s']:8.0f} jobs/s   ratio "
+              f"{t['http_jobs_s'] / t['api_jobs_s']:.2f}x (target >= 0.5x)")
+        lat = pickup(scratch, args.pickups)
+        print(f"\npickup      {len(lat)} jobs, 8 idle long-polling workers, submit -> handler")
+        print(f"  p50 {ms(pct(lat, 50))} ms   p99 {ms(pct(lat, 99))} ms   max "
+              f"{ms(max(lat))} ms (targets p50 <= 5 ms, p99 <= 50 ms)")
+        m = memory(scratch)
+        print("\nmemory      server process, 200 idle long-polls")
+        print(f"  idle        RSS {m['idle']['VmRSS'] / 1024:6.1f} MiB   threads "
+              f"{m['idle']['Threads']}")
+        print(f"  200 polls   RSS {m['during']['VmRSS'] / 1024:6.1f} MiB   threads "
+              f"{m['during']['Threads']}")
+
+
+if __name__ == "__main__":
+    main()

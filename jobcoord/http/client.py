@@ -1,0 +1,182 @@
+"""The remote coordinator: what a worker on another machine uses in place of a Coordinator.
+
+Same method names, arguments, return shapes and exceptions as jobcoord.service.Coordinator
+for everything the worker runtime calls (heartbeat, claim, renew, complete, fail,
+mark_effect, checkpoint, reap, `.policy`), over HTTP with one reused connection pool,
+timeouts, and retries with backoff for network errors.
+
+The worker id and tenant are the token's: the `worker_id` and `tenant` arguments are accepted
+for signature compatibility and never sent.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from ..errors import InvalidInput, StorageUnavailable
+from ..policy import Policy
+from .errors import error_from_response
+
+#: How long a call keeps retrying network errors before it says the server is unreachable;
+#: the worker runtime then retries on its own schedule while the lease may still be its own.
+DEFAULT_RETRY_S = 10.0
+
+
+class RemoteCoordinator:
+    def __init__(self, server: str, token: str, *, claim_wait: float = 20.0,
+                 timeout: float = 10.0, retry_s: float = DEFAULT_RETRY_S,
+                 verify: Any = True):
+        server = server.rstrip("/")
+        if not server.startswith(("http://", "https://")):
+            raise InvalidInput("invalid_input", f"--server must be an http:// or https:// URL, "
+                               f"got {server!r}")
+        token = token.strip()
+        if not token:
+            raise InvalidInput("invalid_input", "the token file is empty")
+        self.server = server
+        self.claim_wait = claim_wait
+        self.timeout = timeout
+        self.retry_s = retry_s
+        self._client = httpx.Client(
+            base_url=server, headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout), verify=verify,
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        self._policy: Policy | None = None
+        self._identity: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+
+    # -- plumbing --
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> RemoteCoordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True,
+                 timeout: float | None = None, headers: dict[str, str] | None = None
+                 ) -> httpx.Response:
+        """One call; network errors (and 503) are retried with backoff for up to retry_s."""
+        end = time.monotonic() + self.retry_s
+        delay = 0.05
+        while True:
+            try:
+                resp = self._client.request(
+                    method, path, json=json, headers=headers,
+                    # (None would switch timeouts off: the client's default applies instead)
+                    timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
+                             else httpx.Timeout(timeout)))
+            except httpx.TransportError as e:
+                # A claim whose answer was lost may have leased a job we never heard of: it is
+                # not sent again (the lease expires and the job is offered again). Everything
+                # else is safe to repeat: fenced by epoch, or answered as already accepted.
+                if not retry or time.monotonic() + delay >= end:
+                    raise StorageUnavailable(
+                        "server_unreachable", f"cannot reach {self.server}: "
+                        f"{type(e).__name__}: {e}") from None
+            else:
+                if resp.status_code != 503 or not retry or time.monotonic() + delay >= end:
+                    return resp
+                retry_after = resp.headers.get("Retry-After", "")
+                if retry_after.isdigit():
+                    delay = max(delay, min(float(retry_after), 5.0))
+            time.sleep(delay * random.uniform(0.5, 1.0))
+            delay = min(delay * 2, 2.0)
+
+    def _call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        resp = self._request(method, path, json=body, **kw)
+        if resp.status_code == 204:
+            return None
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if resp.status_code >= 400:
+            raise error_from_response(resp.status_code, data)
+        return data
+
+    # -- identity and policy --
+
+    def whoami(self) -> dict[str, Any]:
+        with self._lock:
+            if self._identity is None:
+                self._identity = self._call("GET", "/v1/whoami")
+            return self._identity
+
+    @property
+    def policy(self) -> Policy:
+        if self._policy is None:
+            self._policy = Policy.from_mapping(self.whoami()["policy"], source=self.server)
+        return self._policy
+
+    # -- what the worker runtime calls --
+
+    def heartbeat(self, worker_id: str, *, roles: Any = None, readings: Any = None,
+                  kinds: Any = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/heartbeat", {
+            "roles": list(roles or ()), "kinds": None if kinds is None else list(kinds),
+            "readings": readings})
+
+    def claim(self, worker_id: str, *, lease_s: float | None = None, kinds: Any = None,
+              wait: float | None = None) -> dict[str, Any]:
+        wait = self.claim_wait if wait is None else wait
+        got = self._call("POST", "/v1/claims", {
+            "lease_s": lease_s, "kinds": None if kinds is None else list(kinds), "wait": wait},
+            retry=False, timeout=self.timeout + wait)
+        if got is None:  # 204: nothing within the wait
+            return {"job": None, "reason": "no_waiting_jobs",
+                    "detail": f"nothing eligible within {wait:g}s"}
+        return got
+
+    def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
+              tenant: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{int(job_id)}/renew",
+                          {"epoch": epoch, "lease_s": lease_s})
+
+    def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
+                 provenance: Any = None, tenant: str | None = None) -> dict[str, Any]:
+        # Sent again after a lost answer, the server says `already_accepted` when this very
+        # epoch's result was the one it kept: never a false failure.
+        return self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
+                          {"epoch": epoch, "result": result,
+                           "provenance": None if provenance is None else dict(provenance)})
+
+    def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
+             permanent: bool = False, reason: str = "failed", tenant: str | None = None
+             ) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{int(job_id)}/fail",
+                          {"epoch": epoch, "error": error, "permanent": permanent,
+                           "reason": reason})
+
+    def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
+                    tenant: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{int(job_id)}/effect", {"epoch": epoch})
+
+    def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str, data: Any = None,
+                   *, tenant: str | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{int(job_id)}/checkpoint",
+                          {"epoch": epoch, "name": name, "data": data})
+
+    def reap(self, *, limit: int = 1000) -> dict[str, Any]:
+        """Reaping is the server's job (it runs the reaper on a timer): nothing to do here."""
+        return {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
+                "deadline_dead": 0, "jobs": []}
+
+    # -- submitting (for scripts and benchmarks) --
+
+    def enqueue(self, kind: str, payload: Any = None, *, key: str | None = None,
+                **options: Any) -> dict[str, Any]:
+        headers = {"Idempotency-Key": key} if key is not None else None
+        return self._call("POST", "/v1/jobs", {"kind": kind, "payload": payload, **options},
+                          headers=headers)
+
+    def show(self, job_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{int(job_id)}")

@@ -1,0 +1,200 @@
+"""The CLI commands of the HTTP server, as click objects the `jobcoord` group registers:
+`serve`, the `token` group (create, ls, revoke), and `--server URL --token-file F` for
+`worker` (a remote worker: the same runtime with a RemoteCoordinator in place of the
+database)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from ..errors import InvalidInput
+
+#: Largest token file read (a token is 47 characters).
+MAX_TOKEN_FILE = 4096
+
+
+def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> None:
+    from ..cli import emit
+
+    emit(as_json, payload, text)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but loopback needs TLS or --insecure-http.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              help="Port (0: any free port; the `listening` line says which).")
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@click.option("--insecure-http", is_flag=True,
+              help="Allow plain HTTP on a non-loopback address (prints a warning).")
+@click.option("--reap-every", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Reap expired leases this often (0: never).")
+@click.option("--poll", default=0.5, show_default=True, type=click.FloatRange(0.01, 1.0),
+              help="How often long-polls look for jobs committed by other processes.")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 64),
+              help="Database calls run on this many threads.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON Lines, one per event.")
+@click.pass_obj
+def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | None,
+          insecure_http: bool, reap_every: float, poll: float, threads: int,
+          as_json: bool) -> None:
+    """Serve the HTTP API (OpenAPI at /openapi.json) over this database, and reap expired
+    leases on a timer. Ctrl-C stops it (exit 130)."""
+    from .server import check_bind, run_server
+
+    check_bind(host, tls_cert, tls_key, insecure_http)  # before opening anything
+    run_server(s.coordinator(), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
+               insecure_http=insecure_http, reap_every=reap_every, poll_s=poll,
+               threads=threads, as_json=as_json)
+
+
+@click.group()
+def token() -> None:
+    """API tokens for `serve`: create (the secret is shown once), ls, revoke."""
+
+
+@token.command("create")
+@click.argument("name")
+@click.option("--role", required=True,
+              type=click.Choice(["submitter", "worker", "viewer", "operator"]))
+@click.option("--tenant", help="Bind the token to this tenant (operators: optional).")
+@click.option("--worker", "worker_id", help="The worker id a worker token acts as.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.pass_obj
+def token_create(s: Any, name: str, role: str, tenant: str | None, worker_id: str | None,
+                 as_json: bool) -> None:
+    """Create a token. Its secret (JSON key `token`) is printed this once; only a hash is
+    stored."""
+    from .. import tokens
+
+    got = tokens.create(s.coordinator().db, name, role, tenant=tenant, worker=worker_id)
+    _emit(as_json, got, f"{got['token']}\n(token {name!r}, role {role}: shown only once; "
+          "store it in a file readable only by you)")
+
+
+@token.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.pass_obj
+def token_ls(s: Any, as_json: bool) -> None:
+    """List tokens (never their secrets)."""
+    from .. import tokens
+
+    _emit(as_json, tokens.list_tokens(s.coordinator().db))
+
+
+@token.command("revoke")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object.")
+@click.pass_obj
+def token_revoke(s: Any, name: str, as_json: bool) -> None:
+    """Revoke a token: its next request is refused."""
+    from .. import tokens
+
+    _emit(as_json, tokens.revoke(s.coordinator().db, name))
+
+
+def read_token_file(path: str) -> str:
+    try:
+        with open(os.path.expanduser(path), "rb") as f:
+            data = f.read(MAX_TOKEN_FILE + 1)
+    except OSError as e:
+        raise InvalidInput("invalid_input", f"cannot read the token file {path}: "
+                           f"{e.strerror}") from None
+    if len(data) > MAX_TOKEN_FILE:
+        raise InvalidInput("invalid_input", f"the token file {path} is too large to hold a "
+                           "token")
+    try:
+        text = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise InvalidInput("invalid_input", f"the token file {path} does not hold a token"
+                           ) from None
+    if not text or any(c.isspace() for c in text):
+        raise InvalidInput("invalid_input", f"the token file {path} does not hold a token")
+    return text
+
+
+def remote_coordinator(server: str, token_file: str, *, claim_wait: float = 20.0,
+                       ca_file: str | None = None) -> Any:
+    """`--server URL --token-file F` -> the object the worker runtime calls instead of a
+    Coordinator."""
+    from .client import RemoteCoordinator
+
+    return RemoteCoordinator(server, read_token_file(token_file), claim_wait=claim_wait,
+                             verify=ca_file if ca_file else True)
+
+
+def remote_worker_command(local: click.Command) -> click.Command:
+    """`worker` with --server/--token-file added: without --server it is the local command,
+    unchanged; with it, the same runtime runs against the server."""
+    extra = [
+        click.Option(["--server"], metavar="URL",
+                     help="Run against a `jobcoord serve` at URL instead of a database."),
+        click.Option(["--token-file"], metavar="FILE",
+                     help="File holding this worker's token (with --server)."),
+        click.Option(["--wait"], default=20.0, show_default=True,
+                     type=click.FloatRange(0, 30),
+                     help="With --server: long-poll a claim this long."),
+        click.Option(["--ca-file"], metavar="PEM",
+                     help="With --server: trust this CA (a self-signed server certificate)."),
+    ]
+
+    def callback(**kw: Any) -> Any:
+        server, token_file = kw.pop("server"), kw.pop("token_file")
+        wait, ca_file = kw.pop("wait"), kw.pop("ca_file")
+        if server is None:
+            if token_file is not None:
+                raise InvalidInput("invalid_input", "--token-file needs --server")
+            assert local.callback is not None
+            return local.callback(**kw)
+        if token_file is None:
+            raise InvalidInput("invalid_input", "--server needs --token-file")
+        return _run_remote(click.get_current_context(), server, token_file, wait, ca_file, kw)
+
+    return click.Command(local.name, params=[*local.params, *extra], callback=callback,
+                         help=local.help, short_help=local.short_help)
+
+
+def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
+                ca_file: str | None, kw: dict[str, Any]) -> None:
+    from ..worker import Worker, make_config
+
+    remote = remote_coordinator(server, token_file, claim_wait=wait, ca_file=ca_file)
+    try:
+        who = remote.whoami()
+        if who["role"] != "worker":
+            raise InvalidInput("invalid_input", f"the token is a {who['role']} token; a worker "
+                               "needs a worker token")
+        if kw["worker_id"] is not None and kw["worker_id"] != who["worker_id"]:
+            raise InvalidInput("invalid_input", f"--worker-id {kw['worker_id']!r} differs "
+                               f"from the token's worker {who['worker_id']!r}")
+        # The long-poll does the waiting: after an empty one, ask again almost at once.
+        poll = kw["poll"]
+        if ctx.get_parameter_source("poll") is click.core.ParameterSource.DEFAULT:
+            poll = "0.05"
+        config = make_config(
+            app_spec=kw["app_spec"], execs=kw["execs"], roles=kw["roles"],
+            worker_id=who["worker_id"], lease=kw["lease"], concurrency=kw["concurrency"],
+            grace=kw["grace"], kill_grace=kw["kill_grace"],
+            heartbeat_every=kw["heartbeat_every"],
+            reap_every="0",  # the server reaps
+            poll=poll, timeouts=kw["timeouts"], max_results=kw["max_results"],
+            readings_override=kw["readings_override"], log_format=kw["log_format"],
+            max_jobs=kw["max_jobs"], burst=kw["burst"], database_url=None,
+            policy=remote.policy)
+        summary = Worker(remote, config).run()
+    finally:
+        remote.close()
+    _emit(kw["as_json"], summary)
+
+
+def register(cli: click.Group) -> None:
+    """Add `serve`, `token` and the remote `worker` to the `jobcoord` group."""
+    cli.add_command(serve)
+    cli.add_command(token)
+    local = cli.commands.get("worker")
+    if local is not None:
+        cli.add_command(remote_worker_command(local))

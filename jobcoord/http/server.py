@@ -1,0 +1,91 @@
+"""Running the API: uvicorn on 127.0.0.1 by default, TLS or an explicit --insecure-http
+for any other address, no access log (a URL or header must never put a token in a log)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import InvalidInput
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, tls_cert: str | None, tls_key: str | None,
+               insecure_http: bool) -> str | None:
+    """Refuse an unsafe binding (InvalidInput); return a warning to print, if any."""
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidInput("invalid_input", "give both --tls-cert and --tls-key, or neither")
+    if tls_cert is not None and insecure_http:
+        raise InvalidInput("invalid_input", "--insecure-http contradicts --tls-cert/--tls-key")
+    if is_loopback(host) or tls_cert is not None:
+        return None
+    if not insecure_http:
+        raise InvalidInput("invalid_input", f"binding {host} (not loopback) sends tokens over "
+                           "the network: give --tls-cert and --tls-key, or --insecure-http "
+                           "on a network you trust")
+    return (f"serving plain HTTP on {host}: tokens and jobs cross the network unencrypted "
+            "(--insecure-http)")
+
+
+def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
+    """One line per event on stdout: JSON Lines with --json, text otherwise."""
+    def emit(event: dict[str, Any]) -> None:
+        if as_json:
+            line = json.dumps(event, ensure_ascii=False)
+        else:
+            rest = ", ".join(f"{k}={val}" for k, val in event.items()
+                             if k not in ("event", "jobs"))
+            line = f"{event['event']}: {rest}" if rest else event["event"]
+        print(line, flush=True)
+    return emit
+
+
+def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
+               tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
+               threads: int, as_json: bool) -> None:
+    import uvicorn
+
+    from .app import create_app
+
+    warning = check_bind(host, tls_cert, tls_key, insecure_http)
+    if warning:
+        print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
+    emit = printer(as_json)
+    app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
+                     emit=emit)
+    scheme = "https" if tls_cert else "http"
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started:
+                bound = self.servers[0].sockets[0].getsockname()
+                emit({"event": "listening", "url": f"{scheme}://{host}:{bound[1]}",
+                      "port": bound[1], "reap_every_s": reap_every,
+                      "dialect": coordinator.db.dialect})
+
+    config = uvicorn.Config(
+        app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+        log_level="warning", access_log=False, server_header=False, proxy_headers=False,
+        lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30)
+    server = _Server(config)
+    # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again:
+    # SIGINT becomes KeyboardInterrupt, which the CLI turns into exit code 130.
+    try:
+        server.run()
+    finally:
+        emit({"event": "stopped"})
+    if not server.started:
+        raise InvalidInput("bind_failed", f"could not listen on {host}:{port} (in use, or "
+                           "not an address of this machine)")

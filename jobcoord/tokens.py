@@ -1,0 +1,128 @@
+"""API tokens: trusted identity for the HTTP server.
+
+A token is `jct_` followed by 32 random bytes (URL-safe base64). It is shown once, when it is
+created; the database keeps only its SHA-256 hash. A request is authenticated by hashing the
+presented secret, looking the hash up, and comparing it in constant time. Every request looks
+its token up again (nothing is cached beyond one request), so a revocation takes effect on
+the very next request.
+
+Each function is one short transaction with parameterized SQL, no I/O inside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from . import validate as v
+from .clock import iso, now_us
+from .errors import InvalidInput, Refused
+
+ROLES = ("submitter", "worker", "viewer", "operator")
+PREFIX = "jct_"
+#: Longest secret accepted from a request (a real one is 47 characters): anything longer is
+#: refused before it is hashed.
+MAX_SECRET = 256
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: everything an HTTP request may act as comes from here, never from the
+    request body."""
+
+    name: str
+    role: str
+    tenant: str | None
+    worker_id: str | None
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def new_secret() -> str:
+    return PREFIX + secrets.token_urlsafe(32)
+
+
+def create(db: Any, name: str, role: str, *, tenant: str | None = None,
+           worker: str | None = None) -> dict[str, Any]:
+    """Create a token; the answer carries the secret (JSON key `token`) this one time."""
+    name = v.name(name, "name")
+    if role not in ROLES:
+        raise InvalidInput("invalid_input", f"role must be one of {', '.join(ROLES)}",
+                           field="role")
+    tenant = v.optional_name(tenant, "tenant")
+    worker = None if worker is None else v.name(worker, "worker", max_len=v.MAX_WORKER_ID)
+    if role == "worker" and worker is None:
+        raise InvalidInput("invalid_input", "a worker token needs --worker ID: the worker id "
+                           "comes from the token, never from a request", field="worker")
+    if role != "worker" and worker is not None:
+        raise InvalidInput("invalid_input", "--worker is only for --role worker",
+                           field="worker")
+    secret = new_secret()
+    digest = hash_secret(secret)
+    now = now_us()
+
+    def _do(conn: Connection) -> dict[str, Any] | Refused:
+        taken = db.run_text(conn, "SELECT 1 FROM tokens WHERE name = :name",
+                            {"name": name}).first()
+        if taken is not None:
+            return Refused("token_exists", f"a token named {name!r} already exists (revoked "
+                           "tokens keep their name); choose another name", name=name)
+        db.run_text(conn, "INSERT INTO tokens (name, token_hash, role, tenant, worker_id,"
+                    " created_at, revoked_at) VALUES (:name, :hash, :role, :tenant, :worker,"
+                    " :now, NULL)", {"name": name, "hash": digest, "role": role,
+                                     "tenant": tenant, "worker": worker, "now": now})
+        return {"name": name, "role": role, "tenant": tenant, "worker_id": worker,
+                "created_at": iso(now), "token": secret}
+
+    return db.write(_do, "token create")
+
+
+def list_tokens(db: Any) -> dict[str, Any]:
+    """Every token, without its hash."""
+    rows = db.read(lambda conn: db.run_text(
+        conn, "SELECT name, role, tenant, worker_id, created_at, revoked_at FROM tokens"
+        " ORDER BY name").all(), "token ls")
+    return {"tokens": [
+        {"name": r[0], "role": r[1], "tenant": r[2], "worker_id": r[3],
+         "created_at": iso(r[4]), "revoked": r[5] is not None, "revoked_at": iso(r[5])}
+        for r in rows]}
+
+
+def revoke(db: Any, name: str) -> dict[str, Any]:
+    """Revoke a token by name: its next request is refused (401)."""
+    name = v.name(name, "name")
+    now = now_us()
+
+    def _do(conn: Connection) -> dict[str, Any] | Refused:
+        row = db.run_text(conn, "SELECT revoked_at FROM tokens WHERE name = :name",
+                          {"name": name}).first()
+        if row is None:
+            return Refused("token_not_found", f"no token named {name!r}", name=name)
+        if row[0] is None:
+            db.run_text(conn, "UPDATE tokens SET revoked_at = :now WHERE name = :name"
+                        " AND revoked_at IS NULL", {"now": now, "name": name})
+        return {"name": name, "revoked": True, "revoked_at": iso(row[0] or now)}
+
+    return db.write(_do, "token revoke")
+
+
+def authenticate(db: Any, secret: str) -> Identity | None:
+    """The identity of a live token, or None for an unknown or revoked one."""
+    if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET:
+        return None
+    digest = hash_secret(secret)
+    row = db.read(lambda conn: db.run_text(
+        conn, "SELECT name, role, tenant, worker_id, token_hash, revoked_at FROM tokens"
+        " WHERE token_hash = :hash", {"hash": digest}).first(), "authenticate")
+    # The lookup is by hash (an attacker cannot steer it byte by byte); the final comparison
+    # is constant-time all the same.
+    if row is None or not hmac.compare_digest(row[4], digest) or row[5] is not None:
+        return None
+    return Identity(name=row[0], role=row[1], tenant=row[2], worker_id=row[3])

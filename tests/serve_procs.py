@@ -1,0 +1,148 @@
+"""Helpers for the `jobcoord serve` tests: a real server process on 127.0.0.1, real HTTP.
+
+`Served` starts `jobcoord serve --port 0 --json`, reads its `listening` line for the URL, and
+stops it (SIGTERM, then SIGKILL) when the block ends. Tokens are created through the same
+function `jobcoord token create` calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from jobcoord.db import Target
+
+
+def jobcoord_argv() -> list[str]:
+    """The `jobcoord` command with `serve`, `token` and the remote `worker` in it."""
+    from jobcoord.cli import cli
+
+    if "serve" in cli.commands:
+        return [sys.executable, "-m", "jobcoord"]
+    return [sys.executable, "-m", "jobcoord.http"]
+
+
+def db_args(target: Target) -> list[str]:
+    return ["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url]
+
+
+def token(target: Target, name: str, role: str, tenant: str | None = None,
+          worker: str | None = None) -> str:
+    from jobcoord import tokens
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(target) as c:
+        return str(tokens.create(c.db, name, role, tenant=tenant, worker=worker)["token"])
+
+
+def tokens_for(target: Target, specs: list[tuple[str, str, str | None, str | None]]
+               ) -> list[str]:
+    """Many tokens through one connection: (name, role, tenant, worker) each."""
+    from jobcoord import tokens
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(target) as c:
+        return [str(tokens.create(c.db, name, role, tenant=tenant, worker=worker)["token"])
+                for name, role, tenant, worker in specs]
+
+
+class Served:
+    def __init__(self, target: Target, *extra: str, env: dict[str, str] | None = None,
+                 port: int = 0):
+        self.target = target
+        self.extra = list(extra)
+        self.env = env
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.events: list[dict[str, Any]] = []
+
+    def start(self, timeout: float = 30.0) -> Served:
+        argv = [*jobcoord_argv(), *db_args(self.target), "serve", "--port", str(self.port),
+                "--json", *self.extra]
+        env = dict(os.environ, **(self.env or {}))
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env)
+        line = self._line(timeout)
+        event = json.loads(line)
+        assert event["event"] == "listening", event
+        self.url = event["url"]
+        self.port = event["port"]
+        return self
+
+    def _line(self, timeout: float) -> str:
+        assert self.proc is not None and self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        end = time.monotonic() + timeout
+        buf = b""
+        while b"\n" not in buf:
+            left = end - time.monotonic()
+            if left <= 0 or (self.proc.poll() is not None and not sel.select(0)):
+                err = self.proc.stderr.read().decode() if self.proc.poll() is not None else ""
+                raise AssertionError(f"serve did not start: {buf!r} {err}")
+            if sel.select(min(left, 0.5)):
+                chunk = os.read(self.proc.stdout.fileno(), 1)
+                if not chunk:
+                    continue
+                buf += chunk
+        return buf.decode()
+
+    def client(self, secret: str | None = None, **kw: Any) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0, **kw)
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return int(self.proc.returncode)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def served(target: Target, *extra: str, env: dict[str, str] | None = None
+           ) -> Iterator[Served]:
+    s = Served(target, *extra, env=env)
+    try:
+        yield s.start()
+    finally:
+        s.stop()
+
+
+def wait_for(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        got = predicate()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError("condition not met in time")
+        time.sleep(every)

@@ -1,0 +1,244 @@
+"""`jobcoord serve`: trusted identity. The access matrix (every endpoint x every role x own /
+other tenant) against a real server process over real HTTP, on SQLite and PostgreSQL;
+revocation on the very next request; token commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from typing import Any
+
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.serve_procs import db_args, jobcoord_argv, served, token
+
+ROLES = ("submitter", "viewer", "worker", "operator")
+
+
+class World:
+    """Jobs of tenant alice ("own") and bob ("other"), and leases of worker wa ("own") and
+    wb ("other"), made in-process on the same database the server serves."""
+
+    def __init__(self, c: Coordinator):
+        self.c = c
+        c.heartbeat("wa", roles=["r-wa"], readings={"memory_used_pct": 10})
+        c.heartbeat("wb", roles=["r-wb"], readings={"memory_used_pct": 10})
+
+    def waiting(self, tenant: str) -> int:
+        # A role nobody serves: the matrix's claims never take these.
+        return int(self.c.enqueue("k", {}, tenant=tenant, role="nobody")["job_id"])
+
+    def leased(self, worker: str, tenant: str) -> tuple[int, int]:
+        job = self.c.enqueue("k", {}, tenant=tenant, role=f"r-{worker}")["job_id"]
+        got = self.c.claim(worker, lease_s=300)
+        assert got["job"]["job_id"] == job
+        return job, got["lease"]["epoch"]
+
+    def dead(self, tenant: str) -> int:
+        # A worker of its own: an operator's retry puts the job back under its role.
+        self.n = getattr(self, "n", 0) + 1
+        worker = f"wd{self.n}"
+        self.c.heartbeat(worker, roles=[f"r-{worker}"], readings={"memory_used_pct": 10})
+        job, epoch = self.leased(worker, tenant)
+        self.c.fail(job, worker, epoch, "boom", permanent=True)
+        return job
+
+
+Cell = Callable[[World, str], tuple[str, str, Any]]  # (world, own|other) -> method, path, body
+
+
+def _read(suffix: str = "") -> Cell:
+    return lambda w, side: ("GET", f"/v1/jobs/{w.waiting('alice' if side == 'own' else 'bob')}"
+                            f"{suffix}", None)
+
+
+def _fenced(op: str, body: dict[str, Any]) -> Cell:
+    def cell(w: World, side: str) -> tuple[str, str, Any]:
+        job, epoch = w.leased("wa" if side == "own" else "wb", "alice" if side == "own"
+                              else "bob")
+        return "POST", f"/v1/jobs/{job}/{op}", {"epoch": epoch, **body}
+    return cell
+
+
+def _operator(op: str, body: Any = None, dead: bool = False) -> Cell:
+    def cell(w: World, side: str) -> tuple[str, str, Any]:
+        tenant = "alice" if side == "own" else "bob"
+        job = w.dead(tenant) if dead else w.waiting(tenant)
+        return "POST", f"/v1/jobs/{job}/{op}", body
+    return cell
+
+
+def _fixed(method: str, path: str, body: Any = None) -> Cell:
+    return lambda w, side: (method, path, body)
+
+
+# endpoint -> (cell, {role: (own status, other-tenant status)}). "Other" for the worker's
+# endpoints is a lease held by another worker of another tenant: the worker id is the token's,
+# so the lease's owner decides (409 not_owner); reads by a worker are refused by role.
+MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
+    "POST /v1/jobs": (_fixed("POST", "/v1/jobs", {"kind": "k", "role": "nobody"}),
+                      {"submitter": (201, 201), "viewer": (403, 403), "worker": (403, 403),
+                       "operator": (201, 201)}),
+    "GET /v1/jobs": (_fixed("GET", "/v1/jobs"),
+                     {"submitter": (200, 200), "viewer": (200, 200), "worker": (403, 403),
+                      "operator": (200, 200)}),
+    "GET /v1/jobs/{id}": (_read(), {"submitter": (200, 404), "viewer": (200, 404),
+                                    "worker": (403, 403), "operator": (200, 404)}),
+    "GET /v1/jobs/{id}/explain": (_read("/explain"),
+                                  {"submitter": (200, 404), "viewer": (200, 404),
+                                   "worker": (403, 403), "operator": (200, 404)}),
+    "POST /v1/heartbeat": (_fixed("POST", "/v1/heartbeat",
+                                  {"roles": ["r-wa"], "readings": {"memory_used_pct": 10}}),
+                           {"submitter": (403, 403), "viewer": (403, 403), "worker": (200, 200),
+                            "operator": (403, 403)}),
+    "POST /v1/claims": (_fixed("POST", "/v1/claims", {"wait": 0}),
+                        {"submitter": (403, 403), "viewer": (403, 403), "worker": (200, 200),
+                         "operator": (403, 403)}),
+    **{f"POST /v1/jobs/{{id}}/{op}": (_fenced(op, body), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 409),
+        "operator": (403, 403)}) for op, body in (
+            ("renew", {"lease_s": 60}), ("effect", {}), ("checkpoint", {"name": "step"}),
+            ("complete", {"result": {"ok": True}}), ("fail", {"error": "e"}))},
+    "POST /v1/jobs/{id}/cancel": (_operator("cancel"), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
+        "operator": (200, 404)}),
+    "POST /v1/jobs/{id}/retry": (_operator("retry", dead=True), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
+        "operator": (200, 404)}),
+    "POST /v1/jobs/{id}/reconcile": (_operator("reconcile", {"as": "dead", "reason": "r"}), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
+        # A waiting job cannot be reconciled (409); another tenant's is not there at all.
+        "operator": (409, 404)}),
+    "POST /v1/prune": (_fixed("POST", "/v1/prune", {"older_than": "30d", "dry_run": True}), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
+        "operator": (200, 200)}),
+    "GET /v1/workers": (_fixed("GET", "/v1/workers"), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
+        "operator": (200, 200)}),
+    "GET /v1/whoami": (_fixed("GET", "/v1/whoami"), {r: (200, 200) for r in ROLES}),
+}
+
+
+def _tokens(target: Target) -> dict[str, str]:
+    return {
+        "submitter": token(target, "sub", "submitter", tenant="alice"),
+        "viewer": token(target, "view", "viewer", tenant="alice"),
+        "worker": token(target, "wa", "worker", worker="wa"),
+        "operator": token(target, "op", "operator", tenant="alice"),
+    }
+
+
+def test_access_matrix_every_endpoint_role_and_tenant(target: Target) -> None:
+    secrets = _tokens(target)
+    c = Coordinator.open(target)
+    world = World(c)
+    failures = []
+    with served(target, "--reap-every", "0") as s:
+        clients = {role: s.client(secret) for role, secret in secrets.items()}
+        anonymous = s.client()
+        for endpoint, (cell, expected) in MATRIX.items():
+            for role in ROLES:
+                for i, side in enumerate(("own", "other")):
+                    method, path, body = cell(world, side)
+                    resp = clients[role].request(method, path, json=body)
+                    want = expected[role][i]
+                    if resp.status_code != want:
+                        failures.append(f"{endpoint} as {role} ({side}): {resp.status_code} "
+                                        f"{resp.text[:200]}, expected {want}")
+                    elif want >= 400:
+                        error = resp.json()["error"]
+                        assert set(error) <= {"code", "message", "details"}, resp.text
+            # Without a token, every /v1 endpoint is 401 (the bearer scheme, never 422).
+            method, path, body = cell(world, "own")
+            resp = anonymous.request(method, path, json=body)
+            if resp.status_code != 401 or resp.json()["error"]["code"] != "unauthorized":
+                failures.append(f"{endpoint} without a token: {resp.status_code}")
+            resp = anonymous.request(method, path, json=body,
+                                     headers={"Authorization": "Bearer jct_not-a-token"})
+            if resp.status_code != 401:
+                failures.append(f"{endpoint} with an unknown token: {resp.status_code}")
+        assert anonymous.get("/healthz").status_code == 200
+        for client in [*clients.values(), anonymous]:
+            client.close()
+    c.close()
+    assert not failures, "\n".join(failures)
+
+
+def test_other_tenants_job_is_404_exactly_like_a_missing_one(target: Target) -> None:
+    secret = token(target, "sub", "submitter", tenant="alice")
+    with Coordinator.open(target) as c:
+        bobs = c.enqueue("k", {}, tenant="bob")["job_id"]
+        missing = bobs + 1000
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        for suffix in ("", "/explain"):
+            seen = http.get(f"/v1/jobs/{bobs}{suffix}")
+            absent = http.get(f"/v1/jobs/{missing}{suffix}")
+            assert seen.status_code == absent.status_code == 404
+            assert seen.json() == json.loads(absent.text.replace(str(missing), str(bobs)))
+        listed = http.get("/v1/jobs").json()["jobs"]
+        assert bobs not in [j["job_id"] for j in listed]
+
+
+def test_tenant_and_worker_come_from_the_token_never_the_body(target: Target) -> None:
+    sub = token(target, "sub", "submitter", tenant="alice")
+    wa = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s, s.client(sub) as http, \
+            s.client(wa) as worker:
+        assert http.post("/v1/jobs", json={"kind": "k", "tenant": "bob"}).status_code == 400
+        job = http.post("/v1/jobs", json={"kind": "k"}).json()["job_id"]
+        assert worker.post("/v1/heartbeat", json={"worker_id": "wb"}).status_code == 400
+        assert worker.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 5}}
+                           ).status_code == 200
+        got = worker.post("/v1/claims", json={}).json()
+        assert got["job"]["job_id"] == job and got["job"]["tenant"] == "alice"
+        assert got["lease"]["worker_id"] == "wa"
+        assert worker.post(f"/v1/jobs/{job}/complete",
+                           json={"epoch": 1, "worker_id": "wb"}).status_code == 400
+    with Coordinator.open(target) as c:
+        shown = c.show(job)
+        assert shown["job"]["tenant"] == "alice" and shown["lease"]["worker_id"] == "wa"
+
+
+def test_revoked_token_is_refused_on_its_next_request(target: Target) -> None:
+    secret = token(target, "ci", "submitter", tenant="alice")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        assert http.get("/v1/jobs").status_code == 200
+        done = subprocess.run([*jobcoord_argv(), *db_args(target), "token", "revoke", "ci",
+                               "--json"], capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["revoked"] is True
+        # The very next request, on the same kept-alive connection: no cache outlives it.
+        resp = http.get("/v1/jobs")
+        assert resp.status_code == 401
+        assert resp.json()["error"]["code"] == "unauthorized"
+        assert resp.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_token_create_shows_the_secret_once_and_stores_only_its_hash(target: Target) -> None:
+    import hashlib
+
+    argv = [*jobcoord_argv(), *db_args(target), "token"]
+    made = subprocess.run([*argv, "create", "laptop", "--role", "worker", "--tenant", "alice",
+                           "--worker", "laptop", "--json"], capture_output=True, check=False)
+    assert made.returncode == 0, made.stderr
+    got = json.loads(made.stdout)
+    secret = got["token"]
+    assert secret.startswith("jct_") and len(secret) >= 4 + 43  # 32 random bytes, base64
+    listed = subprocess.run([*argv, "ls", "--json"], capture_output=True, check=False)
+    assert secret not in listed.stdout.decode()
+    assert json.loads(listed.stdout)["tokens"][0]["worker_id"] == "laptop"
+    with Coordinator.open(target) as c:
+        rows = c.db.read(lambda conn: c.db.run_text(conn, "SELECT * FROM tokens").all())
+    assert secret not in repr(rows)
+    assert hashlib.sha256(secret.encode()).hexdigest() in repr(rows)
+    again = subprocess.run([*argv, "create", "laptop", "--role", "viewer", "--json"],
+                           capture_output=True, check=False)
+    assert again.returncode == 4
+    assert json.loads(again.stdout)["error"]["code"] == "token_exists"
+    bad = subprocess.run([*argv, "create", "x", "--role", "worker", "--json"],
+                         capture_output=True, check=False)
+    assert bad.returncode == 2  # a worker token names its worker
+    missing = subprocess.run([*argv, "revoke", "nope", "--json"], capture_output=True,
+                             check=False)
+    assert missing.returncode == 4

@@ -1,0 +1,301 @@
+"""`jobcoord serve` itself: submission durability and idempotency over HTTP, the long-poll
+claim (woken by a commit through this server at once, by another process within its poll,
+204 at the end, no thread per waiter), bad input on every endpoint, the binding rules, and
+Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.conftest import dump
+from tests.serve_procs import db_args, jobcoord_argv, served, token, tokens_for, wait_for
+
+
+def test_submit_is_201_after_commit_and_idempotency_key_returns_the_same_job(
+        target: Target) -> None:
+    secret = token(target, "ci", "submitter", tenant="alice")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        first = http.post("/v1/jobs", json={"kind": "summarize", "payload": {"doc": 1}},
+                          headers={"Idempotency-Key": "doc-42"})
+        assert first.status_code == 201
+        job = first.json()["job_id"]
+        assert first.headers["Location"] == f"/v1/jobs/{job}"
+        # Committed before the answer: another connection to the database sees it now.
+        with Coordinator.open(target) as c:
+            assert c.show(job, tenant="alice")["job"]["status"] == "waiting"
+        again = http.post("/v1/jobs", json={"kind": "summarize", "payload": {"doc": 1}},
+                          headers={"Idempotency-Key": "doc-42"})
+        assert again.status_code == 200 and again.json() == {"job_id": job, "created": False}
+        other = http.post("/v1/jobs", json={"kind": "summarize", "payload": {"doc": 2}},
+                          headers={"Idempotency-Key": "doc-42"})
+        assert other.status_code == 409
+        assert other.json()["error"]["code"] == "idempotency_conflict"
+
+
+def test_curl_without_content_type_is_accepted(target: Target) -> None:
+    secret = token(target, "ci", "submitter", tenant="alice")
+    with served(target, "--reap-every", "0") as s:
+        done = subprocess.run(
+            ["curl", "-s", "-o", "-", "-w", "%{http_code}", "-H",
+             f"Authorization: Bearer {secret}", "-H", "Idempotency-Key: doc-42", "-d",
+             '{"kind":"summarize","payload":{}}', f"{s.url}/v1/jobs"],
+            capture_output=True, check=False)
+        assert done.stdout.decode().endswith("201"), done.stdout
+
+
+def _claim_in_thread(client: httpx.Client, wait: float, out: dict[str, Any]) -> threading.Thread:
+    def run() -> None:
+        t0 = time.monotonic()
+        resp = client.post("/v1/claims", json={"wait": wait})
+        out.update(status=resp.status_code, body=resp.content and resp.json(),
+                   at=time.monotonic(), took=time.monotonic() - t0)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_long_poll_answers_at_once_for_a_job_submitted_through_the_server(
+        target: Target) -> None:
+    sub = token(target, "ci", "submitter")
+    wa = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0", "--poll", "1") as s, s.client(sub) as http, \
+            s.client(wa) as worker:
+        worker.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 10}})
+        out: dict[str, Any] = {}
+        thread = _claim_in_thread(worker, 20, out)
+        time.sleep(0.5)  # the claim is waiting
+        assert not out
+        submitted = time.monotonic()
+        job = http.post("/v1/jobs", json={"kind": "k"}).json()["job_id"]
+        thread.join(20)
+        assert out["status"] == 200 and out["body"]["job"]["job_id"] == job
+        # Woken by the commit, not by the 1 s poll.
+        assert out["at"] - submitted < 0.5, out["at"] - submitted
+
+
+def test_long_poll_sees_another_process_commit_within_its_poll_and_ends_with_204(
+        target: Target) -> None:
+    wa = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0", "--poll", "0.2") as s, s.client(wa) as worker:
+        worker.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 10}})
+        t0 = time.monotonic()
+        empty = worker.post("/v1/claims", json={"wait": 1})
+        assert empty.status_code == 204 and empty.content == b""
+        assert 0.9 <= time.monotonic() - t0 < 5
+        out: dict[str, Any] = {}
+        thread = _claim_in_thread(worker, 20, out)
+        time.sleep(0.3)
+        with Coordinator.open(target) as c:  # another process's commit (the CLI's path)
+            committed = time.monotonic()
+            job = c.enqueue("k", {})["job_id"]
+        thread.join(20)
+        assert out["status"] == 200 and out["body"]["job"]["job_id"] == job
+        assert out["at"] - committed < 0.2 * 2 + 1.0
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+
+
+def test_two_hundred_idle_long_polls_do_not_need_two_hundred_threads(sqlite_target: Target
+                                                                      ) -> None:
+    # The server's threading does not depend on the database: SQLite only.
+    target = sqlite_target
+    secrets = tokens_for(target, [(f"w{i}", "worker", None, f"w{i}") for i in range(200)])
+    with served(target, "--reap-every", "0", "--threads", "8") as s:
+        assert s.proc is not None
+        clients = [s.client(secret) for secret in secrets]
+        for client in clients:
+            client.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 10}})
+        outs: list[dict[str, Any]] = [{} for _ in clients]
+        threads = [_claim_in_thread(client, 4, out) for client, out in zip(clients, outs,
+                                                                              strict=True)]
+        time.sleep(2)
+        assert not any(outs)  # all 200 still waiting
+        assert _threads(s.proc.pid) < 30
+        for thread in threads:
+            thread.join(30)
+        assert all(out["status"] == 204 for out in outs)
+        for client in clients:
+            client.close()
+
+
+# Per endpoint: a valid body, the field to make NaN, the field that holds free JSON (or None),
+# and a body with absurd values.
+ENDPOINTS: dict[str, tuple[str, dict[str, Any], str, str | None, dict[str, Any]]] = {
+    "submit": ("submitter", {"kind": "k"}, "delay_s", "payload",
+               {"kind": "k", "priority": 99, "max_attempts": 0}),
+    "heartbeat": ("worker", {"roles": ["r"]}, "readings", "readings",
+                  {"readings": {"memory_used_pct": 1e300}}),
+    "claims": ("worker", {"wait": 0}, "wait", None, {"wait": 999, "lease_s": -1}),
+    "renew": ("worker", {"epoch": 1}, "lease_s", None, {"epoch": 1, "lease_s": -1}),
+    "complete": ("worker", {"epoch": 1, "result": {}}, "epoch", "result", {"epoch": -5}),
+    "fail": ("worker", {"epoch": 1, "error": "e"}, "epoch", None,
+             {"epoch": 2**40, "error": "e"}),
+    "effect": ("worker", {"epoch": 1}, "epoch", None, {"epoch": -1}),
+    "checkpoint": ("worker", {"epoch": 1, "name": "n"}, "data", "data",
+                   {"epoch": 1, "name": "a b/../../etc"}),
+    "reconcile": ("operator", {"as": "dead", "reason": "r"}, "result", "result",
+                  {"as": "lost", "reason": "r"}),
+    "prune": ("operator", {"older_than": "30d", "dry_run": True}, "older_than", None,
+              {"older_than": "-5d"}),
+}
+
+
+def _bad_bodies(base: dict[str, Any], nan_field: str, free: str | None,
+                absurd: dict[str, Any]) -> list[tuple[str, bytes]]:
+    first = next(iter(base))
+    rest = {k: val for k, val in base.items() if k != nan_field}
+    tail = json.dumps(rest)[1:]
+    glue = ", " if rest else ""
+    nan = "{" + f'"{nan_field}": ' + ('{"memory_used_pct": NaN}' if nan_field == "readings"
+                                      else "NaN") + glue + tail
+    wrong = dict(base, **{first: 5 if isinstance(base[first], list) else [1]})
+    bodies = [
+        ("invalid JSON", b'{"kind": '),
+        ("not an object", b"[1, 2]"),
+        ("empty object where fields are required" if first != "roles" else "null", b"null"),
+        ("NaN", nan.encode()),
+        ("Infinity", nan.replace("NaN", "Infinity").encode()),
+        ("wrong type", json.dumps(wrong).encode()),
+        ("unknown field", json.dumps(dict(base, surprise=1)).encode()),
+        ("tenant in the body", json.dumps(dict(base, tenant="bob")).encode()),
+        ("duplicate key", ("{" + f'"{first}": {json.dumps(base[first])}, '
+                           + json.dumps(base)[1:]).encode()),
+        ("absurd numbers", json.dumps(absurd).encode()),
+    ]
+    if free is not None:
+        deep = '{"a": ' * 200 + "1" + "}" * 200
+        bodies.append(("deep nesting", ("{" + f'"{free}": {deep}, '
+                                        + json.dumps({k: val for k, val in base.items()
+                                                      if k != free})[1:]).encode()))
+    return bodies
+
+
+def test_bad_input_on_every_endpoint_is_4xx_json_and_changes_nothing(target: Target) -> None:
+    secrets = {"submitter": token(target, "sub", "submitter"),
+               "worker": token(target, "wa", "worker", worker="wa"),
+               "operator": token(target, "op", "operator")}
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings={"memory_used_pct": 10})
+        job = c.enqueue("k", {})["job_id"]
+        c.claim("wa", lease_s=300)
+        before = dump(c)
+        paths = {"submit": "/v1/jobs", "heartbeat": "/v1/heartbeat", "claims": "/v1/claims",
+                 "reconcile": f"/v1/jobs/{job}/reconcile", "prune": "/v1/prune"}
+        failures = []
+        with served(target, "--reap-every", "0") as s:
+            clients = {role: s.client(secret) for role, secret in secrets.items()}
+            for name, (role, base, nan_field, free, absurd) in ENDPOINTS.items():
+                path = paths.get(name, f"/v1/jobs/{job}/{name}")
+                for what, body in _bad_bodies(base, nan_field, free, absurd):
+                    if name == "heartbeat" and what == "null":
+                        continue  # every heartbeat field is optional
+                    resp = clients[role].post(path, content=body)
+                    ok = 400 <= resp.status_code < 500 and set(resp.json()) == {"error"}
+                    if not ok or resp.status_code == 404:
+                        failures.append(f"{name} {what}: {resp.status_code} {resp.text[:150]}")
+                huge = clients[role].post(path, content=b'{"kind": "' + b"x" * (3 << 20)
+                                          + b'"}')
+                if huge.status_code != 413 or huge.json()["error"]["code"] != "body_too_large":
+                    failures.append(f"{name} huge: {huge.status_code}")
+            # Path parameters: not a number, negative, past the id range, traversal.
+            for bad in ("abc", "-1", "0", str(2**70), "..%2F..%2Fetc", "1%00"):
+                resp = clients["submitter"].get(f"/v1/jobs/{bad}")
+                if resp.status_code not in (400, 404) or "error" not in resp.json():
+                    failures.append(f"/v1/jobs/{bad}: {resp.status_code}")
+            for client in clients.values():
+                client.close()
+        assert not failures, "\n".join(failures)
+        assert dump(c) == before
+
+
+def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -> None:
+    argv = [*jobcoord_argv(), *db_args(target), "serve", "--json"]
+    refused = subprocess.run([*argv, "--host", "0.0.0.0"], capture_output=True, timeout=60,
+                             check=False)
+    assert refused.returncode == 2
+    assert json.loads(refused.stdout)["error"]["code"] == "invalid_input"
+    half = subprocess.run([*argv, "--tls-cert", __file__], capture_output=True, timeout=60,
+                          check=False)
+    assert half.returncode == 2
+    # A terminal's Ctrl-C: SIGINT at its default, even when this suite runs in the
+    # background (where the shell starts it, and so its children, with SIGINT ignored).
+    proc = subprocess.Popen([*argv, "--host", "0.0.0.0", "--port", "0", "--insecure-http"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = json.loads(proc.stdout.readline())
+        assert line["event"] == "listening"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        assert b"unencrypted" in err
+        assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_no_token_is_ever_logged(target: Target) -> None:
+    secret = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0") as s:
+        with s.client(secret) as http:
+            http.post("/v1/jobs", json={"kind": "k"})
+            http.get("/v1/jobs/999")
+        with s.client("jct_" + "x" * 43) as bad:
+            bad.get("/v1/jobs")
+        assert s.proc is not None
+        s.proc.send_signal(signal.SIGTERM)
+        out, err = s.proc.communicate(timeout=30)
+    assert secret.encode() not in out + err
+    assert b"jct_" not in out + err
+
+
+def test_cors_is_off(target: Target) -> None:
+    with served(target, "--reap-every", "0") as s:
+        resp = httpx.options(f"{s.url}/v1/jobs", headers={
+            "Origin": "https://evil.example", "Access-Control-Request-Method": "POST"})
+        assert "access-control-allow-origin" not in resp.headers
+
+
+def test_reaper_timer_returns_expired_leases(target: Target) -> None:
+    with Coordinator.open(target) as c:
+        c.heartbeat("w1", readings={"memory_used_pct": 10})
+        job = c.enqueue("k", {})["job_id"]
+        c.claim("w1", lease_s=0.5)
+        with served(target, "--reap-every", "0.2"):
+            wait_for(lambda: c.show(job)["job"]["status"] == "waiting", timeout=20)
+
+
+def test_serve_answers_an_unwritable_database_directory_with_503_or_success(
+        sqlite_target: Target) -> None:
+    secret = token(sqlite_target, "ci", "submitter")
+    with served(sqlite_target, "--reap-every", "0.2") as s, s.client(secret) as http:
+        assert http.get("/v1/jobs").status_code == 200
+        path = sqlite_target.sqlite_path
+        assert path is not None
+        os.chmod(os.path.dirname(path), 0o500)  # unwritable directory: WAL writes fail
+        try:
+            resp = http.post("/v1/jobs", json={"kind": "k"})
+            # Either still writable through open handles (201) or refused as storage (503),
+            # never a 500 or a dead server.
+            assert resp.status_code in (201, 503), resp.text
+            if resp.status_code == 503:
+                assert "Retry-After" in resp.headers
+        finally:
+            os.chmod(os.path.dirname(path), 0o700)
+        assert http.post("/v1/jobs", json={"kind": "k"}).status_code == 201

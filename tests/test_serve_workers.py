@@ -1,0 +1,139 @@
+"""Remote workers: separate `jobcoord worker --server URL --token-file F` processes against a
+real `jobcoord serve`, on SQLite and PostgreSQL. Every job succeeds exactly once, no (job,
+epoch) is claimed twice, and the invariants hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.serve_procs import jobcoord_argv, served, token
+
+
+def start_worker(url: str, secret: str, tmp: str, name: str, *extra: str
+                 ) -> subprocess.Popen[bytes]:
+    path = os.path.join(tmp, f"{name}.token")
+    with open(path, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)
+    argv = [*jobcoord_argv(), "worker", "--server", url, "--token-file", path,
+            "--app", "tests.serve_app:app", "--readings-override", '{"memory_used_pct": 10}',
+            "--log-format", "json", "--json", *extra]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[dict[str, Any], str]:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1]), err.decode()
+
+
+def ledger_violations(c: Coordinator, n_jobs: int) -> list[str]:
+    """The exactly-once facts, read through SQL on either database."""
+    def _read(conn: Any) -> dict[str, Any]:
+        run = c.db.run_text
+        return {
+            "status": dict(run(conn, "SELECT status, COUNT(*) FROM jobs GROUP BY status").all()),
+            "completed": run(conn, "SELECT job_id, COUNT(*) FROM job_events WHERE reason ="
+                             " 'completed' GROUP BY job_id").all(),
+            "claims": run(conn, "SELECT job_id, epoch FROM job_events WHERE reason ="
+                          " 'claimed'").all(),
+            "leases": run(conn, "SELECT COUNT(*) FROM leases").scalar(),
+            "epochs": run(conn, "SELECT j.job_id, j.epoch, COUNT(e.event_id) FROM jobs j"
+                          " LEFT JOIN job_events e ON e.job_id = j.job_id AND e.reason ="
+                          " 'claimed' GROUP BY j.job_id, j.epoch").all(),
+        }
+
+    got = c.db.read(_read)
+    found = []
+    if got["status"] != {"succeeded": n_jobs}:
+        found.append(f"statuses: {got['status']}")
+    twice = [row for row in got["completed"] if row[1] != 1]
+    if twice or len(got["completed"]) != n_jobs:
+        found.append(f"completions: {len(got['completed'])} jobs, not once: {twice[:5]}")
+    dup = [k for k, n in Counter(map(tuple, got["claims"])).items() if n > 1]
+    if dup:
+        found.append(f"(job, epoch) claimed twice: {dup[:5]}")
+    if got["leases"]:
+        found.append(f"{got['leases']} leases left")
+    bad = [row for row in got["epochs"] if row[1] != row[2]]
+    if bad:
+        found.append(f"epoch != claims: {bad[:5]}")
+    return found
+
+
+def run_fleet(target: Target, tmp: str, n_jobs: int, n_workers: int) -> list[dict[str, Any]]:
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n_jobs)])
+    secrets = [token(target, f"w{i}", "worker", worker=f"w{i}") for i in range(n_workers)]
+    with served(target, "--reap-every", "2") as s:
+        procs = [start_worker(s.url, secret, tmp, f"w{i}", "--burst", "--wait", "1")
+                 for i, secret in enumerate(secrets)]
+        summaries = [finish(p, 240)[0] for p in procs]
+    with Coordinator.open(target) as c:
+        assert not ledger_violations(c, n_jobs), ledger_violations(c, n_jobs)
+    if target.sqlite_path:
+        from tests.invariants import assert_invariants
+
+        assert_invariants(target.sqlite_path)
+    assert sum(s["completed"] for s in summaries) == n_jobs
+    assert all(s["lost"] == 0 for s in summaries)
+    return summaries
+
+
+def test_remote_workers_run_every_job_exactly_once(target: Target, tmp_path: Any) -> None:
+    summaries = run_fleet(target, str(tmp_path), 400, 8)
+    # The work was spread: more than one worker completed jobs.
+    assert sum(1 for s in summaries if s["completed"]) > 1
+
+
+@pytest.mark.slow
+def test_eight_remote_workers_over_two_thousand_jobs(target: Target, tmp_path: Any) -> None:
+    run_fleet(target, str(tmp_path), 2000, 8)
+
+
+def test_remote_worker_releases_its_job_on_sigterm_and_checkpoints_over_http(
+        target: Target, tmp_path: Any) -> None:
+    import signal
+
+    from tests.serve_procs import wait_for
+
+    with Coordinator.open(target) as c:
+        job = c.enqueue("slow", {"i": 7, "sleep": 60})["job_id"]
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s:
+        proc = start_worker(s.url, secret, str(tmp_path), "wa", "--grace", "0.5")
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(job)["checkpoints"], timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            summary, _err = finish(proc, 60)
+            shown = c.show(job)
+    assert summary["released"] == 1 and summary["worker_id"] == "wa"
+    assert shown["job"]["status"] == "waiting"
+    assert shown["checkpoints"][0]["data"] == {"i": 7}
+    assert shown["events"][-1]["reason"] == "worker_shutdown"
+    assert shown["events"][-1]["worker_id"] == "wa"
+
+
+def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) -> None:
+    import subprocess as sp
+
+    viewer = token(target, "v", "viewer")
+    wa = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s:
+        for secret, extra, code in ((viewer, (), 2), (wa, ("--worker-id", "other"), 2),
+                                    ("jct_unknown", (), 4)):
+            proc = start_worker(s.url, secret, str(tmp_path), "t", *extra)
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == code, err.decode()[-2000:]
+            assert "error" in json.loads(out.decode().splitlines()[-1])
+        no_file = sp.run([*jobcoord_argv(), "worker", "--server", s.url, "--exec", "k=true",
+                          "--json"], capture_output=True, timeout=60, check=False)
+        assert no_file.returncode == 2
