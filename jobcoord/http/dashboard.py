@@ -323,7 +323,9 @@ class Dashboard:
                         srv.notify()
                     else:
                         got = await srv.call(srv.c.reconcile, jid, form.get("as", ""),
-                                             form.get("reason", ""), tenant=who.scope)
+                                             form.get("reason", ""),
+                                             result=_result_field(form.get("result", "")),
+                                             tenant=who.scope)
                         srv.notify()
                 except JobcoordError as e:
                     from .errors import status_of
@@ -394,6 +396,16 @@ def _token_by_hash(db: Any, token_hash: str) -> Any:
     if row[1] not in ("viewer", "operator"):
         return None
     return row
+
+
+def _result_field(text: str) -> Any:
+    """The reconcile form's result: JSON text, or nothing."""
+    if not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise InvalidInput("invalid_input", f"the result is not JSON: {e}") from None
 
 
 def _job_id(text: str) -> int:
