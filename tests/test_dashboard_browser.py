@@ -3,7 +3,7 @@
 `jobcoord serve` on 127.0.0.1.
 
 Screenshots go to a temporary directory (kept by CI as artifacts); with
-JOBCOORD_SCREENSHOTS=DIR they go to DIR instead (how docs/screenshots/ is made)."""
+DASHBOARD_SCREENSHOTS=DIR they go to DIR instead (how docs/screenshots/ is made)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def shots(tmp_path: Any) -> Any:
-    directory = os.environ.get("JOBCOORD_SCREENSHOTS") or str(tmp_path / "screenshots")
+    directory = os.environ.get("DASHBOARD_SCREENSHOTS") or str(tmp_path / "screenshots")
     os.makedirs(directory, exist_ok=True)
 
     def take(page: Any, name: str, **kw: Any) -> None:
