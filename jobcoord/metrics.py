@@ -103,11 +103,14 @@ class JobcoordCollector(Collector):
 
     # -- reading --
 
-    def _fold_latency(self, conn: Any, state: _Latency) -> _Latency:
+    def _fold_latency(self, conn: Any, state: _Latency, completed_total: int) -> _Latency:
         """Fold completed events newer than the cursor into `state` (a copy when rebuilt)."""
         db = self.db
-        seen = db.run_text(conn, "SELECT COUNT(*) FROM job_events WHERE reason = 'completed'"
-                           " AND event_id <= :cursor", {"cursor": state.cursor}).scalar_one()
+        # Completed events up to the cursor = all of them minus those after it (a range of
+        # the primary key): if that is not what the cache has seen, prune deleted some.
+        newer = db.run_text(conn, "SELECT COUNT(*) FROM job_events WHERE event_id > :cursor"
+                            " AND reason = 'completed'", {"cursor": state.cursor}).scalar_one()
+        seen = completed_total - newer
         if seen != state.seen:
             state = _Latency()  # events were pruned: rebuild from the events that remain
         while True:
@@ -138,26 +141,31 @@ class JobcoordCollector(Collector):
         """Every figure, from one read transaction."""
         db = self.db
         now = now_us()
-        final = sorted(FINAL_STATUSES)
-        final_in = ", ".join(f":f{i}" for i in range(len(final)))
-        final_params = {f"f{i}": s for i, s in enumerate(final)}
+        final = FINAL_STATUSES
 
         def _do(conn: Any) -> dict[str, Any]:
             out: dict[str, Any] = {"now_us": now}
-            out["jobs"] = [tuple(r) for r in db.run_text(
-                conn, "SELECT status, kind, COUNT(*) FROM jobs GROUP BY status, kind").all()]
+            # One scan of jobs and one of job_events serve every figure from each table.
+            rows = db.run_text(conn, "SELECT status, kind, attempts, COUNT(*) FROM jobs"
+                               " GROUP BY status, kind, attempts").all()
+            jobs: dict[tuple[str, str], int] = {}
+            attempts: dict[int, int] = {}
+            for status, kind, tries, n in rows:
+                jobs[(status, kind)] = jobs.get((status, kind), 0) + n
+                if status in final:
+                    attempts[tries] = attempts.get(tries, 0) + n
+            out["jobs"] = [(st, kind, n) for (st, kind), n in jobs.items()]
+            out["attempts"] = sorted(attempts.items())
             out["oldest_waiting"] = [tuple(r) for r in db.run_text(
                 conn, "SELECT kind, MIN(created_at) FROM jobs WHERE status = 'waiting'"
                 " GROUP BY kind").all()]
-            out["events"] = dict(db.run_text(
-                conn, "SELECT reason, COUNT(*) FROM job_events WHERE reason IN"
-                " ('lease_expired', 'completed') GROUP BY reason").all())
-            out["expired_to"] = dict(db.run_text(
-                conn, "SELECT to_status, COUNT(*) FROM job_events WHERE reason ="
-                " 'lease_expired' GROUP BY to_status").all())
-            out["attempts"] = [tuple(r) for r in db.run_text(
-                conn, f"SELECT attempts, COUNT(*) FROM jobs WHERE status IN ({final_in})"
-                " GROUP BY attempts", final_params).all()]
+            events = db.run_text(
+                conn, "SELECT reason, to_status, COUNT(*) FROM job_events WHERE reason IN"
+                " ('lease_expired', 'completed') GROUP BY reason, to_status").all()
+            out["expired_to"] = {to: n for reason, to, n in events
+                                 if reason == "lease_expired"}
+            out["completed_total"] = sum(n for reason, _to, n in events
+                                         if reason == "completed")
             out["workers"] = [tuple(r) for r in db.run_text(
                 conn, "SELECT worker_id, heartbeat_at, last_refusal FROM workers"
                 " ORDER BY worker_id").all()]
@@ -171,7 +179,7 @@ class JobcoordCollector(Collector):
                 base = _Latency(self._latency.cursor, self._latency.seen,
                                 list(self._latency.buckets), self._latency.total,
                                 self._latency.count, self._latency.without)
-            out["latency"] = self._fold_latency(conn, base)
+            out["latency"] = self._fold_latency(conn, base, out["completed_total"])
             return out
 
         got = db.read(_do, "metrics")

@@ -429,9 +429,26 @@ def _scope_sql(scope: str | None, alias: str = "") -> str:
     return "" if scope is None else f" AND {alias}tenant = :tenant"
 
 
+#: The overview's aggregates (full scans of the jobs table on a large database) are shared
+#: by every session of the same scope for this long: ten people polling every 3 s cost one
+#: computation per interval, not ten. The page says when its figures were read.
+OVERVIEW_TTL_S = 2.5
+_overview_cache: dict[str | None, tuple[float, dict[str, Any]]] = {}
+_overview_locks: dict[str | None, Any] = {}
+
+
 async def _overview_data(request: Request, who: Viewer) -> dict[str, Any]:
+    import asyncio
+
     srv = request.app.state.server
-    data = await srv.call(_overview_read, srv.c.db, who.scope)
+    lock = _overview_locks.setdefault(who.scope, asyncio.Lock())
+    async with lock:  # one computation at a time per scope; the others wait and share it
+        cached = _overview_cache.get(who.scope)
+        if cached is not None and time.monotonic() - cached[0] < OVERVIEW_TTL_S:
+            data = dict(cached[1])
+        else:
+            data = await srv.call(_overview_read, srv.c.db, who.scope)
+            _overview_cache[who.scope] = (time.monotonic(), dict(data))
     got = await srv.call(srv.c.workers)
     views = _worker_views(got["workers"], {}, srv.c.policy.heartbeat_max_age_s)
     data["workers_online"] = sum(1 for w in views if w["online"])
