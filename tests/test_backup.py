@@ -1,14 +1,23 @@
-"""`backup` never destroys the last good backup: the copy is checked before anything is put in
-place, so a damaged live database leaves the destination exactly as it was."""
+"""`backup`: an owner-only, consistent copy taken online under a concurrent writer, on its own
+connection; it never overwrites without --force and never destroys the last good backup: the
+copy is checked before anything is put in place, so a damaged live database leaves the
+destination exactly as it was."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import sqlite3
+import stat
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 from jobcoord.db import Target, resolve_target
+from jobcoord.maintenance import check
+from jobcoord.service import Coordinator
 from tests.conftest import run_cli
 from tests.test_restore import populated_backup
 
@@ -53,3 +62,81 @@ def test_backup_from_a_damaged_database_leaves_no_damaged_copy_behind(
     r = run_cli(sqlite_target, "backup", str(tmp_path / "second.db"), "--json")
     assert r.code == 7, (r.out, r.err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first.db", "jobcoord.db"]
+
+
+def test_backup_refuses_to_overwrite_without_force(sqlite_target: Target, tmp_path: Path
+                                                   ) -> None:
+    dest = tmp_path / "backup.db"
+    dest.write_bytes(b"precious")
+    r = run_cli(sqlite_target, "backup", str(dest), "--json")
+    assert r.code == 2 and r.json["error"]["code"] == "destination_exists"
+    assert dest.read_bytes() == b"precious"
+    r = run_cli(sqlite_target, "backup", str(dest), "--force", "--json")
+    assert r.code == 0, r.err
+    assert r.json["quick_check"] == ["ok"]
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o600
+
+
+def test_backup_under_a_concurrent_writer_is_a_consistent_copy(sqlite_target: Target,
+                                                               tmp_path: Path) -> None:
+    path = sqlite_target.sqlite_path
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from jobcoord.service import Coordinator\n"
+        "c = Coordinator.open(sys.argv[1])\n"
+        "deadline = time.monotonic() + 20\n"
+        "while time.monotonic() < deadline:\n"
+        "    c.enqueue('k', {'pad': 'x' * 500})\n"
+    ), path], stdout=subprocess.DEVNULL)
+    try:
+        c = Coordinator.open(sqlite_target)
+        while c.status()["jobs"]["waiting"] < 200:  # the writer is well under way
+            time.sleep(0.05)
+        copies = []
+        for i in range(3):
+            dest = tmp_path / f"b{i}.db"
+            r = run_cli(sqlite_target, "backup", str(dest), "--json")
+            assert r.code == 0, r.err
+            copies.append(dest)
+        assert writer.poll() is None  # still writing while every backup was taken
+    finally:
+        writer.terminate()
+        writer.wait(30)
+    for dest in copies:
+        conn = sqlite3.connect(dest)
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        conn.close()
+        copy_target = resolve_target(db=str(dest))
+        assert check(Coordinator.open(copy_target).db, full=True)["ok"]
+    c.close()
+
+
+def test_backup_and_writer_threads_share_no_connection(sqlite_target: Target,
+                                                       tmp_path: Path) -> None:
+    """The backup reads on its own connection: a write transaction held open elsewhere in the
+    process neither blocks it nor leaks into the copy."""
+    c = Coordinator.open(sqlite_target)
+    c.enqueue("k", {"committed": True})
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_open_write() -> None:
+        with c.db.write_engine.connect() as conn:
+            tx = conn.begin()
+            conn.exec_driver_sql("INSERT INTO workers (worker_id, created_at) VALUES ('x', 1)")
+            held.set()
+            release.wait(10)
+            tx.rollback()
+
+    t = threading.Thread(target=hold_open_write)
+    t.start()
+    held.wait(10)
+    r = run_cli(sqlite_target, "backup", str(tmp_path / "b.db"), "--json")
+    release.set()
+    t.join()
+    assert r.code == 0, r.err
+    copy = sqlite3.connect(tmp_path / "b.db")
+    assert copy.execute("SELECT COUNT(*) FROM jobs").fetchone() == (1,)
+    assert copy.execute("SELECT COUNT(*) FROM workers").fetchone() == (0,)
+    copy.close()
+    c.close()

@@ -7,19 +7,22 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from freezegun import freeze_time
 
-from jobcoord.db import Database, resolve_target
+from jobcoord.db import Database, Target, resolve_target
 from jobcoord.errors import EXIT_CODES
 from jobcoord.service import Coordinator
 from tests.conftest import dump
 from tests.timeline import IDLE_ON_AC
 
 from .conftest import run_cli
+
+STATUSES = ("waiting", "running", "succeeded", "dead", "cancelled", "unknown")
 
 #: The exit-code table of the CLI contract (README.md "Exit codes"), verbatim.
 CONTRACT_EXIT_CODES = """
@@ -379,3 +382,24 @@ def test_undecodable_or_invalid_stdin_is_refused_and_changes_nothing(coord, cli,
     assert_error(cli("complete", world["R"], "--worker", "w1", "--epoch", "1",
                      "--result-file", "-", "--json", stdin=data), 2)
     assert dump(coord) == before
+
+
+def test_status_of_a_new_database_counts_nothing(target: Target) -> None:
+    out = run_cli(target, "status", "--json").json
+    assert out["workers"] == 0 and out["active_leases"] == 0
+    assert out["jobs"] == dict.fromkeys(STATUSES, 0)
+    assert out["revisions"] == ["c0003"]
+    if target.sqlite_path:
+        assert out["journal_mode"] == "wal"
+        assert out["file_size_bytes"] > 0
+        assert out["synchronous"] == "full"
+        old_sqlite = sqlite3.sqlite_version_info < (3, 51, 3)
+        assert ("WAL-reset" in " ".join(out.get("warnings", []))) == old_sqlite
+
+
+def test_every_command_prints_exactly_one_json_object(target: Target) -> None:
+    for args in (["status"], ["check"], ["jobs"], ["workers"], ["reap"]):
+        r = run_cli(target, *args, "--json")
+        assert r.code == 0, (args, r.err)
+        assert isinstance(r.json, dict)
+        assert r.out.count("\n") == 1

@@ -19,7 +19,7 @@ from jobcoord.maintenance import sqlite_uri
 from jobcoord.models import CORE_TABLES
 from jobcoord.service import Coordinator
 from tests.conftest import run_cli
-from tests.test_foundation import _error_case
+from tests.test_database_files import _error_case
 
 IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
 

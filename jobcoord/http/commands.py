@@ -16,12 +16,6 @@ from ..errors import InvalidInput
 MAX_TOKEN_FILE = 4096
 
 
-def _json_option() -> Any:
-    from ..cli import json_option
-
-    return json_option
-
-
 def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> None:
     from ..cli import emit
 

@@ -1,0 +1,123 @@
+"""The `jobcoord` command group: its global options, the `Settings` they make (which open the
+Coordinator lazily), and the options and input readers that commands share."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import InvalidInput
+from .output import note_flag
+
+#: `claim` found nothing to claim (the reason is printed).
+EXIT_NOTHING_TO_CLAIM = 3
+
+
+@dataclass
+class Settings:
+    """The global options of one invocation; the Coordinator is opened on first use, so a
+    command that needs no database (or fails its input checks) never opens one."""
+
+    db: str | None
+    url: str | None
+    policy_path: str | None
+    synchronous: str
+    busy_timeout: float
+    debug: bool
+    _coordinator: Any = None
+
+    def target(self) -> Any:
+        from ..db import resolve_target
+
+        return resolve_target(db=self.db, url=self.url)
+
+    def policy(self) -> Any:
+        from ..policy import Policy
+
+        return Policy.from_toml(self.policy_path) if self.policy_path else Policy()
+
+    def coordinator(self) -> Any:
+        if self._coordinator is None:
+            from ..service import Coordinator
+
+            self._coordinator = Coordinator.open(
+                self.target(), policy=self.policy(), synchronous=self.synchronous,
+                busy_timeout=self.busy_timeout)
+        return self._coordinator
+
+    def close(self) -> None:
+        if self._coordinator is not None:
+            self._coordinator.close()
+
+
+tenant_option = click.option("--tenant", default=None,
+                             help="Act only within this tenant (others' jobs are invisible).")
+fence_options = [
+    click.option("--worker", "worker", required=True, help="The worker holding the lease."),
+    click.option("--epoch", required=True, help="The lease epoch returned by claim."),
+]
+
+
+def fenced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(fence_options):
+        fn = opt(fn)
+    return fn
+
+
+def read_json_source(inline: str | None, path: str | None, field: str, limit: int,
+                      too_large_code: str) -> str | bytes | None:
+    """--x JSON or --x-file PATH|- (stdin), read with a size bound: never more than
+    limit + 1 bytes, and a source with more is refused here, with its size when a regular
+    file says it (a pipe does not)."""
+    from ..validate import too_large
+
+    if inline is not None and path is not None:
+        raise InvalidInput("invalid_input", f"give --{field} or --{field}-file, not both")
+    if path is None:
+        return inline
+    try:
+        size: int | None = None
+        if path == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as f:
+                data = f.read(limit + 1)
+                if len(data) > limit and os.path.isfile(path):
+                    size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise InvalidInput("invalid_input", f"cannot read {path}: {e.strerror}") from None
+    if len(data) > limit:
+        raise too_large(field, size, limit, too_large_code)
+    return data
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--db", "db", metavar="PATH", help="SQLite database file (default ./jobcoord.db).")
+@click.option("--url", "url", metavar="URL",
+              help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db (env JOBCOORD_URL).")
+@click.option("--policy", "policy_path", envvar="JOBCOORD_POLICY", metavar="TOML",
+              help="Gate policy and limits (env JOBCOORD_POLICY).")
+@click.option("--synchronous", type=click.Choice(["full", "normal"]), default="full",
+              envvar="JOBCOORD_SYNCHRONOUS", show_default=True,
+              help="SQLite durability: full survives a power cut; normal is faster and may "
+                   "lose the last commits on power loss (never corrupts).")
+@click.option("--busy-timeout", type=click.FloatRange(0.0, 600.0), default=5.0,
+              envvar="JOBCOORD_BUSY_TIMEOUT", show_default=True,
+              help="Seconds to wait for a lock before each bounded retry.")
+@click.option("--debug", is_flag=True, callback=note_flag,
+              help="Show tracebacks for internal errors.")
+@click.version_option(__version__, prog_name="jobcoord")
+@click.pass_context
+def cli(ctx: click.Context, db: str | None, url: str | None, policy_path: str | None,
+        synchronous: str, busy_timeout: float, debug: bool) -> None:
+    """jobcoord: a durable job coordinator. Leases, fencing epochs and resource gates on
+    one SQLite file, or PostgreSQL."""
+    settings = Settings(db, url, policy_path, synchronous, busy_timeout, debug)
+    ctx.obj = settings
+    ctx.call_on_close(settings.close)

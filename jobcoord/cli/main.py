@@ -1,0 +1,112 @@
+"""The entry point: run the command group and map every failure (the exception hierarchy of
+errors.py, click's usage errors, Ctrl-C, a closed pipe) to its documented exit code, in this
+one place."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from ..errors import InvalidInput, JobcoordError
+from ..http.commands import register as register_http
+
+# Importing the command modules registers their commands on the group.
+from . import jobs, leases, runtime, storage  # noqa: F401
+from .group import cli
+from .output import PARSED, dump, safe_text
+
+register_http(cli)  # serve, token, and worker --server (jobcoord/http/commands.py)
+
+
+def _value_options(command: click.Command) -> set[str]:
+    """The option names of `command` that take a value (the next token is that value)."""
+    names: set[str] = set()
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.is_flag and not param.count:
+            names.update(param.opts)
+    return names
+
+
+def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
+    """(--json, --debug) for a command line click could not parse: a token counts only where
+    click would read it as that flag, not as the value of an option before it, and not after
+    `--`. --debug belongs before the command name, --json after it."""
+    group_values = _value_options(cli)
+    i, debug = 0, False
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        if argv[i] == "--debug":
+            debug = True
+        i += 2 if argv[i] in group_values else 1
+    if i >= len(argv) or argv[i] == "--":
+        return False, debug
+    command = cli.commands.get(argv[i])
+    rest = argv[i + 1:]
+    if command is None:  # an unknown command: its options are unknown too
+        return "--json" in rest[:rest.index("--")] if "--" in rest else "--json" in rest, debug
+    values = _value_options(command)
+    j = 0
+    while j < len(rest) and rest[j] != "--":
+        if rest[j] == "--json":
+            return True, debug
+        j += 2 if rest[j] in values else 1
+    return False, debug
+
+
+def _print_error(err: JobcoordError, as_json: bool) -> None:
+    if as_json:
+        click.echo(dump(err.to_json()))
+    # One line on stderr whatever the message echoes (a path, a value): data cannot add one.
+    click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI; map every failure to its documented exit code, never a traceback (unless
+    --debug for internal errors)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    PARSED.clear()
+
+    def modes() -> tuple[bool, bool]:
+        # What click parsed, when it got that far; the argv scan only for what it did not.
+        scanned = _flag_in_argv(args)
+        return (PARSED.get("as_json", scanned[0]), PARSED.get("debug", scanned[1]))
+
+    try:
+        code = cli.main(args=args, prog_name="jobcoord", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        # Ctrl-C at a prompt or during a read: nothing half-done was committed.
+        click.echo("jobcoord: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        err = InvalidInput("usage_error", e.format_message())
+        _print_error(err, modes()[0])
+        sys.exit(2)
+    except JobcoordError as e:
+        as_json, debug = modes()
+        if debug and type(e) is JobcoordError:
+            traceback.print_exc()
+        _print_error(e, as_json)
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        # The reader went away (e.g. `jobcoord jobs | head -1`): not an error of ours.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(0)
+    except KeyboardInterrupt:
+        # Ctrl-C: every write is one transaction, so an interrupted one was rolled back.
+        click.echo("jobcoord: interrupted", err=True)
+        sys.exit(130)
+    except Exception as e:
+        as_json, debug = modes()
+        if debug:
+            traceback.print_exc()
+        err = JobcoordError("internal_error", f"unexpected error: {type(e).__name__}: {e}"
+                            + ("" if debug else " (rerun with --debug for the traceback)"))
+        _print_error(err, as_json)
+        sys.exit(1)
+    # Without standalone mode click returns a command's exit code instead of exiting.
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,91 @@
+"""What the CLI prints: one JSON object in JSON mode (and which mode was asked for), or text
+for people with every piece of data escaped so it cannot forge a line."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def dump(payload: Any) -> str:
+    return json.dumps(payload, ensure_ascii=False, sort_keys=False)
+
+
+#: Characters that data must not bring to a terminal: C0 controls (line breaks, escape
+#: sequences), DEL, C1 controls (U+0085 is a line break, U+009B a CSI), the Unicode line and
+#: paragraph separators, and the bidi marks, embeddings, overrides and isolates that reorder
+#: what is shown.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    ch = found.group()
+    if ch in _NAMED:
+        return _NAMED[ch]
+    return f"\\x{ord(ch):02x}" if ord(ch) <= 0xFF else f"\\u{ord(ch):04x}"
+
+
+def safe_text(value: Any) -> str:
+    """`value` as text that cannot start a line, move the cursor or reorder the display:
+    every unsafe character is written as a visible escape (\\n, \\x1b, \\u2028). Applied to
+    every piece of data in text output; JSON output carries the data unchanged."""
+    return _UNSAFE.sub(_escape, str(value))
+
+
+def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] | None = None,
+         code: int = 0) -> None:
+    """Print the result (one JSON object, or text for people) and exit with `code`."""
+    if as_json:
+        click.echo(dump(payload))
+    else:
+        click.echo(text() if callable(text) else text if text is not None else _human(payload))
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+def _human(payload: Any, indent: str = "") -> str:
+    lines = []
+    if isinstance(payload, dict):
+        for k, val in payload.items():
+            if isinstance(val, dict | list) and val:
+                lines.append(f"{indent}{safe_text(k)}:")
+                lines.append(_human(val, indent + "  "))
+            else:
+                lines.append(f"{indent}{safe_text(k)}: {_scalar(val)}")
+    elif isinstance(payload, list):
+        for item in payload:
+            if isinstance(item, dict):
+                lines.append(f"{indent}- " + ", ".join(f"{safe_text(k)}={_scalar(x)}"
+                                                     for k, x in item.items()))
+            else:
+                lines.append(f"{indent}- {_scalar(item)}")
+    else:
+        lines.append(f"{indent}{_scalar(payload)}")
+    return "\n".join(lines)
+
+
+def _scalar(val: Any) -> str:
+    if isinstance(val, dict | list):
+        return safe_text(dump(val))
+    return "-" if val is None else safe_text(val)
+
+
+#: What click parsed for the running command, read by `main` when an error escapes it.
+#: --json is decided by the parser, never by looking for the text in argv: in
+#: `enqueue k --key --json` it is the idempotency key, not a switch.
+PARSED: dict[str, bool] = {}
+
+
+def note_flag(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    PARSED[param.name or ""] = bool(value)
+    return value
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=note_flag,
+                           help="Print exactly one JSON object on stdout.")

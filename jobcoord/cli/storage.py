@@ -1,0 +1,105 @@
+"""Storage commands: migrate, status, check, backup, restore, transfer."""
+
+from __future__ import annotations
+
+import click
+
+from .group import Settings, cli, tenant_option
+from .output import emit, json_option, safe_text
+
+
+@cli.command()
+@click.option("--with", "add", multiple=True, metavar="FEATURE",
+              help="Also install an optional feature: artifacts.")
+@click.option("--without", "remove", multiple=True, metavar="FEATURE",
+              help="Remove an optional feature (its tables are dropped).")
+@json_option
+@click.pass_obj
+def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json: bool) -> None:
+    """Create the database or bring its schema to this version, then quick_check it."""
+    from ..db import Database
+    from ..migrate import migrate as run_migrate
+
+    target = s.target()
+    # Migrations wait longer for the lock: a concurrent migrate finishes first.
+    db = Database.open(target, create=True, synchronous=s.synchronous,
+                       busy_timeout=max(s.busy_timeout, 60.0))
+    # A failed migration is rolled back whole. A new file it created stays behind, empty and
+    # unmigrated (any command says "run jobcoord migrate"): deleting it could pull the file
+    # from under a concurrent migrate that opened it meanwhile and is about to commit.
+    try:
+        result = run_migrate(db, add=set(add), remove=set(remove))
+    finally:
+        db.close()
+    result["database"] = target.display()
+    emit(as_json, result)
+
+
+@cli.command()
+@tenant_option
+@json_option
+@click.pass_obj
+def status(s: Settings, tenant: str | None, as_json: bool) -> None:
+    """Counts by status, workers, active leases, schema revision and storage facts."""
+    emit(as_json, s.coordinator().status(tenant=tenant))
+
+
+@cli.command()
+@click.option("--full", is_flag=True, help="integrity_check instead of quick_check.")
+@json_option
+@click.pass_obj
+def check(s: Settings, full: bool, as_json: bool) -> None:
+    """Check storage and the application invariants; exit 7 if anything is wrong."""
+    from ..maintenance import check as run_check
+
+    result = run_check(s.coordinator().db, full=full)
+    emit(as_json, result, code=0 if result["ok"] else 7)
+
+
+@cli.command()
+@click.argument("dest")
+@click.option("--force", is_flag=True, help="Replace DEST if it exists.")
+@json_option
+@click.pass_obj
+def backup(s: Settings, dest: str, force: bool, as_json: bool) -> None:
+    """Copy the live database to DEST (online backup API), then check the copy."""
+    from ..maintenance import backup as run_backup
+
+    emit(as_json, run_backup(s.coordinator().db, dest, force=force))
+
+
+@cli.command()
+@click.argument("backup_file", metavar="BACKUP")
+@json_option
+@click.pass_obj
+def restore(s: Settings, backup_file: str, as_json: bool) -> None:
+    """Make the database named by --db, which must not exist yet, from BACKUP.
+
+    BACKUP must be one file written by `backup`; it is checked whole (integrity_check and the
+    invariants) before anything is written, and the new database is checked again after."""
+    from ..maintenance import restore as run_restore
+
+    emit(as_json, run_restore(backup_file, s.target()))
+
+
+@cli.command()
+@click.option("--to", "to_url", required=True, metavar="URL",
+              help="An empty, migrated PostgreSQL database, e.g. "
+                   "postgresql+psycopg://user@host/db.")
+@click.option("--allow-active-leases", is_flag=True,
+              help="Copy even while workers hold live leases (their results would still go "
+                   "to the old database).")
+@json_option
+@click.pass_obj
+def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool) -> None:
+    """Copy this SQLite coordinator's whole state into PostgreSQL and verify every table."""
+    from ..db import resolve_target
+    from ..transfer import transfer as run_transfer
+
+    dest = resolve_target(url=to_url)
+    c = s.coordinator()
+    result = run_transfer(c.db, c.features, dest, allow_active_leases=allow_active_leases)
+    emit(as_json, result, lambda: "\n".join(
+        [f"copied {safe_text(result['source'])} to {safe_text(result['target'])}, verified:"]
+        + [f"  {name}: {t['rows']} rows, sha256 {t['sha256'][:16]}..."
+           for name, t in result["tables"].items()]))

@@ -1,0 +1,62 @@
+"""The worker runtime: claim, run a handler under a lease, report the outcome with the epoch.
+
+One worker process runs up to `concurrency` jobs at a time. Threads:
+
+- the main thread claims (only the kinds it has handlers for) and handles SIGTERM/SIGINT;
+- a ticker thread heartbeats the machine's real readings every `heartbeat_s` and reaps
+  expired leases every `reap_s` (any number of workers reaping at once is safe: each change
+  is a compare-and-set on status and epoch);
+- one thread per running job waits for its handler, renews the lease every lease/3
+  (`RENEW_FRACTION`), enforces the wall-clock budget, and reports the outcome. It lives until
+  its handler has returned, and a slot is such a live thread (never a job id): a Python
+  handler that ignores its stop keeps its slot, and a newer attempt of the same job claimed
+  meanwhile waits for it before starting its own handler.
+
+Every loop survives errors that can heal (a database restart, a lost connection, a locked or
+unwritable file) with a log line and bounded backoff; `runtime.is_fatal` names the ones that
+stop the worker. Local lease timing runs on CLOCK_BOOTTIME (it counts a suspend), the wall
+clock is checked against the lease's `expires_at`, and a gap between the clocks (a resume)
+makes the worker stop or renew at once and heartbeat at once. The clocks are one `Clock`
+object, so a test can move them.
+
+Handlers (a Python callable in a thread, or a command in its own process group) run outside
+every database transaction. Once a renewal is refused (lease expired, stale epoch, job
+cancelled, not the owner) the handler is stopped and nothing is reported: the job belongs to
+someone else now. A command is stopped with SIGTERM to its process group, then SIGKILL after
+`kill_grace_s`; a Python handler sees `ctx.cancelled`.
+
+Outcomes: success -> `complete` with provenance; an exception or non-zero exit -> `fail`,
+retried with backoff; `PermanentError` or exit code 65 (`PERMANENT_EXIT_CODE`, sysexits'
+EX_DATAERR: the input is wrong, retrying cannot help) -> `fail` permanent (`dead`); timeout
+-> `fail` with reason `timeout`; oversized result -> `fail` with reason `result_too_large`;
+shutdown after the grace period -> `fail` with reason `worker_shutdown` (always retryable);
+a command's output that `complete --result` would refuse -> `fail` permanent with reason
+`invalid_result`.
+
+The command protocol is in `handlers`. The package's rooms: `loop` (the Worker: claim loop,
+slots, timers, signals, drain), `run` (JobRun: the lease keeper, renewals, budget,
+reporting), `handlers` (a Python callable or a command, and how each is stopped), `config`
+(WorkerConfig and the `jobcoord worker` options), `log` (Log), `clock` (Clock and the gap
+watch). Every name other code imports from `jobcoord.worker` is re-exported here.
+"""
+
+from __future__ import annotations
+
+from .clock import CLOCK_GAP_S, LOOP_MAX_WAIT_S, Clock
+from .config import WorkerConfig, make_config, parse_exec, parse_kind_values
+from .handlers import (
+    CHECKPOINTS_ENV_MAX_BYTES,
+    OUTPUT_DRAIN_S,
+    PERMANENT_EXIT_CODE,
+    STDERR_TAIL_BYTES,
+)
+from .log import Log
+from .loop import EXIT_FORCED, GATE_CODES, BoundedCalls, Worker
+from .run import MAX_ERROR_CHARS, RENEW_FRACTION, JobRun
+
+__all__ = [
+    "CHECKPOINTS_ENV_MAX_BYTES", "CLOCK_GAP_S", "EXIT_FORCED", "GATE_CODES", "LOOP_MAX_WAIT_S",
+    "MAX_ERROR_CHARS", "OUTPUT_DRAIN_S", "PERMANENT_EXIT_CODE", "RENEW_FRACTION",
+    "STDERR_TAIL_BYTES", "BoundedCalls", "Clock", "JobRun", "Log", "Worker", "WorkerConfig",
+    "make_config", "parse_exec", "parse_kind_values",
+]

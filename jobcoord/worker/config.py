@@ -1,0 +1,132 @@
+"""The worker's settings (`WorkerConfig`) and the parsing of the `jobcoord worker` options into
+them."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..app import HandlerSpec
+from ..errors import InvalidInput
+
+
+@dataclass
+class WorkerConfig:
+    worker_id: str
+    handlers: dict[str, HandlerSpec]
+    roles: list[str]
+    lease_s: float = 30.0
+    heartbeat_s: float = 10.0
+    #: Reap expired leases this often (0: never; a dedicated `jobcoord reap --every` does it).
+    reap_s: float = 5.0
+    poll_s: float = 1.0
+    concurrency: int = 1
+    #: After SIGTERM/SIGINT, running jobs get this long to finish before they are released.
+    grace_s: float = 10.0
+    #: A command gets this long between SIGTERM and SIGKILL.
+    kill_grace_s: float = 5.0
+    readings_override: dict[str, Any] = field(default_factory=dict)
+    log_format: str = "text"
+    #: Database URL handed to commands (JOBCOORD_URL).
+    database_url: str | None = None
+    #: Stop after this many jobs were claimed (None: no limit).
+    max_jobs: int | None = None
+    #: Exit once nothing is running and a claim gets nothing, whatever the reason (no job,
+    #: or a gate): a script running the queue dry must not hang on a busy machine.
+    burst: bool = False
+
+
+def parse_exec(items: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]:
+    """`--exec KIND=COMMAND` (repeatable) -> {kind: argv}. The command is split like a shell
+    would (quotes respected) but never run through a shell."""
+    from .. import validate as v
+
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        kind, sep, command = item.partition("=")
+        if not sep or not command.strip():
+            raise InvalidInput("invalid_input", f"--exec must look like KIND='COMMAND ARGS', "
+                               f"got {item!r}")
+        kind = v.name(kind.strip(), "kind")
+        try:
+            argv = tuple(shlex.split(command))
+        except ValueError as e:
+            raise InvalidInput("invalid_input", f"--exec {kind}: {e}") from None
+        if kind in out:
+            raise InvalidInput("invalid_input", f"--exec: kind {kind!r} given twice")
+        out[kind] = argv
+    return out
+
+
+def parse_kind_values(items: tuple[str, ...] | list[str], option: str, lo: float, hi: float
+                      ) -> dict[str, float]:
+    """`--timeout KIND=SECONDS`-style options."""
+    from .. import validate as v
+
+    out: dict[str, float] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidInput("invalid_input", f"{option} must look like KIND=VALUE, got "
+                               f"{item!r}")
+        out[v.name(kind.strip(), "kind")] = v.seconds(value.strip(), option.lstrip("-"), lo, hi,
+                                                      lo_inclusive=False)
+    return out
+
+
+def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[str, ...],
+                worker_id: str | None, lease: Any, concurrency: Any, grace: Any,
+                kill_grace: Any, heartbeat_every: Any, reap_every: Any, poll: Any,
+                timeouts: tuple[str, ...], max_results: tuple[str, ...],
+                readings_override: str | None, log_format: str, max_jobs: Any, burst: bool,
+                database_url: str | None, policy: Any) -> WorkerConfig:
+    """Validate the `jobcoord worker` options into a WorkerConfig (InvalidInput on any
+    mistake, before anything runs)."""
+    import dataclasses
+
+    from .. import validate as v
+    from ..app import load_app
+    from ..readings import parse_override
+    from ..service import default_worker_id
+
+    handlers: dict[str, HandlerSpec] = {}
+    if app_spec is not None:
+        handlers.update(load_app(app_spec).handlers)
+    for kind, argv in parse_exec(execs).items():
+        if kind in handlers:
+            raise InvalidInput("invalid_input", f"kind {kind!r} has both a Python handler and "
+                               "--exec")
+        handlers[kind] = HandlerSpec(kind, None, command=argv)
+    if not handlers:
+        raise InvalidInput("invalid_input", "give at least one handler: --app MODULE:APP or "
+                           "--exec KIND='COMMAND'")
+    lease_s = v.seconds(lease, "lease", 0, policy.max_lease_s, lo_inclusive=False)
+    hb_s = v.seconds(heartbeat_every, "heartbeat-every", 0.05, 3600.0)
+    if hb_s >= policy.heartbeat_max_age_s:
+        raise InvalidInput("invalid_input", f"--heartbeat-every must be shorter than the "
+                           f"policy's heartbeat_max_age_s ({policy.heartbeat_max_age_s:g}s)")
+    for kind, seconds in parse_kind_values(timeouts, "--timeout", 0, v.TEN_YEARS_S).items():
+        if kind not in handlers:
+            raise InvalidInput("invalid_input", f"--timeout: no handler for kind {kind!r}")
+        handlers[kind] = dataclasses.replace(handlers[kind], timeout_s=seconds)
+    for kind, size in parse_kind_values(max_results, "--max-result-bytes", 0, 2**40).items():
+        if kind not in handlers:
+            raise InvalidInput("invalid_input", f"--max-result-bytes: no handler for kind "
+                               f"{kind!r}")
+        handlers[kind] = dataclasses.replace(handlers[kind], max_result_bytes=int(size))
+    all_roles = {v.name(r, "role") for r in roles}
+    all_roles |= {h.role for h in handlers.values() if h.role is not None}
+    return WorkerConfig(
+        worker_id=v.name(worker_id or default_worker_id(), "worker", max_len=v.MAX_WORKER_ID),
+        handlers=handlers, roles=sorted(all_roles), lease_s=lease_s, heartbeat_s=hb_s,
+        reap_s=v.seconds(reap_every, "reap-every", 0, 3600.0),
+        poll_s=v.seconds(poll, "poll", 0.01, 60.0),
+        concurrency=v.integer(concurrency, "concurrency", 1, 256),
+        grace_s=v.seconds(grace, "grace", 0, 24 * 3600.0),
+        kill_grace_s=v.seconds(kill_grace, "kill-grace", 0, 3600.0),
+        readings_override=parse_override(readings_override), log_format=log_format,
+        database_url=database_url,
+        max_jobs=None if max_jobs is None else v.integer(max_jobs, "max-jobs", 1, 2**31),
+        burst=burst,
+    )

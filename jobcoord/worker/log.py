@@ -1,0 +1,45 @@
+"""The worker's log: one line per decision on stderr, as text for people or JSON for machines."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import threading
+from typing import IO, Any
+
+from ..clock import iso, now_us
+
+
+class Log:
+    """One line per decision, on stderr: `text` for people, `json` for machines."""
+
+    def __init__(self, worker_id: str, fmt: str = "text", stream: IO[str] | None = None):
+        self.worker_id = worker_id
+        self.fmt = fmt
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        ts = iso(now_us())
+        if self.fmt == "json":
+            line = json.dumps({"ts": ts, "worker": self.worker_id, "event": event, **fields},
+                              default=str)
+        else:
+            parts = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if v is not None)
+            line = f"{ts} {self.worker_id} {event} {parts}".rstrip()
+        with self._lock:
+            try:
+                self.stream.write(line + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed log must never stop the work
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    text = str(value)
+    return shlex.quote(text) if (" " in text or not text) else text

@@ -1,0 +1,336 @@
+"""The worker process (`Worker`): the claim loop and its slots, the heartbeat and reaper timer,
+the signals, and the drain at shutdown.
+
+Threads: the main thread claims (only the kinds it has handlers for) and handles
+SIGTERM/SIGINT; a ticker thread heartbeats the machine's real readings every `heartbeat_s` and
+reaps expired leases every `reap_s` (any number of workers reaping at once is safe: each
+change is a compare-and-set on status and epoch); one thread per running job (`run.JobRun`).
+A slot is such a live thread (never a job id): a Python handler that ignores its stop keeps
+its slot, and a newer attempt of the same job claimed meanwhile waits for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .. import __version__
+from ..app import HandlerSpec
+from ..errors import InvalidInput, Refused
+from ..readings import current_readings
+from ..runtime import Backoff, describe, is_fatal
+from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
+from .config import WorkerConfig
+from .handlers import kill_group
+from .log import Log
+from .run import JobRun, elapsed_ms
+
+#: Refusal codes that come from the machine's state (logged as "gate refused").
+GATE_CODES = frozenset({"memory_gate", "thermal_gate", "power_gate", "user_active",
+                        "heartbeat_stale", "heartbeat_missing"})
+#: Exit code after a second SIGTERM/SIGINT (exit at once, leases left to expire).
+EXIT_FORCED = 130
+
+
+class BoundedCalls:
+    """The Coordinator's methods, run on a small fixed set of long-lived threads, so one
+    worker makes at most `threads` database calls at once whatever its concurrency.
+
+    It once existed because the Coordinator pinned a connection per thread; the Coordinator
+    is now safe for any number of threads (one connection per transaction), and it stays for
+    the bound: a worker with 256 slots (and the handlers' own checkpoint and effect calls,
+    which go through it as `ctx.coordinator`) would otherwise open up to 256 connections at
+    once, from every worker, against PostgreSQL's `max_connections` and the coordinator's
+    pool, or queue that many writers behind SQLite's one write lock."""
+
+    def __init__(self, coordinator: Any, threads: int = 2):
+        self._c = coordinator
+        self._pool = concurrent.futures.ThreadPoolExecutor(threads, "jobcoord-db")
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._c, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._pool.submit(method, *args, **kwargs).result()
+
+        return call
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Worker:
+    """One worker process. `coordinator` is the Coordinator it was given (read for its policy);
+    `calls` is the same Coordinator behind `BoundedCalls`, the way every call is made."""
+
+    def __init__(self, coordinator: Any, config: WorkerConfig, log: Log | None = None, *,
+                 clock: Clock | None = None, as_json: bool = False):
+        if not config.handlers:
+            raise InvalidInput("invalid_input", "a worker needs at least one handler "
+                               "(--app MODULE:APP or --exec KIND=COMMAND)")
+        self.coordinator = coordinator
+        self.config = config
+        self.log = log or Log(config.worker_id, config.log_format)
+        self.clock = clock or Clock()
+        #: `--json`: stdout carries JSON Lines only, even when a second signal cuts it short.
+        self.as_json = as_json
+        # Three threads, not one: a busy database slowing one renewal must not hold up the
+        # others.
+        self.calls = BoundedCalls(coordinator, threads=3)
+        self.kinds = sorted(config.handlers)
+        #: Every run whose thread may still be alive. A slot is a live run (its thread lives
+        #: until its handler has returned), never a job id: one job can have a settled run
+        #: whose handler ignores its stop and a newer run waiting for it.
+        self.runs: list[JobRun] = []
+        self.children: set[subprocess.Popen[bytes]] = set()
+        self.stopping = threading.Event()
+        self.wake = threading.Event()
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._count_lock = threading.Lock()
+        self._signals = 0
+        self.claimed = 0
+        self.host = socket.gethostname()
+        #: An error no retry can heal, seen by the ticker: the worker stops and raises it.
+        self.fatal: BaseException | None = None
+
+    def live_runs(self) -> list[JobRun]:
+        return [run for run in self.runs if run.thread.is_alive()]
+
+    def live_job_ids(self) -> list[int]:
+        return sorted({run.job_id for run in self.live_runs()})
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self._count_lock:
+            self.counts[what] += n
+
+    def result_limit(self, spec: HandlerSpec) -> int:
+        policy_limit = int(self.coordinator.policy.max_result_bytes)
+        if spec.max_result_bytes is None:
+            return policy_limit
+        return min(spec.max_result_bytes, policy_limit)
+
+    def provenance(self, spec: HandlerSpec, reported: Mapping[str, Any], duration: float,
+                   epoch: int, attempt: int | None, started_at: str | None) -> dict[str, Any]:
+        prov: dict[str, Any] = {
+            "worker": self.config.worker_id, "host": self.host, "jobcoord": __version__,
+            "python": platform.python_version(), "handler": spec.describe(),
+            "duration_s": round(duration, 3), "started_at": started_at, "epoch": epoch,
+            "attempt": attempt,
+        }
+        if reported:
+            text = json.dumps(dict(reported), default=str)
+            # Provenance is stored next to the result and bounded; never fail a job over it.
+            prov["reported"] = (json.loads(text) if len(text) <= 32 * 1024 else
+                                {"truncated": True, "bytes": len(text)})
+        return prov
+
+    # -- timers --
+
+    def heartbeat(self) -> dict[str, Any]:
+        readings, sources = current_readings(self.config.readings_override)
+        return self.calls.heartbeat(self.config.worker_id, roles=self.config.roles,
+                                 readings=readings, kinds=self.kinds) | {"sources": sources}
+
+    def _timer_error(self, what: str, e: BaseException) -> None:
+        code, message = describe(e)
+        self.log(f"{what}_error", error=code, detail=message)
+        if is_fatal(e):
+            # Cannot heal (schema, corruption): stop the worker, which raises it.
+            self.fatal = e
+            self.stopping.set()
+            self.wake.set()
+
+    def _ticker(self) -> None:
+        cfg = self.config
+        mono = self.clock.mono
+        next_hb = mono() + cfg.heartbeat_s
+        next_reap = mono() + (cfg.reap_s if cfg.reap_s else float("inf"))
+        gaps = GapWatch(self.clock)
+        while not self.stopping.is_set():
+            now = mono()
+            gap = gaps.check()
+            if gap:
+                # Back from a suspend: the coordinator has seen no heartbeat for that long
+                # and refuses claims as heartbeat_stale until the next one: send it now.
+                self.log("clock_gap", gap_s=round(gap, 3), heartbeat="now")
+                next_hb = now
+            if now >= next_hb:
+                next_hb = now + cfg.heartbeat_s
+                try:
+                    self.heartbeat()
+                except Exception as e:  # the timer must outlive any error that can heal
+                    self._timer_error("heartbeat", e)
+                    next_hb = now + min(cfg.heartbeat_s, 1.0)
+            if now >= next_reap:
+                next_reap = now + cfg.reap_s
+                try:
+                    got = self.calls.reap(limit=100)
+                except Exception as e:  # the timer must outlive any error that can heal
+                    self._timer_error("reap", e)
+                else:
+                    if got["expired"] or got["deadline_dead"]:
+                        self.log("reaped", expired=got["expired"], jobs=got["jobs"])
+                        self.count("reaped", got["expired"] + got["deadline_dead"])
+            wait = min(next_hb, next_reap, mono() + LOOP_MAX_WAIT_S) - mono()
+            self.stopping.wait(max(0.01, wait))
+
+    # -- signals --
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals == 1:
+            self.log("shutting_down", signal=name, grace_s=self.config.grace_s,
+                     running=self.live_job_ids())
+            self.stopping.set()
+            self.wake.set()
+            return
+        running = self.live_job_ids()
+        self.log("exiting_now", signal=name, running=running)
+        for proc in list(self.children):
+            if proc.returncode is None:
+                kill_group(proc, signal.SIGKILL)
+        if self.as_json:
+            # Still one JSON line on stdout, as --json promises, before the forced exit.
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.write(json.dumps({
+                    "event": "exiting_now", "worker_id": self.config.worker_id,
+                    "signal": name, "running": running, "exit_code": EXIT_FORCED}) + "\n")
+                sys.stdout.flush()
+        os._exit(EXIT_FORCED)
+
+    # -- the loop --
+
+    def run(self) -> dict[str, Any]:
+        cfg = self.config
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        hb = self._first_heartbeat()
+        self.log("started", roles=cfg.roles, kinds=self.kinds, concurrency=cfg.concurrency,
+                 lease_s=cfg.lease_s, readings=hb.get("readings"), gates=hb.get("gates"),
+                 sources=hb.get("sources"))
+        ticker = threading.Thread(target=self._ticker, name="ticker", daemon=True)
+        ticker.start()
+        last_refusal: str | None = None
+        backoff = Backoff(cfg.poll_s)
+        try:
+            while not self.stopping.is_set():
+                self._collect()
+                live = self.live_runs()
+                if cfg.max_jobs is not None and self.claimed >= cfg.max_jobs:
+                    if not live:
+                        break
+                    self._pause(cfg.poll_s)
+                    continue
+                if len(live) >= cfg.concurrency:
+                    self._pause(cfg.poll_s)
+                    continue
+                t0 = self.clock.boot()
+                try:
+                    got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds)
+                except Exception as e:
+                    if is_fatal(e) or isinstance(e, Refused):
+                        raise
+                    code, message = describe(e)
+                    wait = backoff.next()
+                    self.log("claim_error", error=code, detail=message, retry_in_s=wait)
+                    self._pause(wait)
+                    continue
+                backoff.reset()
+                if got["job"] is None:
+                    # Keyed on the reason only: the detail carries live readings (memory 86.1%,
+                    # 86.3% ...) and would otherwise log a line on every poll.
+                    refusal = got["reason"]
+                    gate = got["reason"] in GATE_CODES
+                    if gate:
+                        self.count("gate_refused")
+                    if refusal != last_refusal:
+                        self.log("gate_refused" if gate else "idle", reason=got["reason"],
+                                 detail=got["detail"])
+                        last_refusal = refusal
+                    if cfg.burst and not live:
+                        break
+                    self._pause(cfg.poll_s)
+                    continue
+                last_refusal = None
+                job, lease = got["job"], got["lease"]
+                spec = cfg.handlers[job["kind"]]
+                self.claimed += 1
+                self.count("claimed")
+                self.log("claimed", job_id=job["job_id"], epoch=lease["epoch"],
+                         kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
+                         expires_at=lease["expires_at"], claim_ms=elapsed_ms(t0, self.clock),
+                         checkpoints=[c["name"] for c in job["checkpoints"]] or None)
+                earlier = [r for r in live if r.job_id == job["job_id"]]
+                run = JobRun(self, job, lease, spec, claim_started=t0,
+                             predecessor=earlier[-1] if earlier else None)
+                self.runs.append(run)
+                run.start()
+            if self.fatal is None:
+                self._drain()
+        finally:
+            self.stopping.set()
+            self.calls.shutdown()
+        if self.fatal is not None:
+            raise self.fatal
+        summary = {"worker_id": cfg.worker_id, "claimed": self.counts["claimed"],
+                   "completed": self.counts["completed"], "failed": self.counts["failed"],
+                   "released": self.counts["released"], "lost": self.counts["lost"],
+                   "gate_refused": self.counts["gate_refused"], "reaped": self.counts["reaped"]}
+        self.log("stopped_worker", **summary)
+        return summary
+
+    def _first_heartbeat(self) -> dict[str, Any]:
+        """The first heartbeat, retried like every later one while the database cannot be
+        reached (a worker started during a database restart waits for it)."""
+        backoff = Backoff(self.config.poll_s)
+        while True:
+            try:
+                return self.heartbeat()
+            except Exception as e:
+                if is_fatal(e) or isinstance(e, Refused) or self.stopping.is_set():
+                    raise
+                code, message = describe(e)
+                wait = backoff.next()
+                self.log("heartbeat_error", error=code, detail=message, retry_in_s=wait)
+                self.stopping.wait(wait)
+
+    def _pause(self, seconds: float) -> None:
+        self.wake.wait(seconds)
+        self.wake.clear()
+
+    def _collect(self) -> None:
+        for run in list(self.runs):
+            if not run.thread.is_alive():
+                self.runs.remove(run)
+                if run.proc is not None:
+                    self.children.discard(run.proc)
+
+    def _drain(self) -> None:
+        """Give running jobs the grace period, then release what is still running; join
+        every run, also the settled ones whose handler has not returned yet."""
+        end = time.monotonic() + self.config.grace_s
+        while self.live_runs() and time.monotonic() < end:
+            self._collect()
+            time.sleep(0.02)
+        for run in self.live_runs():
+            run.release()
+        for run in list(self.runs):
+            run.thread.join(self.config.kill_grace_s + 10.0)
+        self._collect()
+
+    def job_finished(self) -> None:
+        self.wake.set()

@@ -1,0 +1,324 @@
+"""One claimed job (`JobRun`): start its handler, keep its lease (renewals, the wall-clock
+budget, the clocks), and report its outcome with the epoch."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..app import Context, HandlerSpec
+from ..clock import iso
+from ..errors import InvalidInput, Refused
+from ..runtime import describe, is_fatal
+from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
+from .handlers import Outcome, kill_group, start_command, start_python
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+#: The lease is renewed after this fraction of its length has passed (every lease/3), so two
+#: renewals can fail (a busy database, a slow disk) before the lease runs out.
+RENEW_FRACTION = 1.0 / 3.0
+
+
+class JobRun:
+    """One claimed job: run its handler, keep the lease, report the outcome."""
+
+    def __init__(self, worker: Worker, job: dict[str, Any], lease: dict[str, Any],
+                 spec: HandlerSpec, claim_started: float | None = None,
+                 predecessor: JobRun | None = None):
+        self.w = worker
+        #: When the claim was sent (boot clock): the lease cannot have started before it.
+        self.claim_started = worker.clock.boot() if claim_started is None else claim_started
+        self.job = job
+        self.job_id: int = job["job_id"]
+        self.epoch: int = lease["epoch"]
+        #: The lease's end as the coordinator judges it (wall clock, microseconds).
+        self.expires_at_us: int | None = lease.get("expires_at_us")
+        #: An earlier run of the same job in this worker whose handler may still be alive
+        #: (a Python handler ignoring its stop): this run's handler starts only after it.
+        self.predecessor = predecessor
+        self.spec = spec
+        self.release_requested = threading.Event()
+        self.wake = threading.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.handler_thread: threading.Thread | None = None
+        self.checkpoints_file: str | None = None
+        self.thread = threading.Thread(target=self._main, name=f"job-{self.job_id}",
+                                       daemon=True)
+        self.outcome: str | None = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def release(self) -> None:
+        self.release_requested.set()
+        self.wake.set()
+
+    def _stop_handler(self, ctx: Context, reason: str) -> None:
+        ctx.cancel(reason)
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        kill_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(self.w.config.kill_grace_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc, signal.SIGKILL)
+            proc.wait()
+
+
+    # -- the lease loop --
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        except Exception as e:
+            # A bug here must not kill the worker silently: say so; the lease then expires
+            # and the reaper offers the job again.
+            self.w.log("internal_error", job_id=self.job_id, epoch=self.epoch,
+                       error=f"{type(e).__name__}: {e}")
+            self.w.count("internal_errors")
+        finally:
+            if self.checkpoints_file is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.checkpoints_file)
+            self.w.job_finished()
+
+    def _run(self) -> None:
+        w, log = self.w, self.w.log
+        cfg, clock = w.config, w.clock
+        started = clock.boot()
+        started_at = iso(clock.wall_us())
+        lease_s = cfg.lease_s
+        renew_every = lease_s * RENEW_FRACTION
+        # Measured from before the claim was sent, so the local end is never later than the
+        # coordinator's; on CLOCK_BOOTTIME, so a suspend counts; and the wall clock is checked
+        # against the lease's own end too: the worker gives up no later than the lease
+        # really ends.
+        lease_end = self.claim_started + lease_s
+        next_renew = self.claim_started + renew_every
+        # The budget counts from the claim, including any wait for an earlier handler.
+        deadline = started + self.spec.timeout_s
+        checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
+        ctx = Context(job_id=self.job_id, epoch=self.epoch, attempt=self.job.get("attempt", 1),
+                      kind=self.spec.kind, worker_id=cfg.worker_id, checkpoints=checkpoints,
+                      coordinator=w.calls, tenant=self.job.get("tenant"), log=log)
+        gaps = GapWatch(clock)
+        poll: Callable[[], Outcome | None] | None = None
+        waiting_logged = False
+        result: Outcome | None = None
+        while result is None:
+            if poll is None:
+                earlier = self.predecessor
+                if earlier is None or not earlier.thread.is_alive():
+                    if waiting_logged:
+                        log("earlier_handler_returned", job_id=self.job_id, epoch=self.epoch)
+                    self.predecessor = None
+                    poll = self._start_handler(ctx)
+                elif not waiting_logged:
+                    # Never two handlers of one job alive in one worker: hold the lease and
+                    # start this one only once the earlier one has returned.
+                    log("waiting_for_earlier_handler", job_id=self.job_id, epoch=self.epoch,
+                        earlier_epoch=earlier.epoch)
+                    waiting_logged = True
+            if poll is not None:
+                result = poll()
+                if result is not None:
+                    break
+            gap = gaps.check()
+            now = clock.boot()
+            if gap:
+                # Suspended (or the clock stepped): the lease may be over already. Look at
+                # the wall clock below, and renew at once if it is not.
+                log("clock_gap", job_id=self.job_id, epoch=self.epoch, gap_s=round(gap, 3))
+                next_renew = min(next_renew, now)
+            if self.expires_at_us is not None and clock.wall_us() >= self.expires_at_us:
+                log("lease_lost", job_id=self.job_id, epoch=self.epoch, reason="lease_expired",
+                    detail="the wall clock is past the lease's end (suspended, or the clock "
+                    "stepped)")
+                self._stop_handler(ctx, "lease_expired")
+                result = Outcome("lost", code="lease_expired")
+                break
+            if ctx.cancelled:  # a fenced write from the handler was refused
+                self._stop_handler(ctx, ctx.cancel_reason or "cancelled")
+                result = Outcome("lost", code=ctx.cancel_reason)
+                break
+            if now >= deadline:
+                self._stop_handler(ctx, "timeout")
+                why = (f"wall-clock budget of {self.spec.timeout_s:g}s exceeded"
+                       if poll is not None else
+                       f"wall-clock budget of {self.spec.timeout_s:g}s exceeded while an "
+                       "earlier handler of this job was still running in this worker")
+                result = Outcome("timeout", error=why)
+                break
+            if self.release_requested.is_set():
+                self._stop_handler(ctx, "worker_shutdown")
+                result = Outcome("released", error="worker shutting down: the job was "
+                                  "released to be retried")
+                break
+            if now >= next_renew:
+                t0 = clock.boot()
+                try:
+                    got = w.calls.renew(self.job_id, cfg.worker_id, self.epoch, lease_s=lease_s,
+                                     tenant=self.job.get("tenant"))
+                except Refused as e:
+                    log("lease_lost", job_id=self.job_id, epoch=self.epoch, reason=e.code,
+                        detail=e.message)
+                    self._stop_handler(ctx, e.code)
+                    result = Outcome("lost", code=e.code)
+                    break
+                except Exception as e:
+                    # Busy, unreachable, restarting: try again soon, while the lease may
+                    # still be ours (the lease's end below decides).
+                    code, message = describe(e)
+                    log("renew_error", job_id=self.job_id, epoch=self.epoch, error=code,
+                        detail=message)
+                    next_renew = clock.boot() + min(1.0, renew_every)
+                else:
+                    lease_end = t0 + lease_s
+                    next_renew = t0 + renew_every
+                    self.expires_at_us = got.get("expires_at_us", self.expires_at_us)
+                    log("renewed", job_id=self.job_id, epoch=self.epoch,
+                        expires_at=got["expires_at"],
+                        renew_ms=round((clock.boot() - t0) * 1000, 1))
+            if clock.boot() >= lease_end:
+                log("lease_lost", job_id=self.job_id, epoch=self.epoch,
+                    reason="lease_expired", detail="no renewal got through in time")
+                self._stop_handler(ctx, "lease_expired")
+                result = Outcome("lost", code="lease_expired")
+                break
+            wait = min(next_renew, deadline, lease_end) - clock.boot()
+            self.wake.wait(max(0.0, min(wait, LOOP_MAX_WAIT_S)))
+            self.wake.clear()
+        duration = clock.boot() - started
+        if result.kind == "success" and ctx.cancelled:
+            result = Outcome("lost", code=ctx.cancel_reason)
+        self._report(result, duration, started_at, lease_end)
+        handler = self.handler_thread
+        if handler is not None and handler.is_alive():
+            # A Python thread cannot be stopped from outside. Its outcome is settled, but it
+            # keeps its slot until it returns, so the worker never runs more handlers at once
+            # than --concurrency allows (they may hold a GPU's memory).
+            log("handler_still_running", job_id=self.job_id, epoch=self.epoch,
+                reason=ctx.cancel_reason)
+            t0 = time.monotonic()
+            handler.join()
+            log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
+                late_s=round(time.monotonic() - t0, 3))
+
+    def _start_handler(self, ctx: Context) -> Callable[[], Outcome | None]:
+        try:
+            return (start_command(self, ctx) if self.spec.command is not None
+                    else start_python(self, ctx))
+        except OSError as e:
+            outcome = Outcome("failed", error=f"cannot start command: {e}")
+            return lambda: outcome
+
+    def _report(self, out: Outcome, duration: float, started_at: str | None,
+                lease_end: float) -> None:
+        w, log = self.w, self.w.log
+        base = {"job_id": self.job_id, "epoch": self.epoch, "kind": self.spec.kind,
+                "duration_s": round(duration, 3)}
+        tenant = self.job.get("tenant")
+        self.outcome = out.kind
+        if out.kind == "lost":
+            # The lease is someone else's now: report nothing, the late result never lands.
+            log("stopped", **base, reason=out.code)
+            w.count("lost")
+            return
+        if out.kind == "success":
+            limit = w.result_limit(self.spec)
+            try:
+                size = len(json.dumps(out.result, ensure_ascii=False, allow_nan=False).encode())
+            except (TypeError, ValueError) as e:
+                out = Outcome("invalid", error=f"the result is not JSON: {e}")
+            else:
+                if size > limit:
+                    out = Outcome("too_large", error=f"result is {size} bytes, larger than "
+                                   f"the {limit} byte budget")
+        t0 = time.monotonic()
+        while True:
+            try:
+                self._deliver(out, base, duration, started_at, tenant, t0)
+                return
+            except InvalidInput as e:
+                if out.kind != "success":
+                    raise
+                # The coordinator refused the result itself (too deep, bad text): the
+                # attempt failed like a handler exception would.
+                out = Outcome("invalid", error=f"the result was refused: {e.message}")
+            except Refused as e:
+                log("report_refused", **base, outcome=out.kind, reason=e.code,
+                    detail=e.message)
+                w.count("lost")
+                return
+            except Exception as e:
+                code, message = describe(e)
+                # Keep trying while the lease may still be ours (a busy, restarting or
+                # briefly unreachable database); after that it is moot. Errors no retry can
+                # heal end the attempt's report at once.
+                if is_fatal(e) or self.w.clock.boot() >= lease_end:
+                    log("report_error", **base, outcome=out.kind, error=code, detail=message)
+                    w.count("report_errors")
+                    return
+                log("report_retry", **base, outcome=out.kind, error=code)
+                time.sleep(0.25)
+
+    def _deliver(self, out: Outcome, base: dict[str, Any], duration: float,
+                 started_at: str | None, tenant: str | None, t0: float) -> None:
+        w, log, cfg = self.w, self.w.log, self.w.config
+        if out.kind == "success":
+            prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
+                                self.job.get("attempt"), started_at)
+            w.calls.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
+                          provenance=prov, tenant=tenant)
+            log("completed", **base, report_ms=elapsed_ms(t0))
+            w.count("completed")
+            return
+        reason, permanent = {
+            "failed": ("failed", False),
+            "invalid": ("invalid_result", False),
+            # A command's output that `complete --result` would refuse: the same command
+            # prints it again, so no retry (the error keeps the evidence).
+            "invalid_output": ("invalid_result", True),
+            "permanent": ("failed", True),
+            "timeout": ("timeout", not self.spec.retry_on_timeout),
+            "too_large": ("result_too_large", not self.spec.retry_on_too_large),
+            "released": ("worker_shutdown", False),
+        }[out.kind]
+        error = _clean(out.error or out.kind)
+        got = w.calls.fail(self.job_id, cfg.worker_id, self.epoch, error, permanent=permanent,
+                        reason=reason, tenant=tenant)
+        event = "released" if out.kind == "released" else "failed"
+        log(event, **base, reason=reason, permanent=permanent, status=got["status"],
+            error=error[:500], report_ms=elapsed_ms(t0))
+        w.count(event)
+
+
+
+#: Longest error text kept per attempt (the coordinator's own limit is larger).
+MAX_ERROR_CHARS = 4000
+
+
+def _clean(text: str) -> str:
+    """Error text the coordinator accepts whatever a handler raised: valid UTF-8, no NUL,
+    bounded (the end of a message usually says the most, so keep both ends)."""
+    text = text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\\0")
+    if len(text) > MAX_ERROR_CHARS:
+        half = MAX_ERROR_CHARS // 2
+        text = text[:half] + " [...] " + text[-half:]
+    return text
+
+
+def elapsed_ms(t0: float, clock: Clock | None = None) -> float:
+    """Milliseconds since t0 (time.monotonic(), or the boot clock of `clock`)."""
+    now = clock.boot() if clock is not None else time.monotonic()
+    return round((now - t0) * 1000, 1)

@@ -1,0 +1,25 @@
+"""`check`: every broken application invariant is reported, and the exit code is 7."""
+
+from __future__ import annotations
+
+import sqlite3
+
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.conftest import run_cli
+from tests.sample_state import populate
+
+
+def test_check_reports_each_broken_invariant_and_exits_7(sqlite_target: Target) -> None:
+    c = Coordinator.open(sqlite_target)
+    populate(c)
+    assert run_cli(sqlite_target, "check", "--full", "--json").code == 0
+    raw = sqlite3.connect(sqlite_target.sqlite_path or "", isolation_level=None)
+    raw.execute("DELETE FROM leases")  # a running job now has no lease
+    raw.execute("UPDATE jobs SET result_json = NULL WHERE status = 'succeeded'")
+    raw.close()
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7
+    found = {v["invariant"] for v in r.json["violations"]}
+    assert {"running_without_lease", "succeeded_without_result"} <= found
+    c.close()

@@ -1,0 +1,127 @@
+"""Database files: a command never creates a missing database; an unusable file (empty, plain
+SQLite, text, newer or older schema, damaged) is refused with its code and left as it was; a
+missing or read-only directory is storage unavailable."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _fs(directory: Path) -> dict[str, tuple[int, bytes]]:
+    return {p.name: (p.stat().st_mode, p.read_bytes()) for p in sorted(directory.iterdir())
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("command", [["status"], ["jobs"], ["enqueue", "k"], ["check"]])
+def test_a_missing_database_is_not_created(tmp_path: Path, command: list[str]) -> None:
+    path = tmp_path / "missing.db"
+    r = run_cli(None, "--db", str(path), *command, "--json")
+    assert r.code == 8 and r.json["error"]["code"] == "not_migrated"
+    assert "jobcoord migrate" in r.json["error"]["message"]
+    assert list(tmp_path.iterdir()) == []
+    assert "Traceback" not in r.err
+
+
+def _error_case(tmp_path: Path, name: str, sqlite_template: str) -> tuple[Path, str, int]:
+    db = tmp_path / "q.db"
+    if name == "empty_file":
+        db.write_bytes(b"")
+        return db, "not_migrated", 8
+    if name == "plain_sqlite":
+        conn = sqlite3.connect(db)
+        conn.execute("CREATE TABLE other (x)")
+        conn.commit()
+        conn.close()
+        return db, "not_migrated", 8
+    if name == "text_file":
+        db.write_text('{"this": "is json, not a database"}' * 100)
+        return db, "database_corrupt", 7
+    if name in ("newer", "older"):
+        db.write_bytes(Path(sqlite_template).read_bytes())
+        if name == "newer":
+            conn = sqlite3.connect(db)
+            conn.execute("UPDATE alembic_version SET version_num = 'c9999'")
+            conn.commit()
+            conn.close()
+            return db, "schema_newer", 8
+        return db, "schema_outdated", 8
+    if name == "damaged_pages":
+        db.write_bytes(Path(sqlite_template).read_bytes())
+        data = bytearray(db.read_bytes())
+        for page in range(1, len(data) // 4096):
+            data[page * 4096:page * 4096 + 100] = os.urandom(100)
+        db.write_bytes(bytes(data))
+        return db, "database_corrupt", 7
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("case", ["empty_file", "plain_sqlite", "text_file", "newer", "older",
+                                  "damaged_pages"])
+def test_unusable_databases_are_refused_with_their_code_and_left_unchanged(
+        tmp_path: Path, sqlite_template: str, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, code, exit_code = _error_case(tmp_path, case, sqlite_template)
+    if case == "older":  # this code expects a revision the database has not reached yet
+        import jobcoord.migrate as m
+
+        monkeypatch.setattr(m, "CORE_REVISIONS", ("c0001", "c0002", "c0003", "c0004"))
+    before = _fs(tmp_path)
+    for command in (["status"], ["enqueue", "k"], ["claim", "w1"]):
+        r = run_cli(None, "--db", str(db), *command, "--json")
+        assert (r.code, r.json["error"]["code"]) == (exit_code, code), (command, r.out, r.err)
+        assert "Traceback" not in r.err
+    assert _fs(tmp_path) == before
+
+
+def test_a_missing_directory_or_a_directory_path_is_unavailable(tmp_path: Path) -> None:
+    for path, command in ((tmp_path / "no" / "such" / "q.db", "migrate"),
+                          (tmp_path / "no" / "such" / "q.db", "status"),
+                          (tmp_path, "migrate"), (tmp_path, "status")):
+        r = run_cli(None, "--db", str(path), command, "--json")
+        assert r.code == 6, (path, r.out)
+        assert r.json["error"]["code"] == "database_unavailable"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_migrate_into_a_read_only_directory_is_refused_as_an_unprivileged_user(
+        tmp_path: Path) -> None:
+    """Root ignores permissions, so the check runs as `nobody`."""
+    python = "/usr/bin/python3"
+    if not os.path.exists(python) or subprocess.run(["which", "setpriv"],
+                                                    capture_output=True).returncode:
+        pytest.skip("needs setpriv and a system python3 readable by nobody")
+    import tempfile
+
+    # Every parent must be traversable by nobody (pytest's own temp root is not).
+    base = Path(tempfile.mkdtemp(prefix="jobcoord-ro-"))
+    os.chmod(base, 0o755)
+    directory = base / "ro"
+    directory.mkdir()
+    os.chmod(directory, 0o755)  # owned by root: nobody may not create files here
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = {"PYTHONPATH": f"{REPO}:{site}", "PATH": "/usr/bin:/bin"}
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            python, "-c", "import jobcoord.cli, sqlalchemy"],
+                           env=env, capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"nobody cannot import jobcoord here: {probe.stderr.strip()[-200:]}")
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python,
+                        "-m", "jobcoord", "--db", str(directory / "q.db"), "migrate", "--json"],
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 6, (r.stdout, r.stderr)
+    assert '"database_readonly"' in r.stdout
+    assert "Traceback" not in r.stderr
+    assert list(directory.iterdir()) == []
+    import shutil
+
+    shutil.rmtree(base)

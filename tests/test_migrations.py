@@ -1,0 +1,171 @@
+"""Migrations: a new database is created owner-only and quick-checked; the Alembic history and
+the models agree; the optional artifacts tables come and go without losing a row; alembic runs
+from the repository and an installed wheel migrates from any directory; a failed migrate is
+rolled back whole."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcoord.db import Database, Target
+from jobcoord.maintenance import check
+from jobcoord.migrate import migrate
+from jobcoord.models import Base
+from jobcoord.service import Coordinator
+from tests.conftest import run_cli
+from tests.sample_state import populate, snapshot
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_migrate_creates_an_owner_only_database_and_reports_quick_check(tmp_path: Path) -> None:
+    path = tmp_path / "new" / "q.db"
+    path.parent.mkdir()
+    r = run_cli(None, "--db", str(path), "migrate", "--json")
+    assert r.code == 0, r.err
+    out = r.json
+    assert out["quick_check"] == ["ok"]
+    assert out["journal_mode"] == "wal"
+    assert out["revisions"] == ["c0003"] and out["changed"] is True
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again = run_cli(None, "--db", str(path), "migrate", "--json")
+    assert again.code == 0 and again.json["changed"] is False
+
+
+def test_models_and_migration_history_agree(target: Target) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    db = Database.open(target)
+
+    def diff(conn: Any, skip: set[str]) -> list[Any]:
+        ctx = MigrationContext.configure(conn, opts={
+            "compare_type": True,
+            "include_object": lambda obj, name, kind, *_: not (
+                (kind == "table" and name in skip) or name == "alembic_version")})
+        return compare_metadata(ctx, Base.metadata)
+
+    assert db.read(lambda conn: diff(conn, {"artifacts"})) == []
+    migrate(db, add={"artifacts"})
+    assert db.read(lambda conn: diff(conn, set())) == []
+    db.close()
+
+
+def test_artifacts_migration_round_trip_keeps_every_row(target: Target) -> None:
+    c = Coordinator.open(target)
+    populate(c)
+    before = snapshot(c.db)
+    assert before["leases"] and before["job_events"] and before["checkpoints"]
+    c.close()
+
+    db = Database.open(target)
+    up = migrate(db, add={"artifacts"})
+    assert up["features"] == ["artifacts"]
+    assert snapshot(db) == before
+    db.write(lambda conn: conn.exec_driver_sql(
+        "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes, media_type,"
+        " created_at) VALUES (1, 'out', 'file:out.json', 'ab', 2, 'application/json', 1)"))
+    down = migrate(db, remove={"artifacts"})
+    assert down["features"] == [] and down["revisions"] == ["c0003"]
+    assert snapshot(db) == before  # not one job, lease, event or checkpoint lost or changed
+    assert not db.read(lambda conn: db.engine.dialect.has_table(conn, "artifacts"))
+    db.close()
+    assert check(Coordinator.open(target).db)["ok"]
+
+
+def test_migrate_with_artifacts_from_the_cli(tmp_path: Path) -> None:
+    path = str(tmp_path / "q.db")
+    r = run_cli(None, "--db", path, "migrate", "--with", "artifacts", "--json")
+    assert r.code == 0, r.err
+    assert r.json["features"] == ["artifacts"]
+    assert sorted(r.json["revisions"]) == ["a0001", "c0003"]
+    bad = run_cli(None, "--db", path, "migrate", "--with", "nonsense", "--json")
+    assert bad.code == 2 and bad.json["error"]["code"] == "invalid_input"
+
+
+def test_alembic_upgrade_head_works_from_the_repository_root(tmp_path: Path) -> None:
+    path = tmp_path / "repo.db"
+    env = {**os.environ, "JOBCOORD_URL": f"sqlite:///{path}"}
+    alembic = str(Path(sys.executable).with_name("alembic"))
+    r = subprocess.run([alembic, "upgrade", "head"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    c = Coordinator.open(str(path))  # verifies the schema revision
+    assert c.features == set()
+    c.close()
+    r = subprocess.run([alembic, "-n", "with_artifacts", "upgrade", "heads"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    c = Coordinator.open(str(path))
+    assert c.features == {"artifacts"}
+    c.close()
+
+
+def test_installed_wheel_migrates_from_any_directory(tmp_path: Path) -> None:
+    """A non-editable install carries the migrations inside the package."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
+                    str(REPO)], check=True, capture_output=True, timeout=300)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # Dependencies come from this environment's site-packages (a path entry, so this
+    # environment's own editable jobcoord is not visible); jobcoord itself from the wheel.
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    venv_site = next((venv / "lib").glob("python*/site-packages"))
+    (venv_site / "deps.pth").write_text(site + "\n")
+    (wheel,) = wheels.glob("jobcoord-*.whl")
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
+                          "--no-deps", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    elsewhere = tmp_path / "elsewhere"
+    newdir = tmp_path / "some" / "new" / "dir"
+    elsewhere.mkdir()
+    newdir.mkdir(parents=True)
+    r = subprocess.run([str(venv / "bin" / "jobcoord"), "--db", str(newdir / "x.db"),
+                        "migrate", "--with", "artifacts", "--json"], cwd=elsewhere,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert '"quick_check": ["ok"]' in r.stdout
+    located = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import jobcoord.migrate as m; print(m.script_location())"],
+                             cwd=elsewhere, capture_output=True, text=True, timeout=60)
+    assert str(venv) in located.stdout, located.stdout  # from the wheel, not the checkout
+
+
+def test_a_first_migrate_that_fails_is_rolled_back_and_can_be_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobcoord.migrate as m
+
+    real = m.installed_features
+
+    def broken(revisions: set[str]) -> set[str]:
+        raise RuntimeError("a migration script failed")
+
+    path = tmp_path / "q.db"
+    monkeypatch.setattr(m, "installed_features", broken)  # fails inside the transaction
+    r = run_cli(None, "--db", str(path), "migrate", "--json")
+    assert (r.code, r.json["error"]["code"]) == (8, "migration_failed")
+    assert run_cli(None, "--db", str(path), "status", "--json").json["error"]["code"] == (
+        "not_migrated")  # nothing of the schema was left half-applied
+    monkeypatch.setattr(m, "installed_features", real)
+    assert run_cli(None, "--db", str(path), "migrate", "--json").code == 0
+
+
+def test_a_failed_migrate_of_an_existing_database_keeps_the_file(sqlite_target: Target,
+                                                                 monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    import jobcoord.migrate as m
+
+    path = Path(sqlite_target.sqlite_path or "")
+    before = path.read_bytes()
+    monkeypatch.setattr(m, "installed_features", lambda revisions: 1 / 0)
+    r = run_cli(sqlite_target, "migrate", "--json")
+    assert r.code == 8
+    assert path.read_bytes() == before
