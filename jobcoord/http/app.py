@@ -26,6 +26,7 @@ from .. import __version__, faults, tokens
 from .. import validate as v
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..tokens import Identity
+from .dashboard import mount as mount_dashboard
 from .errors import BodyTooLarge, Forbidden, Unauthorized, headers_of, status_of
 
 T = TypeVar("T")
@@ -607,6 +608,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    mount_dashboard(app)  # /metrics and the web dashboard (dashboard.py)
     app.add_middleware(BodyLimit, limit=srv.max_body)
     return app
 

@@ -193,7 +193,11 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
 
 def register(cli: click.Group) -> None:
     """Add `serve`, `token` and the remote `worker` to the `jobcoord` group."""
-    cli.add_command(serve)
+    from ..metrics_cli import metrics as metrics_command
+    from .metrics_route import serve_with_metrics_options
+
+    cli.add_command(serve_with_metrics_options(serve))  # + --metrics-token/-public
+    cli.add_command(metrics_command)
     cli.add_command(token)
     local = cli.commands.get("worker")
     if local is not None:

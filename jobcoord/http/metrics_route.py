@@ -1,0 +1,116 @@
+"""`GET /metrics` on `jobcoord serve`: the Prometheus exposition of jobcoord.metrics.
+
+Who may scrape: a `viewer` or `operator` token not bound to a tenant (the figures cover the
+whole database, every tenant), or the separate `--metrics-token` (for a Prometheus that
+should hold no API token), or anyone on loopback when `serve --metrics-public` was given on a
+loopback address. The settings come from the `serve` options this module adds
+(`serve_with_metrics_options`)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+import click
+from fastapi import APIRouter, Request, Response
+
+from .. import tokens
+from ..errors import InvalidInput
+from .errors import Forbidden, Unauthorized
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class MetricsSettings:
+    #: SHA-256 of the --metrics-token secret (the secret itself is not kept).
+    token_hash: str | None = None
+    public: bool = False
+
+
+#: Set by `serve` before the app is built (one server per process).
+SETTINGS = MetricsSettings()
+
+
+def _client_is_loopback(request: Request) -> bool:
+    from .server import is_loopback
+
+    return request.client is not None and is_loopback(request.client.host)
+
+
+def router() -> APIRouter:
+    r = APIRouter()
+
+    @r.get("/metrics", include_in_schema=True, response_class=Response,
+           responses={200: {"content": {CONTENT_TYPE: {}},
+                            "description": "Prometheus text exposition"}})
+    async def metrics(request: Request) -> Response:
+        srv = request.app.state.server
+        await _authorize(request, srv)
+        registry = getattr(request.app.state, "metrics_registry", None)
+        if registry is None:
+            from ..metrics import registry_for
+
+            registry = request.app.state.metrics_registry = registry_for(srv.c)
+        from ..metrics import exposition
+
+        body = await srv.call(exposition, registry)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    return r
+
+
+async def _authorize(request: Request, srv: Any) -> None:
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() == "bearer" and secret.strip():
+        secret = secret.strip()
+        if SETTINGS.token_hash is not None and hmac.compare_digest(
+                hashlib.sha256(secret.encode()).hexdigest(), SETTINGS.token_hash):
+            return
+        who = await srv.call(tokens.authenticate, srv.c.db, secret)
+        if who is None:
+            raise Unauthorized("unauthorized", "unknown or revoked token")
+        if who.role not in ("viewer", "operator"):
+            raise Forbidden("forbidden", f"a {who.role} token may not read /metrics (needs a "
+                            "viewer or operator token, or --metrics-token)")
+        if who.tenant is not None:
+            raise Forbidden("forbidden", "the metrics cover every tenant: a token bound to a "
+                            "tenant may not read them")
+        return
+    if SETTINGS.public and _client_is_loopback(request):
+        return
+    raise Unauthorized("unauthorized", "missing token: send Authorization: Bearer <token>")
+
+
+def serve_with_metrics_options(serve: click.Command) -> click.Command:
+    """`serve` with --metrics-token and --metrics-public added."""
+    extra = [
+        click.Option(["--metrics-token"], envvar="JOBCOORD_METRICS_TOKEN", metavar="SECRET",
+                     help="A separate secret that may read /metrics only (also from "
+                          "$JOBCOORD_METRICS_TOKEN, which keeps it out of `ps`)."),
+        click.Option(["--metrics-public"], is_flag=True,
+                     help="Serve /metrics without a token to loopback clients (only when "
+                          "listening on a loopback address)."),
+    ]
+
+    def callback(**kw: Any) -> Any:
+        from .server import is_loopback
+
+        secret, public = kw.pop("metrics_token"), kw.pop("metrics_public")
+        if public and not is_loopback(kw["host"]):
+            raise InvalidInput("invalid_input", "--metrics-public is only for a loopback "
+                               "address; give Prometheus --metrics-token instead")
+        if secret is not None and len(secret.strip()) < 16:
+            raise InvalidInput("invalid_input", "--metrics-token must be at least 16 "
+                               "characters")
+        SETTINGS.token_hash = (None if secret is None
+                               else hashlib.sha256(secret.strip().encode()).hexdigest())
+        SETTINGS.public = public
+        assert serve.callback is not None
+        return click.get_current_context().invoke(serve.callback, **kw)
+
+    return click.Command(serve.name, params=[*serve.params, *extra], callback=callback,
+                         help=serve.help, short_help=serve.short_help)

@@ -1,0 +1,138 @@
+"""The dashboard over real HTTP (a real `jobcoord serve`): sessions, scope, pagination, CSRF,
+and actions that write the CLI's events."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+
+from jobcoord import tokens
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+
+from .serve_procs import served, token
+
+
+def login(url: str, secret: str) -> tuple[httpx.Client, httpx.Response]:
+    http = httpx.Client(base_url=url, timeout=30)
+    r = http.post("/ui/login", data={"token": secret})
+    http.cookies.update(r.cookies)
+    return http, r
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None
+    return found.group(1)
+
+
+def test_login_sets_an_httponly_samesite_strict_session_and_no_token_in_any_url(
+        sqlite_target: Target) -> None:
+    secret = token(sqlite_target, "v", "viewer")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        form = httpx.get(s.url + "/ui/login").text
+        assert 'method="post"' in form and 'type="password"' in form
+        http, r = login(s.url, secret)
+        assert r.status_code == 303 and r.headers["location"] == "/ui/"
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+        assert secret not in cookie and secret not in r.headers["location"]
+        page = http.get("/ui/")
+        assert page.status_code == 200 and secret not in page.text
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        # Pages link scripts from this server only: htmx is vendored.
+        assert '<script src="/ui/static/htmx.min.js"' in page.text
+        assert http.get("/ui/static/htmx.min.js").status_code == 200
+        http.close()
+
+
+def test_revoked_token_ends_its_dashboard_session_on_the_next_request(
+        sqlite_target: Target) -> None:
+    secret = token(sqlite_target, "v", "viewer")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        assert http.get("/ui/jobs").status_code == 200
+        with Coordinator.open(sqlite_target) as c:
+            tokens.revoke(c.db, "v")
+        r = http.get("/ui/jobs")
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+        http.close()
+
+
+def test_jobs_are_paged_by_keyset_and_counts_stop_at_ten_thousand(
+        sqlite_target: Target) -> None:
+    secret = token(sqlite_target, "o", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        for start in range(0, 10_050, 2_000):
+            c.enqueue_many([{"kind": "summarize", "payload": {"i": i}}
+                            for i in range(start, min(start + 2_000, 10_050))])
+        c.enqueue("embed", {}, priority=3)
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        first = http.get("/ui/jobs").text
+        assert "10,000+ matching" in first
+        ids = [int(x) for x in re.findall(r'<a href="/ui/jobs/(\d+)">', first)]
+        assert len(ids) == 50 and ids == sorted(ids, reverse=True)
+        nxt = re.search(r'href="(/ui/jobs\?[^"]*before=\d+)"', first)
+        assert nxt is not None
+        second = http.get(nxt.group(1).replace("&amp;", "&")).text
+        ids2 = [int(x) for x in re.findall(r'<a href="/ui/jobs/(\d+)">', second)]
+        assert len(ids2) == 50 and max(ids2) < min(ids)  # no overlap, no gap
+        assert ids2[0] == min(ids) - 1
+        embed = http.get("/ui/jobs", params={"kind": "embed", "priority": "P3"}).text
+        assert "(1 matching)" in embed
+        assert http.get("/ui/jobs", params={"priority": "P9"}).status_code == 400
+        http.close()
+    import inspect
+
+    from jobcoord.http import dashboard
+
+    assert "OFFSET" not in inspect.getsource(dashboard).upper().replace("NO OFFSET", "")
+
+
+def test_a_tenant_bound_viewer_sees_only_its_tenant(sqlite_target: Target) -> None:
+    secret = token(sqlite_target, "va", "viewer", tenant="alice")
+    with Coordinator.open(sqlite_target) as c:
+        mine = c.enqueue("summarize", {}, tenant="alice")["job_id"]
+        theirs = c.enqueue("summarize", {}, tenant="bob")["job_id"]
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        page = http.get("/ui/jobs", params={"tenant": "bob"}).text
+        assert f'/ui/jobs/{mine}"' in page and f'/ui/jobs/{theirs}"' not in page
+        assert http.get(f"/ui/jobs/{mine}").status_code == 200
+        missing = http.get("/ui/jobs/999999")
+        other = http.get(f"/ui/jobs/{theirs}")
+        assert other.status_code == missing.status_code == 404
+        assert "(1 matching)" in page
+        http.close()
+
+
+def test_actions_need_the_sessions_csrf_token_and_write_the_clis_events(
+        sqlite_target: Target) -> None:
+    operator = token(sqlite_target, "o", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        by_ui = c.enqueue("summarize", {"n": 1})["job_id"]
+        by_api = c.enqueue("summarize", {"n": 2})["job_id"]
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, operator)
+        other, _ = login(s.url, operator)
+        theirs = csrf_of(other.get(f"/ui/jobs/{by_ui}/confirm/cancel").text)
+        for form in ({}, {"csrf": "forged"}, {"csrf": theirs}):
+            r = http.post(f"/ui/jobs/{by_ui}/cancel", data=form)
+            assert r.status_code == 403 and "csrf" in r.text.lower()
+        with Coordinator.open(sqlite_target) as c:
+            assert c.show(by_ui)["job"]["status"] == "waiting"
+        mine = csrf_of(http.get(f"/ui/jobs/{by_ui}/confirm/cancel").text)
+        r = http.post(f"/ui/jobs/{by_ui}/cancel", data={"csrf": mine})
+        assert r.status_code == 303
+        http.close()
+        other.close()
+    with Coordinator.open(sqlite_target) as c:
+        c.cancel(by_api)
+
+        def last(job_id: int) -> Any:
+            e = c.show(job_id)["events"][-1]
+            return (e["from"], e["to"], e["reason"], e["worker_id"], e["detail"])
+        assert last(by_ui) == last(by_api)

@@ -1,0 +1,234 @@
+"""Prometheus metrics: derived from the database, the same from every process and after a
+restart (docs/metrics.md)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobcoord.clock import MICROS, iso, now_us
+from jobcoord.db import Target
+from jobcoord.metrics import exposition, registry_for
+from jobcoord.service import Coordinator
+
+from .serve_procs import db_args, jobcoord_argv, served, token
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def workload(c: Coordinator) -> dict[str, Any]:
+    """A scripted mix: completions with provenance (known latencies), a failure retried, a
+    permanent failure, an expired lease, an expired lease after an effect (unknown), a
+    cancellation, and jobs left waiting of two kinds."""
+    c.heartbeat("w1", roles=[], readings=None)
+    c.heartbeat("w2", roles=[], readings={"on_battery": True, "user_idle_s": 0})
+    for i in range(4):
+        c.enqueue("summarize", {"i": i})
+    c.enqueue("embed", {"i": 9})
+    latencies = []
+    for _ in range(2):  # two completions whose handler ended 0.2 s before the call
+        got = c.claim("w1", lease_s=60)
+        job = got["job"]
+        end = now_us() - MICROS // 5
+        prov = {"started_at": iso(end - 3 * MICROS), "duration_s": 3.0}
+        c.complete(job["job_id"], "w1", got["lease"]["epoch"], {"ok": 1}, provenance=prov)
+        latencies.append(job["job_id"])
+    got = c.claim("w1", lease_s=60)  # fails permanently: dead
+    c.fail(got["job"]["job_id"], "w1", got["lease"]["epoch"], "boom", permanent=True)
+    got = c.claim("w1", lease_s=1)  # its lease expires: back to waiting
+    expired_waiting = got["job"]["job_id"]
+    got = c.claim("w1", lease_s=1)  # an effect started, then the lease expires: unknown
+    c.mark_effect(got["job"]["job_id"], "w1", got["lease"]["epoch"])
+    cancelled = c.enqueue("summarize", {"i": 99})["job_id"]
+    c.cancel(cancelled)
+    deadline = time.monotonic() + 20  # both 1-second leases expire; the reaper sees them
+    while c.status()["jobs"]["unknown"] < 1 or \
+            c.show(expired_waiting)["job"]["status"] != "waiting":
+        assert time.monotonic() < deadline, "the leases were not reaped"
+        c.reap()
+        time.sleep(0.1)
+    return {"completed": latencies}
+
+
+def database_truth(c: Coordinator) -> dict[str, Any]:
+    """The same figures, read straight from the tables by different queries."""
+    def _do(conn: Any) -> dict[str, Any]:
+        rows = conn.exec_driver_sql("SELECT status, kind FROM jobs").all()
+        events = conn.exec_driver_sql("SELECT reason, to_status FROM job_events").all()
+        finished = conn.exec_driver_sql(
+            "SELECT attempts FROM jobs WHERE status IN ('succeeded','dead','cancelled')").all()
+        return {"jobs": rows, "events": events, "finished": [r[0] for r in finished]}
+    return c.db.read(_do)
+
+
+def check_against_database(samples: Samples, c: Coordinator) -> None:
+    truth = database_truth(c)
+    by: dict[tuple[str, str], int] = {}
+    for status, kind in truth["jobs"]:
+        by[(status, kind)] = by.get((status, kind), 0) + 1
+    for (status, kind), n in by.items():
+        assert value(samples, "jobcoord_jobs", status=status, kind=kind) == n
+    scraped = {k: v for k, v in samples.items() if k[0] == "jobcoord_jobs"}
+    assert sum(scraped.values()) == len(truth["jobs"])
+    assert value(samples, "jobcoord_dead_jobs") == sum(1 for s, _ in truth["jobs"]
+                                                       if s == "dead")
+    assert value(samples, "jobcoord_unknown_jobs") == sum(1 for s, _ in truth["jobs"]
+                                                          if s == "unknown")
+    expired = [to for reason, to in truth["events"] if reason == "lease_expired"]
+    assert sum(v for k, v in samples.items() if k[0] == "jobcoord_lease_expiries_total"
+               ) == len(expired)
+    for to in ("waiting", "unknown"):
+        assert value(samples, "jobcoord_lease_expiries_total", to_status=to) == \
+            expired.count(to)
+    assert value(samples, "jobcoord_job_attempts_count") == len(truth["finished"])
+    assert value(samples, "jobcoord_job_attempts_sum") == sum(truth["finished"])
+    assert value(samples, "jobcoord_job_attempts_bucket", le="1.0") == \
+        sum(1 for a in truth["finished"] if a <= 1)
+    completed = sum(1 for reason, _ in truth["events"] if reason == "completed")
+    assert value(samples, "jobcoord_result_commit_latency_seconds_count") == completed
+
+
+def test_metrics_match_the_database_after_a_scripted_workload(coord: Coordinator) -> None:
+    workload(coord)
+    samples = parse(exposition(registry_for(coord)).decode())
+    check_against_database(samples, coord)
+    # The two completions were committed ~0.2 s after their handlers ended.
+    assert value(samples, "jobcoord_result_commit_latency_seconds_bucket", le="0.1") == 0
+    assert value(samples, "jobcoord_result_commit_latency_seconds_bucket", le="1.0") == 2
+    assert 0.4 <= value(samples, "jobcoord_result_commit_latency_seconds_sum") < 2.0
+    assert value(samples, "jobcoord_unknown_jobs") == 1
+    assert value(samples, "jobcoord_dead_jobs") == 1
+    assert value(samples, "jobcoord_lease_expiries_total", to_status="unknown") == 1
+    age = value(samples, "jobcoord_oldest_waiting_age_seconds", kind="summarize")
+    assert 0 < age < 120
+    assert value(samples, "jobcoord_worker_heartbeat_age_seconds", worker="w1") < 120
+    # A second process (a fresh collector) computes the same figures from scratch.
+    again = parse(exposition(registry_for(coord)).decode())
+    for key, got in samples.items():
+        if "age_seconds" not in key[0]:
+            assert again[key] == got, key
+
+
+def test_latency_cache_is_rebuilt_when_events_are_pruned(coord: Coordinator) -> None:
+    """The collector's latency cursor must not keep counting jobs prune deleted: a long-
+    running server and a fresh process agree."""
+    workload(coord)
+    registry = registry_for(coord)
+    before = parse(exposition(registry).decode())
+    assert value(before, "jobcoord_result_commit_latency_seconds_count") == 2
+    coord.prune(0, statuses=["succeeded"])
+    after = parse(exposition(registry).decode())
+    fresh = parse(exposition(registry_for(coord)).decode())
+    assert value(after, "jobcoord_result_commit_latency_seconds_count") == 0
+    assert value(fresh, "jobcoord_result_commit_latency_seconds_count") == 0
+
+
+def _scrape(url: str, secret: str | None = None) -> tuple[int, str]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+    r = httpx.get(url + "/metrics", headers=headers, timeout=30)
+    return r.status_code, r.text
+
+
+def test_metrics_endpoint_identical_after_a_server_restart(target: Target) -> None:
+    with Coordinator.open(target) as c:
+        workload(c)
+    viewer = token(target, "prom", "viewer")
+    with served(target, "--reap-every", "0") as s:
+        status, text = _scrape(s.url, viewer)
+        assert status == 200, text
+        first = parse(text)
+    with Coordinator.open(target) as c:
+        check_against_database(first, c)
+    with served(target, "--reap-every", "0") as s:
+        second = parse(_scrape(s.url, viewer)[1])
+    counters = {k: v for k, v in first.items() if "age_seconds" not in k[0]}
+    assert counters == {k: v for k, v in second.items() if "age_seconds" not in k[0]}
+    assert value(first, "jobcoord_lease_expiries_total", to_status="unknown") == 1
+
+
+def test_metrics_endpoint_needs_an_unbound_viewer_or_the_metrics_token(
+        sqlite_target: Target) -> None:
+    viewer = token(sqlite_target, "v", "viewer")
+    operator = token(sqlite_target, "o", "operator")
+    bound = token(sqlite_target, "vb", "viewer", tenant="alice")
+    worker = token(sqlite_target, "w", "worker", worker="w1")
+    secret = "m" * 40
+    with served(sqlite_target, "--reap-every", "0",
+                env={"JOBCOORD_METRICS_TOKEN": secret}) as s:
+        assert _scrape(s.url)[0] == 401
+        assert _scrape(s.url, "jct_nope")[0] == 401
+        assert _scrape(s.url, worker)[0] == 403
+        assert _scrape(s.url, bound)[0] == 403
+        assert _scrape(s.url, viewer)[0] == 200
+        assert _scrape(s.url, operator)[0] == 200
+        status, text = _scrape(s.url, secret)
+        assert status == 200 and "jobcoord_jobs_by_status" in text
+        # The metrics token opens /metrics only, not the API.
+        import httpx
+
+        assert httpx.get(s.url + "/v1/jobs", headers={"Authorization": f"Bearer {secret}"}
+                         ).status_code == 401
+    with served(sqlite_target, "--reap-every", "0", "--metrics-public") as s:
+        assert _scrape(s.url)[0] == 200
+
+
+def test_metrics_public_is_refused_off_loopback(sqlite_target: Target) -> None:
+    argv = [*jobcoord_argv(), *db_args(sqlite_target), "serve", "--host", "0.0.0.0",
+            "--insecure-http", "--metrics-public", "--port", "0"]
+    got = subprocess.run(argv, capture_output=True, timeout=60)
+    assert got.returncode == 2
+    assert b"--metrics-public" in got.stderr and b"Traceback" not in got.stderr
+
+
+def test_metrics_command_writes_a_textfile_atomically(sqlite_target: Target,
+                                                      tmp_path: Any) -> None:
+    with Coordinator.open(sqlite_target) as c:
+        c.enqueue("summarize", {})
+    path = tmp_path / "jobcoord.prom"
+    base = [*jobcoord_argv(), *db_args(sqlite_target), "metrics"]
+    got = subprocess.run([*base, "--textfile", str(path)], capture_output=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    samples = parse(path.read_text())
+    assert value(samples, "jobcoord_jobs", status="waiting", kind="summarize") == 1
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".jobcoord-metrics-")] == []
+    out = subprocess.run(base, capture_output=True, timeout=60)
+    assert out.returncode == 0
+    assert value(parse(out.stdout.decode()), "jobcoord_jobs_by_status", status="waiting") == 1
+    bad = subprocess.run([*base, "--textfile", str(tmp_path / "no" / "x.prom")],
+                         capture_output=True, timeout=60)
+    assert bad.returncode == 2 and b"cannot write" in bad.stderr
+
+
+@pytest.mark.parametrize("prov, expected", [
+    (None, None),
+    ('{"started_at": "2026-01-01T00:00:00Z", "duration_s": 1.5}', 0.5),
+    ('{"started_at": "2026-01-01T00:00:03Z", "duration_s": 0}', 0.0),  # worker clock ahead
+    ('{"duration_s": 1}', None),
+    ("[1]", None),
+])
+def test_commit_latency_is_event_time_minus_handler_end(prov: str | None,
+                                                        expected: float | None) -> None:
+    from jobcoord.metrics import _parse_iso_us, commit_latency_s
+
+    at = _parse_iso_us("2026-01-01T00:00:02Z")
+    assert at is not None
+    assert commit_latency_s(at, prov) == expected
