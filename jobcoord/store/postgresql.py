@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, func, select
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -19,6 +19,7 @@ from sqlalchemy.pool import QueuePool
 
 from .. import faults
 from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
+from ..schema import jobs, leases
 from ..validate import dumps
 from . import statements as s
 from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
@@ -256,17 +257,18 @@ def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None) -> tuple[str, d
 # PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
 # each takes the row locks of what it is about to change, and a reaper skips rows another
 # transaction holds instead of failing its compare-and-set after waiting for them.
-_EXPIRED_LEASES_LOCKED = s.SQL(s.EXPIRED_LEASES.source + " FOR UPDATE OF l, j SKIP LOCKED")
-_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING.source + " FOR UPDATE SKIP LOCKED")
+_EXPIRED_LEASES_LOCKED = s.SQL(
+    s.EXPIRED_LEASES_SELECT.with_for_update(of=[leases, jobs], skip_locked=True))
+_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING_SELECT.with_for_update(skip_locked=True))
 # The fence read takes the job row's lock itself: a concurrent reaper, completer or operator
 # holding it is waited for, and the row read is the version it committed. The lease columns
 # come from the statement's snapshot; the only change to a lease that leaves its job row alone
 # is a renewal, which no lock of the job row would wait for anyway.
-_OWNED_LOCKED = s.SQL(s.OWNED.source + " FOR UPDATE OF j")
-_LOCK_JOB = s.SQL("SELECT job_id FROM jobs WHERE job_id = :job_id FOR UPDATE")
+_OWNED_LOCKED = s.SQL(s.OWNED_SELECT.with_for_update(of=jobs))
+_LOCK_JOB = s.SQL(select(jobs.c.job_id).where(jobs.c.job_id == s.P("job_id")).with_for_update())
 _NEXT_JOB_IDS = s.SQL(
-    "SELECT nextval(pg_get_serial_sequence('jobs', 'job_id')) FROM generate_series(1, :n)"
-)
+    select(func.nextval(func.pg_get_serial_sequence(s.const("jobs"), s.const("job_id"))))
+    .select_from(func.generate_series(s.ONE, s.P("n"))))
 
 
 class PostgresDatabase(Database):

@@ -1,14 +1,45 @@
-"""The statements both stores run, written once with `:name` parameters and compiled by
-SQLAlchemy into each driver's own parameter style, and the claim's candidate select per shape.
+"""The statements both stores run, built from the Core tables of `schema.py` (so every column
+list comes from the one definition of the schema), compiled by SQLAlchemy once per dialect
+into the driver's own parameter style, and the claim's candidate select per shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy import (
+    ColumnElement,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    select,
+    update,
+)
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import ClauseElement
+
+from ..schema import checkpoints, job_events, jobs, leases, workers
+
+_SET_ITEM = re.compile(r"(^|, )(\w+)=")
+
+
+class _Spelling:
+    """What the stores' compilers write differently from SQLAlchemy's defaults."""
+
+    def visit_update(self, update_stmt: Any, **kw: Any) -> str:
+        # SQLAlchemy writes `SET a=:a, b=:b`; the statements have always read
+        # `SET a = :a, b = :b`, as listeners and plans in the docs quote them.
+        text = str(super().visit_update(update_stmt, **kw))  # type: ignore[misc]
+        head, sep, rest = text.partition(" SET ")
+        end = min((i for i in (rest.find(" WHERE "), rest.find(" RETURNING ")) if i >= 0),
+                  default=len(rest))
+        return head + sep + _SET_ITEM.sub(r"\1\2 = ", rest[:end]) + rest[end:]
 
 
 def _dialect(name: str) -> Dialect:
@@ -17,13 +48,38 @@ def _dialect(name: str) -> Dialect:
     dialect = _DIALECTS.get(name)
     if dialect is None:
         if name == "sqlite":
+            from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
             from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-            dialect = SQLiteDialect_pysqlite(paramstyle="named")
-        else:
-            from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+            class Compiler(_Spelling, SQLiteCompiler):
+                def limit_clause(self, select: Any, **kw: Any) -> str:
+                    # SQLAlchemy adds "OFFSET ?" bound to 0 to every LIMIT: a parameter the
+                    # cached statement would have to carry, for nothing.
+                    if select._offset_clause is None and select._limit_clause is not None:
+                        return "\n LIMIT " + self.process(select._limit_clause, **kw)
+                    return str(super().limit_clause(select, **kw))
 
-            dialect = PGDialect_psycopg()
+            class Pysqlite(SQLiteDialect_pysqlite):
+                statement_compiler = Compiler
+
+            dialect = Pysqlite(paramstyle="named")
+        else:
+            from sqlalchemy.dialects.postgresql.psycopg import (
+                PGCompiler_psycopg,
+                PGDialect_psycopg,
+            )
+            from sqlalchemy.engine.interfaces import BindTyping
+
+            class PGCompiler(_Spelling, PGCompiler_psycopg):
+                pass
+
+            class Psycopg(PGDialect_psycopg):
+                statement_compiler = PGCompiler
+
+            dialect = Psycopg()
+            # No "::TYPE" casts on the parameters: the driver binds typed values itself, and
+            # the statements keep the plans measured without them.
+            dialect.bind_typing = BindTyping.NONE
         _DIALECTS[name] = dialect
     return dialect
 
@@ -31,24 +87,66 @@ def _dialect(name: str) -> Dialect:
 _DIALECTS: dict[str, Dialect] = {}
 
 
+def _dialect_insert(name: str) -> Callable[..., Any]:
+    """The dialect's own `insert`, the one with on_conflict_do_nothing / _do_update."""
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    return pg_insert
+
+
+#: What a statement is made from: SQL text with `:name` parameters, a Core statement, or a
+#: function of the dialect's own `insert` giving one (for ON CONFLICT, which each dialect
+#: spells with its own construct).
+Source = str | ClauseElement | Callable[[Callable[..., Any]], ClauseElement]
+
+
 class SQL:
-    """One statement written once with `:name` parameters, compiled by SQLAlchemy once per
-    dialect into the driver's own parameter style, so the hot path can hand it straight to
-    the DB-API cursor."""
+    """One statement, compiled by SQLAlchemy once per dialect into the driver's own named
+    parameter style (SQLite `:name`, psycopg `%(name)s`: both take a mapping, so no
+    parameter order is kept), so the hot path can hand the cached string straight to the
+    DB-API cursor."""
 
-    __slots__ = ("_texts", "source")
+    __slots__ = ("_source", "_texts")
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, source: Source) -> None:
+        self._source = source
         self._texts: dict[str, str] = {}
+
+    @property
+    def source(self) -> str:
+        """The statement as text with `:name` parameters (SQLite's compilation of a built
+        one): for reading, and for the tests that prepare every statement."""
+        return self._source if isinstance(self._source, str) else self.text("sqlite")
 
     def text(self, dialect: str) -> str:
         """The statement for the named dialect's driver (compiled on first use)."""
         compiled = self._texts.get(dialect)
         if compiled is None:
-            compiled = self._texts[dialect] = str(
-                sql_text(self.source).compile(dialect=_dialect(dialect)))
+            compiled = self._texts[dialect] = self._compile(dialect)
         return compiled
+
+    def element(self, dialect: str) -> ClauseElement:
+        """The statement as SQLAlchemy builds it for this dialect."""
+        source = self._source
+        if isinstance(source, str):
+            return sql_text(source)
+        if isinstance(source, ClauseElement):
+            return source
+        return source(_dialect_insert(dialect))
+
+    def _compile(self, dialect: str) -> str:
+        compiled = self.element(dialect).compile(dialect=_dialect(dialect))
+        # Every value comes from the caller's parameters: a value SQLAlchemy bound itself
+        # (a Python constant in the statement) would be missing when the cached text runs.
+        bound = [name for name, bind in compiled.binds.items() if bind.value is not None]
+        if bound:
+            raise ValueError(f"statement binds constants {bound}: write them with "
+                             "literal_column so the cached text carries them")
+        return str(compiled)
 
     @property
     def sqlite(self) -> str:
@@ -72,137 +170,145 @@ class SQL:
 
 _SQL_CACHE: dict[str, SQL] = {}
 
+
+def const(value: str | int) -> ColumnElement[Any]:
+    """A constant written into the statement's text, not bound: the partial claim and
+    deadline indexes match only a literal `status = 'waiting'`."""
+    return literal_column(f"'{value}'" if isinstance(value, str) else str(int(value)))
+
+
+P = bindparam
+ZERO, ONE = const(0), const(1)
+J, L, E, W, C = jobs.c, leases.c, job_events.c, workers.c, checkpoints.c
+WAITING = J.status == const("waiting")
+
+#: A new job's values: the caller's parameters, a new job's fixed starting state.
+_NEW_JOB = {
+    "tenant": P("tenant"), "kind": P("kind"), "required_role": P("role"),
+    "priority": P("priority"), "payload_json": P("payload"), "status": const("waiting"),
+    "created_at": P("now"), "updated_at": P("now"), "run_after": P("run_after"),
+    "deadline_at": P("deadline"), "attempts": ZERO, "max_attempts": P("max_attempts"),
+    "epoch": ZERO, "effect_started": P("f"), "cancel_requested": P("f"),
+}
+
 INSERT_JOB = SQL(
-    "INSERT INTO jobs (tenant, kind, required_role, priority, payload_json, status, created_at,"
-    " updated_at, run_after, deadline_at, attempts, max_attempts, epoch, idempotency_key,"
-    " effect_started, cancel_requested)"
-    " VALUES (:tenant, :kind, :role, :priority, :payload, 'waiting', :now, :now, :run_after,"
-    " :deadline, 0, :max_attempts, 0, :key, :f, :f)"
+    lambda insert: insert(jobs).values(**_NEW_JOB, idempotency_key=P("key"))
     # Two submissions with one key at once (PostgreSQL: neither sees the other's row yet):
     # the later insert waits for the earlier, then inserts nothing instead of failing.
-    " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING job_id"
+    .on_conflict_do_nothing(index_elements=[J.tenant, J.idempotency_key])
+    .returning(J.job_id)
 )
 # A batch without idempotency keys: ids computed inside the write transaction, so the rows go
 # in with one executemany instead of one round trip (and one RETURNING) per job.
-INSERT_JOB_AT = SQL(
-    "INSERT INTO jobs (job_id, tenant, kind, required_role, priority, payload_json, status,"
-    " created_at, updated_at, run_after, deadline_at, attempts, max_attempts, epoch,"
-    " idempotency_key, effect_started, cancel_requested)"
-    " VALUES (:job_id, :tenant, :kind, :role, :priority, :payload, 'waiting', :now, :now,"
-    " :run_after, :deadline, 0, :max_attempts, 0, NULL, :f, :f)"
-)
-LAST_JOB_ID = SQL("SELECT COALESCE(MAX(job_id), 0) FROM jobs")
-INSERT_EVENT = SQL(
-    "INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id, epoch,"
-    " detail) VALUES (:job_id, :now, :from_status, :to_status, :reason, :worker, :epoch,"
-    " :detail)"
-)
+INSERT_JOB_AT = SQL(insert(jobs).values(**_NEW_JOB, job_id=P("job_id"), idempotency_key=null()))
+LAST_JOB_ID = SQL(select(func.coalesce(func.max(J.job_id), ZERO)))
+# Inline: the insert returns nothing, not even the new event's id (which PostgreSQL's
+# compiler would otherwise ask back).
+INSERT_EVENT = SQL(insert(job_events).inline().values(
+    job_id=P("job_id"), at=P("now"), from_status=P("from_status"), to_status=P("to_status"),
+    reason=P("reason"), worker_id=P("worker"), epoch=P("epoch"), detail=P("detail")))
 JOB_BY_KEY = SQL(
-    "SELECT job_id, kind, payload_json, priority, required_role, max_attempts FROM jobs"
-    " WHERE tenant = :tenant AND idempotency_key = :key"
-)
+    select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts)
+    .where(J.tenant == P("tenant"), J.idempotency_key == P("key")))
 # The max_attempts a keyed job was submitted with: releases and operator retries raise the
 # stored one later, so the key is compared with what the `enqueued` event recorded.
 SUBMITTED_DETAIL = SQL(
-    "SELECT detail FROM job_events WHERE job_id = :job_id AND reason = 'enqueued'"
-    " ORDER BY event_id LIMIT 1"
-)
-RELEASES = SQL(
-    "SELECT COUNT(*) FROM job_events WHERE job_id = :job_id AND reason = 'worker_shutdown'"
-)
+    select(E.detail).where(E.job_id == P("job_id"), E.reason == const("enqueued"))
+    .order_by(E.event_id).limit(ONE))
+RELEASES = SQL(select(func.count()).select_from(job_events).where(
+    E.job_id == P("job_id"), E.reason == const("worker_shutdown")))
 WORKER = SQL(
-    "SELECT roles_json, kinds_json, heartbeat_at, memory_used_pct, temperature_c, on_battery,"
-    " user_idle_s FROM workers WHERE worker_id = :worker"
-)
+    select(W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct, W.temperature_c,
+           W.on_battery, W.user_idle_s).where(W.worker_id == P("worker")))
 ALL_WORKERS = SQL(
-    "SELECT worker_id, roles_json, kinds_json, heartbeat_at, memory_used_pct, temperature_c,"
-    " on_battery, user_idle_s, last_refusal, last_refusal_detail, last_refusal_at,"
-    " heartbeat_raw FROM workers ORDER BY worker_id"
-)
-UPSERT_WORKER = SQL(
-    "INSERT INTO workers (worker_id, roles_json, kinds_json, heartbeat_raw, heartbeat_at,"
-    " memory_used_pct, temperature_c, on_battery, user_idle_s, created_at)"
-    " VALUES (:worker, :roles, :kinds, :raw, :now, :mem, :temp, :battery, :idle, :now)"
-    " ON CONFLICT (worker_id) DO UPDATE SET roles_json = excluded.roles_json,"
-    " kinds_json = excluded.kinds_json, heartbeat_raw = excluded.heartbeat_raw,"
-    " heartbeat_at = excluded.heartbeat_at, memory_used_pct = excluded.memory_used_pct,"
-    " temperature_c = excluded.temperature_c, on_battery = excluded.on_battery,"
-    " user_idle_s = excluded.user_idle_s"
-)
-RECORD_REFUSAL = SQL(
-    "UPDATE workers SET last_refusal = :code, last_refusal_detail = :detail,"
-    " last_refusal_at = :now WHERE worker_id = :worker"
-)
-TAKE_JOB = SQL(
-    "UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
-    " effect_started = :f, updated_at = :now WHERE job_id = :job_id AND status = 'waiting'"
-    " RETURNING job_id, kind, priority, payload_json, attempts, max_attempts, epoch, tenant"
-)
-INSERT_LEASE = SQL(
-    "INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at)"
-    " VALUES (:job_id, :worker, :epoch, :now, :expires)"
-)
-CHECKPOINTS = SQL(
-    "SELECT name, data_json, epoch, worker_id, updated_at FROM checkpoints"
-    " WHERE job_id = :job_id ORDER BY name"
-)
-OWNED = SQL(
-    "SELECT j.status, j.epoch, j.tenant, j.cancel_requested, j.effect_started, j.attempts,"
-    " j.max_attempts, j.deadline_at, j.result_json, l.worker_id, l.epoch, l.expires_at"
-    " FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = :job_id"
-)
-FINISH = SQL(
-    "UPDATE jobs SET status = :to_status, result_json = :result, provenance_json = :provenance,"
-    " last_error = :error, finished_at = :finished, run_after = :run_after, updated_at = :now"
-    " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch"
-)
-GRANT_ATTEMPT = SQL("UPDATE jobs SET max_attempts = :max_attempts WHERE job_id = :job_id")
-DROP_LEASE = SQL("DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch")
-RENEW = SQL(
-    "UPDATE leases SET expires_at = :expires WHERE job_id = :job_id AND epoch = :epoch"
-    " AND worker_id = :worker AND expires_at > :now"
-)
-MARK_EFFECT = SQL(
-    "UPDATE jobs SET effect_started = :t, updated_at = :now WHERE job_id = :job_id"
-    " AND status = 'running' AND epoch = :epoch"
-)
-UPSERT_CHECKPOINT = SQL(
-    "INSERT INTO checkpoints (job_id, name, data_json, epoch, worker_id, created_at,"
-    " updated_at) VALUES (:job_id, :name, :data, :epoch, :worker, :now, :now)"
-    " ON CONFLICT (job_id, name) DO UPDATE SET data_json = excluded.data_json,"
-    " epoch = excluded.epoch, worker_id = excluded.worker_id, updated_at = excluded.updated_at"
-)
-EXPIRED_LEASES = SQL(
-    "SELECT l.job_id, l.epoch, l.worker_id, l.expires_at, j.effect_started, j.attempts,"
-    " j.max_attempts, j.deadline_at, j.cancel_requested FROM leases l"
-    " JOIN jobs j ON j.job_id = l.job_id WHERE l.expires_at <= :now"
-    " ORDER BY l.expires_at LIMIT :limit"
-)
-OVERDUE_WAITING = SQL(
-    "SELECT job_id, epoch FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
-    " ORDER BY deadline_at LIMIT :limit"
-)
-REQUEST_CANCEL = SQL(
-    "UPDATE jobs SET cancel_requested = :t, updated_at = :now WHERE job_id = :job_id"
-)
-BACK_TO_WAITING = SQL(
-    "UPDATE jobs SET status = 'waiting', run_after = :now, updated_at = :now,"
-    " finished_at = NULL, effect_started = :f, cancel_requested = :f,"
-    " max_attempts = :max_attempts, deadline_at = :deadline"
-    " WHERE job_id = :job_id AND status = :status"
-)
-SETTLE_UNKNOWN = SQL(
-    "UPDATE jobs SET status = :to_status, result_json = COALESCE(:result, result_json),"
-    " finished_at = :now, updated_at = :now WHERE job_id = :job_id AND status = 'unknown'"
-)
-JOB_STATUS = SQL("SELECT status FROM jobs WHERE job_id = :job_id")
-ANY_WAITING = SQL("SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1")
-SET_STATUS = SQL(
-    "UPDATE jobs SET status = :to_status, updated_at = :now, finished_at = :finished,"
-    " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
-    " AND status = :from_status AND epoch = :epoch"
-)
+    select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct,
+           W.temperature_c, W.on_battery, W.user_idle_s, W.last_refusal,
+           W.last_refusal_detail, W.last_refusal_at, W.heartbeat_raw).order_by(W.worker_id))
 
+
+def _upsert(insert: Callable[..., Any], table: Any, values: dict[str, Any],
+            key: Sequence[str], keep: Sequence[str]) -> ClauseElement:
+    """Insert a row or, when its key exists, overwrite every column but `keep` (and the key)
+    with the new row's."""
+    stmt = insert(table).values(**values)
+    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[table.c[k] for k in key],
+        set_={name: stmt.excluded[name] for name in values if name not in (*key, *keep)})
+
+
+UPSERT_WORKER = SQL(lambda insert: _upsert(insert, workers, {
+    "worker_id": P("worker"), "roles_json": P("roles"), "kinds_json": P("kinds"),
+    "heartbeat_raw": P("raw"), "heartbeat_at": P("now"), "memory_used_pct": P("mem"),
+    "temperature_c": P("temp"), "on_battery": P("battery"), "user_idle_s": P("idle"),
+    "created_at": P("now")}, key=("worker_id",), keep=("created_at",)))
+RECORD_REFUSAL = SQL(update(workers).where(W.worker_id == P("worker")).values(
+    last_refusal=P("code"), last_refusal_detail=P("detail"), last_refusal_at=P("now")))
+#: What a claim returns of the job it took, in this order.
+TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
+                 J.epoch, J.tenant)
+TAKE_JOB = SQL(
+    update(jobs).where(J.job_id == P("job_id"), WAITING)
+    .values(status=const("running"), epoch=J.epoch + ONE, attempts=J.attempts + ONE,
+            effect_started=P("f"), updated_at=P("now"))
+    .returning(*TAKEN_COLUMNS))
+INSERT_LEASE = SQL(insert(leases).values(
+    job_id=P("job_id"), worker_id=P("worker"), epoch=P("epoch"), granted_at=P("now"),
+    expires_at=P("expires")))
+CHECKPOINTS = SQL(
+    select(C.name, C.data_json, C.epoch, C.worker_id, C.updated_at)
+    .where(C.job_id == P("job_id")).order_by(C.name))
+OWNED_SELECT = (
+    select(J.status, J.epoch, J.tenant, J.cancel_requested, J.effect_started, J.attempts,
+           J.max_attempts, J.deadline_at, J.result_json, L.worker_id, L.epoch, L.expires_at)
+    .select_from(jobs.outerjoin(leases, L.job_id == J.job_id))
+    .where(J.job_id == P("job_id")))
+OWNED = SQL(OWNED_SELECT)
+RUNNING_AT_EPOCH = (J.job_id == P("job_id"), J.status == const("running"),
+                    J.epoch == P("epoch"))
+FINISH = SQL(update(jobs).where(*RUNNING_AT_EPOCH).values(
+    status=P("to_status"), result_json=P("result"), provenance_json=P("provenance"),
+    last_error=P("error"), finished_at=P("finished"), run_after=P("run_after"),
+    updated_at=P("now")))
+GRANT_ATTEMPT = SQL(update(jobs).where(J.job_id == P("job_id"))
+                    .values(max_attempts=P("max_attempts")))
+DROP_LEASE = SQL(delete(leases).where(L.job_id == P("job_id"), L.epoch == P("epoch")))
+RENEW = SQL(update(leases).where(
+    L.job_id == P("job_id"), L.epoch == P("epoch"), L.worker_id == P("worker"),
+    L.expires_at > P("now")).values(expires_at=P("expires")))
+MARK_EFFECT = SQL(update(jobs).where(*RUNNING_AT_EPOCH)
+                  .values(effect_started=P("t"), updated_at=P("now")))
+UPSERT_CHECKPOINT = SQL(lambda insert: _upsert(insert, checkpoints, {
+    "job_id": P("job_id"), "name": P("name"), "data_json": P("data"), "epoch": P("epoch"),
+    "worker_id": P("worker"), "created_at": P("now"), "updated_at": P("now")},
+    key=("job_id", "name"), keep=("created_at",)))
+EXPIRED_LEASES_SELECT = (
+    select(L.job_id, L.epoch, L.worker_id, L.expires_at, J.effect_started, J.attempts,
+           J.max_attempts, J.deadline_at, J.cancel_requested)
+    .select_from(leases.join(jobs, J.job_id == L.job_id)).where(L.expires_at <= P("now"))
+    .order_by(L.expires_at).limit(P("limit")))
+EXPIRED_LEASES = SQL(EXPIRED_LEASES_SELECT)
+OVERDUE_WAITING_SELECT = (
+    select(J.job_id, J.epoch).where(WAITING, J.deadline_at <= P("now"))
+    .order_by(J.deadline_at).limit(P("limit")))
+OVERDUE_WAITING = SQL(OVERDUE_WAITING_SELECT)
+REQUEST_CANCEL = SQL(update(jobs).where(J.job_id == P("job_id"))
+                     .values(cancel_requested=P("t"), updated_at=P("now")))
+BACK_TO_WAITING = SQL(update(jobs).where(J.job_id == P("job_id"), J.status == P("status"))
+                      .values(status=const("waiting"), run_after=P("now"), updated_at=P("now"),
+                              finished_at=null(), effect_started=P("f"),
+                              cancel_requested=P("f"), max_attempts=P("max_attempts"),
+                              deadline_at=P("deadline")))
+SETTLE_UNKNOWN = SQL(
+    update(jobs).where(J.job_id == P("job_id"), J.status == const("unknown"))
+    .values(status=P("to_status"), result_json=func.coalesce(P("result"), J.result_json),
+            finished_at=P("now"), updated_at=P("now")))
+JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
+ANY_WAITING = SQL(select(ONE).where(WAITING).limit(ONE))
+SET_STATUS = SQL(
+    update(jobs).where(J.job_id == P("job_id"), J.status == P("from_status"),
+                       J.epoch == P("epoch"))
+    .values(status=P("to_status"), updated_at=P("now"), finished_at=P("finished"),
+            last_error=func.coalesce(P("error"), J.last_error)))
 
 
 class PruneStatements:
@@ -243,20 +349,13 @@ class PruneStatements:
         return f"DELETE FROM jobs WHERE job_id IN ({self._ids(n)}) AND {self.guard}"
 
 
+#: A job's whole row (`:job_id`), its columns as the schema names them.
+JOB_ROW = select(jobs).where(J.job_id == P("job_id"))
+
+
 def job_row() -> Any:
-    """A job's whole row (`:job_id`), its columns as the model names them. Built on first use:
-    the models import SQLAlchemy's ORM, which the claim and complete commands never need."""
-    global _JOB_ROW
-    if _JOB_ROW is None:
-        from sqlalchemy import bindparam, select
-
-        from ..models import Job
-
-        _JOB_ROW = select(Job.__table__).where(Job.__table__.c.job_id == bindparam("job_id"))
-    return _JOB_ROW
-
-
-_JOB_ROW: Any = None
+    """A job's whole row (`:job_id`), its columns as the schema names them."""
+    return JOB_ROW
 
 
 # --- the claim's candidate select -----------------------------------------------------------
