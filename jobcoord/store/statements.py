@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    CTE,
     ColumnElement,
     bindparam,
     delete,
@@ -17,16 +18,19 @@ from sqlalchemy import (
     insert,
     literal_column,
     null,
+    or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ..schema import checkpoints, job_events, jobs, leases, workers
+from ..schema import checkpoints, job_events, jobs, leases, metadata, workers
 
 _SET_ITEM = re.compile(r"(^|, )(\w+)=")
+_LINE_BREAK = re.compile(r" *\n *")
 
 
 class _Spelling:
@@ -42,10 +46,11 @@ class _Spelling:
         return head + sep + _SET_ITEM.sub(r"\1\2 = ", rest[:end]) + rest[end:]
 
 
-def _dialect(name: str) -> Dialect:
+def _dialect(name: str, named: bool = False) -> Dialect:
     """The dialect whose compiler gives the driver's own parameter style (SQLite: `:name`,
-    psycopg: `%(name)s`); imported on first use, so a SQLite process never loads psycopg's."""
-    dialect = _DIALECTS.get(name)
+    psycopg: `%(name)s`), or with `named` the `:name` style whatever the driver (for reading
+    a statement); imported on first use, so a SQLite process never loads psycopg's."""
+    dialect = _DIALECTS.get((name, named))
     if dialect is None:
         if name == "sqlite":
             from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
@@ -76,15 +81,15 @@ def _dialect(name: str) -> Dialect:
             class Psycopg(PGDialect_psycopg):
                 statement_compiler = PGCompiler
 
-            dialect = Psycopg()
+            dialect = Psycopg(paramstyle="named") if named else Psycopg()
             # No "::TYPE" casts on the parameters: the driver binds typed values itself, and
             # the statements keep the plans measured without them.
             dialect.bind_typing = BindTyping.NONE
-        _DIALECTS[name] = dialect
+        _DIALECTS[name, named] = dialect
     return dialect
 
 
-_DIALECTS: dict[str, Dialect] = {}
+_DIALECTS: dict[tuple[str, bool], Dialect] = {}
 
 
 def _dialect_insert(name: str) -> Callable[..., Any]:
@@ -138,15 +143,26 @@ class SQL:
             return source
         return source(_dialect_insert(dialect))
 
-    def _compile(self, dialect: str) -> str:
-        compiled = self.element(dialect).compile(dialect=_dialect(dialect))
+    def named(self, dialect: str) -> str:
+        """The statement as the dialect spells it, with `:name` parameters (for reading it,
+        or a plan)."""
+        if isinstance(self._source, str):
+            return self._source
+        return self._compile(dialect, named=True)
+
+    def _compile(self, dialect: str, named: bool = False) -> str:
+        compiled = self.element(dialect).compile(dialect=_dialect(dialect, named))
         # Every value comes from the caller's parameters: a value SQLAlchemy bound itself
         # (a Python constant in the statement) would be missing when the cached text runs.
         bound = [name for name, bind in compiled.binds.items() if bind.value is not None]
         if bound:
             raise ValueError(f"statement binds constants {bound}: write them with "
                              "literal_column so the cached text carries them")
-        return str(compiled)
+        if isinstance(self._source, str):
+            return str(compiled)
+        # One line, as logs, listeners and plans quote it: SQLAlchemy breaks lines before
+        # FROM, WHERE, LIMIT and each CTE's body; no constant here holds a line break.
+        return _LINE_BREAK.sub(" ", str(compiled))
 
     @property
     def sqlite(self) -> str:
@@ -246,11 +262,13 @@ RECORD_REFUSAL = SQL(update(workers).where(W.worker_id == P("worker")).values(
 #: What a claim returns of the job it took, in this order.
 TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
                  J.epoch, J.tenant)
-TAKE_JOB = SQL(
-    update(jobs).where(J.job_id == P("job_id"), WAITING)
+#: A claim's take of a waiting job (without which job: the stores say).
+TAKE_JOB_UPDATE = (
+    update(jobs).where(WAITING)
     .values(status=const("running"), epoch=J.epoch + ONE, attempts=J.attempts + ONE,
             effect_started=P("f"), updated_at=P("now"))
     .returning(*TAKEN_COLUMNS))
+TAKE_JOB = SQL(TAKE_JOB_UPDATE.where(J.job_id == P("job_id")))
 INSERT_LEASE = SQL(insert(leases).values(
     job_id=P("job_id"), worker_id=P("worker"), epoch=P("epoch"), granted_at=P("now"),
     expires_at=P("expires")))
@@ -265,13 +283,15 @@ OWNED_SELECT = (
 OWNED = SQL(OWNED_SELECT)
 RUNNING_AT_EPOCH = (J.job_id == P("job_id"), J.status == const("running"),
                     J.epoch == P("epoch"))
-FINISH = SQL(update(jobs).where(*RUNNING_AT_EPOCH).values(
+FINISH_UPDATE = update(jobs).where(*RUNNING_AT_EPOCH).values(
     status=P("to_status"), result_json=P("result"), provenance_json=P("provenance"),
     last_error=P("error"), finished_at=P("finished"), run_after=P("run_after"),
-    updated_at=P("now")))
+    updated_at=P("now"))
+FINISH = SQL(FINISH_UPDATE)
 GRANT_ATTEMPT = SQL(update(jobs).where(J.job_id == P("job_id"))
                     .values(max_attempts=P("max_attempts")))
-DROP_LEASE = SQL(delete(leases).where(L.job_id == P("job_id"), L.epoch == P("epoch")))
+DROP_LEASE_DELETE = delete(leases).where(L.job_id == P("job_id"), L.epoch == P("epoch"))
+DROP_LEASE = SQL(DROP_LEASE_DELETE)
 RENEW = SQL(update(leases).where(
     L.job_id == P("job_id"), L.epoch == P("epoch"), L.worker_id == P("worker"),
     L.expires_at > P("now")).values(expires_at=P("expires")))
@@ -322,31 +342,49 @@ class PruneStatements:
     then pass the new one's fence."""
 
     def __init__(self, n_statuses: int, *, by_tenant: bool, related: Sequence[str]) -> None:
-        self.guard = (f"status IN ({', '.join(f':s{i}' for i in range(n_statuses))})"
-                      " AND finished_at < :cutoff AND job_id < (SELECT MAX(job_id) FROM jobs)"
-                      + (" AND tenant = :tenant" if by_tenant else ""))
-        picked = f"SELECT job_id FROM jobs WHERE {self.guard}"
+        newest = select(func.max(J.job_id)).correlate(None).scalar_subquery()
+        self.guard = [J.status.in_([P(f"s{i}") for i in range(n_statuses)]),
+                      J.finished_at < P("cutoff"), J.job_id < newest]
+        if by_tenant:
+            self.guard.append(J.tenant == P("tenant"))
+        self._tables = {name: metadata.tables[name] for name in related}
+        picked = select(J.job_id).where(*self.guard)
         #: How many jobs, and keys, the prune would delete (dry run).
-        self.count_jobs = ("SELECT COUNT(*), COUNT(idempotency_key) FROM jobs"
-                           f" WHERE {self.guard}")
+        self.count_jobs = SQL(select(func.count(), func.count(J.idempotency_key))
+                              .where(*self.guard))
         #: How many rows of each related table go with them (dry run).
-        self.count_related = {table: f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({picked})"
-                              for table in related}
-        #: The next batch (:limit) of jobs to delete, oldest id first.
-        self.pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {self.guard}"
-                     " ORDER BY job_id LIMIT :limit")
+        self.count_related = {
+            name: SQL(select(func.count()).select_from(table)
+                      .where(table.c.job_id.in_(picked)))
+            for name, table in self._tables.items()}
+        #: The next batch (:limit) of jobs to delete, oldest id first, held until commit
+        #: (PostgreSQL: rows another prune holds are skipped; SQLite's compiler writes no
+        #: lock, BEGIN IMMEDIATE holds the only write lock).
+        self.pick = SQL(select(J.job_id, J.idempotency_key).where(*self.guard)
+                        .order_by(J.job_id).limit(P("limit"))
+                        .with_for_update(skip_locked=True))
+        self._by_size: dict[tuple[str, int], SQL] = {}
 
     @staticmethod
-    def _ids(n: int) -> str:
-        return ", ".join(f":j{i}" for i in range(n))
+    def _ids(n: int) -> list[Any]:
+        return [P(f"j{i}") for i in range(n)]
 
-    def count_related_of(self, table: str, n: int) -> str:
+    def count_related_of(self, table: str, n: int) -> SQL:
         """Rows of `table` that go with the batch's jobs :j0..."""
-        return f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({self._ids(n)})"
+        stmt = self._by_size.get((table, n))
+        if stmt is None:
+            t = self._tables[table]
+            stmt = self._by_size[table, n] = SQL(
+                select(func.count()).select_from(t).where(t.c.job_id.in_(self._ids(n))))
+        return stmt
 
-    def delete_of(self, n: int) -> str:
+    def delete_of(self, n: int) -> SQL:
         """Delete the batch's jobs :j0..., the guard checked again."""
-        return f"DELETE FROM jobs WHERE job_id IN ({self._ids(n)}) AND {self.guard}"
+        stmt = self._by_size.get(("", n))
+        if stmt is None:
+            stmt = self._by_size["", n] = SQL(
+                delete(jobs).where(J.job_id.in_(self._ids(n)), *self.guard))
+        return stmt
 
 
 #: A job's whole row (`:job_id`), its columns as the schema names them.
@@ -360,8 +398,8 @@ def job_row() -> Any:
 
 # --- the claim's candidate select -----------------------------------------------------------
 
-#: Candidate statements by shape (roles, kinds, due only, lock clause).
-_CANDIDATE_TEXT: dict[tuple[int, int | None, bool, str], str] = {}
+#: Candidate statements by shape (roles, kinds, due only, locked).
+_CANDIDATES: dict[tuple[int, int | None, bool, bool], SQL] = {}
 
 
 def role_kind_params(roles: Sequence[str], kinds: Sequence[str] | None) -> dict[str, Any]:
@@ -373,53 +411,64 @@ def role_kind_params(roles: Sequence[str], kinds: Sequence[str] | None) -> dict[
     return params
 
 
+#: Claim order: priority, then age.
+CLAIM_ORDER = (J.priority, J.created_at, J.job_id)
+#: A waiting job a claim may take now (:maxp, :now).
+CLAIMABLE = (WAITING, J.priority <= P("maxp"), J.run_after <= P("now"),
+             or_(J.deadline_at.is_(None), J.deadline_at > P("now")))
+
+
+def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
+           limit: Any = ONE) -> list[CTE]:
+    """One index probe per (role, kind), each a MATERIALIZED CTE (c<i>_<j>) reading only the
+    first `limit` rows of its slice of the partial claim index, however many jobs wait for
+    other roles and kinds; role 0 is "no role". `locked` takes each row read with FOR UPDATE
+    SKIP LOCKED (only PostgreSQL's compiler writes it)."""
+    out = []
+    for i in range(n_roles + 1):
+        for j in range(1 if n_kinds is None else n_kinds):
+            where: list[Any] = [WAITING, J.priority <= P("maxp"),
+                                J.required_role.is_(None) if i == 0
+                                else J.required_role == P(f"r{i}")]
+            if n_kinds is not None:
+                where.append(J.kind == P(f"k{j}"))
+            if due_only:
+                where.extend(CLAIMABLE[2:])
+            probe = (select(J.job_id, J.priority, J.created_at).where(*where)
+                     .order_by(*CLAIM_ORDER).limit(limit))
+            if locked:
+                probe = probe.with_for_update(skip_locked=True)
+            out.append(probe.cte(f"c{i}_{j}").prefix_with("MATERIALIZED"))
+    return out
+
+
+def union_of(ctes: Sequence[CTE]) -> Any:
+    """Every probe's rows, one after the other."""
+    return union_all(*(select(cte) for cte in ctes))
+
+
+def candidate(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool) -> SQL:
+    """The first of the probes' heads in claim order (:maxp, :now, :r1.., :k0..); built and
+    compiled once per shape, not per claim."""
+    shape = (n_roles, n_kinds, due_only, locked)
+    stmt = _CANDIDATES.get(shape)
+    if stmt is None:
+        heads = union_of(probes(n_roles, n_kinds, due_only=due_only, locked=locked)
+                         ).subquery("candidates")
+        stmt = _CANDIDATES[shape] = SQL(
+            select(heads.c.job_id).order_by(heads.c.priority, heads.c.created_at,
+                                            heads.c.job_id).limit(ONE))
+    return stmt
+
+
 def candidate_sql(roles: Sequence[str], kinds: Sequence[str] | None, *, due_only: bool,
-                  lock: str) -> tuple[str, dict[str, Any]]:
-    """One index probe per (role, kind): each reads only the head of its slice of the
-    partial claim index, however many jobs wait for other roles and kinds. `lock` is the
-    store's row-locking clause for each probe ("" for none)."""
-    # The text depends only on the shape, so it is built once per shape, not per claim.
-    shape = (len(roles), None if kinds is None else len(kinds), due_only, lock)
-    text = _CANDIDATE_TEXT.get(shape)
-    if text is None:
-        text = _CANDIDATE_TEXT[shape] = candidate_text(roles, kinds, due_only, lock)
-    return text, role_kind_params(roles, kinds)
+                  locked: bool) -> tuple[SQL, dict[str, Any]]:
+    """The candidate select for this worker's roles and kinds, and their parameters."""
+    return (candidate(len(roles), None if kinds is None else len(kinds), due_only=due_only,
+                      locked=locked), role_kind_params(roles, kinds))
 
 
 def candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
-                   lock: str) -> str:
-    probes, pick = candidate_parts(roles, kinds, due_only, lock)
-    return f"WITH {probes} {pick}"
-
-
-def candidate_parts(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
-                    lock: str, *, limit: str = "1", union_only: bool = False
-                    ) -> tuple[str, str]:
-    """The probes (named CTEs) and the select that picks the first of their heads (or,
-    with union_only, the union of every probe's rows)."""
-    parts = []
-    role_opts: list[str | None] = [None, *roles]
-    kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
-    for i, role in enumerate(role_opts):
-        for j, kind in enumerate(kind_opts):
-            where = ["status = 'waiting'", "priority <= :maxp"]
-            if role is None:
-                where.append("required_role IS NULL")
-            else:
-                where.append(f"required_role = :r{i}")
-            if kind is not None:
-                where.append(f"kind = :k{j}")
-            if due_only:
-                where.append("run_after <= :now")
-                where.append("(deadline_at IS NULL OR deadline_at > :now)")
-            parts.append(
-                f"c{i}_{j} AS MATERIALIZED (SELECT job_id, priority, created_at FROM jobs"
-                f" WHERE {' AND '.join(where)} ORDER BY priority, created_at, job_id"
-                f" LIMIT {limit}{lock})"
-            )
-    names = [p.split(" ", 1)[0] for p in parts]
-    union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
-    if union_only:
-        return ", ".join(parts), union
-    return (", ".join(parts), f"SELECT job_id FROM ({union}) AS candidates"
-            " ORDER BY priority, created_at, job_id LIMIT 1")
+                   lock: str = "") -> str:
+    """The candidate select as SQLite runs it, `:name` parameters (for the benchmarks)."""
+    return candidate_sql(roles, kinds, due_only=due_only, locked=bool(lock))[0].sqlite
