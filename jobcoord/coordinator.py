@@ -273,8 +273,10 @@ class Coordinator:
 
     def _candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
                        due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
-        """The store's claim candidate select and its role and kind parameters."""
-        return self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
+        """The store's claim candidate select (`:name` parameters) and its role and kind
+        parameters."""
+        stmt, params = self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
+        return stmt.named(self.db.dialect), params
 
     def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None
                           ) -> tuple[str, dict[str, Any]]:

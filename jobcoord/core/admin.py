@@ -182,10 +182,10 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
 
     if dry_run:
         def _count(conn: Connection) -> None:
-            row = ctx.db.run_text(conn, stmts.count_jobs, params).one()
+            row = ctx.db.run(conn, stmts.count_jobs, params).one()
             out["jobs"], out["keys_released"] = row[0], row[1]
             for key, table in related:
-                out[key] = ctx.db.run_text(conn, stmts.count_related[table], params).scalar()
+                out[key] = ctx.db.run(conn, stmts.count_related[table], params).scalar()
 
         ctx.db.read(_count, "prune")
         return out
@@ -199,11 +199,11 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
             return {"jobs": 0}
         ids = {f"j{i}": r[0] for i, r in enumerate(rows)}
         both = {**params, **ids}
-        counts = {key: ctx.db.run_text(conn, stmts.count_related_of(table, len(ids)),
+        counts = {key: ctx.db.run(conn, stmts.count_related_of(table, len(ids)),
                                        both).scalar()
                   for key, table in related}
         # Events, checkpoints, artifact rows (and any lease) go by ON DELETE CASCADE.
-        deleted = ctx.db.run_text(conn, stmts.delete_of(len(ids)), both).rowcount
+        deleted = ctx.db.run(conn, stmts.delete_of(len(ids)), both).rowcount
         if deleted != len(rows):  # the rows are locked or under the write lock
             raise JobcoordError("internal_error", "a job changed while it was pruned")
         counts.update(jobs=deleted, batches=1,

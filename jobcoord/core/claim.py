@@ -93,19 +93,19 @@ def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
     """The reason code and detail of a claim that found nothing to take."""
     if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
         return "no_waiting_jobs", "no job is waiting"
-    text, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
     params.update(now=now, maxp=gates.max_priority)
-    if ctx.db.run_text(conn, text, params).first() is not None:
+    if ctx.db.run(conn, stmt, params).first() is not None:
         # Only on PostgreSQL: the claim skipped rows that concurrent claims hold locked.
         return ("no_waiting_jobs",
                 "every job this worker could run is being claimed by another worker")
-    text, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
     params.update(now=now, maxp=3)
-    if gates.refusal and ctx.db.run_text(conn, text, params).first() is not None:
+    if gates.refusal and ctx.db.run(conn, stmt, params).first() is not None:
         return gates.refusal
-    text, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False)
     params.update(maxp=3)
-    if ctx.db.run_text(conn, text, params).first() is not None:
+    if ctx.db.run(conn, stmt, params).first() is not None:
         return ("no_waiting_jobs",
                 "the waiting jobs this worker could run are scheduled for later or past "
                 "their deadline")

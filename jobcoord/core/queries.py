@@ -21,12 +21,10 @@ from .workers import worker_gate, worker_rows
 
 @functools.cache
 def _tables() -> tuple[Any, Any, Any, Any, Any]:
-    """The jobs, leases, job_events, artifacts and workers tables, from the models (imported
-    on the first read: the ORM they need is no part of the claim and complete commands)."""
-    from ..models import Artifact, Job, JobEvent, Lease, Worker
+    """The jobs, leases, job_events, artifacts and workers tables (Core: no ORM to import)."""
+    from .. import schema
 
-    return (Job.__table__, Lease.__table__, JobEvent.__table__, Artifact.__table__,
-            Worker.__table__)
+    return schema.jobs, schema.leases, schema.job_events, schema.artifacts, schema.workers
 
 
 def jobs(ctx: Context, *, status: str | None = None, kind: str | None = None,

@@ -278,7 +278,7 @@ class Database:
         raise NotImplementedError
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
+                      due_only: bool, locked: bool = True) -> tuple[SQL, dict[str, Any]]:
         """The claim's candidate select for this worker's roles and kinds (one index probe
         per (role, kind)) and its role and kind parameters. `locked` False is for diagnosis
         only: it must neither lock rows nor skip locked ones."""
@@ -312,7 +312,7 @@ class Database:
         """Waiting jobs past their deadline (job_id, epoch), for the reaper."""
         raise NotImplementedError
 
-    def pick_for_delete(self, conn: Connection, select: str, params: Mapping[str, Any]
+    def pick_for_delete(self, conn: Connection, select: SQL, params: Mapping[str, Any]
                         ) -> list[Any]:
         """Run a select of rows this transaction is about to delete, holding them."""
         raise NotImplementedError

@@ -11,7 +11,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Text, cast, create_engine, event, func, insert, select, true
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -19,6 +19,7 @@ from sqlalchemy.pool import QueuePool
 
 from .. import faults
 from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
+from ..schema import job_events, jobs, leases
 from ..validate import dumps
 from . import statements as s
 from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
@@ -177,8 +178,8 @@ class PooledConnections(ConnectionSource):
 # SQLite runs (TAKE_JOB + INSERT_LEASE + INSERT_EVENT; FINISH + DROP_LEASE + INSERT_EVENT), in
 # the same transaction. A data-modifying CTE runs exactly once whether or not anything reads
 # it, and the lease and the event are written only for the row the compare-and-set actually
-# changed. They stay text: SQLAlchemy Core has no data-modifying CTE joined LEFT to a
-# MATERIALIZED pick that both dialects' compilers accept, and the text is the plan we measured.
+# changed. Both are built from the very statements SQLite runs (TAKE_JOB_UPDATE, FINISH_UPDATE,
+# DROP_LEASE_DELETE) as Core CTEs.
 #
 # The claim: the candidate probes read the first :heads rows of each (role, kind) slice WITHOUT
 # locks; `pick` then locks only the one row it returns, the first candidate in claim order that
@@ -189,84 +190,91 @@ class PooledConnections(ConnectionSource):
 # n, "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
 # string of the expiry. Always one row: how many candidates the probes found, the picked id
 # (NULL when every candidate was held by other claimers), then the taken job (NULLs when the
-# compare-and-set took nothing).
-_CLAIM_PICK = (
-    "SELECT job_id FROM jobs WHERE job_id IN (SELECT job_id FROM cand)"
-    " AND status = 'waiting' AND priority <= :maxp AND run_after <= :now"
-    " AND (deadline_at IS NULL OR deadline_at > :now)"
-    " ORDER BY priority, created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED"
-)
+# compare-and-set took nothing). The data-modifying CTEs nothing selects from are added with
+# add_cte: PostgreSQL runs each exactly once whether or not anything reads it.
+
 #: Heads read per slice by a PostgreSQL claim; the next size is tried only when every
 #: candidate was held by concurrent claimers.
 CLAIM_HEADS = (4, 64, 1024)
-_CLAIM_FOLDED = (
-    "WITH {probes}, cand AS MATERIALIZED ({union}), pick AS MATERIALIZED ({pick}),"
-    " taken AS (UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
-    " effect_started = :f, updated_at = :now WHERE job_id = (SELECT job_id FROM pick)"
-    " AND status = 'waiting'"
-    " RETURNING job_id, kind, priority, payload_json, attempts, max_attempts, epoch, tenant),"
-    " leased AS (INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at)"
-    " SELECT job_id, :worker, epoch, :now, :expires FROM taken),"
-    " claimed AS (INSERT INTO job_events (job_id, at, from_status, to_status, reason,"
-    " worker_id, epoch, detail) SELECT job_id, :now, 'waiting', 'running', 'claimed', :worker,"
-    " epoch, '{{\"attempt\":' || CAST(attempts AS text) || ',\"expires_at\":' || :expires_json"
-    " || '}}' FROM taken)"
-    " SELECT (SELECT count(*) FROM cand), pick.job_id, taken.job_id, taken.kind,"
-    " taken.priority, taken.payload_json, taken.attempts, taken.max_attempts, taken.epoch,"
-    " taken.tenant FROM (SELECT 1) AS one LEFT JOIN pick ON true LEFT JOIN taken ON true"
-)
-# A running job's end: _FINISH's compare-and-set, the lease dropped, the event recorded only
-# for the row it changed. Returns how many rows the compare-and-set changed.
-_END_FOLDED = s.SQL(
-    "WITH finished AS (UPDATE jobs SET status = :to_status, result_json = :result,"
-    " provenance_json = :provenance, last_error = :error, finished_at = :finished,"
-    " run_after = :run_after, updated_at = :now"
-    " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch RETURNING job_id),"
-    " dropped AS (DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch),"
-    " ended AS (INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id,"
-    " epoch, detail) SELECT job_id, :now, 'running', :to_status, :reason, :worker, :epoch,"
-    " :detail FROM finished)"
-    " SELECT count(*) FROM finished"
-)
 
+
+def _claim_statement(n_roles: int, n_kinds: int | None) -> Any:
+    J = jobs.c
+    cand = s.union_of(s.probes(n_roles, n_kinds, due_only=True, locked=False,
+                               limit=s.P("heads"))).cte("cand").prefix_with("MATERIALIZED")
+    pick = (select(J.job_id).where(J.job_id.in_(select(cand.c.job_id)), *s.CLAIMABLE)
+            .order_by(*s.CLAIM_ORDER).limit(s.ONE).with_for_update(skip_locked=True)
+            .cte("pick").prefix_with("MATERIALIZED"))
+    taken = s.TAKE_JOB_UPDATE.where(J.job_id == select(pick.c.job_id).scalar_subquery()
+                                    ).cte("taken")
+    leased = insert(leases).from_select(
+        ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
+        select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
+    ).cte("leased")
+    detail = (s.const('{"attempt":') + cast(taken.c.attempts, Text)
+              + s.const(',"expires_at":') + s.P("expires_json") + s.const("}"))
+    claimed = insert(job_events).from_select(
+        ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
+        select(taken.c.job_id, s.P("now"), s.const("waiting"), s.const("running"),
+               s.const("claimed"), s.P("worker"), taken.c.epoch, detail)
+    ).cte("claimed")
+    one = select(s.ONE).subquery("one")
+    return (select(select(func.count()).select_from(cand).scalar_subquery(), pick.c.job_id,
+                   *(taken.c[c.name] for c in s.TAKEN_COLUMNS))
+            .select_from(one.outerjoin(pick, true()).outerjoin(taken, true()))
+            .add_cte(leased, claimed))
+
+
+def _end_statement() -> Any:
+    # A running job's end: FINISH's compare-and-set, the lease dropped, the event recorded
+    # only for the row it changed. Returns how many rows the compare-and-set changed.
+    finished = s.FINISH_UPDATE.returning(jobs.c.job_id).cte("finished")
+    dropped = s.DROP_LEASE_DELETE.cte("dropped")
+    ended = insert(job_events).from_select(
+        ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
+        select(finished.c.job_id, s.P("now"), s.const("running"), s.P("to_status"),
+               s.P("reason"), s.P("worker"), s.P("epoch"), s.P("detail"))
+    ).cte("ended")
+    return select(func.count()).select_from(finished).add_cte(dropped, ended)
+
+
+_END_FOLDED = s.SQL(_end_statement())
 
 #: Claim statements by shape (roles, kinds), built once each.
-_CLAIM_TEXT: dict[tuple[int, int | None], s.SQL] = {}
+_CLAIM_STATEMENTS: dict[tuple[int, int | None], s.SQL] = {}
 
 
 def _claim_folded(roles: Sequence[str], kinds: Sequence[str] | None) -> s.SQL:
-    """The claim's candidate probes, take, lease and event as one statement
-    (_CLAIM_FOLDED), built once per shape like the candidate query."""
+    """The claim's candidate probes, take, lease and event as one statement, built once per
+    shape like the candidate query."""
     shape = (len(roles), None if kinds is None else len(kinds))
-    stmt = _CLAIM_TEXT.get(shape)
+    stmt = _CLAIM_STATEMENTS.get(shape)
     if stmt is None:
-        probes, union = s.candidate_parts(roles, kinds, True, "", limit=":heads",
-                                          union_only=True)
-        stmt = _CLAIM_TEXT[shape] = s.SQL(_CLAIM_FOLDED.format(probes=probes, union=union,
-                                                               pick=_CLAIM_PICK))
+        stmt = _CLAIM_STATEMENTS[shape] = s.SQL(_claim_statement(*shape))
     return stmt
 
 
 def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
     """The one-statement claim for this shape, with `:name` parameters, and the role and kind
     parameters (for reading its plan)."""
-    return _claim_folded(roles, kinds).source, s.role_kind_params(roles, kinds)
+    return _claim_folded(roles, kinds).named("postgresql"), s.role_kind_params(roles, kinds)
 
 
 # PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
 # each takes the row locks of what it is about to change, and a reaper skips rows another
 # transaction holds instead of failing its compare-and-set after waiting for them.
-_EXPIRED_LEASES_LOCKED = s.SQL(s.EXPIRED_LEASES.source + " FOR UPDATE OF l, j SKIP LOCKED")
-_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING.source + " FOR UPDATE SKIP LOCKED")
+_EXPIRED_LEASES_LOCKED = s.SQL(
+    s.EXPIRED_LEASES_SELECT.with_for_update(of=[leases, jobs], skip_locked=True))
+_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING_SELECT.with_for_update(skip_locked=True))
 # The fence read takes the job row's lock itself: a concurrent reaper, completer or operator
 # holding it is waited for, and the row read is the version it committed. The lease columns
 # come from the statement's snapshot; the only change to a lease that leaves its job row alone
 # is a renewal, which no lock of the job row would wait for anyway.
-_OWNED_LOCKED = s.SQL(s.OWNED.source + " FOR UPDATE OF j")
-_LOCK_JOB = s.SQL("SELECT job_id FROM jobs WHERE job_id = :job_id FOR UPDATE")
+_OWNED_LOCKED = s.SQL(s.OWNED_SELECT.with_for_update(of=jobs))
+_LOCK_JOB = s.SQL(select(jobs.c.job_id).where(jobs.c.job_id == s.P("job_id")).with_for_update())
 _NEXT_JOB_IDS = s.SQL(
-    "SELECT nextval(pg_get_serial_sequence('jobs', 'job_id')) FROM generate_series(1, :n)"
-)
+    select(func.nextval(func.pg_get_serial_sequence(s.const("jobs"), s.const("job_id"))))
+    .select_from(func.generate_series(s.ONE, s.P("n"))))
 
 
 class PostgresDatabase(Database):
@@ -307,10 +315,9 @@ class PostgresDatabase(Database):
         return self.execute(conn, _OWNED_LOCKED, {"job_id": job_id}).fetchone()
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
+                      due_only: bool, locked: bool = True) -> tuple[s.SQL, dict[str, Any]]:
         # Locks the candidate row and lets concurrent claimers skip it instead of waiting.
-        return s.candidate_sql(roles, kinds, due_only=due_only,
-                               lock=" FOR UPDATE SKIP LOCKED" if locked else "")
+        return s.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
@@ -358,9 +365,10 @@ class PostgresDatabase(Database):
     def overdue_waiting(self, conn: Connection, now: int, limit: int) -> list[Any]:
         return self.run(conn, _OVERDUE_WAITING_LOCKED, {"now": now, "limit": limit}).all()
 
-    def pick_for_delete(self, conn: Connection, select: str, params: Mapping[str, Any]
+    def pick_for_delete(self, conn: Connection, select: s.SQL, params: Mapping[str, Any]
                         ) -> list[Any]:
-        return self.run_text(conn, select + " FOR UPDATE SKIP LOCKED", params).all()
+        # The select says FOR UPDATE SKIP LOCKED: another prune's batch is skipped.
+        return self.run(conn, select, params).all()
 
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         # Measured when the connection opened: this host against the server.

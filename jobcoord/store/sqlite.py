@@ -253,16 +253,16 @@ class SqliteDatabase(Database):
         return self.execute(conn, s.OWNED, {"job_id": job_id}).fetchone()
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
+                      due_only: bool, locked: bool = True) -> tuple[s.SQL, dict[str, Any]]:
         # No lock clause: BEGIN IMMEDIATE holds the only write lock.
-        return s.candidate_sql(roles, kinds, due_only=due_only, lock="")
+        return s.candidate_sql(roles, kinds, due_only=due_only, locked=False)
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
                   expires_iso: str) -> Taken:
-        text, params = self.candidate_sql(roles, kinds, due_only=True)
+        stmt, params = self.candidate_sql(roles, kinds, due_only=True)
         params.update(now=now, maxp=max_priority)
-        found = self.execute(conn, s.SQL.cached(text), params).fetchone()
+        found = self.execute(conn, stmt, params).fetchone()
         if found is None:
             return Taken(0, False, None)
         job = self.execute(conn, s.TAKE_JOB, {"job_id": found[0], "now": now, "f": False}
@@ -308,9 +308,10 @@ class SqliteDatabase(Database):
     def overdue_waiting(self, conn: Connection, now: int, limit: int) -> list[Any]:
         return self.run(conn, s.OVERDUE_WAITING, {"now": now, "limit": limit}).all()
 
-    def pick_for_delete(self, conn: Connection, select: str, params: Mapping[str, Any]
+    def pick_for_delete(self, conn: Connection, select: s.SQL, params: Mapping[str, Any]
                         ) -> list[Any]:
-        return self.run_text(conn, select, params).all()
+        # BEGIN IMMEDIATE holds the only write lock (the compiler writes no row lock).
+        return self.run(conn, select, params).all()
 
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()

@@ -1,54 +1,168 @@
-"""The statements both stores run, written once with `:name` parameters and compiled by
-SQLAlchemy into each driver's own parameter style, and the claim's candidate select per shape.
+"""The statements both stores run, built from the Core tables of `schema.py` (so every column
+list comes from the one definition of the schema), compiled by SQLAlchemy once per dialect
+into the driver's own parameter style, and the claim's candidate select per shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from sqlalchemy import (
+    CTE,
+    ColumnElement,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import ClauseElement
+
+from ..schema import checkpoints, job_events, jobs, leases, metadata, workers
+
+_SET_ITEM = re.compile(r"(^|, )(\w+)=")
+_LINE_BREAK = re.compile(r" *\n *")
 
 
-def _dialect(name: str) -> Dialect:
+class _Spelling:
+    """What the stores' compilers write differently from SQLAlchemy's defaults."""
+
+    def visit_update(self, update_stmt: Any, **kw: Any) -> str:
+        # SQLAlchemy writes `SET a=:a, b=:b`; the statements have always read
+        # `SET a = :a, b = :b`, as listeners and plans in the docs quote them.
+        text = str(super().visit_update(update_stmt, **kw))  # type: ignore[misc]
+        head, sep, rest = text.partition(" SET ")
+        end = min((i for i in (rest.find(" WHERE "), rest.find(" RETURNING ")) if i >= 0),
+                  default=len(rest))
+        return head + sep + _SET_ITEM.sub(r"\1\2 = ", rest[:end]) + rest[end:]
+
+
+def _dialect(name: str, named: bool = False) -> Dialect:
     """The dialect whose compiler gives the driver's own parameter style (SQLite: `:name`,
-    psycopg: `%(name)s`); imported on first use, so a SQLite process never loads psycopg's."""
-    dialect = _DIALECTS.get(name)
+    psycopg: `%(name)s`), or with `named` the `:name` style whatever the driver (for reading
+    a statement); imported on first use, so a SQLite process never loads psycopg's."""
+    dialect = _DIALECTS.get((name, named))
     if dialect is None:
         if name == "sqlite":
+            from sqlalchemy.dialects.sqlite.base import SQLiteCompiler
             from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
-            dialect = SQLiteDialect_pysqlite(paramstyle="named")
-        else:
-            from sqlalchemy.dialects.postgresql.psycopg import PGDialect_psycopg
+            class Compiler(_Spelling, SQLiteCompiler):
+                def limit_clause(self, select: Any, **kw: Any) -> str:
+                    # SQLAlchemy adds "OFFSET ?" bound to 0 to every LIMIT: a parameter the
+                    # cached statement would have to carry, for nothing.
+                    if select._offset_clause is None and select._limit_clause is not None:
+                        return "\n LIMIT " + self.process(select._limit_clause, **kw)
+                    return str(super().limit_clause(select, **kw))
 
-            dialect = PGDialect_psycopg()
-        _DIALECTS[name] = dialect
+            class Pysqlite(SQLiteDialect_pysqlite):
+                statement_compiler = Compiler
+
+            dialect = Pysqlite(paramstyle="named")
+        else:
+            from sqlalchemy.dialects.postgresql.psycopg import (
+                PGCompiler_psycopg,
+                PGDialect_psycopg,
+            )
+            from sqlalchemy.engine.interfaces import BindTyping
+
+            class PGCompiler(_Spelling, PGCompiler_psycopg):
+                pass
+
+            class Psycopg(PGDialect_psycopg):
+                statement_compiler = PGCompiler
+
+            dialect = Psycopg(paramstyle="named") if named else Psycopg()
+            # No "::TYPE" casts on the parameters: the driver binds typed values itself, and
+            # the statements keep the plans measured without them.
+            dialect.bind_typing = BindTyping.NONE
+        _DIALECTS[name, named] = dialect
     return dialect
 
 
-_DIALECTS: dict[str, Dialect] = {}
+_DIALECTS: dict[tuple[str, bool], Dialect] = {}
+
+
+def _dialect_insert(name: str) -> Callable[..., Any]:
+    """The dialect's own `insert`, the one with on_conflict_do_nothing / _do_update."""
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    return pg_insert
+
+
+#: What a statement is made from: SQL text with `:name` parameters, a Core statement, or a
+#: function of the dialect's own `insert` giving one (for ON CONFLICT, which each dialect
+#: spells with its own construct).
+Source = str | ClauseElement | Callable[[Callable[..., Any]], ClauseElement]
 
 
 class SQL:
-    """One statement written once with `:name` parameters, compiled by SQLAlchemy once per
-    dialect into the driver's own parameter style, so the hot path can hand it straight to
-    the DB-API cursor."""
+    """One statement, compiled by SQLAlchemy once per dialect into the driver's own named
+    parameter style (SQLite `:name`, psycopg `%(name)s`: both take a mapping, so no
+    parameter order is kept), so the hot path can hand the cached string straight to the
+    DB-API cursor."""
 
-    __slots__ = ("_texts", "source")
+    __slots__ = ("_source", "_texts")
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, source: Source) -> None:
+        self._source = source
         self._texts: dict[str, str] = {}
+
+    @property
+    def source(self) -> str:
+        """The statement as text with `:name` parameters (SQLite's compilation of a built
+        one): for reading, and for the tests that prepare every statement."""
+        return self._source if isinstance(self._source, str) else self.text("sqlite")
 
     def text(self, dialect: str) -> str:
         """The statement for the named dialect's driver (compiled on first use)."""
         compiled = self._texts.get(dialect)
         if compiled is None:
-            compiled = self._texts[dialect] = str(
-                sql_text(self.source).compile(dialect=_dialect(dialect)))
+            compiled = self._texts[dialect] = self._compile(dialect)
         return compiled
+
+    def element(self, dialect: str) -> ClauseElement:
+        """The statement as SQLAlchemy builds it for this dialect."""
+        source = self._source
+        if isinstance(source, str):
+            return sql_text(source)
+        if isinstance(source, ClauseElement):
+            return source
+        return source(_dialect_insert(dialect))
+
+    def named(self, dialect: str) -> str:
+        """The statement as the dialect spells it, with `:name` parameters (for reading it,
+        or a plan)."""
+        if isinstance(self._source, str):
+            return self._source
+        return self._compile(dialect, named=True)
+
+    def _compile(self, dialect: str, named: bool = False) -> str:
+        compiled = self.element(dialect).compile(dialect=_dialect(dialect, named))
+        # Every value comes from the caller's parameters: a value SQLAlchemy bound itself
+        # (a Python constant in the statement) would be missing when the cached text runs.
+        bound = [name for name, bind in compiled.binds.items() if bind.value is not None]
+        if bound:
+            raise ValueError(f"statement binds constants {bound}: write them with "
+                             "literal_column so the cached text carries them")
+        if isinstance(self._source, str):
+            return str(compiled)
+        # One line, as logs, listeners and plans quote it: SQLAlchemy breaks lines before
+        # FROM, WHERE, LIMIT and each CTE's body; no constant here holds a line break.
+        return _LINE_BREAK.sub(" ", str(compiled))
 
     @property
     def sqlite(self) -> str:
@@ -72,137 +186,149 @@ class SQL:
 
 _SQL_CACHE: dict[str, SQL] = {}
 
+
+def const(value: str | int) -> ColumnElement[Any]:
+    """A constant written into the statement's text, not bound: the partial claim and
+    deadline indexes match only a literal `status = 'waiting'`."""
+    return literal_column(f"'{value}'" if isinstance(value, str) else str(int(value)))
+
+
+P = bindparam
+ZERO, ONE = const(0), const(1)
+J, L, E, W, C = jobs.c, leases.c, job_events.c, workers.c, checkpoints.c
+WAITING = J.status == const("waiting")
+
+#: A new job's values: the caller's parameters, a new job's fixed starting state.
+_NEW_JOB = {
+    "tenant": P("tenant"), "kind": P("kind"), "required_role": P("role"),
+    "priority": P("priority"), "payload_json": P("payload"), "status": const("waiting"),
+    "created_at": P("now"), "updated_at": P("now"), "run_after": P("run_after"),
+    "deadline_at": P("deadline"), "attempts": ZERO, "max_attempts": P("max_attempts"),
+    "epoch": ZERO, "effect_started": P("f"), "cancel_requested": P("f"),
+}
+
 INSERT_JOB = SQL(
-    "INSERT INTO jobs (tenant, kind, required_role, priority, payload_json, status, created_at,"
-    " updated_at, run_after, deadline_at, attempts, max_attempts, epoch, idempotency_key,"
-    " effect_started, cancel_requested)"
-    " VALUES (:tenant, :kind, :role, :priority, :payload, 'waiting', :now, :now, :run_after,"
-    " :deadline, 0, :max_attempts, 0, :key, :f, :f)"
+    lambda insert: insert(jobs).values(**_NEW_JOB, idempotency_key=P("key"))
     # Two submissions with one key at once (PostgreSQL: neither sees the other's row yet):
     # the later insert waits for the earlier, then inserts nothing instead of failing.
-    " ON CONFLICT (tenant, idempotency_key) DO NOTHING RETURNING job_id"
+    .on_conflict_do_nothing(index_elements=[J.tenant, J.idempotency_key])
+    .returning(J.job_id)
 )
 # A batch without idempotency keys: ids computed inside the write transaction, so the rows go
 # in with one executemany instead of one round trip (and one RETURNING) per job.
-INSERT_JOB_AT = SQL(
-    "INSERT INTO jobs (job_id, tenant, kind, required_role, priority, payload_json, status,"
-    " created_at, updated_at, run_after, deadline_at, attempts, max_attempts, epoch,"
-    " idempotency_key, effect_started, cancel_requested)"
-    " VALUES (:job_id, :tenant, :kind, :role, :priority, :payload, 'waiting', :now, :now,"
-    " :run_after, :deadline, 0, :max_attempts, 0, NULL, :f, :f)"
-)
-LAST_JOB_ID = SQL("SELECT COALESCE(MAX(job_id), 0) FROM jobs")
-INSERT_EVENT = SQL(
-    "INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id, epoch,"
-    " detail) VALUES (:job_id, :now, :from_status, :to_status, :reason, :worker, :epoch,"
-    " :detail)"
-)
+INSERT_JOB_AT = SQL(insert(jobs).values(**_NEW_JOB, job_id=P("job_id"), idempotency_key=null()))
+LAST_JOB_ID = SQL(select(func.coalesce(func.max(J.job_id), ZERO)))
+# Inline: the insert returns nothing, not even the new event's id (which PostgreSQL's
+# compiler would otherwise ask back).
+INSERT_EVENT = SQL(insert(job_events).inline().values(
+    job_id=P("job_id"), at=P("now"), from_status=P("from_status"), to_status=P("to_status"),
+    reason=P("reason"), worker_id=P("worker"), epoch=P("epoch"), detail=P("detail")))
 JOB_BY_KEY = SQL(
-    "SELECT job_id, kind, payload_json, priority, required_role, max_attempts FROM jobs"
-    " WHERE tenant = :tenant AND idempotency_key = :key"
-)
+    select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts)
+    .where(J.tenant == P("tenant"), J.idempotency_key == P("key")))
 # The max_attempts a keyed job was submitted with: releases and operator retries raise the
 # stored one later, so the key is compared with what the `enqueued` event recorded.
 SUBMITTED_DETAIL = SQL(
-    "SELECT detail FROM job_events WHERE job_id = :job_id AND reason = 'enqueued'"
-    " ORDER BY event_id LIMIT 1"
-)
-RELEASES = SQL(
-    "SELECT COUNT(*) FROM job_events WHERE job_id = :job_id AND reason = 'worker_shutdown'"
-)
+    select(E.detail).where(E.job_id == P("job_id"), E.reason == const("enqueued"))
+    .order_by(E.event_id).limit(ONE))
+RELEASES = SQL(select(func.count()).select_from(job_events).where(
+    E.job_id == P("job_id"), E.reason == const("worker_shutdown")))
 WORKER = SQL(
-    "SELECT roles_json, kinds_json, heartbeat_at, memory_used_pct, temperature_c, on_battery,"
-    " user_idle_s FROM workers WHERE worker_id = :worker"
-)
+    select(W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct, W.temperature_c,
+           W.on_battery, W.user_idle_s).where(W.worker_id == P("worker")))
 ALL_WORKERS = SQL(
-    "SELECT worker_id, roles_json, kinds_json, heartbeat_at, memory_used_pct, temperature_c,"
-    " on_battery, user_idle_s, last_refusal, last_refusal_detail, last_refusal_at,"
-    " heartbeat_raw FROM workers ORDER BY worker_id"
-)
-UPSERT_WORKER = SQL(
-    "INSERT INTO workers (worker_id, roles_json, kinds_json, heartbeat_raw, heartbeat_at,"
-    " memory_used_pct, temperature_c, on_battery, user_idle_s, created_at)"
-    " VALUES (:worker, :roles, :kinds, :raw, :now, :mem, :temp, :battery, :idle, :now)"
-    " ON CONFLICT (worker_id) DO UPDATE SET roles_json = excluded.roles_json,"
-    " kinds_json = excluded.kinds_json, heartbeat_raw = excluded.heartbeat_raw,"
-    " heartbeat_at = excluded.heartbeat_at, memory_used_pct = excluded.memory_used_pct,"
-    " temperature_c = excluded.temperature_c, on_battery = excluded.on_battery,"
-    " user_idle_s = excluded.user_idle_s"
-)
-RECORD_REFUSAL = SQL(
-    "UPDATE workers SET last_refusal = :code, last_refusal_detail = :detail,"
-    " last_refusal_at = :now WHERE worker_id = :worker"
-)
-TAKE_JOB = SQL(
-    "UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
-    " effect_started = :f, updated_at = :now WHERE job_id = :job_id AND status = 'waiting'"
-    " RETURNING job_id, kind, priority, payload_json, attempts, max_attempts, epoch, tenant"
-)
-INSERT_LEASE = SQL(
-    "INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at)"
-    " VALUES (:job_id, :worker, :epoch, :now, :expires)"
-)
-CHECKPOINTS = SQL(
-    "SELECT name, data_json, epoch, worker_id, updated_at FROM checkpoints"
-    " WHERE job_id = :job_id ORDER BY name"
-)
-OWNED = SQL(
-    "SELECT j.status, j.epoch, j.tenant, j.cancel_requested, j.effect_started, j.attempts,"
-    " j.max_attempts, j.deadline_at, j.result_json, l.worker_id, l.epoch, l.expires_at"
-    " FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id WHERE j.job_id = :job_id"
-)
-FINISH = SQL(
-    "UPDATE jobs SET status = :to_status, result_json = :result, provenance_json = :provenance,"
-    " last_error = :error, finished_at = :finished, run_after = :run_after, updated_at = :now"
-    " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch"
-)
-GRANT_ATTEMPT = SQL("UPDATE jobs SET max_attempts = :max_attempts WHERE job_id = :job_id")
-DROP_LEASE = SQL("DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch")
-RENEW = SQL(
-    "UPDATE leases SET expires_at = :expires WHERE job_id = :job_id AND epoch = :epoch"
-    " AND worker_id = :worker AND expires_at > :now"
-)
-MARK_EFFECT = SQL(
-    "UPDATE jobs SET effect_started = :t, updated_at = :now WHERE job_id = :job_id"
-    " AND status = 'running' AND epoch = :epoch"
-)
-UPSERT_CHECKPOINT = SQL(
-    "INSERT INTO checkpoints (job_id, name, data_json, epoch, worker_id, created_at,"
-    " updated_at) VALUES (:job_id, :name, :data, :epoch, :worker, :now, :now)"
-    " ON CONFLICT (job_id, name) DO UPDATE SET data_json = excluded.data_json,"
-    " epoch = excluded.epoch, worker_id = excluded.worker_id, updated_at = excluded.updated_at"
-)
-EXPIRED_LEASES = SQL(
-    "SELECT l.job_id, l.epoch, l.worker_id, l.expires_at, j.effect_started, j.attempts,"
-    " j.max_attempts, j.deadline_at, j.cancel_requested FROM leases l"
-    " JOIN jobs j ON j.job_id = l.job_id WHERE l.expires_at <= :now"
-    " ORDER BY l.expires_at LIMIT :limit"
-)
-OVERDUE_WAITING = SQL(
-    "SELECT job_id, epoch FROM jobs WHERE status = 'waiting' AND deadline_at <= :now"
-    " ORDER BY deadline_at LIMIT :limit"
-)
-REQUEST_CANCEL = SQL(
-    "UPDATE jobs SET cancel_requested = :t, updated_at = :now WHERE job_id = :job_id"
-)
-BACK_TO_WAITING = SQL(
-    "UPDATE jobs SET status = 'waiting', run_after = :now, updated_at = :now,"
-    " finished_at = NULL, effect_started = :f, cancel_requested = :f,"
-    " max_attempts = :max_attempts, deadline_at = :deadline"
-    " WHERE job_id = :job_id AND status = :status"
-)
-SETTLE_UNKNOWN = SQL(
-    "UPDATE jobs SET status = :to_status, result_json = COALESCE(:result, result_json),"
-    " finished_at = :now, updated_at = :now WHERE job_id = :job_id AND status = 'unknown'"
-)
-JOB_STATUS = SQL("SELECT status FROM jobs WHERE job_id = :job_id")
-ANY_WAITING = SQL("SELECT 1 FROM jobs WHERE status = 'waiting' LIMIT 1")
-SET_STATUS = SQL(
-    "UPDATE jobs SET status = :to_status, updated_at = :now, finished_at = :finished,"
-    " last_error = COALESCE(:error, last_error) WHERE job_id = :job_id"
-    " AND status = :from_status AND epoch = :epoch"
-)
+    select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct,
+           W.temperature_c, W.on_battery, W.user_idle_s, W.last_refusal,
+           W.last_refusal_detail, W.last_refusal_at, W.heartbeat_raw).order_by(W.worker_id))
 
+
+def _upsert(insert: Callable[..., Any], table: Any, values: dict[str, Any],
+            key: Sequence[str], keep: Sequence[str]) -> ClauseElement:
+    """Insert a row or, when its key exists, overwrite every column but `keep` (and the key)
+    with the new row's."""
+    stmt = insert(table).values(**values)
+    return stmt.on_conflict_do_update(  # type: ignore[no-any-return]
+        index_elements=[table.c[k] for k in key],
+        set_={name: stmt.excluded[name] for name in values if name not in (*key, *keep)})
+
+
+UPSERT_WORKER = SQL(lambda insert: _upsert(insert, workers, {
+    "worker_id": P("worker"), "roles_json": P("roles"), "kinds_json": P("kinds"),
+    "heartbeat_raw": P("raw"), "heartbeat_at": P("now"), "memory_used_pct": P("mem"),
+    "temperature_c": P("temp"), "on_battery": P("battery"), "user_idle_s": P("idle"),
+    "created_at": P("now")}, key=("worker_id",), keep=("created_at",)))
+RECORD_REFUSAL = SQL(update(workers).where(W.worker_id == P("worker")).values(
+    last_refusal=P("code"), last_refusal_detail=P("detail"), last_refusal_at=P("now")))
+#: What a claim returns of the job it took, in this order.
+TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
+                 J.epoch, J.tenant)
+#: A claim's take of a waiting job (without which job: the stores say).
+TAKE_JOB_UPDATE = (
+    update(jobs).where(WAITING)
+    .values(status=const("running"), epoch=J.epoch + ONE, attempts=J.attempts + ONE,
+            effect_started=P("f"), updated_at=P("now"))
+    .returning(*TAKEN_COLUMNS))
+TAKE_JOB = SQL(TAKE_JOB_UPDATE.where(J.job_id == P("job_id")))
+INSERT_LEASE = SQL(insert(leases).values(
+    job_id=P("job_id"), worker_id=P("worker"), epoch=P("epoch"), granted_at=P("now"),
+    expires_at=P("expires")))
+CHECKPOINTS = SQL(
+    select(C.name, C.data_json, C.epoch, C.worker_id, C.updated_at)
+    .where(C.job_id == P("job_id")).order_by(C.name))
+OWNED_SELECT = (
+    select(J.status, J.epoch, J.tenant, J.cancel_requested, J.effect_started, J.attempts,
+           J.max_attempts, J.deadline_at, J.result_json, L.worker_id, L.epoch, L.expires_at)
+    .select_from(jobs.outerjoin(leases, L.job_id == J.job_id))
+    .where(J.job_id == P("job_id")))
+OWNED = SQL(OWNED_SELECT)
+RUNNING_AT_EPOCH = (J.job_id == P("job_id"), J.status == const("running"),
+                    J.epoch == P("epoch"))
+FINISH_UPDATE = update(jobs).where(*RUNNING_AT_EPOCH).values(
+    status=P("to_status"), result_json=P("result"), provenance_json=P("provenance"),
+    last_error=P("error"), finished_at=P("finished"), run_after=P("run_after"),
+    updated_at=P("now"))
+FINISH = SQL(FINISH_UPDATE)
+GRANT_ATTEMPT = SQL(update(jobs).where(J.job_id == P("job_id"))
+                    .values(max_attempts=P("max_attempts")))
+DROP_LEASE_DELETE = delete(leases).where(L.job_id == P("job_id"), L.epoch == P("epoch"))
+DROP_LEASE = SQL(DROP_LEASE_DELETE)
+RENEW = SQL(update(leases).where(
+    L.job_id == P("job_id"), L.epoch == P("epoch"), L.worker_id == P("worker"),
+    L.expires_at > P("now")).values(expires_at=P("expires")))
+MARK_EFFECT = SQL(update(jobs).where(*RUNNING_AT_EPOCH)
+                  .values(effect_started=P("t"), updated_at=P("now")))
+UPSERT_CHECKPOINT = SQL(lambda insert: _upsert(insert, checkpoints, {
+    "job_id": P("job_id"), "name": P("name"), "data_json": P("data"), "epoch": P("epoch"),
+    "worker_id": P("worker"), "created_at": P("now"), "updated_at": P("now")},
+    key=("job_id", "name"), keep=("created_at",)))
+EXPIRED_LEASES_SELECT = (
+    select(L.job_id, L.epoch, L.worker_id, L.expires_at, J.effect_started, J.attempts,
+           J.max_attempts, J.deadline_at, J.cancel_requested)
+    .select_from(leases.join(jobs, J.job_id == L.job_id)).where(L.expires_at <= P("now"))
+    .order_by(L.expires_at).limit(P("limit")))
+EXPIRED_LEASES = SQL(EXPIRED_LEASES_SELECT)
+OVERDUE_WAITING_SELECT = (
+    select(J.job_id, J.epoch).where(WAITING, J.deadline_at <= P("now"))
+    .order_by(J.deadline_at).limit(P("limit")))
+OVERDUE_WAITING = SQL(OVERDUE_WAITING_SELECT)
+REQUEST_CANCEL = SQL(update(jobs).where(J.job_id == P("job_id"))
+                     .values(cancel_requested=P("t"), updated_at=P("now")))
+BACK_TO_WAITING = SQL(update(jobs).where(J.job_id == P("job_id"), J.status == P("status"))
+                      .values(status=const("waiting"), run_after=P("now"), updated_at=P("now"),
+                              finished_at=null(), effect_started=P("f"),
+                              cancel_requested=P("f"), max_attempts=P("max_attempts"),
+                              deadline_at=P("deadline")))
+SETTLE_UNKNOWN = SQL(
+    update(jobs).where(J.job_id == P("job_id"), J.status == const("unknown"))
+    .values(status=P("to_status"), result_json=func.coalesce(P("result"), J.result_json),
+            finished_at=P("now"), updated_at=P("now")))
+JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
+ANY_WAITING = SQL(select(ONE).where(WAITING).limit(ONE))
+SET_STATUS = SQL(
+    update(jobs).where(J.job_id == P("job_id"), J.status == P("from_status"),
+                       J.epoch == P("epoch"))
+    .values(status=P("to_status"), updated_at=P("now"), finished_at=P("finished"),
+            last_error=func.coalesce(P("error"), J.last_error)))
 
 
 class PruneStatements:
@@ -216,53 +342,64 @@ class PruneStatements:
     then pass the new one's fence."""
 
     def __init__(self, n_statuses: int, *, by_tenant: bool, related: Sequence[str]) -> None:
-        self.guard = (f"status IN ({', '.join(f':s{i}' for i in range(n_statuses))})"
-                      " AND finished_at < :cutoff AND job_id < (SELECT MAX(job_id) FROM jobs)"
-                      + (" AND tenant = :tenant" if by_tenant else ""))
-        picked = f"SELECT job_id FROM jobs WHERE {self.guard}"
+        newest = select(func.max(J.job_id)).correlate(None).scalar_subquery()
+        self.guard = [J.status.in_([P(f"s{i}") for i in range(n_statuses)]),
+                      J.finished_at < P("cutoff"), J.job_id < newest]
+        if by_tenant:
+            self.guard.append(J.tenant == P("tenant"))
+        self._tables = {name: metadata.tables[name] for name in related}
+        picked = select(J.job_id).where(*self.guard)
         #: How many jobs, and keys, the prune would delete (dry run).
-        self.count_jobs = ("SELECT COUNT(*), COUNT(idempotency_key) FROM jobs"
-                           f" WHERE {self.guard}")
+        self.count_jobs = SQL(select(func.count(), func.count(J.idempotency_key))
+                              .where(*self.guard))
         #: How many rows of each related table go with them (dry run).
-        self.count_related = {table: f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({picked})"
-                              for table in related}
-        #: The next batch (:limit) of jobs to delete, oldest id first.
-        self.pick = (f"SELECT job_id, idempotency_key FROM jobs WHERE {self.guard}"
-                     " ORDER BY job_id LIMIT :limit")
+        self.count_related = {
+            name: SQL(select(func.count()).select_from(table)
+                      .where(table.c.job_id.in_(picked)))
+            for name, table in self._tables.items()}
+        #: The next batch (:limit) of jobs to delete, oldest id first, held until commit
+        #: (PostgreSQL: rows another prune holds are skipped; SQLite's compiler writes no
+        #: lock, BEGIN IMMEDIATE holds the only write lock).
+        self.pick = SQL(select(J.job_id, J.idempotency_key).where(*self.guard)
+                        .order_by(J.job_id).limit(P("limit"))
+                        .with_for_update(skip_locked=True))
+        self._by_size: dict[tuple[str, int], SQL] = {}
 
     @staticmethod
-    def _ids(n: int) -> str:
-        return ", ".join(f":j{i}" for i in range(n))
+    def _ids(n: int) -> list[Any]:
+        return [P(f"j{i}") for i in range(n)]
 
-    def count_related_of(self, table: str, n: int) -> str:
+    def count_related_of(self, table: str, n: int) -> SQL:
         """Rows of `table` that go with the batch's jobs :j0..."""
-        return f"SELECT COUNT(*) FROM {table} WHERE job_id IN ({self._ids(n)})"
+        stmt = self._by_size.get((table, n))
+        if stmt is None:
+            t = self._tables[table]
+            stmt = self._by_size[table, n] = SQL(
+                select(func.count()).select_from(t).where(t.c.job_id.in_(self._ids(n))))
+        return stmt
 
-    def delete_of(self, n: int) -> str:
+    def delete_of(self, n: int) -> SQL:
         """Delete the batch's jobs :j0..., the guard checked again."""
-        return f"DELETE FROM jobs WHERE job_id IN ({self._ids(n)}) AND {self.guard}"
+        stmt = self._by_size.get(("", n))
+        if stmt is None:
+            stmt = self._by_size["", n] = SQL(
+                delete(jobs).where(J.job_id.in_(self._ids(n)), *self.guard))
+        return stmt
+
+
+#: A job's whole row (`:job_id`), its columns as the schema names them.
+JOB_ROW = select(jobs).where(J.job_id == P("job_id"))
 
 
 def job_row() -> Any:
-    """A job's whole row (`:job_id`), its columns as the model names them. Built on first use:
-    the models import SQLAlchemy's ORM, which the claim and complete commands never need."""
-    global _JOB_ROW
-    if _JOB_ROW is None:
-        from sqlalchemy import bindparam, select
-
-        from ..models import Job
-
-        _JOB_ROW = select(Job.__table__).where(Job.__table__.c.job_id == bindparam("job_id"))
-    return _JOB_ROW
-
-
-_JOB_ROW: Any = None
+    """A job's whole row (`:job_id`), its columns as the schema names them."""
+    return JOB_ROW
 
 
 # --- the claim's candidate select -----------------------------------------------------------
 
-#: Candidate statements by shape (roles, kinds, due only, lock clause).
-_CANDIDATE_TEXT: dict[tuple[int, int | None, bool, str], str] = {}
+#: Candidate statements by shape (roles, kinds, due only, locked).
+_CANDIDATES: dict[tuple[int, int | None, bool, bool], SQL] = {}
 
 
 def role_kind_params(roles: Sequence[str], kinds: Sequence[str] | None) -> dict[str, Any]:
@@ -274,53 +411,64 @@ def role_kind_params(roles: Sequence[str], kinds: Sequence[str] | None) -> dict[
     return params
 
 
+#: Claim order: priority, then age.
+CLAIM_ORDER = (J.priority, J.created_at, J.job_id)
+#: A waiting job a claim may take now (:maxp, :now).
+CLAIMABLE = (WAITING, J.priority <= P("maxp"), J.run_after <= P("now"),
+             or_(J.deadline_at.is_(None), J.deadline_at > P("now")))
+
+
+def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
+           limit: Any = ONE) -> list[CTE]:
+    """One index probe per (role, kind), each a MATERIALIZED CTE (c<i>_<j>) reading only the
+    first `limit` rows of its slice of the partial claim index, however many jobs wait for
+    other roles and kinds; role 0 is "no role". `locked` takes each row read with FOR UPDATE
+    SKIP LOCKED (only PostgreSQL's compiler writes it)."""
+    out = []
+    for i in range(n_roles + 1):
+        for j in range(1 if n_kinds is None else n_kinds):
+            where: list[Any] = [WAITING, J.priority <= P("maxp"),
+                                J.required_role.is_(None) if i == 0
+                                else J.required_role == P(f"r{i}")]
+            if n_kinds is not None:
+                where.append(J.kind == P(f"k{j}"))
+            if due_only:
+                where.extend(CLAIMABLE[2:])
+            probe = (select(J.job_id, J.priority, J.created_at).where(*where)
+                     .order_by(*CLAIM_ORDER).limit(limit))
+            if locked:
+                probe = probe.with_for_update(skip_locked=True)
+            out.append(probe.cte(f"c{i}_{j}").prefix_with("MATERIALIZED"))
+    return out
+
+
+def union_of(ctes: Sequence[CTE]) -> Any:
+    """Every probe's rows, one after the other."""
+    return union_all(*(select(cte) for cte in ctes))
+
+
+def candidate(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool) -> SQL:
+    """The first of the probes' heads in claim order (:maxp, :now, :r1.., :k0..); built and
+    compiled once per shape, not per claim."""
+    shape = (n_roles, n_kinds, due_only, locked)
+    stmt = _CANDIDATES.get(shape)
+    if stmt is None:
+        heads = union_of(probes(n_roles, n_kinds, due_only=due_only, locked=locked)
+                         ).subquery("candidates")
+        stmt = _CANDIDATES[shape] = SQL(
+            select(heads.c.job_id).order_by(heads.c.priority, heads.c.created_at,
+                                            heads.c.job_id).limit(ONE))
+    return stmt
+
+
 def candidate_sql(roles: Sequence[str], kinds: Sequence[str] | None, *, due_only: bool,
-                  lock: str) -> tuple[str, dict[str, Any]]:
-    """One index probe per (role, kind): each reads only the head of its slice of the
-    partial claim index, however many jobs wait for other roles and kinds. `lock` is the
-    store's row-locking clause for each probe ("" for none)."""
-    # The text depends only on the shape, so it is built once per shape, not per claim.
-    shape = (len(roles), None if kinds is None else len(kinds), due_only, lock)
-    text = _CANDIDATE_TEXT.get(shape)
-    if text is None:
-        text = _CANDIDATE_TEXT[shape] = candidate_text(roles, kinds, due_only, lock)
-    return text, role_kind_params(roles, kinds)
+                  locked: bool) -> tuple[SQL, dict[str, Any]]:
+    """The candidate select for this worker's roles and kinds, and their parameters."""
+    return (candidate(len(roles), None if kinds is None else len(kinds), due_only=due_only,
+                      locked=locked), role_kind_params(roles, kinds))
 
 
 def candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
-                   lock: str) -> str:
-    probes, pick = candidate_parts(roles, kinds, due_only, lock)
-    return f"WITH {probes} {pick}"
-
-
-def candidate_parts(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,
-                    lock: str, *, limit: str = "1", union_only: bool = False
-                    ) -> tuple[str, str]:
-    """The probes (named CTEs) and the select that picks the first of their heads (or,
-    with union_only, the union of every probe's rows)."""
-    parts = []
-    role_opts: list[str | None] = [None, *roles]
-    kind_opts: list[str | None] = list(kinds) if kinds is not None else [None]
-    for i, role in enumerate(role_opts):
-        for j, kind in enumerate(kind_opts):
-            where = ["status = 'waiting'", "priority <= :maxp"]
-            if role is None:
-                where.append("required_role IS NULL")
-            else:
-                where.append(f"required_role = :r{i}")
-            if kind is not None:
-                where.append(f"kind = :k{j}")
-            if due_only:
-                where.append("run_after <= :now")
-                where.append("(deadline_at IS NULL OR deadline_at > :now)")
-            parts.append(
-                f"c{i}_{j} AS MATERIALIZED (SELECT job_id, priority, created_at FROM jobs"
-                f" WHERE {' AND '.join(where)} ORDER BY priority, created_at, job_id"
-                f" LIMIT {limit}{lock})"
-            )
-    names = [p.split(" ", 1)[0] for p in parts]
-    union = " UNION ALL ".join(f"SELECT * FROM {n}" for n in names)
-    if union_only:
-        return ", ".join(parts), union
-    return (", ".join(parts), f"SELECT job_id FROM ({union}) AS candidates"
-            " ORDER BY priority, created_at, job_id LIMIT 1")
+                   lock: str = "") -> str:
+    """The candidate select as SQLite runs it, `:name` parameters (for the benchmarks)."""
+    return candidate_sql(roles, kinds, due_only=due_only, locked=bool(lock))[0].sqlite
