@@ -173,8 +173,8 @@ class JobcoordCollector(Collector):
                 conn, "SELECT worker_id, COUNT(*) FROM leases GROUP BY worker_id").all())
             if "artifacts" in self.features:
                 out["artifacts"] = [tuple(r) for r in db.run_text(
-                    conn, "SELECT validation_state, COUNT(*), COALESCE(SUM(size_bytes), 0)"
-                    " FROM artifacts GROUP BY validation_state").all()]
+                    conn, "SELECT state, COUNT(*), COALESCE(SUM(size), 0)"
+                    " FROM artifacts GROUP BY state").all()]
             with self._lock:
                 base = _Latency(self._latency.cursor, self._latency.seen,
                                 list(self._latency.buckets), self._latency.total,
@@ -284,10 +284,11 @@ class JobcoordCollector(Collector):
 
         if "artifacts" in s:
             size = GaugeMetricFamily("jobcoord_artifact_bytes",
-                                     "Bytes of artifacts stored, by validation state.",
-                                     labels=["validation_state"])
-            count = GaugeMetricFamily("jobcoord_artifacts", "Artifacts stored, by "
-                                      "validation state.", labels=["validation_state"])
+                                     "Bytes of artifact rows, by state (staged, verified, "
+                                     "accepted, rejected; identical content is stored once).",
+                                     labels=["state"])
+            count = GaugeMetricFamily("jobcoord_artifacts", "Artifact rows, by state.",
+                                      labels=["state"])
             for state, n, total in sorted(s["artifacts"]):
                 size.add_metric([state], int(total))
                 count.add_metric([state], n)

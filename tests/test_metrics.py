@@ -232,3 +232,24 @@ def test_commit_latency_is_event_time_minus_handler_end(prov: str | None,
     at = _parse_iso_us("2026-01-01T00:00:02Z")
     assert at is not None
     assert commit_latency_s(at, prov) == expected
+
+
+def test_artifact_metrics_count_rows_and_bytes_by_state(tmp_path: Any) -> None:
+    from jobcoord.db import Database, resolve_target
+    from jobcoord.migrate import migrate
+
+    path = str(tmp_path / "a.db")
+    db = Database.open(resolve_target(db=path), create=True)
+    migrate(db, add={"artifacts"})
+    db.close()
+    with Coordinator.open(path) as c:
+        c.heartbeat("w")
+        c.enqueue("k", {})
+        got = c.claim("w")
+        job_id, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+        c.put_artifact(job_id, "w", epoch, "a.txt", b"hello")
+        c.put_artifact(job_id, "w", epoch, "b.txt", b"world!")
+        c.complete(job_id, "w", epoch, {})
+        samples = parse(exposition(registry_for(c)).decode())
+    assert value(samples, "jobcoord_artifacts", state="accepted") == 2
+    assert value(samples, "jobcoord_artifact_bytes", state="accepted") == 11

@@ -260,9 +260,9 @@ class Dashboard:
                 srv = request.app.state.server
                 shown = await srv.call(srv.c.show, _job_id(job_id), tenant=who.scope)
                 for a in shown["artifacts"]:
-                    if a["name"] == name and a["validation_state"] == "valid":
-                        return await _artifact_response(srv, a)
-                return d.error(f"no valid artifact {name!r} on this job", 404, who)
+                    if a["name"] == name and a["state"] == "accepted":
+                        return await _artifact_response(srv, _job_id(job_id), a)
+                return d.error(f"no accepted artifact {name!r} on this job", 404, who)
             return await guarded(request, go)
 
         @r.get("/ui/workers", response_class=HTMLResponse)
@@ -621,17 +621,25 @@ def _actions_for(status: str) -> list[str]:
     return []
 
 
-async def _artifact_response(srv: Any, a: dict[str, Any]) -> Response:
-    """A stored artifact, streamed, if its location is a local file the server can read."""
-    from fastapi.responses import FileResponse
+async def _artifact_response(srv: Any, job_id: int, a: dict[str, Any]) -> Response:
+    """An accepted artifact, copied out of the store verified (size and digest) into a
+    temporary file that is streamed and then removed: a corrupt object is never served."""
+    import tempfile
 
-    location = a["location"]
-    path = location[len("file://"):] if location.startswith("file://") else location
-    if not os.path.isfile(path):
-        raise InvalidInput("artifact_not_found", "the artifact's file is not on this server")
-    digest = a["sha256"]
+    from fastapi.responses import FileResponse
+    from starlette.background import BackgroundTask
+
+    fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
+    os.close(fd)
+    try:
+        await srv.call(srv.c.get_artifact, job_id, a["name"], path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    digest = a["digest"]
     return FileResponse(path, media_type=a["media_type"] or "application/octet-stream",
                         filename=os.path.basename(a["name"]),
-                        headers={"X-Content-SHA256": digest,
+                        background=BackgroundTask(os.unlink, path),
+                        headers={"X-Content-Digest": digest,
                                  "ETag": '"' + hashlib.sha256(digest.encode()).hexdigest()[:32]
                                  + '"'})
