@@ -56,6 +56,8 @@ def workload(c: Coordinator) -> dict[str, Any]:
     expired_waiting = got["job"]["job_id"]
     got = c.claim("w1", lease_s=1)  # an effect started, then the lease expires: unknown
     c.mark_effect(got["job"]["job_id"], "w1", got["lease"]["epoch"])
+    c.heartbeat("w3", roles=[], readings={"memory_used_pct": 99.0})
+    assert c.claim("w3")["job"] is None  # refused by the memory gate, kept on its row
     cancelled = c.enqueue("summarize", {"i": 99})["job_id"]
     c.cancel(cancelled)
     deadline = time.monotonic() + 20  # both 1-second leases expire; the reaper sees them
@@ -119,6 +121,8 @@ def test_metrics_match_the_database_after_a_scripted_workload(coord: Coordinator
     age = value(samples, "jobcoord_oldest_waiting_age_seconds", kind="summarize")
     assert 0 < age < 120
     assert value(samples, "jobcoord_worker_heartbeat_age_seconds", worker="w1") < 120
+    assert value(samples, "jobcoord_workers_refusing", reason="memory_gate") == 1
+    assert value(samples, "jobcoord_workers") == 3
     # A second process (a fresh collector) computes the same figures from scratch.
     again = parse(exposition(registry_for(coord)).decode())
     for key, got in samples.items():
