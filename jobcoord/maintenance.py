@@ -95,8 +95,10 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
     source = db.target.sqlite_path
     assert source is not None
     dest = os.path.abspath(dest)
-    if dest == source:
-        raise InvalidInput("invalid_input", "the backup destination is the database itself")
+    if _is_part_of(dest, source):
+        raise InvalidInput("invalid_input", f"the backup destination {dest} is the database "
+                           "itself or one of the files SQLite keeps beside it (-wal, -shm, "
+                           "-journal); writing there would destroy committed work")
     if os.path.isdir(dest):
         raise InvalidInput("invalid_input", f"{dest} is a directory; name the backup file")
     if os.path.exists(dest) and not force:
@@ -117,6 +119,19 @@ def sqlite_uri(path: str, mode: str) -> str:
     """A `file:` URI naming exactly `path`: unquoted, `#` would end the path, `?` start the
     options and `%` begin an escape, so SQLite would open (or create) another file."""
     return f"file:{quote(path)}?mode={mode}"
+
+
+def _is_part_of(dest: str, source: str) -> bool:
+    """Whether `dest` is the database file or one of its -wal, -shm, -journal files, by name
+    or by identity (a link to one of them)."""
+    parts = [source, *(source + suffix for suffix in _BESIDE)]
+    if dest in parts or os.path.realpath(dest) in {os.path.realpath(p) for p in parts}:
+        return True
+    for part in parts:  # a hard link to one of them
+        with contextlib.suppress(OSError):
+            if os.path.samefile(part, dest):
+                return True
+    return False
 
 
 def _check_copy(path: str) -> list[str]:

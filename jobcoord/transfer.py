@@ -172,6 +172,14 @@ def _copy(source: Database, dest: Database, tables: list[Table], allow_active_le
     with source.engine.connect() as sconn:
         with sconn.begin():
             version = sconn.exec_driver_sql("PRAGMA data_version").scalar_one()
+            # A damaged page may still read as rows: never copy, and call verified, a source
+            # that SQLite's own check finds damaged (the same snapshot is copied next).
+            found = [r[0] for r in sconn.exec_driver_sql("PRAGMA quick_check").all()]
+            if found != ["ok"]:
+                raise DatabaseCorrupt(
+                    "database_corrupt", f"the source {source.target.display()} failed "
+                    f"quick_check ({'; '.join(found[:3])}); nothing was copied. Restore it "
+                    "from a backup, then transfer", quick_check=found[:20])
             active = source.run_text(
                 sconn, "SELECT COUNT(*), MAX(expires_at) FROM leases WHERE expires_at > :now",
                 {"now": now}).one()

@@ -202,12 +202,17 @@ def dumps(value: Any) -> str:
 
 
 def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
-               too_large_code: str = "payload_too_large") -> tuple[Any, str]:
+               too_large_code: str = "payload_too_large", str_is_text: bool = True
+               ) -> tuple[Any, str]:
     """Parse (or accept) a JSON value strictly; return it and its stored text.
+
+    Bytes are always JSON text. A `str` is JSON text too, unless `str_is_text` is False: then
+    it is the value itself (a result may be a plain string; the CLI hands over bytes).
 
     Refused: invalid JSON, NaN/Infinity, numbers out of float range, duplicate keys, nesting
     deeper than 64, lone surrogates, and anything over max_bytes (with a hint to keep large
     data as an artifact)."""
+    is_text = isinstance(raw, bytes) or (isinstance(raw, str) and str_is_text)
     if isinstance(raw, bytes):
         if len(raw) > max_bytes:
             raise too_large(field, len(raw), max_bytes, too_large_code)
@@ -215,7 +220,7 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise _bad(field, f"is not valid UTF-8 (byte {e.start})") from None
-    if isinstance(raw, str):
+    if is_text:
         utf8_text(raw, field, max_len=max_bytes + 1, allow_empty=True)
         if len(raw.encode("utf-8")) > max_bytes:
             raise too_large(field, len(raw.encode("utf-8")), max_bytes, too_large_code)

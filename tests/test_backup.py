@@ -140,3 +140,23 @@ def test_backup_and_writer_threads_share_no_connection(sqlite_target: Target,
     assert copy.execute("SELECT COUNT(*) FROM workers").fetchone() == (0,)
     copy.close()
     c.close()
+
+
+def test_backup_refuses_the_databases_own_wal_shm_and_journal_as_destination(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    path = sqlite_target.sqlite_path
+    assert path
+    holder = sqlite3.connect(path)  # keeps the -wal and -shm in use, as a running worker does
+    holder.execute("SELECT 1 FROM jobs").fetchall()
+    try:
+        for _ in range(3):
+            assert run_cli(sqlite_target, "enqueue", "k", "--json").code == 0
+        os.link(path + "-wal", str(tmp_path / "hardlink-to-wal"))
+        for dest in (path + "-wal", path + "-shm", path + "-journal",
+                     str(tmp_path / "hardlink-to-wal")):
+            r = run_cli(sqlite_target, "backup", dest, "--force", "--json")
+            assert r.code == 2, (dest, r.out)
+            assert "beside it" in r.json["error"]["message"]
+        assert run_cli(sqlite_target, "status", "--json").json["jobs"]["waiting"] == 3
+    finally:
+        holder.close()

@@ -198,3 +198,30 @@ def test_event_times_never_run_backwards_against_event_ids(target: Target) -> No
         assert check(c.db)["ok"]
     finally:
         c.close()
+
+
+def test_a_pg_write_waiting_on_a_row_lock_past_the_busy_timeout_is_busy_and_changes_nothing(
+        pg_target: Target) -> None:
+    import psycopg
+
+    from jobcoord.errors import DatabaseBusy
+
+    coord = Coordinator.open(pg_target, busy_timeout=0.5)
+    holder = psycopg.connect(pg_target.url.replace("postgresql+psycopg://", "postgresql://"))
+    try:
+        job_id = coord.enqueue("k", {})["job_id"]
+        coord.heartbeat("w1", readings=IDLE_ON_AC)
+        epoch = coord.claim("w1", lease_s=60)["lease"]["epoch"]
+        holder.execute("SELECT job_id FROM jobs WHERE job_id = %s FOR UPDATE", (job_id,))
+        started = time.monotonic()
+        with pytest.raises(DatabaseBusy) as caught:
+            coord.complete(job_id, "w1", epoch, {"x": 1})
+        # Bounded: a few retries of a 0.5 s lock wait, not for as long as the lock is held.
+        assert time.monotonic() - started < 15
+        assert caught.value.exit_code == 5
+        holder.rollback()
+        assert coord.show(job_id)["job"]["status"] == "running"
+        assert coord.complete(job_id, "w1", epoch, {"x": 1})["status"] == "succeeded"
+    finally:
+        holder.close()
+        coord.close()

@@ -343,3 +343,22 @@ def test_tables_larger_than_one_batch_are_copied_whole(src: Target, pg: Target) 
     assert r.json["tables"]["jobs"]["rows"] == n
     assert r.json["next_ids"]["jobs"] == n + 1
     assert table_rows(pg, set()) == table_rows(src, set())
+
+
+def test_a_damaged_source_is_refused_and_nothing_is_copied(src: Target, pg: Target) -> None:
+    with Coordinator.open(src) as c:
+        c.enqueue_many([{"kind": "k", "payload": {"i": i, "pad": "x" * 200}}
+                        for i in range(3000)])
+    path = src.sqlite_path
+    assert path
+    with sqlite3.connect(path) as conn:  # everything in the main file, nothing in the -wal
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+    with open(path, "r+b") as f:  # a page in the middle of the jobs table's b-tree
+        f.seek(100 * page)
+        f.write(b"\xa5" * page)
+    r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 7, r.out
+    assert r.json["error"]["code"] == "database_corrupt"
+    with Coordinator.open(pg) as target:
+        assert target.status()["jobs"]["waiting"] == 0

@@ -72,6 +72,13 @@ def fenced(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def json_text(raw: str | bytes) -> bytes:
+    """JSON text from the command line as bytes: the Python API reads a `str` result or
+    checkpoint as a string value, bytes as JSON text. Undecodable arguments keep their bytes
+    (surrogateescape), so the check names them as invalid UTF-8."""
+    return raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogateescape")
+
+
 def read_json_source(inline: str | None, path: str | None, field: str, limit: int,
                       too_large_code: str) -> str | bytes | None:
     """--x JSON or --x-file PATH|- (stdin), read with a size bound: never more than

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from .group import Settings, cli, read_json_source, tenant_option
+from .group import Settings, cli, json_text, read_json_source, tenant_option
 from .output import emit, json_option, safe_text
 
 
@@ -68,7 +68,8 @@ def retry(s: Settings, job_id: str, tenant: str | None, as_json: bool) -> None:
 def reconcile(s: Settings, job_id: str, as_status: str, result: str | None, reason: str,
               tenant: str | None, as_json: bool) -> None:
     """Settle an unknown job after checking what its external effect did."""
-    emit(as_json, s.coordinator().reconcile(job_id, as_status, reason, result=result,
+    emit(as_json, s.coordinator().reconcile(job_id, as_status, reason,
+                                            result=None if result is None else json_text(result),
                                             tenant=tenant))
 
 

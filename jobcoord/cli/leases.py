@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import click
 
-from .group import EXIT_NOTHING_TO_CLAIM, Settings, cli, fenced, read_json_source, tenant_option
+from .group import (
+    EXIT_NOTHING_TO_CLAIM,
+    Settings,
+    cli,
+    fenced,
+    json_text,
+    read_json_source,
+    tenant_option,
+)
 from .output import dump, emit, json_option, safe_text
 
 
@@ -72,7 +80,7 @@ def complete(s: Settings, job_id: str, worker: str, epoch: str, result: str | No
     c = s.coordinator()
     raw = read_json_source(result, result_file, "result", c.policy.max_result_bytes,
                             "result_too_large")
-    emit(as_json, c.complete(job_id, worker, epoch, "{}" if raw is None else raw,
+    emit(as_json, c.complete(job_id, worker, epoch, b"{}" if raw is None else json_text(raw),
                              tenant=tenant))
 
 
@@ -119,7 +127,8 @@ def checkpoint(s: Settings, job_id: str, worker: str, epoch: str, name: str,
                data: str | None, tenant: str | None, as_json: bool) -> None:
     """Save step progress under the current epoch (the next attempt sees it)."""
     emit(as_json, s.coordinator().checkpoint(job_id, worker, epoch, name,
-                                             "{}" if data is None else data, tenant=tenant))
+                                             json_text("{}" if data is None else data),
+                                             tenant=tenant))
 
 
 

@@ -4,38 +4,16 @@ for people with every piece of data escaped so it cannot forge a line."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from ..text import safe_text
+
 
 def dump(payload: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, sort_keys=False)
-
-
-#: Characters that data must not bring to a terminal: C0 controls (line breaks, escape
-#: sequences), DEL, C1 controls (U+0085 is a line break, U+009B a CSI), the Unicode line and
-#: paragraph separators, and the bidi marks, embeddings, overrides and isolates that reorder
-#: what is shown.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
-                     "\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(found: re.Match[str]) -> str:
-    ch = found.group()
-    if ch in _NAMED:
-        return _NAMED[ch]
-    return f"\\x{ord(ch):02x}" if ord(ch) <= 0xFF else f"\\u{ord(ch):04x}"
-
-
-def safe_text(value: Any) -> str:
-    """`value` as text that cannot start a line, move the cursor or reorder the display:
-    every unsafe character is written as a visible escape (\\n, \\x1b, \\u2028). Applied to
-    every piece of data in text output; JSON output carries the data unchanged."""
-    return _UNSAFE.sub(_escape, str(value))
 
 
 def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] | None = None,

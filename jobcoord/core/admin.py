@@ -112,7 +112,8 @@ def reconcile(ctx: Context, job_id: int, as_status: str, reason: str, *, result:
         raise InvalidInput("invalid_input", "reconciling as succeeded needs --result")
     result_text = None
     if result is not None:
-        result_text = v.json_value(result, "result", max_bytes=ctx.policy.max_result_bytes,
+        result_text = v.json_value(result, "result", str_is_text=False,
+                                   max_bytes=ctx.policy.max_result_bytes,
                                    require_object=False, too_large_code="result_too_large")[1]
 
     def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:

@@ -100,7 +100,7 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
     it inside one (shared by complete and complete_and_claim) and the worker id."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
-    _, result_text = v.json_value({} if result is None else result, "result",
+    _, result_text = v.json_value({} if result is None else result, "result", str_is_text=False,
                                   max_bytes=ctx.policy.max_result_bytes,
                                   require_object=False, too_large_code="result_too_large")
     prov_text = None if provenance is None else v.json_value(
@@ -292,7 +292,7 @@ def checkpoint(ctx: Context, job_id: int, worker_id: str, epoch: int, name: str,
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
     name = v.name(name, "name")
-    _, data_text = v.json_value({} if data is None else data, "data",
+    _, data_text = v.json_value({} if data is None else data, "data", str_is_text=False,
                                 max_bytes=ctx.policy.max_payload_bytes,
                                 require_object=False, too_large_code="checkpoint_too_large")
 

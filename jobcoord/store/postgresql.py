@@ -117,7 +117,7 @@ def _measure_clock(dbapi_conn: Any, info: dict[str, Any], limit: float) -> None:
         raise refusal
 
 
-def _pg_engine(url: str) -> Engine:
+def _pg_engine(url: str, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> Engine:
     limit = _max_clock_skew()
     try:
         import psycopg  # noqa: F401
@@ -132,7 +132,14 @@ def _pg_engine(url: str) -> Engine:
     # hourly.
     engine = create_engine(url, poolclass=QueuePool, pool_size=PG_POOL_SIZE,
                            max_overflow=PG_POOL_OVERFLOW, pool_timeout=30, pool_pre_ping=False,
-                           pool_recycle=3600, connect_args={"application_name": "jobcoord"})
+                           pool_recycle=3600, connect_args={
+                               "application_name": "jobcoord",
+                               # A statement waiting for another transaction's row lock gives
+                               # up after the busy timeout (SQLSTATE 55P03, DatabaseBusy: the
+                               # bounded retry, then exit 5), as a locked SQLite file does;
+                               # 0 would wait for ever.
+                               "options": f"-c lock_timeout={max(1, round(busy_timeout * 1000))}",
+                           })
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, record: Any) -> None:
@@ -300,7 +307,7 @@ class PostgresDatabase(Database):
     @classmethod
     def open_server(cls, target: Target, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
                     busy_retries: int = DEFAULT_RETRIES) -> PostgresDatabase:
-        return cls(target, _pg_engine(target.url), busy_retries=busy_retries,
+        return cls(target, _pg_engine(target.url, busy_timeout), busy_retries=busy_retries,
                    busy_timeout=busy_timeout)
 
     # -- the core's operations --

@@ -133,6 +133,10 @@ def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
             box["out"] = Outcome("permanent", error=f"PermanentError: {e}")
         except Exception as e:
             box["out"] = Outcome("failed", error=f"{type(e).__name__}: {e}")
+        except BaseException as e:
+            # sys.exit() or KeyboardInterrupt raised in a handler ends this thread, not the
+            # worker: the attempt failed, now, instead of holding its slot until the timeout.
+            box["out"] = Outcome("failed", error=f"{type(e).__name__}: {e}")
         finally:
             run.wake.set()
 
@@ -274,7 +278,10 @@ def start_command(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
             if flags["held_open"]:
                 msg += f"; {held}"
             return Outcome("invalid_output", error=msg)
-        if isinstance(value, dict) and value.get("jobcoord_envelope") == 1:
+        marker = value.get("jobcoord_envelope") if isinstance(value, dict) else None
+        if type(marker) is int and marker == 1:  # exactly 1: `true` is not an envelope
+            if "result" not in value:
+                return Outcome("invalid_output", error="the envelope has no \"result\"")
             prov = value.get("provenance") or {}
             if not isinstance(prov, dict):
                 return Outcome("invalid_output",

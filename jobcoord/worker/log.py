@@ -9,6 +9,7 @@ import threading
 from typing import IO, Any
 
 from ..clock import iso, now_us
+from ..text import safe_text
 
 
 class Log:
@@ -27,7 +28,7 @@ class Log:
                               default=str)
         else:
             parts = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if v is not None)
-            line = f"{ts} {self.worker_id} {event} {parts}".rstrip()
+            line = f"{ts} {safe_text(self.worker_id)} {event} {parts}".rstrip()
         with self._lock:
             try:
                 self.stream.write(line + "\n")
@@ -40,6 +41,8 @@ def _text(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, dict | list):
-        return json.dumps(value, default=str)
-    text = str(value)
+        return json.dumps(value, default=str)  # ensure_ascii: every control char escaped
+    # Escaped first: a handler's error text must never start a line of its own (a forged
+    # `completed` decision) or move the terminal's cursor.
+    text = safe_text(value)
     return shlex.quote(text) if (" " in text or not text) else text
