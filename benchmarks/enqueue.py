@@ -45,7 +45,7 @@ def measure(coord: Any, single: int, batch: int) -> dict[str, float]:
 
 
 def raw_floor(path: str, sync: str, n: int) -> float:
-    from jobcoord import service
+    from jobcoord.store import statements
 
     now = time.time_ns() // 1000
     jobs = [{"job_id": i, "tenant": "default", "kind": "summarize", "role": "gpu",
@@ -59,8 +59,8 @@ def raw_floor(path: str, sync: str, n: int) -> float:
     con.execute(f"PRAGMA synchronous={sync.upper()}")
     t0 = time.perf_counter()
     con.execute("BEGIN IMMEDIATE")
-    con.executemany(service._INSERT_JOB_AT.sqlite, jobs)
-    con.executemany(service._INSERT_EVENT.sqlite, events)
+    con.executemany(statements.INSERT_JOB_AT.sqlite, jobs)
+    con.executemany(statements.INSERT_EVENT.sqlite, events)
     con.execute("COMMIT")
     took = time.perf_counter() - t0
     con.close()

@@ -31,7 +31,7 @@ from benchmarks.throughput import _fill
 
 def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
             autocheckpoint: bool = True, mode: str = "two") -> None:
-    from jobcoord import service as s
+    from jobcoord.store import statements as s
 
     con = sqlite3.connect(path, isolation_level=None, timeout=30)
     if not autocheckpoint:
@@ -42,22 +42,22 @@ def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
     now = time.time_ns() // 1000
     con.execute("INSERT INTO workers (worker_id, roles_json, heartbeat_at, created_at)"
                 " VALUES (?, '[\"gpu\"]', ?, ?)", (worker, now, now))
-    probe = s.Coordinator._candidate_text(["gpu"], None, True, "")  # SQLite: no lock clause
+    probe = s.candidate_text(["gpu"], None, True, "")  # SQLite: no lock clause
 
     def claim(now: int) -> tuple[int, int] | None:
         """The claim's statements (worker row, probe, take, lease, event), in the open
         transaction."""
-        con.execute(s._WORKER.sqlite, {"worker": worker}).fetchone()
+        con.execute(s.WORKER.sqlite, {"worker": worker}).fetchone()
         found = con.execute(probe, {"r1": "gpu", "now": now, "maxp": 3}).fetchone()
         if found is None:
             return None
-        job = con.execute(s._TAKE_JOB.sqlite, {"job_id": found[0], "now": now, "f": False}
+        job = con.execute(s.TAKE_JOB.sqlite, {"job_id": found[0], "now": now, "f": False}
                           ).fetchone()
         epoch = job[6]
-        con.execute(s._INSERT_LEASE.sqlite, {"job_id": job[0], "worker": worker,
+        con.execute(s.INSERT_LEASE.sqlite, {"job_id": job[0], "worker": worker,
                                              "epoch": epoch, "now": now,
                                              "expires": now + 45_000_000})
-        con.execute(s._INSERT_EVENT.sqlite, {
+        con.execute(s.INSERT_EVENT.sqlite, {
             "job_id": job[0], "now": now, "from_status": "waiting", "to_status": "running",
             "reason": "claimed", "worker": worker, "epoch": epoch,
             "detail": '{"attempt":1,"expires_at":"2026-11-29T00:00:45Z"}'})
@@ -65,13 +65,13 @@ def _worker(index: int, barrier: Any, queue: Any, path: str, sync: str,
 
     def complete(job_id: int, epoch: int, now: int) -> None:
         """The completion's statements (fence read, finish, drop lease, event)."""
-        con.execute(s._OWNED.sqlite, {"job_id": job_id}).fetchone()
-        con.execute(s._FINISH.sqlite, {
+        con.execute(s.OWNED.sqlite, {"job_id": job_id}).fetchone()
+        con.execute(s.FINISH.sqlite, {
             "job_id": job_id, "epoch": epoch, "to_status": "succeeded",
             "result": '{"ok":true}', "provenance": None, "error": None, "finished": now,
             "run_after": now, "now": now})
-        con.execute(s._DROP_LEASE.sqlite, {"job_id": job_id, "epoch": epoch})
-        con.execute(s._INSERT_EVENT.sqlite, {
+        con.execute(s.DROP_LEASE.sqlite, {"job_id": job_id, "epoch": epoch})
+        con.execute(s.INSERT_EVENT.sqlite, {
             "job_id": job_id, "now": now, "from_status": "running", "to_status": "succeeded",
             "reason": "completed", "worker": worker, "epoch": epoch, "detail": None})
 

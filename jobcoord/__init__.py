@@ -9,13 +9,13 @@ __version__ = "0.1.0"
 __all__ = ["Coordinator", "__version__"]
 
 if TYPE_CHECKING:
-    from .service import Coordinator
+    from .coordinator import Coordinator
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so `import jobcoord` (and the CLI's startup) does not pay for SQLAlchemy.
     if name == "Coordinator":
-        from .service import Coordinator
+        from .coordinator import Coordinator
 
         return Coordinator
     raise AttributeError(name)

@@ -187,6 +187,13 @@ class Context:
             tenant=self.tenant))
         self.checkpoints[name] = {} if data is None else data
 
+    def artifact(self, name: str, source: Any, media_type: str | None = None) -> dict[str, Any]:
+        """Stage an artifact (a path, bytes or a binary file object) under this attempt's
+        lease; it becomes part of the result when this attempt's completion is accepted."""
+        return self._fenced("artifact_staged", lambda: self._coordinator.put_artifact(
+            self.job_id, self.worker_id, self.epoch, name, source, media_type,
+            tenant=self.tenant))
+
 
 def load_app(spec: str) -> App:
     """`module:attribute` -> the App object (the module is imported from sys.path, which

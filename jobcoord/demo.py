@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .app import App, Context, Result
+from .artifacts import rules as artifact_rules
 
 # --- the handlers ------------------------------------------------------------------------------
 
@@ -39,6 +40,7 @@ MODEL = {"model": "demo-summarizer", "model_version": "1.0", "quantization": "q4
 def summarize(payload: dict[str, Any], ctx: Context) -> Result:
     ctx.sleep(float(payload.get("seconds", 0.3)))  # stands in for the model call
     words = str(payload.get("text", "")).split()
+    ctx.artifact("summary.md", f"# Summary\n\n{' '.join(words)}\n".encode(), "text/markdown")
     return Result({"summary": " ".join(words[:6]) + (" ..." if len(words) > 6 else ""),
                    "words": len(words)},
                   provenance={**MODEL, "settings": {"max_words": 6, "temperature": 0.0}})
@@ -193,10 +195,10 @@ def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
 
 def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None = None
              ) -> dict[str, Any]:
-    from .db import Database, resolve_target
+    from .coordinator import Coordinator
     from .migrate import migrate
     from .readings import read_machine
-    from .service import Coordinator
+    from .store import Database, resolve_target
 
     say = echo or (lambda _text: None)
     started = time.monotonic()
@@ -207,7 +209,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
     target = resolve_target(db=db_path)
     db = Database.open(target, create=True)
     try:
-        migrate(db)
+        migrate(db, add={"artifacts"})  # the summaries' rendered reports are artifacts
     finally:
         db.close()
     real = read_machine()
@@ -338,7 +340,8 @@ def _summarize(coord: Any, ids: list[int], workers: list[dict[str, Any]], logs: 
     return {"jobs": len(ids), "succeeded": statuses["succeeded"],
             "completed_exactly_once": not twice and len(completions) == len(ids),
             "late_results_refused": refused_late, "workers": out_workers, "killed": killed,
-            "recovered_job": recovered, "problems": problems}
+            "recovered_job": recovered, "problems": problems,
+            "artifact": artifact_rules.first_accepted(coord, ids)}
 
 
 def _gate_decisions(path: str) -> list[dict[str, str]]:
@@ -399,6 +402,11 @@ def report(s: dict[str, Any]) -> list[str]:
                          f"{e['to']:<9} {e['reason']}{who}{epoch}")
     for problem in s["problems"]:
         lines.append(f"PROBLEM: {problem}")
+    if s.get("artifact"):
+        a = s["artifact"]
+        lines.append(f"artifact of job {a['job_id']}: {a['name']} {a['digest']} ({a['size']} "
+                     f"bytes); get it: jobcoord --db {s['database']} artifact get {a['job_id']} "
+                     f"{a['name']} -o {a['name']}")
     lines.append(f"done in {s['duration_s']}s. Explore the database:")
     db = s["database"]
     job = rec["job_id"] if rec else 1

@@ -15,7 +15,7 @@ puts on their path (tests/fault_site/), which calls `install` and `set_deferred_
 
 `set_deferred_writes(True)` makes write transactions on SQLite start with a plain (deferred)
 BEGIN instead of BEGIN IMMEDIATE, so the contention tests can prove that they would catch that
-regression. db.py reads DEFERRED_WRITES when a Database is created.
+regression. store/sqlite.py reads DEFERRED_WRITES when a database is opened.
 """
 
 from __future__ import annotations

@@ -19,13 +19,14 @@ from urllib.parse import quote
 
 from sqlalchemy.engine import Connection
 
-from .db import Database, Target, classify, create_private_file, resolve_target
 from .errors import (
     DatabaseCorrupt,
     InvalidInput,
     SchemaMismatch,
     StorageUnavailable,
 )
+from .store import Database, Target, classify, resolve_target
+from .store.sqlite import create_private_file
 
 #: Each invariant is a query returning the offending job ids (zero rows when it holds).
 INVARIANTS: tuple[tuple[str, str], ...] = (

@@ -16,8 +16,9 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify, sqlite_pragma
 from .errors import InvalidInput, JobcoordError, SchemaMismatch, StorageUnavailable
+from .store import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify
+from .store.sqlite import sqlite_pragma
 
 OPTIONAL_FEATURES = tuple(OPTIONAL_REVISIONS)
 
@@ -174,7 +175,8 @@ def _migration_error(e: BaseException) -> JobcoordError:
 
 
 def migrate(
-    db: Database, *, add: set[str] | None = None, remove: set[str] | None = None
+    db: Database, *, add: set[str] | None = None, remove: set[str] | None = None,
+    force: bool = False, artifacts_dir: str | None = None,
 ) -> dict[str, Any]:
     """Bring the core schema to its newest revision, add or remove optional features, and
     run `PRAGMA quick_check` afterwards (SQLite)."""
@@ -193,6 +195,7 @@ def migrate(
     if db.is_sqlite:
         _enable_wal(db)
     before: set[str] = set()
+    removed: dict[str, int] = {}  # what `--without artifacts` dropped
 
     def _upgrade(conn: Connection) -> None:
         nonlocal before
@@ -211,6 +214,8 @@ def migrate(
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):
             if installed_features(before) & {feature}:
+                from .artifacts.rules import removal_check
+                removed.update(removal_check(db, conn, force, artifacts_dir))  # unless force
                 command.downgrade(cfg, f"{feature}@base")
         command.upgrade(cfg, "core@head")
         for feature in sorted(features):
@@ -250,6 +255,7 @@ def migrate(
         "revisions": sorted(after),
         "features": sorted(installed_features(after)),
         "changed": before != after,
+        **({"removed": removed} if removed else {}),
     }
     if db.is_sqlite:
         result["quick_check"] = db.read(lambda c: sqlite_pragma(db, c, "quick_check"))

@@ -207,30 +207,37 @@ class Checkpoint(Base):
 
 
 class Artifact(Base):
-    """Large results kept outside the database (the optional `artifacts` migration)."""
+    """Large results kept outside the database (the optional `artifacts` migration).
+
+    One row per stage of an artifact by one attempt (job, epoch, name). The bytes live in the
+    object store under `location`; the row is written only after the object is stored."""
 
     __tablename__ = "artifacts"
     __table_args__ = (
-        UniqueConstraint("job_id", "name"),
-        CheckConstraint(
-            "validation_state IN ('pending','valid','invalid')", name="validation_state"
-        ),
-        CheckConstraint("size_bytes >= 0", name="size"),
+        UniqueConstraint("job_id", "epoch", "name"),
+        CheckConstraint("state IN ('staged','verified','accepted','rejected')", name="state"),
+        CheckConstraint("size >= 0", name="size"),
+        # A job's names are unique in its accepted result.
+        Index("uq_artifacts_accepted_name", "job_id", "name", unique=True,
+              sqlite_where=text("state = 'accepted'"),
+              postgresql_where=text("state = 'accepted'")),
+        Index("ix_artifacts_digest", "digest"),
     )
 
     artifact_id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(
         Id, ForeignKey("jobs.job_id", ondelete="CASCADE"), nullable=False
     )
-    name: Mapped[str] = mapped_column(String(200), nullable=False)
-    location: Mapped[str] = mapped_column(Text, nullable=False)
-    sha256: Mapped[str] = mapped_column(String(64), nullable=False)
-    size_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    epoch: Mapped[int] = mapped_column(Integer, nullable=False)
+    name: Mapped[str] = mapped_column(String(255), nullable=False)
+    digest: Mapped[str] = mapped_column(String(80), nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
     media_type: Mapped[str] = mapped_column(String(200), nullable=False)
-    validation_state: Mapped[str] = mapped_column(
-        String(16), nullable=False, server_default="pending"
-    )
+    state: Mapped[str] = mapped_column(String(16), nullable=False, server_default="staged")
+    reason: Mapped[str | None] = mapped_column(String(64))
+    location: Mapped[str] = mapped_column(Text, nullable=False)
     created_at: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    verified_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
 CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")

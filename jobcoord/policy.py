@@ -66,7 +66,11 @@ class Policy:
         except tomllib.TOMLDecodeError as e:
             raise InvalidInput("invalid_policy", f"policy {path} is not valid TOML: {e}"
                                ) from None
-        return cls.from_mapping(data.get("policy", data), source=path)
+        from .artifacts.rules import settings_from_mapping  # [artifacts]: per-kind rules
+        artifacts = settings_from_mapping(data.pop("artifacts", None), path)
+        policy = cls.from_mapping(data.get("policy", data), source=path)
+        object.__setattr__(policy, "artifacts", artifacts)
+        return policy
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any], source: str = "policy") -> Policy:

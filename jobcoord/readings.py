@@ -29,7 +29,7 @@ import psutil
 
 from .errors import InvalidInput
 
-#: Readings the coordinator accepts in a heartbeat (service.parse_readings).
+#: Readings the coordinator accepts in a heartbeat (core.workers.parse_readings).
 READING_KEYS = ("memory_used_pct", "temperature_c", "on_battery", "user_idle_s")
 #: Sensor values outside this range are glitches (disconnected probes report -273 or 255).
 _SANE_TEMPERATURE_C = (-50.0, 150.0)

@@ -21,10 +21,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from .clock import iso, now_us
-from .db import Database, Target, classify
 from .errors import DatabaseCorrupt, InvalidInput, Refused, SchemaMismatch
 from .migrate import verify_schema
 from .models import CORE_TABLES, OPTIONAL_TABLES, Base
+from .store import Database, Target, classify
 
 BATCH_ROWS = 1000
 #: Tables whose integer key comes from a sequence on PostgreSQL.

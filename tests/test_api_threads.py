@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from jobcoord import db as dbmod
 from jobcoord.db import Database, Target, resolve_target
 from jobcoord.errors import JobcoordError, StorageUnavailable
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
+from jobcoord.store import postgresql as dbmod
 
 
 def _run_threads(n: int, body: Any) -> list[BaseException]:

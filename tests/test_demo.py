@@ -30,6 +30,7 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     assert run.returncode == 0, run.stdout + run.stderr
     s = json.loads(run.stdout)
     assert s["ok"] and s["problems"] == []
+    assert s["artifact"]["digest"].startswith("sha256:")  # a summary's rendered report
 
     # Default directory: a new one under the current directory.
     directory = os.path.join(str(tmp_path), s["directory"])

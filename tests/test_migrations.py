@@ -70,9 +70,9 @@ def test_artifacts_migration_round_trip_keeps_every_row(target: Target) -> None:
     assert up["features"] == ["artifacts"]
     assert snapshot(db) == before
     db.write(lambda conn: conn.exec_driver_sql(
-        "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes, media_type,"
-        " created_at) VALUES (1, 'out', 'file:out.json', 'ab', 2, 'application/json', 1)"))
-    down = migrate(db, remove={"artifacts"})
+        "INSERT INTO artifacts (job_id, epoch, name, location, digest, size, media_type,"
+        " created_at) VALUES (1, 1, 'out', 'objects/x', 'sha256:ab', 2, 'application/json', 1)"))
+    down = migrate(db, remove={"artifacts"}, force=True)  # rows present: refused without force
     assert down["features"] == [] and down["revisions"] == ["c0003"]
     assert snapshot(db) == before  # not one job, lease, event or checkpoint lost or changed
     assert not db.read(lambda conn: db.engine.dialect.has_table(conn, "artifacts"))
@@ -85,7 +85,7 @@ def test_migrate_with_artifacts_from_the_cli(tmp_path: Path) -> None:
     r = run_cli(None, "--db", path, "migrate", "--with", "artifacts", "--json")
     assert r.code == 0, r.err
     assert r.json["features"] == ["artifacts"]
-    assert sorted(r.json["revisions"]) == ["a0001", "c0003"]
+    assert sorted(r.json["revisions"]) == ["a0002", "c0003"]
     bad = run_cli(None, "--db", path, "migrate", "--with", "nonsense", "--json")
     assert bad.code == 2 and bad.json["error"]["code"] == "invalid_input"
 

@@ -375,13 +375,13 @@ def test_artifacts_branch_up_and_down_on_a_populated_database_keeps_every_row(
     try:
         assert migrate(db, add={"artifacts"})["features"] == ["artifacts"]
         db.write(lambda conn: db.run_text(
-            conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
-            " media_type, created_at) VALUES (:j, 'out', 'file:///a', :sha, 10, 'text/plain', 1)",
-            {"j": ids[0], "sha": "0" * 64}))
+            conn, "INSERT INTO artifacts (job_id, epoch, name, location, digest, size,"
+            " media_type, created_at) VALUES (:j, 1, 'out', 'objects/x', :sha, 10, 'text/plain',"
+            " 1)", {"j": ids[0], "sha": "sha256:" + "0" * 64}))
         with_artifacts = _rows(pg, {"artifacts"})
         assert with_artifacts["artifacts"]
         assert {k: v for k, v in with_artifacts.items() if k != "artifacts"} == core
-        assert migrate(db, remove={"artifacts"})["features"] == []
+        assert migrate(db, remove={"artifacts"}, force=True)["features"] == []
         assert _rows(pg, set()) == core
         assert migrate(db, add={"artifacts"})["features"] == ["artifacts"]
         assert _rows(pg, {"artifacts"}) == {**core, "artifacts": []}

@@ -167,7 +167,7 @@ def test_prune_rests_between_batches_so_waiting_workers_get_the_lock(
     """Back to back, batches would take SQLite's write lock again before a waiting worker's
     busy handler woke (benchmarks/prune.py: a 1.3 s claim). The rest is as long as the batch
     held the lock, or `pause_s`."""
-    import jobcoord.service as service
+    import jobcoord.core.admin as service
 
     rests: list[float] = []
     monkeypatch.setattr(service.time, "sleep", rests.append)

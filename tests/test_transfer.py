@@ -93,11 +93,11 @@ def add_artifact_rows(target: Target, job_id: int) -> None:
     db = Database.open(target)
     try:
         db.write(lambda conn: db.run_text(
-            conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
-            " media_type, validation_state, created_at) VALUES (:j, :n, :loc, :sha, :size,"
-            " 'application/json', :state, 1)",
-            {"j": job_id, "n": "summary", "loc": "file:///data/a.json", "sha": "ab" * 32,
-             "size": 12345, "state": "valid"}))
+            conn, "INSERT INTO artifacts (job_id, epoch, name, location, digest, size,"
+            " media_type, state, created_at, verified_at) VALUES (:j, 1, :n, :loc, :sha, :size,"
+            " 'application/json', :state, 1, 2)",
+            {"j": job_id, "n": "summary", "loc": "objects/sha256/ab/ab/" + "ab" * 32,
+             "sha": "sha256:" + "ab" * 32, "size": 12345, "state": "accepted"}))
     finally:
         db.close()
 

@@ -31,9 +31,10 @@ class Settings:
     busy_timeout: float
     debug: bool
     _coordinator: Any = None
+    artifacts: str | None = None  # --artifacts DIR / JOBCOORD_ARTIFACTS
 
     def target(self) -> Any:
-        from ..db import resolve_target
+        from ..store import resolve_target
 
         return resolve_target(db=self.db, url=self.url)
 
@@ -44,11 +45,12 @@ class Settings:
 
     def coordinator(self) -> Any:
         if self._coordinator is None:
-            from ..service import Coordinator
+            from ..coordinator import Coordinator
 
             self._coordinator = Coordinator.open(
                 self.target(), policy=self.policy(), synchronous=self.synchronous,
                 busy_timeout=self.busy_timeout)
+            self._coordinator.artifacts_dir = self.artifacts
         return self._coordinator
 
     def close(self) -> None:
@@ -112,12 +114,16 @@ def read_json_source(inline: str | None, path: str | None, field: str, limit: in
               help="Seconds to wait for a lock before each bounded retry.")
 @click.option("--debug", is_flag=True, callback=note_flag,
               help="Show tracebacks for internal errors.")
+@click.option("--artifacts", "artifacts", envvar="JOBCOORD_ARTIFACTS", metavar="DIR",
+              help="Artifact store directory (env JOBCOORD_ARTIFACTS; SQLite default: "
+                   "<db>.artifacts; PostgreSQL: required).")
 @click.version_option(__version__, prog_name="jobcoord")
 @click.pass_context
 def cli(ctx: click.Context, db: str | None, url: str | None, policy_path: str | None,
-        synchronous: str, busy_timeout: float, debug: bool) -> None:
+        synchronous: str, busy_timeout: float, debug: bool, artifacts: str | None) -> None:
     """jobcoord: a durable job coordinator. Leases, fencing epochs and resource gates on
     one SQLite file, or PostgreSQL."""
-    settings = Settings(db, url, policy_path, synchronous, busy_timeout, debug)
+    settings = Settings(db, url, policy_path, synchronous, busy_timeout, debug,
+                        artifacts=artifacts)
     ctx.obj = settings
     ctx.call_on_close(settings.close)

@@ -11,14 +11,16 @@ from .output import emit, json_option, safe_text
 @cli.command()
 @click.option("--with", "add", multiple=True, metavar="FEATURE",
               help="Also install an optional feature: artifacts.")
+@click.option("--force", is_flag=True, help="--without: drop the feature's rows too.")
 @click.option("--without", "remove", multiple=True, metavar="FEATURE",
               help="Remove an optional feature (its tables are dropped).")
 @json_option
 @click.pass_obj
-def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json: bool) -> None:
+def migrate(s: Settings, force: bool, add: tuple[str, ...], remove: tuple[str, ...],
+            as_json: bool) -> None:
     """Create the database or bring its schema to this version, then quick_check it."""
-    from ..db import Database
     from ..migrate import migrate as run_migrate
+    from ..store import Database
 
     target = s.target()
     # Migrations wait longer for the lock: a concurrent migrate finishes first.
@@ -28,7 +30,8 @@ def migrate(s: Settings, add: tuple[str, ...], remove: tuple[str, ...], as_json:
     # unmigrated (any command says "run jobcoord migrate"): deleting it could pull the file
     # from under a concurrent migrate that opened it meanwhile and is about to commit.
     try:
-        result = run_migrate(db, add=set(add), remove=set(remove))
+        result = run_migrate(db, add=set(add), remove=set(remove), force=force,
+                             artifacts_dir=s.artifacts)
     finally:
         db.close()
     result["database"] = target.display()
@@ -63,9 +66,10 @@ def check(s: Settings, full: bool, as_json: bool) -> None:
 @click.pass_obj
 def backup(s: Settings, dest: str, force: bool, as_json: bool) -> None:
     """Copy the live database to DEST (online backup API), then check the copy."""
+    from ..artifacts import backup as artifact_backup  # objects beside DEST, with a manifest
     from ..maintenance import backup as run_backup
 
-    emit(as_json, run_backup(s.coordinator().db, dest, force=force))
+    emit(as_json, artifact_backup.backup(s.coordinator(), dest, force, run_backup))
 
 
 @cli.command()
@@ -77,9 +81,10 @@ def restore(s: Settings, backup_file: str, as_json: bool) -> None:
 
     BACKUP must be one file written by `backup`; it is checked whole (integrity_check and the
     invariants) before anything is written, and the new database is checked again after."""
+    from ..artifacts import backup as artifact_backup  # checked objects first, then the db
     from ..maintenance import restore as run_restore
 
-    emit(as_json, run_restore(backup_file, s.target()))
+    emit(as_json, artifact_backup.restore(backup_file, s.target(), s.artifacts, run_restore))
 
 
 @cli.command()
@@ -93,7 +98,7 @@ def restore(s: Settings, backup_file: str, as_json: bool) -> None:
 @click.pass_obj
 def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool) -> None:
     """Copy this SQLite coordinator's whole state into PostgreSQL and verify every table."""
-    from ..db import resolve_target
+    from ..store import resolve_target
     from ..transfer import transfer as run_transfer
 
     dest = resolve_target(url=to_url)

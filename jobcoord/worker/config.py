@@ -87,8 +87,8 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
 
     from .. import validate as v
     from ..app import load_app
+    from ..core.workers import default_worker_id
     from ..readings import parse_override
-    from ..service import default_worker_id
 
     handlers: dict[str, HandlerSpec] = {}
     if app_spec is not None:

@@ -163,6 +163,10 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
         env["JOBCOORD_CHECKPOINTS"] = text
     if run.w.config.database_url:
         env["JOBCOORD_URL"] = run.w.config.database_url
+    # Files the command leaves here are staged as artifacts before its completion is sent.
+    from ..artifacts.rules import make_outdir
+
+    run.artifacts_out = env["JOBCOORD_ARTIFACTS_OUT"] = make_outdir(run.job_id)
     return env
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -51,6 +52,7 @@ class JobRun:
         self.proc: subprocess.Popen[bytes] | None = None
         self.handler_thread: threading.Thread | None = None
         self.checkpoints_file: str | None = None
+        self.artifacts_out: str | None = None  # a command handler's artifacts directory
         self.thread = threading.Thread(target=self._main, name=f"job-{self.job_id}",
                                        daemon=True)
         self.outcome: str | None = None
@@ -90,6 +92,8 @@ class JobRun:
             if self.checkpoints_file is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(self.checkpoints_file)
+            if self.artifacts_out is not None:
+                shutil.rmtree(self.artifacts_out, ignore_errors=True)
             self.w.job_finished()
 
     def _run(self) -> None:
@@ -278,6 +282,11 @@ class JobRun:
         if out.kind == "success":
             prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
                                 self.job.get("attempt"), started_at)
+            if self.artifacts_out is not None:  # the command's files, staged under the lease
+                from ..artifacts.rules import stage_outdir
+
+                stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
+                             self.epoch, tenant)
             w.calls.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
                           provenance=prov, tenant=tenant)
             log("completed", **base, report_ms=elapsed_ms(t0))

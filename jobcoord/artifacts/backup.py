@@ -1,0 +1,188 @@
+"""Backup and restore of artifact objects at the database snapshot's recovery point.
+
+`backup DEST` with the artifacts feature writes:
+
+    DEST                       the database snapshot (maintenance.backup, unchanged)
+    DEST.artifacts/objects/... every object a row of THAT snapshot references (hard links
+                               where the filesystem allows, verified copies otherwise)
+    DEST.artifacts/manifest.json  {"format": 1, "objects": {digest: size}, "rows": n}
+
+The objects are chosen by reading the snapshot itself, after it was written, so they are
+exactly what it references: an object written after the snapshot is not in the backup, and
+nothing in the backup references an object it lacks. While the backup runs it holds the
+store's gc lock shared, so `artifact gc` cannot delete an object between the snapshot and its
+copy (uploads hold the same lock shared and go on). Every object is re-hashed in the backup.
+
+`restore` checks the backup's manifest against its objects (each present, its size and hash
+right) and against the backup's rows (each referenced digest in the manifest) before anything
+is written; then the objects go into the target's store first and the database after, so a
+crash during restore never leaves a row without its object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from jobcoord.artifacts.objects import ObjectStore
+from jobcoord.artifacts.rules import ENV_STORE, _gc_lock, store_of
+from jobcoord.errors import DatabaseCorrupt, InvalidInput
+
+MANIFEST = "manifest.json"
+SUFFIX = ".artifacts"
+
+
+def _referenced(sqlite_path: str) -> tuple[dict[str, int], int] | None:
+    """{digest: size} of the non-rejected rows of a SQLite database file, and the row count;
+    None if it has no artifacts table, or is no database this can read (restore's own checks
+    then say what is wrong with it). Opened immutable: nothing is ever written beside it."""
+    import sqlite3
+
+    from jobcoord.maintenance import sqlite_uri
+
+    try:
+        conn = sqlite3.connect(sqlite_uri(sqlite_path, "ro&immutable=1"), uri=True)
+    except sqlite3.Error:
+        return None
+    try:
+        has = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND"
+                           " name = 'artifacts'").fetchone()
+        if not has:
+            return None
+        cols = {r[1] for r in conn.execute("PRAGMA table_info(artifacts)")}
+        if "digest" not in cols:  # an a0001 table: nothing it names is in the store
+            return {}, 0
+        rows = conn.execute("SELECT digest, size FROM artifacts WHERE state <> 'rejected'"
+                            ).fetchall()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return {d: int(s) for d, s in rows}, len(rows)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def backup(coord: Any, dest: str, force: bool,
+           run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """`run(db, dest, force=)` is maintenance.backup; with the artifacts feature installed
+    the objects the snapshot references are copied beside it, with a manifest."""
+    if "artifacts" not in coord.features or not coord.db.is_sqlite:
+        return run(coord.db, dest, force=force)
+    store = store_of(coord)
+    with _gc_lock(store, exclusive=False):
+        result = run(coord.db, dest, force=force)
+        snapshot = result["backup"]
+        found = _referenced(snapshot)
+        if found is None:  # the feature is installed: the checked snapshot has the table
+            raise DatabaseCorrupt("database_corrupt", f"cannot read the artifact rows of the "
+                                  f"backup {snapshot}", backup=snapshot)
+        referenced, nrows = found
+        final = snapshot + SUFFIX
+        work = f"{snapshot}{SUFFIX}.{secrets.token_hex(4)}.tmp"
+        os.mkdir(work, 0o700)
+        linked = copied = size = 0
+        try:
+            for digest in sorted(referenced):
+                placed = store.link_or_copy_into(work, digest)  # re-hashed in the copy
+                if placed.size != referenced[digest]:
+                    raise DatabaseCorrupt("artifact_corrupt", f"artifact object {digest} is "
+                                          f"{placed.size} bytes, its rows say "
+                                          f"{referenced[digest]}", digest=digest)
+                size += placed.size
+                if os.stat(placed.path).st_nlink > 1:
+                    linked += 1
+                else:
+                    copied += 1
+            manifest = {"format": 1, "database": os.path.basename(snapshot), "rows": nrows,
+                        "objects": {d: referenced[d] for d in sorted(referenced)}}
+            with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(work)
+            if os.path.lexists(final):
+                shutil.rmtree(final)  # the old backup's objects (DEST was replaced: --force)
+            os.rename(work, final)
+            _fsync_dir(os.path.dirname(final))
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            # A snapshot without its objects is not a backup: take it away.
+            with contextlib.suppress(OSError):
+                os.unlink(snapshot)
+            raise
+    result["artifacts"] = {"directory": final, "objects": len(referenced), "bytes": size,
+                           "hard_linked": linked, "copied": copied, "rows": nrows,
+                           "verified": True}
+    return result
+
+
+def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
+    """Prove a backup's objects whole before a restore: the manifest names every object its
+    rows reference, and every object is there with its size and hash. None: the backup has
+    no artifact rows (nothing to check)."""
+    source = os.path.abspath(backup_path)
+    found = _referenced(source) if os.path.isfile(source) else None
+    directory = source + SUFFIX
+    if found is None or (not found[0] and not os.path.isdir(directory)):
+        return None
+    referenced = found[0]
+
+    def bad(why: str) -> DatabaseCorrupt:
+        return DatabaseCorrupt("backup_artifacts_mismatch", f"the backup's artifacts do not "
+                               f"match its manifest: {why}; nothing was restored",
+                               backup=source)
+
+    try:
+        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+        listed = {str(d): int(s) for d, s in manifest["objects"].items()}
+    except FileNotFoundError:
+        raise bad(f"{directory}/{MANIFEST} is missing") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise bad(f"the manifest cannot be read ({exc})") from None
+    missing = sorted(set(referenced) - set(listed))
+    if missing:
+        raise bad(f"{len(missing)} objects the rows reference are not in the manifest "
+                  f"(first {missing[0]})")
+    store = ObjectStore(directory)
+    for digest, size in sorted(listed.items()):
+        state = store.verify(digest)
+        if state != "ok":
+            raise bad(f"object {digest} is {state}")
+        if store.size(digest) != size or referenced.get(digest, size) != size:
+            raise bad(f"object {digest} has the wrong size")
+    return listed, directory
+
+
+def restore(backup_file: str, target: Any, explicit_store: str | None,
+            run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """`run(backup, target)` is maintenance.restore. Objects are checked, then placed in the
+    target's store, before the database is restored."""
+    checked = check_backup(backup_file)
+    if checked is None:
+        return run(backup_file, target)
+    listed, directory = checked
+    root = explicit_store or os.environ.get(ENV_STORE) or (
+        target.sqlite_path + SUFFIX if target.sqlite_path else None)
+    if not root:
+        raise InvalidInput("artifact_store_required", "restoring artifacts needs the store "
+                           "directory: pass --artifacts DIR")
+    source = ObjectStore(directory)
+    for digest in sorted(listed):
+        source.link_or_copy_into(root, digest)  # re-hashed in the target store
+    result = run(backup_file, target)
+    result["artifacts"] = {"store": os.path.abspath(root), "objects": len(listed),
+                           "bytes": sum(listed.values()), "verified": True}
+    return result

@@ -1,0 +1,289 @@
+"""The public facade: open and close a coordinator, one method per operation, no SQL.
+
+Each operation is a rule family's function in `jobcoord.core` (submit, claim, fencing,
+recovery, admin, queries), running against the store behind `jobcoord.store`; reads are given
+their JSON shapes by `jobcoord.present`. Every answer is a plain dict ready for JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from . import present
+from .clock import iso, now_us
+from .core import admin, fencing, queries, recovery, submit
+from .core import claim as claim_rules
+from .core import workers as worker_rules
+from .core.common import DEFAULT_TENANT
+from .core.submit import JobSpec
+from .errors import InvalidInput
+from .policy import Policy
+from .store.base import Database, Target, resolve_target
+
+
+class Coordinator:
+    """The public Python API: one method per operation, each one short transaction (prune:
+    one per batch). Open one per process (it holds a connection pool)."""
+
+    #: The artifact store's directory; None: $JOBCOORD_ARTIFACTS, else `<db>.artifacts/`.
+    artifacts_dir: str | None = None
+
+    def __init__(self, db: Database, policy: Policy | None = None, *, verify: bool = True):
+        self.db = db
+        self.policy = policy or Policy()
+        self.features: set[str] = set()
+        if verify:
+            from .migrate import verify_schema
+
+            self.features = verify_schema(db)
+
+    @classmethod
+    def open(
+        cls,
+        target: str | Target | None = None,
+        *,
+        url: str | None = None,
+        policy: Policy | None = None,
+        synchronous: str = "full",
+        busy_timeout: float = 5.0,
+        verify: bool = True,
+        migrate: bool = False,
+    ) -> Coordinator:
+        """Open a coordinator on a SQLite path, a URL (positionally too: any string with
+        "://", e.g. "postgresql+psycopg://...", "postgres://...", "sqlite:///path"), or a
+        resolved Target. With migrate=True the database (a SQLite file, if missing) is created
+        or upgraded to this version's schema first, as `jobcoord migrate` would."""
+        if isinstance(target, str) and "://" in target:
+            if url is not None:
+                raise InvalidInput("invalid_input", "give the URL once: positionally or as "
+                                   "url=, not both")
+            target, url = None, target
+        if isinstance(url, str) and url.startswith("postgres://"):
+            url = "postgresql://" + url[len("postgres://"):]  # the short scheme libpq accepts
+        if target is not None and not isinstance(target, str | Target):
+            raise InvalidInput("invalid_input", "target: give a SQLite path or a database URL")
+        if not isinstance(target, Target):
+            target = resolve_target(db=target, url=url)
+        if migrate:
+            from .migrate import migrate as _migrate
+
+            fresh = Database.open(target, create=True, synchronous=synchronous,
+                                  busy_timeout=busy_timeout)
+            try:
+                _migrate(fresh)
+            finally:
+                fresh.close()
+        db = Database.open(target, synchronous=synchronous, busy_timeout=busy_timeout)
+        try:
+            return cls(db, policy, verify=verify)
+        except BaseException:
+            db.close()
+            raise
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Coordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- operations ---------------------------------------------------------------------
+
+    def enqueue(self, kind: str, payload: Any = None, *, priority: int | str | None = None,
+                role: str | None = None, tenant: str = DEFAULT_TENANT, key: str | None = None,
+                max_attempts: int | None = None, deadline_s: float | None = None,
+                delay_s: float = 0.0) -> dict[str, Any]:
+        """Accept a job (the rules: `core.submit.enqueue`)."""
+        return submit.enqueue(self, kind, payload, priority=priority, role=role, tenant=tenant,
+                              key=key, max_attempts=max_attempts, deadline_s=deadline_s,
+                              delay_s=delay_s)
+
+    def enqueue_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]
+                     ) -> list[dict[str, Any]]:
+        """Accept many jobs in one transaction: all of them or none (the rules:
+        `core.submit.enqueue_many`)."""
+        return submit.enqueue_many(self, specs)
+
+    def heartbeat(self, worker_id: str, *, roles: Sequence[str] | None = None,
+                  readings: Mapping[str, Any] | str | None = None,
+                  kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Record a worker's readings, exactly as received, with the time received (the rules:
+        `core.workers.heartbeat`)."""
+        return worker_rules.heartbeat(self, worker_id, roles=roles, readings=readings, kinds=kinds)
+
+    def claim(self, worker_id: str, *, lease_s: float | None = None,
+              kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Give this worker the first eligible waiting job, under a new lease and epoch (the
+        rules: `core.claim.claim`)."""
+        return claim_rules.claim(self, worker_id, lease_s=lease_s, kinds=kinds)
+
+    def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
+                 provenance: Mapping[str, Any] | None = None, tenant: str | None = None
+                 ) -> dict[str, Any]:
+        """Accept the result of the lease owner at the current epoch, before expiry (the rules:
+        `core.fencing.complete`)."""
+        return fencing.complete(self, job_id, worker_id, epoch, result, provenance=provenance,
+                                tenant=tenant)
+
+    def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
+                           *, provenance: Mapping[str, Any] | None = None,
+                           tenant: str | None = None, lease_s: float | None = None,
+                           kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Complete this worker's job and claim its next one in the same write transaction
+        (the rules: `core.fencing.complete_and_claim`)."""
+        return fencing.complete_and_claim(self, job_id, worker_id, epoch, result,
+                                          provenance=provenance, tenant=tenant, lease_s=lease_s,
+                                          kinds=kinds)
+
+    def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
+             permanent: bool = False, reason: str = "failed", tenant: str | None = None,
+             effect_not_applied: bool = False) -> dict[str, Any]:
+        """Report a failed attempt (the rules: `core.fencing.fail`)."""
+        return fencing.fail(self, job_id, worker_id, epoch, error, permanent=permanent,
+                            reason=reason, tenant=tenant, effect_not_applied=effect_not_applied)
+
+    def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
+              tenant: str | None = None) -> dict[str, Any]:
+        """Extend a live lease of this owner and epoch to now + lease_s, never to earlier than it
+        already runs (after the clock jumped back, now + lease_s can be before it) (the
+        rules: `core.fencing.renew`)."""
+        return fencing.renew(self, job_id, worker_id, epoch, lease_s=lease_s, tenant=tenant)
+
+    def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
+                    tenant: str | None = None) -> dict[str, Any]:
+        """Record that this attempt started an external effect it cannot undo (the rules:
+        `core.fencing.mark_effect`)."""
+        return fencing.mark_effect(self, job_id, worker_id, epoch, tenant=tenant)
+
+    def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str,
+                   data: Any = None, *, tenant: str | None = None) -> dict[str, Any]:
+        """Commit step progress under the current epoch; the next attempt's claim returns it
+        (the rules: `core.fencing.checkpoint`)."""
+        return fencing.checkpoint(self, job_id, worker_id, epoch, name, data, tenant=tenant)
+
+    # --- artifacts (the rules: `artifacts.rules`) ------------------------------------------
+
+    def put_artifact(self, job_id: int, worker: str, epoch: int, name: str, source: Any,
+                     media_type: str | None = None, **kw: Any) -> dict[str, Any]:
+        """Stage a file, bytes or a binary stream as an artifact of this live attempt: stored
+        (content-addressed, hashed) first, then recorded under the lease; linked to the
+        result only by this attempt's accepted completion."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.put_artifact(self, job_id, worker, epoch, name, source,
+                                           media_type, **kw)
+
+    def get_artifact(self, job_id: int, name: str, dest: Any) -> dict[str, Any]:
+        """Copy an accepted artifact to `dest`, verifying its digest (exit 7 on a mismatch or a
+        missing object; nothing is written then)."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.get_artifact(self, job_id, name, dest)
+
+    def artifacts(self, job_id: int | None = None, **kw: Any) -> dict[str, Any]:
+        """The artifact rows of a job (or of every job), with their states."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.artifacts(self, job_id, **kw)
+
+    def verify_artifacts(self, job_id: int | None = None) -> dict[str, Any]:
+        """Re-hash the stored objects of one job's artifacts, or of all of them."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.verify_artifacts(self, job_id)
+
+    def gc_artifacts(self, **kw: Any) -> dict[str, Any]:
+        """Delete objects no row references and older than the grace (`dry_run` counts)."""
+        from .artifacts import rules as artifact_rules
+
+        return artifact_rules.gc_artifacts(self, **kw)
+
+    def reap(self, *, limit: int = 1000) -> dict[str, Any]:
+        """Turn expired leases into `waiting` (or `dead` when attempts or the deadline are used
+        up, `unknown` when an external effect had started, `cancelled` when asked), and
+        waiting jobs past their deadline into `dead` (the rules: `core.recovery.reap`)."""
+        return recovery.reap(self, limit=limit)
+
+    def cancel(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """waiting -> cancelled at once; running -> the owner's next renew, complete, fail or
+        checkpoint is told `job_cancelled` and the job ends `cancelled` (or the reaper ends it
+        when the lease runs out) (the rules: `core.admin.cancel`)."""
+        return admin.cancel(self, job_id, tenant=tenant)
+
+    def retry(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """Operator: dead or unknown -> waiting, with at least one attempt left (the rules:
+        `core.admin.retry`)."""
+        return admin.retry(self, job_id, tenant=tenant)
+
+    def reconcile(self, job_id: int, as_status: str, reason: str, *, result: Any = None,
+                  tenant: str | None = None) -> dict[str, Any]:
+        """Operator: settle an `unknown` job as succeeded (with its result), waiting or dead
+        (the rules: `core.admin.reconcile`)."""
+        return admin.reconcile(self, job_id, as_status, reason, result=result, tenant=tenant)
+
+    def prune(self, older_than: Any, *, statuses: Sequence[str] | None = None,
+              tenant: str | None = None, batch: Any = 500, dry_run: bool = False,
+              pause_s: Any = None) -> dict[str, Any]:
+        """Delete finished jobs (succeeded, dead, cancelled; `statuses` narrows it) that finished
+        more than `older_than` ago (seconds, or "7d", "12h", ...), with their events,
+        checkpoints and artifact rows, in write transactions of at most `batch` jobs each,
+        resting `pause_s` between them (by default as long as the batch held the write lock),
+        so claims never wait long behind a large prune (the rules: `core.admin.prune`)."""
+        return admin.prune(self, older_than, statuses=statuses, tenant=tenant, batch=batch,
+                           dry_run=dry_run, pause_s=pause_s)
+
+
+    # --- reading ------------------------------------------------------------------------
+
+    def jobs(self, *, status: str | None = None, kind: str | None = None,
+             tenant: str | None = None, limit: int = 100) -> dict[str, Any]:
+        """List jobs, newest first."""
+        rows = queries.jobs(self, status=status, kind=kind, tenant=tenant, limit=limit)
+        return {"jobs": [present.job_summary_json(r) for r in rows]}
+
+    def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """A job with its lease, full event history, checkpoints and provenance."""
+        return present.show_json(queries.show(self, job_id, tenant=tenant))
+
+    def workers(self) -> dict[str, Any]:
+        """Every worker, its roles, heartbeat age and readings, and whether the gates would
+        let it claim now."""
+        return {"workers": [present.worker_json(w, gate, age)
+                            for w, gate, age in queries.workers(self)]}
+
+    def explain(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """Why this job is (or is not) being picked up right now."""
+        job, ahead, lease, rows, now = queries.explain(self, job_id, tenant=tenant)
+        return present.explain_job(self.policy, job, ahead, lease, rows, now,
+                                   lambda w, at: worker_rules.worker_gate(self, w, at))
+
+    def status(self, *, tenant: str | None = None) -> dict[str, Any]:
+        """Counts by status, workers, active leases, schema and storage facts. With a tenant,
+        the job and lease counts are that tenant's only."""
+        out = queries.status(self, tenant=tenant)
+        out["time"] = iso(now_us())
+        return out
+
+    # --- inner steps the locking and query-plan checks drive directly --------------------
+
+    def _candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
+                       due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
+        """The store's claim candidate select and its role and kind parameters."""
+        return self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
+
+    def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None
+                          ) -> tuple[str, dict[str, Any]]:
+        """PostgreSQL's one-statement claim and its role and kind parameters."""
+        from .store.postgresql import claim_sql
+
+        return claim_sql(roles, kinds)
+
+    def _claim(self, conn: Connection, worker_id: str, lease_us: int,
+               kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+        """The claim inside a write transaction the caller holds open."""
+        return claim_rules.claim_in(self, conn, worker_id, lease_us, kinds, now)

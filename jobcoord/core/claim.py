@@ -1,0 +1,119 @@
+"""The claim: the worker's heartbeat and gates, the first eligible job taken under a new
+lease and epoch, and why nothing was claimed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import MICROS, iso, now_us
+from ..policy import GateDecision, Readings, evaluate
+from ..store import statements as sql
+from .common import NO_KINDS, Context, as_bool, lease_us
+
+
+def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
+          kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Give this worker the first eligible waiting job, under a new lease and epoch.
+
+    Returns {"job": {...}, "lease": {...}}, or {"job": None, "reason": CODE, "detail"}
+    when nothing can be claimed (the refusal is also recorded on the worker)."""
+    worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+    lease = lease_us(ctx, lease_s)
+    kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    return ctx.db.write(
+        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us()), "claim")
+
+
+def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, detail: str,
+           known_worker: bool = True) -> dict[str, Any]:
+    """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
+    if known_worker:
+        ctx.db.execute(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
+                                                  "detail": detail, "now": now})
+    return {"job": None, "reason": code, "detail": detail}
+
+
+def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
+             kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+    """The claim inside an open write transaction (also the second half of
+    complete_and_claim)."""
+    row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
+    if row is None:
+        return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
+                      f"worker {worker_id} has never sent a heartbeat", False)
+    roles = json.loads(row[0])
+    if kinds is None and row[1] is not None:
+        kinds = json.loads(row[1])
+    if kinds is not None and not kinds:
+        # Heartbeats refuse an empty list; a row holding one claims nothing, clearly,
+        # instead of building a statement with no probe.
+        return refuse(ctx, conn, worker_id, now, "no_matching_role",
+                      f"worker {worker_id} handles no kinds (its heartbeat listed "
+                      "none)")
+    age_s = (now - row[2]) / MICROS if row[2] is not None else None
+    if age_s is None or age_s > ctx.policy.heartbeat_max_age_s:
+        return refuse(ctx, conn, worker_id, now, "heartbeat_stale",
+                      f"last heartbeat {age_s:.0f}s ago; the limit is "
+                      f"{ctx.policy.heartbeat_max_age_s:g}s")
+    gates = evaluate(ctx.policy, Readings(row[3], row[4], as_bool(row[5]), row[6]))
+    if gates.blocks_all:
+        code, detail = gates.refusal or ("gated", "the gates refuse every priority")
+        return refuse(ctx, conn, worker_id, now, code, detail)
+    expires = now + lease_us
+    taken = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
+                             max_priority=gates.max_priority, expires_iso=iso(expires))
+    if not taken.picked:
+        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
+        return refuse(ctx, conn, worker_id, now, code, detail)
+    if taken.job is None:  # the compare-and-set took nothing: defence in depth
+        return refuse(ctx, conn, worker_id, now, "no_waiting_jobs", "lost a race")
+    job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = taken.job
+    # Checkpoints are written under a lease, so a job's first epoch has none to read.
+    checkpoints = [] if epoch == 1 else [
+        {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
+         "updated_at": iso(r[4])}
+        for r in ctx.db.execute(conn, sql.CHECKPOINTS, {"job_id": job_id})
+    ]
+    return {
+        "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,
+                "payload": json.loads(payload), "attempt": attempts,
+                "max_attempts": max_attempts, "checkpoints": checkpoints},
+        "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": iso(expires),
+                  "expires_at_us": expires},
+    }
+
+
+def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
+                kinds: Sequence[str] | None, gates: GateDecision, now: int) -> tuple[str, str]:
+    """The reason code and detail of a claim that found nothing to take."""
+    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
+        return "no_waiting_jobs", "no job is waiting"
+    text, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+    params.update(now=now, maxp=gates.max_priority)
+    if ctx.db.run_text(conn, text, params).first() is not None:
+        # Only on PostgreSQL: the claim skipped rows that concurrent claims hold locked.
+        return ("no_waiting_jobs",
+                "every job this worker could run is being claimed by another worker")
+    text, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+    params.update(now=now, maxp=3)
+    if gates.refusal and ctx.db.run_text(conn, text, params).first() is not None:
+        return gates.refusal
+    text, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False)
+    params.update(maxp=3)
+    if ctx.db.run_text(conn, text, params).first() is not None:
+        return ("no_waiting_jobs",
+                "the waiting jobs this worker could run are scheduled for later or past "
+                "their deadline")
+    # Each statement above may see a newer snapshot on PostgreSQL: the jobs seen waiting
+    # at first may have been claimed since. Ask again before blaming the role.
+    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
+        return "no_waiting_jobs", "no job is waiting"
+    serves = f"roles {list(roles)}" if roles else "no role"
+    if kinds is not None:
+        serves += f" and kinds {list(kinds)}"
+    return "no_matching_role", f"jobs are waiting, but none for a worker with {serves}"

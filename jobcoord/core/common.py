@@ -1,0 +1,67 @@
+"""What every rule family shares: the context it runs in, the event every transition
+records, and the checks of a lease length and of a fenced call's arguments."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import seconds_to_us
+from ..policy import Policy
+from ..store import statements as sql
+from ..store.base import Database
+
+DEFAULT_TENANT = "default"
+NO_KINDS = "give at least one kind, or leave it out to take any kind"
+
+
+class Context(Protocol):
+    """What a rule needs from the open coordinator: its store, its policy and the optional
+    schema features present."""
+
+    db: Database
+    policy: Policy
+    features: set[str]
+
+
+def record_event(ctx: Context, conn: Connection, job_id: int, now: int,
+                 from_status: str | None, to_status: str, reason: str,
+                 worker: str | None = None, epoch: int | None = None,
+                 detail: Mapping[str, Any] | None = None) -> None:
+    """Write the job_events row of a transition (or of a refusal worth keeping)."""
+    ctx.db.execute(conn, sql.INSERT_EVENT, {
+        "job_id": job_id, "now": now, "from_status": from_status, "to_status": to_status,
+        "reason": reason, "worker": worker, "epoch": epoch,
+        "detail": v.dumps(detail) if detail else None,
+    })
+
+
+def lease_us(ctx: Context, lease_s: float | None) -> int:
+    """A lease length in microseconds: the policy's default, or `lease_s` within its bound."""
+    value = ctx.policy.default_lease_s if lease_s is None else lease_s
+    return seconds_to_us(v.finite_seconds(value, "lease", 0, ctx.policy.max_lease_s,
+                                          lo_inclusive=False))
+
+
+def fenced_args(job_id: Any, worker_id: str, epoch: Any, tenant: str | None
+                ) -> tuple[int, str, int, str | None]:
+    """The checked arguments every fenced call takes."""
+    return (
+        v.whole(job_id, "job_id", 1, 2**62),
+        v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID),
+        v.whole(epoch, "epoch", 0, 2**31 - 1),
+        v.optional_name(tenant, "tenant"),
+    )
+
+
+def as_bool(value: Any) -> bool | None:
+    """A stored boolean (SQLite gives 0/1), None kept."""
+    return None if value is None else bool(value)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)

@@ -1,0 +1,308 @@
+"""Fencing: the owned-lease check and every end of a held lease -- complete (and claim the
+next), fail with backoff, renew, mark an external effect, checkpoint, release."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import MICROS, iso, now_us, seconds_to_us
+from ..errors import JobcoordError, Refused
+from ..states import FINAL_STATUSES
+from ..store import statements as sql
+from .claim import claim_in
+from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_event
+
+
+def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epoch: int,
+                tenant: str | None, op: str) -> tuple[tuple[Any, ...] | JobcoordError, int]:
+    """Check that `worker_id` holds the live lease of `job_id` at `epoch`. Returns the job
+    row or the refusal (a requested cancellation is carried out here), and the time the
+    decision was made at: read once the job row is locked, so a call that waited for the
+    lock (a busy SQLite file, a PostgreSQL row lock) is judged when it writes, not when it
+    started (rule 3), and its event is never older than the one it waited for."""
+    # The store holds the job row until commit (PostgreSQL: FOR UPDATE OF j; SQLite's
+    # BEGIN IMMEDIATE already excludes every writer), so a concurrent reaper, completer or
+    # operator is waited for and the row read is the version it committed.
+    row = ctx.db.read_owned(conn, job_id)
+    now = now_us()
+    return judge(ctx, conn, row, job_id, worker_id, epoch, tenant, op, now), now
+
+
+def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str, epoch: int,
+          tenant: str | None, op: str, now: int) -> tuple[Any, ...] | JobcoordError:
+    if row is None or (tenant is not None and row[2] != tenant):
+        return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
+    status, job_epoch = row[0], row[1]
+    if status == "cancelled":
+        return Refused("job_cancelled", f"job {job_id} was cancelled; stop working on it",
+                       job_id=job_id)
+    if status in FINAL_STATUSES:
+        return Refused("job_finished", f"job {job_id} is already {status}; the first "
+                       "outcome stands", job_id=job_id, status=status,
+                       accepted_epoch=job_epoch)
+    if epoch != job_epoch:
+        return Refused("stale_epoch", f"epoch {epoch} is stale: job {job_id} is at epoch "
+                       f"{job_epoch}", job_id=job_id, current_epoch=job_epoch)
+    if status != "running" or row[9] is None:
+        return Refused("lease_expired", f"the lease on job {job_id} expired and was "
+                       f"reaped; the job is {status}", job_id=job_id, status=status)
+    if row[9] != worker_id:
+        return Refused("not_owner", f"job {job_id} is leased to another worker",
+                       job_id=job_id)
+    if now >= row[11]:
+        return Refused("lease_expired", f"the lease on job {job_id} expired at "
+                       f"{iso(row[11])}", job_id=job_id, expired_at=iso(row[11]))
+    if as_bool(row[3]):
+        end_running(ctx, conn, job_id, epoch, now, "cancelled", "cancelled", worker_id,
+                    detail={"during": op})
+        return Refused("job_cancelled", f"job {job_id} was cancelled; stop working on it",
+                       job_id=job_id)
+    return tuple(row)
+
+
+def end_running(ctx: Context, conn: Connection, job_id: int, epoch: int, now: int,
+                to_status: str, reason: str, worker: str | None, *, result: str | None = None,
+                provenance: str | None = None, error: str | None = None,
+                run_after: int | None = None, detail: Mapping[str, Any] | None = None) -> None:
+    """Move a running job out of `running`: drop its lease, record the event."""
+    final = to_status in FINAL_STATUSES
+    params = {
+        "job_id": job_id, "epoch": epoch, "to_status": to_status, "result": result,
+        "provenance": provenance, "error": error, "finished": now if final else None,
+        "run_after": now if run_after is None else run_after, "now": now,
+    }
+    updated = ctx.db.end_running(conn, params, reason=reason, worker=worker,
+                                 detail=v.dumps(detail) if detail else None)
+    if updated != 1:  # only reachable if a caller skipped check_owner: fail loudly
+        raise JobcoordError("internal_error", f"job {job_id} changed under its write lock")
+
+
+
+def reject_event(ctx: Context, conn: Connection, refusal: JobcoordError, job_id: int,
+                 worker: str, epoch: int, now: int, op: str) -> None:
+    """A late or stale result is evidence worth keeping: record it without a transition."""
+    if refusal.code in ("job_not_found", "job_cancelled"):
+        return
+    status = ctx.db.run(conn, sql.JOB_STATUS, {"job_id": job_id}).scalar()
+    record_event(ctx, conn, job_id, now, status, status, f"{op}_refused", worker, epoch,
+                 {"refusal": refusal.code})
+
+
+def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: Any,
+               provenance: Mapping[str, Any] | None, tenant: str | None
+               ) -> tuple[Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]],
+                          str]:
+    """Validate a completion before any transaction; return the fenced step that accepts
+    it inside one (shared by complete and complete_and_claim) and the worker id."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
+                                                   tenant)
+    _, result_text = v.json_value({} if result is None else result, "result",
+                                  max_bytes=ctx.policy.max_result_bytes,
+                                  require_object=False, too_large_code="result_too_large")
+    prov_text = None if provenance is None else v.json_value(
+        dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+    # Artifacts the attempt staged are re-hashed and validated before the transaction (file
+    # I/O never runs inside one) and linked inside it, with the completion they belong to.
+    plan = None
+    if "artifacts" in ctx.features:
+        from ..artifacts import rules as artifact_rules
+
+        plan = artifact_rules.prepare_completion(ctx, job_id, worker_id, epoch, tenant)
+
+    def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
+        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "complete")
+        if isinstance(owned, JobcoordError):
+            reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
+            return owned, now
+        if plan:
+            artifact_rules.link_accepted(ctx, conn, plan, job_id, worker_id, epoch, now)
+        end_running(ctx, conn, job_id, epoch, now, "succeeded", "completed", worker_id,
+                    result=result_text, provenance=prov_text)
+        return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
+                "finished_at": iso(now)}, now
+
+    return finish, worker_id
+
+
+def complete(ctx: Context, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
+             provenance: Mapping[str, Any] | None = None, tenant: str | None = None
+             ) -> dict[str, Any]:
+    """Accept the result of the lease owner at the current epoch, before expiry."""
+    finish, _ = completion(ctx, job_id, worker_id, epoch, result, provenance, tenant)
+    return ctx.db.write(lambda conn: finish(conn)[0], "complete")
+
+
+def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
+                       result: Any = None,
+                       *, provenance: Mapping[str, Any] | None = None,
+                       tenant: str | None = None, lease_s: float | None = None,
+                       kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Complete this worker's job and claim its next one in the same write transaction:
+    one commit per job in steady state instead of two.
+
+    The completion is judged exactly like `complete` (same refusals, same events); a
+    refused completion raises its refusal and claims nothing. After an accepted
+    completion the claim follows every rule of `claim` (heartbeat, gates, order).
+    Returns {"completed": <complete's answer>, "next": <claim's answer>}."""
+    finish, worker_id = completion(ctx, job_id, worker_id, epoch, result, provenance,
+                                   tenant)
+    lease = lease_us(ctx, lease_s)
+    kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+
+    def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        done, now = finish(conn)
+        if isinstance(done, JobcoordError):
+            return done
+        return {"completed": done,
+                "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now)}
+
+    return ctx.db.write(_do, "complete_and_claim")
+
+
+def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
+         permanent: bool = False, reason: str = "failed", tenant: str | None = None,
+         effect_not_applied: bool = False) -> dict[str, Any]:
+    """Report a failed attempt. Retryable failures go back to `waiting` after the
+    policy's backoff, until max attempts or the deadline; then (or if permanent) `dead`.
+
+    reason="worker_shutdown" is a release, not a failure of the job: a worker stopping
+    gives the job back at once, without backoff, and the job keeps one attempt to run in
+    (a deploy or a closed laptop lid must not use up retries). The attempt still counts in
+    `attempts` and the event history. Only the policy's `max_releases` releases are free;
+    each one past them counts as a normal attempt.
+
+    After the attempt marked an external effect (mark_effect), any end that is not
+    permanent (a retryable failure, reason "timeout", a release) makes the job `unknown`
+    for `reconcile` (rule 6): the effect is never silently run again. Pass
+    effect_not_applied=True only when the worker knows the effect did not happen; the
+    normal path is then taken and the event records it."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
+    error = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
+    reason = v.name(reason, "reason", max_len=40)
+    permanent = v.flag(permanent, "permanent")
+    effect_not_applied = v.flag(effect_not_applied, "effect_not_applied")
+
+    def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "fail")
+        if isinstance(owned, JobcoordError):
+            reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "fail")
+            return owned
+        attempts, max_attempts, deadline = owned[5], owned[6], owned[7]
+        detail: dict[str, Any] = {"error": error, "attempt": attempts}
+        if effect_not_applied:
+            detail["effect_not_applied"] = True
+        effect = as_bool(owned[4]) and not effect_not_applied
+        backoff_us = seconds_to_us(ctx.policy.backoff_s(attempts))
+        release = reason == "worker_shutdown" and not permanent and not effect
+        if release and ctx.db.execute(conn, sql.RELEASES, {"job_id": job_id}
+                                      ).fetchone()[0] >= ctx.policy.max_releases:
+            release = False  # past the bound: this release counts as an attempt
+            detail["releases_exhausted"] = ctx.policy.max_releases
+        if release:
+            backoff_us = 0
+        if permanent:
+            to_status, why = "dead", "permanent failure"
+        elif effect:
+            to_status, why = "unknown", "an external effect had started"
+        elif release and (deadline is None or now < deadline):
+            to_status, why = "waiting", None
+            if attempts >= max_attempts:
+                ctx.db.run(conn, sql.GRANT_ATTEMPT, {"job_id": job_id,
+                                                     "max_attempts": attempts + 1})
+                detail["max_attempts"] = max_attempts = attempts + 1
+        elif attempts >= max_attempts:
+            to_status, why = "dead", f"all {max_attempts} attempts used"
+        elif deadline is not None and now + backoff_us >= deadline:
+            to_status, why = "dead", "the next attempt would start past the deadline"
+        else:
+            to_status, why = "waiting", None
+            detail["backoff_s"] = backoff_us / MICROS
+            detail["run_after"] = iso(now + backoff_us)
+        if why and to_status == "unknown":
+            detail["because"] = why
+        elif why:
+            detail["dead_because"] = why
+        end_running(ctx, conn, job_id, epoch, now, to_status, reason, worker_id, error=error,
+                    run_after=now + backoff_us if to_status == "waiting" else now,
+                    detail=detail)
+        out = {"job_id": job_id, "status": to_status, "attempt": attempts,
+               "max_attempts": max_attempts}
+        if to_status == "waiting":
+            out["run_after"] = iso(now + backoff_us)
+        elif to_status == "unknown":
+            out["because"] = why
+        else:
+            out["dead_because"] = why
+        return out
+
+    return ctx.db.write(_do, "fail")
+
+
+def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
+          tenant: str | None = None) -> dict[str, Any]:
+    """Extend a live lease of this owner and epoch to now + lease_s, never to earlier than
+    it already runs (after the clock jumped back, now + lease_s can be before it)."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
+                                                   tenant)
+    lease = lease_us(ctx, lease_s)
+
+    def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "renew")
+        if isinstance(owned, JobcoordError):
+            return owned
+        # Never shorten: a lease moved before its grant time would break the schema's
+        # expiry check and turn a clock step into an internal error.
+        expires = max(now + lease, owned[11])
+        ctx.db.run(conn, sql.RENEW, {"job_id": job_id, "epoch": epoch, "worker": worker_id,
+                                     "now": now, "expires": expires})
+        return {"job_id": job_id, "epoch": epoch, "expires_at": iso(expires),
+                "expires_at_us": expires}
+
+    return ctx.db.write(_do, "renew")
+
+
+def mark_effect(ctx: Context, job_id: int, worker_id: str, epoch: int, *,
+                tenant: str | None = None) -> dict[str, Any]:
+    """Record that this attempt started an external effect it cannot undo. If its lease
+    then expires, the job becomes `unknown` instead of running the effect again."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
+                                                   tenant)
+
+    def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "effect")
+        if isinstance(owned, JobcoordError):
+            return owned
+        if not as_bool(owned[4]):
+            ctx.db.run(conn, sql.MARK_EFFECT, {"job_id": job_id, "epoch": epoch, "now": now,
+                                               "t": True})
+            record_event(ctx, conn, job_id, now, "running", "running", "effect_started",
+                         worker_id, epoch)
+        return {"job_id": job_id, "epoch": epoch, "effect_started": True}
+
+    return ctx.db.write(_do, "effect")
+
+
+def checkpoint(ctx: Context, job_id: int, worker_id: str, epoch: int, name: str,
+               data: Any = None, *, tenant: str | None = None) -> dict[str, Any]:
+    """Commit step progress under the current epoch; the next attempt's claim returns it."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
+                                                   tenant)
+    name = v.name(name, "name")
+    _, data_text = v.json_value({} if data is None else data, "data",
+                                max_bytes=ctx.policy.max_payload_bytes,
+                                require_object=False, too_large_code="checkpoint_too_large")
+
+    def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
+        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "checkpoint")
+        if isinstance(owned, JobcoordError):
+            return owned
+        ctx.db.run(conn, sql.UPSERT_CHECKPOINT, {"job_id": job_id, "name": name,
+                                                 "data": data_text, "epoch": epoch,
+                                                 "worker": worker_id, "now": now})
+        return {"job_id": job_id, "name": name, "epoch": epoch, "saved_at": iso(now)}
+
+    return ctx.db.write(_do, "checkpoint")

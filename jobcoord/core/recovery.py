@@ -1,0 +1,69 @@
+"""Recovery: expired leases back to waiting (or dead, unknown, cancelled), and waiting jobs
+past their deadline to dead."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import iso, now_us
+from ..store import statements as sql
+from .common import Context, as_bool, record_event
+from .fencing import end_running
+
+
+def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
+    """Turn expired leases into `waiting` (or `dead` when attempts or the deadline are
+    used up, `unknown` when an external effect had started, `cancelled` when asked), and
+    waiting jobs past their deadline into `dead`. Safe from any number of processes: each
+    change is a compare-and-set on (status, epoch)."""
+    limit = v.whole(limit, "limit", 1, 100_000)
+
+    def _do(conn: Connection) -> dict[str, Any]:
+        counts = {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
+                  "deadline_dead": 0}
+        jobs: list[dict[str, Any]] = []
+        # Candidates are chosen with a first reading; the decisions and event times use a
+        # second one, taken once their rows are locked (PostgreSQL) -- later, so every
+        # chosen lease is still expired, and no event is older than one it waited for.
+        expired = ctx.db.expired_leases(conn, now_us(), limit)
+        now = now_us()
+        for (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline,
+             cancel) in expired:
+            if as_bool(cancel):
+                to_status, why = "cancelled", "cancelled while running"
+            elif as_bool(effect):
+                to_status, why = "unknown", "an external effect had started"
+            elif attempts >= max_attempts:
+                to_status, why = "dead", f"all {max_attempts} attempts used"
+            elif deadline is not None and deadline <= now:
+                to_status, why = "dead", "deadline passed"
+            else:
+                to_status, why = "waiting", None
+            error = (f"lease expired at {iso(expires)} (worker {worker}, epoch {epoch})"
+                     if to_status != "cancelled" else None)
+            detail = {"expired_at": iso(expires), "attempt": attempts}
+            if why:
+                detail["because"] = why
+            end_running(ctx, conn, job_id, epoch, now, to_status, "lease_expired", worker,
+                        error=error, detail=detail)
+            counts["expired"] += 1
+            counts[to_status] += 1
+            jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})
+        overdue = ctx.db.overdue_waiting(conn, now, limit)
+        now = max(now, now_us())
+        for job_id, epoch in overdue:
+            swept = ctx.db.run(conn, sql.SET_STATUS, {
+                "job_id": job_id, "epoch": epoch, "from_status": "waiting",
+                "to_status": "dead", "now": now, "finished": now,
+                "error": "deadline passed before the job could run"}).rowcount
+            if swept != 1:  # claimed meanwhile: no transition, so no event
+                continue
+            record_event(ctx, conn, job_id, now, "waiting", "dead", "deadline_passed")
+            counts["deadline_dead"] += 1
+            jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})
+        return {**counts, "jobs": jobs, "at": iso(now)}
+
+    return ctx.db.write(_do, "reap")

@@ -1,0 +1,243 @@
+"""Submission: job specs, their validation, enqueue and enqueue_many, idempotency keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import iso, now_us, seconds_to_us
+from ..errors import InvalidInput, JobcoordError, Refused
+from ..store import statements as sql
+from .common import DEFAULT_TENANT, Context, loads, record_event
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue (the batch API takes many)."""
+
+    kind: str
+    payload: Any = None
+    priority: int | str | None = None
+    role: str | None = None
+    tenant: str = DEFAULT_TENANT
+    key: str | None = None
+    max_attempts: int | None = None
+    deadline_s: float | None = None
+    delay_s: float = 0.0
+
+
+class CheckedSpec(NamedTuple):
+    """A validated JobSpec, ready to insert (a tuple: a batch builds one per job, and a
+    frozen dataclass costs several times as much to construct)."""
+
+    kind: str
+    payload_text: str
+    priority: int
+    role: str | None
+    tenant: str
+    key: str | None
+    max_attempts: int
+    #: Relative to the submission time, which is read inside the write transaction.
+    deadline_in_us: int | None
+    delay_us: int
+
+
+
+def _name(memo: dict[tuple[str, type, Any], str] | None, value: Any, field: str) -> str:
+    """v.name, remembered in `memo` when one is given."""
+    if memo is None or not isinstance(value, str):
+        return v.name(value, field)
+    key = (field, type(value), value)
+    checked = memo.get(key)
+    if checked is None:
+        checked = memo[key] = v.name(value, field)
+    return checked
+
+
+def _spec_list(specs: Any) -> list[Any]:
+    """enqueue_many's argument: a list (or other iterable) of JobSpecs or mappings."""
+    if isinstance(specs, str | bytes | bytearray | Mapping | JobSpec) or specs is None:
+        raise InvalidInput("invalid_input", "specs: give a list of jobs (JobSpec or mapping)",
+                           field="specs")
+    try:
+        return list(specs)
+    except TypeError:
+        raise InvalidInput("invalid_input", "specs: give a list of jobs (JobSpec or mapping)",
+                           field="specs") from None
+
+
+def _spec(item: Any) -> JobSpec:
+    if isinstance(item, JobSpec):
+        return item
+    if not isinstance(item, Mapping):
+        raise InvalidInput("invalid_input", "specs: each job is a JobSpec or a mapping of its "
+                           "fields", field="specs")
+    unknown = sorted(str(k) for k in item if k not in JobSpec.__dataclass_fields__)
+    if unknown or "kind" not in item:
+        raise InvalidInput("invalid_input", "specs: each job needs a kind, and only "
+                           f"{', '.join(JobSpec.__dataclass_fields__)}"
+                           + (f" (unknown: {', '.join(unknown)})" if unknown else ""),
+                           field="specs")
+    return JobSpec(**item)
+
+
+def check_spec(ctx: Context, spec: JobSpec,
+               names: dict[tuple[str, type, Any], str] | None = None) -> CheckedSpec:
+    """Validate one job. `names` remembers kinds, roles and tenants already checked in
+    this batch (a batch repeats a few of them; checking each again is a third of the
+    cost of accepting a job)."""
+    p = ctx.policy
+    _, payload_text = v.json_value(
+        {} if spec.payload is None else spec.payload, "payload",
+        max_bytes=p.max_payload_bytes, require_object=True,
+    )
+    deadline_us = None
+    delay_us = seconds_to_us(v.finite_seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
+    if spec.deadline_s is not None:
+        deadline_us = seconds_to_us(
+            v.finite_seconds(spec.deadline_s, "deadline", 0, v.TEN_YEARS_S, lo_inclusive=False))
+        if deadline_us <= delay_us:
+            # A job that may not start before its deadline could only ever die.
+            raise InvalidInput("invalid_input", "deadline: must be later than the delay "
+                               "(no attempt may start at or after the deadline)",
+                               field="deadline")
+    return CheckedSpec(
+        kind=_name(names, spec.kind, "kind"),
+        payload_text=payload_text,
+        priority=v.priority(p.default_priority if spec.priority is None else spec.priority),
+        role=None if spec.role is None else _name(names, spec.role, "role"),
+        tenant=_name(names, spec.tenant, "tenant"),
+        key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
+        max_attempts=v.whole(
+            p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
+            "max_attempts", 1, 100),
+        deadline_in_us=deadline_us,
+        delay_us=delay_us,
+    )
+
+
+def key_differences(ctx: Context, conn: Connection, existing: Any, c: CheckedSpec) -> list[str]:
+    """The submitted fields in which a resubmission with the same key differs from the job
+    the key made. Deadline and delay are relative to each submission's own time, so they
+    are not compared."""
+    differ = [name for name, old, new in (
+        ("kind", existing[1], c.kind), ("payload", existing[2], c.payload_text),
+        ("priority", existing[3], c.priority), ("role", existing[4], c.role))
+        if old != new]
+    submitted = existing[5]
+    if submitted != c.max_attempts:
+        # Raised since by a release or an operator retry? Compare what was submitted.
+        recorded = ctx.db.execute(conn, sql.SUBMITTED_DETAIL, {"job_id": existing[0]}
+                                  ).fetchone()
+        shown = loads(recorded[0]) if recorded is not None else None
+        if isinstance(shown, dict) and isinstance(shown.get("max_attempts"), int):
+            submitted = shown["max_attempts"]
+    if submitted != c.max_attempts:
+        differ.append("max_attempts")
+    return differ
+
+
+def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
+           after_conflict: bool = False) -> dict[str, Any] | JobcoordError:
+    """Insert one checked job (or answer with the job its idempotency key made)."""
+    if c.key is not None:
+        existing = ctx.db.execute(conn, sql.JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}
+                                  ).fetchone()
+        if existing is not None:
+            differ = key_differences(ctx, conn, existing, c)
+            if differ:
+                return Refused(
+                    "idempotency_conflict",
+                    f"idempotency key {c.key!r} was already used in tenant {c.tenant!r} "
+                    f"for job {existing[0]} with a different {', '.join(differ)}",
+                    job_id=existing[0], fields=differ,
+                )
+            return {"job_id": existing[0], "created": False}
+    inserted = ctx.db.execute(conn, sql.INSERT_JOB, {
+        "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
+        "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
+        "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
+        "max_attempts": c.max_attempts, "key": c.key, "f": False,
+    }).fetchone()
+    if inserted is None and not after_conflict:
+        # The same key was committed meanwhile: answer as if it had arrived first.
+        return insert(ctx, conn, c, now, after_conflict=True)
+    if inserted is None:
+        raise JobcoordError("internal_error", f"idempotency key {c.key!r} conflicts with "
+                            "a job that cannot be read")
+    job_id = inserted[0]
+    detail: dict[str, Any] = {"priority": c.priority, "max_attempts": c.max_attempts}
+    if c.delay_us:
+        detail["run_after"] = iso(now + c.delay_us)
+    record_event(ctx, conn, job_id, now, None, "waiting", "enqueued", detail=detail)
+    return {"job_id": job_id, "created": True}
+
+
+def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], now: int
+                ) -> list[dict[str, Any]]:
+    """Insert keyless jobs and their `enqueued` events with two executemany calls."""
+    n = len(checked)
+    ids = ctx.db.allocate_job_ids(conn, n)
+    ctx.db.execute_many(conn, sql.INSERT_JOB_AT, [
+        {"job_id": job_id, "tenant": c.tenant, "kind": c.kind, "role": c.role,
+         "priority": c.priority, "payload": c.payload_text, "now": now,
+         "run_after": now + c.delay_us,
+         "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
+         "max_attempts": c.max_attempts, "f": False}
+        for job_id, c in zip(ids, checked, strict=True)])
+    details: dict[tuple[int, int, int], str] = {}  # the same detail `_insert` records
+    events = []
+    for job_id, c in zip(ids, checked, strict=True):
+        detail = details.get((c.priority, c.delay_us, c.max_attempts))
+        if detail is None:
+            shown: dict[str, Any] = {"priority": c.priority, "max_attempts": c.max_attempts}
+            if c.delay_us:
+                shown["run_after"] = iso(now + c.delay_us)
+            detail = details[(c.priority, c.delay_us, c.max_attempts)] = v.dumps(shown)
+        events.append({"job_id": job_id, "now": now, "from_status": None,
+                       "to_status": "waiting", "reason": "enqueued", "worker": None,
+                       "epoch": None, "detail": detail})
+    ctx.db.execute_many(conn, sql.INSERT_EVENT, events)
+    return [{"job_id": job_id, "created": True} for job_id in ids]
+
+
+def enqueue(ctx: Context, kind: str, payload: Any = None, *, priority: int | str | None = None,
+            role: str | None = None, tenant: str = DEFAULT_TENANT, key: str | None = None,
+            max_attempts: int | None = None, deadline_s: float | None = None,
+            delay_s: float = 0.0) -> dict[str, Any]:
+    """Accept a job. Returns {"job_id", "created"} only after the row is committed.
+    The same tenant and idempotency key returns the same job (created False); the same
+    key with another kind or payload is refused (idempotency_conflict)."""
+    spec = JobSpec(kind, payload, priority, role, tenant, key, max_attempts, deadline_s,
+                   delay_s)
+    checked = check_spec(ctx, spec)
+    # The clock is read inside the transaction (a busy retry reads it again), so creation
+    # times follow commit order.
+    return ctx.db.write(lambda conn: insert(ctx, conn, checked, now_us()), "enqueue")
+
+
+def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """Accept many jobs in one transaction: all of them or none."""
+    names: dict[tuple[str, type, Any], str] = {}
+    checked = [check_spec(ctx, _spec(s), names) for s in _spec_list(specs)]
+
+    if checked and all(c.key is None for c in checked):
+        return ctx.db.write(lambda conn: insert_bulk(ctx, conn, checked, now_us()),
+                            "enqueue")
+
+    def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
+        out = []
+        now = now_us()
+        for c in checked:
+            res = insert(ctx, conn, c, now)
+            if isinstance(res, JobcoordError):
+                raise res  # roll the whole batch back
+            out.append(res)
+        return out
+
+    return ctx.db.write(_all, "enqueue")

@@ -1,0 +1,115 @@
+"""Workers: heartbeats and their readings, the workers' rows, and what their gates allow."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .. import validate as v
+from ..clock import MICROS, iso, now_us
+from ..errors import InvalidInput
+from ..policy import GateDecision, Readings, evaluate
+from ..present import gates_json, readings_json
+from ..store import statements as sql
+from .common import NO_KINDS, Context, as_bool, loads
+
+
+def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = None,
+              readings: Mapping[str, Any] | str | None = None,
+              kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Record a worker's readings, exactly as received, with the time received."""
+    worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+    role_list = [] if roles is None else v.names(roles, "role")
+    kind_list = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    raw_text, parsed = parse_readings(readings)
+    params = {
+        "worker": worker_id, "roles": v.dumps(role_list),
+        "kinds": None if kind_list is None else v.dumps(kind_list), "raw": raw_text,
+        "mem": parsed.memory_used_pct, "temp": parsed.temperature_c,
+        "battery": parsed.on_battery, "idle": parsed.user_idle_s,
+    }
+
+    def _do(conn: Connection) -> int:
+        now = now_us()  # the time received: read under the write lock
+        ctx.db.run(conn, sql.UPSERT_WORKER, {**params, "now": now})
+        return now
+
+    now = ctx.db.write(_do, "heartbeat")
+    gates = evaluate(ctx.policy, parsed)
+    return {"worker_id": worker_id, "roles": role_list, "kinds": kind_list,
+            "received_at": iso(now), "readings": readings_json(parsed),
+            "gates": gates_json(gates)}
+
+
+def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:
+    """Every worker's row, its readings parsed for the gates."""
+    rows = ctx.db.run(conn, sql.ALL_WORKERS).all()
+    return [{"worker_id": r[0], "roles": json.loads(r[1]), "kinds": loads(r[2]),
+             "heartbeat_at": r[3],
+             "readings": Readings(r[4], r[5], as_bool(r[6]), r[7]),
+             "last_refusal": r[8], "last_refusal_detail": r[9], "last_refusal_at": r[10],
+             "heartbeat_raw": r[11]} for r in rows]
+
+
+def worker_gate(ctx: Context, w: dict[str, Any], now: int
+                ) -> tuple[GateDecision, float | None]:
+    """What the gates let this worker claim now, and its heartbeat's age in seconds."""
+    age = None if w["heartbeat_at"] is None else (now - w["heartbeat_at"]) / MICROS
+    if age is None or age > ctx.policy.heartbeat_max_age_s:
+        detail = f"last heartbeat {age:.0f}s ago" if age is not None else "no heartbeat"
+        return GateDecision(-1, ("heartbeat_stale", detail)), age
+    return evaluate(ctx.policy, w["readings"]), age
+
+
+READING_RANGES: dict[str, tuple[float, float]] = {
+    "memory_used_pct": (0.0, 100.0),
+    "temperature_c": (-50.0, 150.0),
+    "user_idle_s": (0.0, float(v.TEN_YEARS_S)),
+}
+
+
+def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None, Readings]:
+    """Validate heartbeat readings. Returns the raw text exactly as received (a mapping is
+    serialised once) and the parsed values the gates use. Each reading may be absent, null or
+    "unknown"."""
+    if readings is None:
+        return None, Readings()
+    if isinstance(readings, str):
+        raw = readings
+        value, _ = v.json_value(readings, "readings", max_bytes=16 * 1024, require_object=True)
+    elif not isinstance(readings, Mapping):
+        raise InvalidInput("invalid_input", "readings must be a JSON object (as text) or a "
+                           "mapping", field="readings")
+    else:
+        value, raw = v.json_value(dict(readings), "readings", max_bytes=16 * 1024,
+                                  require_object=True)
+    parsed: dict[str, Any] = {}
+    for key, val in value.items():
+        if key not in (*READING_RANGES, "on_battery"):
+            raise InvalidInput("invalid_input", f"readings: unknown reading {key!r}; known: "
+                               "memory_used_pct, temperature_c, on_battery, user_idle_s",
+                               field="readings")
+        if val is None or val == "unknown":
+            continue
+        if key == "on_battery":
+            if not isinstance(val, bool):
+                raise InvalidInput("invalid_input", "readings: on_battery must be true, false, "
+                                   "null or \"unknown\"", field="readings")
+            parsed[key] = val
+            continue
+        lo, hi = READING_RANGES[key]
+        if isinstance(val, bool) or not isinstance(val, int | float) or not lo <= val <= hi:
+            raise InvalidInput("invalid_input", f"readings: {key} must be a number in "
+                               f"{lo:g}..{hi:g}, null or \"unknown\"", field="readings")
+        parsed[key] = float(val)
+    return raw, Readings(**parsed)
+
+
+def default_worker_id() -> str:
+    """host:pid, unique per process incarnation on one host."""
+    return f"{socket.gethostname()}:{os.getpid()}"

@@ -1,0 +1,157 @@
+"""Presentation: the JSON shapes of jobs, leases, events, workers, gates and diagnoses, with
+times as ISO 8601 text; the core hands over plain rows and numbers, the facade (and the HTTP
+server next) answers with these."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from .clock import MICROS, iso
+from .policy import GateDecision, Policy, Readings
+
+
+def loads(text: str | None) -> Any:
+    """Stored JSON text as a value (None kept)."""
+    return None if text is None else json.loads(text)
+
+
+def readings_json(r: Readings) -> dict[str, Any]:
+    return {"memory_used_pct": r.memory_used_pct, "temperature_c": r.temperature_c,
+            "on_battery": r.on_battery, "user_idle_s": r.user_idle_s}
+
+
+def gates_json(g: GateDecision) -> dict[str, Any]:
+    return {"can_claim": not g.blocks_all, "max_priority": g.max_priority,
+            "background_allowed": g.max_priority >= 3,
+            "refusal": None if g.refusal is None else {"reason": g.refusal[0],
+                                                       "detail": g.refusal[1]}}
+
+
+def job_json(job: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "job_id": job["job_id"], "tenant": job["tenant"], "kind": job["kind"],
+        "role": job["required_role"], "priority": job["priority"], "status": job["status"],
+        "payload": json.loads(job["payload_json"]), "result": loads(job["result_json"]),
+        "provenance": loads(job["provenance_json"]), "attempts": job["attempts"],
+        "max_attempts": job["max_attempts"], "epoch": job["epoch"],
+        "idempotency_key": job["idempotency_key"], "last_error": job["last_error"],
+        "effect_started": bool(job["effect_started"]),
+        "cancel_requested": bool(job["cancel_requested"]),
+        "created_at": iso(job["created_at"]), "updated_at": iso(job["updated_at"]),
+        "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
+        "finished_at": iso(job["finished_at"]),
+    }
+
+
+def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: Any,
+                workers: list[dict[str, Any]], now: int,
+                gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]]
+                ) -> dict[str, Any]:
+    """The diagnosis an operator would do by hand, in the seed's order: status, schedule,
+    deadline, then the workers that could take it (role, kind, heartbeat, gates)."""
+    status = job["status"]
+    reasons: list[dict[str, str]] = []
+
+    def say(code: str, detail: str) -> None:
+        reasons.append({"code": code, "detail": detail})
+
+    out: dict[str, Any] = {"job_id": job["job_id"], "status": status,
+                           "priority": job["priority"], "role": job["required_role"],
+                           "kind": job["kind"]}
+    if status == "running" and lease is None:
+        # Never in one snapshot of a consistent database; said plainly rather than asserted.
+        say("running", "running, but no lease was found for it (it is ending right now, or "
+            "the database needs `jobcoord check`)")
+    elif status == "running":
+        left = (lease[2] - now) / MICROS
+        say("running", f"leased to {lease[0]} at epoch {lease[1]}; the lease "
+            + (f"expires in {left:.0f}s" if left > 0 else
+               f"expired {-left:.0f}s ago and waits for the reaper"))
+    elif status == "unknown":
+        say("unknown", "its lease expired after an external effect had started; an operator "
+            "must `jobcoord reconcile` it")
+    elif status != "waiting":
+        say(status, f"the job is {status}: final, nobody will pick it up")
+    else:
+        if job["run_after"] > now:
+            say("scheduled", f"not due until {iso(job['run_after'])} (backoff or delay)")
+        if job["deadline_at"] is not None and job["deadline_at"] <= now:
+            say("deadline_passed", "its deadline has passed; the reaper will mark it dead")
+        # Only the schedule and the deadline stop every worker; a gated worker does not stop
+        # another one that is ready.
+        blocked = bool(reasons)
+        role, kind, bg = job["required_role"], job["kind"], job["priority"]
+        able = [w for w in workers if role is None or role in w["roles"]]
+        if not able:
+            say("no_matching_role", f"no worker has role {role!r}" if role is not None
+                else "no worker has sent a heartbeat yet")
+        handlers = [w for w in able if w["kinds"] is None or kind in w["kinds"]]
+        if able and not handlers:
+            say("no_handler", f"no worker with role {role!r} has a handler for kind {kind!r}")
+        ready = []
+        for w in handlers:
+            gate, _age = gate_of(w, now)
+            if gate.max_priority >= bg:
+                ready.append(w["worker_id"])
+            elif gate.refusal is not None:
+                say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
+        if handlers and not ready and not reasons:
+            say("gated", "every worker that could run it is gated")
+        out["ready_workers"] = ready
+        out["jobs_ahead"] = ahead
+        if ready and not blocked:
+            say("eligible", f"{len(ready)} worker(s) can claim it now; {ahead} job(s) are "
+                "ahead of it in the claim order")
+    out["claimable_now"] = any(r["code"] == "eligible" for r in reasons)
+    out["reasons"] = reasons
+    return out
+
+
+def job_summary_json(r: Mapping[str, Any]) -> dict[str, Any]:
+    """One line of `jobs`."""
+    return {"job_id": r["job_id"], "tenant": r["tenant"], "kind": r["kind"],
+            "role": r["required_role"], "priority": r["priority"], "status": r["status"],
+            "attempts": r["attempts"], "max_attempts": r["max_attempts"], "epoch": r["epoch"],
+            "created_at": iso(r["created_at"]), "updated_at": iso(r["updated_at"]),
+            "run_after": iso(r["run_after"])}
+
+
+def checkpoint_json(c: Sequence[Any]) -> dict[str, Any]:
+    """A checkpoint row (name, data_json, epoch, worker_id, updated_at)."""
+    return {"name": c[0], "data": json.loads(c[1]), "epoch": c[2], "worker_id": c[3],
+            "updated_at": iso(c[4])}
+
+
+def show_json(got: Mapping[str, Any]) -> dict[str, Any]:
+    """`show`: the job, its lease, every event, its checkpoints and artifacts."""
+    lease = got["lease"]
+    return {
+        "job": job_json(got["job"]),
+        "lease": None if lease is None else {
+            "worker_id": lease[0], "epoch": lease[1], "granted_at": iso(lease[2]),
+            "expires_at": iso(lease[3])},
+        "events": [
+            {"event_id": e[0], "at": iso(e[1]), "from": e[2], "to": e[3],
+             "reason": e[4], "worker_id": e[5], "epoch": e[6], "detail": loads(e[7])}
+            for e in got["events"]],
+        "checkpoints": [checkpoint_json(c) for c in got["checkpoints"]],
+        "artifacts": [
+            {"name": a[0], "location": a[1], "digest": a[2], "size": a[3],
+             "media_type": a[4], "state": a[5], "epoch": a[6]} for a in got["artifacts"]],
+    }
+
+
+def worker_json(w: Mapping[str, Any], gate: GateDecision, age: float | None
+                ) -> dict[str, Any]:
+    """One worker of `workers`, with what its gates allow now."""
+    return {
+        "worker_id": w["worker_id"], "roles": w["roles"], "kinds": w["kinds"],
+        "heartbeat_age_s": None if age is None else round(age, 3),
+        "heartbeat_at": iso(w["heartbeat_at"]), "heartbeat_raw": w["heartbeat_raw"],
+        "readings": readings_json(w["readings"]), "gates": gates_json(gate),
+        "last_refusal": None if w["last_refusal"] is None else {
+            "reason": w["last_refusal"], "detail": w["last_refusal_detail"],
+            "at": iso(w["last_refusal_at"])},
+    }

@@ -1,0 +1,369 @@
+"""The PostgreSQL store: the engine and its bounded pool, the clock-skew check, SQLSTATE
+mapping, snapshot reads, and the core's operations with row locks (FOR UPDATE, SKIP LOCKED)
+and folded statements (one round trip per transition).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import QueuePool
+
+from .. import faults
+from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
+from ..validate import dumps
+from . import statements as s
+from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
+from .base import classify as classify
+
+PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
+    "40001": (DatabaseBusy, "database_locked", "serialization failure"),
+    "40P01": (DatabaseBusy, "database_locked", "deadlock detected"),
+    "55P03": (DatabaseBusy, "database_locked", "lock not available"),
+    "53100": (StorageUnavailable, "database_full", "the database server's disk is full"),
+    "25006": (StorageUnavailable, "database_readonly", "the database is read-only"),
+    "42P01": (SchemaMismatch, "not_migrated", "a table is missing"),
+}
+
+
+# --- time on PostgreSQL --------------------------------------------------------------------
+#
+# One clock judges every lease on both databases: the coordinator's own clock (clock.py),
+# read by the process making the call and bound into SQL as a parameter, never SQL's now().
+# On PostgreSQL that process may run on any of several hosts, so the server's clock is used as
+# the reference they must all agree with: every new connection measures this host's offset
+# from clock_timestamp() and refuses to work when it exceeds MAX_CLOCK_SKEW_S (exit 6,
+# clock_skew). Why not let the server's clock judge instead: the same statements and the same
+# rules then run on both databases, freezegun controls time in the PostgreSQL half of the
+# suite exactly as in the SQLite half, and safety never depended on clocks anyway (fencing
+# epochs and compare-and-set updates do); a clock only decides *when* a lease counts as
+# expired, and the check bounds how far two hosts can disagree about that.
+
+#: Largest tolerated distance between this host's clock and the server's, in seconds; a
+#: fraction of the shortest sensible lease. Override with JOBCOORD_MAX_CLOCK_SKEW.
+MAX_CLOCK_SKEW_S = 1.0
+
+
+def clock_skew_refusal(offset_s: float, uncertainty_s: float, limit_s: float
+                       ) -> JobcoordError | None:
+    """The refusal when the measured offset is certainly beyond the limit, else None."""
+    if abs(offset_s) - uncertainty_s <= limit_s:
+        return None
+    side = "ahead of" if offset_s < 0 else "behind"
+    return StorageUnavailable(
+        "clock_skew",
+        f"this host's clock is {abs(offset_s):.3f}s {side} the database server's (the limit "
+        f"is {limit_s:g}s); leases would expire at different times on different hosts. Sync "
+        "the clocks (NTP) or raise JOBCOORD_MAX_CLOCK_SKEW",
+        offset_s=round(offset_s, 6),
+    )
+
+
+def _max_clock_skew() -> float:
+    raw = os.environ.get("JOBCOORD_MAX_CLOCK_SKEW")
+    if raw is None:
+        return MAX_CLOCK_SKEW_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        from ..errors import InvalidInput
+
+        raise InvalidInput("invalid_input", "JOBCOORD_MAX_CLOCK_SKEW must be seconds in 0..3600")
+    return value
+
+
+#: How often a connection's clock offset is measured again, seconds. A host whose clock steps
+#: after connecting is noticed within this long on its next transaction.
+SKEW_RECHECK_S = 30.0
+#: PostgreSQL connections kept open per process, and how many more may be opened under load.
+PG_POOL_SIZE = 5
+PG_POOL_OVERFLOW = 15
+
+
+def _host_time() -> float:
+    """This host's wall clock for the skew check: the system clock itself, not
+    datetime.now(), so a test's frozen clock does not trip it (tests replace this function
+    to simulate a host whose clock stepped)."""
+    return time.clock_gettime(time.CLOCK_REALTIME)
+
+
+def _measure_clock(dbapi_conn: Any, info: dict[str, Any], limit: float) -> None:
+    """Measure this host's clock against the server's on one connection (outside any
+    transaction) and refuse to use it when they differ by more than `limit` seconds."""
+    before = _host_time()
+    with dbapi_conn.cursor() as cur:
+        cur.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        server = float(cur.fetchone()[0])
+    after = _host_time()
+    dbapi_conn.rollback()
+    offset = server - (before + after) / 2
+    info["clock_offset_s"] = offset
+    info["clock_measured_at"] = time.monotonic()
+    refusal = clock_skew_refusal(offset, (after - before) / 2, limit)
+    if refusal is not None:
+        # Measure again on the next use: a refused connection must never count as checked.
+        info["clock_measured_at"] = float("-inf")
+        raise refusal
+
+
+def _pg_engine(url: str) -> Engine:
+    limit = _max_clock_skew()
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise StorageUnavailable(
+            "driver_missing",
+            "the PostgreSQL driver is not installed; install jobcoord with its postgresql "
+            "extra: pip install 'jobcoord[postgresql]'",
+        ) from None
+    # A bounded pool: each transaction checks a connection out and gives it back, so any
+    # number of threads share at most PG_POOL_SIZE + PG_POOL_OVERFLOW connections; recycled
+    # hourly.
+    engine = create_engine(url, poolclass=QueuePool, pool_size=PG_POOL_SIZE,
+                           max_overflow=PG_POOL_OVERFLOW, pool_timeout=30, pool_pre_ping=False,
+                           pool_recycle=3600, connect_args={"application_name": "jobcoord"})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, record: Any) -> None:
+        _measure_clock(dbapi_conn, record.info, limit)
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        # The offset is measured again on a timer, so a clock that steps after the
+        # connection opened is caught within SKEW_RECHECK_S, before this connection judges
+        # (or reaps) another host's leases with it.
+        measured = record.info.get("clock_measured_at", float("-inf"))
+        if time.monotonic() - measured >= SKEW_RECHECK_S:
+            _measure_clock(dbapi_conn, record.info, limit)
+
+    return engine
+
+class PooledConnections(ConnectionSource):
+    """A connection per transaction straight from the engine's own bounded pool
+    (PostgreSQL: a network round trip costs far more than the checkout)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def take(self) -> Connection:
+        return self.engine.connect()
+
+    def give(self, conn: Connection, healthy: bool) -> None:
+        if not healthy:
+            with contextlib.suppress(Exception):
+                conn.invalidate()
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    def close(self) -> None:
+        pass
+
+
+# --- one statement per transition ---------------------------------------------------------
+#
+# Each statement is a round trip to the server, and a claim and a completion were six each:
+# candidate, take, lease and event become one data-modifying WITH statement, and so do finish,
+# drop lease and event. They are the same statements, guards and rows as the separate ones
+# SQLite runs (TAKE_JOB + INSERT_LEASE + INSERT_EVENT; FINISH + DROP_LEASE + INSERT_EVENT), in
+# the same transaction. A data-modifying CTE runs exactly once whether or not anything reads
+# it, and the lease and the event are written only for the row the compare-and-set actually
+# changed. They stay text: SQLAlchemy Core has no data-modifying CTE joined LEFT to a
+# MATERIALIZED pick that both dialects' compilers accept, and the text is the plan we measured.
+#
+# The claim: the candidate probes read the first :heads rows of each (role, kind) slice WITHOUT
+# locks; `pick` then locks only the one row it returns, the first candidate in claim order that
+# no concurrent claimer holds (FOR UPDATE SKIP LOCKED; a row another claim took meanwhile fails
+# the status recheck). Locking in every probe would hold the head of every slice until commit,
+# and a concurrent claimer could be told nothing waits while jobs it could take were untaken.
+# Then the take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt":
+# n, "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
+# string of the expiry. Always one row: how many candidates the probes found, the picked id
+# (NULL when every candidate was held by other claimers), then the taken job (NULLs when the
+# compare-and-set took nothing).
+_CLAIM_PICK = (
+    "SELECT job_id FROM jobs WHERE job_id IN (SELECT job_id FROM cand)"
+    " AND status = 'waiting' AND priority <= :maxp AND run_after <= :now"
+    " AND (deadline_at IS NULL OR deadline_at > :now)"
+    " ORDER BY priority, created_at, job_id LIMIT 1 FOR UPDATE SKIP LOCKED"
+)
+#: Heads read per slice by a PostgreSQL claim; the next size is tried only when every
+#: candidate was held by concurrent claimers.
+CLAIM_HEADS = (4, 64, 1024)
+_CLAIM_FOLDED = (
+    "WITH {probes}, cand AS MATERIALIZED ({union}), pick AS MATERIALIZED ({pick}),"
+    " taken AS (UPDATE jobs SET status = 'running', epoch = epoch + 1, attempts = attempts + 1,"
+    " effect_started = :f, updated_at = :now WHERE job_id = (SELECT job_id FROM pick)"
+    " AND status = 'waiting'"
+    " RETURNING job_id, kind, priority, payload_json, attempts, max_attempts, epoch, tenant),"
+    " leased AS (INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at)"
+    " SELECT job_id, :worker, epoch, :now, :expires FROM taken),"
+    " claimed AS (INSERT INTO job_events (job_id, at, from_status, to_status, reason,"
+    " worker_id, epoch, detail) SELECT job_id, :now, 'waiting', 'running', 'claimed', :worker,"
+    " epoch, '{{\"attempt\":' || CAST(attempts AS text) || ',\"expires_at\":' || :expires_json"
+    " || '}}' FROM taken)"
+    " SELECT (SELECT count(*) FROM cand), pick.job_id, taken.job_id, taken.kind,"
+    " taken.priority, taken.payload_json, taken.attempts, taken.max_attempts, taken.epoch,"
+    " taken.tenant FROM (SELECT 1) AS one LEFT JOIN pick ON true LEFT JOIN taken ON true"
+)
+# A running job's end: _FINISH's compare-and-set, the lease dropped, the event recorded only
+# for the row it changed. Returns how many rows the compare-and-set changed.
+_END_FOLDED = s.SQL(
+    "WITH finished AS (UPDATE jobs SET status = :to_status, result_json = :result,"
+    " provenance_json = :provenance, last_error = :error, finished_at = :finished,"
+    " run_after = :run_after, updated_at = :now"
+    " WHERE job_id = :job_id AND status = 'running' AND epoch = :epoch RETURNING job_id),"
+    " dropped AS (DELETE FROM leases WHERE job_id = :job_id AND epoch = :epoch),"
+    " ended AS (INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id,"
+    " epoch, detail) SELECT job_id, :now, 'running', :to_status, :reason, :worker, :epoch,"
+    " :detail FROM finished)"
+    " SELECT count(*) FROM finished"
+)
+
+
+#: Claim statements by shape (roles, kinds), built once each.
+_CLAIM_TEXT: dict[tuple[int, int | None], s.SQL] = {}
+
+
+def _claim_folded(roles: Sequence[str], kinds: Sequence[str] | None) -> s.SQL:
+    """The claim's candidate probes, take, lease and event as one statement
+    (_CLAIM_FOLDED), built once per shape like the candidate query."""
+    shape = (len(roles), None if kinds is None else len(kinds))
+    stmt = _CLAIM_TEXT.get(shape)
+    if stmt is None:
+        probes, union = s.candidate_parts(roles, kinds, True, "", limit=":heads",
+                                          union_only=True)
+        stmt = _CLAIM_TEXT[shape] = s.SQL(_CLAIM_FOLDED.format(probes=probes, union=union,
+                                                               pick=_CLAIM_PICK))
+    return stmt
+
+
+def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
+    """The one-statement claim for this shape, with `:name` parameters, and the role and kind
+    parameters (for reading its plan)."""
+    return _claim_folded(roles, kinds).source, s.role_kind_params(roles, kinds)
+
+
+# PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
+# each takes the row locks of what it is about to change, and a reaper skips rows another
+# transaction holds instead of failing its compare-and-set after waiting for them.
+_EXPIRED_LEASES_LOCKED = s.SQL(s.EXPIRED_LEASES.source + " FOR UPDATE OF l, j SKIP LOCKED")
+_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING.source + " FOR UPDATE SKIP LOCKED")
+# The fence read takes the job row's lock itself: a concurrent reaper, completer or operator
+# holding it is waited for, and the row read is the version it committed. The lease columns
+# come from the statement's snapshot; the only change to a lease that leaves its job row alone
+# is a renewal, which no lock of the job row would wait for anyway.
+_OWNED_LOCKED = s.SQL(s.OWNED.source + " FOR UPDATE OF j")
+_LOCK_JOB = s.SQL("SELECT job_id FROM jobs WHERE job_id = :job_id FOR UPDATE")
+_NEXT_JOB_IDS = s.SQL(
+    "SELECT nextval(pg_get_serial_sequence('jobs', 'job_id')) FROM generate_series(1, :n)"
+)
+
+
+class PostgresDatabase(Database):
+    """A PostgreSQL server: a bounded pool, REPEATABLE READ snapshots for reads, row locks
+    for decisions, one statement per transition."""
+
+    dialect = "postgresql"
+    folds_transitions = True
+
+    def __init__(self, target: Target, engine: Engine, **kw: Any) -> None:
+        import psycopg
+
+        super().__init__(target, engine, **kw)
+        self._driver_errors = (DBAPIError, PoolTimeout, psycopg.Error)
+        self.write_engine = engine
+        # One snapshot for every statement of a read (READ COMMITTED would give each
+        # statement its own): `explain` must never see a running job without its lease.
+        self.read_engine = engine.execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True)
+        self._writers = PooledConnections(self.write_engine)
+        self._readers = PooledConnections(self.read_engine)
+
+    @classmethod
+    def open_server(cls, target: Target, *, busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+                    busy_retries: int = DEFAULT_RETRIES) -> PostgresDatabase:
+        return cls(target, _pg_engine(target.url), busy_retries=busy_retries,
+                   busy_timeout=busy_timeout)
+
+    # -- the core's operations --
+
+    def binary_collation(self) -> str:
+        return "C"
+
+    def lock_for_decision(self, conn: Connection, job_id: int) -> None:
+        self.run(conn, _LOCK_JOB, {"job_id": job_id})
+
+    def read_owned(self, conn: Connection, job_id: int) -> Any:
+        return self.execute(conn, _OWNED_LOCKED, {"job_id": job_id}).fetchone()
+
+    def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
+                      due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
+        # Locks the candidate row and lets concurrent claimers skip it instead of waiting.
+        return s.candidate_sql(roles, kinds, due_only=due_only,
+                               lock=" FOR UPDATE SKIP LOCKED" if locked else "")
+
+    def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
+                  *, worker: str, now: int, expires: int, max_priority: int,
+                  expires_iso: str) -> Taken:
+        stmt = _claim_folded(roles, kinds)
+        params = s.role_kind_params(roles, kinds)
+        # The statement spells the event's detail around the expiry's JSON string.
+        params.update(now=now, maxp=max_priority, f=False, worker=worker, expires=expires,
+                      expires_json=dumps(expires_iso))
+        for heads in CLAIM_HEADS:
+            params["heads"] = heads
+            found = self.execute(conn, stmt, params).fetchone()
+            # Every candidate held by other claimers, and a slice may hold more: look
+            # further down the slices before saying they are all being claimed.
+            if found[1] is not None or found[0] < heads:
+                break
+        if found[1] is None:
+            return Taken(found[0], False, None)
+        if found[2] is None:  # the compare-and-set took nothing: defence in depth
+            return Taken(found[0], True, None)
+        # All three happened in that one statement; a fault here still sits inside the
+        # open transaction, before its commit.
+        faults.point("claim.after_take")
+        faults.point("claim.after_lease")
+        faults.point("claim.after_event")
+        return Taken(found[0], True, tuple(found[2:]))
+
+    def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
+                    worker: str | None, detail: str | None) -> int:
+        updated: int = self.execute(conn, _END_FOLDED, {
+            **params, "reason": reason, "worker": worker, "detail": detail}).fetchone()[0]
+        if updated == 1:
+            # All three follow the one statement, inside the open transaction.
+            faults.point(f"{reason}.after_update")
+            faults.point(f"{reason}.after_drop_lease")
+            faults.point(f"{reason}.after_event")
+        return updated
+
+    def allocate_job_ids(self, conn: Connection, n: int) -> Sequence[int]:
+        return sorted(r[0] for r in self.execute(conn, _NEXT_JOB_IDS, {"n": n}))
+
+    def expired_leases(self, conn: Connection, now: int, limit: int) -> list[Any]:
+        return self.run(conn, _EXPIRED_LEASES_LOCKED, {"now": now, "limit": limit}).all()
+
+    def overdue_waiting(self, conn: Connection, now: int, limit: int) -> list[Any]:
+        return self.run(conn, _OVERDUE_WAITING_LOCKED, {"now": now, "limit": limit}).all()
+
+    def pick_for_delete(self, conn: Connection, select: str, params: Mapping[str, Any]
+                        ) -> list[Any]:
+        return self.run_text(conn, select + " FOR UPDATE SKIP LOCKED", params).all()
+
+    def storage_facts(self, conn: Connection) -> dict[str, Any]:
+        # Measured when the connection opened: this host against the server.
+        offset = conn.info.get("clock_offset_s")
+        return {"dialect": self.dialect,
+                "clock_offset_s": None if offset is None else round(offset, 6)}

@@ -1,0 +1,338 @@
+"""The SQLite store: the engine and its pragmas, the BEGIN IMMEDIATE event, the stack of open
+connections, SQLITE_* error names, and the core's operations as separate short statements
+(BEGIN IMMEDIATE already holds the only write lock, so nothing needs a row lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sqlite3
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.pool import NullPool
+
+from .. import faults
+from ..errors import (
+    DatabaseBusy,
+    DatabaseCorrupt,
+    JobcoordError,
+    SchemaMismatch,
+    StorageUnavailable,
+)
+from ..validate import dumps
+from . import statements as s
+from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
+
+# --- error classification --------------------------------------------------------------
+
+SQLITE_CODES: tuple[tuple[str, type[JobcoordError], str, str], ...] = (
+    ("SQLITE_BUSY", DatabaseBusy, "database_locked", "the database is locked by another process"),
+    ("SQLITE_LOCKED", DatabaseBusy, "database_locked", "the database is locked"),
+    (
+        "SQLITE_READONLY",
+        StorageUnavailable,
+        "database_readonly",
+        "the database or its directory is read-only (WAL mode needs to write the -wal and "
+        "-shm files beside it); fix the permissions or run as the owner",
+    ),
+    ("SQLITE_FULL", StorageUnavailable, "database_full", "the disk is full"),
+    # Opening a database no other process has open creates and sizes its -shm file; on a full
+    # disk that fails with this I/O error before SQLITE_FULL could be reported.
+    (
+        "SQLITE_IOERR_SHMSIZE",
+        StorageUnavailable,
+        "database_full",
+        "cannot grow the shared-memory (-shm) file beside the database; the disk is "
+        "probably full",
+    ),
+    ("SQLITE_IOERR", StorageUnavailable, "database_io_error", "disk I/O error"),
+    ("SQLITE_CANTOPEN", StorageUnavailable, "database_unavailable", "cannot open the database"),
+    ("SQLITE_PERM", StorageUnavailable, "database_readonly", "permission denied"),
+    ("SQLITE_NOTADB", DatabaseCorrupt, "database_corrupt", "the file is not a database"),
+    ("SQLITE_CORRUPT", DatabaseCorrupt, "database_corrupt", "the database is malformed"),
+)
+
+def _sqlite_engine(path: str, *, create: bool, synchronous: str, busy_timeout: float,
+                   frozen: bool = False) -> Engine:
+    # mode=rw: every command but `migrate` must fail rather than create a file. `frozen` is
+    # for a file nothing writes (a backup being restored): read-only, and immutable so that
+    # SQLite creates no -wal or -shm beside it and reads exactly the bytes in the file.
+    mode = "ro&immutable=1" if frozen else "rwc" if create else "rw"
+    uri = f"file:{quote(path)}?mode={mode}"
+    connect_kwargs: dict[str, Any] = {"timeout": busy_timeout, "uri": True}
+    if sys.version_info >= (3, 12):
+        # Pin the legacy mode: with autocommit=False our BEGIN IMMEDIATE fails ("cannot start a
+        # transaction within a transaction"); with autocommit=True commit() silently does
+        # nothing. Legacy plus isolation_level=None leaves every BEGIN to us.
+        connect_kwargs["autocommit"] = sqlite3.LEGACY_TRANSACTION_CONTROL
+
+    def _connect() -> sqlite3.Connection:
+        # check_same_thread=False: Database hands an idle connection to whichever thread runs
+        # the next transaction, never to two threads at once.
+        return sqlite3.connect(uri, check_same_thread=False, **connect_kwargs)
+
+    # NullPool: Database keeps its own small stack of open connections (ConnectionStack);
+    # what it does not keep is really closed. Left to choose, SQLAlchemy would take this
+    # creator-built "sqlite://" engine for an in-memory database and give it a
+    # SingletonThreadPool, which closes connections other threads are still using.
+    engine = create_engine("sqlite://", creator=_connect, poolclass=NullPool)
+    sync = "FULL" if synchronous == "full" else "NORMAL"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record: Any) -> None:
+        # The driver must not open transactions on its own: it would open a deferred one and
+        # a later write could then fail at once with SQLITE_BUSY instead of waiting.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        # Pragmas are no-ops inside a transaction, so they are set here, once per connection.
+        cur.execute("PRAGMA foreign_keys=ON")
+        # FULL syncs the WAL on every commit: an accepted job survives a power cut. NORMAL is
+        # faster and still never corrupts, but a power cut may drop the last commits.
+        cur.execute(f"PRAGMA synchronous={sync}")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        # Write transactions take the write lock at their start (and so wait out the busy
+        # timeout); read-only work uses a deferred BEGIN and never blocks writers.
+        begin = conn.get_execution_options().get("jobcoord_begin", "BEGIN")
+        # Straight to the driver: exec_driver_sql costs more than the BEGIN itself on the hot
+        # path. Errors are wrapped as SQLAlchemy would, so callers still see DBAPIError.
+        try:
+            conn.connection.driver_connection.execute(begin)
+        except sqlite3.Error as e:
+            raise DBAPIError.instance(begin, None, e, sqlite3.Error) from e
+
+    return engine
+
+
+def precheck_sqlite_path(path: str, *, create: bool) -> bool:
+    """Refuse paths SQLite cannot use, before SQLite touches anything. Returns whether the
+    file already exists."""
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
+    exists = os.path.exists(path)
+    if not exists:
+        try:
+            os.stat(parent)
+        except PermissionError:
+            raise StorageUnavailable(
+                "database_unavailable", f"cannot reach {path}: permission denied on {parent}"
+            ) from None
+        except OSError:
+            pass
+        if not os.path.isdir(parent):
+            raise StorageUnavailable(
+                "database_unavailable", f"cannot create {path}: directory {parent} does not exist"
+            )
+        if not create:
+            raise SchemaMismatch(
+                "not_migrated", f"no database at {path}; run `jobcoord migrate` to create it"
+            )
+    return exists
+
+
+def create_private_file(path: str) -> bool:
+    """Create an empty database file readable and writable by its owner only (0600).
+    Returns whether this call created it (False: it already existed)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except PermissionError as e:
+        raise StorageUnavailable(
+            "database_readonly", f"cannot create {path}: the directory is not writable"
+        ) from e
+    except OSError as e:
+        code = "database_full" if e.errno == errno.ENOSPC else "database_unavailable"
+        raise StorageUnavailable(code, f"cannot create {path}: {e.strerror}") from e
+    os.close(fd)
+    return True
+
+
+class ConnectionStack(ConnectionSource):
+    """Open connections waiting for their next transaction, last in first out, shared by
+    every thread (SQLite only).
+
+    Checking a connection out of a SQLAlchemy pool and back costs about as much as a small
+    claim on SQLite, so a transaction takes an open Connection from this stack and puts it
+    back when it ends. Each is used by one thread at a time; at most `keep` wait here, the
+    rest are closed, so threads that come and go never pin connections. After a fork the
+    child starts with an empty stack: a connection must never be shared across processes."""
+
+    def __init__(self, engine: Engine, keep: int = 8):
+        self.engine = engine
+        self.keep = keep
+        self._idle: list[Connection] = []
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def take(self) -> Connection:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._idle, self._pid = [], os.getpid()  # the parent's: never touch them
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed or conn.invalidated:
+            conn = self.engine.connect()
+        return conn
+
+    def give(self, conn: Connection, healthy: bool) -> None:
+        if healthy and not conn.closed and not conn.invalidated and not conn.in_transaction():
+            with self._lock:
+                if self._pid == os.getpid() and len(self._idle) < self.keep:
+                    self._idle.append(conn)
+                    return
+        with contextlib.suppress(Exception):
+            conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+class SqliteDatabase(Database):
+    """A SQLite file: write transactions begin with BEGIN IMMEDIATE, reads with a deferred
+    BEGIN; each keeps a small stack of open connections."""
+
+    dialect = "sqlite"
+    folds_transitions = False
+
+    def __init__(self, target: Target, engine: Engine, **kw: Any) -> None:
+        super().__init__(target, engine, **kw)
+        self._driver_errors = (DBAPIError, PoolTimeout, sqlite3.Error)
+        # The deferred switch exists only for the test proving the harness catches it.
+        begin = "BEGIN" if faults.DEFERRED_WRITES else "BEGIN IMMEDIATE"
+        self.write_engine = engine.execution_options(jobcoord_begin=begin)
+        # A deferred BEGIN: the snapshot starts at the first read and holds to the end.
+        self.read_engine = engine
+        self._writers = ConnectionStack(self.write_engine)
+        self._readers = ConnectionStack(self.read_engine)
+
+        @event.listens_for(engine, "engine_disposed")
+        def _forget(_engine: Engine) -> None:
+            # Disposing the engine means "no old connection from here on": the stacks too.
+            self._writers.close()
+            self._readers.close()
+
+    @classmethod
+    def open_file(cls, target: Target, *, create: bool = False, synchronous: str = "full",
+                  busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+                  busy_retries: int = DEFAULT_RETRIES, frozen: bool = False
+                  ) -> SqliteDatabase:
+        assert target.sqlite_path is not None
+        existed = precheck_sqlite_path(target.sqlite_path, create=create)
+        if create and not existed:
+            create_private_file(target.sqlite_path)
+        engine = _sqlite_engine(target.sqlite_path, create=create, synchronous=synchronous,
+                                busy_timeout=busy_timeout, frozen=frozen)
+        return cls(target, engine, busy_retries=busy_retries, busy_timeout=busy_timeout)
+
+    # -- the core's operations --
+
+    def binary_collation(self) -> str:
+        return "BINARY"
+
+    def lock_for_decision(self, conn: Connection, job_id: int) -> None:
+        pass  # BEGIN IMMEDIATE already excludes every other writer
+
+    def read_owned(self, conn: Connection, job_id: int) -> Any:
+        return self.execute(conn, s.OWNED, {"job_id": job_id}).fetchone()
+
+    def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
+                      due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
+        # No lock clause: BEGIN IMMEDIATE holds the only write lock.
+        return s.candidate_sql(roles, kinds, due_only=due_only, lock="")
+
+    def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
+                  *, worker: str, now: int, expires: int, max_priority: int,
+                  expires_iso: str) -> Taken:
+        text, params = self.candidate_sql(roles, kinds, due_only=True)
+        params.update(now=now, maxp=max_priority)
+        found = self.execute(conn, s.SQL.cached(text), params).fetchone()
+        if found is None:
+            return Taken(0, False, None)
+        job = self.execute(conn, s.TAKE_JOB, {"job_id": found[0], "now": now, "f": False}
+                           ).fetchone()
+        if job is None:  # cannot happen under the write lock; the guard is defence in depth
+            return Taken(1, True, None)
+        faults.point("claim.after_take")
+        job_id, epoch, attempts = job[0], job[6], job[4]
+        self.execute(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
+                                            "now": now, "expires": expires})
+        faults.point("claim.after_lease")
+        self.execute(conn, s.INSERT_EVENT, {
+            "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
+            "reason": "claimed", "worker": worker, "epoch": epoch,
+            "detail": dumps({"expires_at": expires_iso, "attempt": attempts})})
+        faults.point("claim.after_event")
+        return Taken(1, True, tuple(job))
+
+    def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
+                    worker: str | None, detail: str | None) -> int:
+        updated: int = self.execute(conn, s.FINISH, params).rowcount
+        if updated != 1:
+            return updated
+        # Fault points are named by the reason: completed.*, failed.*, lease_expired.*, ...
+        faults.point(f"{reason}.after_update")
+        self.execute(conn, s.DROP_LEASE, {"job_id": params["job_id"], "epoch": params["epoch"]})
+        faults.point(f"{reason}.after_drop_lease")
+        self.execute(conn, s.INSERT_EVENT, {
+            "job_id": params["job_id"], "now": params["now"], "from_status": "running",
+            "to_status": params["to_status"], "reason": reason, "worker": worker,
+            "epoch": params["epoch"], "detail": detail})
+        faults.point(f"{reason}.after_event")
+        return updated
+
+    def allocate_job_ids(self, conn: Connection, n: int) -> Sequence[int]:
+        # BEGIN IMMEDIATE holds the only write lock: these are the ids SQLite would pick.
+        first = self.execute(conn, s.LAST_JOB_ID, {}).fetchone()[0] + 1
+        return range(first, first + n)
+
+    def expired_leases(self, conn: Connection, now: int, limit: int) -> list[Any]:
+        return self.run(conn, s.EXPIRED_LEASES, {"now": now, "limit": limit}).all()
+
+    def overdue_waiting(self, conn: Connection, now: int, limit: int) -> list[Any]:
+        return self.run(conn, s.OVERDUE_WAITING, {"now": now, "limit": limit}).all()
+
+    def pick_for_delete(self, conn: Connection, select: str, params: Mapping[str, Any]
+                        ) -> list[Any]:
+        return self.run_text(conn, select, params).all()
+
+    def storage_facts(self, conn: Connection) -> dict[str, Any]:
+        sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()
+        return {"dialect": self.dialect,
+                "journal_mode": conn.exec_driver_sql("PRAGMA journal_mode").scalar(),
+                "synchronous": {0: "off", 1: "normal", 2: "full", 3: "extra"}.get(sync)}
+
+    def file_facts(self) -> dict[str, Any]:
+        path = self.target.sqlite_path or ""
+        wal = path + "-wal"
+        out: dict[str, Any] = {
+            "path": path, "file_size_bytes": os.path.getsize(path),
+            "wal_size_bytes": os.path.getsize(wal) if os.path.exists(wal) else 0,
+            "sqlite_version": sqlite3.sqlite_version}
+        if sqlite3.sqlite_version_info < (3, 51, 3):
+            # SQLite 3.7.0 to 3.51.2 can, rarely, corrupt a WAL database when two
+            # connections write or checkpoint at the same instant (fixed in 3.51.3).
+            out["warnings"] = [
+                f"SQLite {sqlite3.sqlite_version} predates the fix for the WAL-reset bug "
+                "(3.51.3); keep backups with `jobcoord backup` and run `jobcoord check`"]
+        return out
+
+
+def sqlite_pragma(db: Database, conn: Connection, pragma: str) -> list[Any]:
+    return [row[0] for row in conn.exec_driver_sql(f"PRAGMA {pragma}").all()]

@@ -1,0 +1,172 @@
+"""Artifact retention and faults: gc never deletes a referenced or young object (also under
+concurrent uploads in real processes), SIGKILL during an upload, a full disk. Both databases
+where a database is involved."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from jobcoord.artifacts import ObjectStore
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.test_artifact_objects import REPO, files_under, wait_for
+from tests.test_artifacts_rules import ac, install, rows, start, store_dir  # noqa: F401
+from tests.test_storage_faults import small_tmpfs
+
+MiB = 1 << 20
+
+
+def age(path: str, seconds: float) -> None:
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+def where(target: Target) -> list[str]:
+    return ["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url]
+
+
+def jobcoord(target: Target, store: str, *args: str, **kw: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "jobcoord", *where(target), "--artifacts",
+                             store, *args], cwd=REPO, **kw)
+
+
+def test_gc_never_deletes_a_referenced_or_young_object(ac: Coordinator,  # noqa: F811
+                                                       store_dir: str) -> None:  # noqa: F811
+    store = ObjectStore(store_dir)
+    done, e1 = start(ac, "w1")
+    accepted = ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    live, e2 = start(ac, "w2")
+    staged = ac.put_artifact(live, "w2", e2, "live.bin", b"staged by a live attempt")
+    over, e3 = start(ac, "w3")
+    ended = ac.put_artifact(over, "w3", e3, "over.bin", b"staged by an attempt that failed")
+    ac.fail(over, "w3", e3, "boom", permanent=True)
+    orphan = store.put(b"no row names me")  # e.g. a crash between put and the row
+    for digest in (accepted["digest"], staged["digest"], ended["digest"]):
+        age(store.path_of(digest), 2 * 3600)
+
+    # Young orphan: kept. Dry run: says what would go, deletes nothing.
+    dry = ac.gc_artifacts(grace_s=3600, dry_run=True)
+    assert dry["removed"] == [] and dry["kept_young"] == 1
+    first = ac.gc_artifacts(grace_s=3600)
+    assert first["stages_ended"] == 1
+    assert first["removed"] == [ended["digest"]]  # its attempt is over, the object is old
+    assert store.exists(orphan.digest)
+    age(orphan.path, 2 * 3600)
+    assert ac.gc_artifacts(grace_s=3600, dry_run=True)["removed"] == [orphan.digest]
+    assert store.exists(orphan.digest)
+    assert ac.gc_artifacts(grace_s=3600)["removed"] == [orphan.digest]
+    assert not store.exists(orphan.digest)
+    # Referenced objects stay, however old: the accepted one and the live attempt's stage.
+    assert store.exists(accepted["digest"]) and store.exists(staged["digest"])
+    assert ac.verify_artifacts()["ok"]
+    assert rows(ac, over)[0][2] == "rejected"
+
+
+CONCURRENT_PUTS = r"""
+import sys
+from jobcoord.errors import DatabaseBusy
+from jobcoord.service import Coordinator
+where, store = sys.argv[1], sys.argv[2]
+job, epoch, n = map(int, sys.argv[3:6])
+c = Coordinator.open(where)
+c.artifacts_dir = store
+ok = busy = 0
+for i in range(n):
+    try:
+        c.put_artifact(job, "w1", epoch, f"copy-{i}", b"content gc keeps finding old")
+        ok += 1
+    except DatabaseBusy:
+        busy += 1
+print(ok, busy, flush=True)
+"""
+
+
+def test_gc_under_concurrent_uploads_in_a_real_process_never_leaves_a_row_without_its_object(
+        ac: Coordinator, target: Target, store_dir: str) -> None:  # noqa: F811
+    store = ObjectStore(store_dir)
+    job, epoch = start(ac, "w1", lease_s=600)
+    # The same content is already stored, old and unreferenced: each upload finds it there
+    # (dedup) while gc, with no grace at all, keeps trying to delete it.
+    old = store.put(b"content gc keeps finding old")
+    age(old.path, 3600)
+    putter = subprocess.Popen(
+        [sys.executable, "-c", CONCURRENT_PUTS, target.sqlite_path or target.url, store_dir,
+         str(job), str(epoch), "300"], cwd=REPO, stdout=subprocess.PIPE)
+    passes, orphaned_rows = 0, []
+    try:
+        while putter.poll() is None:
+            ac.gc_artifacts(grace_s=0)
+            passes += 1
+            # At every moment, every committed row's object is there.
+            orphaned_rows += [a["name"] for a in ac.artifacts(job, all_states=True)["artifacts"]
+                              if not store.exists(a["digest"])]
+    finally:
+        out, _ = putter.communicate(timeout=120)
+    ok, busy = map(int, out.split())
+    assert putter.returncode == 0 and ok + busy == 300 and ok > 0 and passes > 0
+    assert orphaned_rows == []
+    ac.gc_artifacts(grace_s=0)
+    staged = [a for a in ac.artifacts(job, all_states=True)["artifacts"]
+              if a["state"] != "rejected"]
+    assert len(staged) == ok
+    assert ac.verify_artifacts(job)["ok"]  # every row's object is there and whole
+
+
+def test_sigkill_during_an_upload_leaves_no_row_no_object_and_gc_cleans_the_temp_file(
+        ac: Coordinator, target: Target, store_dir: str) -> None:  # noqa: F811
+    store = ObjectStore(store_dir)
+    job, epoch = start(ac, "w1", lease_s=600)
+    feeder = subprocess.Popen(["yes", "artifact bytes"], stdout=subprocess.PIPE)
+    try:
+        putter = jobcoord(target, store_dir, "artifact", "put", str(job), "--worker", "w1",
+                          "--epoch", str(epoch), "--name", "big.bin", "-",
+                          stdin=feeder.stdout, stdout=subprocess.DEVNULL)
+        assert feeder.stdout is not None
+        feeder.stdout.close()
+        try:
+            wait_for(lambda: os.path.isdir(store.tmp_dir) and any(
+                os.path.getsize(os.path.join(store.tmp_dir, f)) > 8 * MiB
+                for f in os.listdir(store.tmp_dir)), "the upload to pass 8 MiB", 60)
+        finally:
+            putter.send_signal(signal.SIGKILL)
+            putter.wait(timeout=30)
+        assert putter.returncode == -signal.SIGKILL
+    finally:
+        feeder.kill()
+        feeder.wait()
+    assert rows(ac, job) == []
+    assert files_under(store.objects_dir) == []
+    assert len(os.listdir(store.tmp_dir)) == 1
+    assert ac.gc_artifacts(grace_s=3600)["temp_files_removed"] == 0  # young: maybe in flight
+    (temp,) = os.listdir(store.tmp_dir)
+    age(os.path.join(store.tmp_dir, temp), 2 * 3600)
+    assert ac.gc_artifacts(grace_s=3600)["temp_files_removed"] == 1
+    assert os.listdir(store.tmp_dir) == []
+
+
+def test_disk_full_during_an_upload_is_exit_6_with_nothing_linked(
+        ac: Coordinator, target: Target, tmp_path: Path) -> None:  # noqa: F811
+    with small_tmpfs("4m") as mount:
+        store = os.path.join(mount, "store")
+        ac.artifacts_dir = store
+        job, epoch = start(ac, "w1", lease_s=600)
+        src = tmp_path / "big.bin"
+        src.write_bytes(os.urandom(8 * MiB))
+        p = jobcoord(target, store, "artifact", "put", str(job), "--worker", "w1", "--epoch",
+                     str(epoch), "--name", "big.bin", str(src), "--json",
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 6, err
+        assert b"artifact_store_full" in out
+        assert rows(ac, job) == []
+        assert files_under(os.path.join(store, "objects")) == []
+        assert os.listdir(os.path.join(store, "tmp")) == []
+        ac.complete(job, "w1", epoch, {})
+        assert ac.artifacts(job)["artifacts"] == []

@@ -1,0 +1,357 @@
+"""Artifact rows: staging under a live lease, fenced linking in the completion's transaction,
+verified reads, validation per kind, through the Python API and the CLI. Both databases."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcoord.artifacts import ObjectStore
+from jobcoord.artifacts import rules as artifact_rules
+from jobcoord.db import Database, Target
+from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused
+from jobcoord.migrate import migrate
+from jobcoord.service import Coordinator
+from tests.conftest import run_cli
+from tests.timeline import IDLE_ON_AC
+
+
+def install(target: Target) -> None:
+    db = Database.open(target)
+    try:
+        migrate(db, add={"artifacts"})
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> str:
+    return str(tmp_path / "store")
+
+
+@pytest.fixture
+def ac(target: Target, store_dir: str) -> Iterator[Coordinator]:
+    """A coordinator on a database with the artifacts feature and its own store."""
+    install(target)
+    c = Coordinator.open(target)
+    c.artifacts_dir = store_dir
+    yield c
+    c.close()
+
+
+def start(c: Coordinator, worker: str = "w1", kind: str = "render", lease_s: float = 45
+          ) -> tuple[int, int]:
+    job_id = c.enqueue(kind, {"n": 1})["job_id"]
+    return job_id, claim(c, worker, lease_s)
+
+
+def claim(c: Coordinator, worker: str, lease_s: float = 45) -> int:
+    c.heartbeat(worker, readings=IDLE_ON_AC)
+    got = c.claim(worker, lease_s=lease_s)
+    assert got["job"] is not None
+    return int(got["lease"]["epoch"])
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def rows(c: Coordinator, job_id: int) -> list[tuple[int, str, str, str]]:
+    return sorted((a["epoch"], a["name"], a["state"], a["digest"])
+                  for a in c.artifacts(job_id, all_states=True)["artifacts"])
+
+
+def reasons(c: Coordinator, job_id: int) -> list[str]:
+    return [e["reason"] for e in c.show(job_id)["events"]]
+
+
+def temp_files(store: str) -> list[str]:
+    tmp = os.path.join(store, "tmp")
+    return os.listdir(tmp) if os.path.isdir(tmp) else []
+
+
+# --- the happy path -------------------------------------------------------------------------
+
+
+def test_put_complete_ls_get_through_the_python_api(ac: Coordinator, tmp_path: Path) -> None:
+    job_id, epoch = start(ac)
+    data = b"%PDF-1.7 report\n" * 1000
+    staged = ac.put_artifact(job_id, "w1", epoch, "report.pdf", data)
+    assert staged["digest"] == sha(data) and staged["state"] == "staged"
+    assert staged["media_type"] == "application/pdf"
+    assert ac.artifacts(job_id)["artifacts"] == []  # staged is not part of any result yet
+    ac.complete(job_id, "w1", epoch, {"pages": 12})
+    [a] = ac.artifacts(job_id)["artifacts"]
+    assert (a["name"], a["state"], a["digest"], a["size"], a["epoch"]) == (
+        "report.pdf", "accepted", sha(data), len(data), epoch)
+    h = a["digest"][7:]
+    assert a["location"] == f"objects/sha256/{h[:2]}/{h[2:4]}/{h}"
+    out = tmp_path / "out.pdf"
+    ac.get_artifact(job_id, "report.pdf", out)
+    assert out.read_bytes() == data
+    ev = reasons(ac, job_id)
+    assert ev.index("artifact_staged") < ev.index("artifact_verified") \
+        < ev.index("artifact_accepted") < ev.index("completed")
+    assert ac.show(job_id)["artifacts"][0]["state"] == "accepted"
+
+
+def test_identical_content_across_jobs_is_stored_once(ac: Coordinator, store_dir: str
+                                                      ) -> None:
+    a, ea = start(ac, "w1")
+    b, eb = start(ac, "w2")
+    first = ac.put_artifact(a, "w1", ea, "x.bin", b"same bytes")
+    second = ac.put_artifact(b, "w2", eb, "y.bin", b"same bytes")
+    assert first["digest"] == second["digest"]
+    assert first["stored"] is True and second["stored"] is False
+    assert len(list(ObjectStore(store_dir).iter_objects())) == 1
+
+
+# --- fencing --------------------------------------------------------------------------------
+
+
+def test_a_late_attempts_staged_artifact_is_never_linked(ac: Coordinator, clock: Any) -> None:
+    job_id, e1 = start(ac, "w1", lease_s=10)
+    ac.put_artifact(job_id, "w1", e1, "out.txt", b"from attempt 1")  # staged while live
+    clock.tick(11)
+    # Expired, not yet reaped: a stage is already refused, and writes no row.
+    with pytest.raises(Refused) as caught:
+        ac.put_artifact(job_id, "w1", e1, "late.txt", b"too late")
+    assert caught.value.code == "lease_expired"
+    ac.reap()
+    e2 = claim(ac, "w2")
+    # Two attempts stage the same name; each has its own row.
+    ac.put_artifact(job_id, "w2", e2, "out.txt", b"from attempt 2")
+    with pytest.raises(Refused) as caught:
+        ac.put_artifact(job_id, "w1", e1, "out.txt", b"fenced out")
+    assert caught.value.code == "stale_epoch"
+    with pytest.raises(Refused):
+        ac.complete(job_id, "w1", e1, {"late": True})
+    ac.complete(job_id, "w2", e2, {})
+    assert rows(ac, job_id) == [(e1, "out.txt", "staged", sha(b"from attempt 1")),
+                                (e2, "out.txt", "accepted", sha(b"from attempt 2"))]
+    [accepted] = ac.artifacts(job_id)["artifacts"]
+    assert accepted["digest"] == sha(b"from attempt 2")
+    # gc ends the over attempt's stage; it is never linked.
+    assert ac.gc_artifacts(grace_s=3600)["stages_ended"] == 1
+    assert rows(ac, job_id)[0][2] == "rejected"
+
+
+def test_a_stage_by_another_worker_or_epoch_writes_no_row(ac: Coordinator, store_dir: str
+                                                          ) -> None:
+    job_id, epoch = start(ac)
+    ac.heartbeat("w9", readings=IDLE_ON_AC)
+    for worker, ep, code in (("w9", epoch, "not_owner"), ("w1", epoch + 1, "stale_epoch")):
+        with pytest.raises(Refused) as caught:
+            ac.put_artifact(job_id, worker, ep, "x", b"x")
+        assert caught.value.code == code
+    assert rows(ac, job_id) == []
+    assert temp_files(store_dir) == []
+
+
+def test_restaging_a_name_in_one_attempt_replaces_its_stage(ac: Coordinator) -> None:
+    job_id, epoch = start(ac)
+    ac.put_artifact(job_id, "w1", epoch, "out", b"v1")
+    ac.put_artifact(job_id, "w1", epoch, "out", b"v2")
+    ac.complete(job_id, "w1", epoch, {})
+    assert rows(ac, job_id) == [(epoch, "out", "accepted", sha(b"v2"))]
+
+
+# --- reading always verifies ----------------------------------------------------------------
+
+
+def _accepted(ac: Coordinator, data: bytes) -> tuple[int, str]:
+    job_id, epoch = start(ac)
+    out = ac.put_artifact(job_id, "w1", epoch, "r.bin", data)
+    ac.complete(job_id, "w1", epoch, {})
+    return job_id, ObjectStore(ac.artifacts_dir or "").path_of(out["digest"])
+
+
+def test_a_corrupted_object_is_exit_7_for_get_and_verify_and_writes_nothing(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
+    job_id, path = _accepted(ac, b"good bytes " * 100)
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:
+        f.seek(5)
+        f.write(b"X")
+    dest = tmp_path / "dest.bin"
+    with pytest.raises(DatabaseCorrupt) as caught:
+        ac.get_artifact(job_id, "r.bin", dest)
+    assert caught.value.code == "artifact_corrupt"
+    assert not dest.exists() and os.listdir(tmp_path) == [x for x in os.listdir(tmp_path)
+                                                         if not x.startswith(".jobcoord-")]
+    assert ac.verify_artifacts(job_id)["problems"][0]["problem"] == "corrupt"
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "get", str(job_id), "r.bin",
+                "-o", str(dest), "--json")
+    assert r.code == 7 and r.json["error"]["code"] == "artifact_corrupt"
+    assert not dest.exists()
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "verify", "--all", "--json")
+    assert r.code == 7 and r.json["problems"][0]["problem"] == "corrupt"
+
+
+def test_a_missing_object_is_exit_7_for_get_and_verify(ac: Coordinator, target: Target,
+                                                        store_dir: str, tmp_path: Path) -> None:
+    job_id, path = _accepted(ac, b"soon gone")
+    os.unlink(path)
+    dest = tmp_path / "d"
+    dest.write_bytes(b"old")
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "get", str(job_id), "r.bin",
+                "-o", str(dest), "--json")
+    assert r.code == 7 and r.json["error"]["code"] == "artifact_missing"
+    assert dest.read_bytes() == b"old"
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "verify", str(job_id), "--json")
+    assert r.code == 7 and r.json["problems"][0]["problem"] == "missing"
+
+
+# --- the CLI --------------------------------------------------------------------------------
+
+
+def test_put_complete_ls_get_through_the_cli(ac: Coordinator, target: Target, store_dir: str,
+                                             tmp_path: Path) -> None:
+    job_id, epoch = start(ac, "gpu-box")
+    src = tmp_path / "report.pdf"
+    src.write_bytes(b"%PDF " + os.urandom(3000))
+
+    def cli(*args: str, stdin: bytes = b"") -> Any:
+        return run_cli(target, "--artifacts", store_dir, *args, stdin=stdin)
+
+    r = cli("artifact", "put", str(job_id), "--worker", "gpu-box", "--epoch", str(epoch),
+            "--name", "report.pdf", str(src), "--json")
+    assert r.code == 0, r.err
+    assert r.json["digest"] == sha(src.read_bytes())
+    r = cli("artifact", "put", str(job_id), "--worker", "gpu-box", "--epoch", str(epoch),
+            "--name", "notes.txt", "-", "--json", stdin=b"from stdin")
+    assert r.code == 0, r.err
+    r = cli("complete", str(job_id), "--worker", "gpu-box", "--epoch", str(epoch),
+            "--result", '{"pages": 12}', "--json")
+    assert r.code == 0, r.err
+    r = cli("artifact", "ls", str(job_id), "--json")
+    assert [a["name"] for a in r.json["artifacts"]] == ["notes.txt", "report.pdf"]
+    assert "report.pdf" in cli("artifact", "ls", str(job_id)).out
+    out = tmp_path / "out.pdf"
+    r = cli("artifact", "get", str(job_id), "report.pdf", "-o", str(out), "--json")
+    assert r.code == 0, r.err
+    assert out.read_bytes() == src.read_bytes()
+    r = cli("artifact", "verify", "--all", "--json")
+    assert r.code == 0 and r.json["ok"] and r.json["checked_objects"] == 2
+    r = cli("artifact", "get", str(job_id), "nope", "-o", str(out), "--json")
+    assert r.code == 4 and r.json["error"]["code"] == "artifact_not_found"
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "nul\x00x", "x" * 256, ""])
+def test_bad_names_are_exit_2_with_no_row_and_no_temp_file(ac: Coordinator, target: Target,
+                                                           store_dir: str, name: str) -> None:
+    job_id, epoch = start(ac)
+    with pytest.raises(InvalidInput) as caught:
+        ac.put_artifact(job_id, "w1", epoch, name, b"x")
+    assert caught.value.code == "invalid_artifact_name"
+    if "\x00" not in name:  # argv cannot carry NUL
+        r = run_cli(target, "--artifacts", store_dir, "artifact", "put", str(job_id),
+                    "--worker", "w1", "--epoch", str(epoch), "--name", name, "-", "--json")
+        assert r.code == 2 and r.json["error"]["code"] == "invalid_artifact_name"
+    assert rows(ac, job_id) == [] and temp_files(store_dir) == []
+
+
+def test_a_directory_or_unreadable_source_is_exit_2_with_no_row(ac: Coordinator,
+                                                                tmp_path: Path) -> None:
+    job_id, epoch = start(ac)
+    for source in (str(tmp_path), str(tmp_path / "missing")):
+        with pytest.raises(InvalidInput):
+            ac.put_artifact(job_id, "w1", epoch, "x", source)
+    assert rows(ac, job_id) == []
+
+
+def test_a_store_that_cannot_be_written_is_exit_6_with_no_row(ac: Coordinator,
+                                                              tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    ac.artifacts_dir = str(blocker / "store")  # under a regular file: cannot be created
+    job_id, epoch = start(ac)
+    from jobcoord.errors import StorageUnavailable
+
+    with pytest.raises(StorageUnavailable) as caught:
+        ac.put_artifact(job_id, "w1", epoch, "x", b"x")
+    assert caught.value.exit_code == 6
+    assert rows(ac, job_id) == []
+
+
+def test_postgresql_needs_the_store_named(backend: str, target: Target) -> None:
+    install(target)
+    with Coordinator.open(target) as c:
+        if backend == "sqlite":
+            assert artifact_rules.store_of(c).root == target.sqlite_path + ".artifacts"
+        else:
+            with pytest.raises(InvalidInput) as caught:
+                artifact_rules.store_of(c)
+            assert caught.value.code == "artifact_store_required"
+
+
+def test_without_the_feature_artifact_commands_say_how_to_install_it(coord: Coordinator
+                                                                     ) -> None:
+    with pytest.raises(Exception) as caught:
+        coord.artifacts(None)
+    assert "migrate --with artifacts" in str(caught.value)
+
+
+# --- validation per kind --------------------------------------------------------------------
+
+
+def test_an_artifact_over_the_kinds_size_fails_the_completion_and_the_attempt(
+        ac: Coordinator) -> None:
+    artifact_rules.declare_kind(ac, "render", max_bytes=1000, media_types=["application/pdf"])
+    job_id, epoch = start(ac)
+    ac.put_artifact(job_id, "w1", epoch, "a.pdf", b"ok")
+    ac.put_artifact(job_id, "w1", epoch, "b.txt", b"text")  # media type not allowed
+    with pytest.raises(Refused) as caught:
+        ac.complete(job_id, "w1", epoch, {})
+    assert caught.value.code == "artifact_invalid" and caught.value.exit_code == 4
+    shown = ac.show(job_id)
+    assert shown["job"]["status"] == "waiting"  # a failed attempt: retried
+    assert ac.artifacts(job_id)["artifacts"] == []
+    states = {a["name"]: (a["state"], a["reason"])
+              for a in ac.artifacts(job_id, all_states=True)["artifacts"]}
+    assert states["b.txt"] == ("rejected", "media_type_not_allowed")
+    failed = [e for e in shown["events"] if e["reason"] == "artifact_invalid"]
+    assert failed and "b.txt" in failed[0]["detail"]["error"]
+    rejected = [e for e in shown["events"] if e["reason"] == "artifact_rejected"]
+    assert rejected[0]["detail"]["reason"] == "media_type_not_allowed"
+
+
+def test_a_validator_command_that_refuses_fails_the_completion(ac: Coordinator,
+                                                               tmp_path: Path) -> None:
+    checker = tmp_path / "check.py"
+    checker.write_text("import sys\ndata = open(sys.argv[1], 'rb').read()\n"
+                       "sys.exit(0 if data.startswith(b'%PDF') else 3)\n")
+    artifact_rules.declare_kind(ac, "render", validator=[sys.executable, str(checker)])
+    good, e1 = start(ac)
+    ac.put_artifact(good, "w1", e1, "a.pdf", b"%PDF ok")
+    ac.complete(good, "w1", e1, {})
+    bad, e2 = start(ac)
+    ac.put_artifact(bad, "w1", e2, "a.pdf", b"not a pdf")
+    with pytest.raises(Refused) as caught:
+        ac.complete(bad, "w1", e2, {})
+    assert caught.value.code == "artifact_invalid"
+    assert caught.value.details["artifacts"][0]["reason"] == "validator_refused"
+    assert [a["name"] for a in ac.artifacts(good)["artifacts"]] == ["a.pdf"]
+
+
+def test_artifact_rules_from_the_policy_file(target: Target, store_dir: str,
+                                             tmp_path: Path) -> None:
+    install(target)
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max_payload_bytes = 4096\n[artifacts]\nmax_bytes = 10\n"
+                      "[artifacts.kinds.big]\nmax_bytes = 100\n")
+    r = run_cli(target, "--policy", str(policy), "--artifacts", store_dir, "status", "--json")
+    assert r.code == 0, r.err
+    from jobcoord.policy import Policy
+
+    p = Policy.from_toml(str(policy))
+    assert p.max_payload_bytes == 4096
+    settings = artifact_rules.settings_of(type("C", (), {"policy": p})())  # type: ignore
+    assert settings.for_kind("big").max_bytes == 100
+    assert settings.for_kind("other").max_bytes == 10

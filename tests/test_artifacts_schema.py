@@ -1,0 +1,177 @@
+"""Artifacts revision a0002: a populated a0001 database is upgraded in place and back.
+
+The database is built the way users have it: core at c0002 with jobs in every status, the
+artifacts branch at a0001 with rows in each of its validation states. a0002 must keep every
+row (core tables untouched, artifact rows mapped to the new columns), and the downgrade must
+give the a0001 rows back exactly. Both databases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from jobcoord.db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, Target, resolve_target
+from jobcoord.maintenance import check
+from jobcoord.migrate import _config, current_revisions, migrate
+from jobcoord.service import Coordinator
+from tests.conftest import fresh_pg
+from tests.test_schema_c0002 import _every_status, _snapshot
+
+HEX = ["a" * 64, "b" * 64, "c" * 64]
+
+
+@pytest.fixture
+def empty_target(backend: str, request: pytest.FixtureRequest, tmp_path: Any
+                 ) -> Iterator[Target]:
+    if backend == "sqlite":
+        yield resolve_target(db=str(tmp_path / "old.db"))
+    else:
+        request.getfixturevalue("pg_template")  # skips without PostgreSQL
+        with fresh_pg(None) as t:
+            yield t
+
+
+def _alembic(db: Database, action: str, revision: str) -> None:
+    from alembic import command
+
+    with db.write_engine.connect() as conn, conn.begin():
+        getattr(command, action)(_config(db, conn, {"artifacts"}), revision)
+
+
+def _artifact_rows(db: Database, columns: str) -> list[tuple[Any, ...]]:
+    return db.read(lambda conn: [tuple(r) for r in conn.exec_driver_sql(
+        f"SELECT {columns} FROM artifacts ORDER BY artifact_id").all()])
+
+
+A0001 = ("artifact_id, job_id, name, location, sha256, size_bytes, media_type,"
+         " validation_state, created_at")
+
+
+def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
+        empty_target: Target) -> None:
+    assert OPTIONAL_REVISIONS["artifacts"][-1] == "a0002"
+    db = Database.open(empty_target, create=True)
+    try:
+        migrate(db)  # core at its head
+        _alembic(db, "upgrade", "a0001")
+        assert db.read(lambda conn: current_revisions(db, conn)) == {
+            CORE_REVISIONS[-1], "a0001"}
+        _every_status(Coordinator(db, verify=False))
+        jobs = db.read(lambda conn: dict(conn.exec_driver_sql(
+            "SELECT job_id, epoch FROM jobs").all()))
+        first, second = sorted(jobs)[:2]
+        for i, (job, name, state) in enumerate([(first, "report.pdf", "valid"),
+                                                (first, "raw.bin", "pending"),
+                                                (second, "bad.png", "invalid")]):
+            db.write(lambda conn, i=i, job=job, name=name, state=state: db.run_text(
+                conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
+                " media_type, validation_state, created_at) VALUES (:j, :n, 'objects/x', :h,"
+                " :s, 'application/pdf', :st, :t)",
+                {"j": job, "n": name, "h": HEX[i], "s": 10 + i, "st": state, "t": 1000 + i}))
+        core_before = _snapshot(db)
+        old_rows = _artifact_rows(db, A0001)
+        assert len(old_rows) == 3
+
+        out = migrate(db)  # the installed artifacts branch goes to its head
+        assert sorted(out["revisions_before"]) == ["a0001", CORE_REVISIONS[-1]]
+        assert sorted(out["revisions"]) == ["a0002", CORE_REVISIONS[-1]]
+        assert _snapshot(db) == core_before
+        new = _artifact_rows(db, "artifact_id, job_id, epoch, name, digest, size, state,"
+                             " reason, location, created_at, verified_at")
+        assert new == [
+            (old_rows[0][0], first, jobs[first], "report.pdf", f"sha256:{HEX[0]}", 10,
+             "accepted", None, "objects/x", 1000, 1000),
+            (old_rows[1][0], first, jobs[first], "raw.bin", f"sha256:{HEX[1]}", 11,
+             "staged", None, "objects/x", 1001, None),
+            (old_rows[2][0], second, jobs[second], "bad.png", f"sha256:{HEX[2]}", 12,
+             "rejected", "invalid_before_a0002", "objects/x", 1002, None),
+        ]
+        assert check(db)["ok"]
+        c = Coordinator(db)  # verify_schema accepts the upgraded database
+        assert c.features == {"artifacts"}
+        listed = c.artifacts(first)["artifacts"]
+        assert [a["name"] for a in listed] == ["report.pdf"]
+        # New rows get ids past the copied ones (the PostgreSQL sequence was moved on).
+        db.write(lambda conn: db.run_text(
+            conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
+            " location, created_at) VALUES (:j, 9, 'n', :d, 1, 'a/b', 'l', 1)",
+            {"j": second, "d": "sha256:" + "d" * 64}))
+        assert _artifact_rows(db, "artifact_id")[-1][0] > old_rows[-1][0]
+        db.write(lambda conn: conn.exec_driver_sql(
+            "DELETE FROM artifacts WHERE name = 'n'"))
+
+        _alembic(db, "downgrade", "a0001")
+        assert db.read(lambda conn: current_revisions(db, conn)) == {CORE_REVISIONS[-1], "a0001"}
+        assert _artifact_rows(db, A0001) == old_rows
+        assert _snapshot(db) == core_before
+    finally:
+        db.close()
+
+
+def test_a0002_downgrade_keeps_the_accepted_row_of_a_name_staged_by_several_attempts(
+        empty_target: Target) -> None:
+    db = Database.open(empty_target, create=True)
+    try:
+        migrate(db, add={"artifacts"})
+        c = Coordinator(db)
+        job = c.enqueue("k", {})["job_id"]
+        rows = [(1, "rejected"), (2, "accepted"), (3, "staged")]
+        for epoch, state in rows:
+            db.write(lambda conn, epoch=epoch, state=state: db.run_text(
+                conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
+                " state, location, created_at) VALUES (:j, :e, 'out', :d, :e, 'a/b', :st,"
+                " 'l', 1)", {"j": job, "e": epoch, "d": "sha256:" + HEX[epoch - 1],
+                            "st": state}))
+        _alembic(db, "downgrade", "a0001")
+        assert _artifact_rows(db, "sha256, validation_state") == [(HEX[1], "valid")]
+    finally:
+        db.close()
+
+
+def test_migrate_without_artifacts_refuses_while_rows_exist_unless_forced(
+        target: Target, tmp_path: Any) -> None:
+    from jobcoord.errors import Refused
+    from tests.conftest import run_cli
+    from tests.test_artifacts_rules import start
+
+    store = str(tmp_path / "store")
+    db = Database.open(target)
+    migrate(db, add={"artifacts"})
+    db.close()
+    with Coordinator.open(target) as c:
+        c.artifacts_dir = store
+        job, epoch = start(c)
+        c.put_artifact(job, "w1", epoch, "a.bin", b"x" * 1000)
+        c.put_artifact(job, "w1", epoch, "b.bin", b"y" * 24)
+        c.complete(job, "w1", epoch, {})
+    r = run_cli(target, "--artifacts", store, "migrate", "--without", "artifacts", "--json")
+    assert r.code == 4, r.out
+    err = r.json["error"]
+    assert err["code"] == "artifacts_present"
+    assert "2 artifact rows" in err["message"] and "1024 bytes" in err["message"]
+    assert err["details"]["objects"] == 2
+    db = Database.open(target)
+    try:
+        with pytest.raises(Refused):
+            migrate(db, remove={"artifacts"}, artifacts_dir=store)
+        assert len(_artifact_rows(db, "artifact_id")) == 2  # nothing changed
+    finally:
+        db.close()
+    r = run_cli(target, "--artifacts", store, "migrate", "--without", "artifacts", "--force",
+                "--json")
+    assert r.code == 0, r.err
+    assert r.json["removed"] == {"artifact_rows_dropped": 2, "artifact_bytes_unreferenced": 1024,
+                                 "objects_left": 2, "object_bytes_left": 1024}
+    assert r.json["features"] == []
+    # A schema downgrade never deletes objects: gc owns them.
+    from jobcoord.artifacts import ObjectStore
+
+    assert len(list(ObjectStore(store).iter_objects())) == 2
+    # Objects without any row still count; with neither there is nothing to refuse.
+    assert run_cli(target, "migrate", "--with", "artifacts").code == 0
+    r = run_cli(target, "--artifacts", store, "migrate", "--without", "artifacts", "--json")
+    assert r.code == 4 and r.json["error"]["details"]["rows"] == 0
+    assert run_cli(target, "--artifacts", str(tmp_path / "empty"), "migrate", "--without",
+                   "artifacts").code == 0
