@@ -76,7 +76,10 @@ def test_ctrl_c_exits_130_and_commits_nothing(sqlite_target: Target) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "jobcoord", "--db", path, "enqueue", "k", "--payload-file", "-",
          "--json"], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stderr=subprocess.PIPE, text=True,
+        # A suite started in the background ignores SIGINT and its children inherit that;
+        # a user's shell would deliver Ctrl-C, so the child gets the default back.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 30
         while not _reading_stdin(proc.pid):
