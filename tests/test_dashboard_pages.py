@@ -136,3 +136,41 @@ def test_actions_need_the_sessions_csrf_token_and_write_the_clis_events(
             e = c.show(job_id)["events"][-1]
             return (e["from"], e["to"], e["reason"], e["worker_id"], e["detail"])
         assert last(by_ui) == last(by_api)
+
+
+def test_the_front_page_is_the_dashboard(sqlite_target: Target) -> None:
+    with served(sqlite_target, "--reap-every", "0") as s:
+        r = httpx.get(s.url + "/")
+        assert r.status_code == 307 and r.headers["location"] == "/ui/"
+        assert httpx.get(s.url + "/", follow_redirects=True).url.path == "/ui/login"
+
+
+def test_an_artifact_is_downloaded_verified_and_a_corrupt_one_is_never_served(
+        sqlite_target: Target) -> None:
+    import glob
+    import os
+
+    from jobcoord.db import Database
+    from jobcoord.migrate import migrate
+
+    db = Database.open(sqlite_target)
+    migrate(db, add={"artifacts"})
+    db.close()
+    with Coordinator.open(sqlite_target) as c:
+        c.heartbeat("w")
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("w")["lease"]["epoch"]
+        c.put_artifact(job, "w", epoch, "report.txt", b"the report\n")
+        c.complete(job, "w", epoch, {})
+    secret = token(sqlite_target, "v", "viewer")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        r = http.get(f"{s.url}/ui/jobs/{job}/artifacts/report.txt")
+        assert r.status_code == 200 and r.content == b"the report\n"
+        [obj] = glob.glob(f"{sqlite_target.sqlite_path}.artifacts/objects/sha256/*/*/*")
+        os.chmod(obj, 0o600)
+        with open(obj, "r+b") as f:
+            f.write(b"X")
+        r = http.get(f"{s.url}/ui/jobs/{job}/artifacts/report.txt")
+        assert r.status_code != 200 and b"the report" not in r.content
+        assert b"Xhe report" not in r.content

@@ -196,6 +196,11 @@ class Dashboard:
 
                 return d.error(e.message, status_of(e), who, e.code)
 
+        @r.get("/")
+        async def root() -> Response:
+            # The dashboard is the server's front page (the API lives under /v1).
+            return RedirectResponse("/ui/", status_code=307)
+
         @r.get("/ui", response_class=HTMLResponse)
         @r.get("/ui/", response_class=HTMLResponse)
         async def overview(request: Request) -> Response:
