@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection
 
 from . import present
 from .clock import iso, now_us
-from .core import admin, fencing, queries, recovery, submit
+from .core import admin, batch, fencing, queries, recovery, submit
 from .core import claim as claim_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
@@ -121,6 +121,25 @@ class Coordinator:
         """Give this worker the first eligible waiting job, under a new lease and epoch (the
         rules: `core.claim.claim`)."""
         return claim_rules.claim(self, worker_id, lease_s=lease_s, kinds=kinds)
+
+    def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
+                   kinds: Sequence[str] | None = None) -> dict[str, Any]:
+        """Give this worker up to `n` (1..1000) eligible jobs in one write transaction, in
+        claim order, each under its own lease, epoch and event (the rules:
+        `core.claim.claim_many`)."""
+        return claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds)
+
+    def complete_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Many completions (each: job_id, worker_id, epoch, result; optionally provenance,
+        tenant) in one write transaction, each fenced on its own with its own answer (the
+        rules: `core.batch.complete_many`)."""
+        return batch.complete_many(self, items)
+
+    def fail_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+        """Many failure reports (each: job_id, worker_id, epoch, error; optionally
+        permanent, reason, tenant, effect_not_applied) in one write transaction, each judged
+        on its own (the rules: `core.batch.fail_many`)."""
+        return batch.fail_many(self, items)
 
     def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
                  provenance: Mapping[str, Any] | None = None, tenant: str | None = None

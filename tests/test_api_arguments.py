@@ -53,6 +53,14 @@ TENANT = arg(None, "default", "A")
 KINDS = arg(None, ["k"], ["k", "j"], "k", ("k",))
 LEASE = arg(None, 30, 0.5, "30")
 
+#: Batch items whose every field may be odd.
+ITEMS = st.lists(st.fixed_dictionaries(
+    {"job_id": JOB, "worker_id": WORKER, "epoch": EPOCH},
+    optional={"result": arg({"ok": 1}, None, optional=False), "tenant": TENANT,
+              "provenance": arg(None, {"m": 1}, optional=False),
+              "error": arg("boom", optional=False), "permanent": arg(False, True),
+              "reason": arg("failed", "worker_shutdown")}), max_size=3)
+
 METHODS: dict[str, tuple[list[st.SearchStrategy[Any]], dict[str, st.SearchStrategy[Any]]]] = {
     "enqueue": ([arg("k", "j", optional=False), arg({"a": 1}, None, "{}")],
                 {"priority": arg(None, 0, "P3"), "role": arg(None, "gpu"), "tenant": TENANT,
@@ -73,6 +81,17 @@ METHODS: dict[str, tuple[list[st.SearchStrategy[Any]], dict[str, st.SearchStrate
              {"permanent": arg(False, True), "reason": arg("failed", "timeout",
                                                             "worker_shutdown"),
               "tenant": TENANT, "effect_not_applied": arg(False, True)}),
+    "claim_many": ([WORKER, arg(1, 2, 32, optional=False)], {"lease_s": LEASE, "kinds": KINDS}),
+    "complete_many": ([st.one_of(arg(
+        [{"job_id": 1, "worker_id": "w1", "epoch": 1, "result": {"ok": 1}}],
+        [{"job_id": 2, "worker_id": "w1", "epoch": 1},
+         {"job_id": 1, "worker_id": "w2", "epoch": 2, "tenant": "A"}],
+        [], [{"job_id": 1}], optional=False), ITEMS)], {}),
+    "fail_many": ([arg([{"job_id": 1, "worker_id": "w1", "epoch": 1, "error": "boom"}],
+                       [{"job_id": 2, "worker_id": "w1", "epoch": 1, "error": "x",
+                         "permanent": True, "reason": "worker_shutdown"}],
+                       [], [{"job_id": 1, "worker_id": "w1", "epoch": 1}], optional=False)
+                   | ITEMS], {}),
     "renew": ([JOB, WORKER, EPOCH], {"lease_s": LEASE, "tenant": TENANT}),
     "mark_effect": ([JOB, WORKER, EPOCH], {"tenant": TENANT}),
     "checkpoint": ([JOB, WORKER, EPOCH, arg("step", optional=False), arg({"n": 1}, None)],

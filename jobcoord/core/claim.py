@@ -42,6 +42,65 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
              kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
     """The claim inside an open write transaction (also the second half of
     complete_and_claim)."""
+    admitted = admit(ctx, conn, worker_id, kinds, now)
+    if isinstance(admitted, dict):
+        return admitted
+    roles, kinds, gates = admitted
+    got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, [])
+    if got is None:
+        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
+        return refuse(ctx, conn, worker_id, now, code, detail)
+    return got
+
+
+def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = None,
+               kinds: Sequence[str] | None = None) -> dict[str, Any]:
+    """Give this worker up to `n` eligible waiting jobs in one write transaction, in claim
+    order, each under its own lease, epoch and `claimed` event.
+
+    Returns {"claimed": [<claim's answer>, ...], "reason": None, "detail": None}; when
+    nothing could be taken, "claimed" is empty and reason/detail say why, as `claim` does
+    (the refusal is recorded on the worker)."""
+    worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+    count = v.whole(n, "n", 1, MAX_BATCH)
+    lease = lease_us(ctx, lease_s)
+    kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    return ctx.db.write(
+        lambda conn: claim_many_in(ctx, conn, worker_id, count, lease, kind_filter, now_us()),
+        "claim_many")
+
+
+#: The most jobs one claim_many (or complete_many, fail_many) call handles: one write
+#: transaction must stay short, whatever a caller asks for.
+MAX_BATCH = 1000
+
+
+def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_us: int,
+                  kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+    """claim_many inside an open write transaction: the worker is admitted once (heartbeat,
+    gates), then the single claim's per-candidate step runs until `n` jobs are taken or a
+    step takes none; every step sees the jobs already taken in this batch."""
+    admitted = admit(ctx, conn, worker_id, kinds, now)
+    if isinstance(admitted, dict):
+        return {"claimed": [], "reason": admitted["reason"], "detail": admitted["detail"]}
+    roles, kinds, gates = admitted
+    taken: list[dict[str, Any]] = []
+    while len(taken) < n:
+        got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, taken)
+        if got is None:  # a step that takes nothing (or a gate that refuses) ends the batch
+            break
+        taken.append(got)
+    if not taken:
+        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
+        refuse(ctx, conn, worker_id, now, code, detail)
+        return {"claimed": [], "reason": code, "detail": detail}
+    return {"claimed": taken, "reason": None, "detail": None}
+
+
+def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] | None,
+          now: int) -> dict[str, Any] | tuple[list[str], Sequence[str] | None, GateDecision]:
+    """The worker's side of a claim: its row, its heartbeat's age and the gates. Returns
+    the refusal (already recorded) or the worker's roles, kinds and gate decision."""
     row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
@@ -64,15 +123,21 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     if gates.blocks_all:
         code, detail = gates.refusal or ("gated", "the gates refuse every priority")
         return refuse(ctx, conn, worker_id, now, code, detail)
+    return roles, kinds, gates
+
+
+def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
+             kinds: Sequence[str] | None, gates: GateDecision, lease_us: int, now: int,
+             taken: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The per-candidate step every claim runs: the first eligible job taken under a new
+    lease and epoch, or None when none can be taken. `taken` holds this transaction's
+    earlier answers (a batch's), for rules that count what a worker already holds."""
     expires = now + lease_us
-    taken = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
-                             max_priority=gates.max_priority, expires_iso=iso(expires))
-    if not taken.picked:
-        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
-        return refuse(ctx, conn, worker_id, now, code, detail)
-    if taken.job is None:  # the compare-and-set took nothing: defence in depth
-        return refuse(ctx, conn, worker_id, now, "no_waiting_jobs", "lost a race")
-    job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = taken.job
+    got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
+                           max_priority=gates.max_priority, expires_iso=iso(expires))
+    if not got.picked or got.job is None:  # None after a pick: the compare-and-set lost
+        return None
+    job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = got.job
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],

@@ -180,6 +180,17 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
     for `reconcile` (rule 6): the effect is never silently run again. Pass
     effect_not_applied=True only when the worker knows the effect did not happen; the
     normal path is then taken and the event records it."""
+    step = failure(ctx, job_id, worker_id, epoch, error, permanent=permanent, reason=reason,
+                   tenant=tenant, effect_not_applied=effect_not_applied)
+    return ctx.db.write(step, "fail")
+
+
+def failure(ctx: Context, job_id: Any, worker_id: Any, epoch: Any, error: Any, *,
+            permanent: Any = False, reason: Any = "failed", tenant: Any = None,
+            effect_not_applied: Any = False
+            ) -> Callable[[Connection], dict[str, Any] | JobcoordError]:
+    """Validate a failure report before any transaction; return the fenced step that
+    judges it inside one (shared by fail and fail_many)."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
     error = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
     reason = v.name(reason, "reason", max_len=40)
@@ -239,7 +250,7 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
             out["dead_because"] = why
         return out
 
-    return ctx.db.write(_do, "fail")
+    return _do
 
 
 def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,

@@ -1,0 +1,213 @@
+"""Batches: claim_many takes up to n jobs in one write transaction, in claim order, each under
+its own lease, epoch and event and through the same gates; complete_many and fail_many judge
+and fence every item on its own, in one transaction, with its own answer."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcoord.db import Target
+from jobcoord.errors import InvalidInput
+from jobcoord.maintenance import check
+from jobcoord.service import Coordinator, JobSpec
+from tests.batch_procs import run_batch_contention
+from tests.conftest import dump
+from tests.timeline import IDLE_ON_AC
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _events(coord: Coordinator, job_id: int) -> list[tuple[Any, ...]]:
+    return [(e["reason"], e["epoch"]) for e in coord.show(job_id)["events"]]
+
+
+def _item(got: dict[str, Any], **over: Any) -> dict[str, Any]:
+    return {"job_id": got["job"]["job_id"], "worker_id": got["lease"]["worker_id"],
+            "epoch": got["lease"]["epoch"], "result": {"ok": got["job"]["job_id"]}} | over
+
+
+def test_claim_many_takes_up_to_n_in_claim_order_each_with_its_own_lease_and_event(
+        coord: Coordinator) -> None:
+    ids = [coord.enqueue("k", {"i": i}, priority=p)["job_id"]
+           for i, p in enumerate([3, 1, 0, 1, 2])]
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 4, lease_s=30)
+    assert got["reason"] is None
+    taken = [g["job"]["job_id"] for g in got["claimed"]]
+    # priority first, then age: P0, the two P1s in submission order, P2; the P3 stays
+    assert taken == [ids[2], ids[1], ids[3], ids[4]]
+    for g in got["claimed"]:
+        assert g["lease"]["epoch"] == 1 and g["lease"]["worker_id"] == "w1"
+        assert _events(coord, g["job"]["job_id"]) == [("enqueued", None), ("claimed", 1)]
+    leases = {r["job_id"] for r in coord.jobs(status="running")["jobs"]}
+    assert leases == set(taken)
+    assert coord.jobs(status="waiting")["jobs"][0]["job_id"] == ids[0]
+
+
+def test_claim_many_stops_short_when_fewer_jobs_wait(coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    assert len(coord.claim_many("w1", 10)["claimed"]) == 3
+    empty = coord.claim_many("w1", 10)
+    assert empty == {"claimed": [], "reason": "no_waiting_jobs",
+                     "detail": "no job is waiting"}
+    assert coord.workers()["workers"][0]["last_refusal"]["reason"] == "no_waiting_jobs"
+
+
+def test_a_gate_that_refuses_refuses_the_rest_of_the_batch(coord: Coordinator) -> None:
+    # On battery: background priorities are held back, P0 is not. The batch takes the P0
+    # jobs and stops at the first job the gate refuses, even with slots left.
+    p0 = [coord.enqueue("k", priority=0)["job_id"] for _ in range(2)]
+    coord.enqueue_many([JobSpec("k", priority=3) for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC | {"on_battery": True})
+    got = coord.claim_many("w1", 5)
+    assert [g["job"]["job_id"] for g in got["claimed"]] == p0
+    again = coord.claim_many("w1", 5)
+    assert again["claimed"] == [] and again["reason"] == "power_gate"
+
+
+def test_a_gate_that_refuses_everything_takes_nothing(coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k", priority=0) for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC | {"memory_used_pct": 90})
+    before = dump(coord)["jobs"]
+    got = coord.claim_many("w1", 3)
+    assert got["claimed"] == [] and got["reason"] == "memory_gate"
+    assert dump(coord)["jobs"] == before
+    assert coord.claim_many("nobody", 3)["reason"] == "heartbeat_missing"
+
+
+def test_claim_many_refuses_bad_arguments_and_changes_nothing(coord: Coordinator) -> None:
+    coord.enqueue("k")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    for n in (0, -1, 1001, 2**70, 1.5, "-3", "x", None, True, [2]):
+        with pytest.raises(InvalidInput) as caught:
+            coord.claim_many("w1", n)
+        assert "n" in caught.value.message
+    for kw in ({"lease_s": 0}, {"kinds": []}, {"lease_s": "x"}):
+        with pytest.raises(InvalidInput):
+            coord.claim_many("w1", 2, **kw)
+    with pytest.raises(InvalidInput):
+        coord.claim_many("", 2)
+    assert dump(coord) == before
+
+
+def test_a_group_with_one_stale_epoch_accepts_the_others_and_refuses_that_one(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(4)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 4)["claimed"]
+    items = [_item(g) for g in got]
+    items[2]["epoch"] = 2  # not the epoch this worker holds
+    done = coord.complete_many(items)
+    assert (done["accepted"], done["refused"]) == (3, 1)
+    stale = done["results"][2]
+    assert stale["job_id"] == items[2]["job_id"]
+    assert stale["error"]["code"] == "stale_epoch"
+    for i, answer in enumerate(done["results"]):
+        if i != 2:
+            assert answer["status"] == "succeeded" and answer["job_id"] == items[i]["job_id"]
+            assert coord.show(items[i]["job_id"])["job"]["result"] == {"ok": items[i]["job_id"]}
+    # The refused item has its own event and its job is untouched: still running, epoch 1.
+    refused_job = items[2]["job_id"]
+    assert _events(coord, refused_job)[-1] == ("complete_refused", 2)
+    assert coord.show(refused_job)["job"]["status"] == "running"
+    for i in (0, 1, 3):
+        assert ("complete_refused", 2) not in _events(coord, items[i]["job_id"])
+
+
+def test_complete_many_judges_items_one_by_one_in_one_transaction(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.heartbeat("w2", readings=IDLE_ON_AC)
+    a, b = coord.claim_many("w1", 2)["claimed"]
+    c = coord.claim("w2")
+    done = coord.complete_many([
+        _item(b), _item(a), _item(a, result={"again": 1}),  # the same job twice
+        _item(c, worker_id="w1"),  # not the owner
+        {"job_id": 999, "worker_id": "w1", "epoch": 1},  # no such job
+    ])
+    codes = [r.get("status") or r["error"]["code"] for r in done["results"]]
+    assert codes == ["succeeded", "succeeded", "job_finished", "not_owner", "job_not_found"]
+    # the first result of a job stands
+    assert coord.show(a["job"]["job_id"])["job"]["result"] == {"ok": a["job"]["job_id"]}
+    assert coord.show(c["job"]["job_id"])["job"]["status"] == "running"
+
+
+def test_fail_many_judges_each_failure_like_fail(coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k", max_attempts=1), JobSpec("k")])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    a, b = coord.claim_many("w1", 2)["claimed"]
+    done = coord.fail_many([
+        {"job_id": a["job"]["job_id"], "worker_id": "w1", "epoch": 1, "error": "boom"},
+        {"job_id": b["job"]["job_id"], "worker_id": "w1", "epoch": 1, "error": "later",
+         "reason": "timeout"},
+        {"job_id": b["job"]["job_id"], "worker_id": "w1", "epoch": 1, "error": "dup"},
+    ])
+    a_out, b_out, dup = done["results"]
+    assert a_out["status"] == "dead" and "attempts used" in a_out["dead_because"]
+    assert b_out["status"] == "waiting" and "run_after" in b_out
+    assert dup["error"]["code"] == "lease_expired"  # b is waiting again: no lease to fail
+    assert (done["accepted"], done["refused"]) == (2, 1)
+    assert _events(coord, b["job"]["job_id"])[-1] == ("fail_refused", 1)
+
+
+@pytest.mark.parametrize("items", [
+    [], None, "x", {"job_id": 1}, [1], [{"job_id": 1}], [{"job_id": 1, "worker_id": "w1"}],
+    [{"job_id": 1, "worker_id": "w1", "epoch": 1, "bogus": 1}],
+    [{"job_id": 0, "worker_id": "w1", "epoch": 1}],
+    [{"job_id": 1, "worker_id": "w1", "epoch": -1}],
+    [{"job_id": 1, "worker_id": "w1", "epoch": 1, "result": {"x": float("nan")}}],
+    [{"job_id": 1, "worker_id": "w1", "epoch": 1}] * 1001,
+], ids=lambda v: repr(v)[:40])
+def test_complete_many_refuses_bad_items_and_changes_nothing(coord: Coordinator,
+                                                             items: Any) -> None:
+    coord.enqueue("k")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.claim("w1")
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as caught:
+        coord.complete_many(items)
+    assert "items" in caught.value.message
+    # A good item next to a bad one is not accepted either: validation comes first.
+    if isinstance(items, list) and items and isinstance(items[0], dict) and len(items) < 5:
+        with pytest.raises(InvalidInput):
+            coord.complete_many([{"job_id": 1, "worker_id": "w1", "epoch": 1}, *items])
+    with pytest.raises(InvalidInput):
+        coord.fail_many(items if items else [])
+    assert dump(coord) == before
+
+
+def test_fail_many_needs_an_error_per_item(coord: Coordinator) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        coord.fail_many([{"job_id": 1, "worker_id": "w1", "epoch": 1}])
+    assert "items[0]" in caught.value.message and "error" in caught.value.message
+
+
+def test_a_batch_claim_under_eight_processes_never_gives_a_job_epoch_twice(
+        target: Target, tmp_path: Path) -> None:
+    n_jobs = 1200
+    ledgers = run_batch_contention(target if target.sqlite_path is None
+                                   else target.sqlite_path, tmp_path, n_jobs, 8, batch=16)
+    errors: Counter[str] = Counter()
+    for led in ledgers:
+        errors.update(led["errors"])
+    assert not errors, f"workers saw errors: {dict(errors)}"
+    claims = Counter((j, e) for led in ledgers for j, e in led["claims"])
+    assert [k for k, n in claims.items() if n > 1] == [], "a (job, epoch) was leased twice"
+    accepted = Counter(j for led in ledgers for j, _ in led["completed"])
+    assert len(accepted) == n_jobs and set(accepted.values()) == {1}
+    assert sum(1 for led in ledgers if led["claims"]) > 1, "only one process ever claimed"
+    with Coordinator.open(target) as c:
+        assert c.status()["jobs"] == {"succeeded": n_jobs} or \
+            c.status()["jobs"].get("succeeded") == n_jobs
+        per_job = Counter()
+        for job in range(1, n_jobs + 1):
+            per_job.update(r for r, _ in _events(c, job) if r in ("claimed", "completed"))
+        assert per_job == {"claimed": n_jobs, "completed": n_jobs}
+        assert check(c.db)["ok"] is True
