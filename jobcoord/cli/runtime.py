@@ -43,13 +43,20 @@ from .output import emit, json_option
 @click.option("--max-jobs", metavar="N", help="Exit after claiming this many jobs.")
 @click.option("--burst", is_flag=True,
               help="Exit once nothing is running and a claim gets nothing (no job, or gated).")
+@click.option("--flush-delay", default="0.005", show_default=True, metavar="SECONDS",
+              help="Longest a finished job's result waits to be accepted with others in one "
+                   "transaction (0..1; a lease near its end is flushed at once).")
+@click.option("--batch/--no-batch", default=True, show_default=True,
+              help="Claim up to the free slots per call and accept results in groups; "
+                   "--no-batch: one job per claim and per completion.")
 @json_option
 @click.pass_obj
 def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tuple[str, ...],
            worker_id: str | None, lease: str, concurrency: str, grace: str, kill_grace: str,
            heartbeat_every: str, reap_every: str, poll: str, timeouts: tuple[str, ...],
            max_results: tuple[str, ...], readings_override: str | None, log_format: str,
-           max_jobs: str | None, burst: bool, as_json: bool) -> None:
+           max_jobs: str | None, burst: bool, flush_delay: str, batch: bool,
+           as_json: bool) -> None:
     """Run handlers under leases until SIGTERM/SIGINT (a second signal exits at once)."""
     from ..worker import Worker, make_config
 
@@ -61,7 +68,8 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
         concurrency=concurrency, grace=grace, kill_grace=kill_grace,
         heartbeat_every=heartbeat_every, reap_every=reap_every, poll=poll, timeouts=timeouts,
         max_results=max_results, readings_override=readings_override, log_format=log_format,
-        max_jobs=max_jobs, burst=burst, database_url=url, policy=policy)
+        max_jobs=max_jobs, burst=burst, database_url=url, policy=policy,
+        flush_delay=flush_delay, batch=batch)
     summary = Worker(s.coordinator(), config, as_json=as_json).run()
     emit(as_json, summary)
 

@@ -35,6 +35,10 @@ class WorkerConfig:
     #: Exit once nothing is running and a claim gets nothing, whatever the reason (no job,
     #: or a gate): a script running the queue dry must not hang on a busy machine.
     burst: bool = False
+    #: Claim up to the free slots per call and accept results in groups (complete_many).
+    batch: bool = True
+    #: Longest a finished job's result waits for its group to fill before it is flushed.
+    flush_delay_s: float = 0.005
 
 
 def parse_exec(items: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]:
@@ -80,7 +84,8 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
                 kill_grace: Any, heartbeat_every: Any, reap_every: Any, poll: Any,
                 timeouts: tuple[str, ...], max_results: tuple[str, ...],
                 readings_override: str | None, log_format: str, max_jobs: Any, burst: bool,
-                database_url: str | None, policy: Any) -> WorkerConfig:
+                database_url: str | None, policy: Any, flush_delay: Any = "0.005",
+                batch: bool = True) -> WorkerConfig:
     """Validate the `jobcoord worker` options into a WorkerConfig (InvalidInput on any
     mistake, before anything runs)."""
     import dataclasses
@@ -128,5 +133,6 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
         readings_override=parse_override(readings_override), log_format=log_format,
         database_url=database_url,
         max_jobs=None if max_jobs is None else v.integer(max_jobs, "max-jobs", 1, 2**31),
-        burst=burst,
+        burst=burst, batch=batch,
+        flush_delay_s=v.seconds(flush_delay, "flush-delay", 0, 1.0),
     )

@@ -32,6 +32,7 @@ from ..errors import InvalidInput, Refused
 from ..readings import current_readings
 from ..runtime import Backoff, describe, is_fatal
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
+from .completer import Completer
 from .config import WorkerConfig
 from .handlers import kill_group
 from .log import Log
@@ -104,6 +105,16 @@ class Worker:
         self.host = socket.gethostname()
         #: An error no retry can heal, seen by the ticker: the worker stops and raises it.
         self.fatal: BaseException | None = None
+        #: Claims up to the free slots in one call and completions in groups, when the
+        #: coordinator offers batches (a remote one over HTTP does not).
+        self.batched = config.batch and all(
+            hasattr(coordinator, m) for m in ("claim_many", "complete_many"))
+        self.completer: Completer | None = None
+        if self.batched:
+            self.completer = Completer(
+                self.calls.complete_many, self.calls.complete, group=config.concurrency,
+                delay_s=config.flush_delay_s, clock=self.clock.boot,
+                on_flush=lambda n, why: self.count(f"flush_{why}"))
 
     def live_runs(self) -> list[JobRun]:
         return [run for run in self.runs if run.thread.is_alive()]
@@ -239,8 +250,11 @@ class Worker:
                     self._pause(cfg.poll_s)
                     continue
                 t0 = self.clock.boot()
+                free = cfg.concurrency - len(live)
+                if cfg.max_jobs is not None:
+                    free = min(free, cfg.max_jobs - self.claimed)
                 try:
-                    got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds)
+                    got = self._claim(free)
                 except Exception as e:
                     if is_fatal(e) or isinstance(e, Refused):
                         raise
@@ -250,7 +264,7 @@ class Worker:
                     self._pause(wait)
                     continue
                 backoff.reset()
-                if got["job"] is None:
+                if not got["claimed"]:
                     # Keyed on the reason only: the detail carries live readings (memory 86.1%,
                     # 86.3% ...) and would otherwise log a line on every poll.
                     refusal = got["reason"]
@@ -266,23 +280,15 @@ class Worker:
                     self._pause(cfg.poll_s)
                     continue
                 last_refusal = None
-                job, lease = got["job"], got["lease"]
-                spec = cfg.handlers[job["kind"]]
-                self.claimed += 1
-                self.count("claimed")
-                self.log("claimed", job_id=job["job_id"], epoch=lease["epoch"],
-                         kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
-                         expires_at=lease["expires_at"], claim_ms=elapsed_ms(t0, self.clock),
-                         checkpoints=[c["name"] for c in job["checkpoints"]] or None)
-                earlier = [r for r in live if r.job_id == job["job_id"]]
-                run = JobRun(self, job, lease, spec, claim_started=t0,
-                             predecessor=earlier[-1] if earlier else None)
-                self.runs.append(run)
-                run.start()
+                claim_ms = elapsed_ms(t0, self.clock)
+                for one in got["claimed"]:
+                    self._start(one["job"], one["lease"], t0, claim_ms, live)
             if self.fatal is None:
                 self._drain()
         finally:
             self.stopping.set()
+            if self.completer is not None:
+                self.completer.close()
             self.calls.shutdown()
         if self.fatal is not None:
             raise self.fatal
@@ -292,6 +298,33 @@ class Worker:
                    "gate_refused": self.counts["gate_refused"], "reaped": self.counts["reaped"]}
         self.log("stopped_worker", **summary)
         return summary
+
+    def _claim(self, free: int) -> dict[str, Any]:
+        """Claim up to `free` jobs in one call (one job per call without batching): the
+        claimed answers, or none and the reason."""
+        cfg = self.config
+        if self.batched:
+            return self.calls.claim_many(cfg.worker_id, free, lease_s=cfg.lease_s,
+                                         kinds=self.kinds)
+        got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds)
+        if got["job"] is None:
+            return {"claimed": [], "reason": got["reason"], "detail": got["detail"]}
+        return {"claimed": [got]}
+
+    def _start(self, job: dict[str, Any], lease: dict[str, Any], t0: float, claim_ms: float,
+               live: list[JobRun]) -> None:
+        spec = self.config.handlers[job["kind"]]
+        self.claimed += 1
+        self.count("claimed")
+        self.log("claimed", job_id=job["job_id"], epoch=lease["epoch"],
+                 kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
+                 expires_at=lease["expires_at"], claim_ms=claim_ms,
+                 checkpoints=[c["name"] for c in job["checkpoints"]] or None)
+        earlier = [r for r in live if r.job_id == job["job_id"]]
+        run = JobRun(self, job, lease, spec, claim_started=t0,
+                     predecessor=earlier[-1] if earlier else None)
+        self.runs.append(run)
+        run.start()
 
     def _first_heartbeat(self) -> dict[str, Any]:
         """The first heartbeat, retried like every later one while the database cannot be

@@ -251,7 +251,7 @@ class JobRun:
         t0 = time.monotonic()
         while True:
             try:
-                self._deliver(out, base, duration, started_at, tenant, t0)
+                self._deliver(out, base, duration, started_at, tenant, t0, lease_end)
                 return
             except InvalidInput as e:
                 if out.kind != "success":
@@ -277,7 +277,8 @@ class JobRun:
                 time.sleep(0.25)
 
     def _deliver(self, out: Outcome, base: dict[str, Any], duration: float,
-                 started_at: str | None, tenant: str | None, t0: float) -> None:
+                 started_at: str | None, tenant: str | None, t0: float,
+                 lease_end: float) -> None:
         w, log, cfg = self.w, self.w.log, self.w.config
         if out.kind == "success":
             prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
@@ -287,8 +288,14 @@ class JobRun:
 
                 stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
                              self.epoch, tenant)
-            w.calls.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
-                          provenance=prov, tenant=tenant)
+            if w.completer is not None:
+                # Acknowledged only once the group holding this result has committed.
+                w.completer.complete({"job_id": self.job_id, "worker_id": cfg.worker_id,
+                                      "epoch": self.epoch, "result": out.result,
+                                      "provenance": prov, "tenant": tenant}, lease_end)
+            else:
+                w.calls.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
+                                 provenance=prov, tenant=tenant)
             log("completed", **base, report_ms=elapsed_ms(t0))
             w.count("completed")
             return
