@@ -33,8 +33,9 @@ def _write(path: str, data: dict[str, Any]) -> None:
 
 
 def claim_complete_worker(db_path: str, worker_id: str, ledger: str, start: Any,
-                          lease_s: float = 60.0) -> None:
-    """Claim and complete as fast as possible until nothing is waiting."""
+                          lease_s: float = 60.0, batch: int = 0) -> None:
+    """Claim and complete as fast as possible until nothing is waiting (with `batch`:
+    claim_many of that many and complete_many of what it gave)."""
     from jobcoord.errors import JobcoordError
     from jobcoord.service import Coordinator
 
@@ -51,6 +52,12 @@ def claim_complete_worker(db_path: str, worker_id: str, ledger: str, start: Any,
             if time.monotonic() - last_beat > 10:
                 coord.heartbeat(worker_id, readings={"memory_used_pct": 10.0})
                 last_beat = time.monotonic()
+            if batch:
+                _batch_step(coord, worker_id, lease_s, batch, claims, completed, errors)
+                if claims and claims[-1] == [0, 0]:
+                    claims.pop()
+                    break
+                continue
             got = coord.claim(worker_id, lease_s=lease_s)
             if got["job"] is None:
                 if got["reason"] == "no_waiting_jobs":
@@ -76,6 +83,33 @@ def claim_complete_worker(db_path: str, worker_id: str, ledger: str, start: Any,
                     "busy_retries": stats.busy_retries, "busy_failures": stats.busy_failures,
                     "busy_errors": stats.busy_errors, "busy_unwaited": stats.busy_unwaited})
     coord.close()
+
+
+def _batch_step(coord: Any, worker_id: str, lease_s: float, batch: int,
+                claims: list[list[int]], completed: list[list[int]],
+                errors: dict[str, int]) -> None:
+    """One claim_many and the complete_many of what it gave; [0, 0] appended to `claims`
+    when nothing is waiting."""
+    got = coord.claim_many(worker_id, batch, lease_s=lease_s)
+    if not got["claimed"]:
+        if got["reason"] == "no_waiting_jobs":
+            claims.append([0, 0])
+        else:
+            errors[got["reason"]] = errors.get(got["reason"], 0) + 1
+        return
+    items = []
+    for one in got["claimed"]:
+        job_id, epoch = one["job"]["job_id"], one["lease"]["epoch"]
+        claims.append([job_id, epoch])
+        items.append({"job_id": job_id, "worker_id": worker_id, "epoch": epoch,
+                      "result": {"by": worker_id, "epoch": epoch}})
+    done = coord.complete_many(items)
+    for item, answer in zip(items, done["results"], strict=True):
+        if "error" in answer:
+            code = answer["error"]["code"]
+            errors[code] = errors.get(code, 0) + 1
+        else:
+            completed.append([item["job_id"], item["epoch"]])
 
 
 def enqueue_with_key(db_path: str, key: str, payload: dict[str, Any], ledger: str,
@@ -132,10 +166,11 @@ def fill(db: Any, n: int) -> None:
             c.enqueue_many(specs[start:start + 1000])
 
 
-def run_contention(db: Any, tmp: Any, n_jobs: int, n_workers: int, timeout: float = 600
-                   ) -> list[dict[str, Any]]:
+def run_contention(db: Any, tmp: Any, n_jobs: int, n_workers: int, timeout: float = 600,
+                   batch: int = 0) -> list[dict[str, Any]]:
     """Fill `db` (a SQLite path or a Target) with n_jobs and let n_workers real processes
-    drain it with claim_complete_worker, released together. Returns their ledgers."""
+    drain it with claim_complete_worker (in batches of `batch`, when given), released
+    together. Returns their ledgers."""
     import multiprocessing
     from pathlib import Path
 
@@ -145,7 +180,8 @@ def run_contention(db: Any, tmp: Any, n_jobs: int, n_workers: int, timeout: floa
     procs = []
     for i in range(n_workers):
         ledger = str(Path(tmp) / f"worker{i}.json")
-        p = spawn.Process(target=claim_complete_worker, args=(db, f"w{i}", ledger, start))
+        p = spawn.Process(target=claim_complete_worker,
+                          args=(db, f"w{i}", ledger, start, 60.0, batch))
         p.start()
         procs.append((p, ledger))
     start.set()

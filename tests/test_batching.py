@@ -4,17 +4,12 @@ and fence every item on its own, in one transaction, with its own answer."""
 
 from __future__ import annotations
 
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from jobcoord.db import Target
 from jobcoord.errors import InvalidInput
-from jobcoord.maintenance import check
 from jobcoord.service import Coordinator, JobSpec
-from tests.batch_procs import run_batch_contention
 from tests.conftest import dump
 from tests.timeline import IDLE_ON_AC
 
@@ -189,25 +184,5 @@ def test_fail_many_needs_an_error_per_item(coord: Coordinator) -> None:
     assert "items[0]" in caught.value.message and "error" in caught.value.message
 
 
-def test_a_batch_claim_under_eight_processes_never_gives_a_job_epoch_twice(
-        target: Target, tmp_path: Path) -> None:
-    n_jobs = 1200
-    ledgers = run_batch_contention(target if target.sqlite_path is None
-                                   else target.sqlite_path, tmp_path, n_jobs, 8, batch=16)
-    errors: Counter[str] = Counter()
-    for led in ledgers:
-        errors.update(led["errors"])
-    assert not errors, f"workers saw errors: {dict(errors)}"
-    claims = Counter((j, e) for led in ledgers for j, e in led["claims"])
-    assert [k for k, n in claims.items() if n > 1] == [], "a (job, epoch) was leased twice"
-    accepted = Counter(j for led in ledgers for j, _ in led["completed"])
-    assert len(accepted) == n_jobs and set(accepted.values()) == {1}
-    assert sum(1 for led in ledgers if led["claims"]) > 1, "only one process ever claimed"
-    with Coordinator.open(target) as c:
-        assert c.status()["jobs"] == {"succeeded": n_jobs} or \
-            c.status()["jobs"].get("succeeded") == n_jobs
-        per_job = Counter()
-        for job in range(1, n_jobs + 1):
-            per_job.update(r for r, _ in _events(c, job) if r in ("claimed", "completed"))
-        assert per_job == {"claimed": n_jobs, "completed": n_jobs}
-        assert check(c.db)["ok"] is True
+# A batch claim under 8 processes never gives a (job, epoch) twice: the contention runs of
+# tests/test_contention.py and tests/test_postgres.py, parametrized "batched".

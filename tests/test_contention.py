@@ -43,9 +43,12 @@ def jobcoord_cli(db: str, *args: str, env_extra: dict[str, str] | None = None,
     )
 
 
-def run_contention(path: str, tmp: Path, n_jobs: int, n_workers: int) -> dict[str, Any]:
-    """Fill `path` with n_jobs and let n_workers processes drain it. Returns the ledgers."""
-    return {"ledgers": procs.run_contention(path, tmp, n_jobs, n_workers, timeout=500)}
+def run_contention(path: str, tmp: Path, n_jobs: int, n_workers: int, batch: int = 0
+                   ) -> dict[str, Any]:
+    """Fill `path` with n_jobs and let n_workers processes drain it (claiming and completing
+    `batch` jobs per call, when given). Returns the ledgers."""
+    return {"ledgers": procs.run_contention(path, tmp, n_jobs, n_workers, timeout=500,
+                                            batch=batch)}
 
 
 def findings(path: str, n_jobs: int, run: dict[str, Any]) -> list[str]:
@@ -104,11 +107,12 @@ def report(run: dict[str, Any], label: str) -> None:
           f"busy errors by name {dict(names)}, refused without waiting {unwaited}")
 
 
+@pytest.mark.parametrize("batch", [0, 16], ids=["single", "batched"])
 def test_eight_processes_drain_every_job_exactly_once(sqlite_target: Target,
-                                                       tmp_path: Path) -> None:
+                                                       tmp_path: Path, batch: int) -> None:
     path = sqlite_target.sqlite_path
     assert path is not None
-    run = run_contention(path, tmp_path, 1000, 8)
+    run = run_contention(path, tmp_path, 1000, 8, batch)
     report(run, "8 processes, 1,000 jobs")
     assert findings(path, 1000, run) == []
     check = jobcoord_cli(path, "check", "--full", "--json")

@@ -196,8 +196,9 @@ def test_kill_inside_a_completion_keeps_the_lease_whole(sqlite_target: Target,
     assert_invariants(path)
 
 
+@pytest.mark.parametrize("batch", [0, 16], ids=["single", "batched"])
 def test_kills_at_random_moments_never_corrupt_or_half_apply(sqlite_target: Target,
-                                                             tmp_path: Path) -> None:
+                                                             tmp_path: Path, batch: int) -> None:
     """Claim/complete processes killed at random times (no fault point): after every kill the
     database checks clean and every job is wholly waiting, running with its lease, or done."""
     path = sqlite_target.sqlite_path
@@ -207,7 +208,8 @@ def test_kills_at_random_moments_never_corrupt_or_half_apply(sqlite_target: Targ
     rng = random.Random(4)
     script = ("import sys\nfrom tests.procs import claim_complete_worker\n"
               "class Go:\n    def wait(self): pass\n"
-              "claim_complete_worker(sys.argv[1], sys.argv[2], sys.argv[3], Go())\n")
+              "claim_complete_worker(sys.argv[1], sys.argv[2], sys.argv[3], Go(),"
+              f" batch={batch})\n")
     for trial in range(5):
         proc = subprocess.Popen([sys.executable, "-c", script, path, f"k{trial}",
                                  str(tmp_path / f"k{trial}.json")], cwd=REPO,

@@ -258,8 +258,9 @@ def test_the_claim_reads_the_partial_claim_index_on_postgresql(pg: Target) -> No
 # --- contention: 8 processes -----------------------------------------------------------------
 
 
-def _contention(target: Target, tmp: Path, n_jobs: int, n_workers: int = 8) -> None:
-    ledgers = run_contention(target, tmp, n_jobs, n_workers)
+def _contention(target: Target, tmp: Path, n_jobs: int, n_workers: int = 8,
+                batch: int = 0) -> None:
+    ledgers = run_contention(target, tmp, n_jobs, n_workers, batch=batch)
 
     errors: Counter[str] = Counter()
     for led in ledgers:
@@ -287,8 +288,10 @@ def _contention(target: Target, tmp: Path, n_jobs: int, n_workers: int = 8) -> N
         assert check(c.db) == {"violations": [], "ok": True}
 
 
-def test_eight_processes_drain_a_thousand_jobs_exactly_once(pg: Target, tmp_path: Path) -> None:
-    _contention(pg, tmp_path, 1000)
+@pytest.mark.parametrize("batch", [0, 16], ids=["single", "batched"])
+def test_eight_processes_drain_a_thousand_jobs_exactly_once(pg: Target, tmp_path: Path,
+                                                           batch: int) -> None:
+    _contention(pg, tmp_path, 1000, batch=batch)
 
 
 @pytest.mark.slow
