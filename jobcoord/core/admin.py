@@ -85,6 +85,7 @@ def back_to_waiting(ctx: Context, conn: Connection, job: dict[str, Any], now: in
         "job_id": job["job_id"], "status": job["status"]})
     record_event(ctx, conn, job["job_id"], now, job["status"], "waiting", reason,
                  epoch=job["epoch"], detail=detail)
+    ctx.db.announce_jobs(conn)
 
 
 def retry(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:

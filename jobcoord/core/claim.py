@@ -29,12 +29,18 @@ def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
         lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us()), "claim")
 
 
+#: A worker's repeated identical refusal is recorded again (its time refreshed) at most
+#: this often: `workers` shows when it was last refused, to within a second.
+REFUSAL_REFRESH_US = MICROS
+
+
 def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, detail: str,
            known_worker: bool = True) -> dict[str, Any]:
     """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
     if known_worker:
         ctx.db.execute(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
-                                                  "detail": detail, "now": now})
+                                                  "detail": detail, "now": now,
+                                                  "fresh": now - REFUSAL_REFRESH_US})
     return {"job": None, "reason": code, "detail": detail}
 
 

@@ -79,6 +79,8 @@ def end_running(ctx: Context, conn: Connection, job_id: int, epoch: int, now: in
                                  detail=v.dumps(detail) if detail else None)
     if updated != 1:  # only reachable if a caller skipped check_owner: fail loudly
         raise JobcoordError("internal_error", f"job {job_id} changed under its write lock")
+    if to_status == "waiting":
+        ctx.db.announce_jobs(conn)
 
 
 

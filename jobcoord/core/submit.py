@@ -174,6 +174,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
     if c.delay_us:
         detail["run_after"] = iso(now + c.delay_us)
     record_event(ctx, conn, job_id, now, None, "waiting", "enqueued", detail=detail)
+    ctx.db.announce_jobs(conn)
     return {"job_id": job_id, "created": True}
 
 
@@ -202,6 +203,7 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], 
                        "to_status": "waiting", "reason": "enqueued", "worker": None,
                        "epoch": None, "detail": detail})
     ctx.db.execute_many(conn, sql.INSERT_EVENT, events)
+    ctx.db.announce_jobs(conn)
     return [{"job_id": job_id, "created": True} for job_id in ids]
 
 

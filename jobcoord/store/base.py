@@ -317,6 +317,16 @@ class Database:
         """Run a select of rows this transaction is about to delete, holding them."""
         raise NotImplementedError
 
+    def announce_jobs(self, conn: Connection) -> None:
+        """A hint, delivered when this transaction commits, that jobs became claimable
+        (enqueued, back to waiting). Waiting workers use it to claim at once instead of at
+        their next poll; it is never needed for correctness."""
+
+    def change_waiter(self) -> ChangeWaiter:
+        """A waiter for this process's idle worker: wakes on a hint that jobs may have
+        become claimable, or after the poll interval (the poll stays the authority)."""
+        return ChangeWaiter()
+
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         """For `status`, read inside its read transaction: the dialect's name first, then what
         this database can tell about its storage."""
@@ -427,6 +437,22 @@ class Database:
             return result
 
 
+
+
+class ChangeWaiter:
+    """Waits for a hint that the jobs may have changed. This base one has no hint: it
+    sleeps the whole timeout (the poll)."""
+
+    #: "poll", or how the hint arrives ("data_version", "listen").
+    mode = "poll"
+
+    def wait(self, timeout: float, interrupt: threading.Event) -> bool:
+        """Wait up to `timeout` seconds; True when woken early (a hint, or `interrupt`
+        set), False when the timeout passed."""
+        return interrupt.wait(timeout)
+
+    def close(self) -> None:
+        pass
 
 
 class ConnectionSource:

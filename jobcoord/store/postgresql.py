@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select as io_select
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -22,7 +24,15 @@ from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavail
 from ..schema import job_events, jobs, leases
 from ..validate import dumps
 from . import statements as s
-from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
+from .base import (
+    DEFAULT_BUSY_TIMEOUT,
+    DEFAULT_RETRIES,
+    ChangeWaiter,
+    ConnectionSource,
+    Database,
+    Taken,
+    Target,
+)
 from .base import classify as classify
 
 PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
@@ -284,6 +294,77 @@ _NEXT_JOB_IDS = s.SQL(
     .select_from(func.generate_series(s.ONE, s.P("n"))))
 
 
+#: The channel of the "jobs became claimable" hint.
+JOBS_CHANNEL = "jobcoord_jobs"
+# NOTIFY inside the transaction: PostgreSQL delivers it only when (and if) the transaction
+# commits, and folds repeats within one transaction into one.
+_ANNOUNCE = s.SQL(select(func.pg_notify(s.const(JOBS_CHANNEL), s.const(""))))
+#: Longest an idle worker's LISTEN wait goes without looking at its interrupt.
+LISTEN_SLICE_S = 0.1
+#: After the listening connection failed, poll this long before trying LISTEN again.
+LISTEN_RETRY_S = 30.0
+
+
+class ListenWaiter(ChangeWaiter):
+    """Wakes on NOTIFY jobcoord_jobs, sent by every transaction that makes a job
+    claimable, on a connection of its own. Where LISTEN is unavailable (a pooler in
+    transaction mode, a dropped connection) it falls back to the poll and tries again later."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._conn: Any = None
+        self._retry_at = 0.0
+        self.mode = "poll"
+        self._connect()
+
+    def _connect(self) -> None:
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        self._retry_at = time.monotonic() + LISTEN_RETRY_S
+        conninfo = make_url(self._url).set(drivername="postgresql").render_as_string(
+            hide_password=False)
+        try:
+            conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=5,
+                                   application_name="jobcoord-listen")
+            conn.execute(f"LISTEN {JOBS_CHANNEL}")
+        except psycopg.Error:
+            return
+        self._conn, self.mode = conn, "listen"
+
+    def wait(self, timeout: float, interrupt: threading.Event) -> bool:
+        import psycopg
+
+        if self._conn is None and time.monotonic() >= self._retry_at:
+            self._connect()
+        if self._conn is None:
+            return interrupt.wait(timeout)
+        end = time.monotonic() + timeout
+        while True:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                # Blocks in select() on the connection's socket (no CPU while idle); the
+                # driver reads the notification only once something arrived.
+                ready, _, _ = io_select.select([self._conn.fileno()], [], [],
+                                            min(LISTEN_SLICE_S, left))
+                if ready:
+                    for _ in self._conn.notifies(timeout=0.05, stop_after=1):
+                        return True
+            except (psycopg.Error, OSError, ValueError):
+                self.close()
+                return interrupt.wait(max(0.0, end - time.monotonic()))
+            if interrupt.is_set():
+                return True
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn, self.mode = None, "poll"
+
+
 class PostgresDatabase(Database):
     """A PostgreSQL server: a bounded pool, REPEATABLE READ snapshots for reads, row locks
     for decisions, one statement per transition."""
@@ -376,6 +457,12 @@ class PostgresDatabase(Database):
                         ) -> list[Any]:
         # The select says FOR UPDATE SKIP LOCKED: another prune's batch is skipped.
         return self.run(conn, select, params).all()
+
+    def announce_jobs(self, conn: Connection) -> None:
+        self.execute(conn, _ANNOUNCE, {})
+
+    def change_waiter(self) -> ChangeWaiter:
+        return ListenWaiter(self.target.url)
 
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         # Measured when the connection opened: this host against the server.

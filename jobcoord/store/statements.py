@@ -257,8 +257,14 @@ UPSERT_WORKER = SQL(lambda insert: _upsert(insert, workers, {
     "heartbeat_raw": P("raw"), "heartbeat_at": P("now"), "memory_used_pct": P("mem"),
     "temperature_c": P("temp"), "on_battery": P("battery"), "user_idle_s": P("idle"),
     "created_at": P("now")}, key=("worker_id",), keep=("created_at",)))
-RECORD_REFUSAL = SQL(update(workers).where(W.worker_id == P("worker")).values(
-    last_refusal=P("code"), last_refusal_detail=P("detail"), last_refusal_at=P("now")))
+# The same refusal again within a second (:fresh) writes nothing: an idle worker polling a
+# quiet queue commits no change, so it neither wakes itself nor other waiting workers (their
+# change hint on SQLite is any commit to the file).
+RECORD_REFUSAL = SQL(update(workers).where(
+    W.worker_id == P("worker"),
+    or_(W.last_refusal_at.is_(None), W.last_refusal != P("code"),
+        W.last_refusal_detail != P("detail"), W.last_refusal_at <= P("fresh"))
+).values(last_refusal=P("code"), last_refusal_detail=P("detail"), last_refusal_at=P("now")))
 #: What a claim returns of the job it took, in this order.
 TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
                  J.epoch, J.tenant)

@@ -31,6 +31,7 @@ from ..app import HandlerSpec
 from ..errors import InvalidInput, Refused
 from ..readings import current_readings
 from ..runtime import Backoff, describe, is_fatal
+from ..store.base import ChangeWaiter
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
 from .completer import Completer
 from .config import WorkerConfig
@@ -110,6 +111,8 @@ class Worker:
         self.batched = config.batch and all(
             hasattr(coordinator, m) for m in ("claim_many", "complete_many"))
         self.completer: Completer | None = None
+        #: The idle wait's hint (opened on first use, in this process).
+        self.waiter: ChangeWaiter | None = None
         if self.batched:
             self.completer = Completer(
                 self.calls.complete_many, self.calls.complete, group=config.concurrency,
@@ -277,7 +280,7 @@ class Worker:
                         last_refusal = refusal
                     if cfg.burst and not live:
                         break
-                    self._pause(cfg.poll_s)
+                    self._idle(cfg.poll_s)
                     continue
                 last_refusal = None
                 claim_ms = elapsed_ms(t0, self.clock)
@@ -289,6 +292,8 @@ class Worker:
             self.stopping.set()
             if self.completer is not None:
                 self.completer.close()
+            if self.waiter is not None:
+                self.waiter.close()
             self.calls.shutdown()
         if self.fatal is not None:
             raise self.fatal
@@ -340,6 +345,16 @@ class Worker:
                 wait = backoff.next()
                 self.log("heartbeat_error", error=code, detail=message, retry_in_s=wait)
                 self.stopping.wait(wait)
+
+    def _idle(self, seconds: float) -> None:
+        """Nothing to claim: wait for the store's hint that jobs may have become claimable
+        (or a finished job, a signal), at most `seconds` (the poll, still the authority)."""
+        if self.waiter is None:
+            self.waiter = self.coordinator.db.change_waiter() if hasattr(
+                self.coordinator, "db") else ChangeWaiter()
+            self.log("waiting_for", hint=self.waiter.mode)
+        self.waiter.wait(seconds, self.wake)
+        self.wake.clear()
 
     def _pause(self, seconds: float) -> None:
         self.wake.wait(seconds)

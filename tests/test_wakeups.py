@@ -1,0 +1,158 @@
+"""Wake-ups: an idle worker waits for the store's hint that jobs became claimable (SQLite:
+`PRAGMA data_version`; PostgreSQL: LISTEN/NOTIFY sent by the committing transaction) instead
+of sleeping its whole poll; the poll stays the authority and the fallback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.conftest import _pg_admin
+from tests.test_worker import wait_for
+from tests.timeline import IDLE_ON_AC
+
+pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _woken_by(coord: Coordinator, action: Any, timeout: float = 5.0) -> tuple[bool, float]:
+    """Wait on a fresh waiter while `action` runs 0.1 s later: (woken early, seconds)."""
+    waiter = coord.db.change_waiter()
+    try:
+        assert waiter.mode != "poll"
+        timer = threading.Timer(0.1, action)
+        t0 = time.monotonic()
+        timer.start()
+        woke = waiter.wait(timeout, threading.Event())
+        waited = time.monotonic() - t0
+        timer.join()
+        return woke, waited
+    finally:
+        waiter.close()
+
+
+def test_an_enqueue_commit_wakes_a_waiting_worker(coord: Coordinator) -> None:
+    woke, waited = _woken_by(coord, lambda: coord.enqueue("k"))
+    assert woke and waited < 2.0
+
+
+def test_a_job_back_to_waiting_wakes_a_waiting_worker(coord: Coordinator) -> None:
+    coord.enqueue("k")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim("w1")
+    woke, waited = _woken_by(coord, lambda: coord.fail(
+        got["job"]["job_id"], "w1", 1, "released", reason="worker_shutdown"))
+    assert woke and waited < 2.0
+
+
+def test_a_repeated_refusal_writes_nothing_and_wakes_nobody(coord: Coordinator) -> None:
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    coord.claim("w1")
+    first = coord.workers()["workers"][0]["last_refusal"]
+    waiter = coord.db.change_waiter()
+    try:
+        waiter.wait(0.01, threading.Event())  # past the first refusal's own commit
+        coord.claim("w1")
+        assert waiter.wait(0.3, threading.Event()) is False
+    finally:
+        waiter.close()
+    # Recorded once, its time refreshed at most every second; a new reason at once.
+    assert coord.workers()["workers"][0]["last_refusal"] == first
+    time.sleep(1.05)
+    coord.claim("w1")
+    assert coord.workers()["workers"][0]["last_refusal"]["at"] > first["at"]
+    coord.heartbeat("w1", readings=IDLE_ON_AC | {"memory_used_pct": 95})
+    coord.claim("w1")
+    assert coord.workers()["workers"][0]["last_refusal"]["reason"] == "memory_gate"
+
+
+def _worker(target: Target, log: Path, *args: str) -> subprocess.Popen[bytes]:
+    where = (["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url])
+    with open(log, "wb") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "jobcoord", *where, "worker", "--worker-id", "idle",
+             "--app", "examples.handlers:app", "--log-format", "json",
+             "--heartbeat-every", "10", "--reap-every", "0", *args],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
+
+
+def _pickup_s(coord: Coordinator, log: Path) -> float:
+    """Seconds from an enqueue's commit to its job's completion by the idle worker."""
+    t0 = time.monotonic()
+    job = coord.enqueue("summarize", {"text": "a b"})["job_id"]
+    wait_for(lambda: coord.show(job)["job"]["status"] == "succeeded", 30, "the job's pickup")
+    return time.monotonic() - t0
+
+
+def test_an_idle_worker_picks_a_new_job_up_long_before_its_poll(target: Target,
+                                                                 tmp_path: Path) -> None:
+    log = tmp_path / "w.log"
+    with Coordinator.open(target) as coord:
+        proc = _worker(target, log, "--poll", "20")
+        try:
+            wait_for(lambda: b"waiting_for" in log.read_bytes(), 30, "the worker to go idle")
+            assert b'"hint": "poll"' not in log.read_bytes()
+            time.sleep(0.2)
+            assert _pickup_s(coord, log) < 3.0
+            assert _pickup_s(coord, log) < 3.0  # and again, after waiting anew
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_without_listen_the_poll_still_picks_jobs_up(request: pytest.FixtureRequest,
+                                                      tmp_path: Path) -> None:
+    """PostgreSQL: the listening connection cut (as a pooler without LISTEN, or a network
+    drop, would): the worker falls back to its poll and still picks every job up."""
+    from tests.conftest import fresh_pg
+
+    log = tmp_path / "w.log"
+    with fresh_pg(request.getfixturevalue("pg_template")) as target, \
+            Coordinator.open(target) as coord:
+        proc = _worker(target, log, "--poll", "0.5")
+        try:
+            wait_for(lambda: b"waiting_for" in log.read_bytes(), 30, "the worker to go idle")
+            dbname = target.url.rsplit("/", 1)[1]
+            with _pg_admin() as admin:
+                killed = admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                    "application_name = 'jobcoord-listen' AND datname = %s", (dbname,)
+                ).fetchall()
+            assert killed == [(True,)]
+            for _ in range(3):
+                assert _pickup_s(coord, log) < 5.0
+            assert proc.poll() is None, log.read_text()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def test_idle_cpu_of_a_waiting_worker_is_under_one_percent_of_a_core(
+        target: Target, tmp_path: Path) -> None:
+    proc = _worker(target, tmp_path / "w.log", "--poll", "30")
+    try:
+        wait_for(lambda: b"waiting_for" in (tmp_path / "w.log").read_bytes(), 30, "idle")
+        time.sleep(0.5)
+        before, t0 = _cpu_s(proc.pid), time.monotonic()
+        time.sleep(5)
+        share = (_cpu_s(proc.pid) - before) / (time.monotonic() - t0)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(f"\nidle worker CPU: {share * 100:.2f}% of a core")
+    assert share < 0.01
+
+
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
