@@ -77,7 +77,10 @@ def priority(value: Any) -> int:
         if not text.isdigit() or not text.isascii():
             raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
         value = int(text)
-    if not isinstance(value, int) or not 0 <= value <= 3:
+    if isinstance(value, int) and not 0 <= value <= 3:
+        # Not formatted: Python refuses to print an int of more than 4300 digits.
+        raise _bad("priority", "is not 0..3 or P0..P3")
+    if not isinstance(value, int):
         raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
     return value
 

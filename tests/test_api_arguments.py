@@ -203,3 +203,12 @@ def test_a_bare_string_is_one_element_in_every_method(coord: Coordinator) -> Non
     coord.complete(got["job"]["job_id"], "w1", 1, {})
     out = coord.prune(0, statuses="succeeded", dry_run=True)
     assert out["statuses"] == ["succeeded"]
+
+
+def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> None:
+    before = dump(coord)
+    for priority in (10**5000, -(10**5000), 4):
+        with pytest.raises(InvalidInput) as caught:
+            coord.enqueue("k", priority=priority)
+        assert "priority" in caught.value.message
+    assert dump(coord) == before
