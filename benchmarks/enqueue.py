@@ -6,12 +6,21 @@ events) run with plain sqlite3 executemany on prepared parameters: what the batc
 if validating and preparing the jobs in Python cost nothing.
 
     python -m benchmarks.enqueue [--single N] [--batch N] [--sync full,normal] [--pg]
+                                 [--repeat R] [--profile]
+
+With --repeat R the batch and its raw floor run R times each, alternating, and the medians
+and the median of the per-round ratios are printed (the machine is noisy: read the ratio).
+--profile prints cProfile's top lines for one more batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import sqlite3
+import statistics
 import time
 from typing import Any
 
@@ -41,7 +50,7 @@ def measure(coord: Any, single: int, batch: int) -> dict[str, float]:
     out = coord.enqueue_many(specs)
     batch_s = time.perf_counter() - t0
     assert len(out) == batch
-    return {"single_s": single / single_s, "batch_s": batch / batch_s}
+    return {"single_s": single / single_s if single else 0.0, "batch_s": batch / batch_s}
 
 
 def raw_floor(path: str, sync: str, n: int) -> float:
@@ -67,6 +76,22 @@ def raw_floor(path: str, sync: str, n: int) -> float:
     return n / took
 
 
+def profile_batch(path: str, sync: str, n: int, top: int = 12) -> str:
+    """cProfile's top lines (by own time) for one enqueue_many of n jobs."""
+    from jobcoord.service import Coordinator, JobSpec
+
+    migrated_sqlite(path)
+    specs = [JobSpec("summarize", _payload(i), role="gpu") for i in range(n)]
+    with Coordinator.open(path, synchronous=sync) as c:
+        prof = cProfile.Profile()
+        prof.enable()
+        c.enqueue_many(specs)
+        prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -74,6 +99,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100_000)
     ap.add_argument("--sync", default="full,normal")
     ap.add_argument("--pg", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     url = require_pg_url() if args.pg else None
     from jobcoord.service import Coordinator
@@ -85,15 +112,26 @@ def main() -> None:
           f"{'raw floor':>10}")
     with Scratch() as scratch:
         for sync in syncs:
-            path = scratch.file(f"enqueue-{sync}.db")
-            migrated_sqlite(path)
-            with Coordinator.open(path, synchronous=sync) as c:
-                r = measure(c, args.single, args.batch)
-            floor_path = scratch.file(f"enqueue-floor-{sync}.db")
-            migrated_sqlite(floor_path)
-            floor = raw_floor(floor_path, sync, args.batch)
-            print(f"{'sqlite':<10} {sync:<7} {r['single_s']:>14.0f} {r['batch_s']:>13.0f} "
-                  f"{floor:>10.0f}", flush=True)
+            batches, floors = [], []
+            for rnd in range(args.repeat):
+                path = scratch.file(f"enqueue-{sync}-{rnd}.db")
+                migrated_sqlite(path)
+                with Coordinator.open(path, synchronous=sync) as c:
+                    r = measure(c, args.single if rnd == 0 else 0, args.batch)
+                    if rnd == 0:
+                        single = r["single_s"]
+                floor_path = scratch.file(f"enqueue-floor-{sync}-{rnd}.db")
+                migrated_sqlite(floor_path)
+                batches.append(r["batch_s"])
+                floors.append(raw_floor(floor_path, sync, args.batch))
+            batch, floor = statistics.median(batches), statistics.median(floors)
+            ratio = statistics.median(b / f for b, f in zip(batches, floors, strict=True))
+            print(f"{'sqlite':<10} {sync:<7} {single:>14.0f} {batch:>13.0f} "
+                  f"{floor:>10.0f}  batch/floor {ratio:.2f} (median of {args.repeat})",
+                  flush=True)
+            if args.profile:
+                print(profile_batch(scratch.file(f"enqueue-{sync}-profile.db"), sync,
+                                    args.batch))
     if args.pg and url:
         from jobcoord.db import Database, resolve_target
         from jobcoord.migrate import migrate

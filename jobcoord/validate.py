@@ -197,11 +197,16 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
+#: Built once: json.dumps with any option builds a new encoder on every call, which costs
+#: a batch of small payloads as much as encoding them.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True,
+                            allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """The one serialisation jobcoord stores: compact, sorted keys (so equal JSON compares
     equal), no NaN."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True,
-                      allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
@@ -245,7 +250,8 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
         raise _bad(field, "must be a JSON object ({...})")
     try:
         text = dumps(value)
-        size = len(text.encode("utf-8"))
+        # An ASCII text's length is its size in bytes (isascii() reads a flag, no scan).
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except UnicodeEncodeError:
         raise _bad(field, "contains a lone surrogate (\\ud800-\\udfff)") from None
     except (TypeError, ValueError) as e:

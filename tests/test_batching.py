@@ -186,3 +186,20 @@ def test_fail_many_needs_an_error_per_item(coord: Coordinator) -> None:
 
 # A batch claim under 8 processes never gives a (job, epoch) twice: the contention runs of
 # tests/test_contention.py and tests/test_postgres.py, parametrized "batched".
+
+
+# --- batch enqueue: settings checked once per distinct value, never across types ------------
+
+
+@pytest.mark.parametrize(("field", "good", "bad"), [
+    ("priority", 1, True), ("max_attempts", 2, 2.0), ("kind", "k", ["k"]),
+    ("role", "gpu", b"gpu"), ("delay_s", 0, float("nan")), ("tenant", "t", 1),
+])
+def test_a_batch_checks_each_distinct_setting_even_when_an_equal_one_passed(
+        coord: Coordinator, field: str, good: Any, bad: Any) -> None:
+    before = dump(coord)
+    base = {"kind": "k"}
+    with pytest.raises(InvalidInput):
+        coord.enqueue_many([base | {field: good}, base | {field: good}, base | {field: bad}])
+    assert dump(coord) == before
+    assert len(coord.enqueue_many([base | {field: good}] * 3)) == 3

@@ -47,17 +47,6 @@ class CheckedSpec(NamedTuple):
 
 
 
-def _name(memo: dict[tuple[str, type, Any], str] | None, value: Any, field: str) -> str:
-    """v.name, remembered in `memo` when one is given."""
-    if memo is None or not isinstance(value, str):
-        return v.name(value, field)
-    key = (field, type(value), value)
-    checked = memo.get(key)
-    if checked is None:
-        checked = memo[key] = v.name(value, field)
-    return checked
-
-
 def _spec_list(specs: Any) -> list[Any]:
     """enqueue_many's argument: a list (or other iterable) of JobSpecs or mappings."""
     if isinstance(specs, str | bytes | bytearray | Mapping | JobSpec) or specs is None:
@@ -86,15 +75,45 @@ def _spec(item: Any) -> JobSpec:
 
 
 def check_spec(ctx: Context, spec: JobSpec,
-               names: dict[tuple[str, type, Any], str] | None = None) -> CheckedSpec:
-    """Validate one job. `names` remembers kinds, roles and tenants already checked in
-    this batch (a batch repeats a few of them; checking each again is a third of the
-    cost of accepting a job)."""
+               names: dict[Any, Any] | None = None) -> CheckedSpec:
+    """Validate one job. `names` remembers, for a batch, the settings already checked (a
+    batch repeats a few combinations of kind, role, tenant, priority, attempts, delay and
+    deadline; checking each job's again cost as much as storing it)."""
     p = ctx.policy
     _, payload_text = v.json_value(
         {} if spec.payload is None else spec.payload, "payload",
         max_bytes=p.max_payload_bytes, require_object=True,
     )
+    settings = _settings(ctx, spec, names)
+    return CheckedSpec(
+        kind=settings[0], payload_text=payload_text, priority=settings[1], role=settings[2],
+        tenant=settings[3],
+        key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
+        max_attempts=settings[4], deadline_in_us=settings[5], delay_us=settings[6],
+    )
+
+
+def _settings(ctx: Context, spec: JobSpec, memo: dict[Any, Any] | None) -> tuple[Any, ...]:
+    """A spec's checked kind, priority, role, tenant, max attempts, deadline and delay,
+    remembered in `memo` by the values and their types (1, 1.0 and True are equal keys but
+    not equal input). Only checks that passed are remembered."""
+    if memo is None:
+        return _check_settings(ctx, spec)
+    given = (spec.kind, spec.priority, spec.role, spec.tenant, spec.max_attempts,
+             spec.deadline_s, spec.delay_s)
+    key = (given, type(spec.kind), type(spec.priority), type(spec.role), type(spec.tenant),
+           type(spec.max_attempts), type(spec.deadline_s), type(spec.delay_s))
+    try:
+        found = memo.get(key)
+    except TypeError:  # an unhashable value (a list where a name belongs): check it
+        return _check_settings(ctx, spec)
+    if found is None:
+        found = memo[key] = _check_settings(ctx, spec)
+    return found  # type: ignore[no-any-return]
+
+
+def _check_settings(ctx: Context, spec: JobSpec) -> tuple[Any, ...]:
+    p = ctx.policy
     deadline_us = None
     delay_us = seconds_to_us(v.finite_seconds(spec.delay_s, "delay", 0, v.TEN_YEARS_S))
     if spec.deadline_s is not None:
@@ -105,18 +124,15 @@ def check_spec(ctx: Context, spec: JobSpec,
             raise InvalidInput("invalid_input", "deadline: must be later than the delay "
                                "(no attempt may start at or after the deadline)",
                                field="deadline")
-    return CheckedSpec(
-        kind=_name(names, spec.kind, "kind"),
-        payload_text=payload_text,
-        priority=v.priority(p.default_priority if spec.priority is None else spec.priority),
-        role=None if spec.role is None else _name(names, spec.role, "role"),
-        tenant=_name(names, spec.tenant, "tenant"),
-        key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
-        max_attempts=v.whole(
-            p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
-            "max_attempts", 1, 100),
-        deadline_in_us=deadline_us,
-        delay_us=delay_us,
+    return (
+        v.name(spec.kind, "kind"),
+        v.priority(p.default_priority if spec.priority is None else spec.priority),
+        None if spec.role is None else v.name(spec.role, "role"),
+        v.name(spec.tenant, "tenant"),
+        v.whole(p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
+                "max_attempts", 1, 100),
+        deadline_us,
+        delay_us,
     )
 
 
@@ -225,7 +241,7 @@ def enqueue(ctx: Context, kind: str, payload: Any = None, *, priority: int | str
 def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
                  ) -> list[dict[str, Any]]:
     """Accept many jobs in one transaction: all of them or none."""
-    names: dict[tuple[str, type, Any], str] = {}
+    names: dict[Any, Any] = {}
     checked = [check_spec(ctx, _spec(s), names) for s in _spec_list(specs)]
 
     if checked and all(c.key is None for c in checked):
