@@ -6,12 +6,15 @@ then loops until the queue is empty:
 
   two  `claim` then `complete`: two write transactions per job, like the ceiling;
   cac  `complete_and_claim`: the completion and the next claim in one transaction.
+  many `claim_many` of BATCH (default 32) then `complete_many` of them: two write
+       transactions per batch (claim latency is then per batch).
 
 Claim latency is the wall time of `claim` (for cac: of the combined call). The ratio column
 is jobcoord's jobs/s over the ceiling's jobs/s from the line just above it.
 
-    python -m benchmarks.throughput [--procs 1,2,4,8] [--sync full,normal] [--modes two,cac]
-                                    [--jobs N] [--pg | --pg-only]
+    python -m benchmarks.throughput [--procs 1,2,4,8] [--sync full,normal]
+                                    [--modes two,cac,many] [--batch 32] [--jobs N]
+                                    [--pg | --pg-only]
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from benchmarks._common import (
 
 PAYLOAD = {"document": "notes/2026-11-29.md", "model": "small"}
 RESULT = {"ok": True}
+#: Jobs per claim_many / complete_many in the "many" mode (--batch).
+BATCH = 32
 
 
 def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: str) -> None:
@@ -60,6 +65,19 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
                 break
             c.complete(job["job_id"], worker, got["lease"]["epoch"], RESULT)
             done += 1
+    elif mode.startswith("many"):
+        size = int(mode[4:] or BATCH)
+        while True:
+            t0 = time.perf_counter()
+            got = c.claim_many(worker, size)
+            lat.append(time.perf_counter() - t0)
+            if not got["claimed"]:
+                lat.pop()
+                break
+            c.complete_many([{"job_id": g["job"]["job_id"], "worker_id": worker,
+                              "epoch": g["lease"]["epoch"], "result": RESULT}
+                             for g in got["claimed"]])
+            done += len(got["claimed"])
     else:
         got = c.claim(worker)
         while got["job"] is not None:
@@ -126,6 +144,7 @@ def main() -> None:
     ap.add_argument("--procs", type=ceiling._ints, default=[1, 2, 4, 8])
     ap.add_argument("--sync", default="full,normal")
     ap.add_argument("--modes", default="two,cac")
+    ap.add_argument("--batch", type=int, default=BATCH, help="jobs per call in mode many")
     ap.add_argument("--jobs", type=int, default=None, help="jobs per run (default by durability)")
     ap.add_argument("--pg", action="store_true", help="also PostgreSQL (JOBCOORD_BENCH_PG_URL "
                     "or JOBCOORD_TEST_PG_URL)")
@@ -133,7 +152,7 @@ def main() -> None:
     args = ap.parse_args()
     url = require_pg_url() if (args.pg or args.pg_only) else None
     syncs = [] if args.pg_only else [s for s in args.sync.split(",") if s]
-    modes = [m for m in args.modes.split(",") if m]
+    modes = [f"many{args.batch}" if m == "many" else m for m in args.modes.split(",") if m]
     print(conditions(syncs or None, modes=", ".join(modes)))
     print()
     print(f"{'cycle':<20} {'sync':<7} {'procs':>5} {'jobs':>7} {'jobs/s':>9} "
