@@ -18,7 +18,7 @@ from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.conftest import _pg_admin
 from tests.test_worker import wait_for
-from tests.timeline import IDLE_ON_AC
+from tests.timeline import IDLE_ON_AC, at, iso_at
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parent.parent
@@ -65,14 +65,24 @@ def test_a_repeated_refusal_writes_nothing_and_wakes_nobody(coord: Coordinator) 
         assert waiter.wait(0.3, threading.Event()) is False
     finally:
         waiter.close()
-    # Recorded once, its time refreshed at most every second; a new reason at once.
     assert coord.workers()["workers"][0]["last_refusal"] == first
-    time.sleep(1.05)
+
+
+def test_a_repeated_refusal_is_recorded_again_after_five_seconds_and_a_new_one_at_once(
+        coord: Coordinator, clock: Any) -> None:
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
     coord.claim("w1")
-    assert coord.workers()["workers"][0]["last_refusal"]["at"] > first["at"]
+    clock.move_to(at(4.9))
+    coord.claim("w1")
+    assert coord.workers()["workers"][0]["last_refusal"]["at"] == iso_at(0)
+    clock.move_to(at(5))
+    coord.claim("w1")
+    assert coord.workers()["workers"][0]["last_refusal"]["at"] == iso_at(5)
+    clock.move_to(at(6))
     coord.heartbeat("w1", readings=IDLE_ON_AC | {"memory_used_pct": 95})
     coord.claim("w1")
-    assert coord.workers()["workers"][0]["last_refusal"]["reason"] == "memory_gate"
+    assert coord.workers()["workers"][0]["last_refusal"] == {
+        "reason": "memory_gate", "detail": coord.claim("w1")["detail"], "at": iso_at(6)}
 
 
 def _worker(target: Target, log: Path, *args: str) -> subprocess.Popen[bytes]:

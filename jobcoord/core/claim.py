@@ -30,8 +30,9 @@ def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
 
 
 #: A worker's repeated identical refusal is recorded again (its time refreshed) at most
-#: this often: `workers` shows when it was last refused, to within a second.
-REFUSAL_REFRESH_US = MICROS
+#: this often: `workers` shows when it was last refused, to within these 5 seconds. Each
+#: such write wakes every idle worker on the file, so not more often.
+REFUSAL_REFRESH_US = 5 * MICROS
 
 
 def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, detail: str,

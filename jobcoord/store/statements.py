@@ -257,7 +257,7 @@ UPSERT_WORKER = SQL(lambda insert: _upsert(insert, workers, {
     "heartbeat_raw": P("raw"), "heartbeat_at": P("now"), "memory_used_pct": P("mem"),
     "temperature_c": P("temp"), "on_battery": P("battery"), "user_idle_s": P("idle"),
     "created_at": P("now")}, key=("worker_id",), keep=("created_at",)))
-# The same refusal again within a second (:fresh) writes nothing: an idle worker polling a
+# The same refusal again within a few seconds (:fresh) writes nothing: an idle worker polling a
 # quiet queue commits no change, so it neither wakes itself nor other waiting workers (their
 # change hint on SQLite is any commit to the file).
 RECORD_REFUSAL = SQL(update(workers).where(
