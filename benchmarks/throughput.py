@@ -73,7 +73,10 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
             lat.append(time.perf_counter() - t0)
             if not got["claimed"]:
                 lat.pop()
-                break
+                # PostgreSQL: "being claimed by another worker" is not the end of the queue.
+                if c.status()["jobs"].get("waiting", 0) == 0:
+                    break
+                continue
             c.complete_many([{"job_id": g["job"]["job_id"], "worker_id": worker,
                               "epoch": g["lease"]["epoch"], "result": RESULT}
                              for g in got["claimed"]])

@@ -93,7 +93,7 @@ def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_
     roles, kinds, gates = admitted
     taken: list[dict[str, Any]] = []
     while len(taken) < n:
-        got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, taken)
+        got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, taken, n)
         if got is None:  # a step that takes nothing (or a gate that refuses) ends the batch
             break
         taken.append(got)
@@ -135,13 +135,15 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
 
 def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
              kinds: Sequence[str] | None, gates: GateDecision, lease_us: int, now: int,
-             taken: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+             taken: Sequence[dict[str, Any]], batch: int = 1) -> dict[str, Any] | None:
     """The per-candidate step every claim runs: the first eligible job taken under a new
     lease and epoch, or None when none can be taken. `taken` holds this transaction's
-    earlier answers (a batch's), for rules that count what a worker already holds."""
+    earlier answers (a batch's), for rules that count what a worker already holds; `batch`
+    is how many the transaction means to take."""
     expires = now + lease_us
     got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
-                           max_priority=gates.max_priority, expires_iso=iso(expires))
+                           max_priority=gates.max_priority, expires_iso=iso(expires),
+                           batch=batch)
     if not got.picked or got.job is None:  # None after a pick: the compare-and-set lost
         return None
     job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = got.job

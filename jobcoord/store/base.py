@@ -172,6 +172,10 @@ class Database:
     #: Whether a transition of the hot path runs as one statement (PostgreSQL) or as the
     #: separate statements it is made of (SQLite); see each store.
     folds_transitions: bool = False
+    #: Whether a worker should claim several jobs per transaction (claim_many): on a store
+    #: whose claimers lock rows until commit, a longer claim transaction holds up
+    #: concurrent completions, so its worker claims one job per call there.
+    batch_claims: bool = True
     #: Driver errors a transaction classifies (set by each store).
     _driver_errors: tuple[type[BaseException], ...] = ()
 
@@ -286,10 +290,11 @@ class Database:
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
-                  expires_iso: str) -> Taken:
+                  expires_iso: str, batch: int = 1) -> Taken:
         """Take the first eligible waiting job in claim order: the job to running with the
         next epoch and attempt, the lease, and the `claimed` event (its detail: the attempt
-        and `expires_iso`)."""
+        and `expires_iso`). `batch`: how many jobs the transaction means to take (a store
+        whose concurrent claimers hold rows until commit looks further ahead for more)."""
         raise NotImplementedError
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,

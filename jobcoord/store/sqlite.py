@@ -268,7 +268,7 @@ class SqliteDatabase(Database):
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
-                  expires_iso: str) -> Taken:
+                  expires_iso: str, batch: int = 1) -> Taken:
         stmt, params = self.candidate_sql(roles, kinds, due_only=True)
         params.update(now=now, maxp=max_priority)
         found = self.execute(conn, stmt, params).fetchone()

@@ -111,6 +111,8 @@ class Worker:
         self.batched = config.batch and all(
             hasattr(coordinator, m) for m in ("claim_many", "complete_many"))
         self.completer: Completer | None = None
+        db = getattr(coordinator, "db", None)
+        self.batch_claims = bool(getattr(db, "batch_claims", True))
         #: The idle wait's hint (opened on first use, in this process).
         self.waiter: ChangeWaiter | None = None
         if self.batched:
@@ -308,7 +310,7 @@ class Worker:
         """Claim up to `free` jobs in one call (one job per call without batching): the
         claimed answers, or none and the reason."""
         cfg = self.config
-        if self.batched:
+        if self.batched and self.batch_claims:
             return self.calls.claim_many(cfg.worker_id, free, lease_s=cfg.lease_s,
                                          kinds=self.kinds)
         got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds)
