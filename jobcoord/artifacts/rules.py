@@ -42,6 +42,7 @@ from jobcoord.errors import (
     Refused,
     SchemaMismatch,
 )
+from jobcoord.store import feature_statements as fs
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -59,8 +60,6 @@ VALIDATOR_TIMEOUT_S = 300.0
 #: its file an instant before it locks it (objects.py, clean_temp).
 TEMP_MIN_AGE_S = 60.0
 _MEDIA = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}")
-_COLUMNS = ("artifact_id, job_id, epoch, name, digest, size, media_type, state, reason,"
-            " location, created_at, verified_at")
 
 
 # --- validation rules per kind --------------------------------------------------------------
@@ -247,8 +246,8 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     name = validate_name(name)
     media_type = _media_type(media_type, name)
     store = store_of(coord)
-    kind = coord.db.read(lambda conn: coord.db.run_text(
-        conn, "SELECT kind FROM jobs WHERE job_id = :j", {"j": job_id}).scalar(), "artifact")
+    kind = coord.db.read(lambda conn: coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar(),
+                         "artifact")
     if kind is None:
         raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
     rule = settings_of(coord).for_kind(kind)
@@ -261,15 +260,9 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
             return owned
         params = {"j": job_id, "e": epoch, "n": name, "d": obj.digest, "s": obj.size,
                   "m": media_type, "l": _location(obj.digest), "now": now}
-        replaced = coord.db.run_text(
-            conn, "UPDATE artifacts SET digest = :d, size = :s, media_type = :m, location = :l,"
-            " state = 'staged', reason = NULL, created_at = :now, verified_at = NULL"
-            " WHERE job_id = :j AND epoch = :e AND name = :n", params).rowcount
+        replaced = coord.db.run(conn, fs.RESTAGE, params).rowcount
         if not replaced:
-            coord.db.run_text(
-                conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
-                " state, location, created_at) VALUES (:j, :e, :n, :d, :s, :m, 'staged', :l,"
-                " :now)", params)
+            coord.db.run(conn, fs.STAGE, params)
         record_event(coord, conn, job_id, now, "running", "running", "artifact_staged", worker,
                      epoch, {"name": name, "digest": obj.digest, "size": obj.size,
                       "media_type": media_type, **({"replaced": True} if replaced else {})})
@@ -301,12 +294,8 @@ class Plan:
 
 def _stages(coord: Coordinator, job_id: int, epoch: int) -> tuple[str | None, list[Any]]:
     def _read(conn: Connection) -> tuple[str | None, list[Any]]:
-        kind = coord.db.run_text(conn, "SELECT kind FROM jobs WHERE job_id = :j",
-                                 {"j": job_id}).scalar()
-        rows = coord.db.run_text(
-            conn, "SELECT artifact_id, name, digest, size, media_type FROM artifacts"
-            " WHERE job_id = :j AND epoch = :e AND state IN ('staged', 'verified')"
-            " ORDER BY name", {"j": job_id, "e": epoch}).all()
+        kind = coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar()
+        rows = coord.db.run(conn, fs.ATTEMPT_STAGES, {"j": job_id, "e": epoch}).all()
         return kind, list(rows)
     return coord.db.read(_read, "reading staged artifacts")
 
@@ -365,8 +354,7 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
             reject_event(coord, conn, owned, job_id, worker, epoch, now, "complete")
             return owned
         for row, reason, why in bad:
-            coord.db.run_text(conn, "UPDATE artifacts SET state = 'rejected', reason = :r"
-                              " WHERE artifact_id = :a", {"r": reason, "a": row[0]})
+            coord.db.run(conn, fs.REJECT, {"r": reason, "a": row[0]})
             record_event(coord, conn, job_id, now, "running", "running", "artifact_rejected",
                          worker, epoch, {"name": row[1], "digest": row[2], "reason": reason,
                                  "evidence": why})
@@ -390,11 +378,9 @@ def link_accepted(coord: Coordinator, conn: Connection, plan: Plan | None, job_i
     if not plan:
         return
     for artifact_id, name, digest, _size in plan.rows:
-        linked = coord.db.run_text(
-            conn, "UPDATE artifacts SET state = 'accepted', verified_at = :v WHERE"
-            " artifact_id = :a AND job_id = :j AND epoch = :e AND digest = :d AND state IN"
-            " ('staged', 'verified')", {"v": plan.verified_at, "a": artifact_id, "j": job_id,
-                                         "e": epoch, "d": digest}).rowcount
+        linked = coord.db.run(conn, fs.ACCEPT, {"v": plan.verified_at, "a": artifact_id,
+                                                "j": job_id, "e": epoch, "d": digest}
+                              ).rowcount
         if linked:
             record_event(coord, conn, job_id, now, "running", "running", "artifact_verified",
                          worker, epoch,
@@ -410,26 +396,18 @@ def artifacts(coord: Coordinator, job_id: Any = None, *, all_states: bool = Fals
               tenant: str | None = None) -> dict[str, Any]:
     """A job's accepted artifacts (every stage with all_states), or every job's."""
     _need(coord)
-    where, params = [], {}
+    params: dict[str, Any] = {}
     if job_id is not None:
         from jobcoord import validate as v
 
         params["j"] = v.whole(job_id, "job_id", 1, 2**62)
-        where.append("a.job_id = :j")
     if tenant is not None:
         params["t"] = tenant
-        where.append("j.tenant = :t")
-    if not all_states:
-        where.append("a.state = 'accepted'")
-    sql = (f"SELECT {', '.join('a.' + c.strip() for c in _COLUMNS.split(','))} FROM artifacts a"
-           " JOIN jobs j ON j.job_id = a.job_id"
-           + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY a.job_id, a.name, a.epoch")
-    rows = coord.db.read(lambda conn: coord.db.run_text(conn, sql, params).all(), "artifacts")
+    stmt = fs.artifact_list(job_id is not None, tenant is not None, all_states)
+    rows = coord.db.read(lambda conn: coord.db.run(conn, stmt, params).all(), "artifacts")
     if job_id is not None and not rows:
-        exists = coord.db.read(lambda conn: coord.db.run_text(
-            conn, "SELECT 1 FROM jobs WHERE job_id = :j" + (" AND tenant = :t" if tenant
-                                                           else ""), params).first())
+        exists = coord.db.read(lambda conn: coord.db.run(
+            conn, fs.JOB_OF_TENANT_EXISTS if tenant else fs.JOB_EXISTS, params).first())
         if exists is None:
             raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
     return {"artifacts": [_row(r) for r in rows]}
@@ -440,9 +418,8 @@ def _accepted(coord: Coordinator, job_id: Any, name: Any) -> Any:
 
     job_id = v.whole(job_id, "job_id", 1, 2**62)
     name = validate_name(name)
-    row = coord.db.read(lambda conn: coord.db.run_text(
-        conn, f"SELECT {_COLUMNS} FROM artifacts WHERE job_id = :j AND name = :n AND"
-        " state = 'accepted'", {"j": job_id, "n": name}).first(), "artifact get")
+    row = coord.db.read(lambda conn: coord.db.run(
+        conn, fs.ACCEPTED_NAMED, {"j": job_id, "n": name}).first(), "artifact get")
     if row is None:
         raise Refused("artifact_not_found", f"job {job_id} has no accepted artifact "
                       f"{name!r}", job_id=job_id, name=name)
@@ -494,15 +471,8 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
 # --- retention ------------------------------------------------------------------------------
 
 
-_END_STALE = (
-    "UPDATE artifacts SET state = 'rejected', reason = 'attempt_ended'"
-    " WHERE state IN ('staged', 'verified') AND NOT EXISTS (SELECT 1 FROM leases l"
-    " WHERE l.job_id = artifacts.job_id AND l.epoch = artifacts.epoch)")
-
-
 def referenced_digests(db: Database, conn: Connection) -> set[str]:
-    rows = db.run_text(conn, "SELECT DISTINCT digest FROM artifacts WHERE state <> 'rejected'"
-                       ).all()
+    rows = db.run(conn, fs.REFERENCED_DIGESTS).all()
     return {r[0] for r in rows}
 
 
@@ -519,14 +489,10 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
     ended = 0
     if not dry_run:
         def _end(conn: Connection) -> int:
-            rows = coord.db.run_text(
-                conn, "SELECT a.artifact_id, a.job_id, a.epoch, a.name, a.digest, j.status"
-                " FROM artifacts a JOIN jobs j ON j.job_id = a.job_id WHERE a.state IN"
-                " ('staged', 'verified') AND NOT EXISTS (SELECT 1 FROM leases l"
-                " WHERE l.job_id = a.job_id AND l.epoch = a.epoch)").all()
+            rows = coord.db.run(conn, fs.STALE_STAGES).all()
             if rows:
                 now = now_us()
-                coord.db.run_text(conn, _END_STALE)
+                coord.db.run(conn, fs.END_STALE)
                 for r in rows:
                     record_event(coord, conn, r[1], now, r[5], r[5], "artifact_rejected", None,
                                  r[2], {"name": r[3], "digest": r[4], "reason": "attempt_ended"})
@@ -567,9 +533,8 @@ def removal_check(db: Database, conn: Connection, force: bool,
     """Before `migrate --without artifacts`: how many rows, and objects in the store, would be
     left without the feature. Refused (exit 4) when there are any, unless forced. Objects are
     never deleted here (gc owns them; without the feature, remove the directory by hand)."""
-    rows, size = db.run_text(conn, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM artifacts"
-                             ).one() if _has_new_columns(db, conn) else db.run_text(
-        conn, "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM artifacts").one()
+    rows, size = db.run(conn, fs.ARTIFACT_TOTALS if _has_new_columns(db, conn)
+                        else fs.ARTIFACT_TOTALS_A0001).one()
     objects = object_bytes = 0
     with contextlib.suppress(InvalidInput):  # PostgreSQL without a named store: rows only
         for _digest, n, _mtime in ObjectStore(store_root(db, store)).iter_objects():
