@@ -182,7 +182,7 @@ def migrate(
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):
             if installed_features(before) & {feature}:
-                from .artifacts.rules import removal_check
+                from .artifacts.retention import removal_check
                 removed.update(removal_check(db, conn, force, artifacts_dir))  # unless force
                 command.downgrade(cfg, f"{feature}@base")
         command.upgrade(cfg, "core@head")
