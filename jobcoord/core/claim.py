@@ -39,7 +39,7 @@ def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, 
            known_worker: bool = True) -> dict[str, Any]:
     """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
     if known_worker:
-        ctx.db.execute(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
+        ctx.db.run(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
                                                   "detail": detail, "now": now,
                                                   "fresh": now - REFUSAL_REFRESH_US})
     return {"job": None, "reason": code, "detail": detail}
@@ -108,7 +108,7 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
           now: int) -> dict[str, Any] | tuple[list[str], Sequence[str] | None, GateDecision]:
     """The worker's side of a claim: its row, its heartbeat's age and the gates. Returns
     the refusal (already recorded) or the worker's roles, kinds and gate decision."""
-    row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
+    row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
                       f"worker {worker_id} has never sent a heartbeat", False)
@@ -151,7 +151,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
          "updated_at": iso(r[4])}
-        for r in ctx.db.execute(conn, sql.CHECKPOINTS, {"job_id": job_id})
+        for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})
     ]
     return {
         "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,
