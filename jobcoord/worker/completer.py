@@ -89,7 +89,12 @@ class Completer:
                     return
                 why = self._wait_for_group()
                 group, self._queue = self._queue[:self.group], self._queue[self.group:]
-            self._flush(group, why)
+            try:
+                self._flush(group, why)
+            except BaseException as e:  # a bug here must not leave a handler waiting
+                for p in group:
+                    if not p.future.done():
+                        p.future.set_exception(e)
 
     def _wait_for_group(self) -> str:
         """Called holding the lock with a non-empty queue: wait until the group is full, its
