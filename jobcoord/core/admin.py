@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
-from ..clock import iso, now_us, seconds_to_us
+from ..clock import now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
@@ -176,7 +176,7 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
     stmts = sql.PruneStatements(len(chosen), by_tenant=tenant is not None,
                                 related=[table for _, table in related])
     out: dict[str, Any] = {
-        "dry_run": dry_run, "cutoff": iso(cutoff), "statuses": chosen, "tenant": tenant,
+        "dry_run": dry_run, "cutoff": cutoff, "statuses": chosen, "tenant": tenant,
         "jobs": 0, "events": 0, "checkpoints": 0, "artifacts": 0, "keys_released": 0,
         "batches": 0,
     }
