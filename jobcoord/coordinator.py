@@ -129,19 +129,20 @@ class Coordinator:
         """Give this worker up to `n` (1..1000) eligible jobs in one write transaction, in
         claim order, each under its own lease, epoch and event (the rules:
         `core.claim.claim_many`)."""
-        return claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds)
+        return present.claimed_many_json(
+            claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds))
 
     def complete_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Many completions (each: job_id, worker_id, epoch, result; optionally provenance,
         tenant) in one write transaction, each fenced on its own with its own answer (the
         rules: `core.batch.complete_many`)."""
-        return batch.complete_many(self, items)
+        return present.batch_json(batch.complete_many(self, items), present.completed_json)
 
     def fail_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Many failure reports (each: job_id, worker_id, epoch, error; optionally
         permanent, reason, tenant, effect_not_applied) in one write transaction, each judged
         on its own (the rules: `core.batch.fail_many`)."""
-        return batch.fail_many(self, items)
+        return present.batch_json(batch.fail_many(self, items), present.failed_json)
 
     def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
                  provenance: Mapping[str, Any] | None = None, tenant: str | None = None

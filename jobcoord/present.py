@@ -64,6 +64,23 @@ def failed_json(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def claimed_many_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """claim_many's answer: each claim's answer shaped like claim's."""
+    for one in answer["claimed"]:
+        claimed_json(one)
+    return answer
+
+
+def batch_json(answer: dict[str, Any], each: Callable[[dict[str, Any]], Any]
+               ) -> dict[str, Any]:
+    """complete_many's or fail_many's answer: each accepted item shaped by `each`
+    (completed_json, failed_json); a refused one is already its error's JSON."""
+    for result in answer["results"]:
+        if "error" not in result:
+            each(result)
+    return answer
+
+
 def renewed_json(answer: dict[str, Any]) -> dict[str, Any]:
     answer["expires_at"] = iso(answer["expires_at"])
     return answer

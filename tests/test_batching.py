@@ -203,3 +203,18 @@ def test_a_batch_checks_each_distinct_setting_even_when_an_equal_one_passed(
         coord.enqueue_many([base | {field: good}, base | {field: good}, base | {field: bad}])
     assert dump(coord) == before
     assert len(coord.enqueue_many([base | {field: good}] * 3)) == 3
+
+
+def test_batch_answers_give_their_times_as_iso_text(coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(2)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    a, b = coord.claim_many("w1", 2)["claimed"]
+    for got in (a, b):
+        assert isinstance(got["lease"]["expires_at"], str)
+        assert got["lease"]["expires_at"].endswith("Z")
+        assert isinstance(got["lease"]["expires_at_us"], int)
+    done = coord.complete_many([_item(a)])["results"][0]
+    assert isinstance(done["finished_at"], str) and done["finished_at"].endswith("Z")
+    failed = coord.fail_many([{"job_id": b["job"]["job_id"], "worker_id": "w1", "epoch": 1,
+                               "error": "x"}])["results"][0]
+    assert isinstance(failed["run_after"], str) and failed["run_after"].endswith("Z")
