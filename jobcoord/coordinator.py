@@ -117,10 +117,11 @@ class Coordinator:
         return worker_rules.heartbeat(self, worker_id, roles=roles, readings=readings, kinds=kinds)
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
-              kinds: Sequence[str] | None = None) -> dict[str, Any]:
-        """Give this worker the first eligible waiting job, under a new lease and epoch (the
-        rules: `core.claim.claim`)."""
-        return claim_rules.claim(self, worker_id, lease_s=lease_s, kinds=kinds)
+              kinds: Sequence[str] | None = None, tenant: str | None = None
+              ) -> dict[str, Any]:
+        """Give this worker the first eligible waiting job (of `tenant` only, when given),
+        under a new lease and epoch (the rules: `core.claim.claim`)."""
+        return claim_rules.claim(self, worker_id, lease_s=lease_s, kinds=kinds, tenant=tenant)
 
     def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
                  provenance: Mapping[str, Any] | None = None, tenant: str | None = None
@@ -272,20 +273,23 @@ class Coordinator:
     # --- inner steps the locking and query-plan checks drive directly --------------------
 
     def _candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                       due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
-        """The store's claim candidate select (`:name` parameters) and its role and kind
-        parameters."""
-        stmt, params = self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
+                       due_only: bool, locked: bool = True, tenant: str | None = None
+                       ) -> tuple[str, dict[str, Any]]:
+        """The store's claim candidate select (`:name` parameters) and its role, kind and
+        tenant parameters."""
+        stmt, params = self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked,
+                                             tenant=tenant)
         return stmt.named(self.db.dialect), params
 
-    def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None
-                          ) -> tuple[str, dict[str, Any]]:
-        """PostgreSQL's one-statement claim and its role and kind parameters."""
+    def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None,
+                          tenant: str | None = None) -> tuple[str, dict[str, Any]]:
+        """PostgreSQL's one-statement claim and its role, kind and tenant parameters."""
         from .store.postgresql import claim_sql
 
-        return claim_sql(roles, kinds)
+        return claim_sql(roles, kinds, tenant)
 
     def _claim(self, conn: Connection, worker_id: str, lease_us: int,
-               kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+               kinds: Sequence[str] | None, now: int, tenant: str | None = None
+               ) -> dict[str, Any]:
         """The claim inside a write transaction the caller holds open."""
-        return claim_rules.claim_in(self, conn, worker_id, lease_us, kinds, now)
+        return claim_rules.claim_in(self, conn, worker_id, lease_us, kinds, now, tenant)

@@ -46,6 +46,10 @@ class World:
 
 
 Cell = Callable[[World, str], tuple[str, str, Any]]  # (world, own|other) -> method, path, body
+#: The worker's fenced endpoints and a valid body of each.
+FENCED: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("renew", {"lease_s": 60}), ("effect", {}), ("checkpoint", {"name": "step"}),
+    ("complete", {"result": {"ok": True}}), ("fail", {"error": "e"}))
 
 
 def _read(suffix: str = "") -> Cell:
@@ -57,6 +61,16 @@ def _fenced(op: str, body: dict[str, Any]) -> Cell:
     def cell(w: World, side: str) -> tuple[str, str, Any]:
         job, epoch = w.leased("wa" if side == "own" else "wb", "alice" if side == "own"
                               else "bob")
+        return "POST", f"/v1/jobs/{job}/{op}", {"epoch": epoch, **body}
+    return cell
+
+
+def _foreign(op: str, body: dict[str, Any]) -> Cell:
+    """A lease the worker token may not touch: "own" is another worker's lease in the
+    token's own tenant, "other" is a lease held under the token's own worker id on a job of
+    another tenant (claimed around the server, through the Python API)."""
+    def cell(w: World, side: str) -> tuple[str, str, Any]:
+        job, epoch = w.leased("wb", "alice") if side == "own" else w.leased("wa", "bob")
         return "POST", f"/v1/jobs/{job}/{op}", {"epoch": epoch, **body}
     return cell
 
@@ -74,8 +88,9 @@ def _fixed(method: str, path: str, body: Any = None) -> Cell:
 
 
 # endpoint -> (cell, {role: (own status, other-tenant status)}). "Other" for the worker's
-# endpoints is a lease held by another worker of another tenant: the worker id is the token's,
-# so the lease's owner decides (409 not_owner); reads by a worker are refused by role.
+# endpoints is a lease held by another worker of another tenant: 404, as if absent (the
+# worker token, bound to tenant alice, sees its own leases only); reads by a worker are
+# refused by role.
 MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
     "POST /v1/jobs": (_fixed("POST", "/v1/jobs", {"kind": "k", "role": "nobody"}),
                       {"submitter": (201, 201), "viewer": (403, 403), "worker": (403, 403),
@@ -96,10 +111,13 @@ MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
                         {"submitter": (403, 403), "viewer": (403, 403), "worker": (200, 200),
                          "operator": (403, 403)}),
     **{f"POST /v1/jobs/{{id}}/{op}": (_fenced(op, body), {
-        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 409),
-        "operator": (403, 403)}) for op, body in (
-            ("renew", {"lease_s": 60}), ("effect", {}), ("checkpoint", {"name": "step"}),
-            ("complete", {"result": {"ok": True}}), ("fail", {"error": "e"}))},
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
+        "operator": (403, 403)}) for op, body in FENCED},
+    # Another worker's lease in the token's tenant; the token's own worker id on another
+    # tenant's job: both as if absent.
+    **{f"POST /v1/jobs/{{id}}/{op} (not this token's lease)": (_foreign(op, body), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
+        "operator": (403, 403)}) for op, body in FENCED},
     "POST /v1/jobs/{id}/cancel": (_operator("cancel"), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
         "operator": (200, 404)}),
@@ -124,7 +142,7 @@ def _tokens(target: Target) -> dict[str, str]:
     return {
         "submitter": token(target, "sub", "submitter", tenant="alice"),
         "viewer": token(target, "view", "viewer", tenant="alice"),
-        "worker": token(target, "wa", "worker", worker="wa"),
+        "worker": token(target, "wa", "worker", tenant="alice", worker="wa"),
         "operator": token(target, "op", "operator", tenant="alice"),
     }
 
@@ -242,3 +260,27 @@ def test_token_create_shows_the_secret_once_and_stores_only_its_hash(target: Tar
     missing = subprocess.run([*argv, "revoke", "nope", "--json"], capture_output=True,
                              check=False)
     assert missing.returncode == 4
+
+
+def test_a_tenant_bound_worker_token_claims_only_its_tenants_jobs(target: Target) -> None:
+    alice = token(target, "wa", "worker", tenant="alice", worker="wa")
+    unbound = token(target, "wu", "worker", worker="wu")
+    with Coordinator.open(target) as c:
+        bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        default = c.enqueue("k", {})["job_id"]  # the default tenant is not alice's
+        alices = c.enqueue("k", {}, tenant="alice")["job_id"]
+    with served(target, "--reap-every", "0") as s, s.client(alice) as wa, \
+            s.client(unbound) as wu:
+        for http in (wa, wu):
+            assert http.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 5}}
+                             ).status_code == 200
+        got = wa.post("/v1/claims", json={}).json()
+        assert got["job"]["job_id"] == alices and got["job"]["tenant"] == "alice"
+        nothing = wa.post("/v1/claims", json={}).json()
+        assert nothing["job"] is None and nothing["reason"] == "no_waiting_jobs"
+        assert "bob" not in nothing["detail"]
+        # A long-poll is not woken into another tenant's job: 204 when the wait ends.
+        assert wa.post("/v1/claims", json={"wait": 0.3}).status_code == 204
+        # An unbound worker token serves every tenant.
+        assert wu.post("/v1/claims", json={}).json()["job"]["job_id"] == bobs
+        assert wu.post("/v1/claims", json={}).json()["job"]["job_id"] == default

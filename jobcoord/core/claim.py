@@ -17,16 +17,20 @@ from .common import NO_KINDS, Context, as_bool, lease_us
 
 
 def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
-          kinds: Sequence[str] | None = None) -> dict[str, Any]:
-    """Give this worker the first eligible waiting job, under a new lease and epoch.
+          kinds: Sequence[str] | None = None, tenant: str | None = None) -> dict[str, Any]:
+    """Give this worker the first eligible waiting job, under a new lease and epoch. With a
+    `tenant`, only that tenant's jobs are eligible (a tenant-bound worker never sees another
+    tenant's job, nor the default tenant's); without one, every tenant's.
 
     Returns {"job": {...}, "lease": {...}}, or {"job": None, "reason": CODE, "detail"}
     when nothing can be claimed (the refusal is also recorded on the worker)."""
     worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    tenant = v.optional_name(tenant, "tenant")
     return ctx.db.write(
-        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us()), "claim")
+        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us(), tenant),
+        "claim")
 
 
 def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, detail: str,
@@ -39,7 +43,8 @@ def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, 
 
 
 def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
-             kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+             kinds: Sequence[str] | None, now: int, tenant: str | None = None
+             ) -> dict[str, Any]:
     """The claim inside an open write transaction (also the second half of
     complete_and_claim)."""
     row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
@@ -66,9 +71,10 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
         return refuse(ctx, conn, worker_id, now, code, detail)
     expires = now + lease_us
     taken = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
-                             max_priority=gates.max_priority, expires_iso=iso(expires))
+                             max_priority=gates.max_priority, expires_iso=iso(expires),
+                             tenant=tenant)
     if not taken.picked:
-        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
+        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now, tenant)
         return refuse(ctx, conn, worker_id, now, code, detail)
     if taken.job is None:  # the compare-and-set took nothing: defence in depth
         return refuse(ctx, conn, worker_id, now, "no_waiting_jobs", "lost a race")
@@ -89,21 +95,33 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
 
 
 def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
-                kinds: Sequence[str] | None, gates: GateDecision, now: int) -> tuple[str, str]:
-    """The reason code and detail of a claim that found nothing to take."""
-    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
-        return "no_waiting_jobs", "no job is waiting"
-    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+                kinds: Sequence[str] | None, gates: GateDecision, now: int,
+                tenant: str | None = None) -> tuple[str, str]:
+    """The reason code and detail of a claim that found nothing to take. A tenant-bound
+    claim is told only about its tenant's jobs: another tenant's are as if absent."""
+
+    def none_waiting() -> bool:
+        if tenant is None:
+            return ctx.db.run(conn, sql.ANY_WAITING).first() is None
+        return ctx.db.run(conn, sql.ANY_WAITING_OF_TENANT, {"tenant": tenant}).first() is None
+
+    nothing = "no job is waiting" if tenant is None else f"no job of tenant {tenant} is waiting"
+    if none_waiting():
+        return "no_waiting_jobs", nothing
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False,
+                                        tenant=tenant)
     params.update(now=now, maxp=gates.max_priority)
     if ctx.db.run(conn, stmt, params).first() is not None:
         # Only on PostgreSQL: the claim skipped rows that concurrent claims hold locked.
         return ("no_waiting_jobs",
                 "every job this worker could run is being claimed by another worker")
-    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False,
+                                        tenant=tenant)
     params.update(now=now, maxp=3)
     if gates.refusal and ctx.db.run(conn, stmt, params).first() is not None:
         return gates.refusal
-    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False,
+                                        tenant=tenant)
     params.update(maxp=3)
     if ctx.db.run(conn, stmt, params).first() is not None:
         return ("no_waiting_jobs",
@@ -111,8 +129,8 @@ def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
                 "their deadline")
     # Each statement above may see a newer snapshot on PostgreSQL: the jobs seen waiting
     # at first may have been claimed since. Ask again before blaming the role.
-    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
-        return "no_waiting_jobs", "no job is waiting"
+    if none_waiting():
+        return "no_waiting_jobs", nothing
     serves = f"roles {list(roles)}" if roles else "no role"
     if kinds is not None:
         serves += f" and kinds {list(kinds)}"

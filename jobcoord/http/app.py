@@ -429,6 +429,21 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         assert who.worker_id is not None  # the schema's check: worker tokens name one
         return who.worker_id
 
+    async def fenced(fn: Callable[..., T], job_id: int, who: Identity, *args: Any,
+                     **kwargs: Any) -> T:
+        """A worker's fenced call as the token's worker id, fenced by the token's tenant
+        (None: an unbound worker token serves every tenant). A job of another tenant, and a
+        live lease of another worker, answer exactly as a missing job: a worker token sees
+        its own leases only."""
+        try:
+            return await srv.call(fn, job_id, worker_of(who), *args, tenant=who.tenant,
+                                  **kwargs)
+        except Refused as e:
+            if e.code == "not_owner":
+                raise Refused("job_not_found", f"job {job_id} not found",
+                              job_id=job_id) from None
+            raise
+
     # -- unauthenticated --
 
     @app.get("/healthz", responses={200: {"description": "serving"}})
@@ -502,7 +517,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         woken = False
         while True:
             got = await srv.call(coordinator.claim, worker, lease_s=body.lease_s,
-                                 kinds=body.kinds)
+                                 kinds=body.kinds, tenant=who.tenant)
             if got["job"] is not None:
                 return got
             if woken:
@@ -522,13 +537,13 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
 
     @app.post("/v1/jobs/{job_id}/renew", dependencies=strict)
     async def renew(job_id: JobId, body: RenewBody, who: WorkerId) -> dict[str, Any]:
-        return await srv.call(coordinator.renew, job_id, worker_of(who), body.epoch,
-                              lease_s=body.lease_s)
+        return await fenced(coordinator.renew, job_id, who, body.epoch, lease_s=body.lease_s)
 
-    def _complete(job_id: int, worker: str, body: CompleteBody) -> dict[str, Any]:
+    def _complete(job_id: int, worker: str, body: CompleteBody, tenant: str | None
+                  ) -> dict[str, Any]:
         try:
             got = coordinator.complete(job_id, worker, body.epoch, body.result,
-                                       provenance=body.provenance)
+                                       provenance=body.provenance, tenant=tenant)
         except Refused as e:
             if (e.code == "job_finished" and e.details.get("status") == "succeeded"
                     and e.details.get("accepted_epoch") == body.epoch
@@ -543,25 +558,25 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
 
     @app.post("/v1/jobs/{job_id}/complete", dependencies=strict)
     async def complete(job_id: JobId, body: CompleteBody, who: WorkerId) -> dict[str, Any]:
-        return await srv.call(_complete, job_id, worker_of(who), body)
+        return await fenced(_complete, job_id, who, body)
 
     @app.post("/v1/jobs/{job_id}/fail", dependencies=strict)
     async def fail(job_id: JobId, body: FailBody, who: WorkerId) -> dict[str, Any]:
-        got = await srv.call(coordinator.fail, job_id, worker_of(who), body.epoch, body.error,
-                             permanent=body.permanent, reason=body.reason)
+        got = await fenced(coordinator.fail, job_id, who, body.epoch, body.error,
+                           permanent=body.permanent, reason=body.reason)
         if got["status"] == "waiting":
             srv.notify()
         return got
 
     @app.post("/v1/jobs/{job_id}/effect", dependencies=strict)
     async def effect(job_id: JobId, body: EpochBody, who: WorkerId) -> dict[str, Any]:
-        return await srv.call(coordinator.mark_effect, job_id, worker_of(who), body.epoch)
+        return await fenced(coordinator.mark_effect, job_id, who, body.epoch)
 
     @app.post("/v1/jobs/{job_id}/checkpoint", dependencies=strict)
     async def checkpoint(job_id: JobId, body: CheckpointBody, who: WorkerId
                          ) -> dict[str, Any]:
-        return await srv.call(coordinator.checkpoint, job_id, worker_of(who), body.epoch,
-                              body.name, body.data)
+        return await fenced(coordinator.checkpoint, job_id, who, body.epoch, body.name,
+                            body.data)
 
     # -- operators --
 

@@ -278,18 +278,19 @@ class Database:
         raise NotImplementedError
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[SQL, dict[str, Any]]:
+                      due_only: bool, locked: bool = True, tenant: str | None = None
+                      ) -> tuple[SQL, dict[str, Any]]:
         """The claim's candidate select for this worker's roles and kinds (one index probe
-        per (role, kind)) and its role and kind parameters. `locked` False is for diagnosis
-        only: it must neither lock rows nor skip locked ones."""
+        per (role, kind)), only jobs of `tenant` when given, and its parameters. `locked`
+        False is for diagnosis only: it must neither lock rows nor skip locked ones."""
         raise NotImplementedError
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
-                  expires_iso: str) -> Taken:
-        """Take the first eligible waiting job in claim order: the job to running with the
-        next epoch and attempt, the lease, and the `claimed` event (its detail: the attempt
-        and `expires_iso`)."""
+                  expires_iso: str, tenant: str | None = None) -> Taken:
+        """Take the first eligible waiting job in claim order (of `tenant` only, when given):
+        the job to running with the next epoch and attempt, the lease, and the `claimed`
+        event (its detail: the attempt and `expires_iso`)."""
         raise NotImplementedError
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,

@@ -253,14 +253,15 @@ class SqliteDatabase(Database):
         return self.execute(conn, s.OWNED, {"job_id": job_id}).fetchone()
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[s.SQL, dict[str, Any]]:
+                      due_only: bool, locked: bool = True, tenant: str | None = None
+                      ) -> tuple[s.SQL, dict[str, Any]]:
         # No lock clause: BEGIN IMMEDIATE holds the only write lock.
-        return s.candidate_sql(roles, kinds, due_only=due_only, locked=False)
+        return s.candidate_sql(roles, kinds, due_only=due_only, locked=False, tenant=tenant)
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
-                  expires_iso: str) -> Taken:
-        stmt, params = self.candidate_sql(roles, kinds, due_only=True)
+                  expires_iso: str, tenant: str | None = None) -> Taken:
+        stmt, params = self.candidate_sql(roles, kinds, due_only=True, tenant=tenant)
         params.update(now=now, maxp=max_priority)
         found = self.execute(conn, stmt, params).fetchone()
         if found is None:
