@@ -57,6 +57,8 @@ STATUS_BY_CLASS: tuple[tuple[type[JobcoordError], int], ...] = (
 NOT_FOUND_CODES = frozenset({"job_not_found", "token_not_found", "artifact_not_found"})
 #: A digest mismatch on an artifact upload (the issue's contract).
 UNPROCESSABLE_CODES = frozenset({"artifact_invalid"})
+#: An artifact over its limit (the server's upload limit or its kind's): the body was too big.
+TOO_LARGE_CODES = frozenset({"artifact_too_large"})
 RETRY_AFTER_S = {DatabaseBusy: 1, StorageUnavailable: 5}
 
 
@@ -65,6 +67,8 @@ def status_of(err: JobcoordError) -> int:
         return 404
     if err.code in UNPROCESSABLE_CODES:
         return 422
+    if err.code in TOO_LARGE_CODES:
+        return 413
     for cls, status in STATUS_BY_CLASS:
         if isinstance(err, cls):
             return status

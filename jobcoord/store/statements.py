@@ -324,6 +324,8 @@ SETTLE_UNKNOWN = SQL(
             finished_at=P("now"), updated_at=P("now")))
 JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
 ANY_WAITING = SQL(select(ONE).where(WAITING).limit(ONE))
+#: Is any waiting job due (:now)? The server's hint to wake its long-polls.
+ANY_DUE = SQL(select(ONE).where(WAITING, J.run_after <= P("now")).limit(ONE))
 #: Is any job of tenant :tenant waiting? (A tenant-bound claim's "nothing waits".)
 ANY_WAITING_OF_TENANT = SQL(select(ONE).where(WAITING, J.tenant == P("tenant")).limit(ONE))
 SET_STATUS = SQL(
