@@ -6,6 +6,7 @@ Every rule is jobcoord.artifacts.rules': names, fencing, limits, verification.""
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
 import hashlib
+import io
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -18,9 +19,11 @@ from starlette.requests import ClientDisconnect
 
 from ..artifacts.objects import parse_digest, validate_name
 from ..errors import InvalidInput, Refused
+from ..tokens import Identity
 from .bodies import error_responses
 from .deps import JobId, Reader, Srv, WorkerId, scope
 from .routes_worker import fenced
+from .state import Server
 
 router = APIRouter()
 
@@ -28,13 +31,14 @@ router = APIRouter()
 _UNLABELLED = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-class BodyStream:
+class BodyStream(io.RawIOBase):
     """A blocking, binary file object over the request's body as it arrives, for the store's
     put running on the server's thread pool: each read waits for the next chunk on the event
     loop. Counts the bytes against the upload limit as they come."""
 
     def __init__(self, chunks: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop,
                  limit: int):
+        super().__init__()
         self._chunks = chunks
         self._loop = loop
         self._limit = limit
@@ -52,7 +56,10 @@ class BodyStream:
             raise InvalidInput("upload_incomplete", "the client went away before the "
                                "upload's last byte; nothing was stored") from None
 
-    def readinto(self, buf: memoryview) -> int:
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
         while not self._pending:
             if self._done:
                 return 0
@@ -102,6 +109,9 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
         raise InvalidInput("digest_required", "name the expected digest: X-Content-Digest: "
                            "sha256:<hex> (or ?digest=)")
     parse_digest(expected)
+    if "artifacts" not in srv.c.features:
+        raise Refused("feature_missing", "artifact storage is not installed in this "
+                      "database: run `jobcoord migrate --with artifacts`")
     if media_type is None and content_type and not content_type.startswith(_UNLABELLED):
         media_type = content_type.split(";")[0].strip()
     body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes)
@@ -112,6 +122,14 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
 @router.get("/v1/jobs/{job_id}/artifacts")
 async def list_artifacts(job_id: JobId, who: Reader, srv: Srv) -> dict[str, Any]:
     """The job's accepted artifacts."""
+    return await _accepted(srv, job_id, who)
+
+
+async def _accepted(srv: Server, job_id: int, who: Identity) -> dict[str, Any]:
+    if "artifacts" not in srv.c.features:
+        # Without the feature no job has artifacts: a visible job's list is empty.
+        await srv.call(srv.c.show, job_id, tenant=scope(who))
+        return {"artifacts": []}
     return await srv.call(srv.c.artifacts, job_id, tenant=scope(who))
 
 
@@ -124,7 +142,7 @@ async def list_artifacts(job_id: JobId, who: Reader, srv: Srv) -> dict[str, Any]
 async def download(job_id: JobId, name: str, who: Reader, srv: Srv) -> FileResponse:
     """Download an accepted artifact of a job this token may see."""
     name = validate_name(name)
-    listed = await srv.call(srv.c.artifacts, job_id, tenant=scope(who))
+    listed = await _accepted(srv, job_id, who)
     found = next((a for a in listed["artifacts"] if a["name"] == name), None)
     if found is None:
         raise Refused("artifact_not_found", f"job {job_id} has no accepted artifact "

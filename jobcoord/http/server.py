@@ -53,7 +53,7 @@ def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
 
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
-               threads: int, as_json: bool) -> None:
+               threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30) -> None:
     import uvicorn
 
     from .app import create_app
@@ -63,7 +63,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
         print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
     emit = printer(as_json)
     app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
-                     emit=emit)
+                     emit=emit, max_artifact_bytes=max_artifact_bytes)
     scheme = "https" if tls_cert else "http"
 
     class _Server(uvicorn.Server):
