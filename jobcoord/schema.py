@@ -217,5 +217,7 @@ tokens = Table(
     UniqueConstraint("token_hash"),
 )
 
-CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
+#: Every table of the core revisions, parents before children (transfer copies them in this
+#: order).
+CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "tokens")
 OPTIONAL_TABLES = {"artifacts": ("artifacts",)}

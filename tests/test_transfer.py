@@ -127,6 +127,7 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     ids = populate(src)
     if features:
         add_artifact_rows(src, ids["succeeded"])
+    make_tokens(src)
     before = table_rows(src, features)
     with freeze_time(at(1000)):
         r = run_cli(src, "transfer", "--to", pg.url, "--json")
@@ -135,7 +136,7 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     assert out["verified"] is True
     assert out["features"] == sorted(features)
     after = table_rows(pg, features)
-    assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints",
+    assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints", "tokens",
                           *(["artifacts"] if features else [])}
     for name, rows in before.items():
         assert rows, f"{name} should have been populated"
@@ -159,6 +160,46 @@ def test_every_job_reads_the_same_through_the_api_after_the_move(src: Target,
             assert errors == ["model timeout #1", "model timeout #2"]
             assert dead["job"]["last_error"] == "model timeout #2"
             assert check(new.db)["ok"]
+
+
+def make_tokens(target: Target) -> dict[str, str]:
+    """A live worker token, a live submitter token and a revoked one: name -> secret."""
+    from jobcoord import tokens
+
+    db = Database.open(target)
+    try:
+        made = {name: tokens.create(db, name, role, tenant=tenant, worker=worker)["token"]
+                for name, role, tenant, worker in (
+                    ("laptop", "worker", "acme", "laptop"), ("ci", "submitter", "acme", None),
+                    ("lost", "viewer", None, None))}
+        tokens.revoke(db, "lost")
+        return made
+    finally:
+        db.close()
+
+
+def test_tokens_move_with_the_database_hashes_only(src: Target, pg: Target) -> None:
+    from jobcoord import tokens
+
+    populate(src)
+    made = make_tokens(src)
+    with freeze_time(at(1000)):
+        assert run_cli(src, "transfer", "--to", pg.url).code == 0
+    db = Database.open(pg)
+    try:
+        # Every secret works as it did, revoked stays revoked; no secret is stored.
+        assert tokens.authenticate(db, made["laptop"]) == tokens.Identity(
+            "laptop", "worker", "acme", "laptop")
+        assert tokens.authenticate(db, made["ci"]).role == "submitter"  # type: ignore[union-attr]
+        assert tokens.authenticate(db, made["lost"]) is None
+        rows = repr(table_rows(pg, set())["tokens"])
+        assert not any(secret in rows for secret in made.values())
+        # New tokens continue after the copied ids.
+        tokens.create(db, "desktop", "worker", worker="desktop")
+        assert [t["name"] for t in tokens.list_tokens(db)["tokens"]] == [
+            "ci", "desktop", "laptop", "lost"]
+    finally:
+        db.close()
 
 
 def test_acceptance_and_idempotency_contracts_survive_the_move(src: Target, pg: Target) -> None:
