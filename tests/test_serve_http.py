@@ -18,7 +18,7 @@ import httpx
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.conftest import dump
-from tests.serve_procs import db_args, jobcoord_argv, served, token, tokens_for, wait_for
+from tests.serve_procs import Served, db_args, jobcoord_argv, served, token, tokens_for, wait_for
 
 
 def test_submit_is_201_after_commit_and_idempotency_key_returns_the_same_job(
@@ -248,6 +248,21 @@ def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: Target
+                                                                 ) -> None:
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    try:
+        assert s.proc is not None
+        with s.client() as http:
+            assert http.get("/healthz").status_code == 200
+        s.signal(signal.SIGTERM)
+        out, _ = s.proc.communicate(timeout=30)
+        assert s.proc.returncode == 0
+        assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+    finally:
+        s.stop()
 
 
 def test_no_token_is_ever_logged(target: Target) -> None:
