@@ -18,7 +18,9 @@ from .state import Server
 bearer = HTTPBearer(auto_error=False, description="A token from `jobcoord token create`.")
 
 
-def server(request: Request) -> Server:
+async def server(request: Request) -> Server:
+    # async on purpose: FastAPI runs a plain `def` dependency on a worker thread of its
+    # own, a thread hop per request (and up to 40 more threads in the server).
     srv: Server = request.app.state.server
     return srv
 
