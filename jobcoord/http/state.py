@@ -92,10 +92,10 @@ class Server:
         """A cheap read: is any waiting job due? Only a hint to wake the long-polls; the claim
         itself decides what is eligible."""
         from ..clock import now_us
-        from ..store import statements as sql
+        from ..store import report_statements as rs
 
         db = self.c.db
-        return db.read(lambda conn: db.run(conn, sql.ANY_DUE, {"now": now_us()}).first()
+        return db.read(lambda conn: db.run(conn, rs.DUE_JOB, {"now": now_us()}).first()
                        is not None, "poll")
 
     async def poller(self) -> None:
