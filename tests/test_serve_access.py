@@ -4,6 +4,7 @@ revocation on the very next request; token commands."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Callable
@@ -36,6 +37,16 @@ class World:
         assert got["job"]["job_id"] == job
         return job, got["lease"]["epoch"]
 
+    def accepted_artifact(self, tenant: str) -> int:
+        """A job of `tenant` completed with an accepted artifact `a.txt`."""
+        self.n = getattr(self, "n", 0) + 1
+        worker = f"wx{self.n}"
+        self.c.heartbeat(worker, roles=[f"r-{worker}"], readings={"memory_used_pct": 10})
+        job, epoch = self.leased(worker, tenant)
+        self.c.put_artifact(job, worker, epoch, "a.txt", ARTIFACT)
+        self.c.complete(job, worker, epoch, {})
+        return job
+
     def dead(self, tenant: str) -> int:
         # A worker of its own: an operator's retry puts the job back under its role.
         self.n = getattr(self, "n", 0) + 1
@@ -46,7 +57,11 @@ class World:
         return job
 
 
-Cell = Callable[[World, str], tuple[str, str, Any]]  # (world, own|other) -> method, path, body
+# (world, own|other) -> method, path, JSON body, and optionally other request arguments
+Cell = Callable[[World, str], tuple[Any, ...]]
+ARTIFACT = b"artifact bytes\n"
+UPLOAD = {"content": ARTIFACT, "headers": {
+    "X-Content-Digest": "sha256:" + hashlib.sha256(ARTIFACT).hexdigest()}}
 #: The worker's fenced endpoints and a valid body of each.
 FENCED: tuple[tuple[str, dict[str, Any]], ...] = (
     ("renew", {"lease_s": 60}), ("effect", {}), ("checkpoint", {"name": "step"}),
@@ -73,6 +88,27 @@ def _foreign(op: str, body: dict[str, Any]) -> Cell:
     def cell(w: World, side: str) -> tuple[str, str, Any]:
         job, epoch = w.leased("wb", "alice") if side == "own" else w.leased("wa", "bob")
         return "POST", f"/v1/jobs/{job}/{op}", {"epoch": epoch, **body}
+    return cell
+
+
+def _upload(foreign: bool) -> Cell:
+    """An artifact upload: this token's lease ("own") or another worker's of another tenant
+    ("other"); with `foreign`, the two leases it may not touch, as in _foreign."""
+    def cell(w: World, side: str) -> tuple[Any, ...]:
+        if foreign:
+            job, epoch = w.leased("wb", "alice") if side == "own" else w.leased("wa", "bob")
+        else:
+            job, epoch = (w.leased("wa", "alice") if side == "own"
+                          else w.leased("wb", "bob"))
+        return ("PUT", f"/v1/jobs/{job}/artifacts/a.txt", None,
+                {**UPLOAD, "params": {"epoch": epoch}})
+    return cell
+
+
+def _artifact(suffix: str) -> Cell:
+    def cell(w: World, side: str) -> tuple[Any, ...]:
+        job = w.accepted_artifact("alice" if side == "own" else "bob")
+        return "GET", f"/v1/jobs/{job}/artifacts{suffix}", None
     return cell
 
 
@@ -119,6 +155,18 @@ MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
     **{f"POST /v1/jobs/{{id}}/{op} (not this token's lease)": (_foreign(op, body), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
         "operator": (403, 403)}) for op, body in FENCED},
+    "PUT /v1/jobs/{id}/artifacts/{name}": (_upload(False), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
+        "operator": (403, 403)}),
+    "PUT /v1/jobs/{id}/artifacts/{name} (not this token's lease)": (_upload(True), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
+        "operator": (403, 403)}),
+    "GET /v1/jobs/{id}/artifacts": (_artifact(""), {
+        "submitter": (200, 404), "viewer": (200, 404), "worker": (403, 403),
+        "operator": (200, 404)}),
+    "GET /v1/jobs/{id}/artifacts/{name}": (_artifact("/a.txt"), {
+        "submitter": (200, 404), "viewer": (200, 404), "worker": (403, 403),
+        "operator": (200, 404)}),
     "POST /v1/jobs/{id}/cancel": (_operator("cancel"), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
         "operator": (200, 404)}),
@@ -148,19 +196,25 @@ def _tokens(target: Target) -> dict[str, str]:
     }
 
 
-def test_access_matrix_every_endpoint_role_and_tenant(target: Target) -> None:
+def test_access_matrix_every_endpoint_role_and_tenant(target: Target, tmp_path: Any) -> None:
+    from tests.test_artifacts_rules import install
+
+    install(target)
+    store = str(tmp_path / "store")
     secrets = _tokens(target)
     c = Coordinator.open(target)
+    c.artifacts_dir = store
     world = World(c)
     failures = []
-    with served(target, "--reap-every", "0") as s:
+    with served(target, "--reap-every", "0", env={"JOBCOORD_ARTIFACTS": store}) as s:
         clients = {role: s.client(secret) for role, secret in secrets.items()}
         anonymous = s.client()
         for endpoint, (cell, expected) in MATRIX.items():
             for role in ROLES:
                 for i, side in enumerate(("own", "other")):
-                    method, path, body = cell(world, side)
-                    resp = clients[role].request(method, path, json=body)
+                    method, path, body, *more = cell(world, side)
+                    resp = clients[role].request(method, path, json=body,
+                                                 **(more[0] if more else {}))
                     want = expected[role][i]
                     if resp.status_code != want:
                         failures.append(f"{endpoint} as {role} ({side}): {resp.status_code} "
@@ -169,12 +223,14 @@ def test_access_matrix_every_endpoint_role_and_tenant(target: Target) -> None:
                         error = resp.json()["error"]
                         assert set(error) <= {"code", "message", "details"}, resp.text
             # Without a token, every /v1 endpoint is 401 (the bearer scheme, never 422).
-            method, path, body = cell(world, "own")
-            resp = anonymous.request(method, path, json=body)
+            method, path, body, *more = cell(world, "own")
+            extra = more[0] if more else {}
+            resp = anonymous.request(method, path, json=body, **extra)
             if resp.status_code != 401 or resp.json()["error"]["code"] != "unauthorized":
                 failures.append(f"{endpoint} without a token: {resp.status_code}")
-            resp = anonymous.request(method, path, json=body,
-                                     headers={"Authorization": "Bearer jct_not-a-token"})
+            unknown = {**extra, "headers": {**extra.get("headers", {}),
+                                            "Authorization": "Bearer jct_not-a-token"}}
+            resp = anonymous.request(method, path, json=body, **unknown)
             if resp.status_code != 401:
                 failures.append(f"{endpoint} with an unknown token: {resp.status_code}")
         assert anonymous.get("/healthz").status_code == 200
