@@ -14,6 +14,7 @@ import pytest
 from freezegun import freeze_time
 
 from jobcoord.db import Database, Target
+from jobcoord.errors import Refused
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
@@ -315,11 +316,65 @@ def test_transfer_refuses_a_sqlite_target(src: Target, tmp_path: Any,
     assert _count_jobs(other) == 0
 
 
-def test_transfer_from_postgresql_is_refused(pg: Target, pg_template: str) -> None:
+def test_transfer_between_two_postgresql_databases_is_refused(pg: Target,
+                                                              pg_template: str) -> None:
     with fresh_pg(pg_template) as other:
         r = run_cli(pg, "transfer", "--to", other.url, "--json")
     assert r.code == 2, r.out + r.err
-    assert "not SQLite" in r.json["error"]["message"]
+    assert "pg_dump" in r.json["error"]["message"]
+
+
+@pytest.mark.parametrize("features", [set(), {"artifacts"}], ids=["core", "with_artifacts"])
+def test_transfer_back_from_postgresql_into_sqlite_copies_every_row(
+        pg: Target, sqlite_template: str, tmp_path: Any, features: set[str]) -> None:
+    """The way back: every table row by row, tokens included (hashes only), and a token
+    made on PostgreSQL works against the SQLite file."""
+    from jobcoord import tokens
+
+    back = fresh_sqlite(sqlite_template, str(tmp_path), "back.db")
+    if features:
+        with_artifacts(pg)
+        with_artifacts(back)
+    ids = populate(pg)
+    if features:
+        add_artifact_rows(pg, ids["succeeded"])
+    made = make_tokens(pg)
+    before = table_rows(pg, features)
+    with freeze_time(at(1000)):
+        r = run_cli(pg, "transfer", "--to", back.url, "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["verified"] is True
+    after = table_rows(back, features)
+    assert set(after) == set(before)
+    for name, rows in before.items():
+        assert rows, f"{name} should have been populated"
+        assert after[name] == rows, name
+    assert table_rows(pg, features) == before  # the source is untouched
+    db = Database.open(back)
+    try:
+        assert tokens.authenticate(db, made["laptop"]).worker_id == "laptop"  # type: ignore[union-attr]
+        assert tokens.authenticate(db, made["lost"]) is None
+    finally:
+        db.close()
+    with Coordinator.open(back) as c, freeze_time(at(1000)):
+        for job_id in ids.values():
+            assert c.show(job_id)["job"]["status"] in ids  # each job keeps its status
+        assert c.enqueue("k", {})["job_id"] > max(ids.values())  # new ids continue
+        assert check(c.db)["ok"]
+
+
+def test_a_write_to_postgresql_during_the_copy_back_is_reported(
+        pg: Target, sqlite_template: str, tmp_path: Any) -> None:
+    back = fresh_sqlite(sqlite_template, str(tmp_path), "back.db")
+    populate(pg)
+
+    def write() -> None:
+        with Coordinator.open(pg) as c:
+            c.enqueue("late", {})
+
+    with Coordinator.open(pg) as src, freeze_time(at(1000)), pytest.raises(Refused) as e:
+        transfer(src.db, src.features, back, after_snapshot=write)
+    assert e.value.code == "source_changed"
 
 
 def test_transfer_to_an_unreachable_server_is_storage_unavailable(src: Target) -> None:
