@@ -20,7 +20,7 @@ from ..errors import InvalidInput, JobcoordError
 from . import routes_artifacts, routes_jobs, routes_operator, routes_worker
 from .bodies import ERRORS
 from .dashboard import mount as mount_dashboard
-from .limits import BodyLimit, error_response
+from .limits import BodyLimit, CatchBugs, error_response
 from .state import DEFAULT_MAX_ARTIFACT_BYTES, Server, Wakeup
 
 
@@ -76,11 +76,6 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         return JSONResponse({"error": {"code": code, "message": str(exc.detail)}},
                             status_code=exc.status_code, headers=exc.headers)
 
-    @app.exception_handler(Exception)
-    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
-        srv.emit({"event": "internal_error", "message": f"{type(exc).__name__}: {exc}"})
-        return error_response(JobcoordError("internal_error", "unexpected server error"))
-
     for module in (routes_jobs, routes_worker, routes_artifacts, routes_operator):
         app.include_router(module.router)
 
@@ -106,4 +101,5 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
     app.openapi = openapi  # type: ignore[method-assign]
     mount_dashboard(app)  # /metrics and the web dashboard (dashboard.py)
     app.add_middleware(BodyLimit, limit=srv.max_body, artifact_limit=max_artifact_bytes)
+    app.add_middleware(CatchBugs, emit=srv.emit)  # outside BodyLimit: sees what it lets by
     return app

@@ -1,12 +1,17 @@
-"""The request body limits, as pure ASGI middleware: a JSON body may be at most the payload
-(or result) limit plus an envelope, counted from Content-Length and again as the bytes
-arrive. An artifact upload has its own limit, which its route counts while it streams the
-body into the store."""
+"""Pure ASGI middleware: the request body limits, and the last answer to a bug.
+
+A JSON body may be at most the payload (or result) limit plus an envelope, counted from
+Content-Length and again as the bytes arrive. An artifact upload has its own limit, which its
+route counts while it streams the body into the store. An unexpected exception is answered
+500 `internal_error` here and goes no further: left to Starlette, the answer was sent, then
+the exception re-raised to uvicorn, which printed its traceback and reset the connection, so
+a client's next request on that kept-alive connection failed too."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -97,3 +102,33 @@ async def send_error(send: Any, err: JobcoordError) -> None:
 
 def error_response(err: JobcoordError) -> JSONResponse:
     return JSONResponse(err.to_json(), status_code=status_of(err), headers=headers_of(err))
+
+
+class CatchBugs:
+    """Outermost of jobcoord's middleware: whatever escaped every handler is a bug."""
+
+    def __init__(self, app: Any, emit: Callable[[dict[str, Any]], None]):
+        self.app = app
+        self.emit = emit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            # The class and message only: no traceback, no request data (a header could
+            # carry a token).
+            self.emit({"event": "internal_error", "message": f"{type(exc).__name__}: {exc}"})
+            if not started:
+                await send_error(send, JobcoordError("internal_error",
+                                                     "unexpected server error"))
