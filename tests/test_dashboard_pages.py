@@ -87,9 +87,14 @@ def test_jobs_are_paged_by_keyset_and_counts_stop_at_ten_thousand(
         http.close()
     import inspect
 
-    from jobcoord.http import dashboard
+    from jobcoord.http.dashboard import reads
+    from jobcoord.store import reports
 
-    assert "OFFSET" not in inspect.getsource(dashboard).upper().replace("NO OFFSET", "")
+    for module in (reads, reports):
+        assert "OFFSET" not in inspect.getsource(module).upper().replace("NO OFFSET", "")
+    page, _count = reports.jobs_page(dict.fromkeys(["status", "kind", "tenant", "priority",
+                                                    "key", "before"]), 51, 10_001)
+    assert "OFFSET" not in page.sqlite.upper() and "OFFSET" not in page.postgresql.upper()
 
 
 def test_a_tenant_bound_viewer_sees_only_its_tenant(sqlite_target: Target) -> None:
