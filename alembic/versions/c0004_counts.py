@@ -16,7 +16,7 @@ This revision adds:
 - `metric_folds`: durable folds of the events (the result commit latency histogram). An
   upgraded database folds its existing completed events here, once, so no scrape does.
 - Indexes: waiting jobs by (tenant, kind, created_at) for the queue age, finished jobs by
-  finished_at (covering status and tenant) for the last hour, jobs by (kind, job_id) for
+  (status, finished_at) (covering the tenant) for the last hour, jobs by (kind, job_id) for
   the jobs page's kind filter, and `lease_expired` events by to_status for the expiry
   counter. None of them leads with a column compared by IS NULL.
 
@@ -148,7 +148,7 @@ def upgrade() -> None:
     op.create_index("ix_jobs_kind_job_id", "jobs", ["kind", "job_id"])
     op.create_index("ix_jobs_waiting_age", "jobs", ["tenant", "kind", "created_at"],
                     sqlite_where=WAITING, postgresql_where=WAITING)
-    op.create_index("ix_jobs_finished_at", "jobs", ["finished_at", "status", "tenant"],
+    op.create_index("ix_jobs_finished_at", "jobs", ["status", "finished_at", "tenant"],
                     sqlite_where=FINISHED, postgresql_where=FINISHED)
     op.create_index("ix_job_events_lease_expired", "job_events", ["to_status"],
                     sqlite_where=EXPIRED, postgresql_where=EXPIRED)

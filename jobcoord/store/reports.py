@@ -53,11 +53,16 @@ def _oldest_waiting(scoped: bool) -> SQL:
 
 OLDEST_WAITING = _oldest_waiting(False)
 OLDEST_WAITING_OF = _oldest_waiting(True)
-#: Jobs finished since :since, by status (a range of ix_jobs_finished_at, no job row read).
-FINISHED_SINCE = SQL(select(J.status, func.count()).where(J.finished_at >= P("since"))
+#: The statuses a job has a finished_at in.
+ENDED = [const(s) for s in ("cancelled", "dead", "succeeded", "unknown")]
+#: Jobs finished since :since, by status (one range of ix_jobs_finished_at per status, no
+#: job row read).
+FINISHED_SINCE = SQL(select(J.status, func.count())
+                     .where(J.status.in_(ENDED), J.finished_at >= P("since"))
                      .group_by(J.status))
 FINISHED_SINCE_OF = SQL(select(J.status, func.count())
-                        .where(J.finished_at >= P("since"), J.tenant == P("tenant"))
+                        .where(J.status.in_(ENDED), J.finished_at >= P("since"),
+                               J.tenant == P("tenant"))
                         .group_by(J.status))
 #: Leases reaped, by where the job went (the partial index ix_job_events_lease_expired).
 LEASE_EXPIRIES = SQL(select(E.to_status, func.count())
@@ -68,10 +73,12 @@ LEASES_BY_WORKER = SQL(select(L.worker_id, func.count()).group_by(L.worker_id))
 # --- durable folds of the events (metrics) ------------------------------------------------
 
 FOLD = SQL(select(MF.last_event_id, MF.state_json).where(MF.name == P("name")))
-#: Completed events after :cursor, oldest first, with their job's provenance.
+#: Completed events after :cursor, oldest first (a range of the primary key), with their
+#: job's provenance read by primary key per event: a join would let the planner choose to
+#: read every job.
 COMPLETED_AFTER = SQL(
-    select(E.event_id, E.at, J.provenance_json)
-    .select_from(job_events.join(jobs, J.job_id == E.job_id))
+    select(E.event_id, E.at,
+           select(J.provenance_json).where(J.job_id == E.job_id).scalar_subquery())
     .where(E.reason == const("completed"), E.event_id > P("cursor"))
     .order_by(E.event_id).limit(const(5000)))
 ADVANCE_FOLD = SQL(
