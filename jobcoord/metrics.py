@@ -214,6 +214,7 @@ class JobcoordCollector(Collector):
                     oldest[kind] = min(created, oldest.get(kind, created))
             out["oldest_waiting"] = sorted(oldest.items())
             out["expired_to"] = dict(db.run(conn, R.LEASE_EXPIRIES).all())
+            out["entered"] = dict(db.run(conn, R.ENTERED).all())
             out["refusals"] = {reason: int(n) for reason, n in
                                db.run(conn, R.CLAIM_REFUSALS).all()}
             out["workers"] = [tuple(r) for r in db.run_text(
@@ -276,6 +277,13 @@ class JobcoordCollector(Collector):
         yield GaugeMetricFamily("jobcoord_unknown_jobs", "Jobs in `unknown`: an external "
                                 "effect had started when the lease was lost; a human must "
                                 "reconcile them.", value=totals["unknown"])
+
+        entered = CounterMetricFamily(
+            "jobcoord_jobs_entered", "Transitions of jobs into dead or unknown (job_events), "
+            "including jobs retried or reconciled since.", labels=["status"])
+        for status in ("dead", "unknown"):
+            entered.add_metric([status], s["entered"].get(status, 0))
+        yield entered
 
         age = GaugeMetricFamily("jobcoord_oldest_waiting_age_seconds",
                                 "Age of the oldest waiting job per kind (queue age), seconds "

@@ -109,6 +109,11 @@ jobs = Table(
 )
 
 
+#: The predicate of ix_job_events_dead_unknown, which a statement must repeat to use it.
+ENTERED_DEAD_OR_UNKNOWN = ("to_status IN ('dead', 'unknown') AND from_status IS NOT NULL"
+                           " AND from_status <> to_status")
+
+
 def add_partial_indexes() -> None:
     """Attach the jobs table's partial indexes (once), for the models and so for Alembic and
     the model-vs-history test. Not done on import: their `sqlite_where` / `postgresql_where`
@@ -149,6 +154,11 @@ def add_partial_indexes() -> None:
     expired = text("reason = 'lease_expired'")
     Index("ix_job_events_lease_expired", job_events.c.to_status,
           sqlite_where=expired, postgresql_where=expired)
+    # Transitions into dead or unknown (a refusal recorded on a dead job keeps its status
+    # and is not one): the jobs that ever died or needed a human, retried since or not.
+    entered = text(ENTERED_DEAD_OR_UNKNOWN)
+    Index("ix_job_events_dead_unknown", job_events.c.to_status,
+          sqlite_where=entered, postgresql_where=entered)
 
 
 leases = Table(

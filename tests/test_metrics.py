@@ -74,9 +74,11 @@ def database_truth(c: Coordinator) -> dict[str, Any]:
     def _do(conn: Any) -> dict[str, Any]:
         rows = conn.exec_driver_sql("SELECT status, kind FROM jobs").all()
         events = conn.exec_driver_sql("SELECT reason, to_status FROM job_events").all()
+        moves = conn.exec_driver_sql("SELECT from_status, to_status FROM job_events").all()
         finished = conn.exec_driver_sql(
             "SELECT attempts FROM jobs WHERE status IN ('succeeded','dead','cancelled')").all()
-        return {"jobs": rows, "events": events, "finished": [r[0] for r in finished]}
+        return {"jobs": rows, "events": events, "moves": moves,
+                "finished": [r[0] for r in finished]}
     return c.db.read(_do)
 
 
@@ -103,6 +105,9 @@ def check_against_database(samples: Samples, c: Coordinator) -> None:
     assert value(samples, "jobcoord_job_attempts_sum") == sum(truth["finished"])
     assert value(samples, "jobcoord_job_attempts_bucket", le="1.0") == \
         sum(1 for a in truth["finished"] if a <= 1)
+    for status in ("dead", "unknown"):
+        into = sum(1 for a, b in truth["moves"] if b == status and a not in (None, status))
+        assert value(samples, "jobcoord_jobs_entered_total", status=status) == into > 0
     completed = sum(1 for reason, _ in truth["events"] if reason == "completed")
     assert value(samples, "jobcoord_result_commit_latency_seconds_count") == completed
 

@@ -41,6 +41,7 @@ def statements() -> Iterator[tuple[str, SQL, dict[str, Any]]]:
     yield "finished since", R.FINISHED_SINCE, since
     yield "finished since, of a tenant", R.FINISHED_SINCE_OF, since
     yield "lease expiries", R.LEASE_EXPIRIES, {}
+    yield "entered dead or unknown", R.ENTERED, {}
     yield "completed after", R.COMPLETED_AFTER, {"cursor": 0}
     for status in ("unknown", "dead"):
         yield f"attention {status}", R.ATTENTION[status, True], {"tenant": "alice"}
@@ -55,7 +56,7 @@ def statements() -> Iterator[tuple[str, SQL, dict[str, Any]]]:
 
 
 #: Indexes holding only the rows a statement wants (partial), whole scans of which are fine.
-PARTIAL = ("ix_job_events_lease_expired",)
+PARTIAL = ("ix_job_events_lease_expired", "ix_job_events_dead_unknown")
 
 
 def bounded(name: str, line: str) -> bool:
@@ -93,7 +94,8 @@ EXPECT = {"oldest waiting": "ix_jobs_waiting_age",
           "oldest waiting of a tenant": "ix_jobs_waiting_age",
           "finished since": "ix_jobs_finished_at",
           "finished since, of a tenant": "ix_jobs_finished_at",
-          "lease expiries": "ix_job_events_lease_expired"}
+          "lease expiries": "ix_job_events_lease_expired",
+          "entered dead or unknown": "ix_job_events_dead_unknown"}
 
 
 def test_report_statements_search_indexes_instead_of_scanning_jobs(coord: Coordinator

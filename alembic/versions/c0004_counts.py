@@ -43,6 +43,8 @@ depends_on: str | Sequence[str] | None = None
 WAITING = sa.text("status = 'waiting'")
 FINISHED = sa.text("finished_at IS NOT NULL")
 EXPIRED = sa.text("reason = 'lease_expired'")
+ENTERED = sa.text("to_status IN ('dead', 'unknown') AND from_status IS NOT NULL"
+                  " AND from_status <> to_status")
 KEY = "shard, tenant, status, kind, attempts"
 CHANGED = ("OLD.status IS DISTINCT FROM NEW.status OR OLD.attempts IS DISTINCT FROM "
            "NEW.attempts OR OLD.kind IS DISTINCT FROM NEW.kind OR OLD.tenant IS DISTINCT "
@@ -152,6 +154,8 @@ def upgrade() -> None:
                     sqlite_where=FINISHED, postgresql_where=FINISHED)
     op.create_index("ix_job_events_lease_expired", "job_events", ["to_status"],
                     sqlite_where=EXPIRED, postgresql_where=EXPIRED)
+    op.create_index("ix_job_events_dead_unknown", "job_events", ["to_status"],
+                    sqlite_where=ENTERED, postgresql_where=ENTERED)
     if op.get_context().dialect.name == "sqlite":
         for trigger in SQLITE_TRIGGERS:
             op.execute(trigger)
@@ -201,6 +205,7 @@ def downgrade() -> None:
             op.execute(f"DROP TRIGGER {name} ON jobs")
         op.execute("DROP FUNCTION jobcoord_jobs_counted()")
         op.execute("DROP FUNCTION jobcoord_job_moved()")
+    op.drop_index("ix_job_events_dead_unknown", table_name="job_events")
     op.drop_index("ix_job_events_lease_expired", table_name="job_events")
     op.drop_index("ix_jobs_finished_at", table_name="jobs")
     op.drop_index("ix_jobs_waiting_age", table_name="jobs")

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from ..schema import (
+    ENTERED_DEAD_OR_UNKNOWN,
     claim_refusals,
     job_counts,
     job_events,
@@ -67,6 +68,10 @@ FINISHED_SINCE_OF = SQL(select(J.status, func.count())
 #: Leases reaped, by where the job went (the partial index ix_job_events_lease_expired).
 LEASE_EXPIRIES = SQL(select(E.to_status, func.count())
                      .where(E.reason == const("lease_expired")).group_by(E.to_status))
+#: Transitions into dead or unknown, by status (the partial ix_job_events_dead_unknown,
+#: whose predicate the statement repeats word for word so SQLite matches it).
+ENTERED = SQL(select(E.to_status, func.count()).where(text(ENTERED_DEAD_OR_UNKNOWN))
+              .group_by(E.to_status))
 CLAIM_REFUSALS = SQL(select(CR.reason, func.sum(CR.n)).group_by(CR.reason))
 LEASES_BY_WORKER = SQL(select(L.worker_id, func.count()).group_by(L.worker_id))
 
