@@ -217,14 +217,11 @@ class JobcoordCollector(Collector):
             out["entered"] = dict(db.run(conn, R.ENTERED).all())
             out["refusals"] = {reason: int(n) for reason, n in
                                db.run(conn, R.CLAIM_REFUSALS).all()}
-            out["workers"] = [tuple(r) for r in db.run_text(
-                conn, "SELECT worker_id, heartbeat_at, last_refusal FROM workers"
-                " ORDER BY worker_id").all()]
+            out["workers"] = [tuple(r) for r in db.run(conn, R.WORKER_BEATS).all()]
             out["leases"] = dict(db.run(conn, R.LEASES_BY_WORKER).all())
             if "artifacts" in self.features:
-                out["artifacts"] = [tuple(r) for r in db.run_text(
-                    conn, "SELECT state, COUNT(*), COALESCE(SUM(size), 0)"
-                    " FROM artifacts GROUP BY state").all()]
+                out["artifacts"] = [tuple(r) for r in
+                                    db.run(conn, R.ARTIFACTS_BY_STATE).all()]
             out["latency"], out["advance"] = self._latency(conn, now)
             return out
 

@@ -16,6 +16,7 @@ from sqlalchemy import func, select, text, update
 
 from ..schema import (
     ENTERED_DEAD_OR_UNKNOWN,
+    artifacts,
     claim_refusals,
     job_counts,
     job_events,
@@ -23,6 +24,7 @@ from ..schema import (
     leases,
     metric_folds,
     tokens,
+    workers,
 )
 from .statements import ONE, SQL, ZERO, P, const
 
@@ -74,6 +76,12 @@ ENTERED = SQL(select(E.to_status, func.count()).where(text(ENTERED_DEAD_OR_UNKNO
               .group_by(E.to_status))
 CLAIM_REFUSALS = SQL(select(CR.reason, func.sum(CR.n)).group_by(CR.reason))
 LEASES_BY_WORKER = SQL(select(L.worker_id, func.count()).group_by(L.worker_id))
+WORKER_BEATS = SQL(select(workers.c.worker_id, workers.c.heartbeat_at, workers.c.last_refusal)
+                   .order_by(workers.c.worker_id))
+#: Artifact rows and bytes by state (the optional artifacts tables).
+ARTIFACTS_BY_STATE = SQL(
+    select(artifacts.c.state, func.count(), func.coalesce(func.sum(artifacts.c.size), ZERO))
+    .group_by(artifacts.c.state))
 
 # --- durable folds of the events (metrics) ------------------------------------------------
 
