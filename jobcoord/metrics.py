@@ -6,7 +6,7 @@ database, gives the same numbers, and a restarted server gives the numbers it ga
 The metric catalogue is docs/metrics.md.
 
 One scrape is one read transaction (one snapshot) of statements that stay cheap at any size
-(jobcoord/store/reports.py): jobs by status, kind and attempts from `job_counts`, which
+(jobcoord/store/report_statements.py): jobs by status, kind and attempts from `job_counts`, which
 triggers keep in the transaction of every change to `jobs`; claim refusals from
 `claim_refusals`, written by each refused claim; the queue age from one index seek per
 (tenant, kind).
@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .clock import MICROS, now_us
 from .states import FINAL_STATUSES, STATUSES
+from .store import report_statements as rs
 
 #: Buckets of the attempts-per-finished-job histogram (attempts are small whole numbers).
 ATTEMPT_BUCKETS: tuple[float, ...] = (1, 2, 3, 5, 10)
@@ -158,10 +159,8 @@ class JobcoordCollector(Collector):
     def _latency(self, conn: Any, now: int) -> tuple[Latency, tuple[Any, ...] | None]:
         """The latency histogram: the durable fold plus every completed event after it, and
         the fold to store when settled events advanced it ((old id or None, new id, state))."""
-        from .store import reports as R
-
         db = self.db
-        row = db.run(conn, R.FOLD, {"name": LATENCY_FOLD}).first()
+        row = db.run(conn, rs.FOLD, {"name": LATENCY_FOLD}).first()
         stored = None if row is None else row[0]
         start = stored or 0
         try:
@@ -173,7 +172,7 @@ class JobcoordCollector(Collector):
         seen = cursor = start  # the last event read; the last one folded durably
         stopped = False
         while True:
-            rows = db.run(conn, R.COMPLETED_AFTER, {"cursor": seen}).all()
+            rows = db.run(conn, rs.COMPLETED_ROWS, {"cursor": seen}).all()
             for event_id, at, prov in rows:
                 if not stopped and (horizon is None or at <= horizon):
                     state.add(at, prov)
@@ -191,8 +190,6 @@ class JobcoordCollector(Collector):
     def snapshot(self) -> dict[str, Any]:
         """Every figure, from one read transaction (and, when the latency fold advanced, a
         short write that stores it)."""
-        from .store import reports as R
-
         db = self.db
         now = now_us()
         final = FINAL_STATUSES
@@ -201,7 +198,7 @@ class JobcoordCollector(Collector):
             out: dict[str, Any] = {"now_us": now}
             jobs: dict[tuple[str, str], int] = {}
             attempts: dict[int, int] = {}
-            for _tenant, status, kind, tries, n in db.run(conn, R.JOB_COUNTS).all():
+            for _tenant, status, kind, tries, n in db.run(conn, rs.JOB_COUNTS).all():
                 if n:
                     jobs[(status, kind)] = jobs.get((status, kind), 0) + int(n)
                     if status in final:
@@ -209,19 +206,19 @@ class JobcoordCollector(Collector):
             out["jobs"] = [(st, kind, n) for (st, kind), n in jobs.items() if n]
             out["attempts"] = sorted((a, n) for a, n in attempts.items() if n)
             oldest: dict[str, int] = {}
-            for _tenant, kind, created, _n in db.run(conn, R.OLDEST_WAITING).all():
+            for _tenant, kind, created, _n in db.run(conn, rs.OLDEST_WAITING).all():
                 if created is not None:
                     oldest[kind] = min(created, oldest.get(kind, created))
             out["oldest_waiting"] = sorted(oldest.items())
-            out["expired_to"] = dict(db.run(conn, R.LEASE_EXPIRIES).all())
-            out["entered"] = dict(db.run(conn, R.ENTERED).all())
+            out["expired_to"] = dict(db.run(conn, rs.LEASE_EXPIRIES).all())
+            out["entered"] = dict(db.run(conn, rs.ENTERED).all())
             out["refusals"] = {reason: int(n) for reason, n in
-                               db.run(conn, R.CLAIM_REFUSALS).all()}
-            out["workers"] = [tuple(r) for r in db.run(conn, R.WORKER_BEATS).all()]
-            out["leases"] = dict(db.run(conn, R.LEASES_BY_WORKER).all())
+                               db.run(conn, rs.CLAIM_REFUSALS).all()}
+            out["workers"] = [tuple(r) for r in db.run(conn, rs.WORKER_STATES).all()]
+            out["leases"] = dict(db.run(conn, rs.LEASES_BY_WORKER).all())
             if "artifacts" in self.features:
                 out["artifacts"] = [tuple(r) for r in
-                                    db.run(conn, R.ARTIFACTS_BY_STATE).all()]
+                                    db.run(conn, rs.ARTIFACTS_BY_STATE).all()]
             out["latency"], out["advance"] = self._latency(conn, now)
             return out
 
@@ -234,11 +231,9 @@ class JobcoordCollector(Collector):
         """Store the advanced fold if no one advanced it since we read it. A failure (a
         read-only database, a busy one) loses nothing: the next scrape folds again."""
         from .errors import JobcoordError
-        from .store import reports as R
-
         params = {"name": LATENCY_FOLD, "old": old, "cursor": cursor,
                   "state": state.to_json(), "now": now_us()}
-        stmt = R.START_FOLD if old is None else R.ADVANCE_FOLD
+        stmt = rs.START_FOLD if old is None else rs.ADVANCE_FOLD
         with contextlib.suppress(JobcoordError):
             self.db.write(lambda conn: self.db.run(conn, stmt, params), "metrics fold")
 

@@ -14,11 +14,9 @@ import pytest
 from jobcoord.clock import MICROS, now_us
 from jobcoord.http.dashboard.reads import overview_read
 from jobcoord.service import Coordinator
-from jobcoord.store import reports as R
+from jobcoord.store import report_statements as R
 from jobcoord.store.statements import SQL
 from tests.timeline import IDLE_ON_AC
-
-NO_FILTER = dict.fromkeys(["status", "kind", "tenant", "priority", "key", "before"])
 
 
 def populate(c: Coordinator) -> None:
@@ -42,17 +40,19 @@ def statements() -> Iterator[tuple[str, SQL, dict[str, Any]]]:
     yield "finished since, of a tenant", R.FINISHED_SINCE_OF, since
     yield "lease expiries", R.LEASE_EXPIRIES, {}
     yield "entered dead or unknown", R.ENTERED, {}
-    yield "completed after", R.COMPLETED_AFTER, {"cursor": 0}
+    yield "completed after", R.COMPLETED_ROWS, {"cursor": 0}
     for status in ("unknown", "dead"):
-        yield f"attention {status}", R.ATTENTION[status, True], {"tenant": "alice"}
+        stmts = R.UNKNOWN_JOBS if status == "unknown" else R.DEAD_JOBS
+        yield f"attention {status}", stmts[True], {"tenant": "alice"}
     for name, f in (("no filter", {}), ("status", {"status": "waiting"}),
                     ("kind", {"kind": "k1"}), ("tenant", {"tenant": "alice"}),
                     ("status and kind", {"status": "waiting", "kind": "k1"}),
                     ("status, next page", {"status": "waiting", "before": 2000})):
-        filters = {**NO_FILTER, **f}
-        page, count = R.jobs_page(filters, 51, 10_001)
-        yield f"jobs page, {name}", page, f
-        yield f"jobs count, {name}", count, f
+        names = tuple(n for _col, n in R.JOB_FILTERS if n in f)
+        page, count = R.job_page(names, "before" in f)
+        params = {**f, "limit": 51, "cap": 10_001}
+        yield f"jobs page, {name}", page, params
+        yield f"jobs count, {name}", count, params
 
 
 #: Indexes holding only the rows a statement wants (partial), whole scans of which are fine.

@@ -36,8 +36,8 @@ def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, 
     survives restarts). Unknown workers are not counted: any string could be one."""
     if known_worker:
         params = {"worker": worker_id, "code": code, "detail": detail, "now": now}
-        ctx.db.execute(conn, sql.RECORD_REFUSAL, params)
-        ctx.db.execute(conn, sql.COUNT_REFUSAL, params)
+        ctx.db.run(conn, sql.RECORD_REFUSAL, params)
+        ctx.db.run(conn, sql.COUNT_REFUSAL, params)
     return {"job": None, "reason": code, "detail": detail}
 
 
@@ -45,7 +45,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
              kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
     """The claim inside an open write transaction (also the second half of
     complete_and_claim)."""
-    row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
+    row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
                       f"worker {worker_id} has never sent a heartbeat", False)
@@ -80,7 +80,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
          "updated_at": iso(r[4])}
-        for r in ctx.db.execute(conn, sql.CHECKPOINTS, {"job_id": job_id})
+        for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})
     ]
     return {
         "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,

@@ -1,7 +1,7 @@
 """What the dashboard's pages read: each part one read transaction of the statements in
-`jobcoord/store/reports.py`, cheap at any size (counts from `job_counts`, the queue age from
-an index seek per (tenant, kind), the last hour from a range of finished jobs, a jobs page by
-keyset with a count that stops at COUNT_CAP)."""
+`jobcoord/store/report_statements.py`, cheap at any size (counts from `job_counts`, the
+queue age from an index seek per (tenant, kind), the last hour from a range of finished
+jobs, a jobs page by keyset with a count that stops at COUNT_CAP)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi import Request
 from ...clock import MICROS, iso, now_us
 from ...errors import InvalidInput
 from ...states import STATUSES
-from ...store import reports as R
+from ...store import report_statements as rs
 from .views import worker_views
 
 #: Rows on one page of the jobs view.
@@ -39,10 +39,10 @@ def overview_read(db: Any, scope: str | None) -> dict[str, Any]:
     params = {"tenant": scope, "since": now - 3600 * MICROS}
 
     def _do(conn: Any) -> dict[str, Any]:
-        counts = db.run(conn, R.JOB_COUNTS).all()
-        oldest = db.run(conn, R.OLDEST_WAITING if scope is None else R.OLDEST_WAITING_OF,
+        counts = db.run(conn, rs.JOB_COUNTS).all()
+        oldest = db.run(conn, rs.OLDEST_WAITING if scope is None else rs.OLDEST_WAITING_OF,
                         params).all()
-        recent = db.run(conn, R.FINISHED_SINCE if scope is None else R.FINISHED_SINCE_OF,
+        recent = db.run(conn, rs.FINISHED_SINCE if scope is None else rs.FINISHED_SINCE_OF,
                         params).all()
         return {"counts": counts, "oldest": oldest, "recent": recent}
 
@@ -104,8 +104,10 @@ def filters(q: Any, scope: str | None) -> dict[str, Any]:
 def jobs_page(db: Any, f: dict[str, Any]) -> tuple[list[Any], int, int | None]:
     """One page, newest first, by keyset (job_id < before; no OFFSET), and the number of
     matches, counted no further than COUNT_CAP + 1."""
-    page, count = R.jobs_page(f, PAGE + 1, COUNT_CAP + 1)
-    params = {name: f[name] for _col, name in R.FILTERS if f[name] is not None}
+    names = tuple(name for _col, name in rs.JOB_FILTERS if f[name] is not None)
+    page, count = rs.job_page(names, f["before"] is not None)
+    params: dict[str, Any] = {name: f[name] for name in names}
+    params.update(limit=PAGE + 1, cap=COUNT_CAP + 1)
     if f["before"] is not None:
         params["before"] = f["before"]
 
@@ -123,7 +125,7 @@ def jobs_page(db: Any, f: dict[str, Any]) -> tuple[list[Any], int, int | None]:
 
 def leases(db: Any, scope: str | None) -> dict[str, list[dict[str, Any]]]:
     now = now_us()
-    rows = db.read(lambda conn: db.run(conn, R.LEASES[scope is not None],
+    rows = db.read(lambda conn: db.run(conn, rs.LEASE_LIST[scope is not None],
                                        {"tenant": scope}).all(), "ui leases")
     out: dict[str, list[dict[str, Any]]] = {}
     for worker, job_id, epoch, expires, kind in rows:
@@ -136,8 +138,8 @@ def attention(db: Any, scope: str | None) -> tuple[list[Any], list[Any]]:
     scoped = scope is not None
 
     def _do(conn: Any) -> tuple[list[Any], list[Any]]:
-        return tuple(db.run(conn, R.ATTENTION[status, scoped], {"tenant": scope}).all()
-                     for status in ("unknown", "dead"))  # type: ignore[return-value]
+        return (db.run(conn, rs.UNKNOWN_JOBS[scoped], {"tenant": scope}).all(),
+                db.run(conn, rs.DEAD_JOBS[scoped], {"tenant": scope}).all())
 
     unknown, dead = db.read(_do, "ui attention")
 

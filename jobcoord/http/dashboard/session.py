@@ -105,9 +105,9 @@ class Sessions:
 
 def token_by_hash(db: Any, token_hash: str) -> Any:
     """The live viewer or operator token with this hash: (name, role, tenant, ...), or None."""
-    from ...store import reports as R
+    from ...store import feature_statements as fs
 
-    row = db.read(lambda conn: db.run(conn, R.TOKEN_BY_HASH, {"hash": token_hash}).first(),
+    row = db.read(lambda conn: db.run(conn, fs.SESSION_TOKEN, {"hash": token_hash}).first(),
                   "ui session")
     if row is None or row[3] is not None or not hmac.compare_digest(row[4], token_hash):
         return None
