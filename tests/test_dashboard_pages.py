@@ -84,6 +84,8 @@ def test_jobs_are_paged_by_keyset_and_counts_stop_at_ten_thousand(
         embed = http.get("/ui/jobs", params={"kind": "embed", "priority": "P3"}).text
         assert "(1 matching)" in embed
         assert http.get("/ui/jobs", params={"priority": "P9"}).status_code == 400
+        # A keyset bound past any job id is refused as bad input, not a database error.
+        assert http.get("/ui/jobs", params={"before": "9" * 30}).status_code == 400
         http.close()
     import inspect
 
