@@ -157,3 +157,16 @@ def test_job_counts_stay_exact_with_threads_transitioning_at_once(target: Target
         assert not errors, errors
         assert counted(c.db) == truth(c.db)
         assert sum(counted(c.db).values()) == 300
+
+
+def test_check_reports_job_counts_that_differ_from_the_jobs(coord: Coordinator) -> None:
+    coord.enqueue_many([{"kind": "k"} for _ in range(3)])
+    assert check(coord.db)["ok"]
+    coord.db.write(lambda conn: conn.exec_driver_sql(
+        "UPDATE job_counts SET n = n + 1 WHERE status = 'waiting'"))
+    got = check(coord.db)
+    assert not got["ok"]
+    (found,) = [v for v in got["violations"]
+                if v["invariant"] == "job_counts_differ_from_jobs"]
+    assert found["keys"] == [{"tenant": "default", "status": "waiting", "kind": "k",
+                              "attempts": 0, "kept": 4, "counted": 3}]

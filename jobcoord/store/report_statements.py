@@ -59,6 +59,9 @@ INVARIANTS: tuple[tuple[str, SQL], ...] = tuple((name, SQL(stmt.limit(const(20))
 # --- counts ---------------------------------------------------------------------------------
 
 JOBS_BY_STATUS = SQL(select(J.status, func.count()).group_by(J.status))
+#: Jobs by the key of job_counts, counted from the table itself (for `check`).
+JOBS_BY_COUNT_KEY = SQL(select(J.tenant, J.status, J.kind, J.attempts, func.count())
+                        .group_by(J.tenant, J.status, J.kind, J.attempts))
 #: Leases still live at :now: how many, and the latest expiry.
 LIVE_LEASES = SQL(select(func.count(), func.max(L.expires_at)).where(L.expires_at > P("now")))
 
