@@ -315,3 +315,29 @@ def test_artifact_metrics_count_rows_and_bytes_by_state(tmp_path: Any) -> None:
         samples = parse(exposition(registry_for(c)).decode())
     assert value(samples, "jobcoord_artifacts", state="accepted") == 2
     assert value(samples, "jobcoord_artifact_bytes", state="accepted") == 11
+
+
+def test_every_metric_is_documented_with_its_type_and_labels(sqlite_target: Target) -> None:
+    """docs/metrics.md's table and the exposition agree: every family exposed is listed
+    with its type and labels, and every listed family is exposed (the artifact ones when
+    the artifacts tables exist)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "metrics.md").read_text()
+    listed: dict[str, tuple[str, set[str]]] = {}
+    for names, kind, labels in re.findall(
+            r"^\| (`jobcoord_[^|]+) \| (gauge|counter|histogram) \|([^|]*)\|", doc, re.M):
+        for name in re.findall(r"`(jobcoord_\w+)`", names):
+            base = name.removesuffix("_total")
+            listed[base] = (kind, set(re.findall(r"`(\w+)`", labels)) - {"le"})
+    with Coordinator.open(sqlite_target) as c:
+        workload(c)
+        exposed: dict[str, tuple[str, set[str]]] = {}
+        for family in text_string_to_metric_families(exposition(registry_for(c)).decode()):
+            labels = {k for s in family.samples for k in s.labels} - {"le"}
+            exposed[family.name] = (family.type, labels)
+    artifact_only = {"jobcoord_artifact_bytes", "jobcoord_artifacts"}
+    assert set(listed) - artifact_only == set(exposed)
+    for name, got in exposed.items():
+        assert listed[name] == got, name
