@@ -35,10 +35,13 @@ def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
 
 def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, detail: str,
            known_worker: bool = True) -> dict[str, Any]:
-    """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
+    """Nothing to claim: the answer, also recorded on the worker (if it is known) and
+    counted under its reason in the same transaction (a counter every process shares, which
+    survives restarts). Unknown workers are not counted: any string could be one."""
     if known_worker:
-        ctx.db.run(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
-                                                  "detail": detail, "now": now})
+        params = {"worker": worker_id, "code": code, "detail": detail, "now": now}
+        ctx.db.run(conn, sql.RECORD_REFUSAL, params)
+        ctx.db.run(conn, sql.COUNT_REFUSAL, params)
     return {"job": None, "reason": code, "detail": detail}
 
 

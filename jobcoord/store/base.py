@@ -27,7 +27,7 @@ from .statements import SQL
 T = TypeVar("T")
 
 #: Revisions of the core branch, oldest first. The last one is what this code expects.
-CORE_REVISIONS = ("c0001", "c0002", "c0003")
+CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004")
 #: Revisions of optional branches, oldest first.
 OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 
@@ -219,6 +219,12 @@ class Database:
     #: Whether a transition of the hot path runs as one statement (PostgreSQL) or as the
     #: separate statements it is made of (SQLite); see each store.
     folds_transitions: bool = False
+    #: Seconds after which no event with a smaller id can still commit. Ids are taken before
+    #: the commit, so with concurrent writers (PostgreSQL) a lower id may become visible
+    #: after a higher one, within the lock and busy timeouts; a fold of the events by id
+    #: (metrics.py) only takes events older than this. SQLite commits one writer at a time,
+    #: in id order.
+    events_settle_s: float = 30.0
     #: Driver errors a transaction classifies (set by each store).
     _driver_errors: tuple[type[BaseException], ...] = ()
 

@@ -237,6 +237,7 @@ class SqliteDatabase(Database):
 
     dialect = "sqlite"
     folds_transitions = False
+    events_settle_s = 0.0
 
     def __init__(self, target: Target, engine: Engine, **kw: Any) -> None:
         super().__init__(target, engine, **kw)

@@ -29,7 +29,15 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ..schema import checkpoints, job_events, jobs, leases, metadata, workers
+from ..schema import (
+    checkpoints,
+    claim_refusals,
+    job_events,
+    jobs,
+    leases,
+    metadata,
+    workers,
+)
 
 _SET_ITEM = re.compile(r"(^|, )(\w+)=")
 _LINE_BREAK = re.compile(r" *\n *")
@@ -247,6 +255,13 @@ UPSERT_WORKER = SQL(lambda insert: _upsert(insert, workers, {
     "created_at": P("now")}, key=("worker_id",), keep=("created_at",)))
 RECORD_REFUSAL = SQL(update(workers).where(W.worker_id == P("worker")).values(
     last_refusal=P("code"), last_refusal_detail=P("detail"), last_refusal_at=P("now")))
+#: One more refused claim of this worker for this reason (the claim_refusals counter).
+COUNT_REFUSAL = SQL(lambda insert: (
+    insert(claim_refusals).values(worker_id=P("worker"), reason=P("code"), n=ONE,
+                                  last_at=P("now"))
+    .on_conflict_do_update(index_elements=[claim_refusals.c.worker_id,
+                                           claim_refusals.c.reason],
+                           set_={"n": claim_refusals.c.n + ONE, "last_at": P("now")})))
 #: What a claim returns of the job it took, in this order.
 TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
                  J.epoch, J.tenant)
