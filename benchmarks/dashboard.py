@@ -6,7 +6,9 @@ with a worker provenance and a `completed` event), 5 % dead, 3 % cancelled, 1 % 
 `enqueued` event per job. Then starts a real `jobcoord serve` on 127.0.0.1, logs in as an
 operator and times, on loopback, each of: the overview, its live fragment, the jobs page
 (first page, a filtered page, the next page by keyset), and a /metrics scrape (the first,
-cold one reported apart: it folds in every completed event once). Reports p50 and p90 over
+cold one reported apart), each against yardsticks timed in the same run: GET /healthz (an
+HTTP round trip reading nothing), a `SELECT 1` and one plain `SELECT COUNT(*) FROM jobs`.
+The ratio line divides each page's p50 by the COUNT(*)'s. Reports p50 and p90 over
 `--repeat` requests each.
 
     python -m benchmarks.dashboard [--jobs 1000000] [--repeat 20] [--backends sqlite,postgresql]
@@ -30,7 +32,6 @@ from ._common import (
     command_line,
     conditions,
     libpq_url,
-    migrated_sqlite,
     pct,
     pg_drop_database,
     pg_fresh_database,
@@ -92,9 +93,35 @@ def _iso(us: int) -> str:
     return str(iso(us))
 
 
+#: The jobs are loaded into a database at this revision, then upgraded to the head the way
+#: a deployment gets there (the upgrade fills the counts and folds the completed events).
+LOAD_AT = "c0003"
+
+
+def _at_revision(db_args: tuple[str, str], revision: str | None) -> float:
+    """Migrate to `revision` (None: the head); returns the seconds it took."""
+    from alembic import command
+    from jobcoord.db import Database, resolve_target
+    from jobcoord.migrate import _config, migrate
+
+    target = (resolve_target(db=db_args[1]) if db_args[0] == "--db"
+              else resolve_target(url=db_args[1]))
+    db = Database.open(target, create=True, synchronous="normal")
+    started = time.perf_counter()
+    try:
+        if revision is None:
+            migrate(db)
+        else:
+            with db.write_engine.connect() as conn, conn.begin():
+                command.upgrade(_config(db, conn, set()), revision)
+    finally:
+        db.close()
+    return time.perf_counter() - started
+
+
 def build_sqlite(path: str, n: int) -> float:
     started = time.perf_counter()
-    migrated_sqlite(path)
+    _at_revision(("--db", path), LOAD_AT)
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA synchronous=OFF")
     con.execute("BEGIN IMMEDIATE")
@@ -113,25 +140,26 @@ def build_sqlite(path: str, n: int) -> float:
     con.executemany(jobs_sql, batch_j)
     con.executemany(events_sql, batch_e)
     con.execute("COMMIT")
+    con.close()
+    UPGRADE["SQLite"] = _at_revision(("--db", path), None)
+    con = sqlite3.connect(path, isolation_level=None)
     con.execute("ANALYZE")
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
     return time.perf_counter() - started
 
 
+#: Seconds the upgrade from LOAD_AT to the head took, by backend.
+UPGRADE: dict[str, float] = {}
+
+
 def build_pg(admin: str, name: str, n: int) -> tuple[str, float]:
     import psycopg
 
-    from jobcoord.db import Database, resolve_target
-    from jobcoord.migrate import migrate
 
     started = time.perf_counter()
     url = pg_fresh_database(admin, name)
-    db = Database.open(resolve_target(url=url))
-    try:
-        migrate(db)
-    finally:
-        db.close()
+    _at_revision(("--url", url), LOAD_AT)
     t0 = time.time_ns() // 1000
     with psycopg.connect(libpq_url(url)) as con, con.cursor() as cur:
         with cur.copy("COPY jobs (job_id, tenant, kind, required_role, priority, payload_json,"
@@ -147,6 +175,7 @@ def build_pg(admin: str, name: str, n: int) -> tuple[str, float]:
                     copy.write_row(e)
         cur.execute("SELECT setval(pg_get_serial_sequence('jobs', 'job_id'), %s)", (n,))
         con.commit()
+    UPGRADE["PostgreSQL"] = _at_revision(("--url", url), None)
     with psycopg.connect(libpq_url(url), autocommit=True) as con:
         con.execute("VACUUM ANALYZE")
     return url, time.perf_counter() - started
@@ -156,7 +185,7 @@ def measure(db_args: list[str], repeat: int) -> dict[str, Any]:
     import httpx
 
     from jobcoord import tokens
-    from jobcoord.db import resolve_target
+    from jobcoord.db import Database, resolve_target
     from jobcoord.service import Coordinator
 
     target = (resolve_target(db=db_args[1]) if db_args[0] == "--db"
@@ -166,6 +195,7 @@ def measure(db_args: list[str], repeat: int) -> dict[str, Any]:
     argv = [sys.executable, "-m", "jobcoord.http", *db_args, "serve", "--port", "0",
             "--json", "--reap-every", "0"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    yard = Database.open(target)
     try:
         assert proc.stdout is not None
         url = json.loads(proc.stdout.readline())["url"]
@@ -175,6 +205,14 @@ def measure(db_args: list[str], repeat: int) -> dict[str, Any]:
             http.cookies.update(r.cookies)
             first = http.get("/ui/jobs?status=waiting").text
             before = re.search(r"before=(\d+)", first)
+            # Yardsticks measured in the same run: an HTTP round trip that reads nothing,
+            # a database round trip, and one plain count of the jobs table.
+            out["yardstick: GET /healthz"] = _times(repeat, lambda: http.get("/healthz"))
+            out["yardstick: SELECT 1"] = _times(repeat, lambda: yard.read(
+                lambda conn: conn.exec_driver_sql("SELECT 1").scalar()))
+            out["yardstick: SELECT COUNT(*) FROM jobs"] = _times(
+                max(3, repeat // 3), lambda: yard.read(lambda conn: conn.exec_driver_sql(
+                    "SELECT COUNT(*) FROM jobs").scalar()))
             pages = {
                 "overview": "/ui/", "overview live fragment": "/ui/overview/live",
                 "jobs, first page": "/ui/jobs",
@@ -198,16 +236,31 @@ def measure(db_args: list[str], repeat: int) -> dict[str, Any]:
                 out[label] = times
         return out
     finally:
+        yard.close()
         proc.terminate()
         proc.wait(30)
 
 
+def _times(repeat: int, fn: Any) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
 def report(backend: str, n: int, build_s: float, results: dict[str, Any]) -> None:
-    print(f"\n{backend}, {n:,} jobs (built in {build_s:.1f} s)")
+    print(f"\n{backend}, {n:,} jobs (built in {build_s:.1f} s, of which the upgrade from "
+          f"{LOAD_AT} to the head {UPGRADE.get(backend, 0):.1f} s)")
     print(f"  {'page':38} {'p50 ms':>9} {'p90 ms':>9} {'n':>4}")
     for label, times in results.items():
         print(f"  {label:38} {pct(times, 50) * 1000:9.1f} {pct(times, 90) * 1000:9.1f}"
               f" {len(times):4}")
+    count = pct(results["yardstick: SELECT COUNT(*) FROM jobs"], 50)
+    print("  p50 / p50 of one COUNT(*) of jobs: " + ", ".join(
+        f"{label} {pct(times, 50) / count:.3f}" for label, times in results.items()
+        if not label.startswith("yardstick")))
 
 
 def main() -> None:

@@ -118,11 +118,17 @@ class Coordinator:
                                                              readings=readings, kinds=kinds))
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
-              kinds: Sequence[str] | None = None) -> dict[str, Any]:
-        """Give this worker the first eligible waiting job, under a new lease and epoch (the
-        rules: `core.claim.claim`)."""
+              kinds: Sequence[str] | None = None, tenant: str | None = None
+              ) -> dict[str, Any]:
+        """Give this worker the first eligible waiting job (of `tenant` only, when given),
+        under a new lease and epoch (the rules: `core.claim.claim`)."""
         return present.claimed_json(claim_rules.claim(self, worker_id, lease_s=lease_s,
-                                                      kinds=kinds))
+                                                      kinds=kinds, tenant=tenant))
+
+    def claimable(self, worker_id: str, *, kinds: Sequence[str] | None = None) -> bool:
+        """Whether this worker's claim could take a job now; a read that records nothing
+        (the rules: `core.claim.claimable`)."""
+        return claim_rules.claimable(self, worker_id, kinds)
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
                    kinds: Sequence[str] | None = None) -> dict[str, Any]:
@@ -298,21 +304,24 @@ class Coordinator:
     # --- inner steps the locking and query-plan checks drive directly --------------------
 
     def _candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                       due_only: bool, locked: bool = True) -> tuple[str, dict[str, Any]]:
-        """The store's claim candidate select (`:name` parameters) and its role and kind
-        parameters."""
-        stmt, params = self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
+                       due_only: bool, locked: bool = True, tenant: str | None = None
+                       ) -> tuple[str, dict[str, Any]]:
+        """The store's claim candidate select (`:name` parameters) and its role, kind and
+        tenant parameters."""
+        stmt, params = self.db.candidate_sql(roles, kinds, due_only=due_only, locked=locked,
+                                             tenant=tenant)
         return stmt.named(self.db.dialect), params
 
-    def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None
-                          ) -> tuple[str, dict[str, Any]]:
-        """PostgreSQL's one-statement claim and its role and kind parameters."""
+    def _claim_folded_sql(self, roles: Sequence[str], kinds: Sequence[str] | None,
+                          tenant: str | None = None) -> tuple[str, dict[str, Any]]:
+        """PostgreSQL's one-statement claim and its role, kind and tenant parameters."""
         from .store.postgresql import claim_sql
 
-        return claim_sql(roles, kinds)
+        return claim_sql(roles, kinds, tenant)
 
     def _claim(self, conn: Connection, worker_id: str, lease_us: int,
-               kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+               kinds: Sequence[str] | None, now: int, tenant: str | None = None
+               ) -> dict[str, Any]:
         """The claim inside a write transaction the caller holds open."""
         return present.claimed_json(claim_rules.claim_in(self, conn, worker_id, lease_us, kinds,
-                                                         now))
+                                                         now, tenant))

@@ -2,15 +2,17 @@
 
 It creates a fresh SQLite database, enqueues a mixed workload (P0 user requests and P3
 background jobs for two roles), starts five real worker processes with different roles and
-readings, SIGKILLs the worker running the longest job in the middle of it, lets the other
-workers' reapers recover that job, and checks and prints the outcome. The database stays
-behind to explore with `status`, `jobs`, `show`, `workers`.
+readings, serves the database over HTTP (`jobcoord serve` on a free loopback port) to a sixth
+worker that joins with a token as a remote machine would, SIGKILLs the worker running the
+longest job in the middle of it, lets the other workers' reapers recover that job, stops
+everything cleanly, and checks and prints the outcome. The database stays behind to explore
+with `status`, `jobs`, `show`, `workers`.
 
 The workers report simulated readings (`--readings-override`), so the outcome does not depend
 on the machine running the demo; the machine's real readings are printed at the start.
 
-This module is also the demo's handlers: `gpu_app` and `cpu_app` (Python) and, run as
-`python -m jobcoord.demo index`, the command handler for background indexing.
+This module is also the demo's handlers: `gpu_app`, `cpu_app` and `scanner_app` (Python) and,
+run as `python -m jobcoord.demo index`, the command handler for background indexing.
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from .app import App, Context, Result
-from .artifacts import rules as artifact_rules
+from .demo_report import last_line, outcome, report, timestamp
+
+__all__ = ["cpu_app", "gpu_app", "report", "run_demo", "scanner_app"]
 
 # --- the handlers ------------------------------------------------------------------------------
 
 gpu_app = App()
 cpu_app = App()
+scanner_app = App()  # the remote worker's: a machine with a scanner, joined over HTTP
 MODEL = {"model": "demo-summarizer", "model_version": "1.0", "quantization": "q4"}
 
 
@@ -63,6 +67,14 @@ def extract(payload: dict[str, Any], ctx: Context) -> Result:
     text = str(payload.get("text", ""))
     return Result({"dates": [w for w in text.split() if w[:2] == "20" and w[:4].isdigit()]},
                   provenance={"extractor": "demo-regex", "version": "2"})
+
+
+@scanner_app.handler("ocr", role="scanner", timeout=30)
+def ocr(payload: dict[str, Any], ctx: Context) -> Result:
+    ctx.sleep(float(payload.get("seconds", 0.2)))
+    scan = str(payload.get("scan", ""))
+    return Result({"scan": scan, "pages": 1 + len(scan) % 3},
+                  provenance={"ocr": "demo-ocr", "version": "1.2"})
 
 
 def index_command() -> int:
@@ -108,6 +120,9 @@ def _workload() -> list[dict[str, Any]]:
     for name in ["photos/2024", "photos/2025", "downloads", "projects", "mail"]:
         jobs.append({"kind": "index", "priority": 3, "role": "cpu",
                      "payload": {"folder": name, "seconds": 0.25}})
+    for name in ["receipt-0412.png", "contract-p1.png"]:
+        jobs.append({"kind": "ocr", "priority": 0, "role": "scanner",
+                     "payload": {"scan": name, "seconds": 0.2}})
     return jobs
 
 
@@ -134,6 +149,10 @@ def _workers() -> list[dict[str, Any]]:
          "about": "laptop low on memory, on battery",
          "readings": {"memory_used_pct": 92, "temperature_c": 71, "on_battery": True,
                       "user_idle_s": 5}},
+        {"id": "study-pc", "app": "scanner_app", "exec": None, "remote": True,
+         "about": "PC with a scanner, over HTTP with a worker token",
+         "readings": {"memory_used_pct": 35, "temperature_c": 45, "on_battery": False,
+                      "user_idle_s": 600}},
     ]
 
 
@@ -158,16 +177,10 @@ def _new_directory(directory: str | None) -> str:
     return directory
 
 
-def _start_worker(w: dict[str, Any], db_path: str, logs: str) -> subprocess.Popen[bytes]:
-    argv = [sys.executable, "-m", "jobcoord", "--db", db_path, "worker",
-            "--worker-id", w["id"], "--app", f"jobcoord.demo:{w['app']}",
-            "--lease", str(LEASE_S), "--heartbeat-every", "1", "--reap-every", "0.5",
-            "--poll", "0.2", "--grace", "2", "--log-format", "json", "--json",
-            "--readings-override", json.dumps(w["readings"])]
-    if w["exec"]:
-        argv += ["--exec", w["exec"]]
-    out = open(os.path.join(logs, f"{w['id']}.out"), "wb")  # noqa: SIM115 - owned by the child
-    err = open(os.path.join(logs, f"{w['id']}.log"), "wb")  # noqa: SIM115
+def _spawn(argv: list[str], logs: str, name: str) -> subprocess.Popen[bytes]:
+    """A child with stdout in logs/NAME.out and stderr in logs/NAME.log."""
+    out = open(os.path.join(logs, f"{name}.out"), "wb")  # noqa: SIM115 - owned by the child
+    err = open(os.path.join(logs, f"{name}.log"), "wb")  # noqa: SIM115
     # The demo's outcome must not depend on the user's settings (a policy with other limits).
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBCOORD_")}
     try:
@@ -175,6 +188,69 @@ def _start_worker(w: dict[str, Any], db_path: str, logs: str) -> subprocess.Pope
     finally:
         out.close()
         err.close()
+
+
+def _start_worker(w: dict[str, Any], db_path: str, logs: str,
+                  server: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A local worker on the database file, or (w["remote"]) a remote one: the same runtime
+    against `jobcoord serve` with a token, no database in sight."""
+    if w.get("remote"):
+        assert server is not None
+        where = ["worker", "--server", server["url"], "--token-file", server["token_file"],
+                 "--wait", "1"]
+    else:
+        where = ["--db", db_path, "worker", "--worker-id", w["id"], "--reap-every", "0.5",
+                 "--poll", "0.2"]
+    argv = [sys.executable, "-m", "jobcoord", *where, "--app", f"jobcoord.demo:{w['app']}",
+            "--lease", str(LEASE_S), "--heartbeat-every", "1", "--grace", "2",
+            "--log-format", "json", "--json", "--readings-override", json.dumps(w["readings"])]
+    if w["exec"]:
+        argv += ["--exec", w["exec"]]
+    return _spawn(argv, logs, w["id"])
+
+
+SERVER_START_S = 20.0
+
+
+def _start_server(db_path: str, logs: str) -> subprocess.Popen[bytes]:
+    """`jobcoord serve` on a free loopback port; its `listening` line names the URL."""
+    return _spawn([sys.executable, "-m", "jobcoord", "--db", db_path, "serve", "--host",
+                   "127.0.0.1", "--port", "0", "--reap-every", "0.5", "--poll", "0.1",
+                   "--json"], logs, "server")
+
+
+def _server_url(proc: subprocess.Popen[bytes], logs: str) -> str:
+    """Wait for the server's `listening` line (InvalidInput if it never comes)."""
+    from .errors import InvalidInput
+
+    end = time.monotonic() + SERVER_START_S
+    path = os.path.join(logs, "server.out")
+    while time.monotonic() < end:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if event.get("event") == "listening":
+                    return str(event["url"])
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise InvalidInput("server_failed", "jobcoord serve did not start: "
+                       + last_line(os.path.join(logs, "server.log")))
+
+
+def _stop_server(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM: uvicorn finishes the requests in flight and exits."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def _stop(procs: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -220,6 +296,9 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
     procs: dict[str, subprocess.Popen[bytes]] = {}
     killed: dict[str, Any] | None = None
     problems: list[str] = []
+    # Started first: it imports the HTTP stack while the jobs are enqueued.
+    server_proc = _start_server(db_path, logs)
+    server: dict[str, Any] = {}
     try:
         workload = _workload()
         ids = [r["job_id"] for r in coord.enqueue_many(workload)]
@@ -227,25 +306,28 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
         say(f"enqueued {len(ids)} jobs: P0 user requests (summarize on gpu, extract on cpu) "
             "and P3 background work (embed on gpu, index on cpu)")
         workers = _workers()
+        server = _serve(coord, server_proc, directory, logs, say)
         for w in workers:
-            procs[w["id"]] = _start_worker(w, db_path, logs)
+            procs[w["id"]] = _start_worker(w, db_path, logs, server)
             say(f"started worker {w['id']:<12} pid {procs[w['id']].pid:<7} {w['about']}: "
                 + json.dumps(w["readings"]))
         deadline = started + DEADLINE_S
         while time.monotonic() < deadline:
             crashed = [(name, p.returncode) for name, p in procs.items()
                        if p.poll() is not None and (killed is None or name != killed["worker_id"])]
+            if server_proc.poll() is not None:
+                crashed.append(("server", server_proc.returncode))
             if crashed:
                 for name, code in crashed:
                     problems.append(f"worker {name} exited with code {code}: "
-                                    + _last_line(os.path.join(logs, f"{name}.log")))
+                                    + last_line(os.path.join(logs, f"{name}.log")))
                 break
             counts = coord.status()["jobs"]
             if killed is None:
                 shown = coord.show(long_id)
                 lease = shown["lease"]
                 if lease is not None and shown["job"]["status"] == "running":
-                    claimed_at = _at(shown["events"][-1]["at"])
+                    claimed_at = timestamp(shown["events"][-1]["at"])
                     # Kill in the middle of the job, not at its first instant.
                     if time.time() - claimed_at >= LONG_JOB_S / 3:
                         victim = lease["worker_id"]
@@ -263,157 +345,41 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
         else:
             problems.append(f"not every job finished within {DEADLINE_S:g}s")
     finally:
-        _stop(procs)
+        _stop(procs)  # the remote worker first, while the server still answers it
+        server["exit_code"] = _stop_server(server_proc)
+    # SIGTERM: serve finishes the requests in flight, says `stopped` and exits 0.
+    server["stopped_cleanly"] = (server_proc.returncode == 0
+                                 and '"stopped"' in last_line(os.path.join(logs, "server.out")))
+    if server.get("url") and not server["stopped_cleanly"]:
+        problems.append(f"jobcoord serve did not stop cleanly (exit code "
+                        f"{server['exit_code']}): "
+                        + last_line(os.path.join(logs, "server.log")))
     try:
-        summary = _summarize(coord, ids, workers, logs, killed, problems)
+        summary = outcome(coord, ids, workers, logs, killed, problems)
     finally:
         coord.close()
+    summary["server"] = server
     summary.update(directory=directory, database=db_path,
                    duration_s=round(time.monotonic() - started, 1))
     summary["ok"] = not summary["problems"]
     return summary
 
 
-def _last_line(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
-    except OSError:
-        return "(no log)"
-    return lines[-1] if lines else "(empty log)"
+def _serve(coord: Any, proc: subprocess.Popen[bytes], directory: str, logs: str,
+           say: Callable[[str], None]) -> dict[str, Any]:
+    """The server's URL, and a worker token for the remote worker in a file only the user
+    can read (the secret is shown nowhere else)."""
+    from . import tokens
 
-
-def _at(iso_text: str) -> float:
-    return datetime.fromisoformat(iso_text.replace("Z", "+00:00")).timestamp()
-
-
-def _summarize(coord: Any, ids: list[int], workers: list[dict[str, Any]], logs: str,
-               killed: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
-    ran: dict[str, Counter[str]] = {w["id"]: Counter() for w in workers}
-    completions: Counter[int] = Counter()
-    statuses: Counter[str] = Counter()
-    refused_late = 0
-    for job_id in ids:
-        shown = coord.show(job_id)
-        statuses[shown["job"]["status"]] += 1
-        for e in shown["events"]:
-            if e["reason"] == "completed":
-                completions[job_id] += 1
-                ran.setdefault(e["worker_id"], Counter())[shown["job"]["kind"]] += 1
-            if e["reason"] == "complete_refused":
-                refused_late += 1
-    if statuses["succeeded"] != len(ids):
-        problems.append(f"{statuses['succeeded']} of {len(ids)} jobs succeeded: "
-                        f"{dict(statuses)}")
-    twice = [j for j, n in completions.items() if n != 1]
-    if twice:
-        problems.append(f"jobs completed more than once: {twice}")
-    recovered = None
-    if killed is None:
-        problems.append("no worker was killed: the long job never started")
-    else:
-        shown = coord.show(killed["job_id"])
-        events = shown["events"]
-        recovered = {"job_id": killed["job_id"], "status": shown["job"]["status"],
-                     "attempts": shown["job"]["attempts"], "events": events,
-                     "provenance": shown["job"]["provenance"]}
-        if not any(e["reason"] == "lease_expired" for e in events):
-            problems.append(f"job {killed['job_id']} was not recovered by a reaper")
-        finisher = (shown["job"]["provenance"] or {}).get("worker")
-        if finisher == killed["worker_id"]:
-            problems.append("the killed worker's job was completed by the killed worker")
-    by_worker = {w["worker_id"]: w for w in coord.workers()["workers"]}
-    out_workers = []
-    for w in workers:
-        summary = _worker_summary(os.path.join(logs, f"{w['id']}.out"))
-        info = by_worker.get(w["id"], {})
-        out_workers.append({
-            "worker_id": w["id"], "about": w["about"], "roles": info.get("roles"),
-            "readings": w["readings"], "ran": dict(ran.get(w["id"], {})),
-            "killed": killed is not None and killed["worker_id"] == w["id"],
-            "gate_refusals": None if summary is None else summary.get("gate_refused"),
-            "gates": _gate_decisions(os.path.join(logs, f"{w['id']}.log")),
-        })
-    gated = [w for w in out_workers if any(g["reason"] == "memory_gate" for g in w["gates"])]
-    if not gated:
-        problems.append("no worker was refused by the memory gate")
-    return {"jobs": len(ids), "succeeded": statuses["succeeded"],
-            "completed_exactly_once": not twice and len(completions) == len(ids),
-            "late_results_refused": refused_late, "workers": out_workers, "killed": killed,
-            "recovered_job": recovered, "problems": problems,
-            "artifact": artifact_rules.first_accepted(coord, ids)}
-
-
-def _gate_decisions(path: str) -> list[dict[str, str]]:
-    """The distinct gate refusals a worker logged (its log is one JSON object a line)."""
-    seen: list[dict[str, str]] = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    entry = json.loads(line)
-                except ValueError:
-                    continue
-                if entry.get("event") == "gate_refused":
-                    item = {"reason": entry.get("reason"), "detail": entry.get("detail")}
-                    if item not in seen:
-                        seen.append(item)
-    except OSError:
-        pass
-    return seen
-
-
-def _worker_summary(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-        return json.loads(text) if text else None
-    except (OSError, ValueError):
-        return None
-
-
-def report(s: dict[str, Any]) -> list[str]:
-    lines = ["", "=== summary ==="]
-    if s.get("killed"):
-        lines.append(f"worker {s['killed']['worker_id']} was SIGKILLed at +{s['killed']['at_s']}s "
-                     f"while running job {s['killed']['job_id']}")
-    lines.append(f"{s['succeeded']}/{s['jobs']} jobs succeeded; each completed exactly once: "
-                 f"{'yes' if s['completed_exactly_once'] else 'NO'}")
-    lines.append("who ran what:")
-    for w in s["workers"]:
-        ran = ", ".join(f"{k} x{n}" for k, n in sorted(w["ran"].items())) or "nothing"
-        note = ""
-        if w["killed"]:
-            note = "  [SIGKILLed mid-job]"
-        for g in w["gates"]:
-            note += f"  [gate refused: {g['reason']}: {g['detail']}]"
-        if w["gates"] and w["gate_refusals"]:
-            note += f" ({w['gate_refusals']} claims refused)"
-        lines.append(f"  {w['worker_id']:<12} {ran}{note}")
-    rec = s["recovered_job"]
-    if rec:
-        lines.append(f"recovered job {rec['job_id']} (attempts {rec['attempts']}, now "
-                     f"{rec['status']}):")
-        t0 = _at(rec["events"][0]["at"])
-        for e in rec["events"]:
-            who = f" {e['worker_id']}" if e["worker_id"] else ""
-            epoch = f" epoch {e['epoch']}" if e["epoch"] is not None else ""
-            lines.append(f"  +{_at(e['at']) - t0:5.1f}s  {e['from'] or '-':>8} -> "
-                         f"{e['to']:<9} {e['reason']}{who}{epoch}")
-    for problem in s["problems"]:
-        lines.append(f"PROBLEM: {problem}")
-    if s.get("artifact"):
-        a = s["artifact"]
-        lines.append(f"artifact of job {a['job_id']}: {a['name']} {a['digest']} ({a['size']} "
-                     f"bytes); get it: jobcoord --db {s['database']} artifact get {a['job_id']} "
-                     f"{a['name']} -o {a['name']}")
-    lines.append(f"done in {s['duration_s']}s. Explore the database:")
-    db = s["database"]
-    job = rec["job_id"] if rec else 1
-    for cmd in ("status", "jobs", f"show {job}", "workers"):
-        lines.append(f"  jobcoord --db {db} {cmd}")
-    lines.append(f"worker logs: {os.path.join(s['directory'], 'logs')}/")
-    return lines
+    url = _server_url(proc, logs)
+    made = tokens.create(coord.db, "study-pc", "worker", worker="study-pc")
+    token_file = os.path.join(directory, "study-pc.token")
+    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(made["token"] + "\n")
+    say(f"serving the database at {url} (pid {proc.pid}); worker token 'study-pc' in "
+        f"{token_file}")
+    return {"url": url, "pid": proc.pid, "token_name": "study-pc", "token_file": token_file}
 
 
 if __name__ == "__main__":

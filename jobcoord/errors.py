@@ -131,6 +131,9 @@ HTTP_STATUS_BY_CLASS: tuple[tuple[type[JobcoordError], int], ...] = (
 HTTP_NOT_FOUND_CODES = frozenset({"job_not_found", "token_not_found", "artifact_not_found"})
 #: A digest mismatch on an artifact upload (the issue's contract): 422.
 HTTP_UNPROCESSABLE_CODES = frozenset({"artifact_invalid"})
+#: An artifact over its limit (the server's upload limit or its kind's): 413, the body was
+#: too large.
+HTTP_TOO_LARGE_CODES = frozenset({"artifact_too_large"})
 #: Retry-After seconds of the answers that are worth retrying.
 HTTP_RETRY_AFTER_S: dict[type[JobcoordError], int] = {DatabaseBusy: 1, StorageUnavailable: 5}
 #: Codes a 503 answer carries that mean "busy" (retry soon) rather than "unavailable".

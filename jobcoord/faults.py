@@ -12,6 +12,7 @@ puts on their path (tests/fault_site/), which calls `install` and `set_deferred_
     install("claim.after_lease:kill")            SIGKILL this process at that point
     install("completed.after_update:sleep=3")    sleep 3 seconds there
     install("a:kill,b:sleep=1")                  several points at once
+    install("http.complete.after_commit:bug")    raise an unexpected error there (a bug)
 
 `set_deferred_writes(True)` makes write transactions on SQLite start with a plain (deferred)
 BEGIN instead of BEGIN IMMEDIATE, so the contention tests can prove that they would catch that
@@ -25,6 +26,11 @@ import signal
 import time
 
 _ACTIONS: dict[str, tuple[str, float]] = {}
+
+
+class FaultBug(RuntimeError):
+    """What a `bug` fault point raises: no class of jobcoord's own, like a real bug."""
+
 DEFERRED_WRITES = False
 
 
@@ -36,8 +42,10 @@ def _parse(spec: str) -> dict[str, tuple[str, float]]:
             actions[name] = ("kill", 0.0)
         elif action.startswith("sleep="):
             actions[name] = ("sleep", float(action.removeprefix("sleep=")))
+        elif action == "bug":
+            actions[name] = ("bug", 0.0)
         else:
-            raise ValueError(f"fault spec: cannot read {item!r} (use NAME:kill or "
+            raise ValueError(f"fault spec: cannot read {item!r} (use NAME:kill, NAME:bug or "
                              "NAME:sleep=SECONDS)")
     return actions
 
@@ -64,6 +72,8 @@ def point(name: str) -> None:
     kind, seconds = action
     if kind == "sleep":
         time.sleep(seconds)
+    elif kind == "bug":
+        raise FaultBug(f"fault point {name}: an unexpected error, as a bug would raise")
     else:
         # SIGKILL, not an exception or sys.exit: no finally block, rollback or atexit runs,
         # exactly like a power switch on this one process.

@@ -36,7 +36,24 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
         ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:
             violations.append({"invariant": name, "job_ids": ids})
+    differ = _counts_differ(db, conn)
+    if differ:
+        violations.append({"invariant": "job_counts_differ_from_jobs", "job_ids": [],
+                           "keys": differ[:20]})
     return violations
+
+
+def _counts_differ(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    """The keys where job_counts (kept by triggers) and a count of the jobs disagree: the
+    dashboard and /metrics show job_counts."""
+    kept: dict[tuple[Any, ...], int] = {}
+    for *key, n in db.run(conn, rs.JOB_COUNTS).all():
+        kept[tuple(key)] = int(n)
+    counted = {tuple(key): int(n) for *key, n in db.run(conn, rs.JOBS_BY_COUNT_KEY).all()}
+    return [{"tenant": k[0], "status": k[1], "kind": k[2], "attempts": k[3],
+             "kept": kept.get(k, 0), "counted": counted.get(k, 0)}
+            for k in sorted(set(kept) | set(counted), key=repr)
+            if kept.get(k, 0) != counted.get(k, 0)]
 
 
 def check(db: Database, *, full: bool = False) -> dict[str, Any]:

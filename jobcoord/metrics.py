@@ -1,19 +1,24 @@
 """Prometheus metrics derived from the database at scrape time.
 
-Every figure is computed from what the database holds (jobs, job_events, workers, leases,
-artifacts), never from one process's memory: a scrape of any `jobcoord serve`, or
-`jobcoord metrics` run anywhere against the same database, gives the same numbers, and a
-restarted server gives the numbers it gave before. The metric catalogue is docs/metrics.md.
+Every figure is computed from what the database holds, never from one process's memory: a
+scrape of any `jobcoord serve`, or `jobcoord metrics` run anywhere against the same
+database, gives the same numbers, and a restarted server gives the numbers it gave before.
+The metric catalogue is docs/metrics.md.
 
-One scrape is one read transaction (one snapshot), with parameterized SQL only.
+One scrape is one read transaction (one snapshot) of statements that stay cheap at any size
+(jobcoord/store/report_statements.py): jobs by status, kind and attempts from `job_counts`, which
+triggers keep in the transaction of every change to `jobs`; claim refusals from
+`claim_refusals`, written by each refused claim; the queue age from one index seek per
+(tenant, kind).
 
 The result commit latency needs one reading per completed job (the completed event's time
-against the handler's end, which the worker records in the provenance). Parsing every
-provenance at every scrape would grow with the database, so a collector keeps a cursor
-(the last completed event it has folded in) and folds in only newer ones; the sums it keeps
-are a cache of a pure function of the events, checked at every scrape against the count of
-completed events up to the cursor, and rebuilt from scratch when they differ (`prune`
-deleted some). A fresh process computes the same figures from scratch.
+against the handler's end, which the worker records in the provenance). Its histogram is a
+durable fold of the completed events (`metric_folds`): the buckets up to an event id, kept
+in the database. A scrape reads the fold, folds in the completed events after it, and
+stores the advanced fold (compare-and-set: two scrapers never both advance it); only events
+old enough that no smaller id can still commit (`Database.events_settle_s`) are stored, the
+newer ones are added for this scrape only. So no scrape, first or not, re-reads every
+completed job, and a completion counted once stays counted when `prune` deletes its job.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ import contextlib
 import json
 import os
 import tempfile
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -44,20 +48,70 @@ ATTEMPT_BUCKETS: tuple[float, ...] = (1, 2, 3, 5, 10)
 #: Buckets of the result commit latency histogram, seconds.
 LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                       0.5, 1.0, 2.5, 5.0, 10.0)
-#: Provenance rows folded into the latency histogram per read (bounded memory per batch).
-LATENCY_BATCH = 5000
+#: The name of the latency histogram's row in metric_folds.
+LATENCY_FOLD = "result_commit_latency"
 
 
 @dataclass
-class _Latency:
-    """The folded-in part of the latency histogram: a cache of a function of the events."""
+class Latency:
+    """Latency histogram counts (per bucket, not cumulative), their sum, and the completed
+    jobs with no usable provenance."""
 
-    cursor: int = 0          # last completed event_id folded in
-    seen: int = 0            # completed events with event_id <= cursor
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     total: float = 0.0
     count: int = 0
-    without: int = 0         # completed jobs with no usable provenance (hand-driven)
+    without: int = 0
+
+    def add(self, event_at_us: int, provenance_json: str | None) -> None:
+        latency = commit_latency_s(event_at_us, provenance_json)
+        if latency is None:
+            self.without += 1
+            return
+        self.count += 1
+        self.total += latency
+        for i, bound in enumerate(LATENCY_BUCKETS):
+            if latency <= bound:
+                self.buckets[i] += 1
+                return
+        self.buckets[-1] += 1
+
+    def plus(self, other: Latency) -> Latency:
+        return Latency([a + b for a, b in zip(self.buckets, other.buckets, strict=True)],
+                       self.total + other.total, self.count + other.count,
+                       self.without + other.without)
+
+    def to_json(self) -> str:
+        return json.dumps({"buckets": self.buckets, "total": self.total, "count": self.count,
+                           "without": self.without}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Latency:
+        d = json.loads(text)
+        if len(d["buckets"]) != len(LATENCY_BUCKETS) + 1:
+            raise ValueError("the stored latency fold has other buckets")
+        return cls(list(d["buckets"]), float(d["total"]), int(d["count"]), int(d["without"]))
+
+
+def settled_horizon_us(settle_s: float, now: int | None = None) -> int | None:
+    """Events at or before this time are settled (None: every committed event is)."""
+    if settle_s <= 0:
+        return None
+    return (now_us() if now is None else now) - round(settle_s * MICROS)
+
+
+def fold_rows(state: Latency | None, cursor: int, rows: Sequence[Any],
+              horizon: int | None) -> tuple[Latency | None, int, bool]:
+    """Fold (event_id, at, provenance) rows, in id order, into `state` while they are
+    settled. Returns the state (made when rows were folded into None), the last id folded,
+    and whether an unsettled event stopped the fold."""
+    for event_id, at, prov in rows:
+        if horizon is not None and at > horizon:
+            return state, cursor, True
+        if state is None:
+            state = Latency()
+        state.add(at, prov)
+        cursor = event_id
+    return state, cursor, False
 
 
 def _parse_iso_us(text: Any) -> int | None:
@@ -99,83 +153,89 @@ class JobcoordCollector(Collector):
         self.db = db
         self.features = set(features)
         self.heartbeat_max_age_s = heartbeat_max_age_s
-        self._latency = _Latency()
-        self._lock = threading.Lock()
 
     # -- reading --
 
-    def _fold_latency(self, conn: Any, state: _Latency, completed_total: int) -> _Latency:
-        """Fold completed events newer than the cursor into `state` (a copy when rebuilt)."""
+    def _latency(self, conn: Any, now: int) -> tuple[Latency, tuple[Any, ...] | None]:
+        """The latency histogram: the durable fold plus every completed event after it, and
+        the fold to store when settled events advanced it ((old id or None, new id, state))."""
         db = self.db
-        # Completed events up to the cursor = all of them minus those after it (a range of
-        # the primary key): if that is not what the cache has seen, prune deleted some.
-        newer = db.run(conn, rs.COMPLETED_AFTER, {"cursor": state.cursor}).scalar_one()
-        seen = completed_total - newer
-        if seen != state.seen:
-            state = _Latency()  # events were pruned: rebuild from the events that remain
+        row = db.run(conn, rs.FOLD, {"name": LATENCY_FOLD}).first()
+        stored = None if row is None else row[0]
+        start = stored or 0
+        try:
+            durable = Latency() if row is None else Latency.from_json(row[1])
+        except (ValueError, KeyError, TypeError):
+            durable, start = Latency(), 0  # unreadable: fold again from the first event
+        horizon = settled_horizon_us(db.events_settle_s, now)
+        state, tail = durable, Latency()
+        seen = cursor = start  # the last event read; the last one folded durably
+        stopped = False
         while True:
-            rows = db.run(conn, rs.COMPLETED_PAGE,
-                          {"cursor": state.cursor, "n": LATENCY_BATCH}).all()
+            rows = db.run(conn, rs.COMPLETED_ROWS, {"cursor": seen}).all()
             for event_id, at, prov in rows:
-                state.cursor = event_id
-                state.seen += 1
-                latency = commit_latency_s(at, prov)
-                if latency is None:
-                    state.without += 1
-                    continue
-                state.count += 1
-                state.total += latency
-                for i, bound in enumerate(LATENCY_BUCKETS):
-                    if latency <= bound:
-                        state.buckets[i] += 1
-                        break
-                else:
-                    state.buckets[-1] += 1
-            if len(rows) < LATENCY_BATCH:
-                return state
+                if not stopped and (horizon is None or at <= horizon):
+                    state.add(at, prov)
+                    cursor = event_id
+                else:  # from the first unsettled event on, for this scrape only
+                    stopped = True
+                    tail.add(at, prov)
+            if rows:
+                seen = rows[-1][0]
+            if len(rows) < 5000:
+                break
+        advance = (stored, cursor, state) if cursor != start else None
+        return state.plus(tail), advance
 
     def snapshot(self) -> dict[str, Any]:
-        """Every figure, from one read transaction."""
+        """Every figure, from one read transaction (and, when the latency fold advanced, a
+        short write that stores it)."""
         db = self.db
         now = now_us()
         final = FINAL_STATUSES
 
         def _do(conn: Any) -> dict[str, Any]:
             out: dict[str, Any] = {"now_us": now}
-            # One scan of jobs and one of job_events serve every figure from each table.
-            rows = db.run(conn, rs.JOBS_BY_STATUS_KIND_ATTEMPTS).all()
             jobs: dict[tuple[str, str], int] = {}
             attempts: dict[int, int] = {}
-            for status, kind, tries, n in rows:
-                jobs[(status, kind)] = jobs.get((status, kind), 0) + n
-                if status in final:
-                    attempts[tries] = attempts.get(tries, 0) + n
-            out["jobs"] = [(st, kind, n) for (st, kind), n in jobs.items()]
-            out["attempts"] = sorted(attempts.items())
-            out["oldest_waiting"] = [tuple(r) for r in db.run(
-                conn, rs.OLDEST_WAITING_BY_KIND).all()]
-            events = db.run(conn, rs.EXPIRED_AND_COMPLETED).all()
-            out["expired_to"] = {to: n for reason, to, n in events
-                                 if reason == "lease_expired"}
-            out["completed_total"] = sum(n for reason, _to, n in events
-                                         if reason == "completed")
+            for _tenant, status, kind, tries, n in db.run(conn, rs.JOB_COUNTS).all():
+                if n:
+                    jobs[(status, kind)] = jobs.get((status, kind), 0) + int(n)
+                    if status in final:
+                        attempts[tries] = attempts.get(tries, 0) + int(n)
+            out["jobs"] = [(st, kind, n) for (st, kind), n in jobs.items() if n]
+            out["attempts"] = sorted((a, n) for a, n in attempts.items() if n)
+            oldest: dict[str, int] = {}
+            for _tenant, kind, created, _n in db.run(conn, rs.OLDEST_WAITING).all():
+                if created is not None:
+                    oldest[kind] = min(created, oldest.get(kind, created))
+            out["oldest_waiting"] = sorted(oldest.items())
+            out["expired_to"] = dict(db.run(conn, rs.LEASE_EXPIRIES).all())
+            out["entered"] = dict(db.run(conn, rs.ENTERED).all())
+            out["refusals"] = {reason: int(n) for reason, n in
+                               db.run(conn, rs.CLAIM_REFUSALS).all()}
             out["workers"] = [tuple(r) for r in db.run(conn, rs.WORKER_STATES).all()]
             out["leases"] = dict(db.run(conn, rs.LEASES_BY_WORKER).all())
             if "artifacts" in self.features:
-                out["artifacts"] = [tuple(r) for r in db.run(
-                    conn, rs.ARTIFACTS_BY_STATE).all()]
-            with self._lock:
-                base = _Latency(self._latency.cursor, self._latency.seen,
-                                list(self._latency.buckets), self._latency.total,
-                                self._latency.count, self._latency.without)
-            out["latency"] = self._fold_latency(conn, base, out["completed_total"])
+                out["artifacts"] = [tuple(r) for r in
+                                    db.run(conn, rs.ARTIFACTS_BY_STATE).all()]
+            out["latency"], out["advance"] = self._latency(conn, now)
             return out
 
         got = db.read(_do, "metrics")
-        with self._lock:
-            if got["latency"].cursor >= self._latency.cursor or got["latency"].seen == 0:
-                self._latency = got["latency"]
+        if got["advance"] is not None:
+            self._store_fold(*got["advance"])
         return got
+
+    def _store_fold(self, old: int | None, cursor: int, state: Latency) -> None:
+        """Store the advanced fold if no one advanced it since we read it. A failure (a
+        read-only database, a busy one) loses nothing: the next scrape folds again."""
+        from .errors import JobcoordError
+        params = {"name": LATENCY_FOLD, "old": old, "cursor": cursor,
+                  "state": state.to_json(), "now": now_us()}
+        stmt = rs.START_FOLD if old is None else rs.ADVANCE_FOLD
+        with contextlib.suppress(JobcoordError):
+            self.db.write(lambda conn: self.db.run(conn, stmt, params), "metrics fold")
 
     # -- exposition --
 
@@ -210,6 +270,13 @@ class JobcoordCollector(Collector):
                                 "effect had started when the lease was lost; a human must "
                                 "reconcile them.", value=totals["unknown"])
 
+        entered = CounterMetricFamily(
+            "jobcoord_jobs_entered", "Transitions of jobs into dead or unknown (job_events), "
+            "including jobs retried or reconciled since.", labels=["status"])
+        for status in ("dead", "unknown"):
+            entered.add_metric([status], s["entered"].get(status, 0))
+        yield entered
+
         age = GaugeMetricFamily("jobcoord_oldest_waiting_age_seconds",
                                 "Age of the oldest waiting job per kind (queue age), seconds "
                                 "since it was submitted.", labels=["kind"])
@@ -229,7 +296,7 @@ class JobcoordCollector(Collector):
                          "Attempts used by each finished job (succeeded, dead, cancelled).",
                          ATTEMPT_BUCKETS, s["attempts"])
 
-        lat: _Latency = s["latency"]
+        lat: Latency = s["latency"]
         cumulative, acc = [], 0
         for i, bound in enumerate(LATENCY_BUCKETS):
             acc += lat.buckets[i]
@@ -256,6 +323,15 @@ class JobcoordCollector(Collector):
         for reason, n in sorted(reasons.items()):
             refusing.add_metric([reason], n)
         yield refusing
+
+        refusals = CounterMetricFamily(
+            "jobcoord_claim_refusals", "Claims refused, by reason (a gate: memory_gate, "
+            "thermal_gate, power_gate, user_active; or heartbeat_stale, no_waiting_jobs, "
+            "no_matching_role, ...), counted by each refused claim's own transaction.",
+            labels=["reason"])
+        for reason, n in sorted(s["refusals"].items()):
+            refusals.add_metric([reason], n)
+        yield refusals
 
         hb = GaugeMetricFamily("jobcoord_worker_heartbeat_age_seconds",
                                "Seconds since each worker's last heartbeat.",

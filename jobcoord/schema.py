@@ -103,7 +103,15 @@ jobs = Table(
     UniqueConstraint("tenant", "idempotency_key"),
     Index("ix_jobs_status_job_id", "status", "job_id"),
     Index("ix_jobs_tenant_job_id", "tenant", "job_id"),
+    # The dashboard's jobs page filtered by kind, newest first (c0004). A job's kind never
+    # changes, so only an insert or a delete writes it.
+    Index("ix_jobs_kind_job_id", "kind", "job_id"),
 )
+
+
+#: The predicate of ix_job_events_dead_unknown, which a statement must repeat to use it.
+ENTERED_DEAD_OR_UNKNOWN = ("to_status IN ('dead', 'unknown') AND from_status IS NOT NULL"
+                           " AND from_status <> to_status")
 
 
 def add_partial_indexes() -> None:
@@ -132,6 +140,25 @@ def add_partial_indexes() -> None:
     # The reaper's sweep of waiting jobs whose deadline passed.
     Index("ix_jobs_waiting_deadline", c.deadline_at,
           **_waiting(" AND deadline_at IS NOT NULL"))
+    # Queue age per (tenant, kind) (revision c0004): the oldest waiting job of each is the
+    # first entry of its slice, an index seek instead of a scan of every waiting job.
+    Index("ix_jobs_waiting_age", c.tenant, c.kind, c.created_at, **_waiting())
+    # Jobs of each status finished since a time (the overview's last hour), covering the
+    # tenant so the count never reads a job row; jobs not finished are not in it. The
+    # status leads: a count grouped by status then reads this index in its order, where
+    # SQLite would otherwise prefer walking all of ix_jobs_status_job_id to skip a sort.
+    finished = text("finished_at IS NOT NULL")
+    Index("ix_jobs_finished_at", c.status, c.finished_at, c.tenant,
+          sqlite_where=finished, postgresql_where=finished)
+    # Leases reaped, by where the job went: the few `lease_expired` events alone.
+    expired = text("reason = 'lease_expired'")
+    Index("ix_job_events_lease_expired", job_events.c.to_status,
+          sqlite_where=expired, postgresql_where=expired)
+    # Transitions into dead or unknown (a refusal recorded on a dead job keeps its status
+    # and is not one): the jobs that ever died or needed a human, retried since or not.
+    entered = text(ENTERED_DEAD_OR_UNKNOWN)
+    Index("ix_job_events_dead_unknown", job_events.c.to_status,
+          sqlite_where=entered, postgresql_where=entered)
 
 
 leases = Table(
@@ -160,6 +187,43 @@ job_events = Table(
     Column("epoch", Integer),
     Column("detail", Text),
     Index("ix_job_events_job_id_event_id", "job_id", "event_id"),
+)
+
+# Jobs counted by (tenant, status, kind, attempts) (core revision c0004), kept by triggers
+# on `jobs` in the transaction of every insert, transition and delete, whatever process or
+# path writes it: the figures of the overview and of /metrics are a sum over this small
+# table instead of a scan of every job. A key's count is the sum of its shards: SQLite
+# writes shard 0 only (its writers are serialised anyway); PostgreSQL writes the shard of
+# its backend, so concurrent transactions do not queue on one hot row. See the revision.
+job_counts = Table(
+    "job_counts", metadata,
+    Column("shard", Integer, primary_key=True),
+    Column("tenant", String(128), primary_key=True),
+    Column("status", String(16), primary_key=True),
+    Column("kind", String(128), primary_key=True),
+    Column("attempts", Integer, primary_key=True),
+    Column("n", BigInteger, nullable=False),
+)
+
+# Claims refused, by worker and reason (c0004): a counter row updated in the refused
+# claim's own transaction, one row per worker so workers never wait on each other's.
+claim_refusals = Table(
+    "claim_refusals", metadata,
+    Column("worker_id", String(200), primary_key=True),
+    Column("reason", String(40), primary_key=True),
+    Column("n", BigInteger, nullable=False),
+    Column("last_at", BigInteger, nullable=False),
+)
+
+# Durable folds of the events into metrics (c0004): e.g. the result commit latency
+# histogram up to an event id, so no process re-reads every completed job at its first
+# scrape. A fold is a function of the events it has read; it is advanced by compare-and-set.
+metric_folds = Table(
+    "metric_folds", metadata,
+    Column("name", String(64), primary_key=True),
+    Column("last_event_id", BigInteger, nullable=False),
+    Column("state_json", Text, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
 )
 
 checkpoints = Table(
@@ -217,5 +281,7 @@ tokens = Table(
     UniqueConstraint("token_hash"),
 )
 
-CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
+#: Every table of the core revisions, parents before children (transfer copies them in this
+#: order).
+CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "tokens")
 OPTIONAL_TABLES = {"artifacts": ("artifacts",)}

@@ -1,4 +1,4 @@
-"""Move a SQLite coordinator to PostgreSQL without losing a row.
+"""Move a SQLite coordinator to PostgreSQL, or back, without losing a row.
 
 The source is read in one read transaction (a WAL snapshot: it never takes SQLite's write
 lock, so the source stays usable, and every table is read at the same instant). The target is
@@ -102,32 +102,40 @@ def _check_target_empty(db: Database, conn: Connection, tables: list[Table]) -> 
 def transfer(source: Database, source_features: set[str], target: Target, *,
              allow_active_leases: bool = False,
              after_snapshot: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Copy the whole state of a SQLite coordinator into an empty, migrated PostgreSQL
-    database and verify it. `after_snapshot` runs once the source snapshot is taken (tests
-    use it to write to the source mid-copy)."""
-    if not source.is_sqlite:
-        raise InvalidInput("invalid_input", "transfer copies a SQLite coordinator (--db PATH) "
-                           "into PostgreSQL; the source here is not SQLite")
-    if target.sqlite_path is not None:
-        raise InvalidInput("invalid_input", "the target of a transfer must be PostgreSQL "
-                           "(--to postgresql+psycopg://USER@HOST/DB); to copy a SQLite "
-                           "database use `jobcoord backup`")
-    assert isinstance(source, SqliteDatabase)
+    """Copy the whole state of a coordinator into an empty, migrated database of the other
+    kind (SQLite into PostgreSQL, or PostgreSQL back into SQLite) and verify it.
+    `after_snapshot` runs once the source snapshot is taken (tests use it to write to the
+    source mid-copy)."""
+    if source.is_sqlite and target.sqlite_path is not None:
+        raise InvalidInput("invalid_input", "the target of a transfer from SQLite must be "
+                           "PostgreSQL (--to postgresql+psycopg://USER@HOST/DB); to copy a "
+                           "SQLite database use `jobcoord backup`")
+    if not source.is_sqlite and target.sqlite_path is None:
+        raise InvalidInput("invalid_input", "the source is not SQLite and the target is "
+                           "PostgreSQL too: a transfer moves between SQLite and PostgreSQL "
+                           "(--to sqlite:///PATH); between servers use pg_dump")
     dest = Database.open(target)
-    assert isinstance(dest, PostgresDatabase)
     try:
         target_features = verify_schema(dest)
         missing = source_features - target_features
         if missing:
+            where = "--db PATH" if dest.is_sqlite else "--url ..."
             raise SchemaMismatch(
                 "feature_missing",
                 f"the source uses {', '.join(sorted(missing))} but the target does not have "
-                f"it; run `jobcoord --url ... migrate --with {' --with '.join(sorted(missing))}`"
-                " on the target first",
+                f"it; run `jobcoord {where} migrate --with "
+                f"{' --with '.join(sorted(missing))}` on the target first",
             )
         tables = tables_for(source_features)
         try:
-            result = _copy(source, dest, tables, allow_active_leases, after_snapshot)
+            if isinstance(source, SqliteDatabase):
+                assert isinstance(dest, PostgresDatabase)
+                result = _copy(source, dest, tables, allow_active_leases, after_snapshot)
+            else:
+                assert isinstance(source, PostgresDatabase)
+                assert isinstance(dest, SqliteDatabase)
+                result = _copy_back(source, dest, tables, allow_active_leases,
+                                    after_snapshot)
         except DBAPIError as e:
             raise classify(e, "transferring") from e
         # Verify again from a fresh connection: what committed is what the source had.
@@ -169,15 +177,7 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
                     f"quick_check ({'; '.join(found[:3])}); nothing was copied. Restore it "
                     "from a backup, then transfer", quick_check=found[:20])
             active = source.run(sconn, rs.LIVE_LEASES, {"now": now}).one()
-            if active[0] and not allow_active_leases:
-                raise Refused(
-                    "active_leases",
-                    f"{active[0]} job(s) are leased to workers until as late as "
-                    f"{iso(active[1])}; their results would go to the old database. Stop the "
-                    "workers and let the leases end (then `jobcoord reap`), or pass "
-                    "--allow-active-leases to copy them as they are",
-                    active_leases=active[0],
-                )
+            _refuse_live_leases(active, allow_active_leases)
             source_digests = {t.name: digest(source, sconn, t) for t in tables}
             if after_snapshot is not None:
                 after_snapshot()
@@ -203,13 +203,65 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
         changed = source.data_version(sconn) != version
         sconn.rollback()
     if changed:
-        raise Refused(
-            "source_changed",
-            "the target holds a verified copy of the source as it was when the transfer "
-            "began, but the source accepted writes during the copy, which the target lacks. "
-            "Stop every writer (workers, submitters, reapers), recreate and migrate the "
-            "target, and run transfer again",
-        )
+        raise _source_changed()
     return {"tables": source_digests, "next_ids": sequences,
             "active_leases_copied": int(active[0])}
 
+
+def _source_changed() -> Refused:
+    return Refused(
+        "source_changed",
+        "the target holds a verified copy of the source as it was when the transfer began, "
+        "but the source accepted writes during the copy, which the target lacks. Stop every "
+        "writer (workers, submitters, reapers), recreate and migrate the target, and run "
+        "transfer again",
+    )
+
+
+def _refuse_live_leases(active: Any, allow_active_leases: bool) -> None:
+    if active[0] and not allow_active_leases:
+        raise Refused(
+            "active_leases",
+            f"{active[0]} job(s) are leased to workers until as late as {iso(active[1])}; "
+            "their results would go to the old database. Stop the workers and let the "
+            "leases end (then `jobcoord reap`), or pass --allow-active-leases to copy them "
+            "as they are",
+            active_leases=active[0],
+        )
+
+
+def _copy_back(source: PostgresDatabase, dest: SqliteDatabase, tables: list[Table],
+               allow_active_leases: bool, after_snapshot: Callable[[], None] | None
+               ) -> dict[str, Any]:
+    """PostgreSQL back into SQLite: the source read in one REPEATABLE READ, READ ONLY
+    snapshot (every table at the same instant, no lock taken), the target written in one
+    BEGIN IMMEDIATE transaction (no other writer meanwhile). SQLite continues ids after the
+    largest copied one by itself. Writes to the source during the copy are found by
+    reading it again afterwards."""
+    now = now_us()
+    with source.read_engine.connect() as sconn, sconn.begin():
+        active = source.run(sconn, rs.LIVE_LEASES, {"now": now}).one()
+        _refuse_live_leases(active, allow_active_leases)
+        source_digests = {t.name: digest(source, sconn, t) for t in tables}
+        if after_snapshot is not None:
+            after_snapshot()
+        with dest.write_engine.begin() as tconn:
+            _check_target_empty(dest, tconn, tables)
+            for t in tables:
+                insert_row = SQL(t.insert())
+                batch: list[dict[str, Any]] = []
+                for row in rows_in_order(source, sconn, t):
+                    batch.append(dict(row._mapping))
+                    if len(batch) >= BATCH_ROWS:
+                        dest.run_many(tconn, insert_row, batch)
+                        batch = []
+                if batch:
+                    dest.run_many(tconn, insert_row, batch)
+            inside = {t.name: digest(dest, tconn, t) for t in tables}
+            # A mismatch raises here, before commit: the target is left empty.
+            _compare(source_digests, inside, "before commit")
+    now_source = source.read(lambda conn: {t.name: digest(source, conn, t) for t in tables},
+                             "reading the source again")
+    if now_source != source_digests:
+        raise _source_changed()
+    return {"tables": source_digests, "next_ids": {}, "active_leases_copied": int(active[0])}

@@ -355,3 +355,33 @@ def test_artifact_rules_from_the_policy_file(target: Target, store_dir: str,
     settings = artifact_rules.settings_of(type("C", (), {"policy": p})())  # type: ignore
     assert settings.for_kind("big").max_bytes == 100
     assert settings.for_kind("other").max_bytes == 10
+
+
+def _stored(store_dir: str) -> list[str]:
+    return [f for d, _, files in os.walk(store_dir) for f in files if f != "gc.lock"]
+
+
+def test_a_put_with_an_expected_digest_stores_nothing_when_the_bytes_differ(
+        ac: Coordinator, store_dir: str) -> None:
+    job, epoch = start(ac)
+    right = "sha256:" + hashlib.sha256(b"data").hexdigest()
+    with pytest.raises(InvalidInput) as e:
+        ac.put_artifact(job, "w1", epoch, "a.bin", b"other", expected_digest=right)
+    assert e.value.code == "artifact_invalid"
+    assert ac.artifacts(job, all_states=True)["artifacts"] == [] and _stored(store_dir) == []
+    with pytest.raises(InvalidInput):
+        ac.put_artifact(job, "w1", epoch, "a.bin", b"data", expected_digest="sha256:nothex")
+    got = ac.put_artifact(job, "w1", epoch, "a.bin", b"data", expected_digest=right)
+    assert got["digest"] == right and got["state"] == "staged"
+
+
+def test_a_put_without_the_live_lease_stores_no_bytes(ac: Coordinator, store_dir: str) -> None:
+    job, epoch = start(ac)
+    for worker, e, code in (("w2", epoch, "not_owner"), ("w1", epoch + 1, "stale_epoch")):
+        with pytest.raises(Refused) as refused:
+            ac.put_artifact(job, worker, e, "a.bin", b"bytes nobody may keep")
+        assert refused.value.code == code
+    with pytest.raises(Refused) as refused:
+        ac.put_artifact(job, "w1", epoch, "a.bin", b"bytes nobody may keep", tenant="bob")
+    assert refused.value.code == "job_not_found"
+    assert _stored(store_dir) == []

@@ -84,12 +84,19 @@ def test_jobs_are_paged_by_keyset_and_counts_stop_at_ten_thousand(
         embed = http.get("/ui/jobs", params={"kind": "embed", "priority": "P3"}).text
         assert "(1 matching)" in embed
         assert http.get("/ui/jobs", params={"priority": "P9"}).status_code == 400
+        # A keyset bound past any job id is refused as bad input, not a database error.
+        assert http.get("/ui/jobs", params={"before": "9" * 30}).status_code == 400
         http.close()
     import inspect
 
-    from jobcoord.http import dashboard
+    from jobcoord.http.dashboard import reads
+    from jobcoord.store import report_statements as reports
 
-    assert "OFFSET" not in inspect.getsource(dashboard).upper().replace("NO OFFSET", "")
+    for module in (reads, reports):
+        assert "OFFSET" not in inspect.getsource(module).upper().replace("NO OFFSET", "")
+    page, _count = reports.job_page(("status", "kind"), True)
+    assert "OFFSET" not in page.text("sqlite").upper()
+    assert "OFFSET" not in page.text("postgresql").upper()
 
 
 def test_a_tenant_bound_viewer_sees_only_its_tenant(sqlite_target: Target) -> None:

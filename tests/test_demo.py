@@ -57,6 +57,19 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     assert "index" not in desk["ran"]
     assert any(g["reason"] == "user_active" for g in desk["gates"])
 
+    # A remote worker joined over HTTP (a real `jobcoord serve` on a free loopback port, a
+    # worker token in a file only the user can read) and completed the jobs only it serves;
+    # the server was stopped cleanly at the end, and no secret was printed.
+    remote = next(w for w in s["workers"] if w["remote"])
+    assert remote["worker_id"] == "study-pc" and remote["ran"] == {"ocr": 2}
+    server = s["server"]
+    assert server["url"].startswith("http://127.0.0.1:") and server["stopped_cleanly"]
+    token_file = os.path.join(str(tmp_path), server["token_file"])
+    assert os.stat(token_file).st_mode & 0o777 == 0o600
+    with open(token_file) as f:
+        secret = f.read().strip()
+    assert secret.startswith("jct_") and secret not in run.stdout + run.stderr
+
     # One worker was SIGKILLed mid-job; the reaper recovered the job and another worker
     # finished it under a new epoch.
     killed, rec = s["killed"], s["recovered_job"]
@@ -84,6 +97,7 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     text = "\n".join(report(s))
     assert f"{s['jobs']}/{s['jobs']} jobs succeeded; each completed exactly once: yes" in text
     assert "memory_gate" in text and f"recovered job {rec['job_id']}" in text
+    assert "[remote: over HTTP with a token]" in text and "stopped cleanly" in text
 
 
 def test_demo_refuses_a_directory_that_already_has_a_database_and_changes_nothing(tmp_path):

@@ -74,9 +74,11 @@ def database_truth(c: Coordinator) -> dict[str, Any]:
     def _do(conn: Any) -> dict[str, Any]:
         rows = conn.exec_driver_sql("SELECT status, kind FROM jobs").all()
         events = conn.exec_driver_sql("SELECT reason, to_status FROM job_events").all()
+        moves = conn.exec_driver_sql("SELECT from_status, to_status FROM job_events").all()
         finished = conn.exec_driver_sql(
             "SELECT attempts FROM jobs WHERE status IN ('succeeded','dead','cancelled')").all()
-        return {"jobs": rows, "events": events, "finished": [r[0] for r in finished]}
+        return {"jobs": rows, "events": events, "moves": moves,
+                "finished": [r[0] for r in finished]}
     return c.db.read(_do)
 
 
@@ -103,6 +105,9 @@ def check_against_database(samples: Samples, c: Coordinator) -> None:
     assert value(samples, "jobcoord_job_attempts_sum") == sum(truth["finished"])
     assert value(samples, "jobcoord_job_attempts_bucket", le="1.0") == \
         sum(1 for a in truth["finished"] if a <= 1)
+    for status in ("dead", "unknown"):
+        into = sum(1 for a, b in truth["moves"] if b == status and a not in (None, status))
+        assert value(samples, "jobcoord_jobs_entered_total", status=status) == into > 0
     completed = sum(1 for reason, _ in truth["events"] if reason == "completed")
     assert value(samples, "jobcoord_result_commit_latency_seconds_count") == completed
 
@@ -130,18 +135,71 @@ def test_metrics_match_the_database_after_a_scripted_workload(coord: Coordinator
             assert again[key] == got, key
 
 
-def test_latency_cache_is_rebuilt_when_events_are_pruned(coord: Coordinator) -> None:
-    """The collector's latency cursor must not keep counting jobs prune deleted: a long-
-    running server and a fresh process agree."""
+def _fold(c: Coordinator) -> Any:
+    return c.db.read(lambda conn: conn.exec_driver_sql(
+        "SELECT last_event_id, state_json FROM metric_folds").all())
+
+
+def test_latency_counts_stay_counted_after_prune_and_a_fresh_process_agrees(
+        coord: Coordinator) -> None:
+    """The latency histogram is a durable fold of the completed events: once folded, a
+    completion stays counted when prune deletes its job (a counter never goes down), in the
+    long-running collector and in a fresh process alike."""
     workload(coord)
+    coord.db.events_settle_s = 0.0  # as once the settle time has passed
     registry = registry_for(coord)
     before = parse(exposition(registry).decode())
     assert value(before, "jobcoord_result_commit_latency_seconds_count") == 2
+    assert len(_fold(coord)) == 1
     coord.prune(0, statuses=["succeeded"])
     after = parse(exposition(registry).decode())
     fresh = parse(exposition(registry_for(coord)).decode())
-    assert value(after, "jobcoord_result_commit_latency_seconds_count") == 0
-    assert value(fresh, "jobcoord_result_commit_latency_seconds_count") == 0
+    for samples in (after, fresh):
+        for key in [k for k in before if k[0].startswith("jobcoord_result_commit_latency")]:
+            assert samples[key] == before[key], key
+
+
+def test_latency_fold_stores_only_settled_events(coord: Coordinator) -> None:
+    """Events newer than the settle time (a smaller id may still commit after them on a
+    server with concurrent writers) are counted by the scrape but not stored in the fold."""
+    workload(coord)
+    coord.db.events_settle_s = 30.0
+    samples = parse(exposition(registry_for(coord)).decode())
+    assert value(samples, "jobcoord_result_commit_latency_seconds_count") == 2
+    assert _fold(coord) == []  # every completion is seconds old: nothing stored yet
+    coord.db.events_settle_s = 0.0
+    again = parse(exposition(registry_for(coord)).decode())
+    assert value(again, "jobcoord_result_commit_latency_seconds_count") == 2
+    (last, _state), = _fold(coord)
+    completed = coord.db.read(lambda conn: conn.exec_driver_sql(
+        "SELECT MAX(event_id) FROM job_events WHERE reason = 'completed'").scalar_one())
+    assert last == completed
+
+
+def test_claim_refusals_are_a_counter_shared_by_every_process_and_kept_across_restarts(
+        target: Target) -> None:
+    """Each refused claim adds one under its reason, in its own transaction: refusals by
+    another process (the CLI) count, and a new process reads the same totals."""
+    with Coordinator.open(target) as c:
+        c.heartbeat("hot", roles=[], readings={"memory_used_pct": 99.0})
+        c.heartbeat("idle", roles=[], readings=None)
+        for _ in range(3):
+            assert c.claim("hot")["reason"] == "memory_gate"
+        assert c.claim("idle")["reason"] == "no_waiting_jobs"
+        assert c.claim("nobody")["reason"] == "heartbeat_missing"  # unknown: not counted
+    for _ in range(2):
+        r = subprocess.run([*jobcoord_argv(), *db_args(target), "claim", "hot", "--json"],
+                           capture_output=True, text=True, timeout=60)
+        assert '"memory_gate"' in r.stdout, (r.stdout, r.stderr)
+    with Coordinator.open(target) as c:
+        c.heartbeat("hot", roles=[], readings=None)  # the gate opens: the counter stays
+        c.claim("hot")
+        samples = parse(exposition(registry_for(c)).decode())
+    assert value(samples, "jobcoord_claim_refusals_total", reason="memory_gate") == 5
+    assert value(samples, "jobcoord_claim_refusals_total", reason="no_waiting_jobs") == 2
+    assert ("jobcoord_claim_refusals_total", (("reason", "heartbeat_missing"),)) \
+        not in samples
+    assert "jobcoord_workers_refusing" in {k[0] for k in samples}
 
 
 def _scrape(url: str, secret: str | None = None) -> tuple[int, str]:
@@ -257,3 +315,29 @@ def test_artifact_metrics_count_rows_and_bytes_by_state(tmp_path: Any) -> None:
         samples = parse(exposition(registry_for(c)).decode())
     assert value(samples, "jobcoord_artifacts", state="accepted") == 2
     assert value(samples, "jobcoord_artifact_bytes", state="accepted") == 11
+
+
+def test_every_metric_is_documented_with_its_type_and_labels(sqlite_target: Target) -> None:
+    """docs/metrics.md's table and the exposition agree: every family exposed is listed
+    with its type and labels, and every listed family is exposed (the artifact ones when
+    the artifacts tables exist)."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "metrics.md").read_text()
+    listed: dict[str, tuple[str, set[str]]] = {}
+    for names, kind, labels in re.findall(
+            r"^\| (`jobcoord_[^|]+) \| (gauge|counter|histogram) \|([^|]*)\|", doc, re.M):
+        for name in re.findall(r"`(jobcoord_\w+)`", names):
+            base = name.removesuffix("_total")
+            listed[base] = (kind, set(re.findall(r"`(\w+)`", labels)) - {"le"})
+    with Coordinator.open(sqlite_target) as c:
+        workload(c)
+        exposed: dict[str, tuple[str, set[str]]] = {}
+        for family in text_string_to_metric_families(exposition(registry_for(c)).decode()):
+            labels = {k for s in family.samples for k in s.labels} - {"le"}
+            exposed[family.name] = (family.type, labels)
+    artifact_only = {"jobcoord_artifact_bytes", "jobcoord_artifacts"}
+    assert set(listed) - artifact_only == set(exposed)
+    for name, got in exposed.items():
+        assert listed[name] == got, name

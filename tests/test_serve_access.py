@@ -4,6 +4,7 @@ revocation on the very next request; token commands."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from collections.abc import Callable
@@ -36,6 +37,16 @@ class World:
         assert got["job"]["job_id"] == job
         return job, got["lease"]["epoch"]
 
+    def accepted_artifact(self, tenant: str) -> int:
+        """A job of `tenant` completed with an accepted artifact `a.txt`."""
+        self.n = getattr(self, "n", 0) + 1
+        worker = f"wx{self.n}"
+        self.c.heartbeat(worker, roles=[f"r-{worker}"], readings={"memory_used_pct": 10})
+        job, epoch = self.leased(worker, tenant)
+        self.c.put_artifact(job, worker, epoch, "a.txt", ARTIFACT)
+        self.c.complete(job, worker, epoch, {})
+        return job
+
     def dead(self, tenant: str) -> int:
         # A worker of its own: an operator's retry puts the job back under its role.
         self.n = getattr(self, "n", 0) + 1
@@ -46,7 +57,15 @@ class World:
         return job
 
 
-Cell = Callable[[World, str], tuple[str, str, Any]]  # (world, own|other) -> method, path, body
+# (world, own|other) -> method, path, JSON body, and optionally other request arguments
+Cell = Callable[[World, str], tuple[Any, ...]]
+ARTIFACT = b"artifact bytes\n"
+UPLOAD = {"content": ARTIFACT, "headers": {
+    "X-Content-Digest": "sha256:" + hashlib.sha256(ARTIFACT).hexdigest()}}
+#: The worker's fenced endpoints and a valid body of each.
+FENCED: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("renew", {"lease_s": 60}), ("effect", {}), ("checkpoint", {"name": "step"}),
+    ("complete", {"result": {"ok": True}}), ("fail", {"error": "e"}))
 
 
 def _read(suffix: str = "") -> Cell:
@@ -59,6 +78,37 @@ def _fenced(op: str, body: dict[str, Any]) -> Cell:
         job, epoch = w.leased("wa" if side == "own" else "wb", "alice" if side == "own"
                               else "bob")
         return "POST", f"/v1/jobs/{job}/{op}", {"epoch": epoch, **body}
+    return cell
+
+
+def _foreign(op: str, body: dict[str, Any]) -> Cell:
+    """A lease the worker token may not touch: "own" is another worker's lease in the
+    token's own tenant, "other" is a lease held under the token's own worker id on a job of
+    another tenant (claimed around the server, through the Python API)."""
+    def cell(w: World, side: str) -> tuple[str, str, Any]:
+        job, epoch = w.leased("wb", "alice") if side == "own" else w.leased("wa", "bob")
+        return "POST", f"/v1/jobs/{job}/{op}", {"epoch": epoch, **body}
+    return cell
+
+
+def _upload(foreign: bool) -> Cell:
+    """An artifact upload: this token's lease ("own") or another worker's of another tenant
+    ("other"); with `foreign`, the two leases it may not touch, as in _foreign."""
+    def cell(w: World, side: str) -> tuple[Any, ...]:
+        if foreign:
+            job, epoch = w.leased("wb", "alice") if side == "own" else w.leased("wa", "bob")
+        else:
+            job, epoch = (w.leased("wa", "alice") if side == "own"
+                          else w.leased("wb", "bob"))
+        return ("PUT", f"/v1/jobs/{job}/artifacts/a.txt", None,
+                {**UPLOAD, "params": {"epoch": epoch}})
+    return cell
+
+
+def _artifact(suffix: str) -> Cell:
+    def cell(w: World, side: str) -> tuple[Any, ...]:
+        job = w.accepted_artifact("alice" if side == "own" else "bob")
+        return "GET", f"/v1/jobs/{job}/artifacts{suffix}", None
     return cell
 
 
@@ -75,8 +125,9 @@ def _fixed(method: str, path: str, body: Any = None) -> Cell:
 
 
 # endpoint -> (cell, {role: (own status, other-tenant status)}). "Other" for the worker's
-# endpoints is a lease held by another worker of another tenant: the worker id is the token's,
-# so the lease's owner decides (409 not_owner); reads by a worker are refused by role.
+# endpoints is a lease held by another worker of another tenant: 404, as if absent (the
+# worker token, bound to tenant alice, sees its own leases only); reads by a worker are
+# refused by role.
 MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
     "POST /v1/jobs": (_fixed("POST", "/v1/jobs", {"kind": "k", "role": "nobody"}),
                       {"submitter": (201, 201), "viewer": (403, 403), "worker": (403, 403),
@@ -97,10 +148,25 @@ MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
                         {"submitter": (403, 403), "viewer": (403, 403), "worker": (200, 200),
                          "operator": (403, 403)}),
     **{f"POST /v1/jobs/{{id}}/{op}": (_fenced(op, body), {
-        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 409),
-        "operator": (403, 403)}) for op, body in (
-            ("renew", {"lease_s": 60}), ("effect", {}), ("checkpoint", {"name": "step"}),
-            ("complete", {"result": {"ok": True}}), ("fail", {"error": "e"}))},
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
+        "operator": (403, 403)}) for op, body in FENCED},
+    # Another worker's lease in the token's tenant; the token's own worker id on another
+    # tenant's job: both as if absent.
+    **{f"POST /v1/jobs/{{id}}/{op} (not this token's lease)": (_foreign(op, body), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
+        "operator": (403, 403)}) for op, body in FENCED},
+    "PUT /v1/jobs/{id}/artifacts/{name}": (_upload(False), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
+        "operator": (403, 403)}),
+    "PUT /v1/jobs/{id}/artifacts/{name} (not this token's lease)": (_upload(True), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
+        "operator": (403, 403)}),
+    "GET /v1/jobs/{id}/artifacts": (_artifact(""), {
+        "submitter": (200, 404), "viewer": (200, 404), "worker": (403, 403),
+        "operator": (200, 404)}),
+    "GET /v1/jobs/{id}/artifacts/{name}": (_artifact("/a.txt"), {
+        "submitter": (200, 404), "viewer": (200, 404), "worker": (403, 403),
+        "operator": (200, 404)}),
     "POST /v1/jobs/{id}/cancel": (_operator("cancel"), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (403, 403),
         "operator": (200, 404)}),
@@ -125,24 +191,30 @@ def _tokens(target: Target) -> dict[str, str]:
     return {
         "submitter": token(target, "sub", "submitter", tenant="alice"),
         "viewer": token(target, "view", "viewer", tenant="alice"),
-        "worker": token(target, "wa", "worker", worker="wa"),
+        "worker": token(target, "wa", "worker", tenant="alice", worker="wa"),
         "operator": token(target, "op", "operator", tenant="alice"),
     }
 
 
-def test_access_matrix_every_endpoint_role_and_tenant(target: Target) -> None:
+def test_access_matrix_every_endpoint_role_and_tenant(target: Target, tmp_path: Any) -> None:
+    from tests.test_artifacts_rules import install
+
+    install(target)
+    store = str(tmp_path / "store")
     secrets = _tokens(target)
     c = Coordinator.open(target)
+    c.artifacts_dir = store
     world = World(c)
     failures = []
-    with served(target, "--reap-every", "0") as s:
+    with served(target, "--reap-every", "0", env={"JOBCOORD_ARTIFACTS": store}) as s:
         clients = {role: s.client(secret) for role, secret in secrets.items()}
         anonymous = s.client()
         for endpoint, (cell, expected) in MATRIX.items():
             for role in ROLES:
                 for i, side in enumerate(("own", "other")):
-                    method, path, body = cell(world, side)
-                    resp = clients[role].request(method, path, json=body)
+                    method, path, body, *more = cell(world, side)
+                    resp = clients[role].request(method, path, json=body,
+                                                 **(more[0] if more else {}))
                     want = expected[role][i]
                     if resp.status_code != want:
                         failures.append(f"{endpoint} as {role} ({side}): {resp.status_code} "
@@ -151,12 +223,14 @@ def test_access_matrix_every_endpoint_role_and_tenant(target: Target) -> None:
                         error = resp.json()["error"]
                         assert set(error) <= {"code", "message", "details"}, resp.text
             # Without a token, every /v1 endpoint is 401 (the bearer scheme, never 422).
-            method, path, body = cell(world, "own")
-            resp = anonymous.request(method, path, json=body)
+            method, path, body, *more = cell(world, "own")
+            extra = more[0] if more else {}
+            resp = anonymous.request(method, path, json=body, **extra)
             if resp.status_code != 401 or resp.json()["error"]["code"] != "unauthorized":
                 failures.append(f"{endpoint} without a token: {resp.status_code}")
-            resp = anonymous.request(method, path, json=body,
-                                     headers={"Authorization": "Bearer jct_not-a-token"})
+            unknown = {**extra, "headers": {**extra.get("headers", {}),
+                                            "Authorization": "Bearer jct_not-a-token"}}
+            resp = anonymous.request(method, path, json=body, **unknown)
             if resp.status_code != 401:
                 failures.append(f"{endpoint} with an unknown token: {resp.status_code}")
         assert anonymous.get("/healthz").status_code == 200
@@ -243,3 +317,27 @@ def test_token_create_shows_the_secret_once_and_stores_only_its_hash(target: Tar
     missing = subprocess.run([*argv, "revoke", "nope", "--json"], capture_output=True,
                              check=False)
     assert missing.returncode == 4
+
+
+def test_a_tenant_bound_worker_token_claims_only_its_tenants_jobs(target: Target) -> None:
+    alice = token(target, "wa", "worker", tenant="alice", worker="wa")
+    unbound = token(target, "wu", "worker", worker="wu")
+    with Coordinator.open(target) as c:
+        bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        default = c.enqueue("k", {})["job_id"]  # the default tenant is not alice's
+        alices = c.enqueue("k", {}, tenant="alice")["job_id"]
+    with served(target, "--reap-every", "0") as s, s.client(alice) as wa, \
+            s.client(unbound) as wu:
+        for http in (wa, wu):
+            assert http.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 5}}
+                             ).status_code == 200
+        got = wa.post("/v1/claims", json={}).json()
+        assert got["job"]["job_id"] == alices and got["job"]["tenant"] == "alice"
+        nothing = wa.post("/v1/claims", json={}).json()
+        assert nothing["job"] is None and nothing["reason"] == "no_waiting_jobs"
+        assert "bob" not in nothing["detail"]
+        # A long-poll is not woken into another tenant's job: 204 when the wait ends.
+        assert wa.post("/v1/claims", json={"wait": 0.3}).status_code == 204
+        # An unbound worker token serves every tenant.
+        assert wu.post("/v1/claims", json={}).json()["job"]["job_id"] == bobs
+        assert wu.post("/v1/claims", json={}).json()["job"]["job_id"] == default

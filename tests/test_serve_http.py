@@ -18,7 +18,7 @@ import httpx
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.conftest import dump
-from tests.serve_procs import db_args, jobcoord_argv, served, token, tokens_for, wait_for
+from tests.serve_procs import Served, db_args, jobcoord_argv, served, token, tokens_for, wait_for
 
 
 def test_submit_is_201_after_commit_and_idempotency_key_returns_the_same_job(
@@ -248,6 +248,49 @@ def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: Target
+                                                                 ) -> None:
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    try:
+        assert s.proc is not None
+        with s.client() as http:
+            assert http.get("/healthz").status_code == 200
+        s.signal(signal.SIGTERM)
+        out, _ = s.proc.communicate(timeout=30)
+        assert s.proc.returncode == 0
+        assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+    finally:
+        s.stop()
+
+
+def test_a_bug_is_a_json_500_and_the_connection_keeps_serving(sqlite_target: Target) -> None:
+    wa = token(sqlite_target, "wa", "worker", worker="wa")
+    with Coordinator.open(sqlite_target) as c:
+        c.heartbeat("wa", readings={"memory_used_pct": 5})
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("wa")["lease"]["epoch"]
+    s = Served(sqlite_target, "--reap-every", "0",
+               env={"JOBCOORD_FAULT": "http.complete.after_commit:bug"}).start()
+    try:
+        assert s.proc is not None
+        with s.client(wa) as http:
+            got = http.post(f"/v1/jobs/{job}/complete", json={"epoch": epoch})
+            assert got.status_code == 500
+            assert got.json() == {"error": {"code": "internal_error",
+                                            "message": "unexpected server error"}}
+            # The same kept-alive connection answers the next request.
+            assert http.get("/v1/whoami").status_code == 200
+        s.signal(signal.SIGTERM)
+        out, err = s.proc.communicate(timeout=30)
+    finally:
+        s.stop()
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert [e["message"] for e in events if e["event"] == "internal_error"] == [
+        "FaultBug: fault point http.complete.after_commit: an unexpected error, as a bug "
+        "would raise"]
+    assert b"Traceback" not in err and wa.encode() not in out + err
 
 
 def test_no_token_is_ever_logged(target: Target) -> None:

@@ -92,3 +92,61 @@ def test_every_connection_gets_the_pragmas(sqlite_target: Target, level: str,
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 7500
     db.close()
+
+
+def test_threads_of_one_process_wait_their_turn_for_the_write_lock_not_in_sqlite(
+        sqlite_target: Target) -> None:
+    """A second thread's write starts its BEGIN IMMEDIATE only after the first one's COMMIT:
+    it waits in the process's own queue (woken at that commit), never inside SQLite's busy
+    handler, whose sleeps grow to 100 ms."""
+    import threading
+
+    c = Coordinator.open(sqlite_target)
+    statements = _trace(c.db)
+    inside, release = threading.Event(), threading.Event()
+
+    def holder(conn: Any) -> None:
+        inside.set()
+        assert release.wait(10)
+
+    first = threading.Thread(target=lambda: c.db.write(holder, "first"))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=lambda: c.enqueue("k", {}))
+    second.start()
+    second.join(0.3)  # it has had every chance to reach SQLite
+    assert second.is_alive()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == [
+        "BEGIN IMMEDIATE", "COMMIT", "BEGIN IMMEDIATE", "COMMIT"]
+    assert c.jobs()["jobs"][0]["kind"] == "k"
+    c.close()
+
+
+def test_a_thread_waiting_past_the_busy_timeout_gets_database_busy(
+        sqlite_target: Target) -> None:
+    import threading
+
+    from jobcoord.errors import DatabaseBusy
+
+    c = Coordinator.open(sqlite_target, busy_timeout=0.05)
+    inside, release = threading.Event(), threading.Event()
+
+    def holder(conn: Any) -> None:
+        inside.set()
+        assert release.wait(30)
+
+    first = threading.Thread(target=lambda: c.db.write(holder, "first"))
+    first.start()
+    try:
+        assert inside.wait(10)
+        with pytest.raises(DatabaseBusy) as e:
+            c.enqueue("k", {})
+        assert e.value.code == "database_locked"
+    finally:
+        release.set()
+        first.join(10)
+    assert c.jobs()["jobs"] == []  # nothing was written
+    c.close()

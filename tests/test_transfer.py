@@ -14,6 +14,7 @@ import pytest
 from freezegun import freeze_time
 
 from jobcoord.db import Database, Target
+from jobcoord.errors import Refused
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
@@ -128,6 +129,7 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     ids = populate(src)
     if features:
         add_artifact_rows(src, ids["succeeded"])
+    make_tokens(src)
     before = table_rows(src, features)
     with freeze_time(at(1000)):
         r = run_cli(src, "transfer", "--to", pg.url, "--json")
@@ -136,7 +138,7 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     assert out["verified"] is True
     assert out["features"] == sorted(features)
     after = table_rows(pg, features)
-    assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints",
+    assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints", "tokens",
                           *(["artifacts"] if features else [])}
     for name, rows in before.items():
         assert rows, f"{name} should have been populated"
@@ -160,6 +162,46 @@ def test_every_job_reads_the_same_through_the_api_after_the_move(src: Target,
             assert errors == ["model timeout #1", "model timeout #2"]
             assert dead["job"]["last_error"] == "model timeout #2"
             assert check(new.db)["ok"]
+
+
+def make_tokens(target: Target) -> dict[str, str]:
+    """A live worker token, a live submitter token and a revoked one: name -> secret."""
+    from jobcoord import tokens
+
+    db = Database.open(target)
+    try:
+        made = {name: tokens.create(db, name, role, tenant=tenant, worker=worker)["token"]
+                for name, role, tenant, worker in (
+                    ("laptop", "worker", "acme", "laptop"), ("ci", "submitter", "acme", None),
+                    ("lost", "viewer", None, None))}
+        tokens.revoke(db, "lost")
+        return made
+    finally:
+        db.close()
+
+
+def test_tokens_move_with_the_database_hashes_only(src: Target, pg: Target) -> None:
+    from jobcoord import tokens
+
+    populate(src)
+    made = make_tokens(src)
+    with freeze_time(at(1000)):
+        assert run_cli(src, "transfer", "--to", pg.url).code == 0
+    db = Database.open(pg)
+    try:
+        # Every secret works as it did, revoked stays revoked; no secret is stored.
+        assert tokens.authenticate(db, made["laptop"]) == tokens.Identity(
+            "laptop", "worker", "acme", "laptop")
+        assert tokens.authenticate(db, made["ci"]).role == "submitter"  # type: ignore[union-attr]
+        assert tokens.authenticate(db, made["lost"]) is None
+        rows = repr(table_rows(pg, set())["tokens"])
+        assert not any(secret in rows for secret in made.values())
+        # New tokens continue after the copied ids.
+        tokens.create(db, "desktop", "worker", worker="desktop")
+        assert [t["name"] for t in tokens.list_tokens(db)["tokens"]] == [
+            "ci", "desktop", "laptop", "lost"]
+    finally:
+        db.close()
 
 
 def test_acceptance_and_idempotency_contracts_survive_the_move(src: Target, pg: Target) -> None:
@@ -274,11 +316,65 @@ def test_transfer_refuses_a_sqlite_target(src: Target, tmp_path: Any,
     assert _count_jobs(other) == 0
 
 
-def test_transfer_from_postgresql_is_refused(pg: Target, pg_template: str) -> None:
+def test_transfer_between_two_postgresql_databases_is_refused(pg: Target,
+                                                              pg_template: str) -> None:
     with fresh_pg(pg_template) as other:
         r = run_cli(pg, "transfer", "--to", other.url, "--json")
     assert r.code == 2, r.out + r.err
-    assert "not SQLite" in r.json["error"]["message"]
+    assert "pg_dump" in r.json["error"]["message"]
+
+
+@pytest.mark.parametrize("features", [set(), {"artifacts"}], ids=["core", "with_artifacts"])
+def test_transfer_back_from_postgresql_into_sqlite_copies_every_row(
+        pg: Target, sqlite_template: str, tmp_path: Any, features: set[str]) -> None:
+    """The way back: every table row by row, tokens included (hashes only), and a token
+    made on PostgreSQL works against the SQLite file."""
+    from jobcoord import tokens
+
+    back = fresh_sqlite(sqlite_template, str(tmp_path), "back.db")
+    if features:
+        with_artifacts(pg)
+        with_artifacts(back)
+    ids = populate(pg)
+    if features:
+        add_artifact_rows(pg, ids["succeeded"])
+    made = make_tokens(pg)
+    before = table_rows(pg, features)
+    with freeze_time(at(1000)):
+        r = run_cli(pg, "transfer", "--to", back.url, "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["verified"] is True
+    after = table_rows(back, features)
+    assert set(after) == set(before)
+    for name, rows in before.items():
+        assert rows, f"{name} should have been populated"
+        assert after[name] == rows, name
+    assert table_rows(pg, features) == before  # the source is untouched
+    db = Database.open(back)
+    try:
+        assert tokens.authenticate(db, made["laptop"]).worker_id == "laptop"  # type: ignore[union-attr]
+        assert tokens.authenticate(db, made["lost"]) is None
+    finally:
+        db.close()
+    with Coordinator.open(back) as c, freeze_time(at(1000)):
+        for job_id in ids.values():
+            assert c.show(job_id)["job"]["status"] in ids  # each job keeps its status
+        assert c.enqueue("k", {})["job_id"] > max(ids.values())  # new ids continue
+        assert check(c.db)["ok"]
+
+
+def test_a_write_to_postgresql_during_the_copy_back_is_reported(
+        pg: Target, sqlite_template: str, tmp_path: Any) -> None:
+    back = fresh_sqlite(sqlite_template, str(tmp_path), "back.db")
+    populate(pg)
+
+    def write() -> None:
+        with Coordinator.open(pg) as c:
+            c.enqueue("late", {})
+
+    with Coordinator.open(pg) as src, freeze_time(at(1000)), pytest.raises(Refused) as e:
+        transfer(src.db, src.features, back, after_snapshot=write)
+    assert e.value.code == "source_changed"
 
 
 def test_transfer_to_an_unreachable_server_is_storage_unavailable(src: Target) -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
-from tests.conftest import _pg_admin
+from tests.conftest import _pg_admin, dump
 from tests.test_worker import wait_for
 from tests.timeline import IDLE_ON_AC, at, iso_at
 
@@ -54,18 +54,47 @@ def test_a_job_back_to_waiting_wakes_a_waiting_worker(coord: Coordinator) -> Non
     assert woke and waited < 2.0
 
 
-def test_a_repeated_refusal_writes_nothing_and_wakes_nobody(coord: Coordinator) -> None:
+def test_claimable_reads_without_recording_anything(coord: Coordinator) -> None:
     coord.heartbeat("w1", readings=IDLE_ON_AC)
-    coord.claim("w1")
-    first = coord.workers()["workers"][0]["last_refusal"]
-    waiter = coord.db.change_waiter()
-    try:
-        waiter.wait(0.01, threading.Event())  # past the first refusal's own commit
-        coord.claim("w1")
-        assert waiter.wait(0.3, threading.Event()) is False
-    finally:
-        waiter.close()
-    assert coord.workers()["workers"][0]["last_refusal"] == first
+    coord.heartbeat("hot", readings=IDLE_ON_AC | {"memory_used_pct": 95})
+    before = dump(coord)
+    assert coord.claimable("w1") is False and coord.claimable("nobody") is False
+    coord.enqueue("k")
+    before = dump(coord)
+    assert coord.claimable("w1") is True
+    assert coord.claimable("w1", kinds=["other"]) is False
+    assert coord.claimable("hot") is False  # the memory gate
+    assert dump(coord) == before
+
+
+def test_idle_workers_woken_by_other_commits_do_not_claim_in_answer(
+        target: Target, tmp_path: Path) -> None:
+    """Every refused claim is counted (a write): an idle worker woken by another's commit
+    looks first, read-only, and claims only when something is there for it."""
+    log = tmp_path / "w.log"
+    with Coordinator.open(target) as coord:
+        proc = _worker(target, log, "--poll", "30")
+        try:
+            wait_for(lambda: b"waiting_for" in log.read_bytes(), 30, "the worker to go idle")
+            time.sleep(0.3)
+            before = _refusals(coord)
+            for i in range(20):  # commits that make nothing claimable for "idle"
+                coord.heartbeat(f"other{i}", readings=IDLE_ON_AC)
+                coord.claim(f"other{i}")
+                time.sleep(0.02)
+            time.sleep(0.3)
+            assert _refusals(coord) == before
+            assert _pickup_s(coord, log) < 3.0  # and a real job still wakes it
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def _refusals(coord: Coordinator) -> int:
+    from jobcoord.store.statements import SQL
+
+    stmt = SQL("SELECT COALESCE(SUM(n), 0) FROM claim_refusals WHERE worker_id = 'idle'")
+    return int(coord.db.read(lambda conn: coord.db.run(conn, stmt).scalar()))
 
 
 def test_a_repeated_refusal_is_recorded_again_after_five_seconds_and_a_new_one_at_once(

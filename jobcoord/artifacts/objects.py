@@ -28,7 +28,7 @@ import hashlib
 import os
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from jobcoord.artifacts.files import (
     CHUNK_SIZE,
@@ -119,17 +119,29 @@ class ObjectStore:
 
     # --- writing ----------------------------------------------------------------------------
 
-    def put(self, source: Source, *, max_bytes: int | None = None) -> StoredObject:
+    def put(self, source: Source, *, max_bytes: int | None = None,
+            expected_digest: str | None = None) -> StoredObject:
         """Store the bytes of `source` (a path, bytes, or a binary file object read to its
-        end) and return their object. Identical content is stored once (`created=False`)."""
+        end) and return their object. Identical content is stored once (`created=False`).
+        With `expected_digest`, bytes that hash to anything else are refused
+        (InvalidInput `artifact_invalid`) and nothing is stored."""
         if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 0):
             raise InvalidInput("invalid_input", f"max_bytes must be >= 0, not {max_bytes!r}")
+        expected = None if expected_digest is None else parse_digest(expected_digest)
+
+        def mismatch(label: str, actual: str) -> InvalidInput:
+            return InvalidInput("artifact_invalid", f"{label} hashes to sha256:{actual}, not "
+                                f"the expected {expected_digest}; nothing was stored",
+                                expected=expected_digest, actual=format_digest(actual))
+
         with open_source(source) as (fill, label):
             self._ensure_layout()
-            return self._ingest(fill, label=label, max_bytes=max_bytes)
+            return self._ingest(fill, label=label, max_bytes=max_bytes, expected_hex=expected,
+                                mismatch=mismatch)
 
     def _ingest(self, fill: Fill, *, label: str, max_bytes: int | None = None,
-                expected_hex: str | None = None) -> StoredObject:
+                expected_hex: str | None = None,
+                mismatch: Callable[[str, str], Exception] | None = None) -> StoredObject:
         fd, tmp = self._new_temp()
         try:
             try:
@@ -153,6 +165,8 @@ class ObjectStore:
                     write_all(fd, chunk)
                 hexdigest = hasher.hexdigest()
                 if expected_hex is not None and hexdigest != expected_hex:
+                    if mismatch is not None:  # the caller's expectation, not the store's
+                        raise mismatch(label, hexdigest)
                     raise corrupt(format_digest(expected_hex), label,
                                    f"its bytes hash to sha256:{hexdigest}")
                 os.fchmod(fd, 0o400)  # objects are immutable

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobcoord.artifacts.objects import ObjectStore, Source, validate_name
+from jobcoord.artifacts.objects import ObjectStore, Source, parse_digest, validate_name
 from jobcoord.artifacts.retention import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_GRACE_S,
     TEMP_MIN_AGE_S,
@@ -82,21 +82,35 @@ def _row(r: Any) -> dict[str, Any]:
 
 def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name: Any,
                  source: Source, media_type: str | None = None, *,
-                 tenant: str | None = None) -> dict[str, Any]:
+                 tenant: str | None = None, expected_digest: str | None = None,
+                 max_bytes: int | None = None) -> dict[str, Any]:
     """Stage an artifact for the attempt (job, epoch) held by `worker`: store the bytes, then
     record the row under the live lease, as `checkpoint` writes (rule: owner, current epoch,
-    lease not expired). A refused stage leaves at most an unreferenced object for gc."""
+    lease not expired). The lease is checked before the bytes are read too, so a caller
+    without it stores nothing; a stage refused at its commit leaves at most an unreferenced
+    object for gc. `expected_digest`: bytes hashing to anything else are refused
+    (`artifact_invalid`), nothing stored. `max_bytes`: a limit of the caller's (an upload's),
+    on top of the kind's."""
     need_feature(coord)
     job_id, worker, epoch, tenant = fenced_args(job_id, worker, epoch, tenant)
     name = validate_name(name)
     media_type = media_type_of(media_type, name)
+    if expected_digest is not None:
+        parse_digest(expected_digest)
     store = store_of(coord)
-    kind = coord.db.read(lambda conn: coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar(),
-                         "artifact")
-    if kind is None:
-        raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
+
+    def _owned_kind(conn: Connection) -> str | JobcoordError:
+        owned, now = check_owner(coord, conn, job_id, worker, epoch, tenant, "artifact")
+        if isinstance(owned, JobcoordError):
+            reject_event(coord, conn, owned, job_id, worker, epoch, now, "artifact")
+            return owned
+        return str(coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar())
+
+    kind = coord.db.write(_owned_kind, "artifact")
     rule = settings_of(coord).for_kind(kind)
-    obj = store.put(source, max_bytes=rule.max_bytes)
+    limits = [m for m in (rule.max_bytes, max_bytes) if m is not None]
+    obj = store.put(source, max_bytes=min(limits) if limits else None,
+                    expected_digest=expected_digest)
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         owned, now = check_owner(coord, conn, job_id, worker, epoch, tenant, "artifact")

@@ -89,15 +89,17 @@ def restore(s: Settings, backup_file: str, as_json: bool) -> None:
 
 @cli.command()
 @click.option("--to", "to_url", required=True, metavar="URL",
-              help="An empty, migrated PostgreSQL database, e.g. "
-                   "postgresql+psycopg://user@host/db.")
+              help="An empty, migrated database of the other kind: PostgreSQL "
+                   "(postgresql+psycopg://user@host/db) from SQLite, SQLite "
+                   "(sqlite:///path) from PostgreSQL.")
 @click.option("--allow-active-leases", is_flag=True,
               help="Copy even while workers hold live leases (their results would still go "
                    "to the old database).")
 @json_option
 @click.pass_obj
 def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool) -> None:
-    """Copy this SQLite coordinator's whole state into PostgreSQL and verify every table."""
+    """Copy this coordinator's whole state into PostgreSQL (from SQLite) or SQLite (from
+    PostgreSQL) and verify every table."""
     from ..store import resolve_target
     from ..transfer import transfer as run_transfer
 

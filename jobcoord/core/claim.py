@@ -17,16 +17,20 @@ from .common import NO_KINDS, Context, as_bool, lease_us
 
 
 def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
-          kinds: Sequence[str] | None = None) -> dict[str, Any]:
-    """Give this worker the first eligible waiting job, under a new lease and epoch.
+          kinds: Sequence[str] | None = None, tenant: str | None = None) -> dict[str, Any]:
+    """Give this worker the first eligible waiting job, under a new lease and epoch. With a
+    `tenant`, only that tenant's jobs are eligible (a tenant-bound worker never sees another
+    tenant's job, nor the default tenant's); without one, every tenant's.
 
     Returns {"job": {...}, "lease": {...}}, or {"job": None, "reason": CODE, "detail"}
     when nothing can be claimed (the refusal is also recorded on the worker)."""
     worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    tenant = v.optional_name(tenant, "tenant")
     return ctx.db.write(
-        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us()), "claim")
+        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us(), tenant),
+        "claim")
 
 
 #: A worker's repeated identical refusal is recorded again (its time refreshed) at most
@@ -37,25 +41,30 @@ REFUSAL_REFRESH_US = 5 * MICROS
 
 def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, detail: str,
            known_worker: bool = True) -> dict[str, Any]:
-    """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
+    """Nothing to claim: the answer, also recorded on the worker (if it is known) and
+    counted under its reason in the same transaction (a counter every process shares, which
+    survives restarts). Unknown workers are not counted: any string could be one."""
     if known_worker:
-        ctx.db.run(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
-                                                  "detail": detail, "now": now,
-                                                  "fresh": now - REFUSAL_REFRESH_US})
+        params = {"worker": worker_id, "code": code, "detail": detail, "now": now,
+                  "fresh": now - REFUSAL_REFRESH_US}
+        ctx.db.run(conn, sql.RECORD_REFUSAL, params)
+        ctx.db.run(conn, sql.COUNT_REFUSAL, params)
     return {"job": None, "reason": code, "detail": detail}
 
 
 def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
-             kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+             kinds: Sequence[str] | None, now: int, tenant: str | None = None
+             ) -> dict[str, Any]:
     """The claim inside an open write transaction (also the second half of
     complete_and_claim)."""
     admitted = admit(ctx, conn, worker_id, kinds, now)
     if isinstance(admitted, dict):
         return admitted
     roles, kinds, gates = admitted
-    got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, [])
+    got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, [],
+                   tenant=tenant)
     if got is None:
-        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
+        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now, tenant)
         return refuse(ctx, conn, worker_id, now, code, detail)
     return got
 
@@ -135,18 +144,19 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
 
 def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
              kinds: Sequence[str] | None, gates: GateDecision, lease_us: int, now: int,
-             taken: Sequence[dict[str, Any]], batch: int = 1) -> dict[str, Any] | None:
+             taken: Sequence[dict[str, Any]], batch: int = 1, *, tenant: str | None = None
+             ) -> dict[str, Any] | None:
     """The per-candidate step every claim runs: the first eligible job taken under a new
     lease and epoch, or None when none can be taken. `taken` holds this transaction's
     earlier answers (a batch's), for rules that count what a worker already holds; `batch`
-    is how many the transaction means to take."""
+    is how many the transaction means to take; with a `tenant`, only its jobs."""
     expires = now + lease_us
     got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
                            max_priority=gates.max_priority, expires_iso=iso(expires),
-                           batch=batch)
+                           tenant=tenant, batch=batch)
     if not got.picked or got.job is None:  # None after a pick: the compare-and-set lost
         return None
-    job_id, kind, priority, payload, attempts, max_attempts, epoch, tenant = got.job
+    job_id, kind, priority, payload, attempts, max_attempts, epoch, job_tenant = got.job
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
@@ -154,7 +164,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
         for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})
     ]
     return {
-        "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,
+        "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": job_tenant,
                 "payload": json.loads(payload), "attempt": attempts,
                 "max_attempts": max_attempts, "checkpoints": checkpoints},
         "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": expires,
@@ -162,22 +172,60 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
     }
 
 
+def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None) -> bool:
+    """Whether a claim by this worker could take a job now, read without writing anything
+    (no refusal recorded or counted): what an idle worker asks when a commit woke it, so
+    commits that made nothing claimable for it do not turn into refused claims."""
+    worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+    kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+
+    def _look(conn: Connection) -> bool:
+        now = now_us()
+        row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
+        if row is None:
+            return False
+        roles = json.loads(row[0])
+        wanted = kind_filter if kind_filter is not None or row[1] is None else json.loads(row[1])
+        if wanted is not None and not wanted:
+            return False
+        gates = evaluate(ctx.policy, Readings(row[3], row[4], as_bool(row[5]), row[6]))
+        if gates.blocks_all:
+            return False
+        stmt, params = ctx.db.candidate_sql(roles, wanted, due_only=True, locked=False)
+        params.update(now=now, maxp=gates.max_priority)
+        return ctx.db.run(conn, stmt, params).first() is not None
+
+    return ctx.db.read(_look, "claimable")
+
+
 def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
-                kinds: Sequence[str] | None, gates: GateDecision, now: int) -> tuple[str, str]:
-    """The reason code and detail of a claim that found nothing to take."""
-    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
-        return "no_waiting_jobs", "no job is waiting"
-    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+                kinds: Sequence[str] | None, gates: GateDecision, now: int,
+                tenant: str | None = None) -> tuple[str, str]:
+    """The reason code and detail of a claim that found nothing to take. A tenant-bound
+    claim is told only about its tenant's jobs: another tenant's are as if absent."""
+
+    def none_waiting() -> bool:
+        if tenant is None:
+            return ctx.db.run(conn, sql.ANY_WAITING).first() is None
+        return ctx.db.run(conn, sql.ANY_WAITING_OF_TENANT, {"tenant": tenant}).first() is None
+
+    nothing = "no job is waiting" if tenant is None else f"no job of tenant {tenant} is waiting"
+    if none_waiting():
+        return "no_waiting_jobs", nothing
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False,
+                                        tenant=tenant)
     params.update(now=now, maxp=gates.max_priority)
     if ctx.db.run(conn, stmt, params).first() is not None:
         # Only on PostgreSQL: the claim skipped rows that concurrent claims hold locked.
         return ("no_waiting_jobs",
                 "every job this worker could run is being claimed by another worker")
-    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=True, locked=False,
+                                        tenant=tenant)
     params.update(now=now, maxp=3)
     if gates.refusal and ctx.db.run(conn, stmt, params).first() is not None:
         return gates.refusal
-    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False)
+    stmt, params = ctx.db.candidate_sql(roles, kinds, due_only=False, locked=False,
+                                        tenant=tenant)
     params.update(maxp=3)
     if ctx.db.run(conn, stmt, params).first() is not None:
         return ("no_waiting_jobs",
@@ -185,8 +233,8 @@ def why_nothing(ctx: Context, conn: Connection, roles: Sequence[str],
                 "their deadline")
     # Each statement above may see a newer snapshot on PostgreSQL: the jobs seen waiting
     # at first may have been claimed since. Ask again before blaming the role.
-    if ctx.db.run(conn, sql.ANY_WAITING).first() is None:
-        return "no_waiting_jobs", "no job is waiting"
+    if none_waiting():
+        return "no_waiting_jobs", nothing
     serves = f"roles {list(roles)}" if roles else "no role"
     if kinds is not None:
         serves += f" and kinds {list(kinds)}"

@@ -159,8 +159,9 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
         done, now = finish(conn)
         if isinstance(done, JobcoordError):
             return done
+        # The next claim is bound to the same tenant the completion was fenced by.
         return {"completed": done,
-                "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now)}
+                "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now, tenant)}
 
     return ctx.db.write(_do, "complete_and_claim")
 

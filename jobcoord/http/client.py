@@ -2,7 +2,7 @@
 
 Same method names, arguments, return shapes and exceptions as jobcoord.service.Coordinator
 for everything the worker runtime calls (heartbeat, claim, renew, complete, fail,
-mark_effect, checkpoint, reap, `.policy`), over HTTP with one reused connection pool,
+mark_effect, checkpoint, put_artifact, reap, `.policy`), over HTTP with one reused connection pool,
 timeouts, and retries with backoff for network errors.
 
 The worker id and tenant are the token's: the `worker_id` and `tenant` arguments are accepted
@@ -11,9 +11,15 @@ for signature compatibility and never sent.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import random
+import tempfile
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -62,15 +68,18 @@ class RemoteCoordinator:
         self.close()
 
     def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True,
-                 timeout: float | None = None, headers: dict[str, str] | None = None
-                 ) -> httpx.Response:
-        """One call; network errors (and 503) are retried with backoff for up to retry_s."""
+                 timeout: float | None = None, headers: dict[str, str] | None = None,
+                 params: dict[str, Any] | None = None,
+                 content: Callable[[], Iterator[bytes]] | None = None) -> httpx.Response:
+        """One call; network errors (and 503) are retried with backoff for up to retry_s.
+        `content` makes a fresh body stream for each try."""
         end = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
             try:
                 resp = self._client.request(
-                    method, path, json=json, headers=headers,
+                    method, path, json=json, headers=headers, params=params,
+                    content=None if content is None else content(),
                     # (None would switch timeouts off: the client's default applies instead)
                     timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
                              else httpx.Timeout(timeout)))
@@ -165,6 +174,27 @@ class RemoteCoordinator:
         return self._call("POST", f"/v1/jobs/{int(job_id)}/checkpoint",
                           {"epoch": epoch, "name": name, "data": data})
 
+    def put_artifact(self, job_id: int, worker_id: str, epoch: int, name: str, source: Any,
+                     media_type: str | None = None, *, tenant: str | None = None
+                     ) -> dict[str, Any]:
+        """Upload an artifact of this attempt (a path, bytes or a binary file object): hashed
+        here first, streamed to the server, which hashes it again and stores nothing unless
+        the digests agree. Sent again, like every fenced call, after a network error."""
+        with _spooled(source) as (chunks, digest, size):
+            params: dict[str, Any] = {"epoch": epoch}
+            if media_type is not None:
+                params["media_type"] = media_type
+            path = (f"/v1/jobs/{int(job_id)}/artifacts/"
+                    f"{urllib.parse.quote(str(name), safe='')}")
+            resp = self._request("PUT", path, params=params, content=chunks, headers={
+                "X-Content-Digest": digest, "Content-Type": "application/octet-stream",
+                "Content-Length": str(size)}, timeout=max(self.timeout, 60.0))
+        data = resp.json() if resp.headers.get("content-type", "").startswith(
+            "application/json") else None
+        if resp.status_code >= 400:
+            raise error_from_response(resp.status_code, data)
+        return dict(data or {})
+
     def reap(self, *, limit: int = 1000) -> dict[str, Any]:
         """Reaping is the server's job (it runs the reaper on a timer): nothing to do here."""
         return {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
@@ -180,3 +210,52 @@ class RemoteCoordinator:
 
     def show(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{int(job_id)}")
+
+
+CHUNK = 1 << 20
+
+
+@contextlib.contextmanager
+def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, int]]:
+    """A re-readable body for an upload, its digest and size: a file as it is on disk, bytes
+    as they are, a stream copied to a temporary file first (an upload may be sent twice)."""
+    def hashed(path: str) -> tuple[str, int]:
+        h, size = hashlib.sha256(), 0
+        with open(path, "rb") as f:
+            while block := f.read(CHUNK):
+                h.update(block)
+                size += len(block)
+        return "sha256:" + h.hexdigest(), size
+
+    def from_file(path: str) -> Callable[[], Iterator[bytes]]:
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                while block := f.read(CHUNK):
+                    yield block
+        return chunks
+
+    if isinstance(source, bytes | bytearray | memoryview):
+        data = bytes(source)
+        yield (lambda: iter([data])), "sha256:" + hashlib.sha256(data).hexdigest(), len(data)
+        return
+    if isinstance(source, str | os.PathLike):
+        path = os.fsdecode(source)
+        try:
+            digest, size = hashed(path)
+        except OSError as exc:
+            raise InvalidInput("invalid_input", f"source {path!r} cannot be read: "
+                               f"{exc.strerror or exc}", source=path) from None
+        yield from_file(path), digest, size
+        return
+    if not hasattr(source, "read"):
+        raise InvalidInput("invalid_input", f"cannot upload a {type(source).__name__}: give a "
+                           "path, bytes or a binary file object")
+    fd, path = tempfile.mkstemp(prefix="jobcoord-upload-")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            while block := source.read(CHUNK):
+                out.write(block)
+        digest, size = hashed(path)
+        yield from_file(path), digest, size
+    finally:
+        os.unlink(path)

@@ -37,11 +37,14 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
               help="How often long-polls look for jobs committed by other processes.")
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Database calls run on this many threads.")
+@click.option("--max-artifact-bytes", default=1 << 30, show_default=True,
+              type=click.IntRange(0, 2**62),
+              help="Largest artifact upload accepted (a kind's own limit applies too).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON Lines, one per event.")
 @click.pass_obj
 def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | None,
           insecure_http: bool, reap_every: float, poll: float, threads: int,
-          as_json: bool) -> None:
+          max_artifact_bytes: int, as_json: bool) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) over this database, and reap expired
     leases on a timer. Ctrl-C stops it (exit 130)."""
     from .server import check_bind, run_server
@@ -49,7 +52,7 @@ def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
     check_bind(host, tls_cert, tls_key, insecure_http)  # before opening anything
     run_server(s.coordinator(), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                insecure_http=insecure_http, reap_every=reap_every, poll_s=poll,
-               threads=threads, as_json=as_json)
+               threads=threads, as_json=as_json, max_artifact_bytes=max_artifact_bytes)
 
 
 @click.group()

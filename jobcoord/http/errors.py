@@ -13,6 +13,7 @@ from ..errors import (  # noqa: F401 -- importable from here as before
     HTTP_NOT_FOUND_CODES,
     HTTP_RETRY_AFTER_S,
     HTTP_STATUS_BY_CLASS,
+    HTTP_TOO_LARGE_CODES,
     HTTP_UNPROCESSABLE_CODES,
     BodyTooLarge,
     DatabaseBusy,
@@ -37,6 +38,8 @@ def status_of(err: JobcoordError) -> int:
         return 404
     if err.code in HTTP_UNPROCESSABLE_CODES:
         return 422
+    if err.code in HTTP_TOO_LARGE_CODES:
+        return 413
     for cls, status in HTTP_STATUS_BY_CLASS:
         if isinstance(err, cls):
             return status

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,9 +52,17 @@ def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived: stop as asked."""
+
+
+def _terminated(_signum: int, _frame: Any) -> None:
+    raise _Terminated
+
+
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
-               threads: int, as_json: bool) -> None:
+               threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30) -> None:
     import uvicorn
 
     from .app import create_app
@@ -63,7 +72,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
         print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
     emit = printer(as_json)
     app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
-                     emit=emit)
+                     emit=emit, max_artifact_bytes=max_artifact_bytes)
     scheme = "https" if tls_cert else "http"
 
     class _Server(uvicorn.Server):
@@ -80,11 +89,17 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
         log_level="warning", access_log=False, server_header=False, proxy_headers=False,
         lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30)
     server = _Server(config)
-    # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again:
-    # SIGINT becomes KeyboardInterrupt, which the CLI turns into exit code 130.
+    # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again
+    # under the handler that was there before: SIGINT becomes KeyboardInterrupt, which the CLI
+    # turns into exit code 130; SIGTERM (a service manager's stop) becomes _Terminated here,
+    # so the stop is said (`stopped`) and the process exits 0 instead of dying of the signal.
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         server.run()
+    except _Terminated:
+        pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         emit({"event": "stopped"})
     if not server.started:
         raise InvalidInput("bind_failed", f"could not listen on {host}:{port} (in use, or "

@@ -27,7 +27,7 @@ from .statements import SQL
 T = TypeVar("T")
 
 #: Revisions of the core branch, oldest first. The last one is what this code expects.
-CORE_REVISIONS = ("c0001", "c0002", "c0003")
+CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004")
 #: Revisions of optional branches, oldest first.
 OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 
@@ -223,6 +223,12 @@ class Database:
     #: whose claimers lock rows until commit, a longer claim transaction holds up
     #: concurrent completions, so its worker claims one job per call there.
     batch_claims: bool = True
+    #: Seconds after which no event with a smaller id can still commit. Ids are taken before
+    #: the commit, so with concurrent writers (PostgreSQL) a lower id may become visible
+    #: after a higher one, within the lock and busy timeouts; a fold of the events by id
+    #: (metrics.py) only takes events older than this. SQLite commits one writer at a time,
+    #: in id order.
+    events_settle_s: float = 30.0
     #: Driver errors a transaction classifies (set by each store).
     _driver_errors: tuple[type[BaseException], ...] = ()
 
@@ -319,19 +325,21 @@ class Database:
         raise NotImplementedError
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[SQL, dict[str, Any]]:
+                      due_only: bool, locked: bool = True, tenant: str | None = None
+                      ) -> tuple[SQL, dict[str, Any]]:
         """The claim's candidate select for this worker's roles and kinds (one index probe
-        per (role, kind)) and its role and kind parameters. `locked` False is for diagnosis
-        only: it must neither lock rows nor skip locked ones."""
+        per (role, kind)), only jobs of `tenant` when given, and its parameters. `locked`
+        False is for diagnosis only: it must neither lock rows nor skip locked ones."""
         raise NotImplementedError
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
-                  expires_iso: str, batch: int = 1) -> Taken:
-        """Take the first eligible waiting job in claim order: the job to running with the
-        next epoch and attempt, the lease, and the `claimed` event (its detail: the attempt
-        and `expires_iso`). `batch`: how many jobs the transaction means to take (a store
-        whose concurrent claimers hold rows until commit looks further ahead for more)."""
+                  expires_iso: str, tenant: str | None = None, batch: int = 1) -> Taken:
+        """Take the first eligible waiting job in claim order (of `tenant` only, when given):
+        the job to running with the next epoch and attempt, the lease, and the `claimed`
+        event (its detail: the attempt and `expires_iso`). `batch`: how many jobs the
+        transaction means to take (a store whose concurrent claimers hold rows until commit
+        looks further ahead for more)."""
         raise NotImplementedError
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,

@@ -217,10 +217,11 @@ CLAIM_HEADS = (4, 64, 1024)
 BATCH_CLAIM_HEADS = (64, 1024)
 
 
-def _claim_statement(n_roles: int, n_kinds: int | None) -> Any:
+def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
     J = jobs.c
     cand = s.union_of(s.probes(n_roles, n_kinds, due_only=True, locked=False,
-                               limit=s.P("heads"))).cte("cand").prefix_with("MATERIALIZED")
+                               limit=s.P("heads"), tenant=tenant)
+                      ).cte("cand").prefix_with("MATERIALIZED")
     pick = (select(J.job_id).where(J.job_id.in_(select(cand.c.job_id)), *s.CLAIMABLE)
             .order_by(*s.CLAIM_ORDER).limit(s.ONE).with_for_update(skip_locked=True)
             .cte("pick").prefix_with("MATERIALIZED"))
@@ -259,24 +260,27 @@ def _end_statement() -> Any:
 
 _END_FOLDED = s.SQL(_end_statement())
 
-#: Claim statements by shape (roles, kinds), built once each.
-_CLAIM_STATEMENTS: dict[tuple[int, int | None], s.SQL] = {}
+#: Claim statements by shape (roles, kinds, tenant-bound), built once each.
+_CLAIM_STATEMENTS: dict[tuple[int, int | None, bool], s.SQL] = {}
 
 
-def _claim_folded(roles: Sequence[str], kinds: Sequence[str] | None) -> s.SQL:
+def _claim_folded(roles: Sequence[str], kinds: Sequence[str] | None, tenant: bool = False
+                  ) -> s.SQL:
     """The claim's candidate probes, take, lease and event as one statement, built once per
     shape like the candidate query."""
-    shape = (len(roles), None if kinds is None else len(kinds))
+    shape = (len(roles), None if kinds is None else len(kinds), tenant)
     stmt = _CLAIM_STATEMENTS.get(shape)
     if stmt is None:
         stmt = _CLAIM_STATEMENTS[shape] = s.SQL(_claim_statement(*shape))
     return stmt
 
 
-def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None) -> tuple[str, dict[str, Any]]:
-    """The one-statement claim for this shape, with `:name` parameters, and the role and kind
-    parameters (for reading its plan)."""
-    return _claim_folded(roles, kinds).named("postgresql"), s.role_kind_params(roles, kinds)
+def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None, tenant: str | None = None
+              ) -> tuple[str, dict[str, Any]]:
+    """The one-statement claim for this shape, with `:name` parameters, and the role, kind
+    and tenant parameters (for reading its plan)."""
+    return (_claim_folded(roles, kinds, tenant is not None).named("postgresql"),
+            s.role_kind_params(roles, kinds, tenant))
 
 
 # PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
@@ -298,7 +302,8 @@ _NEXT_JOB_IDS = s.SQL(
 MIGRATION_LOCK_KEY = 7270201
 _MIGRATION_LOCK = s.SQL(select(func.pg_advisory_xact_lock(s.const(MIGRATION_LOCK_KEY))))
 #: Tables whose integer key comes from a sequence.
-SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id"}
+SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id",
+             "tokens": "token_id"}
 
 
 def _continue_sequence(table: str, column: str) -> s.SQL:
@@ -425,15 +430,16 @@ class PostgresDatabase(Database):
         return self.run(conn, _OWNED_LOCKED, {"job_id": job_id}).fetchone()
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
-                      due_only: bool, locked: bool = True) -> tuple[s.SQL, dict[str, Any]]:
+                      due_only: bool, locked: bool = True, tenant: str | None = None
+                      ) -> tuple[s.SQL, dict[str, Any]]:
         # Locks the candidate row and lets concurrent claimers skip it instead of waiting.
-        return s.candidate_sql(roles, kinds, due_only=due_only, locked=locked)
+        return s.candidate_sql(roles, kinds, due_only=due_only, locked=locked, tenant=tenant)
 
     def take_next(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
                   *, worker: str, now: int, expires: int, max_priority: int,
-                  expires_iso: str, batch: int = 1) -> Taken:
-        stmt = _claim_folded(roles, kinds)
-        params = s.role_kind_params(roles, kinds)
+                  expires_iso: str, tenant: str | None = None, batch: int = 1) -> Taken:
+        stmt = _claim_folded(roles, kinds, tenant is not None)
+        params = s.role_kind_params(roles, kinds, tenant)
         # The statement spells the event's detail around the expiry's JSON string.
         params.update(now=now, maxp=max_priority, f=False, worker=worker, expires=expires,
                       expires_json=dumps(expires_iso))

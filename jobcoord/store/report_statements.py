@@ -7,9 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import bindparam, exists, func, select
+from sqlalchemy import bindparam, exists, func, select, text, update
 
-from ..schema import artifacts, job_events, jobs, leases, workers
+from ..schema import (
+    ENTERED_DEAD_OR_UNKNOWN,
+    artifacts,
+    claim_refusals,
+    job_counts,
+    job_events,
+    jobs,
+    leases,
+    metric_folds,
+    workers,
+)
 from .statements import SQL, const
 
 P = bindparam
@@ -49,6 +59,9 @@ INVARIANTS: tuple[tuple[str, SQL], ...] = tuple((name, SQL(stmt.limit(const(20))
 # --- counts ---------------------------------------------------------------------------------
 
 JOBS_BY_STATUS = SQL(select(J.status, func.count()).group_by(J.status))
+#: Jobs by the key of job_counts, counted from the table itself (for `check`).
+JOBS_BY_COUNT_KEY = SQL(select(J.tenant, J.status, J.kind, J.attempts, func.count())
+                        .group_by(J.tenant, J.status, J.kind, J.attempts))
 #: Leases still live at :now: how many, and the latest expiry.
 LIVE_LEASES = SQL(select(func.count(), func.max(L.expires_at)).where(L.expires_at > P("now")))
 
@@ -59,26 +72,77 @@ ALIVE = SQL(select(ONE))
 DUE_JOB = SQL(select(ONE).where(J.status == const("waiting"), J.run_after <= P("now"))
               .limit(ONE))
 
+# --- counts kept by the database (core revision c0004) --------------------------------------
+
+JC, CR, MF = job_counts.c, claim_refusals.c, metric_folds.c
+
+#: Jobs by (tenant, status, kind, attempts): the sum over the shards of each key.
+JOB_COUNTS = SQL(
+    select(JC.tenant, JC.status, JC.kind, JC.attempts, func.sum(JC.n))
+    .group_by(JC.tenant, JC.status, JC.kind, JC.attempts))
+
+
+def _oldest_waiting(scoped: bool) -> SQL:
+    """(tenant, kind, oldest created_at, waiting) per (tenant, kind) that has waiting jobs:
+    the keys come from the counts, each oldest time from one seek of ix_jobs_waiting_age."""
+    where = [JC.status == const("waiting")]
+    if scoped:
+        where.append(JC.tenant == P("tenant"))
+    keys = (select(JC.tenant, JC.kind, func.sum(JC.n).label("waiting")).where(*where)
+            .group_by(JC.tenant, JC.kind).having(func.sum(JC.n) > const(0)).subquery("keys"))
+    j = jobs.alias("j")
+    oldest = (select(func.min(j.c.created_at))
+              .where(j.c.status == const("waiting"), j.c.tenant == keys.c.tenant,
+                     j.c.kind == keys.c.kind).scalar_subquery())
+    return SQL(select(keys.c.tenant, keys.c.kind, oldest, keys.c.waiting))
+
+
+#: The queue age per (tenant, kind): of every tenant, of the tenant :tenant.
+OLDEST_WAITING = _oldest_waiting(False)
+OLDEST_WAITING_OF = _oldest_waiting(True)
+#: The statuses a job has a finished_at in.
+_ENDED = [const(s) for s in ("cancelled", "dead", "succeeded", "unknown")]
+#: Jobs finished since :since, by status (one range of ix_jobs_finished_at per status, no
+#: job row read); and of the tenant :tenant.
+FINISHED_SINCE = SQL(select(J.status, func.count())
+                     .where(J.status.in_(_ENDED), J.finished_at >= P("since"))
+                     .group_by(J.status))
+FINISHED_SINCE_OF = SQL(select(J.status, func.count())
+                        .where(J.status.in_(_ENDED), J.finished_at >= P("since"),
+                               J.tenant == P("tenant"))
+                        .group_by(J.status))
+
 # --- /metrics -------------------------------------------------------------------------------
 
-_COMPLETED = E.reason == const("completed")
-COMPLETED_AFTER = SQL(select(func.count()).where(E.event_id > P("cursor"), _COMPLETED))
-COMPLETED_PAGE = SQL(
-    select(E.event_id, E.at, J.provenance_json)
-    .select_from(job_events.join(jobs, J.job_id == E.job_id))
-    .where(_COMPLETED, E.event_id > P("cursor")).order_by(E.event_id).limit(P("n")))
-JOBS_BY_STATUS_KIND_ATTEMPTS = SQL(
-    select(J.status, J.kind, J.attempts, func.count()).group_by(J.status, J.kind, J.attempts))
-OLDEST_WAITING_BY_KIND = SQL(select(J.kind, func.min(J.created_at))
-                             .where(J.status == const("waiting")).group_by(J.kind))
-EXPIRED_AND_COMPLETED = SQL(
-    select(E.reason, E.to_status, func.count())
-    .where(E.reason.in_([const("lease_expired"), const("completed")]))
-    .group_by(E.reason, E.to_status))
+#: Leases reaped, by where the job went (the partial index ix_job_events_lease_expired).
+LEASE_EXPIRIES = SQL(select(E.to_status, func.count())
+                     .where(E.reason == const("lease_expired")).group_by(E.to_status))
+#: Transitions into dead or unknown, by status (the partial ix_job_events_dead_unknown,
+#: whose predicate the statement repeats word for word so SQLite matches it).
+ENTERED = SQL(select(E.to_status, func.count()).where(text(ENTERED_DEAD_OR_UNKNOWN))
+              .group_by(E.to_status))
+CLAIM_REFUSALS = SQL(select(CR.reason, func.sum(CR.n)).group_by(CR.reason))
 WORKER_STATES = SQL(select(W.worker_id, W.heartbeat_at, W.last_refusal).order_by(W.worker_id))
 LEASES_BY_WORKER = SQL(select(L.worker_id, func.count()).group_by(L.worker_id))
 ARTIFACTS_BY_STATE = SQL(select(A.state, func.count(), func.coalesce(func.sum(A.size), const(0)))
                          .group_by(A.state))
+#: A durable fold of the events (metric_folds) by name.
+FOLD = SQL(select(MF.last_event_id, MF.state_json).where(MF.name == P("name")))
+#: Completed events after :cursor, oldest first (a range of the primary key), 5000 at a
+#: time, with their job's provenance read by primary key per event: a join would let the
+#: planner choose to read every job.
+COMPLETED_ROWS = SQL(
+    select(E.event_id, E.at,
+           select(J.provenance_json).where(J.job_id == E.job_id).scalar_subquery())
+    .where(E.reason == const("completed"), E.event_id > P("cursor"))
+    .order_by(E.event_id).limit(const(5000)))
+ADVANCE_FOLD = SQL(
+    update(metric_folds).where(MF.name == P("name"), MF.last_event_id == P("old"))
+    .values(last_event_id=P("cursor"), state_json=P("state"), updated_at=P("now")))
+START_FOLD = SQL(lambda insert: (
+    insert(metric_folds).values(name=P("name"), last_event_id=P("cursor"),
+                                state_json=P("state"), updated_at=P("now"))
+    .on_conflict_do_nothing(index_elements=[MF.name])))
 
 # --- the dashboard (each with and without a tenant :tenant) ---------------------------------
 
@@ -88,12 +152,6 @@ def _scoped(build: Any) -> tuple[SQL, SQL]:
     return SQL(build(())), SQL(build((J.tenant == P("tenant"),)))
 
 
-OVERVIEW_COUNTS = _scoped(lambda w: select(J.status, J.kind, func.count()).where(*w)
-                          .group_by(J.status, J.kind))
-OVERVIEW_OLDEST = _scoped(lambda w: select(J.kind, func.min(J.created_at), func.count())
-                          .where(J.status == const("waiting"), *w).group_by(J.kind))
-OVERVIEW_RECENT = _scoped(lambda w: select(J.status, func.count())
-                          .where(J.finished_at >= P("since"), *w).group_by(J.status))
 LEASE_LIST = _scoped(lambda w: select(L.worker_id, L.job_id, L.epoch, L.expires_at, J.kind)
                      .select_from(leases.join(jobs, J.job_id == L.job_id)).where(*w)
                      .order_by(L.job_id))

@@ -29,7 +29,15 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ..schema import checkpoints, job_events, jobs, leases, metadata, workers
+from ..schema import (
+    checkpoints,
+    claim_refusals,
+    job_events,
+    jobs,
+    leases,
+    metadata,
+    workers,
+)
 
 _SET_ITEM = re.compile(r"(^|, )(\w+)=")
 _LINE_BREAK = re.compile(r" *\n *")
@@ -253,6 +261,13 @@ RECORD_REFUSAL = SQL(update(workers).where(
     or_(W.last_refusal_at.is_(None), W.last_refusal != P("code"),
         W.last_refusal_detail != P("detail"), W.last_refusal_at <= P("fresh"))
 ).values(last_refusal=P("code"), last_refusal_detail=P("detail"), last_refusal_at=P("now")))
+#: One more refused claim of this worker for this reason (the claim_refusals counter).
+COUNT_REFUSAL = SQL(lambda insert: (
+    insert(claim_refusals).values(worker_id=P("worker"), reason=P("code"), n=ONE,
+                                  last_at=P("now"))
+    .on_conflict_do_update(index_elements=[claim_refusals.c.worker_id,
+                                           claim_refusals.c.reason],
+                           set_={"n": claim_refusals.c.n + ONE, "last_at": P("now")})))
 #: What a claim returns of the job it took, in this order.
 TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
                  J.epoch, J.tenant)
@@ -318,6 +333,8 @@ SETTLE_UNKNOWN = SQL(
             finished_at=P("now"), updated_at=P("now")))
 JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
 ANY_WAITING = SQL(select(ONE).where(WAITING).limit(ONE))
+#: Is any job of tenant :tenant waiting? (A tenant-bound claim's "nothing waits".)
+ANY_WAITING_OF_TENANT = SQL(select(ONE).where(WAITING, J.tenant == P("tenant")).limit(ONE))
 SET_STATUS = SQL(
     update(jobs).where(J.job_id == P("job_id"), J.status == P("from_status"),
                        J.epoch == P("epoch"))
@@ -388,16 +405,19 @@ class PruneStatements:
 
 # --- the claim's candidate select -----------------------------------------------------------
 
-#: Candidate statements by shape (roles, kinds, due only, locked).
-_CANDIDATES: dict[tuple[int, int | None, bool, bool], SQL] = {}
+#: Candidate statements by shape (roles, kinds, due only, locked, tenant-bound).
+_CANDIDATES: dict[tuple[int, int | None, bool, bool, bool], SQL] = {}
 
 
-def role_kind_params(roles: Sequence[str], kinds: Sequence[str] | None) -> dict[str, Any]:
-    """The parameters naming a worker's roles (:r1..) and kinds (:k0..) in a candidate
-    select."""
+def role_kind_params(roles: Sequence[str], kinds: Sequence[str] | None,
+                     tenant: str | None = None) -> dict[str, Any]:
+    """The parameters naming a worker's roles (:r1..), kinds (:k0..) and tenant (:tenant,
+    only for a tenant-bound claim) in a candidate select."""
     params: dict[str, Any] = {f"r{i}": role for i, role in enumerate(roles, 1)}
     if kinds is not None:
         params.update((f"k{j}", kind) for j, kind in enumerate(kinds))
+    if tenant is not None:
+        params["tenant"] = tenant
     return params
 
 
@@ -409,11 +429,12 @@ CLAIMABLE = (WAITING, J.priority <= P("maxp"), J.run_after <= P("now"),
 
 
 def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
-           limit: Any = ONE) -> list[CTE]:
+           limit: Any = ONE, tenant: bool = False) -> list[CTE]:
     """One index probe per (role, kind), each a MATERIALIZED CTE (c<i>_<j>) reading only the
     first `limit` rows of its slice of the partial claim index, however many jobs wait for
     other roles and kinds; role 0 is "no role". `locked` takes each row read with FOR UPDATE
-    SKIP LOCKED (only PostgreSQL's compiler writes it)."""
+    SKIP LOCKED (only PostgreSQL's compiler writes it). `tenant` keeps only jobs of tenant
+    :tenant: a filter on the rows the same index walk reads, in claim order."""
     out = []
     for i in range(n_roles + 1):
         for j in range(1 if n_kinds is None else n_kinds):
@@ -422,6 +443,12 @@ def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
                                 else J.required_role == P(f"r{i}")]
             if n_kinds is not None:
                 where.append(J.kind == P(f"k{j}"))
+            if tenant:
+                # Spelled `tenant || ''` so that no planner trades the claim index for the
+                # (tenant, job_id) one plus a sort of every job the tenant ever had (SQLite
+                # did, once ANALYZE had run): the walk stays in claim order, the tenant a
+                # filter on the rows it reads.
+                where.append(J.tenant.concat(const("")) == P("tenant"))
             if due_only:
                 where.extend(CLAIMABLE[2:])
             probe = (select(J.job_id, J.priority, J.created_at).where(*where)
@@ -437,14 +464,15 @@ def union_of(ctes: Sequence[CTE]) -> Any:
     return union_all(*(select(cte) for cte in ctes))
 
 
-def candidate(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool) -> SQL:
-    """The first of the probes' heads in claim order (:maxp, :now, :r1.., :k0..); built and
-    compiled once per shape, not per claim."""
-    shape = (n_roles, n_kinds, due_only, locked)
+def candidate(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
+              tenant: bool = False) -> SQL:
+    """The first of the probes' heads in claim order (:maxp, :now, :r1.., :k0.., :tenant);
+    built and compiled once per shape, not per claim."""
+    shape = (n_roles, n_kinds, due_only, locked, tenant)
     stmt = _CANDIDATES.get(shape)
     if stmt is None:
-        heads = union_of(probes(n_roles, n_kinds, due_only=due_only, locked=locked)
-                         ).subquery("candidates")
+        heads = union_of(probes(n_roles, n_kinds, due_only=due_only, locked=locked,
+                                tenant=tenant)).subquery("candidates")
         stmt = _CANDIDATES[shape] = SQL(
             select(heads.c.job_id).order_by(heads.c.priority, heads.c.created_at,
                                             heads.c.job_id).limit(ONE))
@@ -452,10 +480,12 @@ def candidate(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool
 
 
 def candidate_sql(roles: Sequence[str], kinds: Sequence[str] | None, *, due_only: bool,
-                  locked: bool) -> tuple[SQL, dict[str, Any]]:
-    """The candidate select for this worker's roles and kinds, and their parameters."""
+                  locked: bool, tenant: str | None = None) -> tuple[SQL, dict[str, Any]]:
+    """The candidate select for this worker's roles, kinds and tenant (None: every tenant),
+    and their parameters."""
     return (candidate(len(roles), None if kinds is None else len(kinds), due_only=due_only,
-                      locked=locked), role_kind_params(roles, kinds))
+                      locked=locked, tenant=tenant is not None),
+            role_kind_params(roles, kinds, tenant))
 
 
 def candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: bool,

@@ -355,8 +355,24 @@ class Worker:
             self.waiter = self.coordinator.db.change_waiter() if hasattr(
                 self.coordinator, "db") else ChangeWaiter()
             self.log("waiting_for", hint=self.waiter.mode)
-        self.waiter.wait(seconds, self.wake)
+        end = time.monotonic() + seconds
+        while not self.stopping.is_set():
+            left = end - time.monotonic()
+            if left <= 0 or not self.waiter.wait(left, self.wake) or self.wake.is_set():
+                break
+            # A hint is any commit (on SQLite, also other workers' refusals): look before
+            # claiming, so idle workers do not answer each other's refusals with claims.
+            if self._claimable():
+                break
         self.wake.clear()
+
+    def _claimable(self) -> bool:
+        if not hasattr(self.coordinator, "claimable"):
+            return True
+        try:
+            return bool(self.calls.claimable(self.config.worker_id, kinds=self.kinds))
+        except Exception:
+            return True  # the claim itself will say what is wrong
 
     def _pause(self, seconds: float) -> None:
         self.wake.wait(seconds)

@@ -1,0 +1,104 @@
+"""The API's request bodies (unknown fields are refused; NaN and Infinity too), its error
+body, and the limits the routes share."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Longest long-poll a claim may ask for.
+MAX_WAIT_S = 30.0
+#: Room for the JSON around a payload or result at its size limit.
+ENVELOPE_BYTES = 64 * 1024
+JOB_ID_MAX = 2**62
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SubmitBody(_Body):
+    kind: str
+    payload: dict[str, Any] | None = None
+    priority: int | str | None = None
+    role: str | None = None
+    max_attempts: int | None = None
+    deadline_s: float | None = None
+    delay_s: float = 0.0
+
+
+class HeartbeatBody(_Body):
+    roles: list[str] = Field(default_factory=list, max_length=64)
+    kinds: list[str] | None = Field(default=None, max_length=1024)
+    readings: dict[str, Any] | None = None
+
+
+class ClaimBody(_Body):
+    lease_s: float | None = None
+    kinds: list[str] | None = Field(default=None, max_length=1024)
+    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+
+
+class EpochBody(_Body):
+    epoch: int
+
+
+class RenewBody(EpochBody):
+    lease_s: float | None = None
+
+
+class CompleteBody(EpochBody):
+    result: Any = None
+    provenance: dict[str, Any] | None = None
+
+
+class FailBody(EpochBody):
+    error: str
+    permanent: bool = False
+    reason: str = "failed"
+
+
+class CheckpointBody(EpochBody):
+    name: str
+    data: Any = None
+
+
+class ReconcileBody(_Body):
+    as_status: Literal["succeeded", "waiting", "dead"] = Field(alias="as")
+    reason: str
+    result: Any = None
+
+
+class PruneBody(_Body):
+    older_than: str | float
+    statuses: list[str] | None = Field(default=None, max_length=8)
+    dry_run: bool = False
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def error_responses(*pairs: tuple[int, str]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries answered with the JSON error body."""
+    return {status: {"model": ErrorBody, "description": text} for status, text in pairs}
+
+
+#: Every route may answer these.
+ERRORS = error_responses(
+    (400, "invalid input; nothing was changed"),
+    (401, "no token, or an unknown or revoked one"),
+    (403, "this token's role may not do that"),
+    (404, "not found, or not visible to this token"),
+    (409, "refused by a coordinator rule"),
+    (413, "request body too large"),
+    (500, "internal error"),
+    (503, "database busy or unavailable; see Retry-After"),
+)

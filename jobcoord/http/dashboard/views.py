@@ -1,0 +1,112 @@
+"""How the dashboard shows things: the templates, ages, cut payloads, gate words, worker
+rows, the actions a job's status allows, and an artifact download."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from fastapi.responses import Response
+
+from ...states import FINAL_STATUSES
+
+#: jobcoord/http, where templates/ and static/ live.
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Payload and result text shown on the job page before it is cut.
+SHOW_BYTES = 16 * 1024
+POLL = "every 3s"
+
+
+def templates() -> Any:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
+        autoescape=jinja2.select_autoescape(["html"]))
+    env.filters["age"] = age
+    env.filters["num"] = lambda n: f"{n:,}"
+    env.globals["poll"] = POLL
+    return env
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def capped_text(value: Any) -> tuple[str, bool]:
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    if len(text.encode()) <= SHOW_BYTES:
+        return text, False
+    return text.encode()[:SHOW_BYTES].decode("utf-8", "ignore"), True
+
+
+def gate_text(gates: dict[str, Any]) -> str:
+    """"on battery, P2/P3 held" -- the words of the refusal and what it holds back."""
+    if gates["can_claim"] and gates["max_priority"] >= 3:
+        return ""
+    reason = gates.get("refusal") or {}
+    words = reason.get("detail") or reason.get("reason") or "gated"
+    if not gates["can_claim"]:
+        return f"{words}: all work held"
+    held = "/".join(f"P{p}" for p in range(gates["max_priority"] + 1, 4))
+    return f"{words}, {held} held"
+
+
+def worker_views(workers: list[dict[str, Any]], leases: dict[str, list[dict[str, Any]]],
+                 max_age: float) -> list[dict[str, Any]]:
+    out = []
+    for w in workers:
+        gates = w["gates"]
+        verdicts = [{"priority": f"P{p}",
+                     "ok": gates["can_claim"] and p <= gates["max_priority"]}
+                    for p in range(4)]
+        heartbeat_age = w["heartbeat_age_s"]
+        out.append({**w, "online": heartbeat_age is not None and heartbeat_age <= max_age,
+                    "gate_text": gate_text(gates), "verdicts": verdicts,
+                    "leases": leases.get(w["worker_id"], [])})
+    return out
+
+
+def actions_for(status: str) -> list[str]:
+    if status in ("waiting", "running"):
+        return ["cancel"]
+    if status == "unknown":
+        return ["reconcile", "cancel"]
+    if status in FINAL_STATUSES and status != "succeeded":
+        return ["retry"]
+    return []
+
+
+async def artifact_response(srv: Any, job_id: int, a: dict[str, Any]) -> Response:
+    """An accepted artifact, copied out of the store verified (size and digest) into a
+    temporary file that is streamed and then removed: a corrupt object is never served."""
+    import tempfile
+
+    from fastapi.responses import FileResponse
+    from starlette.background import BackgroundTask
+
+    fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
+    os.close(fd)
+    try:
+        await srv.call(srv.c.get_artifact, job_id, a["name"], path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    digest = a["digest"]
+    return FileResponse(path, media_type=a["media_type"] or "application/octet-stream",
+                        filename=os.path.basename(a["name"]),
+                        background=BackgroundTask(os.unlink, path),
+                        headers={"X-Content-Digest": digest,
+                                 "ETag": '"' + hashlib.sha256(digest.encode()).hexdigest()[:32]
+                                 + '"'})

@@ -1,0 +1,134 @@
+"""Pure ASGI middleware: the request body limits, and the last answer to a bug.
+
+A JSON body may be at most the payload (or result) limit plus an envelope, counted from
+Content-Length and again as the bytes arrive. An artifact upload has its own limit, which its
+route counts while it streams the body into the store. An unexpected exception is answered
+500 `internal_error` here and goes no further: left to Starlette, the answer was sent, then
+the exception re-raised to uvicorn, which printed its traceback and reset the connection, so
+a client's next request on that kept-alive connection failed too."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from ..errors import JobcoordError
+from .errors import BodyTooLarge, headers_of, status_of
+
+#: The path of an artifact (upload and download): its body is bytes, not JSON.
+ARTIFACT_PATH = re.compile(r"/v1/jobs/[^/]+/artifacts/")
+
+
+class BodyLimit:
+    def __init__(self, app: Any, limit: int, artifact_limit: int):
+        self.app = app
+        self.limit = limit
+        self.artifact_limit = artifact_limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        artifact = ARTIFACT_PATH.match(scope["path"]) is not None
+        limit = self.artifact_limit if artifact else self.limit
+        if scope["method"] in ("POST", "PUT") and scope["path"].startswith("/v1/") \
+                and not artifact:
+            # Bodies are JSON whatever the client says: `curl -d '{...}'` labels its body
+            # form-encoded. The JSON is parsed strictly all the same.
+            scope = dict(scope)
+            scope["headers"] = [(n, val) for n, val in scope.get("headers", ())
+                                if n != b"content-type"]
+            scope["headers"].append((b"content-type", b"application/json"))
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared < 0 or declared > limit:
+                    what = "an artifact" if artifact else "a request body"
+                    await send_error(send, BodyTooLarge(
+                        "artifact_too_large" if artifact else "body_too_large",
+                        f"{what} must be at most {limit} bytes"
+                        + ("" if artifact else " (keep large data as an artifact)")))
+                    return
+        if artifact:
+            # The upload route counts the bytes itself as it stores them.
+            await self.app(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> dict[str, Any]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge
+            return message
+
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, tracking_send)
+        except _TooLarge:
+            if not started:
+                await send_error(send, BodyTooLarge(
+                    "body_too_large", f"request body must be at most {self.limit} bytes"))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def send_error(send: Any, err: JobcoordError) -> None:
+    body = json.dumps(err.to_json()).encode()
+    await send({"type": "http.response.start", "status": status_of(err),
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def error_response(err: JobcoordError) -> JSONResponse:
+    return JSONResponse(err.to_json(), status_code=status_of(err), headers=headers_of(err))
+
+
+class CatchBugs:
+    """Outermost of jobcoord's middleware: whatever escaped every handler is a bug."""
+
+    def __init__(self, app: Any, emit: Callable[[dict[str, Any]], None]):
+        self.app = app
+        self.emit = emit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            # The class and message only: no traceback, no request data (a header could
+            # carry a token).
+            self.emit({"event": "internal_error", "message": f"{type(exc).__name__}: {exc}"})
+            if not started:
+                await send_error(send, JobcoordError("internal_error",
+                                                     "unexpected server error"))

@@ -1,0 +1,162 @@
+"""Artifact routes: a worker uploads the files of its live attempt (streamed into the store,
+the digest it names verified by the server), readers of the job's tenant list and download
+accepted ones (copied out of the store verified first: a corrupt object is never served).
+Every rule is jobcoord.artifacts.rules': names, fencing, limits, verification."""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import asyncio
+import hashlib
+import io
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import FileResponse
+from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
+
+from ..artifacts.objects import parse_digest, validate_name
+from ..errors import InvalidInput, Refused
+from ..tokens import Identity
+from .bodies import error_responses
+from .deps import JobId, Reader, Srv, WorkerId, scope
+from .routes_worker import fenced
+from .state import Server
+
+router = APIRouter()
+
+#: Media types that say nothing about an upload's bytes (curl's default label for a body).
+_UNLABELLED = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+
+class BodyStream(io.RawIOBase):
+    """A blocking, binary file object over the request's body as it arrives, for the store's
+    put running on the server's thread pool: each read waits for the next chunk on the event
+    loop. Counts the bytes against the upload limit as they come."""
+
+    def __init__(self, chunks: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop,
+                 limit: int):
+        super().__init__()
+        self._chunks = chunks
+        self._loop = loop
+        self._limit = limit
+        self._pending = memoryview(b"")
+        self._done = False
+        self.seen = 0
+        self.name = "the upload"
+
+    async def _next(self) -> bytes | None:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+        except ClientDisconnect:
+            raise InvalidInput("upload_incomplete", "the client went away before the "
+                               "upload's last byte; nothing was stored") from None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while not self._pending:
+            if self._done:
+                return 0
+            chunk = asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
+            if chunk is None:
+                self._done = True
+                return 0
+            self.seen += len(chunk)
+            if self.seen > self._limit:
+                raise InvalidInput("artifact_too_large", f"an upload may be at most "
+                                   f"{self._limit} bytes; nothing was stored")
+            self._pending = memoryview(chunk)
+        n = min(len(buf), len(self._pending))
+        buf[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
+@router.put(
+    "/v1/jobs/{job_id}/artifacts/{name:path}",
+    responses={**error_responses(
+        (413, "larger than the server's upload limit or the kind's artifact limit"),
+        (422, "artifact_invalid: the bytes do not hash to the expected digest; nothing was "
+              "stored")),
+        200: {"description": "staged under the attempt's lease; linked to the result by its "
+                             "accepted completion"}},
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv: Srv,
+                 epoch: Annotated[int, Query(ge=0, le=2**31 - 1)],
+                 digest: Annotated[str | None, Query(max_length=100)] = None,
+                 media_type: Annotated[str | None, Query(max_length=201)] = None,
+                 x_content_digest: Annotated[str | None, Header(max_length=100)] = None,
+                 content_type: Annotated[str | None, Header(max_length=201)] = None
+                 ) -> dict[str, Any]:
+    """Upload an artifact of this worker's live attempt at `epoch`, streamed. The expected
+    digest (`sha256:<hex>`) is the `X-Content-Digest` header or the `digest` query
+    parameter; the server hashes the bytes as they arrive and stores nothing on a
+    mismatch. The media type is `media_type`, else Content-Type, else guessed from the
+    name."""
+    validate_name(name)  # before any byte is read: the CLI's own name rule
+    if digest is not None and x_content_digest is not None and digest != x_content_digest:
+        raise InvalidInput("invalid_digest", "the X-Content-Digest header and the digest "
+                           "parameter disagree")
+    expected = x_content_digest or digest
+    if expected is None:
+        raise InvalidInput("digest_required", "name the expected digest: X-Content-Digest: "
+                           "sha256:<hex> (or ?digest=)")
+    parse_digest(expected)
+    if "artifacts" not in srv.c.features:
+        raise Refused("feature_missing", "artifact storage is not installed in this "
+                      "database: run `jobcoord migrate --with artifacts`")
+    if media_type is None and content_type and not content_type.startswith(_UNLABELLED):
+        media_type = content_type.split(";")[0].strip()
+    body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes)
+    return await fenced(srv, srv.c.put_artifact, job_id, who, epoch, name, body, media_type,
+                        expected_digest=expected, max_bytes=srv.max_artifact_bytes)
+
+
+@router.get("/v1/jobs/{job_id}/artifacts")
+async def list_artifacts(job_id: JobId, who: Reader, srv: Srv) -> dict[str, Any]:
+    """The job's accepted artifacts."""
+    return await _accepted(srv, job_id, who)
+
+
+async def _accepted(srv: Server, job_id: int, who: Identity) -> dict[str, Any]:
+    if "artifacts" not in srv.c.features:
+        # Without the feature no job has artifacts: a visible job's list is empty.
+        await srv.call(srv.c.show, job_id, tenant=scope(who))
+        return {"artifacts": []}
+    return await srv.call(srv.c.artifacts, job_id, tenant=scope(who))
+
+
+@router.get(
+    "/v1/jobs/{job_id}/artifacts/{name:path}", response_class=FileResponse,
+    responses={200: {"description": "the artifact's bytes, verified against its digest "
+                                    "(X-Content-Digest) before the first byte is sent",
+                     "content": {"application/octet-stream": {
+                         "schema": {"type": "string", "format": "binary"}}}}})
+async def download(job_id: JobId, name: str, who: Reader, srv: Srv) -> FileResponse:
+    """Download an accepted artifact of a job this token may see."""
+    name = validate_name(name)
+    listed = await _accepted(srv, job_id, who)
+    found = next((a for a in listed["artifacts"] if a["name"] == name), None)
+    if found is None:
+        raise Refused("artifact_not_found", f"job {job_id} has no accepted artifact "
+                      f"{name!r}", job_id=job_id, name=name)
+    # Copied out verified (size and digest) first, then streamed from the copy and removed:
+    # a corrupt or missing object is a 503 before any byte, never served.
+    fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
+    os.close(fd)
+    try:
+        await srv.call(srv.c.get_artifact, job_id, name, path)
+    except BaseException:
+        os.unlink(path)
+        raise
+    etag = hashlib.sha256(found["digest"].encode()).hexdigest()[:32]
+    return FileResponse(path, media_type=found["media_type"] or "application/octet-stream",
+                        filename=name, background=BackgroundTask(os.unlink, path),
+                        headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})

@@ -1,0 +1,70 @@
+"""Routes for everyone with a token and for submitters and readers: whoami, submit, list,
+show, explain; and the unauthenticated /healthz."""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Response
+
+from .. import __version__
+from .bodies import SubmitBody
+from .deps import Anyone, JobId, Reader, Srv, Submitter, scope, strict
+
+router = APIRouter()
+
+
+@router.get("/healthz", responses={200: {"description": "serving"}})
+async def healthz(srv: Srv) -> dict[str, Any]:
+    from ..store import report_statements as rs
+
+    db = srv.c.db
+    await srv.call(lambda: db.read(lambda conn: db.run(conn, rs.ALIVE).scalar(), "healthz"))
+    return {"ok": True, "version": __version__}
+
+
+@router.get("/v1/whoami")
+async def whoami(who: Anyone, srv: Srv) -> dict[str, Any]:
+    import dataclasses
+
+    return {"name": who.name, "role": who.role, "tenant": who.tenant,
+            "worker_id": who.worker_id, "policy": dataclasses.asdict(srv.c.policy)}
+
+
+@router.post("/v1/jobs", status_code=201, dependencies=strict,
+             responses={200: {"description": "the same Idempotency-Key and payload: the "
+                                             "existing job"}})
+async def submit(body: SubmitBody, response: Response, who: Submitter, srv: Srv,
+                 idempotency_key: Annotated[str | None, Header(max_length=200)] = None
+                 ) -> dict[str, Any]:
+    from ..core.common import DEFAULT_TENANT
+
+    got = await srv.call(srv.c.enqueue, body.kind, body.payload or {},
+                         priority=body.priority, role=body.role,
+                         tenant=who.tenant or DEFAULT_TENANT, key=idempotency_key,
+                         max_attempts=body.max_attempts, deadline_s=body.deadline_s,
+                         delay_s=body.delay_s)
+    # Answered only now, after the commit; a waiting long-poll hears of it at once.
+    srv.notify(1)
+    if not got["created"]:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{got['job_id']}"
+    return got
+
+
+@router.get("/v1/jobs")
+async def list_jobs(who: Reader, srv: Srv, status: str | None = None,
+                    kind: str | None = None,
+                    limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> dict[str, Any]:
+    return await srv.call(srv.c.jobs, status=status, kind=kind, tenant=scope(who),
+                          limit=limit)
+
+
+@router.get("/v1/jobs/{job_id}")
+async def show(job_id: JobId, who: Reader, srv: Srv) -> dict[str, Any]:
+    return await srv.call(srv.c.show, job_id, tenant=scope(who))
+
+
+@router.get("/v1/jobs/{job_id}/explain")
+async def explain(job_id: JobId, who: Reader, srv: Srv) -> dict[str, Any]:
+    return await srv.call(srv.c.explain, job_id, tenant=scope(who))
+

@@ -1,0 +1,138 @@
+"""A worker's routes: heartbeat, the long-poll claim, and the fenced calls (renew, complete,
+fail, effect, checkpoint). The worker id and tenant are the token's."""
+
+# No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request, Response
+
+from .. import faults
+from ..errors import Refused
+from ..tokens import Identity
+from .bodies import (
+    CheckpointBody,
+    ClaimBody,
+    CompleteBody,
+    EpochBody,
+    FailBody,
+    HeartbeatBody,
+    RenewBody,
+)
+from .deps import JobId, Srv, WorkerId, strict, worker_of
+from .state import Server
+
+T = TypeVar("T")
+router = APIRouter()
+
+
+async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Identity, *args: Any,
+                 **kwargs: Any) -> T:
+    """A worker's fenced call as the token's worker id, fenced by the token's tenant (None:
+    an unbound worker token serves every tenant). A job of another tenant, and a live lease
+    of another worker, answer exactly as a missing job: a worker token sees its own leases
+    only."""
+    try:
+        return await srv.call(fn, job_id, worker_of(who), *args, tenant=who.tenant, **kwargs)
+    except Refused as e:
+        if e.code == "not_owner":
+            raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id) from None
+        raise
+
+
+@router.post("/v1/heartbeat", dependencies=strict)
+async def heartbeat(body: HeartbeatBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
+    return await srv.call(srv.c.heartbeat, worker_of(who), roles=body.roles,
+                          readings=body.readings, kinds=body.kinds)
+
+
+#: Claim answers that mean "nothing for you yet": a long-poll keeps waiting on these only.
+_KEEP_WAITING = ("no_waiting_jobs", "no_matching_role")
+
+
+@router.post("/v1/claims", dependencies=strict,
+             responses={204: {"description": "nothing eligible within `wait` seconds"}})
+async def claim(request: Request, who: WorkerId, srv: Srv, body: ClaimBody | None = None
+                ) -> Any:
+    body = body or ClaimBody()
+    worker = worker_of(who)
+    end = time.monotonic() + body.wait
+    woken = False
+    while True:
+        got = await srv.call(srv.c.claim, worker, lease_s=body.lease_s, kinds=body.kinds,
+                             tenant=who.tenant)
+        if got["job"] is not None:
+            return got
+        if woken:
+            srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
+        left = end - time.monotonic()
+        # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
+        # heartbeat is said at once, the worker must act on it.
+        if left <= 0 or got["reason"] not in _KEEP_WAITING:
+            if body.wait > 0 and got["reason"] in _KEEP_WAITING:
+                return Response(status_code=204)
+            return got
+        assert srv.wakeup is not None
+        woken = await srv.wakeup.wait(min(left, srv.poll_s * 2))
+        if await request.is_disconnected():
+            # Nobody would hear of a job claimed now: it would sit leased until reaped.
+            return Response(status_code=204)
+
+
+@router.post("/v1/jobs/{job_id}/renew", dependencies=strict)
+async def renew(job_id: JobId, body: RenewBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
+    return await fenced(srv, srv.c.renew, job_id, who, body.epoch, lease_s=body.lease_s)
+
+
+def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
+              tenant: str | None) -> dict[str, Any]:
+    try:
+        got = coordinator.complete(job_id, worker, body.epoch, body.result,
+                                   provenance=body.provenance, tenant=tenant)
+    except Refused as e:
+        if (e.code == "job_finished" and e.details.get("status") == "succeeded"
+                and e.details.get("accepted_epoch") == body.epoch
+                and _completed_by(coordinator, job_id, body.epoch, worker)):
+            # The same completion sent again (its answer was lost): it was accepted.
+            return {"job_id": job_id, "status": "succeeded", "epoch": body.epoch,
+                    "already_accepted": True}
+        raise
+    # A test makes the answer to a committed completion get lost here.
+    faults.point("http.complete.after_commit")
+    return got
+
+
+def _completed_by(coordinator: Any, job_id: int, epoch: int, worker: str) -> bool:
+    """Was the accepted completion of `job_id` at `epoch` this worker's?"""
+    events = coordinator.show(job_id)["events"]
+    return any(e["reason"] == "completed" and e["epoch"] == epoch and e["worker_id"] == worker
+               for e in events)
+
+
+@router.post("/v1/jobs/{job_id}/complete", dependencies=strict)
+async def complete(job_id: JobId, body: CompleteBody, who: WorkerId, srv: Srv
+                   ) -> dict[str, Any]:
+    return await fenced(srv, lambda j, w, b, tenant: _complete(srv.c, j, w, b, tenant),
+                        job_id, who, body)
+
+
+@router.post("/v1/jobs/{job_id}/fail", dependencies=strict)
+async def fail(job_id: JobId, body: FailBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
+    got = await fenced(srv, srv.c.fail, job_id, who, body.epoch, body.error,
+                       permanent=body.permanent, reason=body.reason)
+    if got["status"] == "waiting":
+        srv.notify()
+    return got
+
+
+@router.post("/v1/jobs/{job_id}/effect", dependencies=strict)
+async def effect(job_id: JobId, body: EpochBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
+    return await fenced(srv, srv.c.mark_effect, job_id, who, body.epoch)
+
+
+@router.post("/v1/jobs/{job_id}/checkpoint", dependencies=strict)
+async def checkpoint(job_id: JobId, body: CheckpointBody, who: WorkerId, srv: Srv
+                     ) -> dict[str, Any]:
+    return await fenced(srv, srv.c.checkpoint, job_id, who, body.epoch, body.name,
+                        body.data)

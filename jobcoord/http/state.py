@@ -1,0 +1,139 @@
+"""What the routes share at run time: the Coordinator, the bounded thread pool its blocking
+calls run on, the long-poll wake-ups, and the poller and reaper timers."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..errors import JobcoordError
+from .bodies import ENVELOPE_BYTES
+
+T = TypeVar("T")
+
+#: The largest artifact upload a server accepts unless told otherwise (`--max-artifact-bytes`).
+DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
+
+
+class Wakeup:
+    """Wakes long-polls waiting for work, oldest first. Used only from the event loop thread.
+
+    A submission wakes one waiter (waking all of them would start as many claims racing for
+    one job); a waiter that then finds nothing passes the turn on to the next. Everything
+    else that may free work for several (the poller, the reaper, retries) wakes all."""
+
+    def __init__(self) -> None:
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Single wake-ups that found nobody waiting (every long-poll was busy claiming): the
+        #: next waiter takes one at once, so a job committed during a claim is not left for
+        #: the poller.
+        self._pending = 0
+
+    @property
+    def waiters(self) -> int:
+        return len(self._waiting)
+
+    def notify(self, n: int | None = None) -> None:
+        """Wake `n` waiters (None: all)."""
+        while self._waiting and (n is None or n > 0):
+            future = self._waiting.popleft()
+            if not future.done():
+                future.set_result(None)
+                if n is not None:
+                    n -= 1
+        if n:
+            self._pending = min(self._pending + n, 1024)
+
+    async def wait(self, timeout: float) -> bool:
+        """True when woken, False when the timeout passed."""
+        if self._pending:
+            self._pending -= 1
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(future)
+        try:
+            await asyncio.wait_for(future, timeout)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove(future)
+
+
+class Server:
+    def __init__(self, coordinator: Any, *, pool_size: int, poll_s: float, reap_every: float,
+                 emit: Callable[[dict[str, Any]], None] | None,
+                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES):
+        self.c = coordinator
+        self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "jobcoord-http-db")
+        self.poll_s = poll_s
+        self.reap_every = reap_every
+        self.emit = emit or (lambda _event: None)
+        self.wakeup: Wakeup | None = None
+        limit = max(coordinator.policy.max_payload_bytes, coordinator.policy.max_result_bytes)
+        self.max_body = limit + ENVELOPE_BYTES
+        self.max_artifact_bytes = max_artifact_bytes
+
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+    def notify(self, n: int | None = None) -> None:
+        if self.wakeup is not None:
+            self.wakeup.notify(n)
+
+    def due_job_exists(self) -> bool:
+        """A cheap read: is any waiting job due? Only a hint to wake the long-polls; the claim
+        itself decides what is eligible."""
+        from ..clock import now_us
+        from ..store import report_statements as rs
+
+        db = self.c.db
+        return db.read(lambda conn: db.run(conn, rs.DUE_JOB, {"now": now_us()}).first()
+                       is not None, "poll")
+
+    async def poller(self) -> None:
+        """Jobs committed by other processes (the CLI, another server): looked for once per
+        poll interval while someone waits."""
+        assert self.wakeup is not None
+        while True:
+            await asyncio.sleep(self.poll_s)
+            if not self.wakeup.waiters:
+                continue
+            try:
+                if await self.call(self.due_job_exists):
+                    self.notify()
+            except JobcoordError:
+                pass  # the database is away: the waiters' own claims will say so
+
+    async def reaper(self) -> None:
+        """Reap on a timer. The errors a loop survives are runtime.py's (a busy or
+        restarting database): the pass is skipped and the timer backs off. A fatal one
+        (schema, corruption) is said, and the timer keeps trying at the longest backoff, so
+        the server answers again once an operator has repaired or migrated the database."""
+        from ..runtime import Backoff, describe, is_fatal
+
+        backoff = Backoff(self.reap_every)
+        wait = self.reap_every
+        while True:
+            await asyncio.sleep(wait)
+            wait = self.reap_every
+            try:
+                got = await self.call(self.c.reap, limit=1000)
+            except Exception as e:
+                code, message = describe(e)
+                wait = backoff.next()
+                self.emit({"event": "reap_error" if is_fatal(e) else "reap_skipped",
+                           "code": code, "message": message, "retry_in_s": wait})
+                continue
+            backoff.reset()
+            if got["expired"] or got["deadline_dead"]:
+                self.emit({"event": "reaped", **got})
+                if got["waiting"]:
+                    self.notify()

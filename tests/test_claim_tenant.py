@@ -1,0 +1,99 @@
+"""A claim bound to a tenant takes only that tenant's jobs (the trusted identity of a worker
+token): in the Python API, in complete_and_claim's next claim, and still in claim order on the
+claim index on both databases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from jobcoord.db import SQL, Target
+from jobcoord.errors import InvalidInput
+from jobcoord.service import Coordinator, JobSpec
+
+
+def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> None:
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        default = c.enqueue("k", {})["job_id"]  # the default tenant: not alice's either
+        alices = [c.enqueue("k", {"i": i}, tenant="alice")["job_id"] for i in range(2)]
+        got = c.claim("w", tenant="alice")
+        assert got["job"]["job_id"] == alices[0] and got["job"]["tenant"] == "alice"
+        # The next claim of the same transaction is bound to the same tenant.
+        both = c.complete_and_claim(alices[0], "w", got["lease"]["epoch"], {},
+                                    tenant="alice")
+        assert both["next"]["job"]["job_id"] == alices[1]
+        nothing = c.claim("w", tenant="alice")
+        # Told about its own tenant only: other tenants' waiting jobs are as if absent.
+        assert nothing["job"] is None and nothing["reason"] == "no_waiting_jobs"
+        assert "bob" not in nothing["detail"] and "alice" in nothing["detail"]
+        assert c.show(bobs)["job"]["status"] == c.show(default)["job"]["status"] == "waiting"
+        # Without a tenant, every tenant's jobs, in claim order.
+        assert c.claim("w")["job"]["job_id"] == bobs
+        assert c.claim("w")["job"]["job_id"] == default
+
+
+def test_a_claims_tenant_is_checked_like_any_name(target: Target) -> None:
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        job = c.enqueue("k", {}, tenant="alice")["job_id"]
+        for bad in ("", "a\x00b", 7, "x" * 500):
+            with pytest.raises(InvalidInput):
+                c.claim("w", tenant=bad)  # type: ignore[arg-type]
+        assert c.show(job)["job"]["status"] == "waiting"
+
+
+def _filler() -> list[JobSpec]:
+    # Many tenants' finished-or-waiting jobs, so a tenant index looks selective to a planner.
+    return ([JobSpec("work", {"i": i}, tenant=f"t{i % 20}") for i in range(3000)]
+            + [JobSpec("work", {"i": i}, tenant=f"t{i % 20}", role="gpu")
+               for i in range(1000)])
+
+
+def test_a_tenant_bound_claim_reads_the_claim_index_on_sqlite(sqlite_target: Target) -> None:
+    with Coordinator.open(sqlite_target) as c:
+        c.enqueue_many(_filler())
+        c.db.write(lambda conn: conn.exec_driver_sql("ANALYZE"))
+        for kinds in (None, ["work"]):
+            text, params = c._candidate_sql(["gpu"], kinds, due_only=True, tenant="t3")
+            params.update(now=2**62, maxp=3)
+            plan = c.db.read(lambda conn, text=text, params=params: [
+                r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + text,
+                                                    params).all()])
+            searches = [p for p in plan if p.startswith(("SEARCH jobs", "SCAN jobs"))]
+            assert searches and all("USING INDEX ix_jobs_claim_" in p for p in searches), plan
+            # The probes walk in claim order: the only sort is of the few heads.
+            assert plan.count("USE TEMP B-TREE FOR ORDER BY") == 1, plan
+            got = c.db.read(lambda conn, text=text, params=params:
+                            conn.exec_driver_sql(text, params).all())
+            assert len(got) == 1
+
+
+def test_a_tenant_bound_claim_reads_the_claim_index_on_postgresql(pg_target: Target) -> None:
+    with Coordinator.open(pg_target) as c:
+        c.enqueue_many(_filler())
+        statements = [c._candidate_sql(["gpu"], kinds, due_only=True, tenant="t3")
+                      for kinds in (None, ["work"])]
+        statements += [c._claim_folded_sql(["gpu"], None, "t3")]
+    url = pg_target.url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ANALYZE jobs")
+        for text, params in statements:
+            params.update(now=2**62, maxp=3, heads=4, f=False, worker="w", expires=1,
+                          expires_json='"x"')
+            plan = "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN " + SQL(text).postgresql, params).fetchall())
+            assert "ix_jobs_claim_" in plan, plan
+            assert "ix_jobs_tenant_job_id" not in plan, plan
+            assert "Seq Scan on jobs" not in plan, plan
+
+
+@pytest.fixture
+def pg_target(pg_template: str) -> Any:
+    from .conftest import fresh_pg
+
+    with fresh_pg(pg_template) as t:
+        yield t

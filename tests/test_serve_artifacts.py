@@ -1,0 +1,242 @@
+"""Artifacts over HTTP against a real `jobcoord serve`, on SQLite and PostgreSQL: a worker
+uploads the files of its live attempt (streamed, the digest it names verified by the server),
+readers of the job's tenant download accepted ones, verified before the first byte. Bad
+uploads change nothing: no row, no stored object."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from jobcoord.db import Target
+from jobcoord.service import Coordinator
+from tests.serve_procs import jobcoord_argv, served, token
+from tests.test_artifacts_rules import install
+
+BYTES = b"# report\n" + bytes(range(256)) * 64
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+class Setup:
+    def __init__(self, target: Target, store: str):
+        install(target)
+        self.target = target
+        self.store = store
+        self.env = {"JOBCOORD_ARTIFACTS": store}
+        self.worker = token(target, "wa", "worker", tenant="alice", worker="wa")
+        self.viewer = token(target, "va", "viewer", tenant="alice")
+        self.bob = token(target, "vb", "viewer", tenant="bob")
+        self.c = Coordinator.open(target)
+        self.c.artifacts_dir = store
+        self.c.heartbeat("wa", readings={"memory_used_pct": 5})
+        self.c.heartbeat("wb", readings={"memory_used_pct": 5})
+
+    def leased(self, worker: str = "wa", tenant: str = "alice") -> tuple[int, int]:
+        job = self.c.enqueue("report", {}, tenant=tenant)["job_id"]
+        got = self.c.claim(worker, lease_s=300, tenant=tenant)
+        assert got["job"]["job_id"] == job
+        return job, got["lease"]["epoch"]
+
+    def objects(self) -> list[str]:
+        """Every file in the store but its lock: objects, and temporary files of uploads."""
+        return sorted(os.path.join(d, f) for d, _, files in os.walk(self.store)
+                      for f in files if f != "gc.lock")
+
+    def rows(self, job: int) -> list[dict[str, Any]]:
+        return list(self.c.artifacts(job, all_states=True)["artifacts"])
+
+
+@pytest.fixture
+def s(target: Target, tmp_path: Path) -> Iterator[Setup]:
+    setup = Setup(target, str(tmp_path / "store dir #?%"))
+    yield setup
+    setup.c.close()
+
+
+def put(http: httpx.Client, job: int, name: str, data: Any, epoch: int, **headers: str
+        ) -> httpx.Response:
+    return http.put(f"/v1/jobs/{job}/artifacts/{name}", params={"epoch": epoch},
+                    content=data, headers=headers)
+
+
+def test_an_upload_is_staged_linked_by_the_completion_and_downloaded_verified(
+        s: Setup) -> None:
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, \
+            srv.client(s.worker) as w, srv.client(s.viewer) as viewer, \
+            srv.client(s.bob) as bob:
+        got = put(w, job, "report%20v1.md", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+        assert got.status_code == 200, got.text
+        staged = got.json()
+        assert staged["name"] == "report v1.md" and staged["state"] == "staged"
+        assert staged["digest"] == digest(BYTES) and staged["size"] == len(BYTES)
+        assert staged["media_type"] == "text/markdown"
+        # Not downloadable before its attempt's completion is accepted.
+        assert viewer.get(f"/v1/jobs/{job}/artifacts/report%20v1.md").status_code == 404
+        assert w.post(f"/v1/jobs/{job}/complete", json={"epoch": epoch}).status_code == 200
+        listed = viewer.get(f"/v1/jobs/{job}/artifacts").json()["artifacts"]
+        assert [a["name"] for a in listed] == ["report v1.md"]
+        down = viewer.get(f"/v1/jobs/{job}/artifacts/report%20v1.md")
+        assert down.status_code == 200 and down.content == BYTES
+        assert down.headers["X-Content-Digest"] == digest(BYTES)
+        # Another tenant's reader: exactly as if the job were not there; a worker: by role.
+        other = bob.get(f"/v1/jobs/{job}/artifacts/report%20v1.md")
+        assert other.status_code == 404 and other.json()["error"]["code"] == "job_not_found"
+        assert bob.get(f"/v1/jobs/{job}/artifacts").status_code == 404
+        assert w.get(f"/v1/jobs/{job}/artifacts/report%20v1.md").status_code == 403
+    assert [a["state"] for a in s.rows(job)] == ["accepted"]
+
+
+def test_an_upload_whose_bytes_do_not_match_its_digest_is_422_and_stores_nothing(
+        s: Setup) -> None:
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:
+        got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(b"other")})
+        assert got.status_code == 422, got.text
+        assert got.json()["error"]["code"] == "artifact_invalid"
+        # The query parameter is the same expectation.
+        got = w.put(f"/v1/jobs/{job}/artifacts/a.bin",
+                    params={"epoch": epoch, "digest": digest(b"other")}, content=BYTES)
+        assert got.status_code == 422
+        # Streamed in chunks (no Content-Length): hashed as it arrives, refused all the same.
+        got = put(w, job, "a.bin", iter([BYTES[:100], BYTES[100:]]), epoch,
+                  **{"X-Content-Digest": digest(b"other")})
+        assert got.status_code == 422
+    assert s.rows(job) == [] and s.objects() == []
+
+
+@pytest.mark.parametrize("name", ["%2E%2E", "..%2Fescape", "a%2Fb", "x%00y", "%2E",
+                                  "a%5Cb", "%7F"])
+def test_artifact_names_are_refused_like_the_clis_put(s: Setup, name: str) -> None:
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:
+        got = put(w, job, name, BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+        assert got.status_code == 400, got.text
+        assert got.json()["error"]["code"] == "invalid_artifact_name"
+    assert s.rows(job) == [] and s.objects() == []
+
+
+def test_an_upload_without_a_valid_digest_or_epoch_is_400(s: Setup) -> None:
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:
+        for params, headers in (({"epoch": epoch}, {}),
+                                ({"epoch": epoch}, {"X-Content-Digest": "md5:abc"}),
+                                ({"epoch": epoch, "digest": digest(b"x")},
+                                 {"X-Content-Digest": digest(BYTES)}),
+                                ({}, {"X-Content-Digest": digest(BYTES)}),
+                                ({"epoch": "one"}, {"X-Content-Digest": digest(BYTES)})):
+            got = w.put(f"/v1/jobs/{job}/artifacts/a.bin", params=params, content=BYTES,
+                        headers=headers)
+            assert got.status_code == 400, (params, headers, got.text)
+    assert s.rows(job) == [] and s.objects() == []
+
+
+def test_an_upload_over_the_servers_limit_is_413_and_stores_nothing(s: Setup) -> None:
+    job, epoch = s.leased()
+    big = b"x" * 5000
+    with served(s.target, "--reap-every", "0", "--max-artifact-bytes", "4096",
+                env=s.env) as srv, srv.client(s.worker) as w:
+        declared = put(w, job, "big.bin", big, epoch, **{"X-Content-Digest": digest(big)})
+        assert declared.status_code == 413
+        assert declared.json()["error"]["code"] == "artifact_too_large"
+        # Chunked, so only the bytes counted as they arrive can tell.
+        streamed = put(w, job, "big.bin", iter([big[:3000], big[3000:]]), epoch,
+                       **{"X-Content-Digest": digest(big)})
+        assert streamed.status_code == 413, streamed.text
+        # The JSON body limit does not apply to artifacts: a body over it but under the
+        # upload limit is fine.
+        small = b"y" * 4096
+        assert put(w, job, "ok.bin", small, epoch,
+                   **{"X-Content-Digest": digest(small)}).status_code == 200
+    assert [a["name"] for a in s.rows(job)] == ["ok.bin"]
+    assert len(s.objects()) == 1
+
+
+def test_an_upload_needs_this_tokens_live_lease_and_epoch(s: Setup) -> None:
+    mine, epoch = s.leased()
+    others, other_epoch = s.leased("wb", "alice")
+    bobs, bob_epoch = s.leased("wa", "bob")  # this worker id, another tenant's job
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w, \
+            srv.client(s.viewer) as viewer:
+        h = {"X-Content-Digest": digest(BYTES)}
+        for job, e in ((others, other_epoch), (bobs, bob_epoch), (mine + 1000, 1)):
+            data = f"refused {job}".encode()  # content of its own: would be an object
+            got = put(w, job, "a.bin", data, e, **{"X-Content-Digest": digest(data)})
+            assert got.status_code == 404, got.text
+            assert got.json() == {"error": {"code": "job_not_found", "message":
+                                            f"job {job} not found", "details": {"job_id": job}}}
+        stale = put(w, mine, "a.bin", b"stale", epoch + 1,
+                    **{"X-Content-Digest": digest(b"stale")})
+        assert stale.status_code == 409 and stale.json()["error"]["code"] == "stale_epoch"
+        assert put(w, mine, "a.bin", BYTES, epoch, **h).status_code == 200
+        assert put(viewer, mine, "a.bin", BYTES, epoch, **h).status_code == 403
+    # Refused before a byte was read: the one object is the accepted upload's.
+    assert s.rows(others) == s.rows(bobs) == []
+    assert len(s.objects()) == 1
+
+
+def test_a_corrupted_object_is_never_served(s: Setup) -> None:
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w, \
+            srv.client(s.viewer) as viewer:
+        assert put(w, job, "a.bin", BYTES, epoch,
+                   **{"X-Content-Digest": digest(BYTES)}).status_code == 200
+        assert w.post(f"/v1/jobs/{job}/complete", json={"epoch": epoch}).status_code == 200
+        [path] = s.objects()
+        os.chmod(path, 0o600)
+        with open(path, "r+b") as f:
+            f.write(b"X")  # same size, other bytes
+        got = viewer.get(f"/v1/jobs/{job}/artifacts/a.bin")
+        assert got.status_code == 503, got.text
+        assert got.json()["error"]["code"] == "artifact_corrupt"
+        assert BYTES[1:50] not in got.content
+
+
+def test_a_remote_worker_uploads_what_its_command_left_in_artifacts_out(
+        s: Setup, tmp_path: Path) -> None:
+    job = s.c.enqueue("report", {"title": "Remote"}, tenant="alice")["job_id"]
+    path = tmp_path / "worker token"
+    path.write_text(s.worker + "\n")
+    path.chmod(0o600)
+    with served(s.target, "--reap-every", "0", env=s.env) as srv:
+        done = subprocess.run(
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", str(path),
+             "--exec", f"report={sys.executable} examples/report_cmd.py",
+             "--readings-override", '{"memory_used_pct": 10}', "--burst", "--json"],
+            capture_output=True, timeout=60, check=False,
+            env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    [a] = s.c.artifacts(job)["artifacts"]
+    assert a["name"] == "report.md" and a["state"] == "accepted"
+    out = tmp_path / "out.md"
+    s.c.get_artifact(job, "report.md", out)
+    assert out.read_text().startswith("# Remote")
+
+
+def test_without_the_artifacts_feature_uploads_are_refused_and_nothing_is_listed(
+        target: Target) -> None:
+    secret = token(target, "wa", "worker", tenant="alice", worker="wa")
+    reader = token(target, "op", "operator", tenant="alice")
+    with Coordinator.open(target) as c:
+        assert "artifacts" not in c.features
+        c.heartbeat("wa", readings={"memory_used_pct": 5})
+        job = c.enqueue("report", {}, tenant="alice")["job_id"]
+        epoch = c.claim("wa", tenant="alice")["lease"]["epoch"]
+    with served(target, "--reap-every", "0") as srv, srv.client(secret) as w, \
+            srv.client(reader) as op:
+        got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+        assert got.status_code == 409 and got.json()["error"]["code"] == "feature_missing"
+        assert op.get(f"/v1/jobs/{job}/artifacts").json() == {"artifacts": []}
+        assert op.get(f"/v1/jobs/{job}/artifacts/a.bin").status_code == 404
+        assert op.get(f"/v1/jobs/{job + 99}/artifacts").status_code == 404
