@@ -82,6 +82,7 @@ METHODS: dict[str, tuple[list[st.SearchStrategy[Any]], dict[str, st.SearchStrate
              {"permanent": arg(False, True), "reason": arg("failed", "timeout",
                                                             "worker_shutdown"),
               "tenant": TENANT, "effect_not_applied": arg(False, True)}),
+    "claimable": ([WORKER], {"kinds": KINDS}),
     "claim_many": ([WORKER, arg(1, 2, 32, optional=False)], {"lease_s": LEASE, "kinds": KINDS}),
     "complete_many": ([st.one_of(arg(
         [{"job_id": 1, "worker_id": "w1", "epoch": 1, "result": {"ok": 1}}],
