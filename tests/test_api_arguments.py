@@ -214,3 +214,17 @@ def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> N
             coord.enqueue("k", priority=priority)
         assert "priority" in caught.value.message
     assert dump(coord) == before
+
+
+def test_a_provenance_that_is_not_an_object_is_invalid_input(coord: Coordinator) -> None:
+    coord.enqueue("k")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim("w1")
+    before = dump(coord)
+    for provenance in (True, 1, "x", [1], b"{}"):
+        with pytest.raises(InvalidInput):
+            coord.complete(got["job"]["job_id"], "w1", 1, {}, provenance=provenance)
+        with pytest.raises(InvalidInput):
+            coord.complete_many([{"job_id": got["job"]["job_id"], "worker_id": "w1",
+                                  "epoch": 1, "provenance": provenance}])
+    assert dump(coord) == before
