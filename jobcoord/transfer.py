@@ -28,7 +28,8 @@ from .store import Database, Target, classify
 
 BATCH_ROWS = 1000
 #: Tables whose integer key comes from a sequence on PostgreSQL.
-SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id"}
+SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id",
+             "schedules": "schedule_id", "schedule_fires": "fire_id"}
 
 
 def tables_for(features: set[str]) -> list[Table]:
