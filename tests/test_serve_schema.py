@@ -21,7 +21,7 @@ def _has_tokens(db: Database) -> bool:
 
 def test_c0003_upgrades_a_populated_c0002_database_in_place_and_back(
         empty_target: Target) -> None:
-    assert CORE_REVISIONS[-1] == "c0003"
+    assert "c0003" in CORE_REVISIONS
     db = Database.open(empty_target, create=True)
     try:
         _alembic(db, "upgrade", "c0002")
@@ -30,7 +30,7 @@ def test_c0003_upgrades_a_populated_c0002_database_in_place_and_back(
         assert not _has_tokens(db)
 
         out = migrate(db)
-        assert out["revisions_before"] == ["c0002"] and out["revisions"] == ["c0003"]
+        assert out["revisions_before"] == ["c0002"] and out["revisions"] == [CORE_REVISIONS[-1]]
         assert _snapshot(db) == before
         assert check(db)["ok"]
         c = Coordinator(db)  # verify_schema accepts the upgraded database
