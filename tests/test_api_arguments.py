@@ -96,6 +96,25 @@ METHODS: dict[str, tuple[list[st.SearchStrategy[Any]], dict[str, st.SearchStrate
     "workers": ([], {}),
     "status": ([], {"tenant": TENANT}),
 }
+# Schedules (tests/test_schedules_arguments.py runs these alone, many more times).
+SCHEDULE_METHODS: dict[str, tuple[list[st.SearchStrategy[Any]],
+                                  dict[str, st.SearchStrategy[Any]]]] = {
+    "add_schedule": ([arg("s1", "s2", optional=False), arg("k", optional=False)],
+                     {"cron": arg(None, "0 2 * * *", "*/15 * * * *", "61 * * * *"),
+                      "tz": arg(None, "Europe/Berlin", "America/New_York", "Mars/Base"),
+                      "every": arg(None, "15m", 60, "0", "-1h", 0.5),
+                      "payload": arg(None, {"a": 1}, "{}"), "priority": arg(None, "P2"),
+                      "role": arg(None, "gpu"), "tenant": TENANT,
+                      "max_attempts": arg(None, 2), "window": arg(None, "4h", 0, "-1m"),
+                      "catchup": arg(None, "skip", "latest", "all:3", "all:0", "all"),
+                      "overlap": arg(None, "allow", "skip", "queue_one", "never")}),
+    "schedules": ([], {}),
+    "pause_schedule": ([arg("s1", "s2", optional=False)], {}),
+    "resume_schedule": ([arg("s1", "s2", optional=False)], {}),
+    "remove_schedule": ([arg("s1", "s2", optional=False)], {}),
+    "tick_schedules": ([], {"limit": arg(100, 1)}),
+}
+METHODS.update(SCHEDULE_METHODS)
 
 
 @st.composite
