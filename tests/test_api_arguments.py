@@ -203,3 +203,15 @@ def test_a_bare_string_is_one_element_in_every_method(coord: Coordinator) -> Non
     coord.complete(got["job"]["job_id"], "w1", 1, {})
     out = coord.prune(0, statuses="succeeded", dry_run=True)
     assert out["statuses"] == ["succeeded"]
+
+
+def test_a_provenance_that_is_not_an_object_is_invalid_input(coord: Coordinator) -> None:
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    job = coord.claim("w1")["job"]
+    before = dump(coord)
+    for bad in (True, 5, [1], ("a",)):
+        with pytest.raises(InvalidInput) as caught:
+            coord.complete(job["job_id"], "w1", 1, {}, provenance=bad)
+        assert caught.value.details.get("field") == "provenance"
+    assert dump(coord) == before
