@@ -3,7 +3,8 @@
 It creates a fresh SQLite database, enqueues a mixed workload (P0 user requests and P3
 background jobs for two roles), starts five real worker processes with different roles and
 readings, SIGKILLs the worker running the longest job in the middle of it, lets the other
-workers' reapers recover that job, and checks and prints the outcome. The database stays
+workers' reapers recover that job, lets the workers' ticks fire a schedule, and checks and
+prints the outcome. The database stays
 behind to explore with `status`, `jobs`, `show`, `workers`.
 
 The workers report simulated readings (`--readings-override`), so the outcome does not depend
@@ -226,6 +227,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
         long_id = next(i for i, j in zip(ids, workload, strict=True) if j["payload"].get("long"))
         say(f"enqueued {len(ids)} jobs: P0 user requests (summarize on gpu, extract on cpu) "
             "and P3 background work (embed on gpu, index on cpu)")
+        scheduled = _schedule_start(coord, say)
         workers = _workers()
         for w in workers:
             procs[w["id"]] = _start_worker(w, db_path, logs)
@@ -241,6 +243,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
                                     + _last_line(os.path.join(logs, f"{name}.log")))
                 break
             counts = coord.status()["jobs"]
+            _schedule_watch(coord, scheduled, ids, say)
             if killed is None:
                 shown = coord.show(long_id)
                 lease = shown["lease"]
@@ -266,12 +269,60 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
         _stop(procs)
     try:
         summary = _summarize(coord, ids, workers, logs, killed, problems)
+        summary["schedule"] = _schedule_outcome(coord, scheduled, summary["problems"])
     finally:
         coord.close()
     summary.update(directory=directory, database=db_path,
                    duration_s=round(time.monotonic() - started, 1))
     summary["ok"] = not summary["problems"]
     return summary
+
+
+# --- the schedule part -------------------------------------------------------------------------
+
+SCHEDULE = "digest-every-second"
+
+
+def _schedule_start(coord: Any, say: Callable[[str], None]) -> dict[str, Any]:
+    """A schedule the workers fire on their own timers (they tick with their reaper)."""
+    got = coord.add_schedule(SCHEDULE, "extract", every="1s", role="cpu", priority=0,
+                             payload={"text": "scheduled digest of 2026-03-02", "seconds": 0.1},
+                             window="20s", overlap="skip")
+    say(f"added schedule {SCHEDULE}: extract every 1s on a cpu worker, window 20s, overlap "
+        f"skip; next fire at {got['next_fire_at']} (the workers' ticks fire it)")
+    return {"jobs": []}
+
+
+def _schedule_watch(coord: Any, scheduled: dict[str, Any], ids: list[int],
+                    say: Callable[[str], None]) -> None:
+    """Once the schedule has fired, pause it and wait for the jobs it made like the rest."""
+    if scheduled["jobs"]:
+        return
+
+    def fired() -> list[int]:
+        return sorted(j["job_id"] for j in coord.jobs(kind="extract", limit=1000)["jobs"]
+                      if j["job_id"] not in ids)
+
+    if not fired():
+        return
+    coord.pause_schedule(SCHEDULE)
+    # Every job it fired before the pause took hold (a second slot may have fired meanwhile).
+    scheduled["jobs"] = fired()
+    ids.extend(scheduled["jobs"])
+    shown = coord.explain(scheduled["jobs"][0])["schedule"]
+    say(f"schedule {SCHEDULE} fired job {scheduled['jobs'][0]} for slot {shown['slot']} "
+        "(a worker's tick); paused it")
+
+
+def _schedule_outcome(coord: Any, scheduled: dict[str, Any], problems: list[str]
+                      ) -> dict[str, Any] | None:
+    if not scheduled["jobs"]:
+        problems.append(f"schedule {SCHEDULE} never fired")
+        return None
+    job_id = scheduled["jobs"][0]
+    said = coord.explain(job_id)
+    return {"name": SCHEDULE, "jobs": scheduled["jobs"], "status": said["status"],
+            "explain": said.get("schedule")}
 
 
 def _last_line(path: str) -> str:
@@ -400,6 +451,13 @@ def report(s: dict[str, Any]) -> list[str]:
             epoch = f" epoch {e['epoch']}" if e["epoch"] is not None else ""
             lines.append(f"  +{_at(e['at']) - t0:5.1f}s  {e['from'] or '-':>8} -> "
                          f"{e['to']:<9} {e['reason']}{who}{epoch}")
+    sch = s.get("schedule")
+    if sch and sch["explain"]:
+        ex = sch["explain"]
+        lines.append(f"schedule {sch['name']} fired job {sch['jobs'][0]} ({sch['status']}); "
+                     f"explain says: slot {ex['slot']}, window ends {ex['window_ends_at']}, "
+                     f"last outcome {ex['last']['outcome']}, next fire "
+                     f"{ex['next_fire_at'] or 'none (paused)'}")
     for problem in s["problems"]:
         lines.append(f"PROBLEM: {problem}")
     if s.get("artifact"):
