@@ -46,6 +46,10 @@ def test_tick_fires_and_ls_and_explain_show_the_last_outcome_and_next_fire(
         assert ls.code == 0
         assert "hourly: k, every 3600s; next 2026-03-02T11:00:00Z; last " \
                f"2026-03-02T10:00:00Z fired (job {job_id} waiting)" in ls.out
+        text = cli("explain", str(job_id))
+        assert "- fired by schedule hourly for slot 2026-03-02T10:00:00Z, window ends " \
+               "2026-03-02T10:30:00Z; next fire 2026-03-02T11:00:00Z; last outcome fired " \
+               "(slot 2026-03-02T10:00:00Z)" in text.out
         ex = cli("explain", str(job_id), "--json")
     assert ex.json["schedule"] == {
         "name": "hourly", "slot": "2026-03-02T10:00:00Z",
