@@ -4,6 +4,7 @@ policies, pause and resume, and one job per (schedule, slot) held by the unique 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -340,3 +341,66 @@ def test_an_event_of_the_reaper_names_the_schedule_and_slot(coord: Coordinator) 
     detail = coord.db.read(lambda conn: conn.execute(
         select(E.detail).where(E.job_id == job_id, E.reason == "window_missed")).scalar_one())
     assert '"schedule": "hourly"' in detail.replace('":"', '": "')
+
+
+def test_a_schedule_added_inside_the_repeated_hour_never_starts_behind_now(
+        coord: Coordinator) -> None:
+    """02:10 CET on Berlin's fall-back night comes after 02:30 CEST (00:30Z): the next
+    02:30 is the next night's, not the one already passed."""
+    with freeze_time("2026-10-25T01:10:00Z") as frozen:
+        got = coord.add_schedule("dst", "k", cron="30 2 * * *", tz="Europe/Berlin")
+        assert got["next_fire_at"] == "2026-10-26T01:30:00Z"
+        coord.pause_schedule("dst")
+        assert coord.resume_schedule("dst")["next_fire_at"] == "2026-10-26T01:30:00Z"
+        frozen.move_to("2026-10-25T01:40:00Z")
+        assert coord.tick_schedules()["schedules"] == []
+    assert fires(coord) == []
+
+
+def test_a_pruned_job_leaves_its_slot_handled_and_the_schedule_going(
+        coord: Coordinator) -> None:
+    with freeze_time("2026-03-02T09:59:00Z") as frozen:
+        coord.add_schedule("hourly", "k", every="1h", overlap="skip")
+        coord.enqueue("newest")  # prune always keeps the newest job
+        frozen.move_to("2026-03-02T10:00:10Z")
+        job_id = coord.tick_schedules()["schedules"][0]["jobs"][0]
+        coord.enqueue("newer")
+        coord.cancel(job_id)
+        frozen.move_to("2026-03-02T10:30:00Z")
+        assert coord.prune(60, statuses=["cancelled"])["jobs"] == 1
+        last = coord.schedules()["schedules"][0]["last"]
+        assert (last["outcome"], last["job_id"], last["job_status"]) == ("fired", None, None)
+        frozen.move_to("2026-03-02T11:00:10Z")
+        assert coord.tick_schedules()["fired"] == 1  # no live previous job: fires
+    assert [s for s, _, _ in fires(coord)] == ["2026-03-02T10:00:00Z", "2026-03-02T11:00:00Z"]
+
+
+def test_threads_sharing_one_coordinator_tick_one_job_per_slot(coord: Coordinator) -> None:
+    import threading
+
+    with freeze_time("2026-03-02T09:59:30Z") as frozen:
+        coord.add_schedule("minutely", "k", every="1m", catchup="all:1000")
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def ticker() -> None:
+            while not stop.is_set():
+                try:
+                    coord.tick_schedules()
+                except BaseException as e:  # reported below
+                    errors.append(e)
+                    return
+
+        threads = [threading.Thread(target=ticker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for minute in range(30):
+            frozen.move_to(utc("2026-03-02T10:00:05Z") + timedelta(minutes=minute))
+            time.sleep(0.02)
+        stop.set()
+        for t in threads:
+            t.join(30)
+        coord.tick_schedules()
+    assert errors == []
+    slots = fired_slots(coord)
+    assert len(slots) == len(set(slots)) == 30 == len(coord.jobs(limit=1000)["jobs"])

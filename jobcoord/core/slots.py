@@ -61,7 +61,13 @@ class Timing:
             return (t_us // self.every_us + 1) * self.every_us
         assert self.cron is not None
         tz = zone(self.tz or "UTC")
-        return to_us(next(CronSim(self.cron, from_us(t_us, tz))))
+        it = CronSim(self.cron, from_us(t_us, tz))
+        nxt = to_us(next(it))
+        # cronsim walks local wall-clock time: from inside the hour that repeats on the
+        # fall-back night, its next match can be the first pass's, already behind t.
+        while nxt <= t_us:
+            nxt = to_us(next(it))
+        return nxt
 
     def due(self, first: int, now: int) -> tuple[list[int], int, int]:
         """The slots from `first` (itself a slot) up to `now`, ascending, at most
@@ -82,6 +88,8 @@ class Timing:
         it = CronSim(self.cron, from_us(first, tz))
         while True:
             nxt = to_us(next(it))
+            if nxt <= slots[-1]:  # never a slot twice, never backwards (see next_after)
+                continue
             if nxt > now:
                 return slots, 0, nxt
             if len(slots) >= MAX_SLOTS_PER_TICK:
