@@ -14,6 +14,7 @@ from jobcoord.errors import JobcoordError
 from jobcoord.maintenance import check
 from jobcoord.migrate import current_revisions, migrate
 from jobcoord.service import Coordinator
+from tests.sql import sql
 from tests.test_schema_c0002 import _alembic, _every_status, _snapshot, empty_target
 
 __all__ = ["empty_target"]  # the fixture, imported for this module's tests
@@ -64,8 +65,8 @@ def test_the_schedules_table_refuses_values_the_rules_never_write(
               "created_at": "1", "updated_at": "1", column: value}
     with Coordinator.open(target) as c:
         def _insert(conn: Any) -> None:
-            c.db.run_text(conn, f"INSERT INTO schedules ({', '.join(values)}) VALUES "
-                          f"({', '.join(values.values())})")
+            sql(conn, f"INSERT INTO schedules ({', '.join(values)}) VALUES "
+                f"({', '.join(values.values())})")
         with pytest.raises(JobcoordError):
             c.db.write(_insert)
         assert c.schedules() == {"schedules": []}

@@ -117,8 +117,9 @@ def add(ctx: Context, name: str, kind: str, *, cron: str | None = None, tz: str 
     return ctx.db.write(_do, "schedule add")
 
 
-def _row(r: Any) -> dict[str, Any]:
-    return dict(r._mapping)
+def _row(r: Any, names: tuple[str, ...] = sql.SCHEDULE_NAMES) -> dict[str, Any]:
+    """A row (a tuple) as a mapping of its column names."""
+    return dict(zip(names, r, strict=True))
 
 
 def _timing_of(s: Mapping[str, Any]) -> Timing:
@@ -135,7 +136,7 @@ def _find(ctx: Context, conn: Connection, name: str, *, lock: bool) -> dict[str,
 
 def _last(ctx: Context, conn: Connection, schedule_id: int) -> dict[str, Any] | None:
     row = ctx.db.run(conn, sql.LAST_FIRE, {"schedule_id": schedule_id}).first()
-    return None if row is None else _row(row)
+    return None if row is None else _row(row, sql.FIRE_NAMES)
 
 
 def listing(ctx: Context) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:

@@ -17,6 +17,9 @@ SCHEDULE_COLUMNS = (S.schedule_id, S.name, S.tenant, S.kind, S.required_role, S.
                     S.catchup, S.catchup_max, S.overlap, S.paused, S.next_slot_at, S.due_at,
                     S.queued_slot_at, S.created_at, S.updated_at)
 
+#: Their names, for reading a row (a tuple) by name.
+SCHEDULE_NAMES = tuple(c.name for c in SCHEDULE_COLUMNS)
+
 INSERT_SCHEDULE = SQL(
     lambda insert: insert(schedules).values(
         name=P("name"), tenant=P("tenant"), kind=P("kind"), required_role=P("role"),
@@ -66,6 +69,8 @@ FIRE_ID = SQL(select(F.fire_id).where(F.schedule_id == P("schedule_id"),
 SET_FIRE_OUTCOME = SQL(update(schedule_fires).where(F.fire_id == P("fire_id"))
                        .values(outcome=P("outcome"), at=P("now"), detail=P("detail")))
 _FIRE_WITH_JOB = (F.slot_at, F.outcome, F.job_id, F.at, F.detail, J.status)
+#: The names of a fire row read with its job's status.
+FIRE_NAMES = ("slot_at", "outcome", "job_id", "at", "detail", "status")
 #: A schedule's last handled slot, with its job's status now.
 LAST_FIRE = SQL(
     select(*_FIRE_WITH_JOB)
