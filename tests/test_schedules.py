@@ -404,3 +404,30 @@ def test_threads_sharing_one_coordinator_tick_one_job_per_slot(coord: Coordinato
     assert errors == []
     slots = fired_slots(coord)
     assert len(slots) == len(set(slots)) == 30 == len(coord.jobs(limit=1000)["jobs"])
+
+
+def test_catchup_latest_fires_only_the_on_time_slot_when_there_is_one(
+        coord: Coordinator) -> None:
+    with freeze_time("2026-03-02T09:30:00Z") as frozen:
+        coord.add_schedule("hourly", "k", every="1h", catchup="latest")
+        frozen.move_to("2026-03-02T13:02:00Z")  # 10:00-12:00 late, 13:00 on time
+        got = coord.tick_schedules()
+    assert (got["fired"], got["missed"]) == (1, 3)
+    assert fired_slots(coord) == ["2026-03-02T13:00:00Z"]
+
+
+def test_a_held_slot_whose_window_closes_meanwhile_is_recorded_missed(
+        coord: Coordinator) -> None:
+    with freeze_time("2026-03-02T09:59:00Z") as frozen:
+        coord.add_schedule("hourly", "k", every="1h", window="20m", overlap="queue_one")
+        frozen.move_to("2026-03-02T10:00:05Z")
+        first = coord.tick_schedules()["schedules"][0]["jobs"][0]
+        frozen.move_to("2026-03-02T11:00:05Z")
+        assert coord.tick_schedules()["queued"] == 1  # the 10:00 job still waits
+        coord.cancel(first)
+        frozen.move_to("2026-03-02T11:25:00Z")  # 11:00's window closed at 11:20
+        got = coord.tick_schedules()
+        assert (got["fired"], got["missed"]) == (0, 1)
+    assert [(s, o) for s, o, _ in fires(coord)] == [
+        ("2026-03-02T10:00:00Z", "fired"), ("2026-03-02T11:00:00Z", "missed")]
+    assert coord.schedules()["schedules"][0]["queued_slot"] is None
