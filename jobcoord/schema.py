@@ -274,6 +274,9 @@ schedule_fires = Table(
     CheckConstraint("outcome IN ('fired','missed','skipped','queued')", name="outcome"),
     UniqueConstraint("schedule_id", "slot_at"),
     Index("ix_schedule_fires_job_id", "job_id"),
+    # The last slot that made a job (overlap), however many skipped slots came after it.
+    Index("ix_schedule_fires_schedule_id_outcome_slot_at", "schedule_id", "outcome",
+          "slot_at"),
 )
 
 CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "schedules",

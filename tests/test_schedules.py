@@ -431,3 +431,15 @@ def test_a_held_slot_whose_window_closes_meanwhile_is_recorded_missed(
     assert [(s, o) for s, o, _ in fires(coord)] == [
         ("2026-03-02T10:00:00Z", "fired"), ("2026-03-02T11:00:00Z", "missed")]
     assert coord.schedules()["schedules"][0]["queued_slot"] is None
+
+
+def test_the_overlap_check_reads_the_last_fired_slot_by_index(sqlite_target: Any) -> None:
+    """A long-running job behind a minute schedule leaves thousands of skipped slots; the
+    check for a live previous job must not read them."""
+    from jobcoord.store import schedule_statements as s
+
+    with Coordinator.open(sqlite_target) as c:
+        plan = c.db.read(lambda conn: conn.exec_driver_sql(
+            "EXPLAIN QUERY PLAN " + s.LAST_JOB_FIRE.sqlite, {"schedule_id": 1}).all())
+    text = " ".join(str(r) for r in plan)
+    assert "ix_schedule_fires_schedule_id_outcome_slot_at" in text and "TEMP B-TREE" not in text

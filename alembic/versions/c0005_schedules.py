@@ -81,9 +81,12 @@ def upgrade() -> None:
                             name=op.f("uq_schedule_fires_schedule_id_slot_at")),
     )
     op.create_index("ix_schedule_fires_job_id", "schedule_fires", ["job_id"])
+    op.create_index("ix_schedule_fires_schedule_id_outcome_slot_at", "schedule_fires",
+                    ["schedule_id", "outcome", "slot_at"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_schedule_fires_schedule_id_outcome_slot_at", table_name="schedule_fires")
     op.drop_index("ix_schedule_fires_job_id", table_name="schedule_fires")
     op.drop_table("schedule_fires")
     op.drop_index("ix_schedules_due_at", table_name="schedules")
