@@ -55,3 +55,36 @@ def test_serve_ticks_the_schedules_on_its_reaper_timer(sqlite_target: Any) -> No
         with served(sqlite_target, "--reap-every", "0.2"):
             wait_for(lambda: _fired(c), 20, "a job fired by the server's tick")
         assert len(_fired(c)) == 1
+
+
+def test_a_ticker_killed_between_the_job_and_the_slot_row_leaves_neither(
+        target: Any, coord: Coordinator) -> None:
+    """SIGKILL inside the tick's transaction, after the job's insert: both roll back, and the
+    next tick fires the slot once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sqlalchemy import select
+
+    from jobcoord.schema import schedule_fires
+    from tests.test_worker import REPO
+
+    coord.add_schedule("digest", "digest", every="1s", role="nightly", overlap="skip")
+    time.sleep(1.1)
+    db_args = (["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url])
+    env = dict(os.environ, JOBCOORD_FAULT="schedule.after_job:kill")
+    killed = subprocess.run([sys.executable, "-m", "jobcoord", *db_args, "schedule", "tick"],
+                            cwd=REPO, env=env, capture_output=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+
+    def rows() -> list[Any]:
+        return coord.db.read(lambda conn: conn.execute(
+            select(schedule_fires.c.outcome, schedule_fires.c.job_id)).all())
+
+    assert rows() == [] and _fired(coord) == []
+    got = coord.tick_schedules()
+    assert got["fired"] == 1
+    assert [r[0] for r in rows()].count("fired") == 1 == len(_fired(coord))

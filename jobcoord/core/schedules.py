@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from .. import faults
 from .. import validate as v
 from ..clock import MICROS, iso, now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
@@ -242,6 +243,7 @@ class _Tick:
         made = insert(self.ctx, self.conn, spec, self.now)
         if isinstance(made, JobcoordError):  # no key, so never; said rather than assumed
             raise made
+        faults.point("schedule.after_job")  # a kill here must leave neither job nor slot
         self.ctx.db.run(self.conn, sql.SET_FIRE_JOB, {
             "fire_id": fire_id, "job_id": made["job_id"], "outcome": "fired", "now": self.now})
         self.jobs.append(made["job_id"])
