@@ -1,3 +1,5 @@
+"""`python -m jobcoord`: the `jobcoord` command."""
+
 from .cli import main
 
 main()

@@ -115,21 +115,23 @@ class Coordinator:
                   kinds: Sequence[str] | None = None) -> dict[str, Any]:
         """Record a worker's readings, exactly as received, with the time received (the rules:
         `core.workers.heartbeat`)."""
-        return worker_rules.heartbeat(self, worker_id, roles=roles, readings=readings, kinds=kinds)
+        return present.heartbeat_json(worker_rules.heartbeat(self, worker_id, roles=roles,
+                                                             readings=readings, kinds=kinds))
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
               kinds: Sequence[str] | None = None) -> dict[str, Any]:
         """Give this worker the first eligible waiting job, under a new lease and epoch (the
         rules: `core.claim.claim`)."""
-        return claim_rules.claim(self, worker_id, lease_s=lease_s, kinds=kinds)
+        return present.claimed_json(claim_rules.claim(self, worker_id, lease_s=lease_s,
+                                                      kinds=kinds))
 
     def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
                  provenance: Mapping[str, Any] | None = None, tenant: str | None = None
                  ) -> dict[str, Any]:
         """Accept the result of the lease owner at the current epoch, before expiry (the rules:
         `core.fencing.complete`)."""
-        return fencing.complete(self, job_id, worker_id, epoch, result, provenance=provenance,
-                                tenant=tenant)
+        return present.completed_json(fencing.complete(
+            self, job_id, worker_id, epoch, result, provenance=provenance, tenant=tenant))
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Mapping[str, Any] | None = None,
@@ -137,23 +139,25 @@ class Coordinator:
                            kinds: Sequence[str] | None = None) -> dict[str, Any]:
         """Complete this worker's job and claim its next one in the same write transaction
         (the rules: `core.fencing.complete_and_claim`)."""
-        return fencing.complete_and_claim(self, job_id, worker_id, epoch, result,
-                                          provenance=provenance, tenant=tenant, lease_s=lease_s,
-                                          kinds=kinds)
+        return present.completed_and_claimed_json(fencing.complete_and_claim(
+            self, job_id, worker_id, epoch, result, provenance=provenance, tenant=tenant,
+            lease_s=lease_s, kinds=kinds))
 
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
              permanent: bool = False, reason: str = "failed", tenant: str | None = None,
              effect_not_applied: bool = False) -> dict[str, Any]:
         """Report a failed attempt (the rules: `core.fencing.fail`)."""
-        return fencing.fail(self, job_id, worker_id, epoch, error, permanent=permanent,
-                            reason=reason, tenant=tenant, effect_not_applied=effect_not_applied)
+        return present.failed_json(fencing.fail(
+            self, job_id, worker_id, epoch, error, permanent=permanent, reason=reason,
+            tenant=tenant, effect_not_applied=effect_not_applied))
 
     def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
               tenant: str | None = None) -> dict[str, Any]:
         """Extend a live lease of this owner and epoch to now + lease_s, never to earlier than it
         already runs (after the clock jumped back, now + lease_s can be before it) (the
         rules: `core.fencing.renew`)."""
-        return fencing.renew(self, job_id, worker_id, epoch, lease_s=lease_s, tenant=tenant)
+        return present.renewed_json(fencing.renew(self, job_id, worker_id, epoch,
+                                                  lease_s=lease_s, tenant=tenant))
 
     def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
                     tenant: str | None = None) -> dict[str, Any]:
@@ -165,7 +169,8 @@ class Coordinator:
                    data: Any = None, *, tenant: str | None = None) -> dict[str, Any]:
         """Commit step progress under the current epoch; the next attempt's claim returns it
         (the rules: `core.fencing.checkpoint`)."""
-        return fencing.checkpoint(self, job_id, worker_id, epoch, name, data, tenant=tenant)
+        return present.checkpointed_json(fencing.checkpoint(self, job_id, worker_id, epoch, name,
+                                                            data, tenant=tenant))
 
     # --- artifacts (the rules: `artifacts.rules`) ------------------------------------------
 
@@ -208,7 +213,7 @@ class Coordinator:
         """Turn expired leases into `waiting` (or `dead` when attempts or the deadline are used
         up, `unknown` when an external effect had started, `cancelled` when asked), and
         waiting jobs past their deadline into `dead` (the rules: `core.recovery.reap`)."""
-        return recovery.reap(self, limit=limit)
+        return present.reaped_json(recovery.reap(self, limit=limit))
 
     def cancel(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """waiting -> cancelled at once; running -> the owner's next renew, complete, fail or
@@ -235,8 +240,9 @@ class Coordinator:
         checkpoints and artifact rows, in write transactions of at most `batch` jobs each,
         resting `pause_s` between them (by default as long as the batch held the write lock),
         so claims never wait long behind a large prune (the rules: `core.admin.prune`)."""
-        return admin.prune(self, older_than, statuses=statuses, tenant=tenant, batch=batch,
-                           dry_run=dry_run, pause_s=pause_s)
+        return present.pruned_json(admin.prune(self, older_than, statuses=statuses,
+                                               tenant=tenant, batch=batch, dry_run=dry_run,
+                                               pause_s=pause_s))
 
 
     # --- schedules (the rules: `core.schedules`) -----------------------------------------
@@ -253,10 +259,10 @@ class Coordinator:
         fired job's deadline is slot + `window`; `catchup` skip | latest | all:N handles
         slots missed while nothing ticked; `overlap` allow | skip | queue_one handles a
         previous fire's job that is still waiting or running."""
-        return schedule_rules.add(self, name, kind, cron=cron, tz=tz, every=every,
-                                  payload=payload, priority=priority, role=role,
-                                  tenant=tenant, max_attempts=max_attempts, window=window,
-                                  catchup=catchup, overlap=overlap)
+        return present.schedule_changed_json(schedule_rules.add(
+            self, name, kind, cron=cron, tz=tz, every=every, payload=payload,
+            priority=priority, role=role, tenant=tenant, max_attempts=max_attempts,
+            window=window, catchup=catchup, overlap=overlap))
 
     def schedules(self) -> dict[str, Any]:
         """Every schedule with its next fire time and last outcome."""
@@ -265,11 +271,11 @@ class Coordinator:
 
     def pause_schedule(self, name: str) -> dict[str, Any]:
         """Stop firing a schedule until it is resumed (nothing is recorded meanwhile)."""
-        return schedule_rules.set_paused(self, name, True)
+        return present.schedule_changed_json(schedule_rules.set_paused(self, name, True))
 
     def resume_schedule(self, name: str) -> dict[str, Any]:
         """Fire again from the first slot after now."""
-        return schedule_rules.set_paused(self, name, False)
+        return present.schedule_changed_json(schedule_rules.set_paused(self, name, False))
 
     def remove_schedule(self, name: str) -> dict[str, Any]:
         """Delete a schedule (the jobs it fired stay)."""
@@ -277,7 +283,7 @@ class Coordinator:
 
     def tick_schedules(self, *, limit: int = 100) -> dict[str, Any]:
         """Fire what is due, at most one job per (schedule, slot) whoever else ticks."""
-        return schedule_rules.tick(self, limit=limit)
+        return present.ticked_json(schedule_rules.tick(self, limit=limit))
 
     # --- reading ------------------------------------------------------------------------
 
@@ -330,4 +336,5 @@ class Coordinator:
     def _claim(self, conn: Connection, worker_id: str, lease_us: int,
                kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
         """The claim inside a write transaction the caller holds open."""
-        return claim_rules.claim_in(self, conn, worker_id, lease_us, kinds, now)
+        return present.claimed_json(claim_rules.claim_in(self, conn, worker_id, lease_us, kinds,
+                                                         now))

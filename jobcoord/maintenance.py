@@ -27,7 +27,7 @@ from .errors import (
 )
 from .store import Database, Target, classify, resolve_target
 from .store import report_statements as rs
-from .store.sqlite import create_private_file
+from .store.sqlite import create_private_file, file_quick_check, set_journal_mode
 
 
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
@@ -115,7 +115,7 @@ def _check_copy(path: str) -> list[str]:
         # are needed, and SQLite leaves no -wal or -shm beside it.
         conn = sqlite3.connect(sqlite_uri(path, "ro&immutable=1"), uri=True)
         try:
-            return [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+            return file_quick_check(conn)
         finally:
             conn.close()
     except sqlite3.Error as e:
@@ -236,7 +236,7 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
             dst = sqlite3.connect(tmp)
             try:
                 src.backup(dst)  # pages=-1: the whole database in one step
-                mode = dst.execute(f"PRAGMA journal_mode={journal_mode}").fetchone()[0]
+                mode = set_journal_mode(dst, journal_mode)
             finally:
                 dst.close()  # the last connection: a -wal is checkpointed and removed
         finally:

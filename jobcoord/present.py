@@ -29,6 +29,77 @@ def gates_json(g: GateDecision) -> dict[str, Any]:
                                                        "detail": g.refusal[1]}}
 
 
+# --- the write operations' answers: the core's times (microseconds) as ISO text, in place --
+
+
+def heartbeat_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer.update(received_at=iso(answer["received_at"]),
+                  readings=readings_json(answer["readings"]), gates=gates_json(answer["gates"]))
+    return answer
+
+
+def claimed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """A claim's answer (the lease's expiry and each checkpoint's time); a refusal as is."""
+    if answer["job"] is not None:
+        for point in answer["job"]["checkpoints"]:
+            point["updated_at"] = iso(point["updated_at"])
+        answer["lease"]["expires_at"] = iso(answer["lease"]["expires_at"])
+    return answer
+
+
+def completed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["finished_at"] = iso(answer["finished_at"])
+    return answer
+
+
+def completed_and_claimed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    completed_json(answer["completed"])
+    claimed_json(answer["next"])
+    return answer
+
+
+def failed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    if "run_after" in answer:
+        answer["run_after"] = iso(answer["run_after"])
+    return answer
+
+
+def renewed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["expires_at"] = iso(answer["expires_at"])
+    return answer
+
+
+def checkpointed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["saved_at"] = iso(answer["saved_at"])
+    return answer
+
+
+def reaped_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["at"] = iso(answer["at"])
+    return answer
+
+
+def pruned_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["cutoff"] = iso(answer["cutoff"])
+    return answer
+
+
+def schedule_changed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """add_schedule, pause_schedule, resume_schedule."""
+    answer["next_fire_at"] = iso(answer["next_fire_at"])
+    return answer
+
+
+def ticked_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["at"] = iso(answer["at"])
+    for s in answer["schedules"]:
+        s["next_fire_at"] = iso(s["next_fire_at"])
+    return answer
+
+
+# --- the read operations' answers ------------------------------------------------------------
+
+
 def job_json(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "job_id": job["job_id"], "tenant": job["tenant"], "kind": job["kind"],

@@ -44,21 +44,20 @@ def _referenced(sqlite_path: str) -> tuple[dict[str, int], int] | None:
     import sqlite3
 
     from jobcoord.maintenance import sqlite_uri
+    from jobcoord.store import feature_statements as fs
+    from jobcoord.store.sqlite import table_columns
 
     try:
         conn = sqlite3.connect(sqlite_uri(sqlite_path, "ro&immutable=1"), uri=True)
     except sqlite3.Error:
         return None
     try:
-        has = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND"
-                           " name = 'artifacts'").fetchone()
-        if not has:
+        cols = table_columns(conn, "artifacts")
+        if not cols:
             return None
-        cols = {r[1] for r in conn.execute("PRAGMA table_info(artifacts)")}
         if "digest" not in cols:  # an a0001 table: nothing it names is in the store
             return {}, 0
-        rows = conn.execute("SELECT digest, size FROM artifacts WHERE state <> 'rejected'"
-                            ).fetchall()
+        rows = conn.execute(fs.LIVE_OBJECTS.sqlite).fetchall()
     except sqlite3.Error:
         return None
     finally:

@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from ..artifacts import rules
 from ..errors import InvalidInput
 from .group import cli
 from .output import emit, json_option, safe_text
@@ -69,6 +68,8 @@ def get(s: Any, job_id: str, name: str, output: str | None, as_json: bool) -> No
     if as_json:
         raise InvalidInput("invalid_input", "--json needs -o FILE (stdout carries the bytes)")
     out = sys.stdout.buffer
+    from ..artifacts import rules  # here: the other commands never load the artifact rules
+
     with rules.open_artifact(c, job_id, name) as reader:
         for chunk in reader:
             out.write(chunk)

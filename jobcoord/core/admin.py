@@ -9,9 +9,10 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
-from ..clock import iso, now_us, seconds_to_us
+from ..clock import now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
+from ..store import query_statements as qs
 from ..store import statements as sql
 from .common import Context, as_bool, record_event
 
@@ -19,10 +20,11 @@ from .common import Context, as_bool, record_event
 def load_job(ctx: Context, conn: Connection, job_id: int, tenant: str | None
              ) -> dict[str, Any] | JobcoordError:
     """The job's row as a mapping of its columns, or job_not_found (outside `tenant`)."""
-    row = conn.execute(sql.job_row(), {"job_id": job_id}).first()
-    if row is None or (tenant is not None and row.tenant != tenant):
+    row = ctx.db.run(conn, qs.JOB_ROW, {"job_id": job_id}).first()
+    job = None if row is None else dict(zip(qs.JOB_COLUMNS, row, strict=True))
+    if job is None or (tenant is not None and job["tenant"] != tenant):
         return Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
-    return dict(row._mapping)
+    return job
 
 
 def operator(ctx: Context, op: str, job_id: Any, tenant: str | None, fn: Any
@@ -176,7 +178,7 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
     stmts = sql.PruneStatements(len(chosen), by_tenant=tenant is not None,
                                 related=[table for _, table in related])
     out: dict[str, Any] = {
-        "dry_run": dry_run, "cutoff": iso(cutoff), "statuses": chosen, "tenant": tenant,
+        "dry_run": dry_run, "cutoff": cutoff, "statuses": chosen, "tenant": tenant,
         "jobs": 0, "events": 0, "checkpoints": 0, "artifacts": 0, "keys_released": 0,
         "batches": 0,
     }

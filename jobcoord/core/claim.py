@@ -76,14 +76,14 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
-         "updated_at": iso(r[4])}
+         "updated_at": r[4]}
         for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})
     ]
     return {
         "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,
                 "payload": json.loads(payload), "attempt": attempts,
                 "max_attempts": max_attempts, "checkpoints": checkpoints},
-        "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": iso(expires),
+        "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": expires,
                   "expires_at_us": expires},
     }
 

@@ -125,7 +125,7 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
         end_running(ctx, conn, job_id, epoch, now, "succeeded", "completed", worker_id,
                     result=result_text, provenance=prov_text)
         return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
-                "finished_at": iso(now)}, now
+                "finished_at": now}, now
 
     return finish, worker_id
 
@@ -234,7 +234,7 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
         out = {"job_id": job_id, "status": to_status, "attempt": attempts,
                "max_attempts": max_attempts}
         if to_status == "waiting":
-            out["run_after"] = iso(now + backoff_us)
+            out["run_after"] = now + backoff_us
         elif to_status == "unknown":
             out["because"] = why
         else:
@@ -261,7 +261,7 @@ def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: flo
         expires = max(now + lease, owned[11])
         ctx.db.run(conn, sql.RENEW, {"job_id": job_id, "epoch": epoch, "worker": worker_id,
                                      "now": now, "expires": expires})
-        return {"job_id": job_id, "epoch": epoch, "expires_at": iso(expires),
+        return {"job_id": job_id, "epoch": epoch, "expires_at": expires,
                 "expires_at_us": expires}
 
     return ctx.db.write(_do, "renew")
@@ -305,6 +305,6 @@ def checkpoint(ctx: Context, job_id: int, worker_id: str, epoch: int, name: str,
         ctx.db.run(conn, sql.UPSERT_CHECKPOINT, {"job_id": job_id, "name": name,
                                                  "data": data_text, "epoch": epoch,
                                                  "worker": worker_id, "now": now})
-        return {"job_id": job_id, "name": name, "epoch": epoch, "saved_at": iso(now)}
+        return {"job_id": job_id, "name": name, "epoch": epoch, "saved_at": now}
 
     return ctx.db.write(_do, "checkpoint")

@@ -73,6 +73,6 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
             record_event(ctx, conn, job_id, now, "waiting", "dead", reason, detail=detail)
             counts["deadline_dead"] += 1
             jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})
-        return {**counts, "jobs": jobs, "at": iso(now)}
+        return {**counts, "jobs": jobs, "at": now}
 
     return ctx.db.write(_do, "reap")

@@ -113,7 +113,7 @@ def add(ctx: Context, name: str, kind: str, *, cron: str | None = None, tz: str 
         if got is None:
             return Refused("schedule_exists", f"a schedule named {name!r} already exists "
                            "(`jobcoord schedule rm` it first to replace it)", name=name)
-        return {"schedule": name, "created": True, "next_fire_at": iso(first)}
+        return {"schedule": name, "created": True, "next_fire_at": first}
 
     return ctx.db.write(_do, "schedule add")
 
@@ -169,7 +169,7 @@ def set_paused(ctx: Context, name: str, paused: bool) -> dict[str, Any]:
                 "schedule_id": s["schedule_id"], "paused": paused, "next_slot_at": next_slot,
                 "due_at": due, "queued_slot_at": s["queued_slot_at"], "now": now})
         return {"schedule": name, "paused": paused, "changed": changed,
-                "next_fire_at": None if paused else iso(next_slot)}
+                "next_fire_at": None if paused else next_slot}
 
     return ctx.db.write(_do, "schedule pause" if paused else "schedule resume")
 
@@ -310,7 +310,7 @@ class _Tick:
             "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due,
             "queued_slot_at": self.queued, "now": now})
         return {"schedule": s["name"], **self.counts, "jobs": self.jobs,
-                "next_fire_at": iso(after)}
+                "next_fire_at": after}
 
     def record_missed(self, missed: list[int], passed: int) -> None:
         """Each missed slot gets its row (the latest MAX_MISSED_ROWS of them); the earliest
@@ -326,7 +326,8 @@ class _Tick:
 
 
 def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
-    """Fire what is due. Cheap when nothing is: one read of the due index, no write lock."""
+    """Fire what is due. Cheap when nothing is: one read of the due index, no write lock.
+    Times in the answer are microseconds (present.ticked_json makes them ISO text)."""
     limit = v.whole(limit, "limit", 1, 10_000)
 
     def _empty() -> dict[str, Any]:
@@ -334,7 +335,7 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
 
     if ctx.db.read(lambda conn: ctx.db.run(conn, sql.ANY_DUE, {"now": now_us()}).first(),
                    "schedule tick") is None:
-        return {**_empty(), "at": iso(now_us())}
+        return {**_empty(), "at": now_us()}
 
     def _do(conn: Connection) -> dict[str, Any]:
         out = _empty()  # afresh on a busy retry
@@ -344,7 +345,7 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
             for k in ("fired", "missed", "skipped", "queued"):
                 out[k] += done[k]
             out["schedules"].append(done)
-        out["at"] = iso(now)
+        out["at"] = now
         return out
 
     return ctx.db.write(_do, "schedule tick")

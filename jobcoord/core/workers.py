@@ -11,10 +11,9 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
-from ..clock import MICROS, iso, now_us
+from ..clock import MICROS, now_us
 from ..errors import InvalidInput
 from ..policy import GateDecision, Readings, evaluate
-from ..present import gates_json, readings_json
 from ..store import statements as sql
 from .common import NO_KINDS, Context, as_bool, loads
 
@@ -42,8 +41,7 @@ def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = Non
     now = ctx.db.write(_do, "heartbeat")
     gates = evaluate(ctx.policy, parsed)
     return {"worker_id": worker_id, "roles": role_list, "kinds": kind_list,
-            "received_at": iso(now), "readings": readings_json(parsed),
-            "gates": gates_json(gates)}
+            "received_at": now, "readings": parsed, "gates": gates}
 
 
 def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:

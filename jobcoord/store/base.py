@@ -164,7 +164,8 @@ _NO_PARAMS: Mapping[str, Any] = {}
 class Result:
     """What `run` returns, whichever way the statement ran: the DB-API cursor's answers
     (fetchone, fetchall, rowcount, iteration) and the few of SQLAlchemy's the callers read
-    (all, first, one, scalar, scalar_one). Rows are tuples."""
+    (all, first, one, scalar, scalar_one). Rows are sequences: tuples, or SQLAlchemy's rows
+    when the statement went its way."""
 
     __slots__ = ("_cursor",)
 

@@ -70,6 +70,8 @@ ACCEPT = SQL(update(artifacts).where(A.artifact_id == P("a"), A.job_id == P("j")
              .values(state=const("accepted"), verified_at=P("v")))
 ACCEPTED_NAMED = SQL(select(*ARTIFACT_COLUMNS).where(
     A.job_id == P("j"), A.name == P("n"), A.state == const("accepted")))
+#: The objects the live rows name, with their sizes (a backup's manifest).
+LIVE_OBJECTS = SQL(select(A.digest, A.size).where(A.state != const("rejected")))
 REFERENCED_DIGESTS = SQL(select(A.digest).distinct().where(A.state != const("rejected")))
 STALE_STAGES = SQL(
     select(A.artifact_id, A.job_id, A.epoch, A.name, A.digest, J.status)

@@ -403,3 +403,23 @@ class SqliteDatabase(Database):
 
 def sqlite_pragma(db: Database, conn: Connection, pragma: str) -> list[Any]:
     return [row[0] for row in conn.exec_driver_sql(f"PRAGMA {pragma}").all()]
+
+
+# --- on a file's own DB-API connection (backup, restore: copies no Database has open) -------
+
+
+def file_quick_check(raw: sqlite3.Connection) -> list[str]:
+    """quick_check on a plain sqlite3 connection: ["ok"] when the file is whole."""
+    return [r[0] for r in raw.execute("PRAGMA quick_check").fetchall()]
+
+
+def set_journal_mode(raw: sqlite3.Connection, mode: str) -> str:
+    """Switch a plain sqlite3 connection's file to `mode`; the mode it is in afterwards."""
+    if mode not in ("wal", "delete"):
+        raise ValueError(f"unexpected journal mode {mode!r}")
+    return str(raw.execute(f"PRAGMA journal_mode={mode}").fetchone()[0])
+
+
+def table_columns(raw: sqlite3.Connection, table: str) -> set[str]:
+    """The columns of `table` in a plain sqlite3 connection's file (none: no such table)."""
+    return {r[0] for r in raw.execute("SELECT name FROM pragma_table_info(?)", (table,))}

@@ -380,15 +380,6 @@ class PruneStatements:
         return stmt
 
 
-#: A job's whole row (`:job_id`), its columns as the schema names them.
-JOB_ROW = select(jobs).where(J.job_id == P("job_id"))
-
-
-def job_row() -> Any:
-    """A job's whole row (`:job_id`), its columns as the schema names them."""
-    return JOB_ROW
-
-
 # --- the claim's candidate select -----------------------------------------------------------
 
 #: Candidate statements by shape (roles, kinds, due only, locked).

@@ -1,0 +1,79 @@
+"""The statements of the core's reads -- jobs, show, explain, status, and a job's whole row --
+built from `schema.py`'s tables like every other, one per shape of filters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import func, select
+
+from ..schema import artifacts, job_events, jobs, leases, workers
+from .statements import SQL, WAITING, P
+
+J, L, E, A = jobs.c, leases.c, job_events.c, artifacts.c
+
+#: A job's whole row (:job_id), and the names of its columns in that order.
+JOB_ROW = SQL(select(jobs).where(J.job_id == P("job_id")))
+JOB_COLUMNS = tuple(jobs.columns.keys())
+
+#: The columns `jobs` lists, in this order.
+JOB_SUMMARY_COLUMNS = (J.job_id, J.tenant, J.kind, J.required_role, J.priority, J.status,
+                       J.attempts, J.max_attempts, J.epoch, J.created_at, J.updated_at,
+                       J.run_after)
+JOB_SUMMARY_NAMES = tuple(c.name for c in JOB_SUMMARY_COLUMNS)
+
+LEASE_OF = SQL(select(L.worker_id, L.epoch, L.granted_at, L.expires_at)
+               .where(L.job_id == P("job_id")))
+LEASE_EXPIRY_OF = SQL(select(L.worker_id, L.epoch, L.expires_at).where(L.job_id == P("job_id")))
+EVENTS_OF = SQL(select(E.event_id, E.at, E.from_status, E.to_status, E.reason, E.worker_id,
+                       E.epoch, E.detail).where(E.job_id == P("job_id")).order_by(E.event_id))
+ARTIFACTS_OF = SQL(select(A.name, A.location, A.digest, A.size, A.media_type, A.state, A.epoch)
+                   .where(A.job_id == P("job_id")).order_by(A.name, A.epoch))
+WORKER_COUNT = SQL(select(func.count()).select_from(workers))
+
+_SHAPES: dict[tuple[Any, ...], SQL] = {}
+
+
+def _shaped(key: tuple[Any, ...], build: Callable[[], Any]) -> SQL:
+    stmt = _SHAPES.get(key)
+    if stmt is None:
+        stmt = _SHAPES[key] = SQL(build())
+    return stmt
+
+
+def job_list(by_status: bool, by_kind: bool, by_tenant: bool) -> SQL:
+    """Jobs newest first, at most :limit, of :status, :kind, :tenant when asked."""
+    def build() -> Any:
+        where = [col == P(name) for col, name, on in (
+            (J.status, "status", by_status), (J.kind, "kind", by_kind),
+            (J.tenant, "tenant", by_tenant)) if on]
+        return (select(*JOB_SUMMARY_COLUMNS).where(*where).order_by(J.job_id.desc())
+                .limit(P("limit")))
+    return _shaped(("list", by_status, by_kind, by_tenant), build)
+
+
+def jobs_ahead(role: bool, by_tenant: bool) -> SQL:
+    """How many waiting jobs come before (:p, :c, :job_id) in claim order, of the role :role
+    (or of no role), of :tenant when asked."""
+    def build() -> Any:
+        query = select(func.count()).select_from(jobs).where(
+            WAITING, J.required_role == P("role") if role else J.required_role.is_(None),
+            (J.priority < P("p")) | ((J.priority == P("p")) & (
+                (J.created_at < P("c")) | ((J.created_at == P("c"))
+                                           & (J.job_id < P("job_id"))))))
+        return query.where(J.tenant == P("tenant")) if by_tenant else query
+    return _shaped(("ahead", role, by_tenant), build)
+
+
+def status_counts(by_tenant: bool) -> tuple[SQL, SQL]:
+    """(jobs by status, leases held), of :tenant when asked."""
+    def by_status() -> Any:
+        query = select(J.status, func.count()).group_by(J.status)
+        return query.where(J.tenant == P("tenant")) if by_tenant else query
+
+    def held() -> Any:
+        query = select(func.count()).select_from(leases.join(jobs, J.job_id == L.job_id))
+        return query.where(J.tenant == P("tenant")) if by_tenant else query
+    return (_shaped(("by_status", by_tenant), by_status), _shaped(("held", by_tenant), held))
+
