@@ -60,6 +60,7 @@ def test_a_cron_slot_fires_one_job_with_the_schedules_kind_and_payload(
         first = coord.tick_schedules()
         assert first["fired"] == 1 and first["schedules"][0]["next_fire_at"] == \
             "2026-03-04T02:00:00Z"
+        assert first["at"] == "2026-03-03T02:00:05Z"  # every time in an answer is ISO text
         again = coord.tick_schedules()  # the same slot is never fired twice
         assert again["fired"] == 0 and again["schedules"] == []
         job = coord.show(first["schedules"][0]["jobs"][0])["job"]
