@@ -16,6 +16,7 @@ from . import present
 from .clock import iso, now_us
 from .core import admin, fencing, queries, recovery, submit
 from .core import claim as claim_rules
+from .core import schedules as schedule_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
 from .core.submit import JobSpec
@@ -245,6 +246,46 @@ class Coordinator:
                                                pause_s=pause_s))
 
 
+    # --- schedules (the rules: `core.schedules`) -----------------------------------------
+
+    def add_schedule(self, name: str, kind: str, *, cron: str | None = None,
+                     tz: str | None = None, every: str | float | None = None,
+                     payload: Any = None, priority: int | str | None = None,
+                     role: str | None = None, tenant: str = DEFAULT_TENANT,
+                     max_attempts: int | None = None, window: str | float | None = None,
+                     catchup: str | None = None, overlap: str | None = None
+                     ) -> dict[str, Any]:
+        """A durable schedule that enqueues `kind` once per slot: `cron` (five fields) in
+        the IANA zone `tz` (default UTC), or `every` (seconds or 30s, 15m, 1h, 1d). The
+        fired job's deadline is slot + `window`; `catchup` skip | latest | all:N handles
+        slots missed while nothing ticked; `overlap` allow | skip | queue_one handles a
+        previous fire's job that is still waiting or running."""
+        return present.schedule_changed_json(schedule_rules.add(
+            self, name, kind, cron=cron, tz=tz, every=every, payload=payload,
+            priority=priority, role=role, tenant=tenant, max_attempts=max_attempts,
+            window=window, catchup=catchup, overlap=overlap))
+
+    def schedules(self) -> dict[str, Any]:
+        """Every schedule with its next fire time and last outcome."""
+        return {"schedules": [present.schedule_json(s, last)
+                              for s, last in schedule_rules.listing(self)]}
+
+    def pause_schedule(self, name: str) -> dict[str, Any]:
+        """Stop firing a schedule until it is resumed (nothing is recorded meanwhile)."""
+        return present.schedule_changed_json(schedule_rules.set_paused(self, name, True))
+
+    def resume_schedule(self, name: str) -> dict[str, Any]:
+        """Fire again from the first slot after now."""
+        return present.schedule_changed_json(schedule_rules.set_paused(self, name, False))
+
+    def remove_schedule(self, name: str) -> dict[str, Any]:
+        """Delete a schedule (the jobs it fired stay)."""
+        return schedule_rules.remove(self, name)
+
+    def tick_schedules(self, *, limit: int = 100) -> dict[str, Any]:
+        """Fire what is due, at most one job per (schedule, slot) whoever else ticks."""
+        return present.ticked_json(schedule_rules.tick(self, limit=limit))
+
     # --- reading ------------------------------------------------------------------------
 
     def jobs(self, *, status: str | None = None, kind: str | None = None,
@@ -267,7 +308,8 @@ class Coordinator:
         """Why this job is (or is not) being picked up right now."""
         job, ahead, lease, rows, now = queries.explain(self, job_id, tenant=tenant)
         return present.explain_job(self.policy, job, ahead, lease, rows, now,
-                                   lambda w, at: worker_rules.worker_gate(self, w, at))
+                                   lambda w, at: worker_rules.worker_gate(self, w, at),
+                                   schedule=schedule_rules.of_job(self, job["job_id"]))
 
     def status(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Counts by status, workers, active leases, schema and storage facts. With a tenant,

@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
+from . import demo_schedule
 from .artifacts import rules as artifact_rules
 
 
@@ -143,6 +144,7 @@ def report(s: dict[str, Any]) -> list[str]:
             epoch = f" epoch {e['epoch']}" if e["epoch"] is not None else ""
             lines.append(f"  +{timestamp(e['at']) - t0:5.1f}s  {e['from'] or '-':>8} -> "
                          f"{e['to']:<9} {e['reason']}{who}{epoch}")
+    lines.extend(demo_schedule.report(s))
     for problem in s["problems"]:
         lines.append(f"PROBLEM: {problem}")
     if s.get("artifact"):

@@ -41,6 +41,13 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     assert s["succeeded"] == s["jobs"] >= 20
     assert s["completed_exactly_once"] is True
 
+    # A schedule fired from the workers' own ticks; its job ran like the rest, and explain
+    # names the schedule, slot and window.
+    sch = s["schedule"]
+    assert sch["status"] == "succeeded" and sch["jobs"]
+    assert sch["explain"]["name"] == "digest-every-second" and sch["explain"]["paused"]
+    assert sch["explain"]["window_ends_at"] > sch["explain"]["slot"]
+
     # At least three real workers ran work, with two roles between them.
     ran = {w["worker_id"]: w["ran"] for w in s["workers"]}
     assert sum(1 for r in ran.values() if r) >= 3

@@ -3,6 +3,8 @@ prune and reap."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .group import Settings, cli, json_text, read_json_source, tenant_option
@@ -147,7 +149,19 @@ def explain(s: Settings, job_id: str, tenant: str | None, as_json: bool) -> None
     """Why a job is or is not being picked up right now."""
     result = s.coordinator().explain(job_id, tenant=tenant)
     emit(as_json, result, lambda: f"job {result['job_id']} is {result['status']}\n" + "\n".join(
-        f"- {r['code']}: {safe_text(r['detail'])}" for r in result["reasons"]))
+        f"- {r['code']}: {safe_text(r['detail'])}" for r in result["reasons"])
+        + _schedule_line(result.get("schedule")))
+
+
+def _schedule_line(sch: dict[str, Any] | None) -> str:
+    """explain's line about the schedule that fired the job, if one did."""
+    if sch is None:
+        return ""
+    last = sch["last"]
+    said = "none" if last is None else f"{last['outcome']} (slot {last['slot']})"
+    return (f"\n- fired by schedule {safe_text(sch['name'])} for slot {sch['slot']}"
+            + (f", window ends {sch['window_ends_at']}" if sch["window_ends_at"] else "")
+            + f"; next fire {sch['next_fire_at'] or 'none (paused)'}; last outcome {said}")
 
 
 @cli.command()

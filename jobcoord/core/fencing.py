@@ -103,8 +103,10 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
     _, result_text = v.json_value({} if result is None else result, "result", str_is_text=False,
                                   max_bytes=ctx.policy.max_result_bytes,
                                   require_object=False, too_large_code="result_too_large")
+    # json_value refuses a non-object; dict() of one would raise TypeError first.
     prov_text = None if provenance is None else v.json_value(
-        dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+        dict(provenance) if isinstance(provenance, Mapping) else provenance, "provenance",
+        max_bytes=64 * 1024, require_object=True)[1]
     # Artifacts the attempt staged are re-hashed and validated before the transaction (file
     # I/O never runs inside one) and linked inside it, with the completion they belong to.
     plan = None

@@ -27,7 +27,7 @@ from .statements import SQL
 T = TypeVar("T")
 
 #: Revisions of the core branch, oldest first. The last one is what this code expects.
-CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004")
+CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004", "c0005")
 #: Revisions of optional branches, oldest first.
 OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 

@@ -291,7 +291,7 @@ MIGRATION_LOCK_KEY = 7270201
 _MIGRATION_LOCK = s.SQL(select(func.pg_advisory_xact_lock(s.const(MIGRATION_LOCK_KEY))))
 #: Tables whose integer key comes from a sequence.
 SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id",
-             "tokens": "token_id"}
+             "tokens": "token_id", "schedules": "schedule_id", "schedule_fires": "fire_id"}
 
 
 def _continue_sequence(table: str, column: str) -> s.SQL:
