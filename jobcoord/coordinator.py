@@ -97,11 +97,13 @@ class Coordinator:
     def enqueue(self, kind: str, payload: Any = None, *, priority: int | str | None = None,
                 role: str | None = None, tenant: str = DEFAULT_TENANT, key: str | None = None,
                 max_attempts: int | None = None, deadline_s: float | None = None,
-                delay_s: float = 0.0) -> dict[str, Any]:
-        """Accept a job (the rules: `core.submit.enqueue`)."""
+                delay_s: float = 0.0, needs: Mapping[str, int] | str | None = None
+                ) -> dict[str, Any]:
+        """Accept a job (the rules: `core.submit.enqueue`). `needs` declares the resources
+        it takes, e.g. {"gpu_mem_mb": 12000, "ram_mb": 8000}."""
         return submit.enqueue(self, kind, payload, priority=priority, role=role, tenant=tenant,
                               key=key, max_attempts=max_attempts, deadline_s=deadline_s,
-                              delay_s=delay_s)
+                              delay_s=delay_s, needs=needs)
 
     def enqueue_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]
                      ) -> list[dict[str, Any]]:

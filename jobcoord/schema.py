@@ -93,6 +93,8 @@ jobs = Table(
     Column("effect_started", Boolean, nullable=False, server_default=false()),
     Column("cancel_requested", Boolean, nullable=False, server_default=false()),
     Column("finished_at", BigInteger),
+    # Declared resource needs, {"NAME": INT} as text; NULL: none (core revision c0006).
+    Column("needs_json", Text),
     CheckConstraint(
         "status IN ('waiting','running','succeeded','dead','cancelled','unknown')",
         name="status",
@@ -132,6 +134,7 @@ def add_partial_indexes() -> None:
     # The reaper's sweep of waiting jobs whose deadline passed.
     Index("ix_jobs_waiting_deadline", c.deadline_at,
           **_waiting(" AND deadline_at IS NOT NULL"))
+    Index("ix_jobs_waiting_needs", c.job_id, **_waiting(" AND needs_json IS NOT NULL"))
 
 
 leases = Table(
@@ -217,5 +220,18 @@ tokens = Table(
     UniqueConstraint("token_hash"),
 )
 
-CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints")
+# Concurrency limits (core revision c0006): at most `concurrency` live leases of a kind at
+# once, per value of the payload field `key_field` when one is set. Counted from the leases
+# inside each claim, never kept as a counter.
+limits = Table(
+    "limits", metadata,
+    Column("kind", String(128), primary_key=True),
+    Column("concurrency", Integer, nullable=False),
+    Column("key_field", String(128)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    CheckConstraint("concurrency >= 1", name="concurrency"),
+)
+
+CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "limits")
 OPTIONAL_TABLES = {"artifacts": ("artifacts",)}

@@ -352,6 +352,31 @@ class PostgresDatabase(Database):
         faults.point("claim.after_event")
         return Taken(found[0], True, tuple(found[2:]))
 
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
+        row = self.execute(conn, s.HOLD_LIMIT if wait else s.TRY_HOLD_LIMIT,
+                           {"kind": kind}).fetchone()
+        # Waited for: held, or the limit was removed meanwhile (the claim still applies the
+        # one it read, the cautious side). Not waited for: held only if the row came back.
+        return wait or row is not None
+
+    def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
+                 expires_iso: str) -> tuple[Any, ...] | None:
+        # Skip a job a concurrent claim holds instead of waiting to find it taken.
+        if self.execute(conn, s.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
+            return None
+        job = self.execute(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
+                           ).fetchone()
+        if job is None:
+            return None
+        epoch, attempts = job[6], job[4]
+        self.execute(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
+                                            "now": now, "expires": expires})
+        self.execute(conn, s.INSERT_EVENT, {
+            "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
+            "reason": "claimed", "worker": worker, "epoch": epoch,
+            "detail": dumps({"expires_at": expires_iso, "attempt": attempts})})
+        return tuple(job)
+
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
                     worker: str | None, detail: str | None) -> int:
         updated: int = self.execute(conn, _END_FOLDED, {

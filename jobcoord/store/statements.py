@@ -14,6 +14,7 @@ from sqlalchemy import (
     ColumnElement,
     bindparam,
     delete,
+    exists,
     func,
     insert,
     literal_column,
@@ -27,7 +28,7 @@ from sqlalchemy import text as sql_text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ClauseElement
 
-from ..schema import checkpoints, job_events, jobs, leases, metadata, workers
+from ..schema import checkpoints, job_events, jobs, leases, limits, metadata, workers
 
 _SET_ITEM = re.compile(r"(^|, )(\w+)=")
 _LINE_BREAK = re.compile(r" *\n *")
@@ -205,6 +206,7 @@ _NEW_JOB = {
     "created_at": P("now"), "updated_at": P("now"), "run_after": P("run_after"),
     "deadline_at": P("deadline"), "attempts": ZERO, "max_attempts": P("max_attempts"),
     "epoch": ZERO, "effect_started": P("f"), "cancel_requested": P("f"),
+    "needs_json": P("needs"),
 }
 
 INSERT_JOB = SQL(
@@ -224,7 +226,8 @@ INSERT_EVENT = SQL(insert(job_events).inline().values(
     job_id=P("job_id"), at=P("now"), from_status=P("from_status"), to_status=P("to_status"),
     reason=P("reason"), worker_id=P("worker"), epoch=P("epoch"), detail=P("detail")))
 JOB_BY_KEY = SQL(
-    select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts)
+    select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts,
+           J.needs_json)
     .where(J.tenant == P("tenant"), J.idempotency_key == P("key")))
 # The max_attempts a keyed job was submitted with: releases and operator retries raise the
 # stored one later, so the key is compared with what the `enqueued` event recorded.
@@ -233,9 +236,14 @@ SUBMITTED_DETAIL = SQL(
     .order_by(E.event_id).limit(ONE))
 RELEASES = SQL(select(func.count()).select_from(job_events).where(
     E.job_id == P("job_id"), E.reason == const("worker_shutdown")))
+#: A claim's first read: the worker's row, and whether any limit exists or any waiting job
+#: declares needs (two index probes), so a claim without either never reads more.
 WORKER = SQL(
     select(W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct, W.temperature_c,
-           W.on_battery, W.user_idle_s).where(W.worker_id == P("worker")))
+           W.on_battery, W.user_idle_s,
+           exists(select(ONE).select_from(limits)).label("limited"),
+           exists(select(ONE).where(WAITING, J.needs_json.is_not(None))).label("needy"))
+    .where(W.worker_id == P("worker")))
 ALL_WORKERS = SQL(
     select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct,
            W.temperature_c, W.on_battery, W.user_idle_s, W.last_refusal,
@@ -472,3 +480,65 @@ def candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: 
                    lock: str = "") -> str:
     """The candidate select as SQLite runs it, `:name` parameters (for the benchmarks)."""
     return candidate_sql(roles, kinds, due_only=due_only, locked=bool(lock))[0].sqlite
+
+
+
+# --- limits and resource fit (core.limits) ---------------------------------------------------
+
+LM = limits.c
+ALL_LIMITS = SQL(select(LM.kind, LM.concurrency, LM.key_field).order_by(LM.kind))
+LIMIT_OF = SQL(select(LM.kind, LM.concurrency, LM.key_field).where(LM.kind == P("kind")))
+UPSERT_LIMIT = SQL(lambda insert: _upsert(insert, limits, {
+    "kind": P("kind"), "concurrency": P("concurrency"), "key_field": P("key_field"),
+    "created_at": P("now"), "updated_at": P("now")}, key=("kind",), keep=("created_at",)))
+DELETE_LIMIT = SQL(delete(limits).where(LM.kind == P("kind")))
+#: The limits row of a kind held until commit (PostgreSQL; SQLite's compiler writes no lock:
+#: BEGIN IMMEDIATE already holds the only write lock), waiting for another holder...
+HOLD_LIMIT = SQL(select(LM.kind).where(LM.kind == P("kind")).with_for_update())
+#: ...or skipping it when another transaction holds it.
+TRY_HOLD_LIMIT = SQL(select(LM.kind).where(LM.kind == P("kind"))
+                     .with_for_update(skip_locked=True))
+#: Live leases of a kind (running, not expired at :now), oldest grant first: who holds the
+#: limit's slots.
+LIVE_HOLDERS = SQL(
+    select(L.job_id, L.worker_id, L.expires_at, J.payload_json)
+    .select_from(leases.join(jobs, J.job_id == L.job_id))
+    .where(J.kind == P("kind"), J.status == const("running"), L.expires_at > P("now"))
+    .order_by(L.granted_at, L.job_id))
+#: What the jobs this worker runs under live leases declared they need.
+WORKER_HELD_NEEDS = SQL(
+    select(L.job_id, J.needs_json)
+    .select_from(leases.join(jobs, J.job_id == L.job_id))
+    .where(L.worker_id == P("worker"), J.status == const("running"),
+           L.expires_at > P("now"), J.needs_json.is_not(None))
+    .order_by(L.granted_at, L.job_id))
+LIVE_NEEDS = SQL(
+    select(L.worker_id, L.job_id, J.needs_json)
+    .select_from(leases.join(jobs, J.job_id == L.job_id))
+    .where(J.status == const("running"), L.expires_at > P("now"), J.needs_json.is_not(None))
+    .order_by(L.granted_at, L.job_id))
+WORKER_RAW = SQL(select(W.heartbeat_raw).where(W.worker_id == P("worker")))
+#: The hold a claim takes on a waiting job it chose by itself (PostgreSQL: skipped when a
+#: concurrent claim holds it).
+HOLD_WAITING = SQL(select(J.job_id).where(J.job_id == P("job_id"), WAITING)
+                   .with_for_update(skip_locked=True))
+
+_WINDOWS: dict[tuple[int, int | None], SQL] = {}
+
+
+def candidate_window(roles: Sequence[str], kinds: Sequence[str] | None
+                     ) -> tuple[SQL, dict[str, Any]]:
+    """The first :heads eligible jobs in claim order (:maxp, :now, :r1.., :k0..) with what a
+    limit and a fit check read of them: job_id, kind, payload_json, needs_json. Reads only;
+    the claim holds the one it takes separately."""
+    shape = (len(roles), None if kinds is None else len(kinds))
+    stmt = _WINDOWS.get(shape)
+    if stmt is None:
+        heads = union_of(probes(*shape, due_only=True, locked=False, limit=P("heads"))
+                         ).subquery("candidates")
+        stmt = _WINDOWS[shape] = SQL(
+            select(J.job_id, J.kind, J.payload_json, J.needs_json)
+            .select_from(heads.join(jobs, J.job_id == heads.c.job_id))
+            .order_by(heads.c.priority, heads.c.created_at, heads.c.job_id)
+            .limit(P("heads")))
+    return stmt, role_kind_params(roles, kinds)
