@@ -58,6 +58,10 @@ def _dialect(name: str, named: bool = False) -> Dialect:
             from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
             class Compiler(_Spelling, SQLiteCompiler):
+                def get_from_hint_text(self, table: Any, text: str) -> str:
+                    # `with_hint(table, "INDEXED BY ix", "sqlite")`, written after the table.
+                    return text
+
                 def limit_clause(self, select: Any, **kw: Any) -> str:
                     # SQLAlchemy adds "OFFSET ?" bound to 0 to every LIMIT: a parameter the
                     # cached statement would have to carry, for nothing.
@@ -242,7 +246,10 @@ WORKER = SQL(
     select(W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct, W.temperature_c,
            W.on_battery, W.user_idle_s,
            exists(select(ONE).select_from(limits)).label("limited"),
-           exists(select(ONE).where(WAITING, J.needs_json.is_not(None))).label("needy"))
+           exists(select(ONE).where(WAITING, J.needs_json.is_not(None))
+                  # Without statistics SQLite would walk every waiting job by status.
+                  .with_hint(jobs, "INDEXED BY ix_jobs_waiting_needs", "sqlite"))
+           .label("needy"))
     .where(W.worker_id == P("worker")))
 ALL_WORKERS = SQL(
     select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct,
