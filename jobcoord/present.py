@@ -47,7 +47,9 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
 
 def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: Any,
                 workers: list[dict[str, Any]], now: int,
-                gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]]
+                gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]],
+                fit_of: Callable[[list[dict[str, Any]]], tuple[list[str], list[tuple[str, str]],
+                                                                  Any]] | None = None
                 ) -> dict[str, Any]:
     """The diagnosis an operator would do by hand, in the seed's order: status, schedule,
     deadline, then the workers that could take it (role, kind, heartbeat, gates)."""
@@ -99,6 +101,13 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
                 say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
         if handlers and not ready and not reasons:
             say("gated", "every worker that could run it is gated")
+        if ready and fit_of is not None:
+            # A full limit holds it back on every worker; a resource on some.
+            ready, held_back, out["limit"] = fit_of(
+                [w for w in handlers if w["worker_id"] in ready])
+            blocked = blocked or not ready
+            for code, detail in held_back:
+                say(code, detail)
         out["ready_workers"] = ready
         out["jobs_ahead"] = ahead
         if ready and not blocked:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -315,3 +315,55 @@ def remove_limit(ctx: Context, kind: str) -> dict[str, Any]:
         return {"kind": kind, "removed": True}
 
     return ctx.db.write(_do, "limit rm")
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def diagnose(ctx: Context, conn: Connection, job: Mapping[str, Any], now: int
+             ) -> dict[str, Any]:
+    """What `explain` needs to say whether a limit or a resource holds a waiting job back,
+    read in explain's snapshot: the kind's limit and live holders, the job's needs, and every
+    worker's running jobs' declared needs."""
+    out: dict[str, Any] = {"limit": None, "holders": [], "needs": _needs(job["needs_json"]),
+                           "running_needs": {}}
+    row = ctx.db.run(conn, sql.LIMIT_OF, {"kind": job["kind"]}).first()
+    if row is not None:
+        out["limit"] = Limit(row[0], row[1], row[2])
+        out["holders"] = [Candidate(r[0], row[0], json.loads(r[3]), {}, r[1], r[2])
+                          for r in ctx.db.run(conn, sql.LIVE_HOLDERS,
+                                              {"kind": row[0], "now": now})]
+    if out["needs"]:
+        for worker, job_id, needs in ctx.db.run(conn, sql.LIVE_NEEDS, {"now": now}):
+            out["running_needs"].setdefault(worker, []).append(
+                Candidate(job_id, "", {}, _needs(needs), worker))
+    return out
+
+
+def explain_reasons(job: Mapping[str, Any], diag: Mapping[str, Any],
+                    ready: Sequence[Mapping[str, Any]]
+                    ) -> tuple[list[str], list[tuple[str, str]], dict[str, Any] | None]:
+    """Of the workers the gates let claim the job, those a limit and their capacity let take
+    it; the reasons for the others; the limit as shown (with its holders), if any."""
+    cand = Candidate(job["job_id"], job["kind"], json.loads(job["payload_json"]),
+                     diag["needs"])
+    limit: Limit | None = diag["limit"]
+    shown = None
+    if limit is not None:
+        shown = {"kind": limit.kind, "concurrency": limit.concurrency, "key": limit.key_field,
+                 "holders": [holder_json(h.job_id, h.worker_id, h.expires_at, h.payload,
+                                         limit.key_field) for h in diag["holders"]]}
+    # The limit holds it back on every worker; needs are matched per worker below.
+    verdict = check(replace(cand, needs={}), limit, diag["holders"], None, ())
+    if verdict is not None:
+        return [], [(verdict.code, verdict.detail)], shown
+    fit, reasons = [], []
+    for w in ready:
+        if cand.needs:
+            short = short_resource(cand.needs, capacity_of(w["heartbeat_raw"]),
+                                   diag["running_needs"].get(w["worker_id"], []))
+            if short is not None:
+                reasons.append(("resource_short", f"worker {w['worker_id']}: {short}"))
+                continue
+        fit.append(w["worker_id"])
+    return fit, reasons, shown

@@ -14,6 +14,7 @@ from ..clock import now_us
 from ..errors import InvalidInput, JobcoordError
 from ..states import STATUSES
 from ..store import statements as sql
+from . import limits as limit_rules
 from .admin import load_job
 from .common import Context
 from .workers import worker_gate, worker_rows
@@ -107,6 +108,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
                 # A tenant-scoped caller is told about its own tenant's queue only.
                 query = query.where(J.c.tenant == tenant)
             ahead = conn.execute(query).scalar_one()
+            job["constraints"] = limit_rules.diagnose(ctx, conn, job, now)
         lease = conn.execute(select(L.c.worker_id, L.c.epoch, L.c.expires_at)
                              .where(L.c.job_id == job_id)).first()
         return job, ahead, lease, worker_rows(ctx, conn)

@@ -114,7 +114,7 @@ def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None
         parsed[key] = float(val)
     if gpu_temps:
         # GPU temperature joins the thermal gate: the hottest part of the machine counts.
-        parsed["temperature_c"] = max(gpu_temps + [parsed.get("temperature_c", -math.inf)])
+        parsed["temperature_c"] = max([*gpu_temps, parsed.get("temperature_c", -math.inf)])
     return raw, Readings(**parsed)
 
 
