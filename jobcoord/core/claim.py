@@ -69,9 +69,10 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     if row[7] or row[8]:
         # A limit exists or a waiting job declares needs: each candidate is checked in
         # claim order (core.limits). Otherwise the store's one-step take, untouched.
-        taken, verdict = limit_rules.take_checked(
-            ctx, conn, worker_id, roles, kinds, now=now, expires=expires,
+        taken, verdict, now = limit_rules.take_checked(
+            ctx, conn, worker_id, roles, kinds, now=now, lease_us=lease_us,
             max_priority=gates.max_priority, limited=bool(row[7]))
+        expires = now + lease_us
         if taken.job is None and verdict is not None:
             return refuse(ctx, conn, worker_id, now, verdict.code, verdict.detail)
     else:

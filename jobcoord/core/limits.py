@@ -194,12 +194,19 @@ class ClaimView:
         if not self.ctx.db.hold_limit(self.conn, kind, wait=not self._held):
             return False
         self._held = True
+        # The hold may have waited for other claims: the time the holders' leases are
+        # judged live at is read after it, never before.
+        self.now = max(self.now, now_us())
         # Read after the hold: on PostgreSQL this statement sees every lease committed by
-        # the claims that held the kind before.
+        # the claims that held the kind before, and every end committed so far.
         self._holders[kind] = [
             Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2])
             for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
                                      {"kind": kind, "now": self.now})]
+        # A lease's grant is timed after that read: a holder that ended unseen by it
+        # (committed later) recorded its end before this grant, so the history never shows
+        # more holders at once than the count allowed.
+        self.now = max(self.now, now_us())
         return True
 
     def holders(self, kind: str) -> list[Candidate]:
@@ -227,12 +234,18 @@ class ClaimView:
 
 
 def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
-                 kinds: Sequence[str] | None, *, now: int, expires: int, max_priority: int,
-                 limited: bool) -> tuple[Taken, Verdict | None]:
+                 kinds: Sequence[str] | None, *, now: int, lease_us: int, max_priority: int,
+                 limited: bool) -> tuple[Taken, Verdict | None, int]:
     """The claim's take when candidates must be checked one by one: the first eligible job
-    in claim order that `check` lets this worker take. Returns what was taken and, when
-    nothing was, the first refusal seen (None: there was no candidate at all)."""
+    in claim order that `check` lets this worker take. Returns what was taken; when nothing
+    was, the first refusal seen (None: there was no candidate at all); and the time of the
+    decision (later than `now` when holding a limit waited for other claims)."""
     view = ClaimView(ctx, conn, worker_id, now, limited)
+    # This worker's row first, always before any limits row: two claims of one worker never
+    # both fit a job into the same free capacity, and the locks are always taken in one
+    # order (worker, then one kind waited for, further kinds only if free), so no deadlock.
+    ctx.db.hold_worker(conn, worker_id)
+    view.now = max(view.now, now_us())
     stmt, params = sql.candidate_window(roles, kinds)
     params.update(now=now, maxp=max_priority)
     seen: set[int] = set()
@@ -250,13 +263,14 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
             if verdict is not None:
                 first = first or verdict
                 continue
-            job = ctx.db.take_job(conn, job_id, worker=worker_id, now=now, expires=expires,
-                                  expires_iso=iso(expires))
+            expires = view.now + lease_us
+            job = ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
+                                  expires=expires, expires_iso=iso(expires))
             if job is not None:
-                return Taken(len(seen), True, job), None
+                return Taken(len(seen), True, job), None, view.now
         if len(rows) < heads:
             break
-    return Taken(len(seen), first is not None or bool(seen), None), first
+    return Taken(len(seen), first is not None or bool(seen), None), first, view.now
 
 
 # --- the operator's limits --------------------------------------------------------------------

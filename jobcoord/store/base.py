@@ -299,6 +299,11 @@ class Database:
         None when it is no longer waiting or a concurrent claim holds it."""
         raise NotImplementedError
 
+    def hold_worker(self, conn: Connection, worker_id: str) -> None:
+        """Hold this worker's row until commit, so that its claims fit jobs into its free
+        capacity one at a time."""
+        raise NotImplementedError
+
     def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
         """Hold the limits row of `kind` until commit, so that one claim at a time counts
         and fills that kind's slots. With `wait` False a row another transaction holds is

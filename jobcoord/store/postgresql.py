@@ -352,6 +352,9 @@ class PostgresDatabase(Database):
         faults.point("claim.after_event")
         return Taken(found[0], True, tuple(found[2:]))
 
+    def hold_worker(self, conn: Connection, worker_id: str) -> None:
+        self.execute(conn, s.HOLD_WORKER, {"worker": worker_id})
+
     def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
         row = self.execute(conn, s.HOLD_LIMIT if wait else s.TRY_HOLD_LIMIT,
                            {"kind": kind}).fetchone()

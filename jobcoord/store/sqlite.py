@@ -269,6 +269,9 @@ class SqliteDatabase(Database):
         return Taken(1, True, self.take_job(conn, found[0], worker=worker, now=now,
                                             expires=expires, expires_iso=expires_iso))
 
+    def hold_worker(self, conn: Connection, worker_id: str) -> None:
+        pass  # BEGIN IMMEDIATE already serialises every claim
+
     def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
         return True  # BEGIN IMMEDIATE already serialises every claim
 

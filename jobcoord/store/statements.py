@@ -524,6 +524,7 @@ LIVE_NEEDS = SQL(
     .select_from(leases.join(jobs, J.job_id == L.job_id))
     .where(J.status == const("running"), L.expires_at > P("now"), J.needs_json.is_not(None))
     .order_by(L.granted_at, L.job_id))
+HOLD_WORKER = SQL(select(W.worker_id).where(W.worker_id == P("worker")).with_for_update())
 WORKER_RAW = SQL(select(W.heartbeat_raw).where(W.worker_id == P("worker")))
 #: The hold a claim takes on a waiting job it chose by itself (PostgreSQL: skipped when a
 #: concurrent claim holds it).
