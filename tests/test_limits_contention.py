@@ -158,6 +158,7 @@ def _gpu_claimer(url: str, worker: str, start: Any, out: Any) -> None:
 def test_two_workers_never_oversubscribe_their_gpus(target: Target) -> None:
     """Each of two workers has one 16000 MB GPU: of eight 6000 MB jobs, each worker can hold
     two at once, however many claims race; the rest wait."""
+    from tests.conftest import environment  # here: the spawned processes import this module
     gpu = {"gpus": [{"memory_free_mb": 16000, "memory_total_mb": 16000,
                      "utilization_pct": 0, "temperature_c": 40}]}
     with Coordinator.open(target) as c:
@@ -168,12 +169,15 @@ def test_two_workers_never_oversubscribe_their_gpus(target: Target) -> None:
     start, out = SPAWN.Event(), SPAWN.Queue()
     procs = [SPAWN.Process(target=_gpu_claimer, args=(url, w, start, out))
              for w in ("a", "b", "a", "b")]  # two processes per worker id: races on one GPU
-    for p in procs:
-        p.start()
+    # Each claim pauses between deciding that a job fits and taking it: without the hold
+    # on the worker's row, both processes of a worker would fit into the same free memory.
+    with environment(JOBCOORD_FAULT="checked.before_take:sleep=0.1"):
+        for p in procs:
+            p.start()
     start.set()
     got: dict[str, list[int]] = defaultdict(list)
     for _ in procs:
-        w, taken = out.get(timeout=120)
+        w, taken = out.get(timeout=60)
         got[w].extend(taken)
     for p in procs:
         p.join(60)

@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from .. import faults
 from .. import validate as v
 from ..clock import iso, now_us
 from ..errors import Refused
@@ -263,6 +264,9 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
             if verdict is not None:
                 first = first or verdict
                 continue
+            # A test may pause here: between the decision and the take is where two claims
+            # deciding at once would both fit into the same slot or capacity.
+            faults.point("checked.before_take")
             expires = view.now + lease_us
             job = ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
                                   expires=expires, expires_iso=iso(expires))
