@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 
-from jobcoord.db import Database, Target, resolve_target
+from jobcoord.db import CORE_REVISIONS, Database, Target, resolve_target
 from jobcoord.errors import EXIT_CODES
 from jobcoord.service import Coordinator
 from tests.conftest import dump
@@ -388,7 +388,7 @@ def test_status_of_a_new_database_counts_nothing(target: Target) -> None:
     out = run_cli(target, "status", "--json").json
     assert out["workers"] == 0 and out["active_leases"] == 0
     assert out["jobs"] == dict.fromkeys(STATUSES, 0)
-    assert out["revisions"] == ["c0003"]
+    assert out["revisions"] == [CORE_REVISIONS[-1]]
     if target.sqlite_path:
         assert out["journal_mode"] == "wal"
         assert out["file_size_bytes"] > 0

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from jobcoord.db import Database, Target
+from jobcoord.db import CORE_REVISIONS, Database, Target
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.models import Base
@@ -33,7 +33,7 @@ def test_migrate_creates_an_owner_only_database_and_reports_quick_check(tmp_path
     out = r.json
     assert out["quick_check"] == ["ok"]
     assert out["journal_mode"] == "wal"
-    assert out["revisions"] == ["c0003"] and out["changed"] is True
+    assert out["revisions"] == [CORE_REVISIONS[-1]] and out["changed"] is True
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again = run_cli(None, "--db", str(path), "migrate", "--json")
     assert again.code == 0 and again.json["changed"] is False
@@ -73,7 +73,7 @@ def test_artifacts_migration_round_trip_keeps_every_row(target: Target) -> None:
         "INSERT INTO artifacts (job_id, epoch, name, location, digest, size, media_type,"
         " created_at) VALUES (1, 1, 'out', 'objects/x', 'sha256:ab', 2, 'application/json', 1)"))
     down = migrate(db, remove={"artifacts"}, force=True)  # rows present: refused without force
-    assert down["features"] == [] and down["revisions"] == ["c0003"]
+    assert down["features"] == [] and down["revisions"] == [CORE_REVISIONS[-1]]
     assert snapshot(db) == before  # not one job, lease, event or checkpoint lost or changed
     assert not db.read(lambda conn: db.engine.dialect.has_table(conn, "artifacts"))
     db.close()
@@ -85,7 +85,7 @@ def test_migrate_with_artifacts_from_the_cli(tmp_path: Path) -> None:
     r = run_cli(None, "--db", path, "migrate", "--with", "artifacts", "--json")
     assert r.code == 0, r.err
     assert r.json["features"] == ["artifacts"]
-    assert sorted(r.json["revisions"]) == ["a0002", "c0003"]
+    assert sorted(r.json["revisions"]) == ["a0002", CORE_REVISIONS[-1]]
     bad = run_cli(None, "--db", path, "migrate", "--with", "nonsense", "--json")
     assert bad.code == 2 and bad.json["error"]["code"] == "invalid_input"
 

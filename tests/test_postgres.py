@@ -22,7 +22,7 @@ import pytest
 from freezegun import freeze_time
 from sqlalchemy import event
 
-from jobcoord.db import SQL, Database, Target
+from jobcoord.db import CORE_REVISIONS, SQL, Database, Target
 from jobcoord.errors import JobcoordError
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
@@ -401,7 +401,7 @@ def test_migrate_creates_the_schema_on_an_empty_server_database(pg_template: str
         r = run_cli(t, "migrate", "--json")
         assert r.code == 0, r.err
         assert r.json["changed"] is False
-        assert r.json["revisions"] == ["c0003"]
+        assert r.json["revisions"] == [CORE_REVISIONS[-1]]
         assert "quick_check" not in r.json
 
 

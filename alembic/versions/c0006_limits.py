@@ -39,6 +39,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_jobs_waiting_needs", table_name="jobs")
-    with op.batch_alter_table("jobs") as batch:
-        batch.drop_column("needs_json")
+    # In place on both databases (SQLite 3.35+ drops a column itself): a batch copy of jobs
+    # would drop the old table, and with foreign keys on that deletes every lease, event and
+    # checkpoint by cascade.
+    op.execute("ALTER TABLE jobs DROP COLUMN needs_json")
     op.drop_table("limits")
