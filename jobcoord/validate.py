@@ -88,6 +88,9 @@ def integer(value: Any, field: str, lo: int, hi: int) -> int:
         # ASCII digits only: str.isdigit() and int() also accept other scripts' digits and
         # superscripts ("٣", "²"), and "--5" passes an lstrip test but breaks int().
         if isinstance(value, str) and _WHOLE.fullmatch(value):
+            if len(value) > 40:
+                # Far outside any bound here, and int() refuses more than 4300 digits.
+                raise _bad(field, f"{value[:20]}... is outside {lo}..{hi}")
             value = int(value)
         else:
             raise _bad(field, f"{value!r} is not a whole number")
