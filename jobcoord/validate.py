@@ -370,6 +370,9 @@ def resources(value: Any, field: str, *, lo: int = 1) -> dict[str, int]:
                        "digits or _; at most 64)")
         if key in out:
             raise _bad(field, f"{key} is given twice")
+        if not isinstance(value, str) and (isinstance(amount, bool)
+                                           or not isinstance(amount, int)):
+            raise _bad(field, f"{key}: {amount!r} is not a whole number")
         if isinstance(amount, str) and len(amount) > 20:
             raise _bad(field, f"{key}: {amount[:20]}... is outside {lo}..{MAX_RESOURCE}")
         out[key] = whole(amount, f"{field} {key}", lo, MAX_RESOURCE)
