@@ -266,6 +266,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
         _stop(procs)
     try:
         summary = _summarize(coord, ids, workers, logs, killed, problems)
+        summary["limit"] = demo_limit(coord, say, summary["problems"])
     finally:
         coord.close()
     summary.update(directory=directory, database=db_path,
@@ -285,6 +286,40 @@ def _last_line(path: str) -> str:
 
 def _at(iso_text: str) -> float:
     return datetime.fromisoformat(iso_text.replace("Z", "+00:00")).timestamp()
+
+
+def demo_limit(coord: Any, say: Callable[[str], None], problems: list[str]) -> dict[str, Any]:
+    """A concurrency limit holding a second job back: `limit set llm-70b --concurrency 1`,
+    two workers claim, the second is refused with explain's words, then gets the job once
+    the first finishes."""
+    kind = "llm-70b"
+    coord.set_limit(kind, 1)
+    for w in ("desk-70b", "server-70b"):
+        coord.heartbeat(w, kinds=[kind], readings={"memory_used_pct": 30, "on_battery": False,
+                                                   "user_idle_s": 900})
+    first, second = (coord.enqueue(kind, {"prompt": p})["job_id"] for p in ("a", "b"))
+    say(f"limit set {kind} --concurrency 1; enqueued jobs {first} and {second} of that kind")
+    held = coord.claim("desk-70b")
+    refused = coord.claim("server-70b")
+    reasons = coord.explain(second)["reasons"]
+    say(f"desk-70b claimed job {held['job']['job_id']}; server-70b was refused: "
+        f"{refused.get('reason')}: {refused.get('detail')}")
+    for r in reasons:
+        say(f"explain {second}: {r['code']}: {r['detail']}")
+    coord.complete(held["job"]["job_id"], "desk-70b", held["lease"]["epoch"], {"ok": True})
+    after = coord.claim("server-70b")
+    say(f"desk-70b completed job {first}; server-70b then claimed job "
+        f"{after['job'] and after['job']['job_id']}")
+    if after["job"] is not None:
+        coord.complete(after["job"]["job_id"], "server-70b", after["lease"]["epoch"], {})
+    ok = (refused.get("reason") == "concurrency_limit" and held["job"]["job_id"] == first
+          and [r["code"] for r in reasons] == ["concurrency_limit"]
+          and after["job"] is not None and after["job"]["job_id"] == second)
+    if not ok:
+        problems.append("the concurrency limit did not hold the second job back")
+    return {"kind": kind, "concurrency": 1, "held_job": first, "held_back_job": second,
+            "refusal": {"reason": refused.get("reason"), "detail": refused.get("detail")},
+            "explain": reasons, "claimed_after": after["job"] and after["job"]["job_id"]}
 
 
 def _summarize(coord: Any, ids: list[int], workers: list[dict[str, Any]], logs: str,
@@ -400,6 +435,11 @@ def report(s: dict[str, Any]) -> list[str]:
             epoch = f" epoch {e['epoch']}" if e["epoch"] is not None else ""
             lines.append(f"  +{_at(e['at']) - t0:5.1f}s  {e['from'] or '-':>8} -> "
                          f"{e['to']:<9} {e['reason']}{who}{epoch}")
+    if s.get("limit"):
+        lim = s["limit"]
+        lines.append(f"limit {lim['kind']} --concurrency {lim['concurrency']}: job "
+                     f"{lim['held_back_job']} waited while job {lim['held_job']} ran "
+                     f"({lim['refusal']['reason']}), then ran once the slot was free")
     for problem in s["problems"]:
         lines.append(f"PROBLEM: {problem}")
     if s.get("artifact"):
@@ -410,7 +450,7 @@ def report(s: dict[str, Any]) -> list[str]:
     lines.append(f"done in {s['duration_s']}s. Explore the database:")
     db = s["database"]
     job = rec["job_id"] if rec else 1
-    for cmd in ("status", "jobs", f"show {job}", "workers"):
+    for cmd in ("status", "jobs", f"show {job}", "workers", "limit ls"):
         lines.append(f"  jobcoord --db {db} {cmd}")
     lines.append(f"worker logs: {os.path.join(s['directory'], 'logs')}/")
     return lines
