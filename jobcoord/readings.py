@@ -32,7 +32,7 @@ from .errors import InvalidInput
 
 #: Readings the gates use (core.workers.parse_readings).
 READING_KEYS = ("memory_used_pct", "temperature_c", "on_battery", "user_idle_s")
-#: Readings a claim matches jobs' declared needs against (DESIGN.md's wave-2 contract), and
+#: Readings a claim matches jobs' declared needs against (the heartbeat contract), and
 #: named capacity (`heartbeat --capacity`, `worker --readings-override`).
 RESOURCE_KEYS = ("memory_available_mb", "gpus", "capacity")
 #: Sensor values outside this range are glitches (disconnected probes report -273 or 255).

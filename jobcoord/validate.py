@@ -388,7 +388,8 @@ def payload_field(value: Any, field: str) -> str:
     return text
 
 
-#: The keys of one GPU's reading (DESIGN.md's wave-2 contract) and each one's range.
+#: The keys of one GPU's reading (the heartbeat contract, README "Limits and resources")
+#: and each one's range.
 GPU_READING_RANGES: dict[str, tuple[float, float]] = {
     "memory_free_mb": (0, MAX_RESOURCE), "memory_total_mb": (0, MAX_RESOURCE),
     "utilization_pct": (0, 100), "temperature_c": (-50, 150)}
