@@ -209,3 +209,28 @@ def test_a_machine_with_a_gpu_reports_it_through_nvml() -> None:
     got = _read_in_child("")
     assert got["beat"]["gpus"] and set(got["beat"]["gpus"][0]) == {
         "memory_free_mb", "memory_total_mb", "utilization_pct", "temperature_c"}
+
+
+def test_needs_and_gpu_readings_go_through_the_server(target) -> None:
+    from tests.serve_procs import served, token
+
+    sub = token(target, "ci", "submitter")
+    work = token(target, "gpu-box", "worker", worker="gpu-box")
+    with served(target, "--reap-every", "0") as s, s.client(sub) as http:
+        made = http.post("/v1/jobs", json={"kind": "render", "needs": {"gpu_mem_mb": 12000}})
+        assert made.status_code == 201
+        for bad in ({"gpu_mem_mb": "12000"}, {"gpu mem": 1}, {"gpu_mem_mb": 0}, [1]):
+            r = http.post("/v1/jobs", json={"kind": "render", "needs": bad})
+            assert r.status_code in (400, 422) and "error" in r.json(), bad
+        with s.client(work) as w:
+            beat = w.post("/v1/heartbeat", json={"readings": {"gpus": [gpu(8000)]}})
+            assert beat.status_code == 200, beat.text
+            short = w.post("/v1/claims", json={"wait": 0})
+            assert short.status_code == 200 and short.json()["reason"] == "resource_short"
+            # A long-poll waits through it: the worker cannot act on a busy GPU.
+            assert w.post("/v1/claims", json={"wait": 0.3}).status_code == 204
+            w.post("/v1/heartbeat", json={"readings": {"gpus": [gpu(16000)]}})
+            got = w.post("/v1/claims", json={"wait": 0})
+            assert got.status_code == 200 and got.json()["job"]["job_id"] == made.json()["job_id"]
+    with Coordinator.open(target) as c:
+        assert c.status()["jobs"]["waiting"] == 0  # the bad submissions changed nothing

@@ -41,6 +41,10 @@ JOB_ID_MAX = 2**62
 # --- request bodies (unknown fields are refused; NaN and Infinity too) --------------------
 
 
+#: Claim refusals a long-poll waits through: nothing for this worker yet.
+NOT_YET = ("no_waiting_jobs", "no_matching_role", "concurrency_limit", "resource_short")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -53,6 +57,8 @@ class SubmitBody(_Body):
     max_attempts: int | None = None
     deadline_s: float | None = None
     delay_s: float = 0.0
+    #: Declared resource needs {"NAME": INT}, checked by the coordinator like `--needs`.
+    needs: dict[str, Any] | None = None
 
 
 class HeartbeatBody(_Body):
@@ -463,7 +469,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
                              priority=body.priority, role=body.role,
                              tenant=who.tenant or DEFAULT_TENANT, key=idempotency_key,
                              max_attempts=body.max_attempts, deadline_s=body.deadline_s,
-                             delay_s=body.delay_s)
+                             delay_s=body.delay_s, needs=body.needs)
         # Answered only now, after the commit; a waiting long-poll hears of it at once.
         srv.notify(1)
         if not got["created"]:
@@ -508,10 +514,11 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
             if woken:
                 srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
             left = end - time.monotonic()
-            # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
-            # heartbeat is said at once, the worker must act on it.
-            if left <= 0 or got["reason"] not in ("no_waiting_jobs", "no_matching_role"):
-                if body.wait > 0 and got["reason"] in ("no_waiting_jobs", "no_matching_role"):
+            # Keep waiting only while the answer is "nothing for you yet" (a limit's slot or
+            # the worker's capacity may free up meanwhile): a gate or a stale heartbeat is
+            # said at once, the worker must act on it.
+            if left <= 0 or got["reason"] not in NOT_YET:
+                if body.wait > 0 and got["reason"] in NOT_YET:
                     return Response(status_code=204)
                 return got
             assert srv.wakeup is not None
