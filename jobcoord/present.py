@@ -42,6 +42,8 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
         "created_at": iso(job["created_at"]), "updated_at": iso(job["updated_at"]),
         "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
         "finished_at": iso(job["finished_at"]),
+        # Declared resource needs ({"NAME": INT}), or None.
+        "needs": loads(job.get("needs_json")),
     }
 
 

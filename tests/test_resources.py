@@ -36,6 +36,7 @@ def test_a_job_goes_only_to_a_worker_whose_free_gpu_memory_fits_it(coord, clock)
     assert refused["job"] is None and refused["reason"] == "resource_short"
     assert "gpu_mem_mb: needs 12000" in refused["detail"]
     assert coord.claim("big")["job"]["job_id"] == job
+    assert coord.show(job)["job"]["needs"] == {"gpu_mem_mb": 12000}
 
 
 def test_gpu_memory_does_not_span_gpus(coord, clock):
