@@ -1,5 +1,6 @@
-"""One exception hierarchy. Each class maps to one exit code (one operator action); each
-instance carries a snake_case reason code that scripts can branch on."""
+"""One exception hierarchy, with its two maps: each class to one exit code (its `exit_code`,
+one operator action, described by EXIT_CODES) and to one HTTP status (HTTP_STATUS_BY_CLASS);
+each instance carries a snake_case reason code that scripts can branch on."""
 
 from __future__ import annotations
 
@@ -76,6 +77,26 @@ class SchemaMismatch(JobcoordError):
     default_code = "not_migrated"
 
 
+class Unauthorized(JobcoordError):
+    """No token, or an unknown or revoked one (HTTP)."""
+
+    exit_code = 2
+    default_code = "unauthorized"
+
+
+class Forbidden(JobcoordError):
+    """This token's role may not do that (HTTP)."""
+
+    exit_code = 4
+    default_code = "forbidden"
+
+
+class BodyTooLarge(InvalidInput):
+    """The request body is larger than the server accepts (HTTP)."""
+
+    default_code = "body_too_large"
+
+
 #: Exit code table, the contract scripts rely on; README.md "Exit codes" repeats it and
 #: tests/test_docs.py compares them.
 EXIT_CODES: dict[int, str] = {
@@ -90,3 +111,27 @@ EXIT_CODES: dict[int, str] = {
     8: "schema mismatch: not migrated, older or newer than the code",
     130: "interrupted (Ctrl-C); nothing half-done was committed",
 }
+
+#: Exception class -> HTTP status; the first class in this order that matches wins.
+HTTP_STATUS_BY_CLASS: tuple[tuple[type[JobcoordError], int], ...] = (
+    (Unauthorized, 401),
+    (Forbidden, 403),
+    (BodyTooLarge, 413),
+    (InvalidInput, 400),
+    (Refused, 409),
+    (DatabaseBusy, 503),
+    (StorageUnavailable, 503),
+    # The server is up but cannot serve this database: not a bug of the request or the
+    # server; an operator has to act (check / migrate), so nothing to retry soon.
+    (DatabaseCorrupt, 503),
+    (SchemaMismatch, 503),
+    (JobcoordError, 500),
+)
+#: Refusals that mean "no such job for you": answered 404, exactly like a missing job.
+HTTP_NOT_FOUND_CODES = frozenset({"job_not_found", "token_not_found", "artifact_not_found"})
+#: A digest mismatch on an artifact upload (the issue's contract): 422.
+HTTP_UNPROCESSABLE_CODES = frozenset({"artifact_invalid"})
+#: Retry-After seconds of the answers that are worth retrying.
+HTTP_RETRY_AFTER_S: dict[type[JobcoordError], int] = {DatabaseBusy: 1, StorageUnavailable: 5}
+#: Codes a 503 answer carries that mean "busy" (retry soon) rather than "unavailable".
+BUSY_CODES = frozenset({"database_locked", "connections_exhausted", "database_busy"})

@@ -26,37 +26,14 @@ from .errors import (
     StorageUnavailable,
 )
 from .store import Database, Target, classify, resolve_target
+from .store import report_statements as rs
 from .store.sqlite import create_private_file
-
-#: Each invariant is a query returning the offending job ids (zero rows when it holds).
-INVARIANTS: tuple[tuple[str, str], ...] = (
-    ("running_without_lease",
-     "SELECT j.job_id FROM jobs j LEFT JOIN leases l ON l.job_id = j.job_id"
-     " WHERE j.status = 'running' AND l.job_id IS NULL"),
-    ("lease_on_job_not_running",
-     "SELECT l.job_id FROM leases l JOIN jobs j ON j.job_id = l.job_id"
-     " WHERE j.status <> 'running'"),
-    ("lease_epoch_differs_from_job",
-     "SELECT l.job_id FROM leases l JOIN jobs j ON j.job_id = l.job_id"
-     " WHERE l.epoch <> j.epoch"),
-    ("succeeded_without_result",
-     "SELECT job_id FROM jobs WHERE status = 'succeeded' AND result_json IS NULL"),
-    ("latest_event_differs_from_status",
-     "SELECT j.job_id FROM jobs j JOIN job_events e ON e.event_id ="
-     " (SELECT MAX(event_id) FROM job_events WHERE job_id = j.job_id)"
-     " WHERE e.to_status <> j.status"),
-    ("job_without_events",
-     "SELECT j.job_id FROM jobs j WHERE NOT EXISTS"
-     " (SELECT 1 FROM job_events e WHERE e.job_id = j.job_id)"),
-    ("attempts_out_of_range",
-     "SELECT job_id FROM jobs WHERE attempts > max_attempts AND status <> 'waiting'"),
-)
 
 
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     violations = []
-    for name, sql in INVARIANTS:
-        ids = [r[0] for r in db.run_text(conn, sql + " LIMIT 20").all()]
+    for name, stmt in rs.INVARIANTS:
+        ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:
             violations.append({"invariant": name, "job_ids": ids})
     return violations
@@ -65,15 +42,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
 def check(db: Database, *, full: bool = False) -> dict[str, Any]:
     """Storage check plus application invariants. `ok` is False on any finding."""
     out: dict[str, Any] = {}
-    if db.is_sqlite:
-        pragma = "integrity_check" if full else "quick_check"
-
-        def _storage(conn: Connection) -> tuple[list[str], list[Any]]:
-            rows = [r[0] for r in conn.exec_driver_sql(f"PRAGMA {pragma}").all()]
-            fks = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
-            return rows, fks
-
-        rows, fks = db.read(_storage, pragma)
+    pragma = "integrity_check" if full else "quick_check"
+    found = db.read(lambda conn: db.integrity_check(conn, full=full), pragma)
+    if found is not None:
+        rows, fks = found
         out[pragma] = rows[:20]
         out["foreign_key_violations"] = fks[:20]
         storage_ok = rows == ["ok"] and not fks
@@ -235,8 +207,8 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
                                   journal_mode="wal", replace=False, what="restoring")
     db = Database.open(target)  # as the coordinator opens it
     try:
-        counts = dict(db.read(lambda conn: db.run_text(
-            conn, "SELECT status, COUNT(*) FROM jobs GROUP BY status").all(), "counting jobs"))
+        counts = dict(db.read(lambda conn: db.run(conn, rs.JOBS_BY_STATUS).all(),
+                              "counting jobs"))
     finally:
         db.close()
     return {"restored": dest, "from": source, "size_bytes": os.path.getsize(dest),

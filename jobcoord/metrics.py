@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from .clock import MICROS, now_us
 from .states import FINAL_STATUSES, STATUSES
+from .store import report_statements as rs
 
 #: Buckets of the attempts-per-finished-job histogram (attempts are small whole numbers).
 ATTEMPT_BUCKETS: tuple[float, ...] = (1, 2, 3, 5, 10)
@@ -108,17 +109,13 @@ class JobcoordCollector(Collector):
         db = self.db
         # Completed events up to the cursor = all of them minus those after it (a range of
         # the primary key): if that is not what the cache has seen, prune deleted some.
-        newer = db.run_text(conn, "SELECT COUNT(*) FROM job_events WHERE event_id > :cursor"
-                            " AND reason = 'completed'", {"cursor": state.cursor}).scalar_one()
+        newer = db.run(conn, rs.COMPLETED_AFTER, {"cursor": state.cursor}).scalar_one()
         seen = completed_total - newer
         if seen != state.seen:
             state = _Latency()  # events were pruned: rebuild from the events that remain
         while True:
-            rows = db.run_text(
-                conn, "SELECT e.event_id, e.at, j.provenance_json FROM job_events e"
-                " JOIN jobs j ON j.job_id = e.job_id WHERE e.reason = 'completed'"
-                " AND e.event_id > :cursor ORDER BY e.event_id LIMIT :n",
-                {"cursor": state.cursor, "n": LATENCY_BATCH}).all()
+            rows = db.run(conn, rs.COMPLETED_PAGE,
+                          {"cursor": state.cursor, "n": LATENCY_BATCH}).all()
             for event_id, at, prov in rows:
                 state.cursor = event_id
                 state.seen += 1
@@ -146,8 +143,7 @@ class JobcoordCollector(Collector):
         def _do(conn: Any) -> dict[str, Any]:
             out: dict[str, Any] = {"now_us": now}
             # One scan of jobs and one of job_events serve every figure from each table.
-            rows = db.run_text(conn, "SELECT status, kind, attempts, COUNT(*) FROM jobs"
-                               " GROUP BY status, kind, attempts").all()
+            rows = db.run(conn, rs.JOBS_BY_STATUS_KIND_ATTEMPTS).all()
             jobs: dict[tuple[str, str], int] = {}
             attempts: dict[int, int] = {}
             for status, kind, tries, n in rows:
@@ -156,25 +152,18 @@ class JobcoordCollector(Collector):
                     attempts[tries] = attempts.get(tries, 0) + n
             out["jobs"] = [(st, kind, n) for (st, kind), n in jobs.items()]
             out["attempts"] = sorted(attempts.items())
-            out["oldest_waiting"] = [tuple(r) for r in db.run_text(
-                conn, "SELECT kind, MIN(created_at) FROM jobs WHERE status = 'waiting'"
-                " GROUP BY kind").all()]
-            events = db.run_text(
-                conn, "SELECT reason, to_status, COUNT(*) FROM job_events WHERE reason IN"
-                " ('lease_expired', 'completed') GROUP BY reason, to_status").all()
+            out["oldest_waiting"] = [tuple(r) for r in db.run(
+                conn, rs.OLDEST_WAITING_BY_KIND).all()]
+            events = db.run(conn, rs.EXPIRED_AND_COMPLETED).all()
             out["expired_to"] = {to: n for reason, to, n in events
                                  if reason == "lease_expired"}
             out["completed_total"] = sum(n for reason, _to, n in events
                                          if reason == "completed")
-            out["workers"] = [tuple(r) for r in db.run_text(
-                conn, "SELECT worker_id, heartbeat_at, last_refusal FROM workers"
-                " ORDER BY worker_id").all()]
-            out["leases"] = dict(db.run_text(
-                conn, "SELECT worker_id, COUNT(*) FROM leases GROUP BY worker_id").all())
+            out["workers"] = [tuple(r) for r in db.run(conn, rs.WORKER_STATES).all()]
+            out["leases"] = dict(db.run(conn, rs.LEASES_BY_WORKER).all())
             if "artifacts" in self.features:
-                out["artifacts"] = [tuple(r) for r in db.run_text(
-                    conn, "SELECT state, COUNT(*), COALESCE(SUM(size), 0)"
-                    " FROM artifacts GROUP BY state").all()]
+                out["artifacts"] = [tuple(r) for r in db.run(
+                    conn, rs.ARTIFACTS_BY_STATE).all()]
             with self._lock:
                 base = _Latency(self._latency.cursor, self._latency.seen,
                                 list(self._latency.buckets), self._latency.total,

@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .errors import InvalidInput, JobcoordError, SchemaMismatch, StorageUnavailable
-from .store import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify
+from .errors import InvalidInput, JobcoordError, SchemaMismatch
+from .store import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify, statements
 from .store.sqlite import sqlite_pragma
 
 OPTIONAL_FEATURES = tuple(OPTIONAL_REVISIONS)
@@ -52,7 +52,7 @@ def _config(db: Database, conn: Connection, features: set[str]) -> Any:
 def current_revisions(db: Database, conn: Connection) -> set[str]:
     if not db.engine.dialect.has_table(conn, "alembic_version"):
         return set()
-    rows = conn.exec_driver_sql("SELECT version_num FROM alembic_version").all()
+    rows = db.run(conn, statements.ALEMBIC_VERSIONS).all()
     return {r[0] for r in rows}
 
 
@@ -121,37 +121,6 @@ def verify_schema(db: Database) -> set[str]:
     return installed_features(revisions)
 
 
-def _enable_wal(db: Database, wait_s: float = 60.0) -> str:
-    # journal_mode persists in the file; it must be set outside a transaction, and a
-    # filesystem without shared memory (a network mount) silently keeps the old mode.
-    # Switching needs an exclusive lock, and SQLite answers BUSY at once, without its busy
-    # handler, when another process holds the file (a concurrent migrate creating the same
-    # new database): wait and try again, up to wait_s.
-    import sqlite3
-    import time
-
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            with db.engine.connect() as conn:
-                raw = conn.connection.dbapi_connection
-                assert raw is not None
-                mode = raw.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-            break
-        except (sqlite3.Error, DBAPIError) as e:
-            err = classify(e, "switching to WAL mode")
-            if err.code != "database_locked" or time.monotonic() > deadline:
-                raise err from e
-            time.sleep(0.05)
-    if str(mode).lower() != "wal":
-        raise StorageUnavailable(
-            "database_unavailable",
-            f"this filesystem does not support WAL mode (got {mode!r}); SQLite databases must "
-            "be on a local disk, not a network filesystem",
-        )
-    return "wal"
-
-
 def _is_driver_error(e: BaseException) -> bool:
     """A database driver's error, wrapped by SQLAlchemy or raw (a PRAGMA on the DB-API
     connection raises sqlite3's own)."""
@@ -192,8 +161,7 @@ def migrate(
         raise InvalidInput("invalid_input", "cannot add and remove the same feature")
     from alembic import command
 
-    if db.is_sqlite:
-        _enable_wal(db)
+    db.prepare_for_migration()
     before: set[str] = set()
     removed: dict[str, int] = {}  # what `--without artifacts` dropped
 
@@ -214,7 +182,7 @@ def migrate(
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):
             if installed_features(before) & {feature}:
-                from .artifacts.rules import removal_check
+                from .artifacts.retention import removal_check
                 removed.update(removal_check(db, conn, force, artifacts_dir))  # unless force
                 command.downgrade(cfg, f"{feature}@base")
         command.upgrade(cfg, "core@head")
@@ -224,27 +192,8 @@ def migrate(
     # One write transaction for the whole run: the version is read under the write lock, so a
     # second concurrent `migrate` waits, then finds nothing left to do.
     try:
-        with db.write_engine.connect() as conn:
-            raw = conn.connection.dbapi_connection
-            if db.is_sqlite:
-                # Rebuilding a referenced table with foreign keys on would fire ON DELETE
-                # CASCADE on its children; the pragma only takes effect outside a transaction.
-                raw.execute("PRAGMA foreign_keys=OFF")
-            try:
-                with conn.begin():
-                    if not db.is_sqlite:
-                        conn.exec_driver_sql("SELECT pg_advisory_xact_lock(7270201)")
-                    _upgrade(conn)
-                    if db.is_sqlite:
-                        broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
-                        if broken:
-                            raise SchemaMismatch(
-                                "migration_failed",
-                                f"migration left {len(broken)} broken foreign keys; rolled back",
-                            )
-            finally:
-                if db.is_sqlite:
-                    raw.execute("PRAGMA foreign_keys=ON")
+        with db.write_engine.connect() as conn, db.migration_transaction(conn):
+            _upgrade(conn)
     except JobcoordError:
         raise
     except Exception as e:

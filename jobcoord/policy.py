@@ -66,7 +66,7 @@ class Policy:
         except tomllib.TOMLDecodeError as e:
             raise InvalidInput("invalid_policy", f"policy {path} is not valid TOML: {e}"
                                ) from None
-        from .artifacts.rules import settings_from_mapping  # [artifacts]: per-kind rules
+        from .artifacts.settings import settings_from_mapping  # [artifacts]: per-kind rules
         artifacts = settings_from_mapping(data.pop("artifacts", None), path)
         policy = cls.from_mapping(data.get("policy", data), source=path)
         object.__setattr__(policy, "artifacts", artifacts)

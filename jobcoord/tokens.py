@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from . import validate as v
 from .clock import iso, now_us
 from .errors import InvalidInput, Refused
+from .store import feature_statements as fs
 
 ROLES = ("submitter", "worker", "viewer", "operator")
 PREFIX = "jct_"
@@ -69,15 +70,12 @@ def create(db: Any, name: str, role: str, *, tenant: str | None = None,
     now = now_us()
 
     def _do(conn: Connection) -> dict[str, Any] | Refused:
-        taken = db.run_text(conn, "SELECT 1 FROM tokens WHERE name = :name",
-                            {"name": name}).first()
+        taken = db.run(conn, fs.TOKEN_NAMED, {"name": name}).first()
         if taken is not None:
             return Refused("token_exists", f"a token named {name!r} already exists (revoked "
                            "tokens keep their name); choose another name", name=name)
-        db.run_text(conn, "INSERT INTO tokens (name, token_hash, role, tenant, worker_id,"
-                    " created_at, revoked_at) VALUES (:name, :hash, :role, :tenant, :worker,"
-                    " :now, NULL)", {"name": name, "hash": digest, "role": role,
-                                     "tenant": tenant, "worker": worker, "now": now})
+        db.run(conn, fs.INSERT_TOKEN, {"name": name, "hash": digest, "role": role,
+                                       "tenant": tenant, "worker": worker, "now": now})
         return {"name": name, "role": role, "tenant": tenant, "worker_id": worker,
                 "created_at": iso(now), "token": secret}
 
@@ -86,9 +84,7 @@ def create(db: Any, name: str, role: str, *, tenant: str | None = None,
 
 def list_tokens(db: Any) -> dict[str, Any]:
     """Every token, without its hash."""
-    rows = db.read(lambda conn: db.run_text(
-        conn, "SELECT name, role, tenant, worker_id, created_at, revoked_at FROM tokens"
-        " ORDER BY name").all(), "token ls")
+    rows = db.read(lambda conn: db.run(conn, fs.ALL_TOKENS).all(), "token ls")
     return {"tokens": [
         {"name": r[0], "role": r[1], "tenant": r[2], "worker_id": r[3],
          "created_at": iso(r[4]), "revoked": r[5] is not None, "revoked_at": iso(r[5])}
@@ -101,13 +97,11 @@ def revoke(db: Any, name: str) -> dict[str, Any]:
     now = now_us()
 
     def _do(conn: Connection) -> dict[str, Any] | Refused:
-        row = db.run_text(conn, "SELECT revoked_at FROM tokens WHERE name = :name",
-                          {"name": name}).first()
+        row = db.run(conn, fs.TOKEN_REVOKED_AT, {"name": name}).first()
         if row is None:
             return Refused("token_not_found", f"no token named {name!r}", name=name)
         if row[0] is None:
-            db.run_text(conn, "UPDATE tokens SET revoked_at = :now WHERE name = :name"
-                        " AND revoked_at IS NULL", {"now": now, "name": name})
+            db.run(conn, fs.REVOKE_TOKEN, {"now": now, "name": name})
         return {"name": name, "revoked": True, "revoked_at": iso(row[0] or now)}
 
     return db.write(_do, "token revoke")
@@ -118,9 +112,8 @@ def authenticate(db: Any, secret: str) -> Identity | None:
     if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET:
         return None
     digest = hash_secret(secret)
-    row = db.read(lambda conn: db.run_text(
-        conn, "SELECT name, role, tenant, worker_id, token_hash, revoked_at FROM tokens"
-        " WHERE token_hash = :hash", {"hash": digest}).first(), "authenticate")
+    row = db.read(lambda conn: db.run(conn, fs.TOKEN_BY_HASH, {"hash": digest}).first(),
+                  "authenticate")
     # The lookup is by hash (an attacker cannot steer it byte by byte); the final comparison
     # is constant-time all the same.
     if row is None or not hmac.compare_digest(row[4], digest) or row[5] is not None:

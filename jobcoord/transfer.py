@@ -25,10 +25,12 @@ from .errors import DatabaseCorrupt, InvalidInput, Refused, SchemaMismatch
 from .migrate import verify_schema
 from .models import CORE_TABLES, OPTIONAL_TABLES, Base
 from .store import Database, Target, classify
+from .store import report_statements as rs
+from .store.postgresql import PostgresDatabase
+from .store.sqlite import SqliteDatabase
+from .store.statements import SQL
 
 BATCH_ROWS = 1000
-#: Tables whose integer key comes from a sequence on PostgreSQL.
-SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id"}
 
 
 def tables_for(features: set[str]) -> list[Table]:
@@ -97,22 +99,6 @@ def _check_target_empty(db: Database, conn: Connection, tables: list[Table]) -> 
         )
 
 
-def _fix_sequences(conn: Connection, tables: list[Table]) -> dict[str, int]:
-    """Make new ids continue after the copied ones (explicit ids never advance a sequence)."""
-    out = {}
-    names = {t.name for t in tables}
-    for table, column in SEQUENCES.items():
-        if table not in names:
-            continue
-        # setval(seq, max+1, false): the next nextval() returns max+1 (1 on an empty table).
-        nxt = conn.exec_driver_sql(
-            f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'),"
-            f" COALESCE((SELECT MAX({column}) FROM {table}), 0) + 1, false)"
-        ).scalar_one()
-        out[table] = int(nxt)
-    return out
-
-
 def transfer(source: Database, source_features: set[str], target: Target, *,
              allow_active_leases: bool = False,
              after_snapshot: Callable[[], None] | None = None) -> dict[str, Any]:
@@ -126,7 +112,9 @@ def transfer(source: Database, source_features: set[str], target: Target, *,
         raise InvalidInput("invalid_input", "the target of a transfer must be PostgreSQL "
                            "(--to postgresql+psycopg://USER@HOST/DB); to copy a SQLite "
                            "database use `jobcoord backup`")
+    assert isinstance(source, SqliteDatabase)
     dest = Database.open(target)
+    assert isinstance(dest, PostgresDatabase)
     try:
         target_features = verify_schema(dest)
         missing = source_features - target_features
@@ -164,25 +152,23 @@ def _compare(expected: dict[str, Any], got: dict[str, Any], when: str) -> None:
         )
 
 
-def _copy(source: Database, dest: Database, tables: list[Table], allow_active_leases: bool,
-          after_snapshot: Callable[[], None] | None) -> dict[str, Any]:
+def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
+          allow_active_leases: bool, after_snapshot: Callable[[], None] | None) -> dict[str, Any]:
     now = now_us()
     # A deferred BEGIN: a read snapshot, never the write lock. The same connection reads
     # data_version afterwards, which changes only if another connection committed since.
     with source.engine.connect() as sconn:
         with sconn.begin():
-            version = sconn.exec_driver_sql("PRAGMA data_version").scalar_one()
+            version = source.data_version(sconn)
             # A damaged page may still read as rows: never copy, and call verified, a source
             # that SQLite's own check finds damaged (the same snapshot is copied next).
-            found = [r[0] for r in sconn.exec_driver_sql("PRAGMA quick_check").all()]
+            found = source.page_check(sconn)
             if found != ["ok"]:
                 raise DatabaseCorrupt(
                     "database_corrupt", f"the source {source.target.display()} failed "
                     f"quick_check ({'; '.join(found[:3])}); nothing was copied. Restore it "
                     "from a backup, then transfer", quick_check=found[:20])
-            active = source.run_text(
-                sconn, "SELECT COUNT(*), MAX(expires_at) FROM leases WHERE expires_at > :now",
-                {"now": now}).one()
+            active = source.run(sconn, rs.LIVE_LEASES, {"now": now}).one()
             if active[0] and not allow_active_leases:
                 raise Refused(
                     "active_leases",
@@ -198,23 +184,23 @@ def _copy(source: Database, dest: Database, tables: list[Table], allow_active_le
             with dest.write_engine.begin() as tconn:
                 # No coordinator may write to the target while it is being filled, and two
                 # transfers into one target must not interleave.
-                tconn.exec_driver_sql(
-                    f"LOCK TABLE {', '.join(t.name for t in tables)} IN EXCLUSIVE MODE")
+                dest.lock_exclusive(tconn, [t.name for t in tables])
                 _check_target_empty(dest, tconn, tables)
                 for t in tables:
+                    insert_row = SQL(t.insert())
                     batch: list[dict[str, Any]] = []
                     for row in rows_in_order(source, sconn, t):
                         batch.append(dict(row._mapping))
                         if len(batch) >= BATCH_ROWS:
-                            tconn.execute(t.insert(), batch)
+                            dest.run_many(tconn, insert_row, batch)
                             batch = []
                     if batch:
-                        tconn.execute(t.insert(), batch)
-                sequences = _fix_sequences(tconn, tables)
+                        dest.run_many(tconn, insert_row, batch)
+                sequences = dest.continue_sequences(tconn, [t.name for t in tables])
                 inside = {t.name: digest(dest, tconn, t) for t in tables}
                 # A mismatch raises here, before commit: the target is left empty.
                 _compare(source_digests, inside, "before commit")
-        changed = sconn.exec_driver_sql("PRAGMA data_version").scalar_one() != version
+        changed = source.data_version(sconn) != version
         sconn.rollback()
     if changed:
         raise Refused(

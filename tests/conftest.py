@@ -45,6 +45,7 @@ from freezegun import freeze_time  # noqa: E402
 from jobcoord.db import Database, Target, resolve_target  # noqa: E402
 from jobcoord.migrate import migrate  # noqa: E402
 from jobcoord.service import Coordinator  # noqa: E402
+from tests.sql import sql  # noqa: E402
 from tests.timeline import at  # noqa: E402
 
 PG_SKIP = "JOBCOORD_TEST_PG_URL is not set: PostgreSQL cases skipped"
@@ -232,6 +233,6 @@ def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
     from jobcoord.models import CORE_TABLES
 
     def _read(conn: Any) -> dict[str, list[tuple[Any, ...]]]:
-        return {t: [tuple(r) for r in coord.db.run_text(conn, f"SELECT * FROM {t} ORDER BY 1"
+        return {t: [tuple(r) for r in sql(conn, f"SELECT * FROM {t} ORDER BY 1"
                                                          ).all()] for t in CORE_TABLES}
     return coord.db.read(_read)

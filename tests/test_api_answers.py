@@ -16,6 +16,7 @@ import pytest
 from jobcoord.errors import Refused
 from jobcoord.service import Coordinator, JobSpec
 from tests.conftest import dump
+from tests.sql import sql
 from tests.timeline import IDLE_ON_AC
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def test_explain_reports_a_running_job_without_a_lease(coord):
     coord.heartbeat("w1", readings=IDLE_ON_AC)
     coord.claim("w1")
     # What a read spanning two snapshots could once see: the job running, its lease gone.
-    coord.db.write(lambda conn: coord.db.run_text(conn, "DELETE FROM leases"))
+    coord.db.write(lambda conn: sql(conn, "DELETE FROM leases"))
     out = coord.explain(job_id)
     assert out["status"] == "running"
     assert out["reasons"][0]["code"] == "running"

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from jobcoord.errors import InvalidInput, JobcoordError
 from jobcoord.service import Coordinator, JobSpec
 from tests.conftest import dump
+from tests.sql import sql
 from tests.timeline import IDLE_ON_AC
 
 OMIT = object()
@@ -169,7 +170,7 @@ def test_an_empty_kinds_list_is_invalid_input_everywhere(coord: Coordinator) -> 
 def test_a_worker_row_with_no_kinds_claims_nothing_with_a_reason(coord: Coordinator) -> None:
     coord.enqueue("k", {})
     coord.heartbeat("w1", readings=IDLE_ON_AC)
-    coord.db.write(lambda conn: coord.db.run_text(conn, "UPDATE workers SET kinds_json = '[]'"))
+    coord.db.write(lambda conn: sql(conn, "UPDATE workers SET kinds_json = '[]'"))
     got = coord.claim("w1")
     assert got["job"] is None and "no kinds" in got["detail"]
 

@@ -20,6 +20,7 @@ from jobcoord.errors import JobcoordError, StorageUnavailable
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from jobcoord.store import postgresql as dbmod
+from tests.sql import sql
 
 
 def _run_threads(n: int, body: Any) -> list[BaseException]:
@@ -195,14 +196,14 @@ def test_a_write_inside_a_write_joins_it_and_commits_or_rolls_back_with_it(
     db = coord.db
 
     def outer(conn: Any) -> int:
-        inner = db.write(lambda c: db.run_text(c, "SELECT COUNT(*) FROM jobs").scalar())
-        seen = db.read(lambda c: db.run_text(c, "SELECT COUNT(*) FROM jobs").scalar())
+        inner = db.write(lambda c: sql(c, "SELECT COUNT(*) FROM jobs").scalar())
+        seen = db.read(lambda c: sql(c, "SELECT COUNT(*) FROM jobs").scalar())
         return int(inner) + int(seen)
 
     assert db.write(outer) == 0
 
     def failing(conn: Any) -> None:
-        db.write(lambda c: db.run_text(
+        db.write(lambda c: sql(
             c, "UPDATE workers SET created_at = 1 WHERE worker_id = 'nobody'"))
         raise StorageUnavailable("boom", "rolled back as a whole")
 
@@ -308,17 +309,17 @@ def test_database_objects_share_nothing_between_processes_after_a_fork(
 
     db = Database.open(sqlite_target)
     try:
-        db.read(lambda c: db.run_text(c, "SELECT 1").scalar())  # leaves a cached connection
+        db.read(lambda c: sql(c, "SELECT 1").scalar())  # leaves a cached connection
         pid = os.fork()
         if pid == 0:  # the child uses its own connection, never the parent's
             try:
-                n = db.read(lambda c: db.run_text(c, "SELECT COUNT(*) FROM jobs").scalar())
+                n = db.read(lambda c: sql(c, "SELECT COUNT(*) FROM jobs").scalar())
                 os._exit(0 if n == 0 else 3)
             except BaseException:
                 os._exit(4)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
-        assert db.read(lambda c: db.run_text(c, "SELECT 1").scalar()) == 1
+        assert db.read(lambda c: sql(c, "SELECT 1").scalar()) == 1
     finally:
         db.close()
 

@@ -17,6 +17,7 @@ from jobcoord.maintenance import check
 from jobcoord.migrate import _config, current_revisions, migrate
 from jobcoord.service import Coordinator
 from tests.conftest import fresh_pg
+from tests.sql import sql
 from tests.test_schema_c0002 import _every_status, _snapshot
 
 HEX = ["a" * 64, "b" * 64, "c" * 64]
@@ -67,7 +68,7 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         for i, (job, name, state) in enumerate([(first, "report.pdf", "valid"),
                                                 (first, "raw.bin", "pending"),
                                                 (second, "bad.png", "invalid")]):
-            db.write(lambda conn, i=i, job=job, name=name, state=state: db.run_text(
+            db.write(lambda conn, i=i, job=job, name=name, state=state: sql(
                 conn, "INSERT INTO artifacts (job_id, name, location, sha256, size_bytes,"
                 " media_type, validation_state, created_at) VALUES (:j, :n, 'objects/x', :h,"
                 " :s, 'application/pdf', :st, :t)",
@@ -96,7 +97,7 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         listed = c.artifacts(first)["artifacts"]
         assert [a["name"] for a in listed] == ["report.pdf"]
         # New rows get ids past the copied ones (the PostgreSQL sequence was moved on).
-        db.write(lambda conn: db.run_text(
+        db.write(lambda conn: sql(
             conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
             " location, created_at) VALUES (:j, 9, 'n', :d, 1, 'a/b', 'l', 1)",
             {"j": second, "d": "sha256:" + "d" * 64}))
@@ -121,7 +122,7 @@ def test_a0002_downgrade_keeps_the_accepted_row_of_a_name_staged_by_several_atte
         job = c.enqueue("k", {})["job_id"]
         rows = [(1, "rejected"), (2, "accepted"), (3, "staged")]
         for epoch, state in rows:
-            db.write(lambda conn, epoch=epoch, state=state: db.run_text(
+            db.write(lambda conn, epoch=epoch, state=state: sql(
                 conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
                 " state, location, created_at) VALUES (:j, :e, 'out', :d, :e, 'a/b', :st,"
                 " 'l', 1)", {"j": job, "e": epoch, "d": "sha256:" + HEX[epoch - 1],

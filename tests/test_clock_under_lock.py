@@ -25,6 +25,7 @@ from jobcoord.errors import JobcoordError, Refused
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from tests.conftest import fresh_pg
+from tests.sql import sql
 from tests.timeline import IDLE_ON_AC
 
 
@@ -188,7 +189,7 @@ def test_event_times_never_run_backwards_against_event_ids(target: Target) -> No
     assert not errors, errors
     c = Coordinator.open(target)
     try:
-        rows = c.db.read(lambda conn: c.db.run_text(
+        rows = c.db.read(lambda conn: sql(
             conn, "SELECT job_id, event_id, at FROM job_events ORDER BY job_id, event_id"
         ).all())
         backwards = [(a, b) for a, b in itertools.pairwise(rows)

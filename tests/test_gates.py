@@ -12,11 +12,12 @@ import pytest
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
 from tests.conftest import dump
+from tests.sql import sql
 from tests.timeline import IDLE_ON_AC, at, iso_at
 
 
 def worker_row(coord: Coordinator, worker: str) -> tuple[Any, ...] | None:
-    row = coord.db.read(lambda conn: coord.db.run_text(
+    row = coord.db.read(lambda conn: sql(
         conn, "SELECT heartbeat_raw, heartbeat_at FROM workers WHERE worker_id = :w",
         {"w": worker}).first())
     return None if row is None else tuple(row)

@@ -23,6 +23,7 @@ import pytest
 
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
+from tests.sql import sql
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,7 +75,7 @@ def lease_intervals(c: Coordinator) -> list[tuple[str, str | None, int, int]]:
     lives from its `claimed` event until the job's next event or its expiry."""
 
     def _read(conn: Any) -> list[Any]:
-        return c.db.run_text(
+        return sql(
             conn, "SELECT e.job_id, e.at, e.reason, e.detail, j.kind, j.payload_json "
                   "FROM job_events e JOIN jobs j ON j.job_id = e.job_id "
                   "ORDER BY e.job_id, e.event_id").all()

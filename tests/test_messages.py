@@ -18,6 +18,7 @@ from jobcoord.migrate import _migration_error
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
 from tests.conftest import dump, run_cli
+from tests.sql import sql
 
 LIMIT = Policy().max_payload_bytes
 
@@ -62,7 +63,7 @@ def test_restoring_a_plain_sqlite_file_says_it_is_not_a_jobcoord_backup(tmp_path
 def _forget_revision(target: Target) -> None:
     c = Coordinator.open(target)
     try:
-        c.db.write(lambda conn: c.db.run_text(conn, "DELETE FROM alembic_version"))
+        c.db.write(lambda conn: sql(conn, "DELETE FROM alembic_version"))
     finally:
         c.close()
 

@@ -18,6 +18,7 @@ import pytest
 from jobcoord.clock import MICROS
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
+from tests.sql import sql
 
 from .serve_procs import served
 
@@ -65,7 +66,7 @@ def test_prometheus_scrapes_serve_and_promql_returns_the_queue_age(
     with Coordinator.open(sqlite_target) as c:
         first = c.enqueue("summarize", {"doc": 1})["job_id"]
         c.enqueue("summarize", {"doc": 2})
-        created_us = c.db.read(lambda conn: c.db.run_text(
+        created_us = c.db.read(lambda conn: sql(
             conn, "SELECT created_at FROM jobs WHERE job_id = :id", {"id": first}
         ).scalar_one())
     secret = "prom-" + "x" * 32

@@ -28,6 +28,7 @@ from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator, JobSpec
 from jobcoord.transfer import canonical, rows_in_order, tables_for
+from tests.sql import sql
 
 from .conftest import PG_SKIP, PG_URL, environment, fresh_pg, run_cli
 from .pg_procs import claim_once, complete_once
@@ -182,14 +183,14 @@ def test_a_completer_killed_inside_its_transaction_changes_nothing(pg: Target, t
 
 
 def _history(c: Coordinator) -> tuple[list[tuple[Any, ...]], ...]:
-    jobs = c.db.read(lambda conn: [tuple(r) for r in c.db.run_text(
+    jobs = c.db.read(lambda conn: [tuple(r) for r in sql(
         conn, "SELECT job_id, status, epoch, attempts, max_attempts, effect_started,"
         " updated_at, run_after, finished_at, result_json, provenance_json, last_error"
         " FROM jobs ORDER BY job_id")])
-    leases = c.db.read(lambda conn: [tuple(r) for r in c.db.run_text(
+    leases = c.db.read(lambda conn: [tuple(r) for r in sql(
         conn, "SELECT job_id, worker_id, epoch, granted_at, expires_at FROM leases"
         " ORDER BY job_id")])
-    events = c.db.read(lambda conn: [tuple(r) for r in c.db.run_text(
+    events = c.db.read(lambda conn: [tuple(r) for r in sql(
         conn, "SELECT event_id, job_id, at, from_status, to_status, reason, worker_id, epoch,"
         " detail FROM job_events ORDER BY event_id")])
     return jobs, leases, events
@@ -375,7 +376,7 @@ def test_artifacts_branch_up_and_down_on_a_populated_database_keeps_every_row(
     db = Database.open(pg)
     try:
         assert migrate(db, add={"artifacts"})["features"] == ["artifacts"]
-        db.write(lambda conn: db.run_text(
+        db.write(lambda conn: sql(
             conn, "INSERT INTO artifacts (job_id, epoch, name, location, digest, size,"
             " media_type, created_at) VALUES (:j, 1, 'out', 'objects/x', :sha, 10, 'text/plain',"
             " 1)", {"j": ids[0], "sha": "sha256:" + "0" * 64}))

@@ -14,6 +14,7 @@ from jobcoord.errors import InvalidInput
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from tests.conftest import dump
+from tests.sql import sql
 from tests.timeline import T0
 
 IDLE_ON_AC = {"memory_used_pct": 40, "on_battery": False, "user_idle_s": 900}
@@ -89,9 +90,9 @@ def test_prune_deletes_only_finished_jobs_past_the_age_with_their_history(
 
     def leftovers(conn: Any) -> tuple[int, int]:
         marks = ", ".join(str(j) for j in gone)
-        events = coord.db.run_text(conn, f"SELECT COUNT(*) FROM job_events WHERE job_id IN"
+        events = sql(conn, f"SELECT COUNT(*) FROM job_events WHERE job_id IN"
                                    f" ({marks})").scalar()
-        points = coord.db.run_text(conn, f"SELECT COUNT(*) FROM checkpoints WHERE job_id IN"
+        points = sql(conn, f"SELECT COUNT(*) FROM checkpoints WHERE job_id IN"
                                    f" ({marks})").scalar()
         return events, points
 

@@ -149,7 +149,7 @@ def test_the_roleless_claim_probe_reads_an_index_in_order_without_sorting(
             conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
             with contextlib.suppress(Exception):
                 conn.exec_driver_sql("SET LOCAL plan_cache_mode = force_custom_plan")
-            return conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + SQL.cached(text).postgresql,
+            return conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + SQL(text).postgresql,
                                         params).scalar()
 
         raw = c.db.read(explain)

@@ -12,6 +12,7 @@ from typing import Any
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.serve_procs import db_args, jobcoord_argv, served, token
+from tests.sql import sql
 
 ROLES = ("submitter", "viewer", "worker", "operator")
 
@@ -229,7 +230,7 @@ def test_token_create_shows_the_secret_once_and_stores_only_its_hash(target: Tar
     assert secret not in listed.stdout.decode()
     assert json.loads(listed.stdout)["tokens"][0]["worker_id"] == "laptop"
     with Coordinator.open(target) as c:
-        rows = c.db.read(lambda conn: c.db.run_text(conn, "SELECT * FROM tokens").all())
+        rows = c.db.read(lambda conn: sql(conn, "SELECT * FROM tokens").all())
     assert secret not in repr(rows)
     assert hashlib.sha256(secret.encode()).hexdigest() in repr(rows)
     again = subprocess.run([*argv, "create", "laptop", "--role", "viewer", "--json"],

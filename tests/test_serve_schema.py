@@ -10,6 +10,7 @@ from jobcoord.db import CORE_REVISIONS, Database, Target
 from jobcoord.maintenance import check
 from jobcoord.migrate import current_revisions, migrate
 from jobcoord.service import Coordinator
+from tests.sql import sql
 from tests.test_schema_c0002 import _alembic, _snapshot, empty_target, populated_at
 
 __all__ = ["empty_target"]  # the fixture, imported for this module's tests
@@ -55,7 +56,7 @@ def test_tokens_schema_refuses_a_bad_role_and_a_worker_binding_on_other_roles(
     with Coordinator.open(target) as c:
         for role, worker in (("admin", None), ("viewer", "w1")):
             def _insert(conn: Any, role: str = role, worker: str | None = worker) -> None:
-                c.db.run_text(conn, "INSERT INTO tokens (name, token_hash, role, worker_id,"
+                sql(conn, "INSERT INTO tokens (name, token_hash, role, worker_id,"
                               " created_at) VALUES ('x', :h, :role, :w, 1)",
                               {"h": "0" * 64, "role": role, "w": worker})
             with pytest.raises(JobcoordError):

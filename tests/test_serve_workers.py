@@ -15,6 +15,7 @@ import pytest
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.serve_procs import jobcoord_argv, served, token
+from tests.sql import sql
 
 
 def start_worker(url: str, secret: str, tmp: str, name: str, *extra: str
@@ -38,7 +39,7 @@ def finish(proc: subprocess.Popen[bytes], timeout: float) -> tuple[dict[str, Any
 def ledger_violations(c: Coordinator, n_jobs: int) -> list[str]:
     """The exactly-once facts, read through SQL on either database."""
     def _read(conn: Any) -> dict[str, Any]:
-        run = c.db.run_text
+        run = sql
         return {
             "status": dict(run(conn, "SELECT status, COUNT(*) FROM jobs GROUP BY status").all()),
             "completed": run(conn, "SELECT job_id, COUNT(*) FROM job_events WHERE reason ="

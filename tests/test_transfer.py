@@ -18,6 +18,7 @@ from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from jobcoord.transfer import canonical, tables_for, transfer
+from tests.sql import sql
 from tests.timeline import at
 
 from .conftest import PG_SKIP, PG_URL, fresh_pg, fresh_sqlite, run_cli
@@ -95,7 +96,7 @@ def populate(target: Target) -> dict[str, int]:
 def add_artifact_rows(target: Target, job_id: int) -> None:
     db = Database.open(target)
     try:
-        db.write(lambda conn: db.run_text(
+        db.write(lambda conn: sql(
             conn, "INSERT INTO artifacts (job_id, epoch, name, location, digest, size,"
             " media_type, state, created_at, verified_at) VALUES (:j, 1, :n, :loc, :sha, :size,"
             " 'application/json', :state, 1, 2)",
@@ -199,7 +200,7 @@ def test_acceptance_and_idempotency_contracts_survive_the_move(src: Target, pg: 
 def _count_jobs(target: Target) -> int:
     db = Database.open(target)
     try:
-        return db.read(lambda conn: db.run_text(conn, "SELECT COUNT(*) FROM jobs").scalar_one())
+        return db.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM jobs").scalar_one())
     finally:
         db.close()
 
@@ -246,7 +247,7 @@ def test_transfer_refuses_an_unmigrated_target(src: Target) -> None:
         assert r.json["error"]["code"] == "not_migrated"
         db = Database.open(bare)
         try:
-            tables = db.read(lambda conn: db.run_text(
+            tables = db.read(lambda conn: sql(
                 conn, "SELECT COUNT(*) FROM information_schema.tables"
                 " WHERE table_schema = 'public'").scalar_one())
         finally:

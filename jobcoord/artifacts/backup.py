@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jobcoord.artifacts.objects import ObjectStore
-from jobcoord.artifacts.rules import ENV_STORE, _gc_lock, store_of
+from jobcoord.artifacts.settings import ENV_STORE, gc_lock, store_of
 from jobcoord.errors import DatabaseCorrupt, InvalidInput
 
 MANIFEST = "manifest.json"
@@ -81,7 +81,7 @@ def backup(coord: Any, dest: str, force: bool,
     if "artifacts" not in coord.features or not coord.db.is_sqlite:
         return run(coord.db, dest, force=force)
     store = store_of(coord)
-    with _gc_lock(store, exclusive=False):
+    with gc_lock(store, exclusive=False):
         result = run(coord.db, dest, force=force)
         snapshot = result["backup"]
         found = _referenced(snapshot)

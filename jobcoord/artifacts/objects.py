@@ -26,306 +26,46 @@ import errno
 import fcntl
 import hashlib
 import os
-import re
 import secrets
-import stat
 import time
-import unicodedata
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import IO, Any, Literal
+from collections.abc import Iterator
 
+from jobcoord.artifacts.files import (
+    CHUNK_SIZE,
+    Fill,
+    ObjectReader,
+    Source,
+    StoredObject,
+    VerifyState,
+    corrupt,
+    dest_error,
+    fsync_dir,
+    missing,
+    mkdir_once,
+    open_source,
+    sorted_dirs,
+    store_error,
+    write_all,
+)
+from jobcoord.artifacts.names import (
+    ALGORITHM,
+    HEX_DIGITS,
+    MAX_NAME_BYTES,
+    format_digest,
+    parse_digest,
+    validate_name,
+)
 from jobcoord.errors import DatabaseCorrupt, InvalidInput, StorageUnavailable
 
-ALGORITHM = "sha256"
-#: Bytes per read and write. Memory per put or read is about one chunk, whatever the size.
-CHUNK_SIZE = 1 << 20
-MAX_NAME_BYTES = 255
 TEMP_SUFFIX = ".tmp"
-
-_HEX = re.compile(r"[0-9a-f]{64}")
-_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 # link(2) refused by the filesystem itself (not by a name that exists): fall back to rename
 # or to a copy.
 _NO_LINK = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.EXDEV})
 
-Source = str | os.PathLike[str] | os.PathLike[bytes] | bytes | bytearray | memoryview | IO[bytes]
-VerifyState = Literal["ok", "missing", "corrupt"]
-Fill = Callable[[memoryview], int]
-
-
-# --- digests and names ----------------------------------------------------------------------
-
-
-def parse_digest(digest: object) -> str:
-    """The 64 lowercase hex digits of a `sha256:<hex>` digest; InvalidInput otherwise."""
-    if isinstance(digest, str):
-        algorithm, sep, hexdigest = digest.partition(":")
-        if sep and algorithm == ALGORITHM and _HEX.fullmatch(hexdigest):
-            return hexdigest
-    raise InvalidInput("invalid_digest",
-                       f"not a digest: {ascii(digest)[:100]} (expected sha256:<64 lowercase hex>)",
-                       digest=ascii(digest)[:100])
-
-
-def format_digest(hexdigest: str) -> str:
-    return f"{ALGORITHM}:{hexdigest}"
-
-
-def validate_name(name: object) -> str:
-    """An artifact name, unchanged, or InvalidInput `invalid_artifact_name`.
-
-    A name is one path component on every platform the artifact may be written to: not empty,
-    not "." or "..", no "/" or "\\", no NUL or other control character, valid UTF-8 (no lone
-    surrogates) of at most 255 bytes (the usual file-name limit)."""
-
-    def refuse(why: str) -> InvalidInput:
-        shown = ascii(name)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        return InvalidInput("invalid_artifact_name", f"invalid artifact name {shown}: {why}",
-                            name=shown)
-
-    if not isinstance(name, str):
-        raise refuse("a name is a string")
-    if name == "":
-        raise refuse("it is empty")
-    if name in (".", ".."):
-        raise refuse("'.' and '..' name directories")
-    if "/" in name or "\\" in name:
-        raise refuse("it contains a path separator ('/' or '\\')")
-    try:
-        encoded = name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise refuse("it contains a lone surrogate (not valid UTF-8)") from None
-    for ch in name:
-        if unicodedata.category(ch) == "Cc":  # C0 and C1 controls, NUL and DEL included
-            raise refuse(f"it contains the control character U+{ord(ch):04X}")
-    if len(encoded) > MAX_NAME_BYTES:
-        raise refuse(f"it is {len(encoded)} bytes in UTF-8, over {MAX_NAME_BYTES}")
-    return name
-
-
-# --- results and errors ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StoredObject:
-    digest: str  # sha256:<hex>
-    size: int
-    path: str
-    created: bool  # False: the same content was already stored
-
-
-def _store_error(exc: OSError, root: str, doing: str) -> StorageUnavailable:
-    if exc.errno in _FULL:
-        return StorageUnavailable("artifact_store_full",
-                                  f"artifact store {root!r} is full while {doing}: {exc.strerror}",
-                                  root=root, errno=errno.errorcode.get(exc.errno or 0))
-    return StorageUnavailable("artifact_store_unavailable",
-                              f"artifact store {root!r} cannot be written while {doing}: "
-                              f"{exc.strerror or exc}", root=root,
-                              errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)))
-
-
-def _missing(digest: str, path: str) -> DatabaseCorrupt:
-    return DatabaseCorrupt("artifact_missing", f"artifact object {digest} is missing ({path})",
-                           digest=digest, path=path)
-
-
-def _corrupt(digest: str, path: str, why: str) -> DatabaseCorrupt:
-    return DatabaseCorrupt("artifact_corrupt", f"artifact object {digest} is corrupt: {why}",
-                           digest=digest, path=path)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _mkdir(path: str) -> bool:
-    """Create one directory level; True if this call created it (its parent then needs an
-    fsync for the new entry to survive a power cut)."""
-    try:
-        os.mkdir(path, 0o700)
-        return True
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory",
-                                     path) from None
-        return False
-
-
-# --- sources --------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _open_source(source: Source) -> Iterator[tuple[Fill, str]]:
-    """A `fill(buffer) -> bytes read` function over the source, and a label naming it.
-
-    Every error of the source itself (missing, a directory, unreadable, a read that fails) is
-    InvalidInput `invalid_input` naming it, so that the store's own errors stay apart."""
-    if isinstance(source, bytes | bytearray | memoryview):
-        data = memoryview(source).cast("B")
-        pos = 0
-
-        def fill_bytes(buf: memoryview) -> int:
-            nonlocal pos
-            n = min(len(buf), len(data) - pos)
-            buf[:n] = data[pos:pos + n]
-            pos += n
-            return n
-
-        yield fill_bytes, f"<{len(data)} bytes>"
-        return
-
-    if isinstance(source, str | os.PathLike):
-        label = os.fsdecode(source)
-        try:
-            f = open(source, "rb", buffering=0)  # noqa: SIM115 - closed below
-        except IsADirectoryError:
-            raise InvalidInput("invalid_input", f"source {label!r} is a directory, not a file",
-                               source=label) from None
-        except FileNotFoundError:
-            raise InvalidInput("invalid_input", f"source {label!r} does not exist",
-                               source=label) from None
-        except OSError as exc:
-            raise InvalidInput("invalid_input",
-                               f"source {label!r} cannot be opened: {exc.strerror or exc}",
-                               source=label) from None
-        try:
-            yield _fill_from(f, label), label
-        finally:
-            f.close()
-        return
-
-    if hasattr(source, "read"):
-        label = str(getattr(source, "name", None) or f"<{type(source).__name__}>")
-        yield _fill_from(source, label), label
-        return
-
-    raise InvalidInput("invalid_input", f"cannot store a {type(source).__name__}: give a path, "
-                       "bytes or a binary file object", source=type(source).__name__)
-
-
-def _fill_from(f: Any, label: str) -> Fill:
-    readinto = getattr(f, "readinto", None)
-
-    def fill(buf: memoryview) -> int:
-        try:
-            if readinto is not None:
-                n = readinto(buf)
-            else:
-                data = f.read(len(buf))
-                if isinstance(data, str):
-                    raise InvalidInput("invalid_input",
-                                       f"source {label!r} is open in text mode; open it 'rb'",
-                                       source=label)
-                n = len(data)
-                buf[:n] = data
-        except OSError as exc:
-            raise InvalidInput("invalid_input",
-                               f"source {label!r} cannot be read: {exc.strerror or exc}",
-                               source=label) from None
-        except TypeError as exc:  # e.g. readinto of a text stream
-            raise InvalidInput("invalid_input", f"source {label!r} is not a binary stream: {exc}",
-                               source=label) from None
-        if n is None:
-            raise InvalidInput("invalid_input", f"source {label!r} is non-blocking; give a "
-                               "blocking stream", source=label)
-        return int(n)
-
-    return fill
-
-
-# --- reading --------------------------------------------------------------------------------
-
-
-class ObjectReader:
-    """A verified stream of one object's bytes.
-
-    Iterate for chunks (or call `readinto`); the bytes are hashed as they go and, at the end,
-    a size or digest mismatch raises DatabaseCorrupt `artifact_corrupt`. A consumer that must
-    not act on unverified bytes writes them somewhere temporary first (as `copy_to` does)."""
-
-    def __init__(self, path: str, hexdigest: str, root: str,
-                 expected_size: int | None = None) -> None:
-        self.digest = format_digest(hexdigest)
-        self.path = path
-        self._hex = hexdigest
-        self._root = root
-        self._expected_size = expected_size
-        self._hash = hashlib.sha256()
-        self._read = 0
-        self._done = False
-        try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except (FileNotFoundError, NotADirectoryError):
-            raise _missing(self.digest, path) from None
-        except OSError as exc:
-            raise _store_error(exc, root, f"opening {self.digest}") from None
-        try:
-            st = os.fstat(self._fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise _corrupt(self.digest, path, "not a regular file")
-        except BaseException:
-            os.close(self._fd)
-            raise
-        #: Size on disk when opened (unverified until the stream ends).
-        self.size = st.st_size
-
-    def readinto(self, buf: memoryview) -> int:
-        if self._done:
-            return 0
-        try:
-            n = os.readv(self._fd, [buf])
-        except OSError as exc:
-            self.close()
-            raise _store_error(exc, self._root, f"reading {self.digest}") from None
-        if n == 0:
-            self._finish()
-            return 0
-        self._hash.update(buf[:n])
-        self._read += n
-        return n
-
-    def _finish(self) -> None:
-        self.close()
-        if self._expected_size is not None and self._read != self._expected_size:
-            raise _corrupt(self.digest, self.path,
-                           f"{self._read} bytes, expected {self._expected_size}")
-        actual = self._hash.hexdigest()
-        if actual != self._hex:
-            raise _corrupt(self.digest, self.path, f"its bytes hash to sha256:{actual}")
-
-    def __iter__(self) -> Iterator[bytes]:
-        buf = bytearray(CHUNK_SIZE)
-        view = memoryview(buf)
-        while True:
-            n = self.readinto(view)
-            if n == 0:
-                return
-            yield bytes(view[:n])
-
-    def close(self) -> None:
-        if not self._done:
-            self._done = True
-            os.close(self._fd)
-
-    def __enter__(self) -> ObjectReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+#: Kept importable from here: the store's callers name them as the store's.
+__all__ = ["ALGORITHM", "CHUNK_SIZE", "MAX_NAME_BYTES", "TEMP_SUFFIX", "ObjectReader",
+           "ObjectStore", "Source", "StoredObject", "VerifyState", "format_digest",
+           "parse_digest", "validate_name"]
 
 
 # --- the store ------------------------------------------------------------------------------
@@ -358,23 +98,23 @@ class ObjectStore:
                 missing.append(path)
                 path = os.path.dirname(path)
             for directory in reversed(missing):  # outermost first, each entry made durable
-                if _mkdir(directory):
-                    _fsync_dir(os.path.dirname(directory))
+                if mkdir_once(directory):
+                    fsync_dir(os.path.dirname(directory))
             for parent, child in ((self.root, "objects"), (self.root, "tmp"),
                                   (os.path.join(self.root, "objects"), ALGORITHM)):
-                if _mkdir(os.path.join(parent, child)):
-                    _fsync_dir(parent)
+                if mkdir_once(os.path.join(parent, child)):
+                    fsync_dir(parent)
         except OSError as exc:
-            raise _store_error(exc, self.root, "creating the store directories") from None
+            raise store_error(exc, self.root, "creating the store directories") from None
 
     def _make_fanout(self, hexdigest: str) -> str:
         """Create objects/sha256/ab/cd as needed; fsync the parent of each new level."""
         level1 = os.path.join(self.objects_dir, hexdigest[:2])
         level2 = os.path.join(level1, hexdigest[2:4])
-        if _mkdir(level1):
-            _fsync_dir(self.objects_dir)
-        if _mkdir(level2):
-            _fsync_dir(level1)
+        if mkdir_once(level1):
+            fsync_dir(self.objects_dir)
+        if mkdir_once(level2):
+            fsync_dir(level1)
         return level2
 
     # --- writing ----------------------------------------------------------------------------
@@ -384,7 +124,7 @@ class ObjectStore:
         end) and return their object. Identical content is stored once (`created=False`)."""
         if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 0):
             raise InvalidInput("invalid_input", f"max_bytes must be >= 0, not {max_bytes!r}")
-        with _open_source(source) as (fill, label):
+        with open_source(source) as (fill, label):
             self._ensure_layout()
             return self._ingest(fill, label=label, max_bytes=max_bytes)
 
@@ -410,17 +150,17 @@ class ObjectStore:
                                            "bytes", source=label, max_bytes=max_bytes)
                     chunk = buf[:n]
                     hasher.update(chunk)
-                    _write_all(fd, chunk)
+                    write_all(fd, chunk)
                 hexdigest = hasher.hexdigest()
                 if expected_hex is not None and hexdigest != expected_hex:
-                    raise _corrupt(format_digest(expected_hex), label,
+                    raise corrupt(format_digest(expected_hex), label,
                                    f"its bytes hash to sha256:{hexdigest}")
                 os.fchmod(fd, 0o400)  # objects are immutable
                 os.fsync(fd)
                 path = self._path(hexdigest)
                 created = self._place(tmp, path, hexdigest)
             except OSError as exc:
-                raise _store_error(exc, self.root, f"storing {label}") from None
+                raise store_error(exc, self.root, f"storing {label}") from None
         finally:
             # Unlink under the lock, then close: clean_temp never sees this file unlocked
             # unless it is already gone.
@@ -439,7 +179,7 @@ class ObjectStore:
             except FileExistsError:
                 continue
             except OSError as exc:
-                raise _store_error(exc, self.root, "creating a temporary file") from None
+                raise store_error(exc, self.root, "creating a temporary file") from None
         raise StorageUnavailable("artifact_store_unavailable",
                                  f"cannot create a unique temporary file in {self.tmp_dir!r}")
 
@@ -461,7 +201,7 @@ class ObjectStore:
             created = not os.path.exists(path)
             if created:
                 os.rename(tmp, path)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         return created
 
     # --- reading ----------------------------------------------------------------------------
@@ -490,7 +230,7 @@ class ObjectStore:
                 raise InvalidInput("invalid_input", f"destination directory {directory!r} "
                                    "does not exist", dest=dest_path) from None
             except OSError as exc:
-                raise _dest_error(exc, dest_path) from None
+                raise dest_error(exc, dest_path) from None
             try:
                 buf = memoryview(bytearray(CHUNK_SIZE))
                 written = 0
@@ -499,18 +239,18 @@ class ObjectStore:
                         n = reader.readinto(buf)  # raises artifact_corrupt at the end
                         if n == 0:
                             break
-                        _write_all(fd, buf[:n])
+                        write_all(fd, buf[:n])
                         written += n
                     os.fsync(fd)
                 except OSError as exc:
-                    raise _dest_error(exc, dest_path) from None
+                    raise dest_error(exc, dest_path) from None
                 finally:
                     os.close(fd)
                 try:
                     os.replace(tmp, dest_path)
-                    _fsync_dir(directory)
+                    fsync_dir(directory)
                 except OSError as exc:
-                    raise _dest_error(exc, dest_path) from None
+                    raise dest_error(exc, dest_path) from None
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -541,14 +281,14 @@ class ObjectStore:
         try:
             st = os.stat(path)
         except (FileNotFoundError, NotADirectoryError):
-            raise _missing(digest, path) from None
+            raise missing(digest, path) from None
         return st.st_size
 
     def iter_objects(self) -> Iterator[tuple[str, int, float]]:
         """(digest, size, mtime) of every object, in digest order. Files that are not where
         their name says (stray files) are not objects and are skipped."""
-        for level1 in _sorted_dirs(self.objects_dir, 2):
-            for level2 in _sorted_dirs(os.path.join(self.objects_dir, level1), 2):
+        for level1 in sorted_dirs(self.objects_dir, 2):
+            for level2 in sorted_dirs(os.path.join(self.objects_dir, level1), 2):
                 directory = os.path.join(self.objects_dir, level1, level2)
                 try:
                     entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -556,7 +296,7 @@ class ObjectStore:
                     continue
                 for entry in entries:
                     name = entry.name
-                    if (_HEX.fullmatch(name) and name[:2] == level1 and name[2:4] == level2
+                    if (HEX_DIGITS.fullmatch(name) and name[:2] == level1 and name[2:4] == level2
                             and entry.is_file(follow_symlinks=False)):
                         try:
                             st = entry.stat(follow_symlinks=False)
@@ -573,8 +313,8 @@ class ObjectStore:
         except (FileNotFoundError, NotADirectoryError):
             return False
         except OSError as exc:
-            raise _store_error(exc, self.root, f"removing {digest}") from None
-        _fsync_dir(os.path.dirname(path))
+            raise store_error(exc, self.root, f"removing {digest}") from None
+        fsync_dir(os.path.dirname(path))
         return True
 
     def clean_temp(self, older_than_s: float) -> dict[str, int]:
@@ -589,7 +329,7 @@ class ObjectStore:
         except FileNotFoundError:
             return counts
         except OSError as exc:
-            raise _store_error(exc, self.root, "listing temporary files") from None
+            raise store_error(exc, self.root, "listing temporary files") from None
         now = time.time()
         for entry in entries:
             if not entry.name.endswith(TEMP_SUFFIX) or not entry.is_file(follow_symlinks=False):
@@ -603,7 +343,7 @@ class ObjectStore:
             except FileNotFoundError:  # the upload finished meanwhile
                 continue
             except OSError as exc:
-                raise _store_error(exc, self.root, "cleaning temporary files") from None
+                raise store_error(exc, self.root, "cleaning temporary files") from None
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -623,7 +363,7 @@ class ObjectStore:
                     counts["removed"] += 1
                     counts["bytes_removed"] += st.st_size
             except OSError as exc:
-                raise _store_error(exc, self.root, "cleaning temporary files") from None
+                raise store_error(exc, self.root, "cleaning temporary files") from None
             finally:
                 os.close(fd)
         return counts
@@ -644,16 +384,16 @@ class ObjectStore:
         if os.path.lexists(dst):
             return other._checked(digest, dst, created=False)
         if not os.path.isfile(src):
-            raise _missing(digest, src)
+            raise missing(digest, src)
         try:
             directory = other._make_fanout(hexdigest)
             os.link(src, dst)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except FileExistsError:
             return other._checked(digest, dst, created=False)
         except OSError as exc:
             if exc.errno not in _NO_LINK:
-                raise _store_error(exc, other.root, f"linking {digest}") from None
+                raise store_error(exc, other.root, f"linking {digest}") from None
             with self.read(digest) as reader:
                 return other._ingest(reader.readinto, label=src, expected_hex=hexdigest)
         try:
@@ -662,29 +402,13 @@ class ObjectStore:
             # The link shares the source's (corrupt) bytes: take it out of the other store.
             with contextlib.suppress(OSError):
                 os.unlink(dst)
-                _fsync_dir(os.path.dirname(dst))
+                fsync_dir(os.path.dirname(dst))
             raise
 
     def _checked(self, digest: str, path: str, *, created: bool) -> StoredObject:
         state = self.verify(digest)
         if state == "missing":
-            raise _missing(digest, path)
+            raise missing(digest, path)
         if state == "corrupt":
-            raise _corrupt(digest, path, "re-hashing it in the destination store failed")
+            raise corrupt(digest, path, "re-hashing it in the destination store failed")
         return StoredObject(digest, os.stat(path).st_size, path, created)
-
-
-def _dest_error(exc: OSError, dest: str) -> StorageUnavailable:
-    full = exc.errno in _FULL
-    return StorageUnavailable("destination_full" if full else "destination_unavailable",
-                              f"cannot write {dest!r}: {exc.strerror or exc}", dest=dest,
-                              errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)))
-
-
-def _sorted_dirs(path: str, width: int) -> list[str]:
-    try:
-        return sorted(e.name for e in os.scandir(path)
-                      if len(e.name) == width and e.is_dir(follow_symlinks=False)
-                      and all(c in "0123456789abcdef" for c in e.name))
-    except FileNotFoundError:
-        return []

@@ -1,4 +1,5 @@
-"""Artifact rows: staging under a live lease, verification, fenced linking, reading, gc.
+"""Artifact rows: staging under a live lease, verification and fenced linking at completion,
+and reading (the per-kind settings are in settings.py, gc in retention.py).
 
 The object store (objects.py) holds the bytes; this module holds the rules that tie them to
 jobs. Order of writes, everywhere: the object is stored and fsynced first, outside any
@@ -20,210 +21,53 @@ artifact_accepted, artifact_rejected).
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import mimetypes
 import os
-import re
-import shlex
 import subprocess
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobcoord.artifacts.objects import ObjectStore, Source, parse_digest, validate_name
+from jobcoord.artifacts.objects import ObjectStore, Source, validate_name
+from jobcoord.artifacts.retention import (  # noqa: F401 -- the artifacts API, as before
+    DEFAULT_GRACE_S,
+    TEMP_MIN_AGE_S,
+    gc_artifacts,
+    referenced_digests,
+    removal_check,
+)
+from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as before
+    DEFAULT_MEDIA_TYPE,
+    ENV_STORE,
+    GC_LOCK_WAIT_S,
+    ArtifactSettings,
+    KindRule,
+    declare_kind,
+    gc_lock,
+    kind_rule,
+    location_of,
+    media_type_of,
+    need_feature,
+    settings_from_mapping,
+    settings_of,
+    store_of,
+    store_root,
+)
 from jobcoord.clock import iso, now_us
 from jobcoord.core.common import fenced_args, record_event
 from jobcoord.core.fencing import check_owner, reject_event
 from jobcoord.errors import (
     DatabaseBusy,
-    InvalidInput,
     JobcoordError,
     Refused,
-    SchemaMismatch,
 )
+from jobcoord.store import feature_statements as fs
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from jobcoord.coordinator import Coordinator
-    from jobcoord.store import Database
 
-ENV_STORE = "JOBCOORD_ARTIFACTS"
-DEFAULT_GRACE_S = 3600.0
-DEFAULT_MEDIA_TYPE = "application/octet-stream"
-#: How long gc waits for uploads that are committing their rows (seconds).
-GC_LOCK_WAIT_S = 60.0
 VALIDATOR_TIMEOUT_S = 300.0
-#: gc never removes a temporary file younger than this, whatever its grace: an upload creates
-#: its file an instant before it locks it (objects.py, clean_temp).
-TEMP_MIN_AGE_S = 60.0
-_MEDIA = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}")
-_COLUMNS = ("artifact_id, job_id, epoch, name, digest, size, media_type, state, reason,"
-            " location, created_at, verified_at")
-
-
-# --- validation rules per kind --------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class KindRule:
-    """What the artifacts of one kind must satisfy to be accepted."""
-
-    max_bytes: int | None = None
-    media_types: tuple[str, ...] | None = None  # None: any
-    validator: tuple[str, ...] | None = None  # argv; the stored file's path is appended
-
-    def check_static(self, size: int, media_type: str) -> str | None:
-        if self.max_bytes is not None and size > self.max_bytes:
-            return "artifact_too_large"
-        if self.media_types is not None and media_type not in self.media_types:
-            return "media_type_not_allowed"
-        return None
-
-
-@dataclass
-class ArtifactSettings:
-    """Per-kind rules (`rules[kind]`; `default` for kinds without their own)."""
-
-    default: KindRule = field(default_factory=KindRule)
-    rules: dict[str, KindRule] = field(default_factory=dict)
-
-    def for_kind(self, kind: str) -> KindRule:
-        return self.rules.get(kind, self.default)
-
-
-def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = None,
-              where: str = "artifacts") -> KindRule:
-    """A validated KindRule (InvalidInput `invalid_policy` naming `where` otherwise)."""
-    def bad(why: str) -> InvalidInput:
-        return InvalidInput("invalid_policy", f"{where}: {why}")
-
-    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
-                                  or not 0 <= max_bytes <= 2**62):
-        raise bad("max_bytes must be a whole number of bytes, 0..2**62")
-    if media_types is not None:
-        if isinstance(media_types, str) or not all(isinstance(m, str) and _MEDIA.fullmatch(m)
-                                                   for m in media_types):
-            raise bad("media_types must be a list of media types like 'application/pdf'")
-        media_types = tuple(media_types)
-    if validator is not None:
-        if isinstance(validator, str):
-            validator = shlex.split(validator)
-        if not validator or not all(isinstance(a, str) and "\0" not in a for a in validator):
-            raise bad("validator must be a command (a string or a list of arguments)")
-        validator = tuple(validator)
-    return KindRule(max_bytes, media_types, validator)
-
-
-def settings_from_mapping(data: Mapping[str, Any] | None, source: str = "policy"
-                          ) -> ArtifactSettings:
-    """The `[artifacts]` table of a policy file: defaults, and `[artifacts.kinds.<kind>]`."""
-    out = ArtifactSettings()
-    if not data:
-        return out
-    if not isinstance(data, Mapping):
-        raise InvalidInput("invalid_policy", f"{source}: [artifacts] must be a table")
-    keys = {"max_bytes", "media_types", "validator"}
-    for key in data:
-        if key not in keys | {"kinds"}:
-            raise InvalidInput("invalid_policy", f"{source}: unknown setting artifacts.{key}")
-    out.default = kind_rule(data.get("max_bytes"), data.get("media_types"),
-                            data.get("validator"), f"{source}: artifacts")
-    for kind, rule in dict(data.get("kinds") or {}).items():
-        if not isinstance(rule, Mapping) or set(rule) - keys:
-            raise InvalidInput("invalid_policy", f"{source}: artifacts.kinds.{kind} takes "
-                               f"{', '.join(sorted(keys))}")
-        merged = {"max_bytes": out.default.max_bytes, "media_types": out.default.media_types,
-                  "validator": out.default.validator, **rule}
-        out.rules[str(kind)] = kind_rule(merged["max_bytes"], merged["media_types"],
-                                         merged["validator"], f"{source}: artifacts.kinds.{kind}")
-    return out
-
-
-def settings_of(coord: Coordinator) -> ArtifactSettings:
-    found = getattr(coord, "artifact_settings", None)
-    if found is None:
-        found = getattr(coord.policy, "artifacts", None) or ArtifactSettings()
-    return found
-
-
-def declare_kind(coord: Coordinator, kind: str, *, max_bytes: int | None = None,
-                 media_types: Sequence[str] | None = None,
-                 validator: str | Sequence[str] | None = None) -> None:
-    """Declare a kind's artifact rules from Python (a handler's application does this)."""
-    settings = getattr(coord, "artifact_settings", None)
-    if settings is None:
-        base = settings_of(coord)
-        settings = ArtifactSettings(base.default, dict(base.rules))
-        coord.artifact_settings = settings  # type: ignore[attr-defined]
-    settings.rules[kind] = kind_rule(max_bytes, media_types, validator, f"kind {kind!r}")
-
-
-# --- where the store is ---------------------------------------------------------------------
-
-
-def store_root(db: Database, explicit: str | os.PathLike[str] | None = None) -> str:
-    """The store directory: the explicit one (--artifacts), else $JOBCOORD_ARTIFACTS, else for
-    SQLite `<database>.artifacts`; PostgreSQL has no default."""
-    root = explicit or os.environ.get(ENV_STORE)
-    if root:
-        return os.path.abspath(os.fspath(root))
-    if db.target.sqlite_path:
-        return db.target.sqlite_path + ".artifacts"
-    raise InvalidInput("artifact_store_required",
-                       "artifacts on PostgreSQL need a store directory: pass --artifacts DIR "
-                       f"(or set {ENV_STORE}); every coordinator and worker must name the same "
-                       "one")
-
-
-def store_of(coord: Coordinator) -> ObjectStore:
-    return ObjectStore(store_root(coord.db, getattr(coord, "artifacts_dir", None)))
-
-
-def _need(coord: Coordinator) -> None:
-    if "artifacts" not in coord.features:
-        raise SchemaMismatch("feature_missing", "artifact storage is not installed in this "
-                             "database: run `jobcoord migrate --with artifacts`")
-
-
-def _location(digest: str) -> str:
-    h = parse_digest(digest)
-    return f"objects/sha256/{h[:2]}/{h[2:4]}/{h}"
-
-
-def _media_type(media_type: Any, name: str) -> str:
-    if media_type is None:
-        return mimetypes.guess_type(name, strict=False)[0] or DEFAULT_MEDIA_TYPE
-    if not isinstance(media_type, str) or not _MEDIA.fullmatch(media_type):
-        raise InvalidInput("invalid_media_type", f"not a media type: {ascii(media_type)[:80]} "
-                           "(expected type/subtype, e.g. application/pdf)")
-    return media_type
-
-
-@contextlib.contextmanager
-def _gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S
-             ) -> Iterator[None]:
-    """Uploads committing their row hold this shared; gc holds it exclusive while it decides
-    and deletes, so an object is never deleted between an upload's `put` and its row."""
-    store._ensure_layout()
-    fd = os.open(os.path.join(store.root, "gc.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o600)
-    try:
-        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DatabaseBusy("artifact_store_busy", "the artifact store's gc lock "
-                                       f"was held for {wait_s:.0f} s; try again") from None
-                time.sleep(0.01)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _row(r: Any) -> dict[str, Any]:
@@ -242,13 +86,13 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     """Stage an artifact for the attempt (job, epoch) held by `worker`: store the bytes, then
     record the row under the live lease, as `checkpoint` writes (rule: owner, current epoch,
     lease not expired). A refused stage leaves at most an unreferenced object for gc."""
-    _need(coord)
+    need_feature(coord)
     job_id, worker, epoch, tenant = fenced_args(job_id, worker, epoch, tenant)
     name = validate_name(name)
-    media_type = _media_type(media_type, name)
+    media_type = media_type_of(media_type, name)
     store = store_of(coord)
-    kind = coord.db.read(lambda conn: coord.db.run_text(
-        conn, "SELECT kind FROM jobs WHERE job_id = :j", {"j": job_id}).scalar(), "artifact")
+    kind = coord.db.read(lambda conn: coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar(),
+                         "artifact")
     if kind is None:
         raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
     rule = settings_of(coord).for_kind(kind)
@@ -260,16 +104,10 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
             reject_event(coord, conn, owned, job_id, worker, epoch, now, "artifact")
             return owned
         params = {"j": job_id, "e": epoch, "n": name, "d": obj.digest, "s": obj.size,
-                  "m": media_type, "l": _location(obj.digest), "now": now}
-        replaced = coord.db.run_text(
-            conn, "UPDATE artifacts SET digest = :d, size = :s, media_type = :m, location = :l,"
-            " state = 'staged', reason = NULL, created_at = :now, verified_at = NULL"
-            " WHERE job_id = :j AND epoch = :e AND name = :n", params).rowcount
+                  "m": media_type, "l": location_of(obj.digest), "now": now}
+        replaced = coord.db.run(conn, fs.RESTAGE, params).rowcount
         if not replaced:
-            coord.db.run_text(
-                conn, "INSERT INTO artifacts (job_id, epoch, name, digest, size, media_type,"
-                " state, location, created_at) VALUES (:j, :e, :n, :d, :s, :m, 'staged', :l,"
-                " :now)", params)
+            coord.db.run(conn, fs.STAGE, params)
         record_event(coord, conn, job_id, now, "running", "running", "artifact_staged", worker,
                      epoch, {"name": name, "digest": obj.digest, "size": obj.size,
                       "media_type": media_type, **({"replaced": True} if replaced else {})})
@@ -279,7 +117,7 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
 
     # The shared gc lock from "the object is there" to the row's commit: gc cannot delete
     # an old object this upload found already stored (dedup) before the row names it.
-    with _gc_lock(store, exclusive=False):
+    with gc_lock(store, exclusive=False):
         if not store.exists(obj.digest):
             raise DatabaseBusy("artifact_store_busy", "a concurrent gc removed the object "
                                "while it was stored; put it again", digest=obj.digest)
@@ -301,12 +139,8 @@ class Plan:
 
 def _stages(coord: Coordinator, job_id: int, epoch: int) -> tuple[str | None, list[Any]]:
     def _read(conn: Connection) -> tuple[str | None, list[Any]]:
-        kind = coord.db.run_text(conn, "SELECT kind FROM jobs WHERE job_id = :j",
-                                 {"j": job_id}).scalar()
-        rows = coord.db.run_text(
-            conn, "SELECT artifact_id, name, digest, size, media_type FROM artifacts"
-            " WHERE job_id = :j AND epoch = :e AND state IN ('staged', 'verified')"
-            " ORDER BY name", {"j": job_id, "e": epoch}).all()
+        kind = coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar()
+        rows = coord.db.run(conn, fs.ATTEMPT_STAGES, {"j": job_id, "e": epoch}).all()
         return kind, list(rows)
     return coord.db.read(_read, "reading staged artifacts")
 
@@ -365,8 +199,7 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
             reject_event(coord, conn, owned, job_id, worker, epoch, now, "complete")
             return owned
         for row, reason, why in bad:
-            coord.db.run_text(conn, "UPDATE artifacts SET state = 'rejected', reason = :r"
-                              " WHERE artifact_id = :a", {"r": reason, "a": row[0]})
+            coord.db.run(conn, fs.REJECT, {"r": reason, "a": row[0]})
             record_event(coord, conn, job_id, now, "running", "running", "artifact_rejected",
                          worker, epoch, {"name": row[1], "digest": row[2], "reason": reason,
                                  "evidence": why})
@@ -390,11 +223,9 @@ def link_accepted(coord: Coordinator, conn: Connection, plan: Plan | None, job_i
     if not plan:
         return
     for artifact_id, name, digest, _size in plan.rows:
-        linked = coord.db.run_text(
-            conn, "UPDATE artifacts SET state = 'accepted', verified_at = :v WHERE"
-            " artifact_id = :a AND job_id = :j AND epoch = :e AND digest = :d AND state IN"
-            " ('staged', 'verified')", {"v": plan.verified_at, "a": artifact_id, "j": job_id,
-                                         "e": epoch, "d": digest}).rowcount
+        linked = coord.db.run(conn, fs.ACCEPT, {"v": plan.verified_at, "a": artifact_id,
+                                                "j": job_id, "e": epoch, "d": digest}
+                              ).rowcount
         if linked:
             record_event(coord, conn, job_id, now, "running", "running", "artifact_verified",
                          worker, epoch,
@@ -409,27 +240,19 @@ def link_accepted(coord: Coordinator, conn: Connection, plan: Plan | None, job_i
 def artifacts(coord: Coordinator, job_id: Any = None, *, all_states: bool = False,
               tenant: str | None = None) -> dict[str, Any]:
     """A job's accepted artifacts (every stage with all_states), or every job's."""
-    _need(coord)
-    where, params = [], {}
+    need_feature(coord)
+    params: dict[str, Any] = {}
     if job_id is not None:
         from jobcoord import validate as v
 
         params["j"] = v.whole(job_id, "job_id", 1, 2**62)
-        where.append("a.job_id = :j")
     if tenant is not None:
         params["t"] = tenant
-        where.append("j.tenant = :t")
-    if not all_states:
-        where.append("a.state = 'accepted'")
-    sql = (f"SELECT {', '.join('a.' + c.strip() for c in _COLUMNS.split(','))} FROM artifacts a"
-           " JOIN jobs j ON j.job_id = a.job_id"
-           + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY a.job_id, a.name, a.epoch")
-    rows = coord.db.read(lambda conn: coord.db.run_text(conn, sql, params).all(), "artifacts")
+    stmt = fs.artifact_list(job_id is not None, tenant is not None, all_states)
+    rows = coord.db.read(lambda conn: coord.db.run(conn, stmt, params).all(), "artifacts")
     if job_id is not None and not rows:
-        exists = coord.db.read(lambda conn: coord.db.run_text(
-            conn, "SELECT 1 FROM jobs WHERE job_id = :j" + (" AND tenant = :t" if tenant
-                                                           else ""), params).first())
+        exists = coord.db.read(lambda conn: coord.db.run(
+            conn, fs.JOB_OF_TENANT_EXISTS if tenant else fs.JOB_EXISTS, params).first())
         if exists is None:
             raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id)
     return {"artifacts": [_row(r) for r in rows]}
@@ -440,9 +263,8 @@ def _accepted(coord: Coordinator, job_id: Any, name: Any) -> Any:
 
     job_id = v.whole(job_id, "job_id", 1, 2**62)
     name = validate_name(name)
-    row = coord.db.read(lambda conn: coord.db.run_text(
-        conn, f"SELECT {_COLUMNS} FROM artifacts WHERE job_id = :j AND name = :n AND"
-        " state = 'accepted'", {"j": job_id, "n": name}).first(), "artifact get")
+    row = coord.db.read(lambda conn: coord.db.run(
+        conn, fs.ACCEPTED_NAMED, {"j": job_id, "n": name}).first(), "artifact get")
     if row is None:
         raise Refused("artifact_not_found", f"job {job_id} has no accepted artifact "
                       f"{name!r}", job_id=job_id, name=name)
@@ -454,7 +276,7 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
     """Copy an accepted artifact to `dest`, verified: written beside it and renamed only after
     size and digest matched. Missing or corrupt object: DatabaseCorrupt (exit 7), nothing
     at dest."""
-    _need(coord)
+    need_feature(coord)
     row = _accepted(coord, job_id, name)
     store = store_of(coord)
     store.copy_to(row[4], dest, expected_size=row[5])
@@ -464,14 +286,14 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
 def open_artifact(coord: Coordinator, job_id: Any, name: Any) -> Any:
     """A verified stream (ObjectReader) of an accepted artifact: the caller must treat the
     bytes as unverified until the iteration ended without an error."""
-    _need(coord)
+    need_feature(coord)
     row = _accepted(coord, job_id, name)
     return store_of(coord).read(row[4], expected_size=row[5])
 
 
 def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
     """Re-hash the object of every row that is not rejected (of one job, or all)."""
-    _need(coord)
+    need_feature(coord)
     listed = artifacts(coord, job_id, all_states=True)["artifacts"]
     store = store_of(coord)
     seen: dict[str, str] = {}
@@ -489,107 +311,6 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
                         "digest": a["digest"], "state": a["state"], "problem": state})
     return {"ok": not bad, "checked_rows": sum(a["state"] != "rejected" for a in listed),
             "checked_objects": len(seen), "problems": bad}
-
-
-# --- retention ------------------------------------------------------------------------------
-
-
-_END_STALE = (
-    "UPDATE artifacts SET state = 'rejected', reason = 'attempt_ended'"
-    " WHERE state IN ('staged', 'verified') AND NOT EXISTS (SELECT 1 FROM leases l"
-    " WHERE l.job_id = artifacts.job_id AND l.epoch = artifacts.epoch)")
-
-
-def referenced_digests(db: Database, conn: Connection) -> set[str]:
-    rows = db.run_text(conn, "SELECT DISTINCT digest FROM artifacts WHERE state <> 'rejected'"
-                       ).all()
-    return {r[0] for r in rows}
-
-
-def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
-                 dry_run: bool = False) -> dict[str, Any]:
-    """Reject the stages of attempts that are over (their lease is gone), then delete every
-    object no live row references that is older than the grace, and the temporary files of
-    uploads that died. Never a referenced object; never a young one (an upload in flight)."""
-    _need(coord)
-    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not (
-            0 <= grace_s <= 10 * 365 * 86400):
-        raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
-    store = store_of(coord)
-    ended = 0
-    if not dry_run:
-        def _end(conn: Connection) -> int:
-            rows = coord.db.run_text(
-                conn, "SELECT a.artifact_id, a.job_id, a.epoch, a.name, a.digest, j.status"
-                " FROM artifacts a JOIN jobs j ON j.job_id = a.job_id WHERE a.state IN"
-                " ('staged', 'verified') AND NOT EXISTS (SELECT 1 FROM leases l"
-                " WHERE l.job_id = a.job_id AND l.epoch = a.epoch)").all()
-            if rows:
-                now = now_us()
-                coord.db.run_text(conn, _END_STALE)
-                for r in rows:
-                    record_event(coord, conn, r[1], now, r[5], r[5], "artifact_rejected", None,
-                                 r[2], {"name": r[3], "digest": r[4], "reason": "attempt_ended"})
-            return len(rows)
-        ended = coord.db.write(_end, "artifact gc")
-    removed, kept_young, freed = [], 0, 0
-    with _gc_lock(store, exclusive=True):
-        candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
-        live = coord.db.read(lambda conn: referenced_digests(coord.db, conn), "artifact gc")
-        cutoff = time.time() - grace_s
-        for digest, size in candidates:
-            if digest in live:
-                continue
-            try:
-                mtime = os.stat(store.path_of(digest)).st_mtime
-            except FileNotFoundError:
-                continue
-            if mtime > cutoff:
-                kept_young += 1
-                continue
-            if not dry_run:
-                store.remove(digest)
-            removed.append(digest)
-            freed += size
-    temp = ({"removed": 0, "bytes_removed": 0} if dry_run
-            else store.clean_temp(max(grace_s, TEMP_MIN_AGE_S)))
-    return {"dry_run": dry_run, "stages_ended": ended, "objects_removed": len(removed),
-            "bytes_removed": freed, "kept_young": kept_young, "referenced": len(live),
-            "removed": removed, "temp_files_removed": temp["removed"],
-            "temp_bytes_removed": temp["bytes_removed"], "store": store.root}
-
-
-# --- removing the feature -------------------------------------------------------------------
-
-
-def removal_check(db: Database, conn: Connection, force: bool,
-                  store: str | None = None) -> dict[str, int]:
-    """Before `migrate --without artifacts`: how many rows, and objects in the store, would be
-    left without the feature. Refused (exit 4) when there are any, unless forced. Objects are
-    never deleted here (gc owns them; without the feature, remove the directory by hand)."""
-    rows, size = db.run_text(conn, "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM artifacts"
-                             ).one() if _has_new_columns(db, conn) else db.run_text(
-        conn, "SELECT COUNT(*), COALESCE(SUM(size_bytes), 0) FROM artifacts").one()
-    objects = object_bytes = 0
-    with contextlib.suppress(InvalidInput):  # PostgreSQL without a named store: rows only
-        for _digest, n, _mtime in ObjectStore(store_root(db, store)).iter_objects():
-            objects += 1
-            object_bytes += n
-    if (rows or objects) and not force:
-        raise Refused("artifacts_present",
-                      f"removing the artifacts feature would drop {rows} artifact rows naming "
-                      f"{int(size)} bytes, and leave {objects} objects ({object_bytes} bytes) in "
-                      "the store unmanaged; pass --force to go ahead (objects are never deleted "
-                      "by a migration)", rows=int(rows), bytes=int(size), objects=objects,
-                      object_bytes=object_bytes)
-    return {"artifact_rows_dropped": int(rows), "artifact_bytes_unreferenced": int(size),
-            "objects_left": objects, "object_bytes_left": object_bytes}
-
-
-def _has_new_columns(db: Database, conn: Connection) -> bool:
-    from sqlalchemy import inspect
-
-    return "digest" in {c["name"] for c in inspect(conn).get_columns("artifacts")}
 
 
 # --- handlers -------------------------------------------------------------------------------

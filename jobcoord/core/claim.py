@@ -34,7 +34,7 @@ def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, 
            known_worker: bool = True) -> dict[str, Any]:
     """Nothing to claim: the answer, also recorded on the worker (if it is known)."""
     if known_worker:
-        ctx.db.execute(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
+        ctx.db.run(conn, sql.RECORD_REFUSAL, {"worker": worker_id, "code": code,
                                                   "detail": detail, "now": now})
     return {"job": None, "reason": code, "detail": detail}
 
@@ -43,7 +43,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
              kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
     """The claim inside an open write transaction (also the second half of
     complete_and_claim)."""
-    row = ctx.db.execute(conn, sql.WORKER, {"worker": worker_id}).fetchone()
+    row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
                       f"worker {worker_id} has never sent a heartbeat", False)
@@ -89,7 +89,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
          "updated_at": iso(r[4])}
-        for r in ctx.db.execute(conn, sql.CHECKPOINTS, {"job_id": job_id})
+        for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})
     ]
     return {
         "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": tenant,

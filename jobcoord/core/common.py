@@ -33,7 +33,7 @@ def record_event(ctx: Context, conn: Connection, job_id: int, now: int,
                  worker: str | None = None, epoch: int | None = None,
                  detail: Mapping[str, Any] | None = None) -> None:
     """Write the job_events row of a transition (or of a refusal worth keeping)."""
-    ctx.db.execute(conn, sql.INSERT_EVENT, {
+    ctx.db.run(conn, sql.INSERT_EVENT, {
         "job_id": job_id, "now": now, "from_status": from_status, "to_status": to_status,
         "reason": reason, "worker": worker, "epoch": epoch,
         "detail": v.dumps(detail) if detail else None,

@@ -198,7 +198,7 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
         effect = as_bool(owned[4]) and not effect_not_applied
         backoff_us = seconds_to_us(ctx.policy.backoff_s(attempts))
         release = reason == "worker_shutdown" and not permanent and not effect
-        if release and ctx.db.execute(conn, sql.RELEASES, {"job_id": job_id}
+        if release and ctx.db.run(conn, sql.RELEASES, {"job_id": job_id}
                                       ).fetchone()[0] >= ctx.policy.max_releases:
             release = False  # past the bound: this release counts as an attempt
             detail["releases_exhausted"] = ctx.policy.max_releases

@@ -180,7 +180,7 @@ class ClaimView:
         self.limits: dict[str, Limit] = {}
         if limited:
             self.limits = {r[0]: Limit(r[0], r[1], r[2])
-                           for r in ctx.db.execute(conn, sql.ALL_LIMITS, {}).fetchall()}
+                           for r in ctx.db.run(conn, sql.ALL_LIMITS, {}).fetchall()}
         self._holders: dict[str, list[Candidate]] = {}
         self._held = False
         self._capacity: Capacity | None = None
@@ -202,7 +202,7 @@ class ClaimView:
         # the claims that held the kind before, and every end committed so far.
         self._holders[kind] = [
             Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2])
-            for r in self.ctx.db.execute(self.conn, sql.LIVE_HOLDERS,
+            for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
                                          {"kind": kind, "now": self.now}).fetchall()]
         # A lease's grant is timed after that read: a holder that ended unseen by it
         # (committed later) recorded its end before this grant, so the history never shows
@@ -215,12 +215,12 @@ class ClaimView:
 
     def capacity(self) -> tuple[Capacity, list[Candidate]]:
         if self._capacity is None:
-            raw = self.ctx.db.execute(self.conn, sql.WORKER_RAW, {"worker": self.worker_id}
+            raw = self.ctx.db.run(self.conn, sql.WORKER_RAW, {"worker": self.worker_id}
                                       ).fetchone()
             self._capacity = capacity_of(None if raw is None else raw[0])
             self._running = [
                 Candidate(r[0], "", {}, _needs(r[1]), self.worker_id)
-                for r in self.ctx.db.execute(self.conn, sql.WORKER_HELD_NEEDS,
+                for r in self.ctx.db.run(self.conn, sql.WORKER_HELD_NEEDS,
                                              {"worker": self.worker_id, "now": self.now}
                                              ).fetchall()]
         return self._capacity, self._running
@@ -255,7 +255,7 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
     rows: list[Any] = []
     for heads in WINDOWS:
         params["heads"] = heads
-        rows = ctx.db.execute(conn, stmt, params).fetchall()
+        rows = ctx.db.run(conn, stmt, params).fetchall()
         for job_id, kind, payload, needs in rows:
             if job_id in seen:
                 continue

@@ -137,7 +137,7 @@ def key_differences(ctx: Context, conn: Connection, existing: Any, c: CheckedSpe
     submitted = existing[5]
     if submitted != c.max_attempts:
         # Raised since by a release or an operator retry? Compare what was submitted.
-        recorded = ctx.db.execute(conn, sql.SUBMITTED_DETAIL, {"job_id": existing[0]}
+        recorded = ctx.db.run(conn, sql.SUBMITTED_DETAIL, {"job_id": existing[0]}
                                   ).fetchone()
         shown = loads(recorded[0]) if recorded is not None else None
         if isinstance(shown, dict) and isinstance(shown.get("max_attempts"), int):
@@ -151,7 +151,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
            after_conflict: bool = False) -> dict[str, Any] | JobcoordError:
     """Insert one checked job (or answer with the job its idempotency key made)."""
     if c.key is not None:
-        existing = ctx.db.execute(conn, sql.JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}
+        existing = ctx.db.run(conn, sql.JOB_BY_KEY, {"tenant": c.tenant, "key": c.key}
                                   ).fetchone()
         if existing is not None:
             differ = key_differences(ctx, conn, existing, c)
@@ -163,7 +163,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
                     job_id=existing[0], fields=differ,
                 )
             return {"job_id": existing[0], "created": False}
-    inserted = ctx.db.execute(conn, sql.INSERT_JOB, {
+    inserted = ctx.db.run(conn, sql.INSERT_JOB, {
         "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
         "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
         "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
@@ -188,7 +188,7 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], 
     """Insert keyless jobs and their `enqueued` events with two executemany calls."""
     n = len(checked)
     ids = ctx.db.allocate_job_ids(conn, n)
-    ctx.db.execute_many(conn, sql.INSERT_JOB_AT, [
+    ctx.db.run_many(conn, sql.INSERT_JOB_AT, [
         {"job_id": job_id, "tenant": c.tenant, "kind": c.kind, "role": c.role,
          "priority": c.priority, "payload": c.payload_text, "now": now,
          "run_after": now + c.delay_us,
@@ -207,7 +207,7 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], 
         events.append({"job_id": job_id, "now": now, "from_status": None,
                        "to_status": "waiting", "reason": "enqueued", "worker": None,
                        "epoch": None, "detail": detail})
-    ctx.db.execute_many(conn, sql.INSERT_EVENT, events)
+    ctx.db.run_many(conn, sql.INSERT_EVENT, events)
     return [{"job_id": job_id, "created": True} for job_id in ids]
 
 

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import __version__, faults, tokens
 from .. import validate as v
 from ..errors import InvalidInput, JobcoordError, Refused
+from ..store import report_statements as rs
 from ..tokens import Identity
 from .dashboard import mount as mount_dashboard
 from .errors import BodyTooLarge, Forbidden, Unauthorized, headers_of, status_of
@@ -207,9 +208,8 @@ class Server:
         from ..clock import now_us
 
         db = self.c.db
-        return db.read(lambda conn: db.run_text(
-            conn, "SELECT 1 FROM jobs WHERE status = 'waiting' AND run_after <= :now LIMIT 1",
-            {"now": now_us()}).first() is not None, "poll")
+        return db.read(lambda conn: db.run(conn, rs.DUE_JOB, {"now": now_us()}).first()
+                       is not None, "poll")
 
     async def poller(self) -> None:
         """Jobs committed by other processes (the CLI, another server): looked for once per
@@ -440,7 +440,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
     @app.get("/healthz", responses={200: {"description": "serving"}})
     async def healthz() -> dict[str, Any]:
         db = coordinator.db
-        await srv.call(lambda: db.read(lambda conn: db.run_text(conn, "SELECT 1").scalar(),
+        await srv.call(lambda: db.read(lambda conn: db.run(conn, rs.ALIVE).scalar(),
                                        "healthz"))
         return {"ok": True, "version": __version__}
 

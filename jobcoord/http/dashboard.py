@@ -32,6 +32,8 @@ from .. import tokens
 from ..clock import MICROS, iso, now_us
 from ..errors import InvalidInput, JobcoordError
 from ..states import FINAL_STATUSES, STATUSES
+from ..store import feature_statements as fs
+from ..store import report_statements as rs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COOKIE = "jobcoord_session"
@@ -393,9 +395,8 @@ class Dashboard:
 
 
 def _token_by_hash(db: Any, token_hash: str) -> Any:
-    row = db.read(lambda conn: db.run_text(
-        conn, "SELECT name, role, tenant, revoked_at, token_hash FROM tokens"
-        " WHERE token_hash = :hash", {"hash": token_hash}).first(), "ui session")
+    row = db.read(lambda conn: db.run(conn, fs.SESSION_TOKEN, {"hash": token_hash}).first(),
+                  "ui session")
     if row is None or row[3] is not None or not hmac.compare_digest(row[4], token_hash):
         return None
     if row[1] not in ("viewer", "operator"):
@@ -430,10 +431,6 @@ async def _form(request: Request) -> dict[str, str]:
     return dict(pairs)
 
 
-def _scope_sql(scope: str | None, alias: str = "") -> str:
-    return "" if scope is None else f" AND {alias}tenant = :tenant"
-
-
 #: The overview's aggregates (full scans of the jobs table on a large database) are shared
 #: by every session of the same scope for this long: ten people polling every 3 s cost one
 #: computation per interval, not ten. The page says when its figures were read.
@@ -466,16 +463,12 @@ def _overview_read(db: Any, scope: str | None) -> dict[str, Any]:
     now = now_us()
     hour_ago = now - 3600 * MICROS
     params = {"tenant": scope, "since": hour_ago}
-    where = "" if scope is None else " WHERE tenant = :tenant"
+    scoped = scope is not None
 
     def _do(conn: Any) -> dict[str, Any]:
-        rows = db.run_text(conn, f"SELECT status, kind, COUNT(*) FROM jobs{where}"
-                           " GROUP BY status, kind", params).all()
-        oldest = db.run_text(conn, "SELECT kind, MIN(created_at), COUNT(*) FROM jobs WHERE"
-                             f" status = 'waiting'{_scope_sql(scope)} GROUP BY kind",
-                             params).all()
-        recent = db.run_text(conn, "SELECT status, COUNT(*) FROM jobs WHERE finished_at >="
-                             f" :since{_scope_sql(scope)} GROUP BY status", params).all()
+        rows = db.run(conn, rs.OVERVIEW_COUNTS[scoped], params).all()
+        oldest = db.run(conn, rs.OVERVIEW_OLDEST[scoped], params).all()
+        recent = db.run(conn, rs.OVERVIEW_RECENT[scoped], params).all()
         return {"rows": rows, "oldest": oldest, "recent": recent}
 
     got = db.read(_do, "ui overview")
@@ -526,24 +519,16 @@ def _filters(q: Any, who: Viewer) -> dict[str, Any]:
 def _jobs_page(db: Any, f: dict[str, Any]) -> tuple[list[Any], int, int | None]:
     """One page, newest first, by keyset (job_id < before; no OFFSET), and the number of
     matches, counted no further than COUNT_CAP + 1."""
-    where, params = ["1 = 1"], {"limit": PAGE + 1, "cap": COUNT_CAP + 1}
-    for col, name in (("status", "status"), ("kind", "kind"), ("tenant", "tenant"),
-                      ("priority", "priority"), ("idempotency_key", "key")):
-        if f[name] is not None:
-            where.append(f"{col} = :{name}")
-            params[name] = f[name]
-    cond = " AND ".join(where)
-    page_cond = cond
+    params = {"limit": PAGE + 1, "cap": COUNT_CAP + 1}
+    filters = tuple(name for _col, name in rs.JOB_FILTERS if f[name] is not None)
+    params.update((name, f[name]) for name in filters)
     if f["before"] is not None:
-        page_cond += " AND job_id < :before"
         params["before"] = f["before"]
+    page, counted = rs.job_page(filters, f["before"] is not None)
 
     def _do(conn: Any) -> tuple[list[Any], int]:
-        rows = db.run_text(conn, "SELECT job_id, tenant, kind, priority, status, attempts,"
-                           " max_attempts, created_at, updated_at FROM jobs WHERE"
-                           f" {page_cond} ORDER BY job_id DESC LIMIT :limit", params).all()
-        count = db.run_text(conn, f"SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE {cond}"
-                            " LIMIT :cap) capped", params).scalar_one()
+        rows = db.run(conn, page, params).all()
+        count = db.run(conn, counted, params).scalar_one()
         return rows, count
 
     rows, count = db.read(_do, "ui jobs")
@@ -557,10 +542,8 @@ def _jobs_page(db: Any, f: dict[str, Any]) -> tuple[list[Any], int, int | None]:
 
 def _leases(db: Any, scope: str | None) -> dict[str, list[dict[str, Any]]]:
     now = now_us()
-    rows = db.read(lambda conn: db.run_text(
-        conn, "SELECT l.worker_id, l.job_id, l.epoch, l.expires_at, j.kind FROM leases l"
-        " JOIN jobs j ON j.job_id = l.job_id WHERE 1 = 1"
-        f"{_scope_sql(scope, 'j.')} ORDER BY l.job_id", {"tenant": scope}).all(), "ui leases")
+    rows = db.read(lambda conn: db.run(conn, rs.LEASE_LIST[scope is not None],
+                                       {"tenant": scope}).all(), "ui leases")
     out: dict[str, list[dict[str, Any]]] = {}
     for worker, job_id, epoch, expires, kind in rows:
         out.setdefault(worker, []).append({"job_id": job_id, "epoch": epoch, "kind": kind,
@@ -570,14 +553,9 @@ def _leases(db: Any, scope: str | None) -> dict[str, list[dict[str, Any]]]:
 
 def _attention(db: Any, scope: str | None) -> tuple[list[Any], list[Any]]:
     def _do(conn: Any) -> tuple[list[Any], list[Any]]:
-        unknown = db.run_text(conn, "SELECT job_id, tenant, kind, attempts, last_error,"
-                              " updated_at FROM jobs WHERE status = 'unknown'"
-                              f"{_scope_sql(scope)} ORDER BY job_id DESC LIMIT 200",
-                              {"tenant": scope}).all()
-        dead = db.run_text(conn, "SELECT job_id, tenant, kind, attempts, last_error,"
-                           " updated_at FROM jobs WHERE status = 'dead'"
-                           f"{_scope_sql(scope)} ORDER BY job_id DESC LIMIT 200",
-                           {"tenant": scope}).all()
+        scoped = scope is not None
+        unknown = db.run(conn, rs.UNKNOWN_JOBS[scoped], {"tenant": scope}).all()
+        dead = db.run(conn, rs.DEAD_JOBS[scoped], {"tenant": scope}).all()
         return unknown, dead
 
     unknown, dead = db.read(_do, "ui attention")

@@ -1,4 +1,5 @@
-"""The one mapping from jobcoord's exception classes to HTTP statuses, and back.
+"""The HTTP side of the one exception hierarchy (jobcoord/errors.py, which holds the status
+map): an error's status and headers, and the error back from an answer (the client side).
 
 Every error answer has the CLI's JSON shape {"error": {"code", "message"}} (plus "details"
 when the exception carries some)."""
@@ -7,65 +8,36 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import (
+from ..errors import (  # noqa: F401 -- importable from here as before
+    BUSY_CODES,
+    HTTP_NOT_FOUND_CODES,
+    HTTP_RETRY_AFTER_S,
+    HTTP_STATUS_BY_CLASS,
+    HTTP_UNPROCESSABLE_CODES,
+    BodyTooLarge,
     DatabaseBusy,
-    DatabaseCorrupt,
+    Forbidden,
     InvalidInput,
     JobcoordError,
     Refused,
-    SchemaMismatch,
     StorageUnavailable,
+    Unauthorized,
 )
 
-
-class Unauthorized(JobcoordError):
-    """No token, or an unknown or revoked one."""
-
-    exit_code = 2
-    default_code = "unauthorized"
-
-
-class Forbidden(JobcoordError):
-    """This token's role may not do that."""
-
-    exit_code = 4
-    default_code = "forbidden"
-
-
-class BodyTooLarge(InvalidInput):
-    """The request body is larger than the server accepts."""
-
-    default_code = "body_too_large"
-
-
-#: Exception class -> HTTP status; the first class in this order that matches wins.
-STATUS_BY_CLASS: tuple[tuple[type[JobcoordError], int], ...] = (
-    (Unauthorized, 401),
-    (Forbidden, 403),
-    (BodyTooLarge, 413),
-    (InvalidInput, 400),
-    (Refused, 409),
-    (DatabaseBusy, 503),
-    (StorageUnavailable, 503),
-    # The server is up but cannot serve this database: not a bug of the request or the
-    # server; an operator has to act (check / migrate), so nothing to retry soon.
-    (DatabaseCorrupt, 503),
-    (SchemaMismatch, 503),
-    (JobcoordError, 500),
-)
-#: Refusals that mean "no such job for you": answered 404, exactly like a missing job.
-NOT_FOUND_CODES = frozenset({"job_not_found", "token_not_found", "artifact_not_found"})
-#: A digest mismatch on an artifact upload (the issue's contract).
-UNPROCESSABLE_CODES = frozenset({"artifact_invalid"})
-RETRY_AFTER_S = {DatabaseBusy: 1, StorageUnavailable: 5}
+# The tables under their former names, for code written against them.
+STATUS_BY_CLASS = HTTP_STATUS_BY_CLASS
+NOT_FOUND_CODES = HTTP_NOT_FOUND_CODES
+UNPROCESSABLE_CODES = HTTP_UNPROCESSABLE_CODES
+RETRY_AFTER_S = HTTP_RETRY_AFTER_S
 
 
 def status_of(err: JobcoordError) -> int:
-    if err.code in NOT_FOUND_CODES:
+    """The HTTP status of an error answer (the map is HTTP_STATUS_BY_CLASS in errors.py)."""
+    if err.code in HTTP_NOT_FOUND_CODES:
         return 404
-    if err.code in UNPROCESSABLE_CODES:
+    if err.code in HTTP_UNPROCESSABLE_CODES:
         return 422
-    for cls, status in STATUS_BY_CLASS:
+    for cls, status in HTTP_STATUS_BY_CLASS:
         if isinstance(err, cls):
             return status
     return 500
@@ -73,16 +45,12 @@ def status_of(err: JobcoordError) -> int:
 
 def headers_of(err: JobcoordError) -> dict[str, str]:
     headers: dict[str, str] = {}
-    for cls, seconds in RETRY_AFTER_S.items():
+    for cls, seconds in HTTP_RETRY_AFTER_S.items():
         if isinstance(err, cls):
             headers["Retry-After"] = str(seconds)
     if isinstance(err, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
     return headers
-
-
-#: Codes a 503 answer carries that mean "busy" (retry soon) rather than "unavailable".
-BUSY_CODES = frozenset({"database_locked", "connections_exhausted", "database_busy"})
 
 
 def error_from_response(status: int, body: Any) -> JobcoordError:

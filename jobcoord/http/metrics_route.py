@@ -17,8 +17,7 @@ import click
 from fastapi import APIRouter, Request, Response
 
 from .. import tokens
-from ..errors import InvalidInput
-from .errors import Forbidden, Unauthorized
+from ..errors import Forbidden, InvalidInput, Unauthorized
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy.engine import URL, Connection, CursorResult, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -158,6 +158,52 @@ class Taken(NamedTuple):
     job: tuple[Any, ...] | None
 
 
+_NO_PARAMS: Mapping[str, Any] = {}
+
+
+class Result:
+    """What `run` returns, whichever way the statement ran: the DB-API cursor's answers
+    (fetchone, fetchall, rowcount, iteration) and the few of SQLAlchemy's the callers read
+    (all, first, one, scalar, scalar_one). Rows are tuples."""
+
+    __slots__ = ("_cursor",)
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall()  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)
+
+    def all(self) -> list[Any]:
+        return self._cursor.fetchall()  # type: ignore[no-any-return]
+
+    def first(self) -> Any:
+        return self._cursor.fetchone()
+
+    def scalar(self) -> Any:
+        row = self._cursor.fetchone()
+        return None if row is None else row[0]
+
+    def one(self) -> Any:
+        rows = self._cursor.fetchall()
+        if len(rows) != 1:
+            raise JobcoordError("internal_error", f"expected one row, got {len(rows)}")
+        return rows[0]
+
+    def scalar_one(self) -> Any:
+        return self.one()[0]
+
+
 class Database:
     """An open coordinator database: an engine, its transactions, and the operations the core
     asks for. Open one with `Database.open(target)`; it is a `SqliteDatabase` or a
@@ -223,40 +269,30 @@ class Database:
     # -- statements --
 
     def run(self, conn: Connection, stmt: SQL, params: Mapping[str, Any] | None = None
-            ) -> CursorResult[Any]:
-        """Execute a fixed statement in the driver's own paramstyle, with SQLAlchemy's
-        result (for reads that want .all(), .scalar(), .first())."""
-        return conn.exec_driver_sql(stmt.text(self.dialect), dict(params) if params else {})
-
-    def execute(self, conn: Connection, stmt: SQL, params: Mapping[str, Any]) -> Any:
-        """The hot path's statements (claim, complete, fail): a fixed statement straight on
-        the DB-API connection inside the transaction SQLAlchemy began, skipping its result
-        machinery (ten times the cost of the statement itself). Returns the DB-API cursor:
-        fetchone(), fetchall(), rowcount, iteration. Driver errors are classified by
+            ) -> Result:
+        """Execute a statement, compiled once for this dialect, inside the transaction
+        SQLAlchemy began: the one way to run a statement. Inside `write`/`read` the cached
+        text goes straight to the DB-API connection, skipping SQLAlchemy's result machinery
+        (ten times the cost of a hot-path statement itself); driver errors are classified by
         `_transaction` like SQLAlchemy's."""
         text = stmt.text(self.dialect)
         direct = getattr(self._local, "direct", None)
         if direct is not None and direct[0] is conn:
-            return direct[1].execute(text, params)
-        # Watched (tracing, a test) or not begun by `_begin`: SQLAlchemy's path, whose
-        # CursorResult answers fetchone(), fetchall(), rowcount and iteration alike.
-        return conn.exec_driver_sql(text, dict(params))
+            return Result(direct[1].execute(text, params or _NO_PARAMS))
+        # Watched (tracing, a test) or not begun by `_begin`: SQLAlchemy's path, so listeners
+        # see every statement.
+        return Result(conn.exec_driver_sql(text, dict(params) if params else {}))
 
-    def execute_many(self, conn: Connection, stmt: SQL, rows: Sequence[Mapping[str, Any]]
-                     ) -> None:
-        """`execute` for many parameter sets at once (the driver's executemany): the one way
-        to insert in bulk."""
+    def run_many(self, conn: Connection, stmt: SQL, rows: Sequence[Mapping[str, Any]]
+                 ) -> None:
+        """`run` for many parameter sets at once (the driver's executemany): the one way to
+        insert in bulk."""
         text = stmt.text(self.dialect)
         direct = getattr(self._local, "direct", None)
         if direct is not None and direct[0] is conn:
             direct[1].cursor().executemany(text, rows)
         else:
             conn.exec_driver_sql(text, [dict(r) for r in rows])
-
-    def run_text(self, conn: Connection, text: str, params: Mapping[str, Any] | None = None
-                 ) -> CursorResult[Any]:
-        """Execute a statement assembled at run time (still parameterized)."""
-        return self.run(conn, SQL.cached(text), params)
 
     # -- the operations the core asks for (each store implements them its way) --
 
@@ -344,6 +380,25 @@ class Database:
         """Facts about the storage read outside any transaction, for `status`."""
         return {}
 
+    # -- the tools' operations (migrate, check, transfer) --
+
+    def integrity_check(self, conn: Connection, *, full: bool = False
+                        ) -> tuple[list[str], list[list[Any]]] | None:
+        """The database's own check of its pages (quick, or `full`) and its foreign keys:
+        (the check's rows, ["ok"] when whole; the violations), or None where the database
+        has no such check (PostgreSQL)."""
+        return None
+
+    def prepare_for_migration(self) -> None:
+        """What must hold before a migration's transaction, outside it (SQLite: WAL)."""
+
+    @contextlib.contextmanager
+    def migration_transaction(self, conn: Connection) -> Iterator[None]:
+        """The one transaction a migration runs in on `conn`, taken so that a concurrent
+        migration waits for it, and checked before it commits."""
+        raise NotImplementedError
+        yield
+
     # -- transactions --
 
     def write(self, fn: Callable[[Connection], T], where: str = "") -> T:
@@ -382,7 +437,7 @@ class Database:
 
     @contextlib.contextmanager
     def _direct(self, conn: Connection) -> Iterator[None]:
-        """Let `execute` use this connection's driver directly while its transaction runs,
+        """Let `run` use this connection's driver directly while its transaction runs,
         unless someone listens to its statements. Decided once per transaction: asking
         SQLAlchemy's event registry per statement costs more than the statement."""
         local = self._local

@@ -8,10 +8,10 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Text, cast, create_engine, event, func, insert, select, true
+from sqlalchemy import Text, cast, create_engine, event, false, func, insert, select, true
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -19,7 +19,7 @@ from sqlalchemy.pool import QueuePool
 
 from .. import faults
 from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
-from ..schema import job_events, jobs, leases
+from ..schema import job_events, jobs, leases, metadata
 from ..validate import dumps
 from . import statements as s
 from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
@@ -282,6 +282,22 @@ _LOCK_JOB = s.SQL(select(jobs.c.job_id).where(jobs.c.job_id == s.P("job_id")).wi
 _NEXT_JOB_IDS = s.SQL(
     select(func.nextval(func.pg_get_serial_sequence(s.const("jobs"), s.const("job_id"))))
     .select_from(func.generate_series(s.ONE, s.P("n"))))
+#: Every migration takes this transaction-scoped lock first: a concurrent one waits for it.
+MIGRATION_LOCK_KEY = 7270201
+_MIGRATION_LOCK = s.SQL(select(func.pg_advisory_xact_lock(s.const(MIGRATION_LOCK_KEY))))
+#: Tables whose integer key comes from a sequence.
+SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id"}
+
+
+def _continue_sequence(table: str, column: str) -> s.SQL:
+    """setval(seq, max+1, false): the next nextval() returns max+1 (1 on an empty table)."""
+    key = metadata.tables[table].c[column]
+    return s.SQL(select(func.setval(
+        func.pg_get_serial_sequence(s.const(table), s.const(column)),
+        func.coalesce(select(func.max(key)).scalar_subquery(), s.ZERO) + s.ONE, false())))
+
+
+_CONTINUE = {table: _continue_sequence(table, column) for table, column in SEQUENCES.items()}
 
 
 class PostgresDatabase(Database):
@@ -319,7 +335,7 @@ class PostgresDatabase(Database):
         self.run(conn, _LOCK_JOB, {"job_id": job_id})
 
     def read_owned(self, conn: Connection, job_id: int) -> Any:
-        return self.execute(conn, _OWNED_LOCKED, {"job_id": job_id}).fetchone()
+        return self.run(conn, _OWNED_LOCKED, {"job_id": job_id}).fetchone()
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
                       due_only: bool, locked: bool = True) -> tuple[s.SQL, dict[str, Any]]:
@@ -336,7 +352,7 @@ class PostgresDatabase(Database):
                       expires_json=dumps(expires_iso))
         for heads in CLAIM_HEADS:
             params["heads"] = heads
-            found = self.execute(conn, stmt, params).fetchone()
+            found = self.run(conn, stmt, params).fetchone()
             # Every candidate held by other claimers, and a slice may hold more: look
             # further down the slices before saying they are all being claimed.
             if found[1] is not None or found[0] < heads:
@@ -353,10 +369,10 @@ class PostgresDatabase(Database):
         return Taken(found[0], True, tuple(found[2:]))
 
     def hold_worker(self, conn: Connection, worker_id: str) -> None:
-        self.execute(conn, s.HOLD_WORKER, {"worker": worker_id})
+        self.run(conn, s.HOLD_WORKER, {"worker": worker_id})
 
     def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
-        row = self.execute(conn, s.HOLD_LIMIT if wait else s.TRY_HOLD_LIMIT,
+        row = self.run(conn, s.HOLD_LIMIT if wait else s.TRY_HOLD_LIMIT,
                            {"kind": kind}).fetchone()
         # Waited for: held, or the limit was removed meanwhile (the claim still applies the
         # one it read, the cautious side). Not waited for: held only if the row came back.
@@ -365,16 +381,16 @@ class PostgresDatabase(Database):
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:
         # Skip a job a concurrent claim holds instead of waiting to find it taken.
-        if self.execute(conn, s.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
+        if self.run(conn, s.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
             return None
-        job = self.execute(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
+        job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
                            ).fetchone()
         if job is None:
             return None
         epoch, attempts = job[6], job[4]
-        self.execute(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
+        self.run(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
                                             "now": now, "expires": expires})
-        self.execute(conn, s.INSERT_EVENT, {
+        self.run(conn, s.INSERT_EVENT, {
             "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
             "reason": "claimed", "worker": worker, "epoch": epoch,
             "detail": dumps({"expires_at": expires_iso, "attempt": attempts})})
@@ -382,7 +398,7 @@ class PostgresDatabase(Database):
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
                     worker: str | None, detail: str | None) -> int:
-        updated: int = self.execute(conn, _END_FOLDED, {
+        updated: int = self.run(conn, _END_FOLDED, {
             **params, "reason": reason, "worker": worker, "detail": detail}).fetchone()[0]
         if updated == 1:
             # All three follow the one statement, inside the open transaction.
@@ -392,7 +408,7 @@ class PostgresDatabase(Database):
         return updated
 
     def allocate_job_ids(self, conn: Connection, n: int) -> Sequence[int]:
-        return sorted(r[0] for r in self.execute(conn, _NEXT_JOB_IDS, {"n": n}))
+        return sorted(r[0] for r in self.run(conn, _NEXT_JOB_IDS, {"n": n}))
 
     def expired_leases(self, conn: Connection, now: int, limit: int) -> list[Any]:
         return self.run(conn, _EXPIRED_LEASES_LOCKED, {"now": now, "limit": limit}).all()
@@ -404,6 +420,24 @@ class PostgresDatabase(Database):
                         ) -> list[Any]:
         # The select says FOR UPDATE SKIP LOCKED: another prune's batch is skipped.
         return self.run(conn, select, params).all()
+
+    # -- the tools' operations --
+
+    @contextlib.contextmanager
+    def migration_transaction(self, conn: Connection) -> Iterator[None]:
+        with conn.begin():
+            self.run(conn, _MIGRATION_LOCK)
+            yield
+
+    def lock_exclusive(self, conn: Connection, tables: Sequence[str]) -> None:
+        """Hold `tables` against every other writer until commit (readers go on)."""
+        conn.exec_driver_sql(f"LOCK TABLE {', '.join(tables)} IN EXCLUSIVE MODE")
+
+    def continue_sequences(self, conn: Connection, tables: Sequence[str]) -> dict[str, int]:
+        """Make new ids continue after the rows copied with explicit ids (which never
+        advance a sequence): the next id of each table that has a sequence."""
+        return {t: int(self.run(conn, _CONTINUE[t]).scalar_one()) for t in SEQUENCES
+                if t in tables}
 
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         # Measured when the connection opened: this host against the server.

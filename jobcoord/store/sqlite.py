@@ -11,7 +11,8 @@ import os
 import sqlite3
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -250,7 +251,7 @@ class SqliteDatabase(Database):
         pass  # BEGIN IMMEDIATE already excludes every other writer
 
     def read_owned(self, conn: Connection, job_id: int) -> Any:
-        return self.execute(conn, s.OWNED, {"job_id": job_id}).fetchone()
+        return self.run(conn, s.OWNED, {"job_id": job_id}).fetchone()
 
     def candidate_sql(self, roles: Sequence[str], kinds: Sequence[str] | None, *,
                       due_only: bool, locked: bool = True) -> tuple[s.SQL, dict[str, Any]]:
@@ -262,7 +263,7 @@ class SqliteDatabase(Database):
                   expires_iso: str) -> Taken:
         stmt, params = self.candidate_sql(roles, kinds, due_only=True)
         params.update(now=now, maxp=max_priority)
-        found = self.execute(conn, stmt, params).fetchone()
+        found = self.run(conn, stmt, params).fetchone()
         if found is None:
             return Taken(0, False, None)
         # None cannot happen under the write lock; the guard is defence in depth.
@@ -277,16 +278,16 @@ class SqliteDatabase(Database):
 
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:
-        job = self.execute(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
+        job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
                            ).fetchone()
         if job is None:
             return None
         faults.point("claim.after_take")
         job_id, epoch, attempts = job[0], job[6], job[4]
-        self.execute(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
+        self.run(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
                                             "now": now, "expires": expires})
         faults.point("claim.after_lease")
-        self.execute(conn, s.INSERT_EVENT, {
+        self.run(conn, s.INSERT_EVENT, {
             "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
             "reason": "claimed", "worker": worker, "epoch": epoch,
             "detail": dumps({"expires_at": expires_iso, "attempt": attempts})})
@@ -295,14 +296,14 @@ class SqliteDatabase(Database):
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
                     worker: str | None, detail: str | None) -> int:
-        updated: int = self.execute(conn, s.FINISH, params).rowcount
+        updated: int = self.run(conn, s.FINISH, params).rowcount
         if updated != 1:
             return updated
         # Fault points are named by the reason: completed.*, failed.*, lease_expired.*, ...
         faults.point(f"{reason}.after_update")
-        self.execute(conn, s.DROP_LEASE, {"job_id": params["job_id"], "epoch": params["epoch"]})
+        self.run(conn, s.DROP_LEASE, {"job_id": params["job_id"], "epoch": params["epoch"]})
         faults.point(f"{reason}.after_drop_lease")
-        self.execute(conn, s.INSERT_EVENT, {
+        self.run(conn, s.INSERT_EVENT, {
             "job_id": params["job_id"], "now": params["now"], "from_status": "running",
             "to_status": params["to_status"], "reason": reason, "worker": worker,
             "epoch": params["epoch"], "detail": detail})
@@ -311,7 +312,7 @@ class SqliteDatabase(Database):
 
     def allocate_job_ids(self, conn: Connection, n: int) -> Sequence[int]:
         # BEGIN IMMEDIATE holds the only write lock: these are the ids SQLite would pick.
-        first = self.execute(conn, s.LAST_JOB_ID, {}).fetchone()[0] + 1
+        first = self.run(conn, s.LAST_JOB_ID, {}).fetchone()[0] + 1
         return range(first, first + n)
 
     def expired_leases(self, conn: Connection, now: int, limit: int) -> list[Any]:
@@ -324,6 +325,71 @@ class SqliteDatabase(Database):
                         ) -> list[Any]:
         # BEGIN IMMEDIATE holds the only write lock (the compiler writes no row lock).
         return self.run(conn, select, params).all()
+
+    # -- the tools' operations --
+
+    def integrity_check(self, conn: Connection, *, full: bool = False
+                        ) -> tuple[list[str], list[list[Any]]]:
+        fks = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
+        return self.page_check(conn, full=full), fks
+
+    def page_check(self, conn: Connection, *, full: bool = False) -> list[str]:
+        """SQLite's own check of the file's pages (quick_check, or integrity_check when
+        `full`): ["ok"] when whole."""
+        return sqlite_pragma(self, conn, "integrity_check" if full else "quick_check")
+
+    def data_version(self, conn: Connection) -> int:
+        """Changes only when another connection commits: whether a snapshot is still what
+        this connection read."""
+        return int(conn.exec_driver_sql("PRAGMA data_version").scalar_one())
+
+    def prepare_for_migration(self, wait_s: float = 60.0) -> None:
+        # journal_mode persists in the file; it must be set outside a transaction, and a
+        # filesystem without shared memory (a network mount) silently keeps the old mode.
+        # Switching needs an exclusive lock, and SQLite answers BUSY at once, without its
+        # busy handler, when another process holds the file (a concurrent migrate creating
+        # the same new database): wait and try again, up to wait_s.
+        from .base import classify
+
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                with self.engine.connect() as conn:
+                    raw = conn.connection.dbapi_connection
+                    assert raw is not None
+                    mode = raw.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                break
+            except (sqlite3.Error, DBAPIError) as e:
+                err = classify(e, "switching to WAL mode")
+                if err.code != "database_locked" or time.monotonic() > deadline:
+                    raise err from e
+                time.sleep(0.05)
+        if str(mode).lower() != "wal":
+            raise StorageUnavailable(
+                "database_unavailable",
+                f"this filesystem does not support WAL mode (got {mode!r}); SQLite databases "
+                "must be on a local disk, not a network filesystem",
+            )
+
+    @contextlib.contextmanager
+    def migration_transaction(self, conn: Connection) -> Iterator[None]:
+        # Rebuilding a referenced table with foreign keys on would fire ON DELETE CASCADE on
+        # its children; the pragma only takes effect outside a transaction. The write
+        # engine's BEGIN IMMEDIATE makes a concurrent migrate wait.
+        raw = conn.connection.dbapi_connection
+        assert raw is not None
+        raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                yield
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").all()
+                if broken:
+                    raise SchemaMismatch(
+                        "migration_failed",
+                        f"migration left {len(broken)} broken foreign keys; rolled back",
+                    )
+        finally:
+            raw.execute("PRAGMA foreign_keys=ON")
 
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         sync = conn.exec_driver_sql("PRAGMA synchronous").scalar()

@@ -13,6 +13,7 @@ from sqlalchemy import (
     CTE,
     ColumnElement,
     bindparam,
+    column,
     delete,
     exists,
     func,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    table,
     union_all,
     update,
 )
@@ -177,20 +179,6 @@ class SQL:
     def postgresql(self) -> str:
         return self.text("postgresql")
 
-    @classmethod
-    def cached(cls, text: str) -> SQL:
-        """The SQL for a statement assembled at run time, compiled once per distinct text
-        (compiling costs more than running a small statement)."""
-        stmt = _SQL_CACHE.get(text)
-        if stmt is None:
-            if len(_SQL_CACHE) >= 512:  # texts are few shapes, but never grow without bound
-                _SQL_CACHE.clear()
-            stmt = _SQL_CACHE[text] = cls(text)
-        return stmt
-
-
-_SQL_CACHE: dict[str, SQL] = {}
-
 
 def const(value: str | int) -> ColumnElement[Any]:
     """A constant written into the statement's text, not bound: the partial claim and
@@ -344,6 +332,11 @@ SET_STATUS = SQL(
                        J.epoch == P("epoch"))
     .values(status=P("to_status"), updated_at=P("now"), finished_at=P("finished"),
             last_error=func.coalesce(P("error"), J.last_error)))
+
+
+_ALEMBIC = table("alembic_version", column("version_num"))
+#: The revisions Alembic recorded (checked before every command).
+ALEMBIC_VERSIONS = SQL(select(_ALEMBIC.c.version_num))
 
 
 class PruneStatements:

@@ -1,0 +1,116 @@
+"""Artifact retention: gc of the stages whose attempt is over and of the objects no live
+row references, and the check before the artifacts feature is removed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from jobcoord.artifacts.objects import ObjectStore
+from jobcoord.artifacts.settings import gc_lock, need_feature, store_of, store_root
+from jobcoord.clock import now_us
+from jobcoord.core.common import record_event
+from jobcoord.errors import InvalidInput, Refused
+from jobcoord.store import feature_statements as fs
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from jobcoord.coordinator import Coordinator
+    from jobcoord.store import Database
+
+DEFAULT_GRACE_S = 3600.0
+#: gc never removes a temporary file younger than this, whatever its grace: an upload creates
+#: its file an instant before it locks it (objects.py, clean_temp).
+TEMP_MIN_AGE_S = 60.0
+
+
+# --- retention ------------------------------------------------------------------------------
+
+
+def referenced_digests(db: Database, conn: Connection) -> set[str]:
+    rows = db.run(conn, fs.REFERENCED_DIGESTS).all()
+    return {r[0] for r in rows}
+
+
+def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
+                 dry_run: bool = False) -> dict[str, Any]:
+    """Reject the stages of attempts that are over (their lease is gone), then delete every
+    object no live row references that is older than the grace, and the temporary files of
+    uploads that died. Never a referenced object; never a young one (an upload in flight)."""
+    need_feature(coord)
+    if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not (
+            0 <= grace_s <= 10 * 365 * 86400):
+        raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
+    store = store_of(coord)
+    ended = 0
+    if not dry_run:
+        def _end(conn: Connection) -> int:
+            rows = coord.db.run(conn, fs.STALE_STAGES).all()
+            if rows:
+                now = now_us()
+                coord.db.run(conn, fs.END_STALE)
+                for r in rows:
+                    record_event(coord, conn, r[1], now, r[5], r[5], "artifact_rejected", None,
+                                 r[2], {"name": r[3], "digest": r[4], "reason": "attempt_ended"})
+            return len(rows)
+        ended = coord.db.write(_end, "artifact gc")
+    removed, kept_young, freed = [], 0, 0
+    with gc_lock(store, exclusive=True):
+        candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
+        live = coord.db.read(lambda conn: referenced_digests(coord.db, conn), "artifact gc")
+        cutoff = time.time() - grace_s
+        for digest, size in candidates:
+            if digest in live:
+                continue
+            try:
+                mtime = os.stat(store.path_of(digest)).st_mtime
+            except FileNotFoundError:
+                continue
+            if mtime > cutoff:
+                kept_young += 1
+                continue
+            if not dry_run:
+                store.remove(digest)
+            removed.append(digest)
+            freed += size
+    temp = ({"removed": 0, "bytes_removed": 0} if dry_run
+            else store.clean_temp(max(grace_s, TEMP_MIN_AGE_S)))
+    return {"dry_run": dry_run, "stages_ended": ended, "objects_removed": len(removed),
+            "bytes_removed": freed, "kept_young": kept_young, "referenced": len(live),
+            "removed": removed, "temp_files_removed": temp["removed"],
+            "temp_bytes_removed": temp["bytes_removed"], "store": store.root}
+
+
+# --- removing the feature -------------------------------------------------------------------
+
+
+def removal_check(db: Database, conn: Connection, force: bool,
+                  store: str | None = None) -> dict[str, int]:
+    """Before `migrate --without artifacts`: how many rows, and objects in the store, would be
+    left without the feature. Refused (exit 4) when there are any, unless forced. Objects are
+    never deleted here (gc owns them; without the feature, remove the directory by hand)."""
+    rows, size = db.run(conn, fs.ARTIFACT_TOTALS if _has_new_columns(db, conn)
+                        else fs.ARTIFACT_TOTALS_A0001).one()
+    objects = object_bytes = 0
+    with contextlib.suppress(InvalidInput):  # PostgreSQL without a named store: rows only
+        for _digest, n, _mtime in ObjectStore(store_root(db, store)).iter_objects():
+            objects += 1
+            object_bytes += n
+    if (rows or objects) and not force:
+        raise Refused("artifacts_present",
+                      f"removing the artifacts feature would drop {rows} artifact rows naming "
+                      f"{int(size)} bytes, and leave {objects} objects ({object_bytes} bytes) in "
+                      "the store unmanaged; pass --force to go ahead (objects are never deleted "
+                      "by a migration)", rows=int(rows), bytes=int(size), objects=objects,
+                      object_bytes=object_bytes)
+    return {"artifact_rows_dropped": int(rows), "artifact_bytes_unreferenced": int(size),
+            "objects_left": objects, "object_bytes_left": object_bytes}
+
+
+def _has_new_columns(db: Database, conn: Connection) -> bool:
+    from sqlalchemy import inspect
+
+    return "digest" in {c["name"] for c in inspect(conn).get_columns("artifacts")}

@@ -1,0 +1,191 @@
+"""Per-kind artifact rules (size, media types, validator) and where the object store is:
+the settings every artifact operation reads before it touches rows or bytes."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mimetypes
+import os
+import re
+import shlex
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jobcoord.artifacts.objects import ObjectStore, parse_digest
+from jobcoord.errors import DatabaseBusy, InvalidInput, SchemaMismatch
+
+if TYPE_CHECKING:
+    from jobcoord.coordinator import Coordinator
+    from jobcoord.store import Database
+
+ENV_STORE = "JOBCOORD_ARTIFACTS"
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+#: How long gc waits for uploads that are committing their rows (seconds).
+GC_LOCK_WAIT_S = 60.0
+_MEDIA = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}")
+
+
+# --- validation rules per kind --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KindRule:
+    """What the artifacts of one kind must satisfy to be accepted."""
+
+    max_bytes: int | None = None
+    media_types: tuple[str, ...] | None = None  # None: any
+    validator: tuple[str, ...] | None = None  # argv; the stored file's path is appended
+
+    def check_static(self, size: int, media_type: str) -> str | None:
+        if self.max_bytes is not None and size > self.max_bytes:
+            return "artifact_too_large"
+        if self.media_types is not None and media_type not in self.media_types:
+            return "media_type_not_allowed"
+        return None
+
+
+@dataclass
+class ArtifactSettings:
+    """Per-kind rules (`rules[kind]`; `default` for kinds without their own)."""
+
+    default: KindRule = field(default_factory=KindRule)
+    rules: dict[str, KindRule] = field(default_factory=dict)
+
+    def for_kind(self, kind: str) -> KindRule:
+        return self.rules.get(kind, self.default)
+
+
+def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = None,
+              where: str = "artifacts") -> KindRule:
+    """A validated KindRule (InvalidInput `invalid_policy` naming `where` otherwise)."""
+    def bad(why: str) -> InvalidInput:
+        return InvalidInput("invalid_policy", f"{where}: {why}")
+
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                  or not 0 <= max_bytes <= 2**62):
+        raise bad("max_bytes must be a whole number of bytes, 0..2**62")
+    if media_types is not None:
+        if isinstance(media_types, str) or not all(isinstance(m, str) and _MEDIA.fullmatch(m)
+                                                   for m in media_types):
+            raise bad("media_types must be a list of media types like 'application/pdf'")
+        media_types = tuple(media_types)
+    if validator is not None:
+        if isinstance(validator, str):
+            validator = shlex.split(validator)
+        if not validator or not all(isinstance(a, str) and "\0" not in a for a in validator):
+            raise bad("validator must be a command (a string or a list of arguments)")
+        validator = tuple(validator)
+    return KindRule(max_bytes, media_types, validator)
+
+
+def settings_from_mapping(data: Mapping[str, Any] | None, source: str = "policy"
+                          ) -> ArtifactSettings:
+    """The `[artifacts]` table of a policy file: defaults, and `[artifacts.kinds.<kind>]`."""
+    out = ArtifactSettings()
+    if not data:
+        return out
+    if not isinstance(data, Mapping):
+        raise InvalidInput("invalid_policy", f"{source}: [artifacts] must be a table")
+    keys = {"max_bytes", "media_types", "validator"}
+    for key in data:
+        if key not in keys | {"kinds"}:
+            raise InvalidInput("invalid_policy", f"{source}: unknown setting artifacts.{key}")
+    out.default = kind_rule(data.get("max_bytes"), data.get("media_types"),
+                            data.get("validator"), f"{source}: artifacts")
+    for kind, rule in dict(data.get("kinds") or {}).items():
+        if not isinstance(rule, Mapping) or set(rule) - keys:
+            raise InvalidInput("invalid_policy", f"{source}: artifacts.kinds.{kind} takes "
+                               f"{', '.join(sorted(keys))}")
+        merged = {"max_bytes": out.default.max_bytes, "media_types": out.default.media_types,
+                  "validator": out.default.validator, **rule}
+        out.rules[str(kind)] = kind_rule(merged["max_bytes"], merged["media_types"],
+                                         merged["validator"], f"{source}: artifacts.kinds.{kind}")
+    return out
+
+
+def settings_of(coord: Coordinator) -> ArtifactSettings:
+    found = getattr(coord, "artifact_settings", None)
+    if found is None:
+        found = getattr(coord.policy, "artifacts", None) or ArtifactSettings()
+    return found
+
+
+def declare_kind(coord: Coordinator, kind: str, *, max_bytes: int | None = None,
+                 media_types: Sequence[str] | None = None,
+                 validator: str | Sequence[str] | None = None) -> None:
+    """Declare a kind's artifact rules from Python (a handler's application does this)."""
+    settings = getattr(coord, "artifact_settings", None)
+    if settings is None:
+        base = settings_of(coord)
+        settings = ArtifactSettings(base.default, dict(base.rules))
+        coord.artifact_settings = settings  # type: ignore[attr-defined]
+    settings.rules[kind] = kind_rule(max_bytes, media_types, validator, f"kind {kind!r}")
+
+
+# --- where the store is ---------------------------------------------------------------------
+
+
+def store_root(db: Database, explicit: str | os.PathLike[str] | None = None) -> str:
+    """The store directory: the explicit one (--artifacts), else $JOBCOORD_ARTIFACTS, else for
+    SQLite `<database>.artifacts`; PostgreSQL has no default."""
+    root = explicit or os.environ.get(ENV_STORE)
+    if root:
+        return os.path.abspath(os.fspath(root))
+    if db.target.sqlite_path:
+        return db.target.sqlite_path + ".artifacts"
+    raise InvalidInput("artifact_store_required",
+                       "artifacts on PostgreSQL need a store directory: pass --artifacts DIR "
+                       f"(or set {ENV_STORE}); every coordinator and worker must name the same "
+                       "one")
+
+
+def store_of(coord: Coordinator) -> ObjectStore:
+    return ObjectStore(store_root(coord.db, getattr(coord, "artifacts_dir", None)))
+
+
+def need_feature(coord: Coordinator) -> None:
+    if "artifacts" not in coord.features:
+        raise SchemaMismatch("feature_missing", "artifact storage is not installed in this "
+                             "database: run `jobcoord migrate --with artifacts`")
+
+
+def location_of(digest: str) -> str:
+    h = parse_digest(digest)
+    return f"objects/sha256/{h[:2]}/{h[2:4]}/{h}"
+
+
+def media_type_of(media_type: Any, name: str) -> str:
+    if media_type is None:
+        return mimetypes.guess_type(name, strict=False)[0] or DEFAULT_MEDIA_TYPE
+    if not isinstance(media_type, str) or not _MEDIA.fullmatch(media_type):
+        raise InvalidInput("invalid_media_type", f"not a media type: {ascii(media_type)[:80]} "
+                           "(expected type/subtype, e.g. application/pdf)")
+    return media_type
+
+
+@contextlib.contextmanager
+def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S
+             ) -> Iterator[None]:
+    """Uploads committing their row hold this shared; gc holds it exclusive while it decides
+    and deletes, so an object is never deleted between an upload's `put` and its row."""
+    store._ensure_layout()
+    fd = os.open(os.path.join(store.root, "gc.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                 0o600)
+    try:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DatabaseBusy("artifact_store_busy", "the artifact store's gc lock "
+                                       f"was held for {wait_s:.0f} s; try again") from None
+                time.sleep(0.01)
+        yield
+    finally:
+        os.close(fd)
