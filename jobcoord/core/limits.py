@@ -23,7 +23,7 @@ from .. import faults
 from .. import validate as v
 from ..clock import iso, now_us
 from ..errors import Refused
-from ..store import statements as sql
+from ..store import limit_statements as sql
 from ..store.base import Taken
 from .common import Context
 

@@ -21,6 +21,7 @@ from .. import faults
 from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
 from ..schema import job_events, jobs, leases, metadata
 from ..validate import dumps
+from . import limit_statements as ls
 from . import statements as s
 from .base import DEFAULT_BUSY_TIMEOUT, DEFAULT_RETRIES, ConnectionSource, Database, Taken, Target
 from .base import classify as classify
@@ -369,10 +370,10 @@ class PostgresDatabase(Database):
         return Taken(found[0], True, tuple(found[2:]))
 
     def hold_worker(self, conn: Connection, worker_id: str) -> None:
-        self.run(conn, s.HOLD_WORKER, {"worker": worker_id})
+        self.run(conn, ls.HOLD_WORKER, {"worker": worker_id})
 
     def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
-        row = self.run(conn, s.HOLD_LIMIT if wait else s.TRY_HOLD_LIMIT,
+        row = self.run(conn, ls.HOLD_LIMIT if wait else ls.TRY_HOLD_LIMIT,
                            {"kind": kind}).fetchone()
         # Waited for: held, or the limit was removed meanwhile (the claim still applies the
         # one it read, the cautious side). Not waited for: held only if the row came back.
@@ -381,7 +382,7 @@ class PostgresDatabase(Database):
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:
         # Skip a job a concurrent claim holds instead of waiting to find it taken.
-        if self.run(conn, s.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
+        if self.run(conn, ls.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
             return None
         job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
                            ).fetchone()
