@@ -189,3 +189,39 @@ def test_two_workers_never_oversubscribe_their_gpus(target: Target) -> None:
         again = c.claim("a")
         assert again["job"] is None and again["reason"] == "resource_short"
         assert "gpu_mem_mb: needs 6000" in again["detail"]
+
+
+def test_threads_sharing_one_coordinator_never_exceed_a_limit(target: Target) -> None:
+    """Six threads of one process claim through one Coordinator (one pool of connections)."""
+    import threading
+
+    with Coordinator.open(target) as c:
+        c.set_limit("llm", 2)
+        c.enqueue_many([{"kind": "llm", "payload": {"i": i}} for i in range(30)]
+                       + [{"kind": "free", "payload": {"i": i}} for i in range(30)])
+        errors: list[BaseException] = []
+
+        def run(worker: str) -> None:
+            try:
+                c.heartbeat(worker)
+                while True:
+                    got = c.claim(worker, lease_s=30)
+                    if got["job"] is None:
+                        if got["reason"] == "no_waiting_jobs":
+                            return
+                        time.sleep(0.005)
+                        continue
+                    time.sleep(0.02)  # long enough for the slots to fill
+                    c.complete(got["job"]["job_id"], worker, got["lease"]["epoch"], {})
+            except BaseException as e:  # reported by the test, not lost in the thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(f"t{i}",)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert c.status()["jobs"]["succeeded"] == 60
+        llm = [(s, e) for kind, _, s, e in lease_intervals(c) if kind == "llm"]
+    assert len(llm) == 30 and peak_overlap(llm) == 2
