@@ -225,3 +225,40 @@ def test_threads_sharing_one_coordinator_never_exceed_a_limit(target: Target) ->
         assert c.status()["jobs"]["succeeded"] == 60
         llm = [(s, e) for kind, _, s, e in lease_intervals(c) if kind == "llm"]
     assert len(llm) == 30 and peak_overlap(llm) == 2
+
+
+def _claim_and_hang(url: str, ready: Any) -> None:
+    from jobcoord.service import Coordinator
+
+    c = Coordinator.open(url)
+    c.heartbeat("doomed")
+    got = c.claim("doomed", lease_s=4)
+    ready.put(got["job"]["job_id"])
+    time.sleep(600)  # killed long before
+
+
+def test_a_sigkilled_holder_frees_its_slot_when_its_lease_expires_without_a_reaper(
+        target: Target) -> None:
+    import os
+    import signal
+
+    with Coordinator.open(target) as c:
+        c.set_limit("llm", 1)
+        c.enqueue_many([{"kind": "llm"}, {"kind": "llm"}])
+        ready = SPAWN.Queue()
+        p = SPAWN.Process(target=_claim_and_hang, args=(target.url, ready))
+        p.start()
+        held = ready.get(timeout=60)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+        expires = _us(c.show(held)["lease"]["expires_at"])
+        c.heartbeat("w2")
+        refused = c.claim("w2")
+        if time.time() * 1e6 < expires - 200_000:  # still well inside the dead one's lease
+            assert refused["reason"] == "concurrency_limit", refused
+            assert f"held by job {held} on doomed" in refused["detail"]
+        time.sleep(max(0.0, (expires - time.time() * 1e6) / 1e6) + 0.05)
+        c.heartbeat("w2")
+        got = c.claim("w2")  # no reap ran: the expired lease no longer counts
+        assert got["job"] is not None and got["job"]["job_id"] != held
+        assert c.show(held)["job"]["status"] == "running"  # still unreaped
