@@ -180,7 +180,7 @@ class ClaimView:
         self.limits: dict[str, Limit] = {}
         if limited:
             self.limits = {r[0]: Limit(r[0], r[1], r[2])
-                           for r in ctx.db.run(conn, sql.ALL_LIMITS, {}).fetchall()}
+                           for r in ctx.db.run(conn, sql.ALL_LIMITS).fetchall()}
         self._holders: dict[str, list[Candidate]] = {}
         self._held = False
         self._capacity: Capacity | None = None
@@ -203,7 +203,7 @@ class ClaimView:
         self._holders[kind] = [
             Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2])
             for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
-                                         {"kind": kind, "now": self.now}).fetchall()]
+                                     {"kind": kind, "now": self.now}).fetchall()]
         # A lease's grant is timed after that read: a holder that ended unseen by it
         # (committed later) recorded its end before this grant, so the history never shows
         # more holders at once than the count allowed.
@@ -216,13 +216,13 @@ class ClaimView:
     def capacity(self) -> tuple[Capacity, list[Candidate]]:
         if self._capacity is None:
             raw = self.ctx.db.run(self.conn, sql.WORKER_RAW, {"worker": self.worker_id}
-                                      ).fetchone()
+                                  ).fetchone()
             self._capacity = capacity_of(None if raw is None else raw[0])
             self._running = [
                 Candidate(r[0], "", {}, _needs(r[1]), self.worker_id)
                 for r in self.ctx.db.run(self.conn, sql.WORKER_HELD_NEEDS,
-                                             {"worker": self.worker_id, "now": self.now}
-                                             ).fetchall()]
+                                         {"worker": self.worker_id, "now": self.now}
+                                         ).fetchall()]
         return self._capacity, self._running
 
     def judge(self, cand: Candidate, taken: Sequence[Candidate] = ()) -> Verdict | None:
@@ -249,7 +249,8 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
     ctx.db.hold_worker(conn, worker_id)
     view.now = max(view.now, now_us())
     stmt, params = sql.candidate_window(roles, kinds)
-    params.update(now=now, maxp=max_priority)
+    # Due and within its deadline at the time of the decision, not before the holds.
+    params.update(now=view.now, maxp=max_priority)
     seen: set[int] = set()
     first: Verdict | None = None
     rows: list[Any] = []

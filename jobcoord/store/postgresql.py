@@ -374,7 +374,7 @@ class PostgresDatabase(Database):
 
     def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
         row = self.run(conn, ls.HOLD_LIMIT if wait else ls.TRY_HOLD_LIMIT,
-                           {"kind": kind}).fetchone()
+                       {"kind": kind}).fetchone()
         # Waited for: held, or the limit was removed meanwhile (the claim still applies the
         # one it read, the cautious side). Not waited for: held only if the row came back.
         return wait or row is not None
@@ -385,12 +385,12 @@ class PostgresDatabase(Database):
         if self.run(conn, ls.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
             return None
         job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
-                           ).fetchone()
+                       ).fetchone()
         if job is None:
             return None
         epoch, attempts = job[6], job[4]
         self.run(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
-                                            "now": now, "expires": expires})
+                                        "now": now, "expires": expires})
         self.run(conn, s.INSERT_EVENT, {
             "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
             "reason": "claimed", "worker": worker, "epoch": epoch,

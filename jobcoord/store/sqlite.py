@@ -279,13 +279,13 @@ class SqliteDatabase(Database):
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:
         job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
-                           ).fetchone()
+                       ).fetchone()
         if job is None:
             return None
         faults.point("claim.after_take")
         job_id, epoch, attempts = job[0], job[6], job[4]
         self.run(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
-                                            "now": now, "expires": expires})
+                                        "now": now, "expires": expires})
         faults.point("claim.after_lease")
         self.run(conn, s.INSERT_EVENT, {
             "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
