@@ -103,12 +103,15 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
                 say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
         if handlers and not ready and not reasons:
             say("gated", "every worker that could run it is gated")
-        if ready and fit_of is not None:
-            # A full limit holds it back on every worker; a resource on some.
-            ready, held_back, out["limit"] = fit_of(
-                [w for w in handlers if w["worker_id"] in ready])
+        if fit_of is not None:
+            # A full limit holds it back on every worker; a resource on some. Said only
+            # of workers the gates let claim it, the limit shown (with its holders) always.
+            was_ready = bool(ready)
+            ready, held_back, limit = fit_of([w for w in handlers if w["worker_id"] in ready])
+            if limit is not None:
+                out["limit"] = limit
             blocked = blocked or not ready
-            for code, detail in held_back:
+            for code, detail in held_back if was_ready else ():
                 say(code, detail)
         out["ready_workers"] = ready
         out["jobs_ahead"] = ahead

@@ -104,7 +104,14 @@ def test_explain_says_concurrency_limit_with_the_holders(coord, clock):
     assert codes == ["concurrency_limit"]
     assert f"held by job {a} on w1" in out["reasons"][0]["detail"]
     assert out["limit"]["holders"][0]["job_id"] == a
+    for w in ("w1", "w2"):
+        coord.heartbeat(w, readings={**IDLE_ON_AC, "memory_used_pct": 99})
+    gated = coord.explain(b)  # no worker may claim: the gates are said, the limit shown
+    assert {r["code"] for r in gated["reasons"]} == {"memory_gate"}
+    assert gated["limit"]["holders"][0]["job_id"] == a
     coord.remove_limit("llm")
+    assert "limit" not in coord.explain(b)
+    _workers(coord, "w1", "w2")
     assert coord.explain(b)["claimable_now"] is True
 
 
