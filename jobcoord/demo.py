@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from . import demo_schedule
+from . import demo_limit, demo_schedule
 from .app import App, Context, Result
 from .demo_report import last_line, outcome, report, timestamp
 
@@ -360,6 +360,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
     try:
         summary = outcome(coord, ids, workers, logs, killed, problems)
         summary["schedule"] = demo_schedule.outcome(coord, scheduled, summary["problems"])
+        summary["limit"] = demo_limit.run(coord, say, summary["problems"])
     finally:
         coord.close()
     summary["server"] = server

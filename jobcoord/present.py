@@ -113,12 +113,16 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
         "created_at": iso(job["created_at"]), "updated_at": iso(job["updated_at"]),
         "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
         "finished_at": iso(job["finished_at"]),
+        # Declared resource needs ({"NAME": INT}), or None.
+        "needs": loads(job.get("needs_json")),
     }
 
 
 def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: Any,
                 workers: list[dict[str, Any]], now: int,
                 gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]],
+                fit_of: Callable[[list[dict[str, Any]]], tuple[list[str], list[tuple[str, str]],
+                                                                  Any]] | None = None,
                 schedule: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The diagnosis an operator would do by hand, in the seed's order: status, schedule,
     deadline, then the workers that could take it (role, kind, heartbeat, gates)."""
@@ -173,6 +177,16 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
                 say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
         if handlers and not ready and not reasons:
             say("gated", "every worker that could run it is gated")
+        if fit_of is not None:
+            # A full limit holds it back on every worker; a resource on some. Said only
+            # of workers the gates let claim it, the limit shown (with its holders) always.
+            was_ready = bool(ready)
+            ready, held_back, limit = fit_of([w for w in handlers if w["worker_id"] in ready])
+            if limit is not None:
+                out["limit"] = limit
+            blocked = blocked or not ready
+            for code, detail in held_back if was_ready else ():
+                say(code, detail)
         out["ready_workers"] = ready
         out["jobs_ahead"] = ahead
         if ready and not blocked:

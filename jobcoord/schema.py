@@ -93,6 +93,8 @@ jobs = Table(
     Column("effect_started", Boolean, nullable=False, server_default=false()),
     Column("cancel_requested", Boolean, nullable=False, server_default=false()),
     Column("finished_at", BigInteger),
+    # Declared resource needs, {"NAME": INT} as text; NULL: none (core revision c0006).
+    Column("needs_json", Text),
     CheckConstraint(
         "status IN ('waiting','running','succeeded','dead','cancelled','unknown')",
         name="status",
@@ -159,6 +161,7 @@ def add_partial_indexes() -> None:
     entered = text(ENTERED_DEAD_OR_UNKNOWN)
     Index("ix_job_events_dead_unknown", job_events.c.to_status,
           sqlite_where=entered, postgresql_where=entered)
+    Index("ix_jobs_waiting_needs", c.job_id, **_waiting(" AND needs_json IS NOT NULL"))
 
 
 leases = Table(
@@ -343,8 +346,21 @@ schedule_fires = Table(
           "slot_at"),
 )
 
+# Concurrency limits (core revision c0006): at most `concurrency` live leases of a kind at
+# once, per value of the payload field `key_field` when one is set. Counted from the leases
+# inside each claim, never kept as a counter.
+limits = Table(
+    "limits", metadata,
+    Column("kind", String(128), primary_key=True),
+    Column("concurrency", Integer, nullable=False),
+    Column("key_field", String(128)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    CheckConstraint("concurrency >= 1", name="concurrency"),
+)
+
 #: Every table of the core revisions, parents before children (transfer copies them in this
 #: order).
 CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "tokens", "schedules",
-               "schedule_fires")
+               "schedule_fires", "limits")
 OPTIONAL_TABLES = {"artifacts": ("artifacts",)}

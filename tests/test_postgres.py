@@ -344,6 +344,7 @@ def test_a_submission_racing_an_uncommitted_one_with_its_key_gets_that_job(pg: T
 
 
 def _populate(c: Coordinator) -> list[int]:
+    c.set_limit("embed", 2, key="model")  # every core table holds rows, limits too
     c.heartbeat("w1", roles=["gpu"], readings={"memory_used_pct": 10, "user_idle_s": 9999,
                                                "on_battery": False})
     ids = [c.enqueue("summarize", {"i": i}, priority=i % 4, role="gpu", key=f"k{i}")["job_id"]

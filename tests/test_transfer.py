@@ -50,9 +50,11 @@ def with_artifacts(target: Target) -> None:
 
 def populate(target: Target) -> dict[str, int]:
     """Jobs in every state, a dead job with its error history, an idempotency key,
-    checkpoints and two workers. Ends at t=1000 with no live lease (one expired, unreaped)."""
+    checkpoints, two workers, a limit and a job's declared needs. Ends at t=1000 with no live
+    lease (one expired, unreaped)."""
     ids: dict[str, int] = {}
     with Coordinator.open(target) as c, freeze_time(at(0)) as clock:
+        c.set_limit("send", 3, key="to")
         c.heartbeat("w1", roles=["gpu"], readings=READY)
         c.heartbeat("w2", roles=["cpu"], readings={"memory_used_pct": 91, "on_battery": True})
         # A schedule whose slots are all found after their 1 s windows: recorded, no job.
@@ -62,7 +64,8 @@ def populate(target: Target) -> dict[str, int]:
                                 max_attempts=2)["job_id"]
         ids["unknown"] = c.enqueue("send", {"to": "x"}, priority=1, role="gpu")["job_id"]
         ids["running"] = c.enqueue("embed", {"doc": "c"}, priority=2, role="gpu")["job_id"]
-        ids["cancelled"] = c.enqueue("embed", {"doc": "d"}, priority=3, role="gpu")["job_id"]
+        ids["cancelled"] = c.enqueue("embed", {"doc": "d"}, priority=3, role="gpu",
+                                     needs="ram_mb=100")["job_id"]
         ids["waiting"] = c.enqueue("summarize", {"doc": "é ✓"}, priority=3, role="gpu",
                                    key="order-17", tenant="acme")["job_id"]
         got = c.claim("w1", lease_s=30)["job"]
@@ -143,7 +146,8 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     assert out["features"] == sorted(features)
     after = table_rows(pg, features)
     assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints", "tokens",
-                          "schedules", "schedule_fires", *(["artifacts"] if features else [])}
+                          "schedules", "schedule_fires", "limits",
+                          *(["artifacts"] if features else [])}
     for name, rows in before.items():
         assert rows, f"{name} should have been populated"
         assert after[name] == rows, name  # row by row, ids and epochs included

@@ -13,6 +13,7 @@ from .. import validate as v
 from ..clock import MICROS, iso, now_us
 from ..policy import GateDecision, Readings, evaluate
 from ..store import statements as sql
+from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us
 
 
@@ -73,9 +74,19 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
         code, detail = gates.refusal or ("gated", "the gates refuse every priority")
         return refuse(ctx, conn, worker_id, now, code, detail)
     expires = now + lease_us
-    taken = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
-                             max_priority=gates.max_priority, expires_iso=iso(expires),
-                             tenant=tenant)
+    if row[7] or row[8]:
+        # A limit exists or a waiting job declares needs: each candidate is checked in
+        # claim order (core.limits). Otherwise the store's one-step take, untouched.
+        taken, verdict, now = limit_rules.take_checked(
+            ctx, conn, worker_id, roles, kinds, now=now, lease_us=lease_us,
+            max_priority=gates.max_priority, limited=bool(row[7]), tenant=tenant)
+        expires = now + lease_us
+        if taken.job is None and verdict is not None:
+            return refuse(ctx, conn, worker_id, now, verdict.code, verdict.detail)
+    else:
+        taken = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now,
+                                 expires=expires, max_priority=gates.max_priority,
+                                 expires_iso=iso(expires), tenant=tenant)
     if not taken.picked:
         code, detail = why_nothing(ctx, conn, roles, kinds, gates, now, tenant)
         return refuse(ctx, conn, worker_id, now, code, detail)
