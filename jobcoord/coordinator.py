@@ -16,6 +16,8 @@ from . import present
 from .clock import iso, now_us
 from .core import admin, batch, fencing, queries, recovery, submit
 from .core import claim as claim_rules
+from .core import limits as limit_rules
+from .core import schedules as schedule_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
 from .core.submit import JobSpec
@@ -97,11 +99,13 @@ class Coordinator:
     def enqueue(self, kind: str, payload: Any = None, *, priority: int | str | None = None,
                 role: str | None = None, tenant: str = DEFAULT_TENANT, key: str | None = None,
                 max_attempts: int | None = None, deadline_s: float | None = None,
-                delay_s: float = 0.0) -> dict[str, Any]:
-        """Accept a job (the rules: `core.submit.enqueue`)."""
+                delay_s: float = 0.0, needs: Mapping[str, int] | str | None = None
+                ) -> dict[str, Any]:
+        """Accept a job (the rules: `core.submit.enqueue`). `needs` declares the resources
+        it takes, e.g. {"gpu_mem_mb": 12000, "ram_mb": 8000}."""
         return submit.enqueue(self, kind, payload, priority=priority, role=role, tenant=tenant,
                               key=key, max_attempts=max_attempts, deadline_s=deadline_s,
-                              delay_s=delay_s)
+                              delay_s=delay_s, needs=needs)
 
     def enqueue_many(self, specs: Iterable[JobSpec | Mapping[str, Any]]
                      ) -> list[dict[str, Any]]:
@@ -270,6 +274,46 @@ class Coordinator:
                                                pause_s=pause_s))
 
 
+    # --- schedules (the rules: `core.schedules`) -----------------------------------------
+
+    def add_schedule(self, name: str, kind: str, *, cron: str | None = None,
+                     tz: str | None = None, every: str | float | None = None,
+                     payload: Any = None, priority: int | str | None = None,
+                     role: str | None = None, tenant: str = DEFAULT_TENANT,
+                     max_attempts: int | None = None, window: str | float | None = None,
+                     catchup: str | None = None, overlap: str | None = None
+                     ) -> dict[str, Any]:
+        """A durable schedule that enqueues `kind` once per slot: `cron` (five fields) in
+        the IANA zone `tz` (default UTC), or `every` (seconds or 30s, 15m, 1h, 1d). The
+        fired job's deadline is slot + `window`; `catchup` skip | latest | all:N handles
+        slots missed while nothing ticked; `overlap` allow | skip | queue_one handles a
+        previous fire's job that is still waiting or running."""
+        return present.schedule_changed_json(schedule_rules.add(
+            self, name, kind, cron=cron, tz=tz, every=every, payload=payload,
+            priority=priority, role=role, tenant=tenant, max_attempts=max_attempts,
+            window=window, catchup=catchup, overlap=overlap))
+
+    def schedules(self) -> dict[str, Any]:
+        """Every schedule with its next fire time and last outcome."""
+        return {"schedules": [present.schedule_json(s, last)
+                              for s, last in schedule_rules.listing(self)]}
+
+    def pause_schedule(self, name: str) -> dict[str, Any]:
+        """Stop firing a schedule until it is resumed (nothing is recorded meanwhile)."""
+        return present.schedule_changed_json(schedule_rules.set_paused(self, name, True))
+
+    def resume_schedule(self, name: str) -> dict[str, Any]:
+        """Fire again from the first slot after now."""
+        return present.schedule_changed_json(schedule_rules.set_paused(self, name, False))
+
+    def remove_schedule(self, name: str) -> dict[str, Any]:
+        """Delete a schedule (the jobs it fired stay)."""
+        return schedule_rules.remove(self, name)
+
+    def tick_schedules(self, *, limit: int = 100) -> dict[str, Any]:
+        """Fire what is due, at most one job per (schedule, slot) whoever else ticks."""
+        return present.ticked_json(schedule_rules.tick(self, limit=limit))
+
     # --- reading ------------------------------------------------------------------------
 
     def jobs(self, *, status: str | None = None, kind: str | None = None,
@@ -288,11 +332,30 @@ class Coordinator:
         return {"workers": [present.worker_json(w, gate, age)
                             for w, gate, age in queries.workers(self)]}
 
+    def set_limit(self, kind: str, concurrency: int, *, key: str | None = None
+                  ) -> dict[str, Any]:
+        """At most `concurrency` running jobs of `kind` at once, across every worker (per
+        value of payload field `key` when given); the rules: `core.limits`."""
+        return limit_rules.set_limit(self, kind, concurrency, key)
+
+    def limits(self) -> dict[str, Any]:
+        """Every limit with the live leases holding its slots."""
+        return limit_rules.list_limits(self)
+
+    def remove_limit(self, kind: str) -> dict[str, Any]:
+        """Remove a kind's limit (refused with limit_not_found when it has none)."""
+        return limit_rules.remove_limit(self, kind)
+
     def explain(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """Why this job is (or is not) being picked up right now."""
         job, ahead, lease, rows, now = queries.explain(self, job_id, tenant=tenant)
-        return present.explain_job(self.policy, job, ahead, lease, rows, now,
-                                   lambda w, at: worker_rules.worker_gate(self, w, at))
+        diag = job.pop("constraints", None)
+        return present.explain_job(
+            self.policy, job, ahead, lease, rows, now,
+            lambda w, at: worker_rules.worker_gate(self, w, at),
+            None if diag is None else (
+                lambda ready: limit_rules.explain_reasons(job, diag, ready)),
+            schedule=schedule_rules.of_job(self, job["job_id"]))
 
     def status(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Counts by status, workers, active leases, schema and storage facts. With a tenant,

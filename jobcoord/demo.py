@@ -4,9 +4,9 @@ It creates a fresh SQLite database, enqueues a mixed workload (P0 user requests 
 background jobs for two roles), starts five real worker processes with different roles and
 readings, serves the database over HTTP (`jobcoord serve` on a free loopback port) to a sixth
 worker that joins with a token as a remote machine would, SIGKILLs the worker running the
-longest job in the middle of it, lets the other workers' reapers recover that job, stops
-everything cleanly, and checks and prints the outcome. The database stays behind to explore
-with `status`, `jobs`, `show`, `workers`.
+longest job in the middle of it, lets the other workers' reapers recover that job, lets the
+workers' ticks fire a schedule, stops everything cleanly, and checks and prints the outcome.
+The database stays behind to explore with `status`, `jobs`, `show`, `workers`.
 
 The workers report simulated readings (`--readings-override`), so the outcome does not depend
 on the machine running the demo; the machine's real readings are printed at the start.
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from . import demo_limit, demo_schedule
 from .app import App, Context, Result
 from .demo_report import last_line, outcome, report, timestamp
 
@@ -305,6 +306,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
         long_id = next(i for i, j in zip(ids, workload, strict=True) if j["payload"].get("long"))
         say(f"enqueued {len(ids)} jobs: P0 user requests (summarize on gpu, extract on cpu) "
             "and P3 background work (embed on gpu, index on cpu)")
+        scheduled = demo_schedule.start(coord, say)
         workers = _workers()
         server = _serve(coord, server_proc, directory, logs, say)
         for w in workers:
@@ -323,6 +325,7 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
                                     + last_line(os.path.join(logs, f"{name}.log")))
                 break
             counts = coord.status()["jobs"]
+            demo_schedule.watch(coord, scheduled, ids, say)
             if killed is None:
                 shown = coord.show(long_id)
                 lease = shown["lease"]
@@ -356,6 +359,8 @@ def run_demo(directory: str | None = None, *, echo: Callable[[str], None] | None
                         + last_line(os.path.join(logs, "server.log")))
     try:
         summary = outcome(coord, ids, workers, logs, killed, problems)
+        summary["schedule"] = demo_schedule.outcome(coord, scheduled, summary["problems"])
+        summary["limit"] = demo_limit.run(coord, say, summary["problems"])
     finally:
         coord.close()
     summary["server"] = server

@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
+from . import demo_limit, demo_schedule
 from .artifacts import rules as artifact_rules
 
 
@@ -143,6 +144,8 @@ def report(s: dict[str, Any]) -> list[str]:
             epoch = f" epoch {e['epoch']}" if e["epoch"] is not None else ""
             lines.append(f"  +{timestamp(e['at']) - t0:5.1f}s  {e['from'] or '-':>8} -> "
                          f"{e['to']:<9} {e['reason']}{who}{epoch}")
+    lines.extend(demo_schedule.report(s))
+    lines.extend(demo_limit.report(s))
     for problem in s["problems"]:
         lines.append(f"PROBLEM: {problem}")
     if s.get("artifact"):
@@ -158,7 +161,7 @@ def report(s: dict[str, Any]) -> list[str]:
     lines.append(f"done in {s['duration_s']}s. Explore the database:")
     db = s["database"]
     job = rec["job_id"] if rec else 1
-    for cmd in ("status", "jobs", f"show {job}", "workers"):
+    for cmd in ("status", "jobs", f"show {job}", "workers", "limit ls"):
         lines.append(f"  jobcoord --db {db} {cmd}")
     lines.append(f"worker logs: {os.path.join(s['directory'], 'logs')}/")
     return lines

@@ -68,6 +68,7 @@ class Job(Base):
     effect_started: Mapped[bool]
     cancel_requested: Mapped[bool]
     finished_at: Mapped[int | None]
+    needs_json: Mapped[str | None]
 
 
 class Lease(Base):
@@ -142,3 +143,16 @@ class Token(Base):
     worker_id: Mapped[str | None]
     created_at: Mapped[int]
     revoked_at: Mapped[int | None]
+
+
+class Limit(Base):
+    """A concurrency limit (core revision c0006): at most `concurrency` live leases of the
+    kind at once, per value of the payload field `key_field` when it is set."""
+
+    __table__ = schema.limits
+
+    kind: Mapped[str]
+    concurrency: Mapped[int]
+    key_field: Mapped[str | None]
+    created_at: Mapped[int]
+    updated_at: Mapped[int]

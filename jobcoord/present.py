@@ -101,6 +101,19 @@ def pruned_json(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def schedule_changed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """add_schedule, pause_schedule, resume_schedule."""
+    answer["next_fire_at"] = iso(answer["next_fire_at"])
+    return answer
+
+
+def ticked_json(answer: dict[str, Any]) -> dict[str, Any]:
+    answer["at"] = iso(answer["at"])
+    for s in answer["schedules"]:
+        s["next_fire_at"] = iso(s["next_fire_at"])
+    return answer
+
+
 # --- the read operations' answers ------------------------------------------------------------
 
 
@@ -117,13 +130,17 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
         "created_at": iso(job["created_at"]), "updated_at": iso(job["updated_at"]),
         "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
         "finished_at": iso(job["finished_at"]),
+        # Declared resource needs ({"NAME": INT}), or None.
+        "needs": loads(job.get("needs_json")),
     }
 
 
 def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: Any,
                 workers: list[dict[str, Any]], now: int,
-                gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]]
-                ) -> dict[str, Any]:
+                gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]],
+                fit_of: Callable[[list[dict[str, Any]]], tuple[list[str], list[tuple[str, str]],
+                                                                  Any]] | None = None,
+                schedule: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The diagnosis an operator would do by hand, in the seed's order: status, schedule,
     deadline, then the workers that could take it (role, kind, heartbeat, gates)."""
     status = job["status"]
@@ -152,7 +169,10 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
     else:
         if job["run_after"] > now:
             say("scheduled", f"not due until {iso(job['run_after'])} (backoff or delay)")
-        if job["deadline_at"] is not None and job["deadline_at"] <= now:
+        if job["deadline_at"] is not None and job["deadline_at"] <= now and schedule:
+            say("window_missed", f"the window of its slot closed at {iso(job['deadline_at'])};"
+                " the reaper will mark it dead (window_missed)")
+        elif job["deadline_at"] is not None and job["deadline_at"] <= now:
             say("deadline_passed", "its deadline has passed; the reaper will mark it dead")
         # Only the schedule and the deadline stop every worker; a gated worker does not stop
         # another one that is ready.
@@ -174,11 +194,23 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
                 say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
         if handlers and not ready and not reasons:
             say("gated", "every worker that could run it is gated")
+        if fit_of is not None:
+            # A full limit holds it back on every worker; a resource on some. Said only
+            # of workers the gates let claim it, the limit shown (with its holders) always.
+            was_ready = bool(ready)
+            ready, held_back, limit = fit_of([w for w in handlers if w["worker_id"] in ready])
+            if limit is not None:
+                out["limit"] = limit
+            blocked = blocked or not ready
+            for code, detail in held_back if was_ready else ():
+                say(code, detail)
         out["ready_workers"] = ready
         out["jobs_ahead"] = ahead
         if ready and not blocked:
             say("eligible", f"{len(ready)} worker(s) can claim it now; {ahead} job(s) are "
                 "ahead of it in the claim order")
+    if schedule:
+        out["schedule"] = job_schedule_json(schedule)
     out["claimable_now"] = any(r["code"] == "eligible" for r in reasons)
     out["reasons"] = reasons
     return out
@@ -230,3 +262,45 @@ def worker_json(w: Mapping[str, Any], gate: GateDecision, age: float | None
             "reason": w["last_refusal"], "detail": w["last_refusal_detail"],
             "at": iso(w["last_refusal_at"])},
     }
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+
+def _seconds(us: int | None) -> float | None:
+    return None if us is None else us / MICROS
+
+
+def fire_json(last: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A handled slot: when, what became of it, and its job's status now."""
+    if last is None:
+        return None
+    return {"slot": iso(last["slot_at"]), "outcome": last["outcome"], "job_id": last["job_id"],
+            "job_status": last["status"], "at": iso(last["at"]), "detail": loads(last["detail"])}
+
+
+def schedule_json(s: Mapping[str, Any], last: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A schedule as `schedule ls` shows it: its timing and job, the next fire time (None
+    while paused) and the last outcome."""
+    catchup = s["catchup"] if s["catchup"] != "all" else f"all:{s['catchup_max']}"
+    return {
+        "name": s["name"], "kind": s["kind"], "tenant": s["tenant"], "role": s["required_role"],
+        "priority": s["priority"], "payload": json.loads(s["payload_json"]),
+        "max_attempts": s["max_attempts"], "cron": s["cron"], "tz": s["tz"],
+        "every_s": _seconds(s["every_us"]), "window_s": _seconds(s["window_us"]),
+        "catchup": catchup, "overlap": s["overlap"], "paused": bool(s["paused"]),
+        "next_fire_at": None if s["paused"] else iso(s["next_slot_at"]),
+        "queued_slot": iso(s["queued_slot_at"]), "last": fire_json(last),
+        "created_at": iso(s["created_at"]),
+    }
+
+
+def job_schedule_json(got: Mapping[str, Any]) -> dict[str, Any]:
+    """For `explain` of a fired job: its schedule and slot, the window's end, the schedule's
+    next fire time and last outcome."""
+    s = got["schedule"]
+    window = s["window_us"]
+    return {"name": s["name"], "slot": iso(got["slot_at"]),
+            "window_ends_at": None if window is None else iso(got["slot_at"] + window),
+            "next_fire_at": None if s["paused"] else iso(s["next_slot_at"]),
+            "paused": bool(s["paused"]), "last": fire_json(got["last"])}

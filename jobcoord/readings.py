@@ -16,6 +16,7 @@ becomes unknown and the reason is kept in `sources`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,8 +30,11 @@ import psutil
 
 from .errors import InvalidInput
 
-#: Readings the coordinator accepts in a heartbeat (core.workers.parse_readings).
+#: Readings the gates use (core.workers.parse_readings).
 READING_KEYS = ("memory_used_pct", "temperature_c", "on_battery", "user_idle_s")
+#: Readings a claim matches jobs' declared needs against (the heartbeat contract), and
+#: named capacity (`heartbeat --capacity`, `worker --readings-override`).
+RESOURCE_KEYS = ("memory_available_mb", "gpus", "capacity")
 #: Sensor values outside this range are glitches (disconnected probes report -273 or 255).
 _SANE_TEMPERATURE_C = (-50.0, 150.0)
 #: Idle time is reported at most this large (the coordinator's bound on seconds).
@@ -44,15 +48,22 @@ class MachineReadings:
     temperature_c: float | None = None
     on_battery: bool | None = None
     user_idle_s: float | None = None
+    #: Free RAM in MB (psutil's "available": what new processes can use without swapping).
+    memory_available_mb: int | None = None
+    #: One reading per NVIDIA GPU through NVML; None: no library, no driver or no GPU.
+    gpus: list[dict[str, float | None]] | None = None
     #: Where each value came from, or why it is unknown (for logs and `workers`).
     sources: dict[str, str] = field(default_factory=dict)
 
     def as_heartbeat(self) -> dict[str, Any]:
-        """The four readings a heartbeat carries, `"unknown"` where there is no value."""
+        """The readings a heartbeat carries, `"unknown"` where there is no value; `gpus`
+        only when the machine reports GPUs."""
         out: dict[str, Any] = {}
-        for key in READING_KEYS:
+        for key in (*READING_KEYS, "memory_available_mb"):
             value = getattr(self, key)
             out[key] = "unknown" if value is None else value
+        if self.gpus:
+            out["gpus"] = self.gpus
         return out
 
 
@@ -61,6 +72,57 @@ def memory_used_pct() -> tuple[float | None, str]:
         return round(float(psutil.virtual_memory().percent), 1), "psutil.virtual_memory"
     except (OSError, RuntimeError, AttributeError) as e:
         return None, f"unavailable: {e}"
+
+
+def memory_available_mb() -> tuple[int | None, str]:
+    try:
+        return int(psutil.virtual_memory().available // 2**20), "psutil.virtual_memory"
+    except (OSError, RuntimeError, AttributeError) as e:
+        return None, f"unavailable: {e}"
+
+
+def _nvml_value(read: Any) -> float | None:
+    """One NVML reading, None when this GPU does not support it."""
+    try:
+        return float(read())
+    except Exception:  # NVMLError_NotSupported and kin: that value is unknown
+        return None
+
+
+def gpus() -> tuple[list[dict[str, float | None]] | None, str]:
+    """Each NVIDIA GPU's free and total memory (MB), utilisation (%) and temperature (C),
+    through NVML (`nvidia-ml-py`, the optional extra `jobcoord[gpu]`). No library, no driver
+    or no GPU: no readings, and the reason, never an error."""
+    try:
+        import pynvml
+    except ImportError:
+        return None, "unavailable: nvidia-ml-py is not installed (pip install 'jobcoord[gpu]')"
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ...
+        return None, f"unavailable: NVML: {e}"
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            out.append({
+                "memory_free_mb": float(mem.free // 2**20),
+                "memory_total_mb": float(mem.total // 2**20),
+                "utilization_pct": _nvml_value(
+                    lambda h=h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                "temperature_c": _nvml_value(lambda h=h: pynvml.nvmlDeviceGetTemperature(
+                    h, pynvml.NVML_TEMPERATURE_GPU)),
+            })
+    except Exception as e:
+        return None, f"unavailable: NVML: {e}"
+    finally:
+        # Shutting down a library that failed to read: nothing to keep.
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    if not out:
+        return None, "NVML reports no GPU"
+    return out, f"NVML ({len(out)} GPUs)"
 
 
 def temperature_c() -> tuple[float | None, str]:
@@ -162,12 +224,14 @@ def read_machine(env: Mapping[str, str] | None = None) -> MachineReadings:
     r.temperature_c, r.sources["temperature_c"] = temperature_c()
     r.on_battery, r.sources["on_battery"] = on_battery()
     r.user_idle_s, r.sources["user_idle_s"] = user_idle_s(env)
+    r.memory_available_mb, r.sources["memory_available_mb"] = memory_available_mb()
+    r.gpus, r.sources["gpus"] = gpus()
     return r
 
 
 def parse_override(text: str | None) -> dict[str, Any]:
     """`--readings-override JSON`: values that replace the real readings (for tests and
-    demos). Only the four known readings; each is checked again by the coordinator."""
+    demos). Only the known readings; each is checked again by the coordinator."""
     if text is None:
         return {}
     try:
@@ -177,10 +241,11 @@ def parse_override(text: str | None) -> dict[str, Any]:
                            ) from None
     if not isinstance(value, dict):
         raise InvalidInput("invalid_input", "--readings-override must be a JSON object")
-    unknown = sorted(set(value) - set(READING_KEYS))
+    unknown = sorted(set(value) - {*READING_KEYS, *RESOURCE_KEYS})
     if unknown:
         raise InvalidInput("invalid_input", f"--readings-override: unknown reading(s) "
-                           f"{', '.join(unknown)}; known: {', '.join(READING_KEYS)}")
+                           f"{', '.join(unknown)}; known: "
+                           f"{', '.join((*READING_KEYS, *RESOURCE_KEYS))}")
     return value
 
 

@@ -1,4 +1,5 @@
-"""Long-running processes: the dedicated reaper loop (`jobcoord reap --every`), and the one
+"""Long-running processes: the dedicated reaper loop (`jobcoord reap --every`, which also
+ticks the schedules), and the one
 place that decides which errors a long-running loop survives. The reaper loop here and the
 worker's loops (claim, ticker, job threads) all use `is_fatal` and `Backoff`."""
 
@@ -60,6 +61,21 @@ def _out(line: str) -> None:
         print(line, flush=True)
 
 
+def tick_schedules(coordinator: Any) -> dict[str, Any]:
+    """One tick of the schedules from a loop's timer: its counts, or the error that skipped
+    it (said on stderr; the next pass ticks again). A fatal error is raised."""
+    try:
+        got: dict[str, Any] = coordinator.tick_schedules()
+    except Exception as e:
+        if is_fatal(e):
+            raise
+        code, message = describe(e)
+        print(f"jobcoord: schedule tick skipped ({code}): {message}", file=sys.stderr,
+              flush=True)
+        return {"error": {"code": code, "message": message}}
+    return {k: got[k] for k in ("fired", "missed", "skipped", "queued")}
+
+
 def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
                as_json: bool = False) -> int:
     """Reap every `interval` seconds until SIGTERM (exit 0) or SIGINT (exit 130), always after
@@ -98,11 +114,18 @@ def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
             stop.wait(wait)
             continue
         backoff.reset()
+        ticked = tick_schedules(coordinator)
         if as_json:
-            _out(json.dumps({"pass": passes, "at": iso(now_us()), **result}))
-        elif result["expired"] or result["deadline_dead"]:
-            _out(f"reaped {result['expired']} expired lease(s): {result['waiting']} waiting, "
-                 f"{result['dead']} dead, {result['unknown']} unknown, "
-                 f"{result['cancelled']} cancelled; {result['deadline_dead']} past deadline")
+            _out(json.dumps({"pass": passes, "at": iso(now_us()), **result,
+                             "schedules": ticked}))
+        else:
+            if result["expired"] or result["deadline_dead"]:
+                _out(f"reaped {result['expired']} expired lease(s): {result['waiting']} "
+                     f"waiting, {result['dead']} dead, {result['unknown']} unknown, "
+                     f"{result['cancelled']} cancelled; {result['deadline_dead']} past "
+                     "deadline")
+            if any(ticked.get(k) for k in ("fired", "missed", "skipped", "queued")):
+                _out(f"schedules: fired {ticked['fired']}, missed {ticked['missed']}, "
+                     f"skipped {ticked['skipped']}, queued {ticked['queued']}")
         stop.wait(interval)
     return EXIT_INTERRUPTED if interrupted.is_set() else 0

@@ -93,6 +93,8 @@ jobs = Table(
     Column("effect_started", Boolean, nullable=False, server_default=false()),
     Column("cancel_requested", Boolean, nullable=False, server_default=false()),
     Column("finished_at", BigInteger),
+    # Declared resource needs, {"NAME": INT} as text; NULL: none (core revision c0006).
+    Column("needs_json", Text),
     CheckConstraint(
         "status IN ('waiting','running','succeeded','dead','cancelled','unknown')",
         name="status",
@@ -159,6 +161,7 @@ def add_partial_indexes() -> None:
     entered = text(ENTERED_DEAD_OR_UNKNOWN)
     Index("ix_job_events_dead_unknown", job_events.c.to_status,
           sqlite_where=entered, postgresql_where=entered)
+    Index("ix_jobs_waiting_needs", c.job_id, **_waiting(" AND needs_json IS NOT NULL"))
 
 
 leases = Table(
@@ -281,7 +284,83 @@ tokens = Table(
     UniqueConstraint("token_hash"),
 )
 
+# Durable schedules (core revision c0005): what to enqueue and when. `next_slot_at` is the
+# first slot not yet handled; `due_at` is when a tick must look at the schedule next (NULL
+# while paused), so a tick with nothing due is one read of this index.
+schedules = Table(
+    "schedules", metadata,
+    Column("schedule_id", Id, primary_key=True, autoincrement=True),
+    Column("name", String(128), nullable=False),
+    Column("tenant", String(128), nullable=False),
+    Column("kind", String(128), nullable=False),
+    Column("required_role", String(128)),
+    Column("priority", Integer, nullable=False),
+    Column("payload_json", Text, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    # Exactly one of cron (with its IANA zone) and every_us says when the slots are.
+    Column("cron", String(200)),
+    Column("tz", String(64)),
+    Column("every_us", BigInteger),
+    Column("window_us", BigInteger),
+    Column("catchup", String(8), nullable=False),
+    Column("catchup_max", Integer, nullable=False, server_default="1"),
+    Column("overlap", String(16), nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=false()),
+    Column("next_slot_at", BigInteger, nullable=False),
+    Column("due_at", BigInteger),
+    # queue_one: the slot held back until the previous fire's job has finished.
+    Column("queued_slot_at", BigInteger),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    CheckConstraint("(cron IS NULL) <> (every_us IS NULL)", name="when"),
+    CheckConstraint("every_us IS NULL OR every_us > 0", name="every"),
+    CheckConstraint("window_us IS NULL OR window_us > 0", name="window"),
+    CheckConstraint("catchup IN ('skip','latest','all')", name="catchup"),
+    CheckConstraint("catchup_max >= 1", name="catchup_max"),
+    CheckConstraint("overlap IN ('allow','skip','queue_one')", name="overlap"),
+    CheckConstraint("priority BETWEEN 0 AND 3", name="priority"),
+    UniqueConstraint("name"),
+    Index("ix_schedules_due_at", "due_at"),
+)
+
+# One row per handled slot of a schedule: fired (with its job), missed, skipped or queued.
+# The unique (schedule, slot) key is what makes firing idempotent across processes: the row
+# is inserted in the transaction that inserts the job, so a second ticker's insert of the
+# same slot does nothing, and it inserts no job.
+schedule_fires = Table(
+    "schedule_fires", metadata,
+    Column("fire_id", Id, primary_key=True, autoincrement=True),
+    Column("schedule_id", Id, ForeignKey("schedules.schedule_id", ondelete="CASCADE"),
+           nullable=False),
+    Column("slot_at", BigInteger, nullable=False),
+    Column("outcome", String(16), nullable=False),
+    # Kept when a prune deletes the job: the slot stays handled.
+    Column("job_id", Id, ForeignKey("jobs.job_id", ondelete="SET NULL")),
+    Column("at", BigInteger, nullable=False),
+    Column("detail", Text),
+    CheckConstraint("outcome IN ('fired','missed','skipped','queued')", name="outcome"),
+    UniqueConstraint("schedule_id", "slot_at"),
+    Index("ix_schedule_fires_job_id", "job_id"),
+    # The last slot that made a job (overlap), however many skipped slots came after it.
+    Index("ix_schedule_fires_schedule_id_outcome_slot_at", "schedule_id", "outcome",
+          "slot_at"),
+)
+
+# Concurrency limits (core revision c0006): at most `concurrency` live leases of a kind at
+# once, per value of the payload field `key_field` when one is set. Counted from the leases
+# inside each claim, never kept as a counter.
+limits = Table(
+    "limits", metadata,
+    Column("kind", String(128), primary_key=True),
+    Column("concurrency", Integer, nullable=False),
+    Column("key_field", String(128)),
+    Column("created_at", BigInteger, nullable=False),
+    Column("updated_at", BigInteger, nullable=False),
+    CheckConstraint("concurrency >= 1", name="concurrency"),
+)
+
 #: Every table of the core revisions, parents before children (transfer copies them in this
 #: order).
-CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "tokens")
+CORE_TABLES = ("workers", "jobs", "leases", "job_events", "checkpoints", "tokens", "schedules",
+               "schedule_fires", "limits")
 OPTIONAL_TABLES = {"artifacts": ("artifacts",)}

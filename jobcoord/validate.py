@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import InvalidInput
@@ -90,6 +91,9 @@ def integer(value: Any, field: str, lo: int, hi: int) -> int:
         # ASCII digits only: str.isdigit() and int() also accept other scripts' digits and
         # superscripts ("٣", "²"), and "--5" passes an lstrip test but breaks int().
         if isinstance(value, str) and _WHOLE.fullmatch(value):
+            if len(value) > 40:
+                # Far outside any bound here, and int() refuses more than 4300 digits.
+                raise _bad(field, f"{value[:20]}... is outside {lo}..{hi}")
             value = int(value)
         else:
             raise _bad(field, f"{value!r} is not a whole number")
@@ -335,3 +339,98 @@ def safe_duration(value: Any, field: str, lo: float, hi: float) -> float:
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
         raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
     return duration(value, field, lo, hi)
+
+
+#: A resource or payload-field name: a letter, then letters, digits or underscores.
+_RESOURCE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+#: A resource amount's bound (integer units: MB, cores, slots): far above any machine, far
+#: below the 64-bit integers both databases and JSON readers keep exactly.
+MAX_RESOURCE = 2**40
+MAX_RESOURCES = 16
+
+
+def resources(value: Any, field: str, *, lo: int = 1) -> dict[str, int]:
+    """Named integer amounts: `NAME=INT[,NAME=INT]` as text, or a mapping of names to ints.
+    Names are unique; amounts are whole numbers in lo..MAX_RESOURCE."""
+    pairs: list[tuple[Any, Any]]
+    if isinstance(value, str):
+        if not value.strip():
+            raise _bad(field, "give NAME=INT[,NAME=INT], e.g. gpu_mem_mb=12000,ram_mb=8000")
+        pairs = []
+        for item in value.split(","):
+            name_, sep, amount = item.strip().partition("=")
+            if not sep:
+                raise _bad(field, f"{item.strip()!r} is not NAME=INT (e.g. gpu_mem_mb=12000)")
+            pairs.append((name_.strip(), amount.strip()))
+    elif isinstance(value, Mapping):
+        pairs = list(value.items())
+        if not pairs:
+            raise _bad(field, "give at least one NAME=INT")
+    else:
+        raise _bad(field, "must be NAME=INT[,NAME=INT] text or a mapping of names to "
+                   "whole numbers")
+    if len(pairs) > MAX_RESOURCES:
+        raise _bad(field, f"at most {MAX_RESOURCES} resources")
+    out: dict[str, int] = {}
+    for key, amount in pairs:
+        if not isinstance(key, str) or not _RESOURCE.fullmatch(key):
+            raise _bad(field, f"{key!r} is not a resource name (a letter, then letters, "
+                       "digits or _; at most 64)")
+        if key in out:
+            raise _bad(field, f"{key} is given twice")
+        if not isinstance(value, str) and (isinstance(amount, bool)
+                                           or not isinstance(amount, int)):
+            raise _bad(field, f"{key}: {amount!r} is not a whole number")
+        if isinstance(amount, str) and len(amount) > 20:
+            raise _bad(field, f"{key}: {amount[:20]}... is outside {lo}..{MAX_RESOURCE}")
+        out[key] = whole(amount, f"{field} {key}", lo, MAX_RESOURCE)
+    return dict(sorted(out.items()))
+
+
+def payload_field(value: Any, field: str) -> str:
+    """The name of a top-level payload field (a limit's key)."""
+    text = utf8_text(value, field, max_len=MAX_NAME)
+    if not _FIELD.fullmatch(text):
+        raise _bad(field, f"{text!r} is not a payload field name (a letter or _, then "
+                   "letters, digits or _; one top-level field, no dots)")
+    return text
+
+
+#: The keys of one GPU's reading (the heartbeat contract, README "Limits and resources")
+#: and each one's range.
+GPU_READING_RANGES: dict[str, tuple[float, float]] = {
+    "memory_free_mb": (0, MAX_RESOURCE), "memory_total_mb": (0, MAX_RESOURCE),
+    "utilization_pct": (0, 100), "temperature_c": (-50, 150)}
+MAX_GPUS = 64
+
+
+def gpu_readings(value: Any, field: str = "readings: gpus") -> list[dict[str, float | None]]:
+    """A heartbeat's `gpus`: a list of objects with exactly the contract's keys, each a
+    number in range or null (unknown)."""
+    if not isinstance(value, list):
+        raise _bad(field, "must be a list of GPU readings")
+    if len(value) > MAX_GPUS:
+        raise _bad(field, f"at most {MAX_GPUS} GPUs")
+    out = []
+    for i, gpu in enumerate(value):
+        if not isinstance(gpu, dict):
+            raise _bad(field, f"GPU {i} must be an object with "
+                       f"{', '.join(GPU_READING_RANGES)}")
+        unknown = sorted(set(gpu) - set(GPU_READING_RANGES))
+        if unknown:
+            raise _bad(field, f"GPU {i}: unknown key(s) {', '.join(unknown)}; known: "
+                       f"{', '.join(GPU_READING_RANGES)}")
+        one: dict[str, float | None] = {}
+        for key, (lo, hi) in GPU_READING_RANGES.items():
+            val = gpu.get(key)
+            if val is None or val == "unknown":
+                one[key] = None
+                continue
+            if isinstance(val, bool) or not isinstance(val, int | float) \
+                    or not lo <= val <= hi:
+                raise _bad(field, f"GPU {i}: {key} must be a number in {lo:g}..{hi:g}, null "
+                           "or \"unknown\"")
+            one[key] = float(val)
+        out.append(one)
+    return out

@@ -117,6 +117,25 @@ METHODS: dict[str, tuple[list[st.SearchStrategy[Any]], dict[str, st.SearchStrate
     "workers": ([], {}),
     "status": ([], {"tenant": TENANT}),
 }
+# Schedules (tests/test_schedules_arguments.py runs these alone, many more times).
+SCHEDULE_METHODS: dict[str, tuple[list[st.SearchStrategy[Any]],
+                                  dict[str, st.SearchStrategy[Any]]]] = {
+    "add_schedule": ([arg("s1", "s2", optional=False), arg("k", optional=False)],
+                     {"cron": arg(None, "0 2 * * *", "*/15 * * * *", "61 * * * *"),
+                      "tz": arg(None, "Europe/Berlin", "America/New_York", "Mars/Base"),
+                      "every": arg(None, "15m", 60, "0", "-1h", 0.5),
+                      "payload": arg(None, {"a": 1}, "{}"), "priority": arg(None, "P2"),
+                      "role": arg(None, "gpu"), "tenant": TENANT,
+                      "max_attempts": arg(None, 2), "window": arg(None, "4h", 0, "-1m"),
+                      "catchup": arg(None, "skip", "latest", "all:3", "all:0", "all"),
+                      "overlap": arg(None, "allow", "skip", "queue_one", "never")}),
+    "schedules": ([], {}),
+    "pause_schedule": ([arg("s1", "s2", optional=False)], {}),
+    "resume_schedule": ([arg("s1", "s2", optional=False)], {}),
+    "remove_schedule": ([arg("s1", "s2", optional=False)], {}),
+    "tick_schedules": ([], {"limit": arg(100, 1)}),
+}
+METHODS.update(SCHEDULE_METHODS)
 
 
 @st.composite
@@ -216,15 +235,28 @@ def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> N
     assert dump(coord) == before
 
 
-def test_a_provenance_that_is_not_an_object_is_invalid_input(coord: Coordinator) -> None:
+def test_a_provenance_that_is_not_an_object_is_invalid_input_in_a_batch_too(
+        coord: Coordinator) -> None:
     coord.enqueue("k")
     coord.heartbeat("w1", readings=IDLE_ON_AC)
     got = coord.claim("w1")
     before = dump(coord)
-    for provenance in (True, 1, "x", [1], b"{}"):
+    for provenance in (True, 1, "x", [1]):
         with pytest.raises(InvalidInput):
             coord.complete(got["job"]["job_id"], "w1", 1, {}, provenance=provenance)
         with pytest.raises(InvalidInput):
             coord.complete_many([{"job_id": got["job"]["job_id"], "worker_id": "w1",
                                   "epoch": 1, "provenance": provenance}])
+    assert dump(coord) == before
+
+
+def test_a_provenance_that_is_not_an_object_is_invalid_input(coord: Coordinator) -> None:
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    job = coord.claim("w1")["job"]
+    before = dump(coord)
+    for bad in (True, 5, [1], ("a",)):
+        with pytest.raises(InvalidInput) as caught:
+            coord.complete(job["job_id"], "w1", 1, {}, provenance=bad)
+        assert caught.value.details.get("field") == "provenance"
     assert dump(coord) == before

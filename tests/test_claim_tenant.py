@@ -36,6 +36,26 @@ def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> N
         assert c.claim("w")["job"]["job_id"] == default
 
 
+@pytest.mark.parametrize("checked_by", ["limit", "needs"])
+def test_a_tenant_bound_claim_checked_for_limits_or_needs_takes_only_its_tenants_jobs(
+        target: Target, checked_by: str) -> None:
+    # A defined limit or a waiting job with needs sends the claim down the path that checks
+    # candidates one by one: the tenant binds there too.
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10, "memory_available_mb": 4000})
+        if checked_by == "limit":
+            c.set_limit("other-kind", 1)
+            bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        else:
+            bobs = c.enqueue("k", {}, tenant="bob", priority=0, needs="ram_mb=10")["job_id"]
+        alices = c.enqueue("k", {}, tenant="alice")["job_id"]
+        got = c.claim("w", tenant="alice")
+        assert got["job"]["job_id"] == alices
+        assert c.claim("w", tenant="alice")["job"] is None
+        assert c.show(bobs)["job"]["status"] == "waiting"
+        assert c.claim("w")["job"]["job_id"] == bobs
+
+
 def test_a_claims_tenant_is_checked_like_any_name(target: Target) -> None:
     with Coordinator.open(target) as c:
         c.heartbeat("w", readings={"memory_used_pct": 10})

@@ -41,6 +41,13 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     assert s["succeeded"] == s["jobs"] >= 20
     assert s["completed_exactly_once"] is True
 
+    # A schedule fired from the workers' own ticks; its job ran like the rest, and explain
+    # names the schedule, slot and window.
+    sch = s["schedule"]
+    assert sch["status"] == "succeeded" and sch["jobs"]
+    assert sch["explain"]["name"] == "digest-every-second" and sch["explain"]["paused"]
+    assert sch["explain"]["window_ends_at"] > sch["explain"]["slot"]
+
     # At least three real workers ran work, with two roles between them.
     ran = {w["worker_id"]: w["ran"] for w in s["workers"]}
     assert sum(1 for r in ran.values() if r) >= 3
@@ -89,7 +96,8 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     db = os.path.join(directory, "jobcoord.db")
     status = _jobcoord("--db", db, "status", "--json", cwd=str(tmp_path))
     assert status.returncode == 0, status.stderr
-    assert json.loads(status.stdout)["jobs"]["succeeded"] == s["jobs"]
+    # The workload's jobs and the limit demo's two.
+    assert json.loads(status.stdout)["jobs"]["succeeded"] == s["jobs"] + 2
     shown = _jobcoord("--db", db, "show", str(rec["job_id"]), "--json", cwd=str(tmp_path))
     assert json.loads(shown.stdout)["job"]["status"] == "succeeded"
 
@@ -98,6 +106,14 @@ def test_demo_runs_every_job_exactly_once_recovers_the_killed_worker_and_leaves_
     assert f"{s['jobs']}/{s['jobs']} jobs succeeded; each completed exactly once: yes" in text
     assert "memory_gate" in text and f"recovered job {rec['job_id']}" in text
     assert "[remote: over HTTP with a token]" in text and "stopped cleanly" in text
+
+    # A concurrency limit held the second job back, in explain's words, until the slot freed.
+    lim = s["limit"]
+    assert lim["refusal"]["reason"] == "concurrency_limit"
+    assert f"held by job {lim['held_job']} on desk-70b" in lim["refusal"]["detail"]
+    assert [r["code"] for r in lim["explain"]] == ["concurrency_limit"]
+    assert lim["claimed_after"] == lim["held_back_job"]
+    assert "limit llm-70b --concurrency 1: job" in text
 
 
 def test_demo_refuses_a_directory_that_already_has_a_database_and_changes_nothing(tmp_path):

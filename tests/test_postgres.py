@@ -347,6 +347,7 @@ def test_a_submission_racing_an_uncommitted_one_with_its_key_gets_that_job(pg: T
 
 
 def _populate(c: Coordinator) -> list[int]:
+    c.set_limit("embed", 2, key="model")  # every core table holds rows, limits too
     c.heartbeat("w1", roles=["gpu"], readings={"memory_used_pct": 10, "user_idle_s": 9999,
                                                "on_battery": False})
     ids = [c.enqueue("summarize", {"i": i}, priority=i % 4, role="gpu", key=f"k{i}")["job_id"]
@@ -373,6 +374,12 @@ def test_artifacts_branch_up_and_down_on_a_populated_database_keeps_every_row(
         pg: Target) -> None:
     with Coordinator.open(pg) as c:
         ids = _populate(c)
+        # A schedule with a handled slot (its job for a role no worker has, so it waits).
+        c.add_schedule("digest", "digest", every="1s", role="nightly", overlap="skip")
+        time.sleep(1.1)
+        fired = c.tick_schedules()
+        assert fired["fired"] == 1
+        ids += fired["schedules"][0]["jobs"]
     core = _rows(pg, set())
     assert all(core.values())
     db = Database.open(pg)

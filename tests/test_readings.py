@@ -18,11 +18,15 @@ from jobcoord.service import parse_readings
 
 def test_real_readings_are_in_range_and_a_heartbeat_accepts_them_as_sent(coord):
     values, sources = rd.current_readings()
-    assert set(values) == set(rd.READING_KEYS) and set(sources) == set(rd.READING_KEYS)
+    gpus = {"gpus"} if "gpus" in values else set()  # only on a machine NVML sees GPUs on
+    assert set(values) == {*rd.READING_KEYS, "memory_available_mb", *gpus}
+    assert set(sources) == {*rd.READING_KEYS, "memory_available_mb", "gpus"}
     mem = values["memory_used_pct"]
     assert mem == "unknown" or 0 <= mem <= 100
+    assert isinstance(values["memory_available_mb"], int) and values["memory_available_mb"] > 0
     got = coord.heartbeat("w1", roles=["gpu"], readings=values)
-    for key, value in values.items():
+    for key in rd.READING_KEYS:  # the gate readings, as the heartbeat parsed them
+        value = values[key]
         assert got["readings"][key] == (None if value == "unknown" else value)
 
 
@@ -111,7 +115,7 @@ def test_no_interactive_session_means_idle_since_boot_and_background_work_runs()
 
 def test_unknown_readings_do_not_block_background_work_by_default():
     values = rd.MachineReadings().as_heartbeat()
-    assert values == dict.fromkeys(rd.READING_KEYS, "unknown")
+    assert values == dict.fromkeys((*rd.READING_KEYS, "memory_available_mb"), "unknown")
     _, parsed = parse_readings(values)
     assert parsed == Readings()
     assert evaluate(Policy(), parsed).max_priority == 3

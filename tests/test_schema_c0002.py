@@ -49,11 +49,29 @@ def _indexes(db: Database) -> set[str]:
     return db.read(lambda conn: {i["name"] for i in inspect(conn).get_indexes("jobs")})
 
 
+#: Columns later revisions add to these tables (c0006: jobs.needs_json): left out of a
+#: snapshot, so one taken before an upgrade compares with one taken after.
+LATER_COLUMNS = {"needs_json"}
+
+
 def _snapshot(db: Database) -> dict[str, list[tuple[Any, ...]]]:
     tables = ("workers", "jobs", "leases", "job_events", "checkpoints")
-    return db.read(lambda conn: {
-        t: sorted(tuple(r) for r in conn.exec_driver_sql(f"SELECT * FROM {t}").all())
-        for t in tables})
+
+    def _rows(conn: Any, table: str) -> list[tuple[Any, ...]]:
+        result = conn.exec_driver_sql(f"SELECT * FROM {table}")
+        keep = [i for i, name in enumerate(result.keys()) if name not in LATER_COLUMNS]
+        return sorted(tuple(r[i] for i in keep) for r in result.all())
+
+    return db.read(lambda conn: {t: _rows(conn, t) for t in tables})
+
+
+def populated_at(db: Database, revision: str) -> None:
+    """A database at `revision` holding a job in every status: filled by this code at the
+    head (its statements name every column the head has), then downgraded, every row kept."""
+    _alembic(db, "upgrade", CORE_REVISIONS[-1])
+    _every_status(Coordinator(db, verify=False))
+    _alembic(db, "downgrade", revision)
+    assert db.read(lambda conn: current_revisions(db, conn)) == {revision}
 
 
 def _every_status(c: Coordinator) -> None:
@@ -79,9 +97,7 @@ def test_c0002_upgrades_a_populated_c0001_database_in_place_and_back(
     assert "c0002" in CORE_REVISIONS
     db = Database.open(empty_target, create=True)
     try:
-        _alembic(db, "upgrade", "c0001")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0001"}
-        _every_status(Coordinator(db, verify=False))
+        populated_at(db, "c0001")
         before = _snapshot(db)
         assert not NEW_INDEXES & _indexes(db)
 

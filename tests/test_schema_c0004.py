@@ -9,8 +9,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from sqlalchemy import inspect
+
 from jobcoord.clock import MICROS, iso, now_us
-from jobcoord.db import Database, Target
+from jobcoord.db import CORE_REVISIONS, Database, Target
 from jobcoord.maintenance import check
 from jobcoord.metrics import LATENCY_FOLD, Latency
 from jobcoord.migrate import current_revisions, migrate
@@ -49,7 +51,9 @@ def test_c0004_upgrades_a_populated_c0003_database_in_place_and_back(
         empty_target: Target) -> None:
     db = Database.open(empty_target, create=True)
     try:
-        _alembic(db, "upgrade", "c0003")
+        # Filled by this code at the head (its statements name every column the head has),
+        # then taken down to c0003 with every row kept.
+        _alembic(db, "upgrade", CORE_REVISIONS[-1])
         old = Coordinator(db, verify=False)
         _every_status(old)
         # Completions with a worker's provenance: the upgrade folds their latency once.
@@ -60,6 +64,7 @@ def test_c0004_upgrades_a_populated_c0003_database_in_place_and_back(
             end = now_us() - MICROS // 2
             old.complete(got["job"]["job_id"], "w9", got["lease"]["epoch"], {"ok": 1},
                          provenance={"started_at": iso(end - MICROS), "duration_s": 1.0})
+        _alembic(db, "downgrade", "c0003")
         # An hour old, so settled on PostgreSQL too (no smaller id can still commit).
         db.write(lambda conn: conn.exec_driver_sql(
             "UPDATE job_events SET at = at - 3600000000 WHERE reason = 'completed'"))
@@ -91,8 +96,8 @@ def test_c0004_upgrades_a_populated_c0003_database_in_place_and_back(
         assert db.read(lambda conn: current_revisions(db, conn)) == {"c0003"}
         assert not NEW_TABLES & _tables(db) and not NEW_INDEXES & _indexes(db)
         assert _snapshot(db) == after
-        old = Coordinator(db, verify=False)
-        old.enqueue("k", {})  # no trigger left behind writing to a dropped table
+        # No trigger left behind writing to a dropped table: insert, update, delete a job.
+        db.write(_insert_update_delete_a_job)
     finally:
         db.close()
 
@@ -170,3 +175,17 @@ def test_check_reports_job_counts_that_differ_from_the_jobs(coord: Coordinator) 
                 if v["invariant"] == "job_counts_differ_from_jobs"]
     assert found["keys"] == [{"tenant": "default", "status": "waiting", "kind": "k",
                               "attempts": 0, "kept": 4, "counted": 3}]
+
+
+def _insert_update_delete_a_job(conn: Any) -> None:
+    """A copy of the first job under a new id (no idempotency key), updated, then deleted:
+    every kind of write the dropped triggers listened to, at the old revision's columns."""
+    cols = [c["name"] for c in inspect(conn).get_columns("jobs")
+            if c["name"] not in ("job_id", "idempotency_key")]
+    names = ", ".join(cols)
+    conn.exec_driver_sql(
+        f"INSERT INTO jobs (job_id, {names}) SELECT job_id + 1000000, {names} FROM jobs"
+        " WHERE job_id = (SELECT MIN(job_id) FROM jobs)")
+    conn.exec_driver_sql("UPDATE jobs SET attempts = attempts + 1, status = 'dead'"
+                         " WHERE job_id > 1000000")
+    conn.exec_driver_sql("DELETE FROM jobs WHERE job_id > 1000000")

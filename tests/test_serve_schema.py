@@ -11,7 +11,7 @@ from jobcoord.maintenance import check
 from jobcoord.migrate import current_revisions, migrate
 from jobcoord.service import Coordinator
 from tests.sql import sql
-from tests.test_schema_c0002 import _alembic, _every_status, _snapshot, empty_target
+from tests.test_schema_c0002 import _alembic, _snapshot, empty_target, populated_at
 
 __all__ = ["empty_target"]  # the fixture, imported for this module's tests
 
@@ -25,8 +25,7 @@ def test_c0003_upgrades_a_populated_c0002_database_in_place_and_back(
     assert "c0003" in CORE_REVISIONS
     db = Database.open(empty_target, create=True)
     try:
-        _alembic(db, "upgrade", "c0002")
-        _every_status(Coordinator(db, verify=False))
+        populated_at(db, "c0002")
         before = _snapshot(db)
         assert not _has_tokens(db)
 

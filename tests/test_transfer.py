@@ -50,17 +50,22 @@ def with_artifacts(target: Target) -> None:
 
 def populate(target: Target) -> dict[str, int]:
     """Jobs in every state, a dead job with its error history, an idempotency key,
-    checkpoints and two workers. Ends at t=1000 with no live lease (one expired, unreaped)."""
+    checkpoints, two workers, a limit and a job's declared needs. Ends at t=1000 with no live
+    lease (one expired, unreaped)."""
     ids: dict[str, int] = {}
     with Coordinator.open(target) as c, freeze_time(at(0)) as clock:
+        c.set_limit("send", 3, key="to")
         c.heartbeat("w1", roles=["gpu"], readings=READY)
         c.heartbeat("w2", roles=["cpu"], readings={"memory_used_pct": 91, "on_battery": True})
+        # A schedule whose slots are all found after their 1 s windows: recorded, no job.
+        c.add_schedule("digest", "digest", every="1m", window="1s")
         ids["succeeded"] = c.enqueue("summarize", {"doc": "a"}, priority=0, role="gpu")["job_id"]
         ids["dead"] = c.enqueue("embed", {"doc": "b"}, priority=1, role="gpu",
                                 max_attempts=2)["job_id"]
         ids["unknown"] = c.enqueue("send", {"to": "x"}, priority=1, role="gpu")["job_id"]
         ids["running"] = c.enqueue("embed", {"doc": "c"}, priority=2, role="gpu")["job_id"]
-        ids["cancelled"] = c.enqueue("embed", {"doc": "d"}, priority=3, role="gpu")["job_id"]
+        ids["cancelled"] = c.enqueue("embed", {"doc": "d"}, priority=3, role="gpu",
+                                     needs="ram_mb=100")["job_id"]
         ids["waiting"] = c.enqueue("summarize", {"doc": "é ✓"}, priority=3, role="gpu",
                                    key="order-17", tenant="acme")["job_id"]
         got = c.claim("w1", lease_s=30)["job"]
@@ -86,6 +91,8 @@ def populate(target: Target) -> dict[str, int]:
         assert got["job_id"] == ids["running"]
         c.cancel(ids["cancelled"])
         clock.tick(100)  # the running job's lease has expired, but nobody reaped it
+        ticked = c.tick_schedules()
+        assert ticked["fired"] == 0 and ticked["missed"] > 0
         statuses = {k: c.show(v)["job"]["status"] for k, v in ids.items()}
     assert statuses == {k: k for k in ids}, statuses
     return ids
@@ -139,6 +146,7 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     assert out["features"] == sorted(features)
     after = table_rows(pg, features)
     assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints", "tokens",
+                          "schedules", "schedule_fires", "limits",
                           *(["artifacts"] if features else [])}
     for name, rows in before.items():
         assert rows, f"{name} should have been populated"

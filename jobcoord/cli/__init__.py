@@ -6,7 +6,7 @@ README.md "Exit codes"). Long-running commands print JSON Lines instead, one obj
 
 Rooms: `main` (the entry point and the one mapping of errors to exit codes), `output` (JSON
 mode, text for people, escaping), `group` (the global options and shared ones), and one module
-per command group: `storage`, `jobs`, `leases`, `runtime`.
+per command group: `storage`, `jobs`, `leases`, `runtime`, `schedules`.
 """
 
 from __future__ import annotations

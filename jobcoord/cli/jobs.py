@@ -3,6 +3,8 @@ prune and reap."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from .group import Settings, cli, json_text, read_json_source, tenant_option
@@ -20,18 +22,23 @@ from .output import emit, json_option, safe_text
 @click.option("--max-attempts", help="Attempts before the job is dead (default 3).")
 @click.option("--deadline", metavar="SECONDS", help="No attempt starts after now + SECONDS.")
 @click.option("--delay", metavar="SECONDS", default="0", help="Do not run before now + SECONDS.")
+@click.option("--needs", metavar="NAME=INT[,NAME=INT]",
+              help="Resources it takes, e.g. gpu_mem_mb=12000,ram_mb=8000: only a worker "
+                   "with that much free claims it.")
 @json_option
 @click.pass_obj
 def enqueue(s: Settings, kind: str, payload: str | None, payload_file: str | None,
             priority: str | None, role: str | None, tenant: str | None, key: str | None,
-            max_attempts: str | None, deadline: str | None, delay: str, as_json: bool) -> None:
+            max_attempts: str | None, deadline: str | None, delay: str, needs: str | None,
+            as_json: bool) -> None:
     """Accept a job; print its id only after it is committed."""
     c = s.coordinator()
     raw = read_json_source(payload, payload_file, "payload", c.policy.max_payload_bytes,
                             "payload_too_large")
     result = c.enqueue(kind, "{}" if raw is None else raw, priority=priority, role=role,
                        tenant="default" if tenant is None else tenant, key=key,
-                       max_attempts=max_attempts, deadline_s=deadline, delay_s=delay)
+                       max_attempts=max_attempts, deadline_s=deadline, delay_s=delay,
+                       needs=needs)
     emit(as_json, result, lambda: f"job {result['job_id']} "
          + ("enqueued" if result["created"] else "already existed (same idempotency key)"))
 
@@ -147,7 +154,19 @@ def explain(s: Settings, job_id: str, tenant: str | None, as_json: bool) -> None
     """Why a job is or is not being picked up right now."""
     result = s.coordinator().explain(job_id, tenant=tenant)
     emit(as_json, result, lambda: f"job {result['job_id']} is {result['status']}\n" + "\n".join(
-        f"- {r['code']}: {safe_text(r['detail'])}" for r in result["reasons"]))
+        f"- {r['code']}: {safe_text(r['detail'])}" for r in result["reasons"])
+        + _schedule_line(result.get("schedule")))
+
+
+def _schedule_line(sch: dict[str, Any] | None) -> str:
+    """explain's line about the schedule that fired the job, if one did."""
+    if sch is None:
+        return ""
+    last = sch["last"]
+    said = "none" if last is None else f"{last['outcome']} (slot {last['slot']})"
+    return (f"\n- fired by schedule {safe_text(sch['name'])} for slot {sch['slot']}"
+            + (f", window ends {sch['window_ends_at']}" if sch["window_ends_at"] else "")
+            + f"; next fire {sch['next_fire_at'] or 'none (paused)'}; last outcome {said}")
 
 
 @cli.command()

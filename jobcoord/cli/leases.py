@@ -3,8 +3,11 @@ the workers' view."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from ..errors import InvalidInput
 from .group import (
     EXIT_NOTHING_TO_CLAIM,
     Settings,
@@ -23,13 +26,33 @@ from .output import dump, emit, json_option, safe_text
 @click.option("--kind", "kinds", multiple=True,
               help="Only claim these kinds (repeatable; default: any kind).")
 @click.option("--readings", help='JSON, e.g. {"memory_used_pct": 40, "on_battery": false}.')
+@click.option("--capacity", "capacity", multiple=True, metavar="NAME=INT[,NAME=INT]",
+              help="Named resources this worker has free (repeatable), matched by name "
+                   "against jobs' --needs.")
 @json_option
 @click.pass_obj
 def heartbeat(s: Settings, worker_id: str, roles: tuple[str, ...], kinds: tuple[str, ...],
-              readings: str | None, as_json: bool) -> None:
+              readings: str | None, capacity: tuple[str, ...], as_json: bool) -> None:
     """Record a worker's roles and resource readings."""
+    if capacity:
+        readings = with_capacity(readings, capacity)
     emit(as_json, s.coordinator().heartbeat(worker_id, roles=roles, readings=readings,
                                             kinds=kinds or None))
+
+
+def with_capacity(readings: str | None, capacity: tuple[str, ...]) -> str:
+    """--readings with `capacity` set from the --capacity options (both checked)."""
+    from .. import validate as v
+
+    named = v.resources(",".join(capacity), "--capacity", lo=0)
+    value: Any = {}
+    if readings is not None:
+        value, _ = v.json_value(readings, "readings", max_bytes=16 * 1024,
+                                require_object=True)
+    if "capacity" in value:
+        raise InvalidInput("invalid_input", "give capacity either in --readings or with "
+                           "--capacity, not both", field="capacity")
+    return v.dumps({**value, "capacity": named})
 
 
 @cli.command()

@@ -14,7 +14,7 @@ from ..errors import InvalidInput, JobcoordError
 from ..http.commands import register as register_http
 
 # Importing the command modules registers their commands on the group.
-from . import artifacts, jobs, leases, runtime, storage  # noqa: F401
+from . import artifacts, jobs, leases, limits, runtime, schedules, storage  # noqa: F401
 from .group import cli
 from .output import PARSED, dump, safe_text
 

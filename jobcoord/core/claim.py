@@ -13,6 +13,7 @@ from .. import validate as v
 from ..clock import MICROS, iso, now_us
 from ..policy import GateDecision, Readings, evaluate
 from ..store import statements as sql
+from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us
 
 
@@ -60,11 +61,12 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
     admitted = admit(ctx, conn, worker_id, kinds, now)
     if isinstance(admitted, dict):
         return admitted
-    roles, kinds, gates = admitted
-    got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, [],
-                   tenant=tenant)
+    roles, kinds, gates, flags = admitted
+    got, verdict = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, [],
+                            tenant=tenant, flags=flags)
     if got is None:
-        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now, tenant)
+        code, detail = ((verdict.code, verdict.detail) if verdict is not None
+                        else why_nothing(ctx, conn, roles, kinds, gates, now, tenant))
         return refuse(ctx, conn, worker_id, now, code, detail)
     return got
 
@@ -99,24 +101,28 @@ def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_
     admitted = admit(ctx, conn, worker_id, kinds, now)
     if isinstance(admitted, dict):
         return {"claimed": [], "reason": admitted["reason"], "detail": admitted["detail"]}
-    roles, kinds, gates = admitted
+    roles, kinds, gates, flags = admitted
     taken: list[dict[str, Any]] = []
+    verdict = None
     while len(taken) < n:
-        got = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, taken, n)
-        if got is None:  # a step that takes nothing (or a gate that refuses) ends the batch
+        got, verdict = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now,
+                                taken, n, flags=flags)
+        if got is None:  # a step that takes nothing (or a rule that refuses) ends the batch
             break
         taken.append(got)
     if not taken:
-        code, detail = why_nothing(ctx, conn, roles, kinds, gates, now)
+        code, detail = ((verdict.code, verdict.detail) if verdict is not None
+                        else why_nothing(ctx, conn, roles, kinds, gates, now))
         refuse(ctx, conn, worker_id, now, code, detail)
         return {"claimed": [], "reason": code, "detail": detail}
     return {"claimed": taken, "reason": None, "detail": None}
 
 
 def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] | None,
-          now: int) -> dict[str, Any] | tuple[list[str], Sequence[str] | None, GateDecision]:
+          now: int) -> dict[str, Any] | tuple[Any, ...]:
     """The worker's side of a claim: its row, its heartbeat's age and the gates. Returns
-    the refusal (already recorded) or the worker's roles, kinds and gate decision."""
+    the refusal (already recorded) or the worker's roles, kinds, gate decision and flags
+    (limits exist, waiting jobs declare needs)."""
     row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
@@ -139,23 +145,35 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
     if gates.blocks_all:
         code, detail = gates.refusal or ("gated", "the gates refuse every priority")
         return refuse(ctx, conn, worker_id, now, code, detail)
-    return roles, kinds, gates
+    return roles, kinds, gates, (bool(row[7]), bool(row[8]))
 
 
 def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
              kinds: Sequence[str] | None, gates: GateDecision, lease_us: int, now: int,
-             taken: Sequence[dict[str, Any]], batch: int = 1, *, tenant: str | None = None
-             ) -> dict[str, Any] | None:
+             taken: Sequence[dict[str, Any]], batch: int = 1, *, tenant: str | None = None,
+             flags: tuple[bool, bool] = (False, False)) -> tuple[dict[str, Any] | None, Any]:
     """The per-candidate step every claim runs: the first eligible job taken under a new
-    lease and epoch, or None when none can be taken. `taken` holds this transaction's
+    lease and epoch, or None when none can be taken (with the limit's verdict when a limit
+    or a resource refused). `flags`: whether limits exist and whether waiting jobs declare
+    needs (from the worker's row). `taken` holds this transaction's
     earlier answers (a batch's), for rules that count what a worker already holds; `batch`
     is how many the transaction means to take; with a `tenant`, only its jobs."""
     expires = now + lease_us
-    got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now, expires=expires,
-                           max_priority=gates.max_priority, expires_iso=iso(expires),
-                           tenant=tenant, batch=batch)
-    if not got.picked or got.job is None:  # None after a pick: the compare-and-set lost
-        return None
+    verdict = None
+    if flags[0] or flags[1]:
+        # A limit exists or a waiting job declares needs: each candidate is checked in
+        # claim order (core.limits); the leases this batch took are already in the
+        # transaction, so the limits count them. Otherwise the store's one-step take.
+        got, verdict, now = limit_rules.take_checked(
+            ctx, conn, worker_id, roles, kinds, now=now, lease_us=lease_us,
+            max_priority=gates.max_priority, limited=flags[0], tenant=tenant)
+        expires = now + lease_us
+    else:
+        got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now,
+                               expires=expires, max_priority=gates.max_priority,
+                               expires_iso=iso(expires), tenant=tenant, batch=batch)
+    if got.job is None:  # nothing picked, or the compare-and-set lost, or a limit refused
+        return None, verdict
     job_id, kind, priority, payload, attempts, max_attempts, epoch, job_tenant = got.job
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
@@ -169,7 +187,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
                 "max_attempts": max_attempts, "checkpoints": checkpoints},
         "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": expires,
                   "expires_at_us": expires},
-    }
+    }, None
 
 
 def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None) -> bool:

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import MICROS, iso, now_us, seconds_to_us
-from ..errors import InvalidInput, JobcoordError, Refused
+from ..errors import JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from .claim import claim_in
@@ -105,11 +105,10 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
     _, result_text = v.json_value({} if result is None else result, "result", str_is_text=False,
                                   max_bytes=ctx.policy.max_result_bytes,
                                   require_object=False, too_large_code="result_too_large")
-    if provenance is not None and not isinstance(provenance, Mapping):
-        raise InvalidInput("invalid_input", "provenance must be a JSON object ({...})",
-                           field="provenance")
+    # json_value refuses a non-object; dict() of one would raise TypeError first.
     prov_text = None if provenance is None else v.json_value(
-        dict(provenance), "provenance", max_bytes=64 * 1024, require_object=True)[1]
+        dict(provenance) if isinstance(provenance, Mapping) else provenance, "provenance",
+        max_bytes=64 * 1024, require_object=True)[1]
     # Artifacts the attempt staged are re-hashed and validated before the transaction (file
     # I/O never runs inside one) and linked inside it, with the completion they belong to.
     plan = None

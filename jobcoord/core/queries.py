@@ -13,6 +13,7 @@ from ..errors import InvalidInput, JobcoordError
 from ..states import STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
+from . import limits as limit_rules
 from .admin import load_job
 from .common import Context
 from .workers import worker_gate, worker_rows
@@ -81,6 +82,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
             ahead = ctx.db.run(conn, stmt, {
                 "role": role, "p": job["priority"], "c": job["created_at"], "job_id": job_id,
                 "tenant": tenant}).scalar_one()
+            job["constraints"] = limit_rules.diagnose(ctx, conn, job, now)
         lease = ctx.db.run(conn, qs.LEASE_EXPIRY_OF, {"job_id": job_id}).first()
         return job, ahead, lease, worker_rows(ctx, conn)
 

@@ -9,6 +9,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import iso, now_us
+from ..store import schedule_statements as schedule_sql
 from ..store import statements as sql
 from .common import Context, as_bool, record_event
 from .fencing import end_running
@@ -55,13 +56,21 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
         overdue = ctx.db.overdue_waiting(conn, now, limit)
         now = max(now, now_us())
         for job_id, epoch in overdue:
+            # A scheduled job's deadline is the end of its slot's window: say so.
+            fire = ctx.db.run(conn, schedule_sql.FIRE_OF_JOB, {"job_id": job_id}).first()
+            reason, detail = "deadline_passed", None
+            error = "deadline passed before the job could run"
+            if fire is not None and fire[2] is not None:
+                reason = "window_missed"
+                error = (f"the window of schedule {fire[0]}'s slot {iso(fire[1])} closed at "
+                         f"{iso(fire[1] + fire[2])} before the job could run")
+                detail = {"schedule": fire[0], "slot": iso(fire[1])}
             swept = ctx.db.run(conn, sql.SET_STATUS, {
                 "job_id": job_id, "epoch": epoch, "from_status": "waiting",
-                "to_status": "dead", "now": now, "finished": now,
-                "error": "deadline passed before the job could run"}).rowcount
+                "to_status": "dead", "now": now, "finished": now, "error": error}).rowcount
             if swept != 1:  # claimed meanwhile: no transition, so no event
                 continue
-            record_event(ctx, conn, job_id, now, "waiting", "dead", "deadline_passed")
+            record_event(ctx, conn, job_id, now, "waiting", "dead", reason, detail=detail)
             counts["deadline_dead"] += 1
             jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})
         return {**counts, "jobs": jobs, "at": now}

@@ -28,6 +28,8 @@ class JobSpec:
     max_attempts: int | None = None
     deadline_s: float | None = None
     delay_s: float = 0.0
+    #: Declared resource needs, e.g. {"gpu_mem_mb": 12000} or "gpu_mem_mb=12000,ram_mb=8000".
+    needs: Mapping[str, int] | str | None = None
 
 
 class CheckedSpec(NamedTuple):
@@ -44,6 +46,8 @@ class CheckedSpec(NamedTuple):
     #: Relative to the submission time, which is read inside the write transaction.
     deadline_in_us: int | None
     delay_us: int
+    #: {"NAME": INT} as stored, or None for a job that declares no needs.
+    needs_text: str | None = None
 
 
 
@@ -90,6 +94,7 @@ def check_spec(ctx: Context, spec: JobSpec,
         tenant=settings[3],
         key=None if spec.key is None else v.utf8_text(spec.key, "key", max_len=v.MAX_KEY),
         max_attempts=settings[4], deadline_in_us=settings[5], delay_us=settings[6],
+        needs_text=None if spec.needs is None else v.dumps(v.resources(spec.needs, "needs")),
     )
 
 
@@ -142,7 +147,8 @@ def key_differences(ctx: Context, conn: Connection, existing: Any, c: CheckedSpe
     are not compared."""
     differ = [name for name, old, new in (
         ("kind", existing[1], c.kind), ("payload", existing[2], c.payload_text),
-        ("priority", existing[3], c.priority), ("role", existing[4], c.role))
+        ("priority", existing[3], c.priority), ("role", existing[4], c.role),
+        ("needs", existing[6], c.needs_text))
         if old != new]
     submitted = existing[5]
     if submitted != c.max_attempts:
@@ -177,7 +183,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
         "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
         "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
         "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
-        "max_attempts": c.max_attempts, "key": c.key, "f": False,
+        "max_attempts": c.max_attempts, "key": c.key, "f": False, "needs": c.needs_text,
     }).fetchone()
     if inserted is None and not after_conflict:
         # The same key was committed meanwhile: answer as if it had arrived first.
@@ -204,7 +210,7 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], 
          "priority": c.priority, "payload": c.payload_text, "now": now,
          "run_after": now + c.delay_us,
          "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
-         "max_attempts": c.max_attempts, "f": False}
+         "max_attempts": c.max_attempts, "f": False, "needs": c.needs_text}
         for job_id, c in zip(ids, checked, strict=True)])
     details: dict[tuple[int, int, int], str] = {}  # the same detail `_insert` records
     events = []
@@ -226,12 +232,13 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], 
 def enqueue(ctx: Context, kind: str, payload: Any = None, *, priority: int | str | None = None,
             role: str | None = None, tenant: str = DEFAULT_TENANT, key: str | None = None,
             max_attempts: int | None = None, deadline_s: float | None = None,
-            delay_s: float = 0.0) -> dict[str, Any]:
+            delay_s: float = 0.0, needs: Mapping[str, int] | str | None = None
+            ) -> dict[str, Any]:
     """Accept a job. Returns {"job_id", "created"} only after the row is committed.
     The same tenant and idempotency key returns the same job (created False); the same
     key with another kind or payload is refused (idempotency_conflict)."""
     spec = JobSpec(kind, payload, priority, role, tenant, key, max_attempts, deadline_s,
-                   delay_s)
+                   delay_s, needs)
     checked = check_spec(ctx, spec)
     # The clock is read inside the transaction (a busy retry reads it again), so creation
     # times follow commit order.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -87,12 +88,16 @@ def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None
         value, raw = v.json_value(dict(readings), "readings", max_bytes=16 * 1024,
                                   require_object=True)
     parsed: dict[str, Any] = {}
+    gpu_temps: list[float] = []
     for key, val in value.items():
-        if key not in (*READING_RANGES, "on_battery"):
+        if key not in KNOWN_READINGS:
             raise InvalidInput("invalid_input", f"readings: unknown reading {key!r}; known: "
-                               "memory_used_pct, temperature_c, on_battery, user_idle_s",
-                               field="readings")
+                               f"{', '.join(KNOWN_READINGS)}", field="readings")
         if val is None or val == "unknown":
+            continue
+        if key in RESOURCE_READINGS:
+            # Read again from the raw heartbeat by the claims that need them (core.limits).
+            gpu_temps.extend(capacity_reading(key, val))
             continue
         if key == "on_battery":
             if not isinstance(val, bool):
@@ -105,7 +110,31 @@ def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None
             raise InvalidInput("invalid_input", f"readings: {key} must be a number in "
                                f"{lo:g}..{hi:g}, null or \"unknown\"", field="readings")
         parsed[key] = float(val)
+    if gpu_temps:
+        # GPU temperature joins the thermal gate: the hottest part of the machine counts.
+        parsed["temperature_c"] = max([*gpu_temps, parsed.get("temperature_c", -math.inf)])
     return raw, Readings(**parsed)
+
+
+#: Readings a claim matches declared needs against (core.limits), not used by the gates.
+RESOURCE_READINGS = ("memory_available_mb", "gpus", "capacity")
+KNOWN_READINGS = ("memory_used_pct", "temperature_c", "on_battery", "user_idle_s",
+                  *RESOURCE_READINGS)
+
+
+def capacity_reading(key: str, val: Any) -> list[float]:
+    """Check one resource reading; returns the GPU temperatures it carries."""
+    if key == "gpus":
+        return [g["temperature_c"] for g in v.gpu_readings(val)
+                if g["temperature_c"] is not None]
+    if key == "capacity":
+        if not isinstance(val, dict) or not val:
+            raise InvalidInput("invalid_input", "readings: capacity must be an object of "
+                               "NAME: INT (e.g. {\"slots\": 4})", field="readings")
+        v.resources(val, "readings: capacity", lo=0)
+        return []
+    v.whole(val, f"readings: {key}", 0, v.MAX_RESOURCE)
+    return []
 
 
 def default_worker_id() -> str:

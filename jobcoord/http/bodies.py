@@ -26,6 +26,8 @@ class SubmitBody(_Body):
     max_attempts: int | None = None
     deadline_s: float | None = None
     delay_s: float = 0.0
+    #: Declared resource needs {"NAME": INT}, checked by the coordinator like `--needs`.
+    needs: dict[str, Any] | None = None
 
 
 class HeartbeatBody(_Body):

@@ -200,6 +200,10 @@ class RemoteCoordinator:
         return {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
                 "deadline_dead": 0, "jobs": []}
 
+    def tick_schedules(self, *, limit: int = 100) -> dict[str, Any]:
+        """Schedules tick on the server's timer too: nothing to do here."""
+        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "schedules": []}
+
     # -- submitting (for scripts and benchmarks) --
 
     def enqueue(self, kind: str, payload: Any = None, *, key: str | None = None,

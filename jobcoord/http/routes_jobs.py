@@ -42,7 +42,7 @@ async def submit(body: SubmitBody, response: Response, who: Submitter, srv: Srv,
                          priority=body.priority, role=body.role,
                          tenant=who.tenant or DEFAULT_TENANT, key=idempotency_key,
                          max_attempts=body.max_attempts, deadline_s=body.deadline_s,
-                         delay_s=body.delay_s)
+                         delay_s=body.delay_s, needs=body.needs)
     # Answered only now, after the commit; a waiting long-poll hears of it at once.
     srv.notify(1)
     if not got["created"]:

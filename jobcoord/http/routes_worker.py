@@ -47,8 +47,9 @@ async def heartbeat(body: HeartbeatBody, who: WorkerId, srv: Srv) -> dict[str, A
                           readings=body.readings, kinds=body.kinds)
 
 
-#: Claim answers that mean "nothing for you yet": a long-poll keeps waiting on these only.
-_KEEP_WAITING = ("no_waiting_jobs", "no_matching_role")
+#: Claim answers that mean "nothing for you yet" (a limit's slot or the worker's capacity may
+#: free up meanwhile): a long-poll keeps waiting on these only.
+_KEEP_WAITING = ("no_waiting_jobs", "no_matching_role", "concurrency_limit", "resource_short")
 
 
 @router.post("/v1/claims", dependencies=strict,

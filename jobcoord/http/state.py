@@ -137,3 +137,20 @@ class Server:
                 self.emit({"event": "reaped", **got})
                 if got["waiting"]:
                     self.notify()
+            await self.tick()
+
+    async def tick(self) -> None:
+        """Fire the schedules that are due (on the reaper's timer); a failed tick is said
+        and the next timer tries again."""
+        from ..runtime import describe
+
+        try:
+            got = await self.call(self.c.tick_schedules)
+        except Exception as e:
+            code, message = describe(e)
+            self.emit({"event": "schedule_tick_skipped", "code": code, "message": message})
+            return
+        if got["fired"] or got["missed"] or got["skipped"] or got["queued"]:
+            self.emit({"event": "schedules_ticked", **got})
+            if got["fired"]:
+                self.notify()

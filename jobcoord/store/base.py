@@ -27,7 +27,7 @@ from .statements import SQL
 T = TypeVar("T")
 
 #: Revisions of the core branch, oldest first. The last one is what this code expects.
-CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004")
+CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004", "c0005", "c0006")
 #: Revisions of optional branches, oldest first.
 OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 
@@ -340,6 +340,24 @@ class Database:
         event (its detail: the attempt and `expires_iso`). `batch`: how many jobs the
         transaction means to take (a store whose concurrent claimers hold rows until commit
         looks further ahead for more)."""
+        raise NotImplementedError
+
+    def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
+                 expires_iso: str) -> tuple[Any, ...] | None:
+        """Take this waiting job (chosen by the caller's own checks) like `take_next` takes
+        its pick: running with the next epoch and attempt, the lease, the `claimed` event.
+        None when it is no longer waiting or a concurrent claim holds it."""
+        raise NotImplementedError
+
+    def hold_worker(self, conn: Connection, worker_id: str) -> None:
+        """Hold this worker's row until commit, so that its claims fit jobs into its free
+        capacity one at a time."""
+        raise NotImplementedError
+
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
+        """Hold the limits row of `kind` until commit, so that one claim at a time counts
+        and fills that kind's slots. With `wait` False a row another transaction holds is
+        not waited for: False."""
         raise NotImplementedError
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,

@@ -23,6 +23,7 @@ from .. import faults
 from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
 from ..schema import job_events, jobs, leases, metadata
 from ..validate import dumps
+from . import limit_statements as ls
 from . import statements as s
 from .base import (
     DEFAULT_BUSY_TIMEOUT,
@@ -303,7 +304,7 @@ MIGRATION_LOCK_KEY = 7270201
 _MIGRATION_LOCK = s.SQL(select(func.pg_advisory_xact_lock(s.const(MIGRATION_LOCK_KEY))))
 #: Tables whose integer key comes from a sequence.
 SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id",
-             "tokens": "token_id"}
+             "tokens": "token_id", "schedules": "schedule_id", "schedule_fires": "fire_id"}
 
 
 def _continue_sequence(table: str, column: str) -> s.SQL:
@@ -462,6 +463,34 @@ class PostgresDatabase(Database):
         faults.point("claim.after_lease")
         faults.point("claim.after_event")
         return Taken(found[0], True, tuple(found[2:]))
+
+    def hold_worker(self, conn: Connection, worker_id: str) -> None:
+        self.run(conn, ls.HOLD_WORKER, {"worker": worker_id})
+
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
+        row = self.run(conn, ls.HOLD_LIMIT if wait else ls.TRY_HOLD_LIMIT,
+                       {"kind": kind}).fetchone()
+        # Waited for: held, or the limit was removed meanwhile (the claim still applies the
+        # one it read, the cautious side). Not waited for: held only if the row came back.
+        return wait or row is not None
+
+    def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
+                 expires_iso: str) -> tuple[Any, ...] | None:
+        # Skip a job a concurrent claim holds instead of waiting to find it taken.
+        if self.run(conn, ls.HOLD_WAITING, {"job_id": job_id}).fetchone() is None:
+            return None
+        job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
+                       ).fetchone()
+        if job is None:
+            return None
+        epoch, attempts = job[6], job[4]
+        self.run(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
+                                        "now": now, "expires": expires})
+        self.run(conn, s.INSERT_EVENT, {
+            "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
+            "reason": "claimed", "worker": worker, "epoch": epoch,
+            "detail": dumps({"expires_at": expires_iso, "attempt": attempts})})
+        return tuple(job)
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
                     worker: str | None, detail: str | None) -> int:

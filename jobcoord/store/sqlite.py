@@ -316,21 +316,33 @@ class SqliteDatabase(Database):
         found = self.run(conn, stmt, params).fetchone()
         if found is None:
             return Taken(0, False, None)
-        job = self.run(conn, s.TAKE_JOB, {"job_id": found[0], "now": now, "f": False}
-                           ).fetchone()
-        if job is None:  # cannot happen under the write lock; the guard is defence in depth
-            return Taken(1, True, None)
+        # None cannot happen under the write lock; the guard is defence in depth.
+        return Taken(1, True, self.take_job(conn, found[0], worker=worker, now=now,
+                                            expires=expires, expires_iso=expires_iso))
+
+    def hold_worker(self, conn: Connection, worker_id: str) -> None:
+        pass  # BEGIN IMMEDIATE already serialises every claim
+
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
+        return True  # BEGIN IMMEDIATE already serialises every claim
+
+    def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
+                 expires_iso: str) -> tuple[Any, ...] | None:
+        job = self.run(conn, s.TAKE_JOB, {"job_id": job_id, "now": now, "f": False}
+                       ).fetchone()
+        if job is None:
+            return None
         faults.point("claim.after_take")
         job_id, epoch, attempts = job[0], job[6], job[4]
         self.run(conn, s.INSERT_LEASE, {"job_id": job_id, "worker": worker, "epoch": epoch,
-                                            "now": now, "expires": expires})
+                                        "now": now, "expires": expires})
         faults.point("claim.after_lease")
         self.run(conn, s.INSERT_EVENT, {
             "job_id": job_id, "now": now, "from_status": "waiting", "to_status": "running",
             "reason": "claimed", "worker": worker, "epoch": epoch,
             "detail": dumps({"expires_at": expires_iso, "attempt": attempts})})
         faults.point("claim.after_event")
-        return Taken(1, True, tuple(job))
+        return tuple(job)
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,
                     worker: str | None, detail: str | None) -> int:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     bindparam,
     column,
     delete,
+    exists,
     func,
     insert,
     literal_column,
@@ -35,6 +36,7 @@ from ..schema import (
     job_events,
     jobs,
     leases,
+    limits,
     metadata,
     workers,
 )
@@ -67,6 +69,10 @@ def _dialect(name: str, named: bool = False) -> Dialect:
             from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
             class Compiler(_Spelling, SQLiteCompiler):
+                def get_from_hint_text(self, table: Any, text: str) -> str:
+                    # `with_hint(table, "INDEXED BY ix", "sqlite")`, written after the table.
+                    return text
+
                 def limit_clause(self, select: Any, **kw: Any) -> str:
                     # SQLAlchemy adds "OFFSET ?" bound to 0 to every LIMIT: a parameter the
                     # cached statement would have to carry, for nothing.
@@ -201,6 +207,7 @@ _NEW_JOB = {
     "created_at": P("now"), "updated_at": P("now"), "run_after": P("run_after"),
     "deadline_at": P("deadline"), "attempts": ZERO, "max_attempts": P("max_attempts"),
     "epoch": ZERO, "effect_started": P("f"), "cancel_requested": P("f"),
+    "needs_json": P("needs"),
 }
 
 INSERT_JOB = SQL(
@@ -220,7 +227,8 @@ INSERT_EVENT = SQL(insert(job_events).inline().values(
     job_id=P("job_id"), at=P("now"), from_status=P("from_status"), to_status=P("to_status"),
     reason=P("reason"), worker_id=P("worker"), epoch=P("epoch"), detail=P("detail")))
 JOB_BY_KEY = SQL(
-    select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts)
+    select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts,
+           J.needs_json)
     .where(J.tenant == P("tenant"), J.idempotency_key == P("key")))
 # The max_attempts a keyed job was submitted with: releases and operator retries raise the
 # stored one later, so the key is compared with what the `enqueued` event recorded.
@@ -229,9 +237,17 @@ SUBMITTED_DETAIL = SQL(
     .order_by(E.event_id).limit(ONE))
 RELEASES = SQL(select(func.count()).select_from(job_events).where(
     E.job_id == P("job_id"), E.reason == const("worker_shutdown")))
+#: A claim's first read: the worker's row, and whether any limit exists or any waiting job
+#: declares needs (two index probes), so a claim without either never reads more.
 WORKER = SQL(
     select(W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct, W.temperature_c,
-           W.on_battery, W.user_idle_s).where(W.worker_id == P("worker")))
+           W.on_battery, W.user_idle_s,
+           exists(select(ONE).select_from(limits)).label("limited"),
+           exists(select(ONE).where(WAITING, J.needs_json.is_not(None))
+                  # Without statistics SQLite would walk every waiting job by status.
+                  .with_hint(jobs, "INDEXED BY ix_jobs_waiting_needs", "sqlite"))
+           .label("needy"))
+    .where(W.worker_id == P("worker")))
 ALL_WORKERS = SQL(
     select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct,
            W.temperature_c, W.on_battery, W.user_idle_s, W.last_refusal,
@@ -492,3 +508,5 @@ def candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: 
                    lock: str = "") -> str:
     """The candidate select as SQLite runs it, `:name` parameters (for the benchmarks)."""
     return candidate_sql(roles, kinds, due_only=due_only, locked=bool(lock))[0].sqlite
+
+

@@ -199,6 +199,18 @@ class Worker:
                     if got["expired"] or got["deadline_dead"]:
                         self.log("reaped", expired=got["expired"], jobs=got["jobs"])
                         self.count("reaped", got["expired"] + got["deadline_dead"])
+                # Schedules tick on the reaper's timer: any number of workers may tick.
+                try:
+                    ticked = self.calls.tick_schedules()
+                except Exception as e:  # the timer must outlive any error that can heal
+                    self._timer_error("schedule_tick", e)
+                else:
+                    if ticked["fired"] or ticked["missed"] or ticked["queued"]:
+                        self.log("schedules_ticked", fired=ticked["fired"],
+                                 missed=ticked["missed"], skipped=ticked["skipped"],
+                                 queued=ticked["queued"])
+                        if ticked["fired"]:
+                            self.wake.set()
             wait = min(next_hb, next_reap, mono() + LOOP_MAX_WAIT_S) - mono()
             self.stopping.wait(max(0.01, wait))
 

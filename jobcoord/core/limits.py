@@ -1,0 +1,390 @@
+"""Concurrency limits and resource fit: the operator's limits, and the check a claim runs on
+each candidate when a limit exists or a waiting job declares needs.
+
+A limit is counted, never kept: the live leases of its kind (running, lease not expired at
+the claim's own time) are read inside the claim's write transaction, so a crashed worker's
+slot is free the moment its lease expires, and nothing can drift. A limited or unfitting job
+is skipped, never failed: the claim takes the next eligible one.
+
+`check` is pure (candidate, limit, live holders, worker capacity, taken so far): a claim of
+many jobs calls it per job with the jobs it already took in that batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .. import faults
+from .. import validate as v
+from ..clock import iso, now_us
+from ..errors import Refused
+from ..store import limit_statements as sql
+from ..store.base import Taken
+from .common import Context
+
+MAX_CONCURRENCY = 100_000
+#: Candidates a claim reads at first, then at most, when it must check each one.
+WINDOWS = (8, 2048)
+#: The resource matched against one GPU's free memory (a job does not span GPUs).
+GPU_MEMORY = "gpu_mem_mb"
+#: The resource matched against the worker's `memory_available_mb` reading.
+RAM = "ram_mb"
+
+
+@dataclass(frozen=True)
+class Limit:
+    kind: str
+    concurrency: int
+    key_field: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A job a claim considers (or has taken, or a live lease's job)."""
+
+    job_id: int
+    kind: str
+    payload: Mapping[str, Any]
+    needs: Mapping[str, int]
+    worker_id: str | None = None
+    expires_at: int | None = None
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a worker reported free: each GPU's free memory (None: not reported), and named
+    amounts (`ram_mb` from memory_available_mb, anything from `capacity`)."""
+
+    gpus: tuple[int | None, ...] = ()
+    named: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a candidate may not be taken: `concurrency_limit` or `resource_short`."""
+
+    code: str
+    detail: str
+    holders: tuple[Candidate, ...] = ()
+
+
+def key_of(payload: Mapping[str, Any], key_field: str | None) -> str | None:
+    """The value a keyed limit counts by: the payload field as JSON text (1 and "1" differ);
+    jobs without the field share the value None."""
+    if key_field is None or key_field not in payload:
+        return None
+    return json.dumps(payload[key_field], sort_keys=True, separators=(",", ":"))
+
+
+def _shown_key(limit: Limit, key: str | None) -> str:
+    if limit.key_field is None:
+        return ""
+    return f" with {limit.key_field}={key if key is not None else '(absent)'}"
+
+
+def check(candidate: Candidate, limit: Limit | None, holders: Sequence[Candidate],
+          capacity: Capacity | None, held: Sequence[Candidate],
+          taken: Sequence[Candidate] = ()) -> Verdict | None:
+    """None when `candidate` may be taken, else why not. `holders`: live leases of the
+    candidate's kind (any worker); `capacity`: what this worker reported free (None: no
+    needs to match); `held`: this worker's running jobs that declared needs; `taken`: jobs
+    taken earlier in the same batch by this worker (they hold slots and resources too)."""
+    if limit is not None:
+        key = key_of(candidate.payload, limit.key_field)
+        same = [h for h in (*holders, *(t for t in taken if t.kind == candidate.kind))
+                if limit.key_field is None or key_of(h.payload, limit.key_field) == key]
+        if len(same) >= limit.concurrency:
+            who = ", ".join(f"job {h.job_id}" + (f" on {h.worker_id}" if h.worker_id else "")
+                            for h in same[:10]) + (" ..." if len(same) > 10 else "")
+            return Verdict("concurrency_limit",
+                           f"kind {candidate.kind}{_shown_key(limit, key)} allows "
+                           f"{limit.concurrency} at once; held by {who}", tuple(same))
+    if candidate.needs:
+        short = short_resource(candidate.needs, capacity or Capacity(), (*held, *taken))
+        if short is not None:
+            return Verdict("resource_short", short)
+    return None
+
+
+def short_resource(needs: Mapping[str, int], capacity: Capacity,
+                   running: Sequence[Candidate]) -> str | None:
+    """Which of `needs` does not fit what the worker reported free minus what its running
+    jobs declared, in words; None when all fit."""
+    # The running jobs' GPU memory is placed first-fit in claim order, as the worker would
+    # have placed them; the candidate then needs one GPU with enough left.
+    gpus = [g or 0 for g in capacity.gpus]
+    used: dict[str, int] = {}
+    for job in running:
+        for name, amount in job.needs.items():
+            if name == GPU_MEMORY:
+                for i, left in enumerate(gpus):
+                    if left >= amount:
+                        gpus[i] = left - amount
+                        break
+            else:
+                used[name] = used.get(name, 0) + amount
+    for name, amount in needs.items():
+        if name == GPU_MEMORY:
+            if not capacity.gpus:
+                return f"{GPU_MEMORY}: needs {amount} on one GPU; the worker reports no GPU"
+            if max(gpus) < amount:
+                return (f"{GPU_MEMORY}: needs {amount} on one GPU; the most any GPU has free "
+                        f"is {max(gpus)} (after its running jobs' declared needs)")
+            continue
+        have = capacity.named.get(name)
+        if have is None:
+            what = "memory_available_mb" if name == RAM else f"capacity {name}"
+            return f"{name}: needs {amount}; the worker reports no {what}"
+        left = have - used.get(name, 0)
+        if left < amount:
+            return (f"{name}: needs {amount}; {left} left of {have} after its running jobs' "
+                    "declared needs")
+    return None
+
+
+def capacity_of(raw: str | None) -> Capacity:
+    """A worker's capacity from its last heartbeat as received (validated on receipt)."""
+    if not raw:
+        return Capacity()
+    readings = json.loads(raw)
+    gpus = tuple(None if not isinstance(g.get("memory_free_mb"), int | float)
+                 else int(g["memory_free_mb"]) for g in readings.get("gpus") or ())
+    named: dict[str, int] = {}
+    if isinstance(readings.get("memory_available_mb"), int):
+        named[RAM] = readings["memory_available_mb"]
+    for name, amount in (readings.get("capacity") or {}).items():
+        named[name] = int(amount)
+    return Capacity(gpus, named)
+
+
+def _needs(text: str | None) -> dict[str, int]:
+    return {} if text is None else json.loads(text)
+
+
+# --- inside a claim -------------------------------------------------------------------------
+
+
+class ClaimView:
+    """What one claim's checks read, each at most once per transaction: the limits, each
+    limited kind's live holders (read after its limits row is held), the worker's capacity
+    and its running jobs' needs."""
+
+    def __init__(self, ctx: Context, conn: Connection, worker_id: str, now: int,
+                 limited: bool) -> None:
+        self.ctx, self.conn, self.worker_id, self.now = ctx, conn, worker_id, now
+        self.limits: dict[str, Limit] = {}
+        if limited:
+            self.limits = {r[0]: Limit(r[0], r[1], r[2])
+                           for r in ctx.db.run(conn, sql.ALL_LIMITS).fetchall()}
+        self._holders: dict[str, list[Candidate]] = {}
+        self._held = False
+        self._capacity: Capacity | None = None
+        self._running: list[Candidate] = []
+
+    def hold(self, kind: str) -> bool:
+        """Serialise the decisions on a limited kind until commit. Only the first hold of a
+        claim waits; a further one is skipped when another claim holds it, so two claims
+        never wait for each other's kinds (no deadlock)."""
+        if kind in self._holders:
+            return True
+        if not self.ctx.db.hold_limit(self.conn, kind, wait=not self._held):
+            return False
+        self._held = True
+        # The hold may have waited for other claims: the time the holders' leases are
+        # judged live at is read after it, never before.
+        self.now = max(self.now, now_us())
+        # Read after the hold: on PostgreSQL this statement sees every lease committed by
+        # the claims that held the kind before, and every end committed so far.
+        self._holders[kind] = [
+            Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2])
+            for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
+                                     {"kind": kind, "now": self.now}).fetchall()]
+        # A lease's grant is timed after that read: a holder that ended unseen by it
+        # (committed later) recorded its end before this grant, so the history never shows
+        # more holders at once than the count allowed.
+        self.now = max(self.now, now_us())
+        return True
+
+    def holders(self, kind: str) -> list[Candidate]:
+        return self._holders.get(kind, [])
+
+    def capacity(self) -> tuple[Capacity, list[Candidate]]:
+        if self._capacity is None:
+            raw = self.ctx.db.run(self.conn, sql.WORKER_RAW, {"worker": self.worker_id}
+                                  ).fetchone()
+            self._capacity = capacity_of(None if raw is None else raw[0])
+            self._running = [
+                Candidate(r[0], "", {}, _needs(r[1]), self.worker_id)
+                for r in self.ctx.db.run(self.conn, sql.WORKER_HELD_NEEDS,
+                                         {"worker": self.worker_id, "now": self.now}
+                                         ).fetchall()]
+        return self._capacity, self._running
+
+    def judge(self, cand: Candidate, taken: Sequence[Candidate] = ()) -> Verdict | None:
+        """`check` for this candidate with what this claim has read."""
+        limit = self.limits.get(cand.kind)
+        if limit is not None and not self.hold(cand.kind):
+            return Verdict("concurrency_limit", f"kind {cand.kind} is limited and another "
+                           "claim is deciding on it right now")
+        capacity, running = self.capacity() if cand.needs else (None, [])
+        return check(cand, limit, self.holders(cand.kind), capacity, running, taken)
+
+
+def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
+                 kinds: Sequence[str] | None, *, now: int, lease_us: int, max_priority: int,
+                 limited: bool, tenant: str | None = None
+                 ) -> tuple[Taken, Verdict | None, int]:
+    """The claim's take when candidates must be checked one by one: the first eligible job
+    in claim order that `check` lets this worker take. Returns what was taken; when nothing
+    was, the first refusal seen (None: there was no candidate at all); and the time of the
+    decision (later than `now` when holding a limit waited for other claims)."""
+    view = ClaimView(ctx, conn, worker_id, now, limited)
+    # This worker's row first, always before any limits row: two claims of one worker never
+    # both fit a job into the same free capacity, and the locks are always taken in one
+    # order (worker, then one kind waited for, further kinds only if free), so no deadlock.
+    ctx.db.hold_worker(conn, worker_id)
+    view.now = max(view.now, now_us())
+    stmt, params = sql.candidate_window(roles, kinds, tenant)
+    # Due and within its deadline at the time of the decision, not before the holds.
+    params.update(now=view.now, maxp=max_priority)
+    seen: set[int] = set()
+    first: Verdict | None = None
+    rows: list[Any] = []
+    for heads in WINDOWS:
+        params["heads"] = heads
+        rows = ctx.db.run(conn, stmt, params).fetchall()
+        for job_id, kind, payload, needs in rows:
+            if job_id in seen:
+                continue
+            seen.add(job_id)
+            cand = Candidate(job_id, kind, json.loads(payload), _needs(needs))
+            verdict = view.judge(cand)
+            if verdict is not None:
+                first = first or verdict
+                continue
+            # A test may pause here: between the decision and the take is where two claims
+            # deciding at once would both fit into the same slot or capacity.
+            faults.point("checked.before_take")
+            expires = view.now + lease_us
+            job = ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
+                                  expires=expires, expires_iso=iso(expires))
+            if job is not None:
+                return Taken(len(seen), True, job), None, view.now
+        if len(rows) < heads:
+            break
+    return Taken(len(seen), first is not None or bool(seen), None), first, view.now
+
+
+# --- the operator's limits --------------------------------------------------------------------
+
+
+def set_limit(ctx: Context, kind: str, concurrency: Any, key: str | None = None
+              ) -> dict[str, Any]:
+    """At most `concurrency` live leases of `kind` at once (per value of payload field `key`
+    when given). Replaces the kind's limit if it had one."""
+    kind = v.name(kind, "kind")
+    n = v.whole(concurrency, "concurrency", 1, MAX_CONCURRENCY)
+    key_field = None if key is None else v.payload_field(key, "key")
+
+    def _do(conn: Connection) -> dict[str, Any]:
+        now = now_us()
+        ctx.db.run(conn, sql.UPSERT_LIMIT, {"kind": kind, "concurrency": n,
+                                            "key_field": key_field, "now": now})
+        return {"kind": kind, "concurrency": n, "key": key_field, "updated_at": iso(now)}
+
+    return ctx.db.write(_do, "limit set")
+
+
+def list_limits(ctx: Context) -> dict[str, Any]:
+    """Every limit with its live holders now."""
+
+    def _do(conn: Connection) -> list[dict[str, Any]]:
+        now = now_us()
+        out = []
+        for kind, concurrency, key_field in ctx.db.run(conn, sql.ALL_LIMITS).all():
+            held = ctx.db.run(conn, sql.LIVE_HOLDERS, {"kind": kind, "now": now}).all()
+            out.append({"kind": kind, "concurrency": concurrency, "key": key_field,
+                        "running": len(held),
+                        "holders": [holder_json(r[0], r[1], r[2], json.loads(r[3]),
+                                                key_field) for r in held]})
+        return out
+
+    return {"limits": ctx.db.read(_do, "limit ls")}
+
+
+def holder_json(job_id: int, worker_id: str | None, expires_at: int | None,
+                payload: Mapping[str, Any], key_field: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"job_id": job_id, "worker_id": worker_id,
+                           "expires_at": None if expires_at is None else iso(expires_at)}
+    if key_field is not None:
+        out["key"] = key_of(payload, key_field)
+    return out
+
+
+def remove_limit(ctx: Context, kind: str) -> dict[str, Any]:
+    """Drop a kind's limit; refused (job_not_found's family: limit_not_found) if none."""
+    kind = v.name(kind, "kind")
+
+    def _do(conn: Connection) -> dict[str, Any] | Refused:
+        if ctx.db.run(conn, sql.DELETE_LIMIT, {"kind": kind}).rowcount == 0:
+            return Refused("limit_not_found", f"kind {kind} has no limit")
+        return {"kind": kind, "removed": True}
+
+    return ctx.db.write(_do, "limit rm")
+
+
+# --- explain --------------------------------------------------------------------------------
+
+
+def diagnose(ctx: Context, conn: Connection, job: Mapping[str, Any], now: int
+             ) -> dict[str, Any]:
+    """What `explain` needs to say whether a limit or a resource holds a waiting job back,
+    read in explain's snapshot: the kind's limit and live holders, the job's needs, and every
+    worker's running jobs' declared needs."""
+    out: dict[str, Any] = {"limit": None, "holders": [], "needs": _needs(job["needs_json"]),
+                           "running_needs": {}}
+    row = ctx.db.run(conn, sql.LIMIT_OF, {"kind": job["kind"]}).first()
+    if row is not None:
+        out["limit"] = Limit(row[0], row[1], row[2])
+        out["holders"] = [Candidate(r[0], row[0], json.loads(r[3]), {}, r[1], r[2])
+                          for r in ctx.db.run(conn, sql.LIVE_HOLDERS,
+                                              {"kind": row[0], "now": now})]
+    if out["needs"]:
+        for worker, job_id, needs in ctx.db.run(conn, sql.LIVE_NEEDS, {"now": now}):
+            out["running_needs"].setdefault(worker, []).append(
+                Candidate(job_id, "", {}, _needs(needs), worker))
+    return out
+
+
+def explain_reasons(job: Mapping[str, Any], diag: Mapping[str, Any],
+                    ready: Sequence[Mapping[str, Any]]
+                    ) -> tuple[list[str], list[tuple[str, str]], dict[str, Any] | None]:
+    """Of the workers the gates let claim the job, those a limit and their capacity let take
+    it; the reasons for the others; the limit as shown (with its holders), if any."""
+    cand = Candidate(job["job_id"], job["kind"], json.loads(job["payload_json"]),
+                     diag["needs"])
+    limit: Limit | None = diag["limit"]
+    shown = None
+    if limit is not None:
+        shown = {"kind": limit.kind, "concurrency": limit.concurrency, "key": limit.key_field,
+                 "holders": [holder_json(h.job_id, h.worker_id, h.expires_at, h.payload,
+                                         limit.key_field) for h in diag["holders"]]}
+    # The limit holds it back on every worker; needs are matched per worker below.
+    verdict = check(replace(cand, needs={}), limit, diag["holders"], None, ())
+    if verdict is not None:
+        return [], [(verdict.code, verdict.detail)], shown
+    fit, reasons = [], []
+    for w in ready:
+        if cand.needs:
+            short = short_resource(cand.needs, capacity_of(w["heartbeat_raw"]),
+                                   diag["running_needs"].get(w["worker_id"], []))
+            if short is not None:
+                reasons.append(("resource_short", f"worker {w['worker_id']}: {short}"))
+                continue
+        fit.append(w["worker_id"])
+    return fit, reasons, shown

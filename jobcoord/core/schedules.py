@@ -1,0 +1,351 @@
+"""Schedules: durable rules that enqueue a job per slot (a cron time or an interval), and the
+tick that fires what is due.
+
+Firing is idempotent across processes: the slot's row in `schedule_fires` (unique per
+schedule and slot) is inserted in the transaction that inserts its job, so any number of
+tickers may run at once and each slot makes at most one job. A ticker also holds the
+schedule's row while it decides (PostgreSQL: others skip it; SQLite: the write lock).
+
+A slot is on time while the tick finds it less than `ON_TIME_S` old; older slots (the
+machine slept or nothing ticked) are handled by the catch-up policy. A fired job's deadline
+is slot + window, so it ends `dead` with reason `window_missed` if it never ran in time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from .. import faults
+from .. import validate as v
+from ..clock import MICROS, iso, now_us, seconds_to_us
+from ..errors import InvalidInput, JobcoordError, Refused
+from ..store import schedule_statements as sql
+from .common import DEFAULT_TENANT, Context
+from .slots import Timing, cron_timing
+from .submit import CheckedSpec, JobSpec, check_spec, insert
+
+#: How old a slot may be when a tick finds it and still count as on time (not missed).
+ON_TIME_S = 300
+CATCHUP = ("skip", "latest", "all:N")
+OVERLAP = ("allow", "skip", "queue_one")
+MAX_CATCHUP = 1000
+#: Missed slots recorded one row each per tick; older ones are counted in the last row.
+MAX_MISSED_ROWS = 100
+#: A job still counts as the previous fire's until it is final (`unknown` waits for an
+#: operator, and may yet turn out to have run).
+LIVE = ("waiting", "running", "unknown")
+MAX_EVERY_S = 366 * 86400
+
+
+def _catchup(value: object) -> tuple[str, int]:
+    if value is None:
+        return "skip", 1
+    if isinstance(value, str):
+        if value in ("skip", "latest"):
+            return value, 1
+        head, sep, n = value.partition(":")
+        if head == "all" and sep:
+            return "all", v.whole(n, "catchup N", 1, MAX_CATCHUP)
+    raise InvalidInput("invalid_input", f"catchup: {value!r} is not one of skip, latest, "
+                       f"all:N (N from 1 to {MAX_CATCHUP})", field="catchup")
+
+
+def _choice(value: object, field: str, allowed: tuple[str, ...], default: str) -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        raise InvalidInput("invalid_input", f"{field}: {value!r} is not one of "
+                           f"{', '.join(allowed)}", field=field)
+    return value
+
+
+def _timing(cron: object, tz: object, every: object) -> Timing:
+    if (cron is None) == (every is None):
+        raise InvalidInput("invalid_input", "give either a cron expression (--cron, with an "
+                           "optional --tz) or an interval (--every), exactly one",
+                           field="cron")
+    if every is not None:
+        if tz is not None:
+            raise InvalidInput("invalid_input", "tz: an interval (--every) is absolute time "
+                               "and takes no time zone; --tz goes with --cron", field="tz")
+        seconds = v.safe_duration(every, "every", 0, MAX_EVERY_S)
+        every_us = seconds_to_us(seconds)
+        if every_us < MICROS:
+            raise InvalidInput("invalid_input", f"every: {every!r} is shorter than one "
+                               "second (give e.g. 30s, 15m, 1h, 1d)", field="every")
+        return Timing(every_us=every_us)
+    return cron_timing(cron, tz)
+
+
+def add(ctx: Context, name: str, kind: str, *, cron: str | None = None, tz: str | None = None,
+        every: str | float | None = None, payload: Any = None,
+        priority: int | str | None = None, role: str | None = None,
+        tenant: str = DEFAULT_TENANT, max_attempts: int | None = None,
+        window: str | float | None = None, catchup: str | None = None,
+        overlap: str | None = None) -> dict[str, Any]:
+    """Create a schedule; its first slot is the first one after now (none fires for the
+    past). Refused (schedule_exists) when the name is taken."""
+    name = v.name(name, "name")
+    timing = _timing(cron, tz, every)
+    spec = check_spec(ctx, JobSpec(kind, payload, priority, role, tenant, None, max_attempts))
+    window_us = None
+    if window is not None:
+        window_us = seconds_to_us(v.safe_duration(window, "window", 0, v.TEN_YEARS_S))
+        if window_us <= 0:
+            raise InvalidInput("invalid_input", "window: must be longer than zero (the job "
+                               "may start from its slot until slot + window)", field="window")
+    catch, catch_max = _catchup(catchup)
+    over = _choice(overlap, "overlap", OVERLAP, "allow")
+
+    def _do(conn: Connection) -> dict[str, Any] | Refused:
+        now = now_us()
+        first = timing.next_after(now)
+        got = ctx.db.run(conn, sql.INSERT_SCHEDULE, {
+            "name": name, "tenant": spec.tenant, "kind": spec.kind, "role": spec.role,
+            "priority": spec.priority, "payload": spec.payload_text,
+            "max_attempts": spec.max_attempts, "cron": timing.cron, "tz": timing.tz,
+            "every_us": timing.every_us, "window_us": window_us, "catchup": catch,
+            "catchup_max": catch_max, "overlap": over, "paused": False,
+            "next_slot_at": first, "due_at": first, "now": now}).first()
+        if got is None:
+            return Refused("schedule_exists", f"a schedule named {name!r} already exists "
+                           "(`jobcoord schedule rm` it first to replace it)", name=name)
+        return {"schedule": name, "created": True, "next_fire_at": first}
+
+    return ctx.db.write(_do, "schedule add")
+
+
+def _row(r: Any, names: tuple[str, ...] = sql.SCHEDULE_NAMES) -> dict[str, Any]:
+    """A row (a tuple) as a mapping of its column names."""
+    return dict(zip(names, r, strict=True))
+
+
+def _timing_of(s: Mapping[str, Any]) -> Timing:
+    return Timing(cron=s["cron"], tz=s["tz"], every_us=s["every_us"])
+
+
+def _find(ctx: Context, conn: Connection, name: str, *, lock: bool) -> dict[str, Any] | Refused:
+    stmt = sql.SCHEDULE_BY_NAME_LOCKED if lock else sql.SCHEDULE_BY_NAME
+    row = ctx.db.run(conn, stmt, {"name": name}).first()
+    if row is None:
+        return Refused("schedule_not_found", f"no schedule named {name!r}", name=name)
+    return _row(row)
+
+
+def _last(ctx: Context, conn: Connection, schedule_id: int) -> dict[str, Any] | None:
+    row = ctx.db.run(conn, sql.LAST_FIRE, {"schedule_id": schedule_id}).first()
+    return None if row is None else _row(row, sql.FIRE_NAMES)
+
+
+def listing(ctx: Context) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Every schedule with its last handled slot (and that job's status now)."""
+    def _do(conn: Connection) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+        rows = [_row(r) for r in ctx.db.run(conn, sql.ALL_SCHEDULES).all()]
+        return [(s, _last(ctx, conn, s["schedule_id"])) for s in rows]
+
+    return ctx.db.read(_do, "schedule ls")
+
+
+def set_paused(ctx: Context, name: str, paused: bool) -> dict[str, Any]:
+    """Pause (no slot is handled, none recorded) or resume (from the first slot after now:
+    slots passed while paused are not caught up, the pause was asked for)."""
+    name = v.name(name, "name")
+
+    def _do(conn: Connection) -> dict[str, Any] | Refused:
+        s = _find(ctx, conn, name, lock=True)
+        if isinstance(s, Refused):
+            return s
+        now = now_us()
+        changed = bool(s["paused"]) != paused
+        next_slot = s["next_slot_at"]
+        if changed and not paused:
+            next_slot = _timing_of(s).next_after(now)
+        due = None if paused else (now if s["queued_slot_at"] is not None else next_slot)
+        if changed:
+            ctx.db.run(conn, sql.SET_PAUSED, {
+                "schedule_id": s["schedule_id"], "paused": paused, "next_slot_at": next_slot,
+                "due_at": due, "queued_slot_at": s["queued_slot_at"], "now": now})
+        return {"schedule": name, "paused": paused, "changed": changed,
+                "next_fire_at": None if paused else next_slot}
+
+    return ctx.db.write(_do, "schedule pause" if paused else "schedule resume")
+
+
+def remove(ctx: Context, name: str) -> dict[str, Any]:
+    """Delete a schedule and its record of handled slots; jobs it fired stay as they are."""
+    name = v.name(name, "name")
+
+    def _do(conn: Connection) -> dict[str, Any] | Refused:
+        s = _find(ctx, conn, name, lock=True)
+        if isinstance(s, Refused):
+            return s
+        ctx.db.run(conn, sql.DELETE_SCHEDULE, {"schedule_id": s["schedule_id"]})
+        return {"schedule": name, "removed": True}
+
+    return ctx.db.write(_do, "schedule rm")
+
+
+def of_job(ctx: Context, job_id: int) -> dict[str, Any] | None:
+    """The schedule and slot that made a job, the schedule's next fire and last outcome."""
+    def _do(conn: Connection) -> dict[str, Any] | None:
+        fire = ctx.db.run(conn, sql.FIRE_OF_JOB, {"job_id": job_id}).first()
+        if fire is None:
+            return None
+        s = _find(ctx, conn, fire[0], lock=False)
+        if isinstance(s, Refused):
+            return None
+        return {"schedule": s, "slot_at": fire[1], "last": _last(ctx, conn, s["schedule_id"])}
+
+    return ctx.db.read(_do, "explain")
+
+
+# --- the tick ---------------------------------------------------------------------------------
+
+
+class _Tick:
+    """One schedule's handling inside the tick's write transaction."""
+
+    def __init__(self, ctx: Context, conn: Connection, s: dict[str, Any], now: int):
+        self.ctx, self.conn, self.s, self.now = ctx, conn, s, now
+        self.counts = {"fired": 0, "missed": 0, "skipped": 0, "queued": 0}
+        self.jobs: list[int] = []
+        self.queued = s["queued_slot_at"]
+
+    def record(self, slot: int, outcome: str, detail: Mapping[str, Any] | None = None
+               ) -> int | None:
+        """The slot's row; None when another ticker handled this slot already."""
+        got = self.ctx.db.run(self.conn, sql.INSERT_FIRE, {
+            "schedule_id": self.s["schedule_id"], "slot_at": slot, "outcome": outcome,
+            "job_id": None, "now": self.now,
+            "detail": v.dumps(detail) if detail else None}).first()
+        if got is None:
+            return None
+        self.counts[outcome] += 1
+        return int(got[0])
+
+    def live_previous(self) -> dict[str, Any] | None:
+        row = self.ctx.db.run(self.conn, sql.LAST_JOB_FIRE,
+                              {"schedule_id": self.s["schedule_id"]}).first()
+        if row is None or row[5] not in LIVE:
+            return None
+        return {"job_id": row[2], "status": row[5], "slot": iso(row[0])}
+
+    def make_job(self, fire_id: int, slot: int) -> None:
+        s, window = self.s, self.s["window_us"]
+        spec = CheckedSpec(kind=s["kind"], payload_text=s["payload_json"],
+                           priority=s["priority"], role=s["required_role"],
+                           tenant=s["tenant"], key=None, max_attempts=s["max_attempts"],
+                           deadline_in_us=None if window is None else slot + window - self.now,
+                           delay_us=0)
+        made = insert(self.ctx, self.conn, spec, self.now)
+        if isinstance(made, JobcoordError):  # no key, so never; said rather than assumed
+            raise made
+        faults.point("schedule.after_job")  # a kill here must leave neither job nor slot
+        self.ctx.db.run(self.conn, sql.SET_FIRE_JOB, {
+            "fire_id": fire_id, "job_id": made["job_id"], "outcome": "fired", "now": self.now})
+        self.jobs.append(made["job_id"])
+
+    def fire(self, slot: int) -> None:
+        """Fire one slot, as the overlap policy allows."""
+        window = self.s["window_us"]
+        if window is not None and slot + window <= self.now:
+            self.record(slot, "missed", {"because": "window_closed"})
+            return
+        previous = self.live_previous() if self.s["overlap"] != "allow" else None
+        if previous is not None and self.s["overlap"] == "skip":
+            self.record(slot, "skipped", {"because": "overlap", "previous": previous})
+            return
+        if previous is not None:  # queue_one: hold one slot until the previous job ends
+            if self.queued is not None:
+                self.record(slot, "skipped", {"because": "overlap_queue_full",
+                                              "previous": previous})
+            elif self.record(slot, "queued", {"previous": previous}) is not None:
+                self.queued = slot
+            return
+        fire_id = self.record(slot, "fired")
+        if fire_id is not None:
+            self.make_job(fire_id, slot)
+
+    def release_queued(self) -> None:
+        """queue_one: fire the held slot once the previous job has finished."""
+        if self.queued is None or self.live_previous() is not None:
+            return
+        slot, self.queued = self.queued, None
+        window = self.s["window_us"]
+        fire_id = self.ctx.db.run(self.conn, sql.FIRE_ID, {
+            "schedule_id": self.s["schedule_id"], "slot_at": slot}).scalar()
+        if fire_id is None:
+            return
+        if window is not None and slot + window <= self.now:
+            self.ctx.db.run(self.conn, sql.SET_FIRE_OUTCOME, {
+                "fire_id": fire_id, "outcome": "missed", "now": self.now,
+                "detail": v.dumps({"because": "window_closed"})})
+            self.counts["missed"] += 1
+            return
+        self.make_job(fire_id, slot)
+        self.counts["fired"] += 1
+
+    def run(self) -> dict[str, Any]:
+        s, now = self.s, self.now
+        self.release_queued()
+        slots, passed, after = _timing_of(s).due(s["next_slot_at"], now)
+        on_time = [x for x in slots if now - x < ON_TIME_S * MICROS]
+        late = [x for x in slots if now - x >= ON_TIME_S * MICROS]
+        catch_up: list[int] = []
+        if s["catchup"] == "latest" and late and not on_time:
+            catch_up = late[-1:]
+        elif s["catchup"] == "all":
+            catch_up = late[-s["catchup_max"]:]
+        chosen = set(catch_up)
+        missed = [x for x in late if x not in chosen]
+        if missed:
+            self.record_missed(missed, passed)
+        for slot in (*catch_up, *on_time):
+            self.fire(slot)
+        due = now if self.queued is not None else after
+        self.ctx.db.run(self.conn, sql.ADVANCE_SCHEDULE, {
+            "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due,
+            "queued_slot_at": self.queued, "now": now})
+        return {"schedule": s["name"], **self.counts, "jobs": self.jobs,
+                "next_fire_at": after}
+
+    def record_missed(self, missed: list[int], passed: int) -> None:
+        """Each missed slot gets its row (the latest MAX_MISSED_ROWS of them); the earliest
+        row counts the older ones it stands for."""
+        rows = missed[-MAX_MISSED_ROWS:]
+        older = len(missed) - len(rows) + max(passed, 0)
+        for i, slot in enumerate(rows):
+            detail: dict[str, Any] = {"because": "late", "catchup": self.s["catchup"]}
+            if i == 0 and (older or passed < 0):
+                detail["older_missed"] = older if passed >= 0 else "many"
+            self.record(slot, "missed", detail)
+        self.counts["missed"] += older
+
+
+def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
+    """Fire what is due. Cheap when nothing is: one read of the due index, no write lock.
+    Times in the answer are microseconds (present.ticked_json makes them ISO text)."""
+    limit = v.whole(limit, "limit", 1, 10_000)
+
+    def _empty() -> dict[str, Any]:
+        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "schedules": []}
+
+    if ctx.db.read(lambda conn: ctx.db.run(conn, sql.ANY_DUE, {"now": now_us()}).first(),
+                   "schedule tick") is None:
+        return {**_empty(), "at": now_us()}
+
+    def _do(conn: Connection) -> dict[str, Any]:
+        out = _empty()  # afresh on a busy retry
+        now = now_us()
+        for row in ctx.db.run(conn, sql.DUE_SCHEDULES, {"now": now, "limit": limit}).all():
+            done = _Tick(ctx, conn, _row(row), now).run()
+            for k in ("fired", "missed", "skipped", "queued"):
+                out[k] += done[k]
+            out["schedules"].append(done)
+        out["at"] = now
+        return out
+
+    return ctx.db.write(_do, "schedule tick")

@@ -1,0 +1,92 @@
+"""Every argument of the schedule methods either works or is refused as InvalidInput (or a
+rule's refusal), and a refusal changes nothing; bad cron, unknown zones, zero or negative
+intervals, bad windows, unknown and duplicate names say so clearly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobcoord.errors import InvalidInput, JobcoordError, Refused
+from jobcoord.service import Coordinator
+from tests.conftest import dump
+from tests.test_api_arguments import OMIT, SCHEDULE_METHODS
+
+
+@st.composite
+def schedule_calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
+    method = draw(st.sampled_from(sorted(SCHEDULE_METHODS)))
+    positional, keywords = SCHEDULE_METHODS[method]
+    args = [draw(s) for s in positional]
+    kwargs = {k: v for k, v in ((k, draw(s)) for k, s in keywords.items()) if v is not OMIT}
+    return method, args, kwargs
+
+
+def test_schedule_methods_either_work_or_refuse_and_change_nothing(coord: Coordinator
+                                                                   ) -> None:
+    @settings(max_examples=200, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(call=schedule_calls())
+    def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
+        method, args, kwargs = call
+        before = dump(coord)
+        try:
+            getattr(coord, method)(*args, **kwargs)
+        except JobcoordError as e:
+            assert type(e) in (InvalidInput, Refused), e
+            assert dump(coord) == before, f"refused {method} changed the database"
+
+    check_one()
+
+
+BAD_ADDS = [
+    ({"cron": "0 2 * *"}, "cron", "fields"),
+    ({"cron": "61 2 * * *"}, "cron", "not a valid cron"),
+    ({"cron": "0 0 30 2 *"}, "cron", "not a valid cron"),
+    ({"cron": "0 2 * * *", "tz": "Mars/Olympus"}, "tz", "not a known IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": "America"}, "tz", "not a known IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": "../../etc/passwd"}, "tz", "not a known IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": ""}, "tz", "IANA"),
+    ({"every": "0"}, "every", "shorter than one second"),
+    ({"every": 0}, "every", "shorter than one second"),
+    ({"every": -60}, "every", "outside"),
+    ({"every": "-5m"}, "every", "not a duration"),
+    ({"every": "15x"}, "every", "not a duration"),
+    ({"every": "15m", "window": "0"}, "window", "longer than zero"),
+    ({"every": "15m", "window": "-1h"}, "window", "not a duration"),
+    ({"every": "15m", "window": "soon"}, "window", "not a duration"),
+    ({"every": "15m", "catchup": "all"}, "catchup", "all:N"),
+    ({"every": "15m", "catchup": "all:0"}, "catchup N", "outside"),
+    ({"every": "15m", "overlap": "never"}, "overlap", "allow, skip, queue_one"),
+    ({"every": "15m", "tz": "UTC"}, "tz", "takes no time zone"),
+    ({}, "cron", "exactly one"),
+    ({"every": "15m", "cron": "* * * * *"}, "cron", "exactly one"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "field", "words"), BAD_ADDS,
+                         ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD_ADDS)])
+def test_a_bad_schedule_is_refused_clearly_and_changes_nothing(
+        coord: Coordinator, kwargs: dict[str, Any], field: str, words: str) -> None:
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as e:
+        coord.add_schedule("nightly", "k", **kwargs)
+    assert e.value.details.get("field") == field and words in e.value.message
+    assert dump(coord) == before
+
+
+def test_an_unknown_or_duplicate_name_is_refused_and_changes_nothing(coord: Coordinator
+                                                                     ) -> None:
+    coord.add_schedule("nightly", "k", cron="0 2 * * *")
+    before = dump(coord)
+    with pytest.raises(Refused) as e:
+        coord.add_schedule("nightly", "j", every="1h")
+    assert e.value.code == "schedule_exists"
+    for call in (coord.pause_schedule, coord.resume_schedule, coord.remove_schedule):
+        with pytest.raises(Refused) as e:
+            call("nope")
+        assert e.value.code == "schedule_not_found"
+    assert dump(coord) == before
