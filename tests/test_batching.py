@@ -218,3 +218,15 @@ def test_batch_answers_give_their_times_as_iso_text(coord: Coordinator) -> None:
     failed = coord.fail_many([{"job_id": b["job"]["job_id"], "worker_id": "w1", "epoch": 1,
                                "error": "x"}])["results"][0]
     assert isinstance(failed["run_after"], str) and failed["run_after"].endswith("Z")
+
+
+def test_a_batch_claim_counts_its_own_jobs_against_a_concurrency_limit(
+        coord: Coordinator) -> None:
+    coord.set_limit("k", 2)
+    coord.enqueue_many([JobSpec("k") for _ in range(5)] + [JobSpec("j")])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 5)
+    kinds = [g["job"]["kind"] for g in got["claimed"]]
+    assert kinds.count("k") == 2, kinds  # the third would pass the limit of 2
+    again = coord.claim_many("w1", 5)
+    assert [g["job"]["kind"] for g in again["claimed"]].count("k") == 0
