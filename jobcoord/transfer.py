@@ -186,16 +186,7 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
                 # transfers into one target must not interleave.
                 dest.lock_exclusive(tconn, [t.name for t in tables])
                 _check_target_empty(dest, tconn, tables)
-                for t in tables:
-                    insert_row = SQL(t.insert())
-                    batch: list[dict[str, Any]] = []
-                    for row in rows_in_order(source, sconn, t):
-                        batch.append(dict(row._mapping))
-                        if len(batch) >= BATCH_ROWS:
-                            dest.run_many(tconn, insert_row, batch)
-                            batch = []
-                    if batch:
-                        dest.run_many(tconn, insert_row, batch)
+                _copy_rows(source, sconn, dest, tconn, tables)
                 sequences = dest.continue_sequences(tconn, [t.name for t in tables])
                 inside = {t.name: digest(dest, tconn, t) for t in tables}
                 # A mismatch raises here, before commit: the target is left empty.
@@ -206,6 +197,20 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
         raise _source_changed()
     return {"tables": source_digests, "next_ids": sequences,
             "active_leases_copied": int(active[0])}
+
+
+def _copy_rows(source: Any, sconn: Any, dest: Any, tconn: Any, tables: list[Table]) -> None:
+    """Every row of every table, parents first, in batches of BATCH_ROWS."""
+    for t in tables:
+        insert_row = SQL(t.insert())
+        batch: list[dict[str, Any]] = []
+        for row in rows_in_order(source, sconn, t):
+            batch.append(dict(row._mapping))
+            if len(batch) >= BATCH_ROWS:
+                dest.run_many(tconn, insert_row, batch)
+                batch = []
+        if batch:
+            dest.run_many(tconn, insert_row, batch)
 
 
 def _source_changed() -> Refused:
@@ -247,16 +252,7 @@ def _copy_back(source: PostgresDatabase, dest: SqliteDatabase, tables: list[Tabl
             after_snapshot()
         with dest.write_engine.begin() as tconn:
             _check_target_empty(dest, tconn, tables)
-            for t in tables:
-                insert_row = SQL(t.insert())
-                batch: list[dict[str, Any]] = []
-                for row in rows_in_order(source, sconn, t):
-                    batch.append(dict(row._mapping))
-                    if len(batch) >= BATCH_ROWS:
-                        dest.run_many(tconn, insert_row, batch)
-                        batch = []
-                if batch:
-                    dest.run_many(tconn, insert_row, batch)
+            _copy_rows(source, sconn, dest, tconn, tables)
             inside = {t.name: digest(dest, tconn, t) for t in tables}
             # A mismatch raises here, before commit: the target is left empty.
             _compare(source_digests, inside, "before commit")

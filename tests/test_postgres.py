@@ -22,6 +22,7 @@ import pytest
 from freezegun import freeze_time
 from sqlalchemy import event
 
+from jobcoord import tokens
 from jobcoord.db import CORE_REVISIONS, SQL, Database, Target
 from jobcoord.errors import JobcoordError
 from jobcoord.maintenance import check
@@ -348,6 +349,7 @@ def test_a_submission_racing_an_uncommitted_one_with_its_key_gets_that_job(pg: T
 
 def _populate(c: Coordinator) -> list[int]:
     c.set_limit("embed", 2, key="model")  # every core table holds rows, limits too
+    tokens.create(c.db, "laptop", "worker", worker="w1")  # and tokens
     c.heartbeat("w1", roles=["gpu"], readings={"memory_used_pct": 10, "user_idle_s": 9999,
                                                "on_battery": False})
     ids = [c.enqueue("summarize", {"i": i}, priority=i % 4, role="gpu", key=f"k{i}")["job_id"]
