@@ -1,5 +1,5 @@
 """Where the coordinator's state lives: the seam (`base`), one store per database (`sqlite`,
-`postgresql`) and the statements they run (`statements`)."""
+`postgresql`, each with its helper modules) and the statements they run (`statements`)."""
 
 from .base import (
     CORE_REVISIONS,

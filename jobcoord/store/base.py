@@ -9,7 +9,6 @@ and `postgresql.PostgresDatabase` in its own way, so the core never branches on 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 import time
@@ -17,12 +16,21 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.engine import Connection, Engine
 
-from ..errors import DatabaseBusy, JobcoordError, StorageUnavailable
+from ..errors import DatabaseBusy, JobcoordError
+from .driver_errors import classify
+from .sources import ChangeWaiter, ConnectionSource, Result
 from .statements import SQL
+
+# Re-exported: these lived here before their own modules, and callers import them from here.
+from .target import Target, resolve_target
+
+__all__ = [
+    "CORE_REVISIONS", "DEFAULT_BUSY_TIMEOUT", "DEFAULT_RETRIES", "OPTIONAL_REVISIONS",
+    "SYNCHRONOUS_LEVELS", "ChangeWaiter", "ConnectionSource", "Database", "Result", "Stats",
+    "Taken", "Target", "classify", "resolve_target",
+]
 
 T = TypeVar("T")
 
@@ -51,103 +59,6 @@ class Stats:
     busy_unwaited: int = 0
 
 
-@dataclass(frozen=True)
-class Target:
-    """Where the coordinator's state lives."""
-
-    url: str
-    sqlite_path: str | None = None  # absolute path for SQLite files
-
-    @property
-    def dialect(self) -> str:
-        return "sqlite" if self.sqlite_path is not None else "postgresql"
-
-    def display(self) -> str:
-        if self.sqlite_path is not None:
-            return self.sqlite_path
-        return make_url(self.url).render_as_string(hide_password=True)
-
-
-def resolve_target(db: str | None = None, url: str | None = None) -> Target:
-    """Turn `--db PATH` / `--url URL` / `JOBCOORD_URL` into a Target (default ./jobcoord.db)."""
-    from ..errors import InvalidInput
-
-    if db is not None and url is not None:
-        raise InvalidInput("invalid_input", "give either --db or --url, not both")
-    if url is None and db is None:
-        url = os.environ.get("JOBCOORD_URL") or None
-    if url is None:
-        path = db if db is not None else "jobcoord.db"
-        if not path or "\x00" in path:
-            raise InvalidInput("invalid_input", "--db must be a file path")
-        path = os.path.abspath(path)
-        # Quoted by URL.create: a raw "sqlite:///" + path would read "?" as the start of the
-        # query and "#" as a fragment, and name another file.
-        return Target(url=URL.create("sqlite", database=path).render_as_string(),
-                      sqlite_path=path)
-    try:
-        parsed = make_url(url)
-    except ArgumentError as e:
-        raise InvalidInput("invalid_input", f"not a database URL: {url!r}") from e
-    backend = parsed.get_backend_name()
-    if backend == "postgres":  # Heroku-style URLs name the scheme without "ql"
-        parsed = parsed.set(drivername="postgresql+psycopg")
-        backend = "postgresql"
-    if backend == "sqlite":
-        if not parsed.database or parsed.database == ":memory:":
-            raise InvalidInput("invalid_input", "a SQLite URL must name a file")
-        return Target(url=url, sqlite_path=os.path.abspath(parsed.database))
-    if backend == "postgresql":
-        if parsed.drivername in ("postgresql", "postgres"):
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        return Target(url=parsed.render_as_string(hide_password=False))
-    raise InvalidInput(
-        "invalid_input",
-        f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
-        "postgresql+psycopg://USER@HOST/DB",
-    )
-
-
-# --- error classification --------------------------------------------------------------
-
-
-
-def classify(exc: BaseException, where: str = "") -> JobcoordError:
-    """Map a driver error to jobcoord's hierarchy by SQLite's error name or PostgreSQL's
-    SQLSTATE, never by message text."""
-    orig = getattr(exc, "orig", exc)
-    suffix = f" ({where})" if where else ""
-    if isinstance(orig, PoolTimeout):
-        return DatabaseBusy(
-            "connections_exhausted",
-            f"every connection to the database is in use{suffix}; nothing was changed, try "
-            "again",
-        )
-    from .postgresql import PG_STATES
-    from .sqlite import SQLITE_CODES
-
-    name = getattr(orig, "sqlite_errorname", None)
-    if name:
-        for prefix, cls, code, text in SQLITE_CODES:
-            if name.startswith(prefix):
-                return cls(code, f"{text}{suffix} [{name}]", sqlite_error=name)
-    sqlstate = getattr(orig, "sqlstate", None)
-    if sqlstate and sqlstate in PG_STATES:
-        cls, code, text = PG_STATES[sqlstate]
-        return cls(code, f"{text}{suffix} [SQLSTATE {sqlstate}]", sqlstate=sqlstate)
-    if sqlstate and (sqlstate[:2] == "08" or sqlstate in ("57P01", "57P02", "57P03")):
-        # Connection lost, or the server shutting down or starting (a restart): transient.
-        return StorageUnavailable(
-            "database_unavailable", f"lost the database connection{suffix}: "
-            f"{str(orig).strip()} [SQLSTATE {sqlstate}]", sqlstate=sqlstate)
-    if any(c.__module__.startswith("psycopg") and c.__name__ == "OperationalError"
-           for c in type(orig).__mro__):
-        return StorageUnavailable(
-            "database_unavailable", f"cannot reach the database{suffix}: {str(orig).strip()}"
-        )
-    return JobcoordError("internal_error", f"database error{suffix}: {orig}")
-
-
 class Taken(NamedTuple):
     """What a claim's take found: how many candidates the probes read, whether one was
     picked (False: every candidate was held by concurrent claimers), and the job taken
@@ -160,49 +71,6 @@ class Taken(NamedTuple):
 
 _NO_PARAMS: Mapping[str, Any] = {}
 
-
-class Result:
-    """What `run` returns, whichever way the statement ran: the DB-API cursor's answers
-    (fetchone, fetchall, rowcount, iteration) and the few of SQLAlchemy's the callers read
-    (all, first, one, scalar, scalar_one). Rows are sequences: tuples, or SQLAlchemy's rows
-    when the statement went its way."""
-
-    __slots__ = ("_cursor",)
-
-    def __init__(self, cursor: Any) -> None:
-        self._cursor = cursor
-
-    @property
-    def rowcount(self) -> int:
-        return int(self._cursor.rowcount)
-
-    def fetchone(self) -> Any:
-        return self._cursor.fetchone()
-
-    def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall()  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cursor)
-
-    def all(self) -> list[Any]:
-        return self._cursor.fetchall()  # type: ignore[no-any-return]
-
-    def first(self) -> Any:
-        return self._cursor.fetchone()
-
-    def scalar(self) -> Any:
-        row = self._cursor.fetchone()
-        return None if row is None else row[0]
-
-    def one(self) -> Any:
-        rows = self._cursor.fetchall()
-        if len(rows) != 1:
-            raise JobcoordError("internal_error", f"expected one row, got {len(rows)}")
-        return rows[0]
-
-    def scalar_one(self) -> Any:
-        return self.one()[0]
 
 
 class Database:
@@ -522,34 +390,3 @@ class Database:
             if isinstance(result, JobcoordError):
                 raise result
             return result
-
-
-
-
-class ChangeWaiter:
-    """Waits for a hint that the jobs may have changed. This base one has no hint: it
-    sleeps the whole timeout (the poll)."""
-
-    #: "poll", or how the hint arrives ("data_version", "listen").
-    mode = "poll"
-
-    def wait(self, timeout: float, interrupt: threading.Event) -> bool:
-        """Wait up to `timeout` seconds; True when woken early (a hint, or `interrupt`
-        set), False when the timeout passed."""
-        return interrupt.wait(timeout)
-
-    def close(self) -> None:
-        pass
-
-
-class ConnectionSource:
-    """Where a transaction takes its connection from and gives it back to."""
-
-    def take(self) -> Connection:
-        raise NotImplementedError
-
-    def give(self, conn: Connection, healthy: bool) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        raise NotImplementedError

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select as io_select
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Text, cast, create_engine, event, false, func, insert, select, true
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -21,7 +19,6 @@ from sqlalchemy.pool import QueuePool
 
 from .. import faults
 from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
-from ..schema import job_events, jobs, leases, metadata
 from ..validate import dumps
 from . import limit_statements as ls
 from . import statements as s
@@ -35,6 +32,50 @@ from .base import (
     Target,
 )
 from .base import classify as classify
+from .postgresql_listen import LISTEN_RETRY_S, LISTEN_SLICE_S, ListenWaiter
+from .postgresql_statements import (
+    _ANNOUNCE,
+    _CLAIM_STATEMENTS,
+    _CONTINUE,
+    _END_FOLDED,
+    _EXPIRED_LEASES_LOCKED,
+    _LOCK_JOB,
+    _MIGRATION_LOCK,
+    _NEXT_JOB_IDS,
+    _OVERDUE_WAITING_LOCKED,
+    _OWNED_LOCKED,
+    BATCH_CLAIM_HEADS,
+    CLAIM_HEADS,
+    JOBS_CHANNEL,
+    MIGRATION_LOCK_KEY,
+    SEQUENCES,
+    _claim_folded,
+    claim_sql,
+)
+
+# The PostgreSQL-only statements and the LISTEN waiter live in their own modules; their names
+# are re-exported here, where callers have always imported them from.
+__all__ = [
+    "BATCH_CLAIM_HEADS",
+    "CLAIM_HEADS",
+    "JOBS_CHANNEL",
+    "LISTEN_RETRY_S",
+    "LISTEN_SLICE_S",
+    "MAX_CLOCK_SKEW_S",
+    "MIGRATION_LOCK_KEY",
+    "PG_POOL_OVERFLOW",
+    "PG_POOL_SIZE",
+    "PG_STATES",
+    "SEQUENCES",
+    "SKEW_RECHECK_S",
+    "_CLAIM_STATEMENTS",
+    "ListenWaiter",
+    "PooledConnections",
+    "PostgresDatabase",
+    "claim_sql",
+    "classify",
+    "clock_skew_refusal",
+]
 
 PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
     "40001": (DatabaseBusy, "database_locked", "serialization failure"),
@@ -186,207 +227,6 @@ class PooledConnections(ConnectionSource):
 
     def close(self) -> None:
         pass
-
-
-# --- one statement per transition ---------------------------------------------------------
-#
-# Each statement is a round trip to the server, and a claim and a completion were six each:
-# candidate, take, lease and event become one data-modifying WITH statement, and so do finish,
-# drop lease and event. They are the same statements, guards and rows as the separate ones
-# SQLite runs (TAKE_JOB + INSERT_LEASE + INSERT_EVENT; FINISH + DROP_LEASE + INSERT_EVENT), in
-# the same transaction. A data-modifying CTE runs exactly once whether or not anything reads
-# it, and the lease and the event are written only for the row the compare-and-set actually
-# changed. Both are built from the very statements SQLite runs (TAKE_JOB_UPDATE, FINISH_UPDATE,
-# DROP_LEASE_DELETE) as Core CTEs.
-#
-# The claim: the candidate probes read the first :heads rows of each (role, kind) slice WITHOUT
-# locks; `pick` then locks only the one row it returns, the first candidate in claim order that
-# no concurrent claimer holds (FOR UPDATE SKIP LOCKED; a row another claim took meanwhile fails
-# the status recheck). Locking in every probe would hold the head of every slice until commit,
-# and a concurrent claimer could be told nothing waits while jobs it could take were untaken.
-# Then the take, the lease and the `claimed` event. The event's detail is v.dumps({"attempt":
-# n, "expires_at": iso}) spelled in SQL: sorted keys, no spaces; :expires_json is the JSON
-# string of the expiry. Always one row: how many candidates the probes found, the picked id
-# (NULL when every candidate was held by other claimers), then the taken job (NULLs when the
-# compare-and-set took nothing). The data-modifying CTEs nothing selects from are added with
-# add_cte: PostgreSQL runs each exactly once whether or not anything reads it.
-
-#: Heads read per slice by a PostgreSQL claim; the next size is tried only when every
-#: candidate was held by concurrent claimers.
-CLAIM_HEADS = (4, 64, 1024)
-#: The same for a step of claim_many.
-BATCH_CLAIM_HEADS = (64, 1024)
-
-
-def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
-    J = jobs.c
-    cand = s.union_of(s.probes(n_roles, n_kinds, due_only=True, locked=False,
-                               limit=s.P("heads"), tenant=tenant)
-                      ).cte("cand").prefix_with("MATERIALIZED")
-    pick = (select(J.job_id).where(J.job_id.in_(select(cand.c.job_id)), *s.CLAIMABLE)
-            .order_by(*s.CLAIM_ORDER).limit(s.ONE).with_for_update(skip_locked=True)
-            .cte("pick").prefix_with("MATERIALIZED"))
-    taken = s.TAKE_JOB_UPDATE.where(J.job_id == select(pick.c.job_id).scalar_subquery()
-                                    ).cte("taken")
-    leased = insert(leases).from_select(
-        ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
-        select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
-    ).cte("leased")
-    detail = (s.const('{"attempt":') + cast(taken.c.attempts, Text)
-              + s.const(',"expires_at":') + s.P("expires_json") + s.const("}"))
-    claimed = insert(job_events).from_select(
-        ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
-        select(taken.c.job_id, s.P("now"), s.const("waiting"), s.const("running"),
-               s.const("claimed"), s.P("worker"), taken.c.epoch, detail)
-    ).cte("claimed")
-    one = select(s.ONE).subquery("one")
-    return (select(select(func.count()).select_from(cand).scalar_subquery(), pick.c.job_id,
-                   *(taken.c[c.name] for c in s.TAKEN_COLUMNS))
-            .select_from(one.outerjoin(pick, true()).outerjoin(taken, true()))
-            .add_cte(leased, claimed))
-
-
-def _end_statement() -> Any:
-    # A running job's end: FINISH's compare-and-set, the lease dropped, the event recorded
-    # only for the row it changed. Returns how many rows the compare-and-set changed.
-    finished = s.FINISH_UPDATE.returning(jobs.c.job_id).cte("finished")
-    dropped = s.DROP_LEASE_DELETE.cte("dropped")
-    ended = insert(job_events).from_select(
-        ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
-        select(finished.c.job_id, s.P("now"), s.const("running"), s.P("to_status"),
-               s.P("reason"), s.P("worker"), s.P("epoch"), s.P("detail"))
-    ).cte("ended")
-    return select(func.count()).select_from(finished).add_cte(dropped, ended)
-
-
-_END_FOLDED = s.SQL(_end_statement())
-
-#: Claim statements by shape (roles, kinds, tenant-bound), built once each.
-_CLAIM_STATEMENTS: dict[tuple[int, int | None, bool], s.SQL] = {}
-
-
-def _claim_folded(roles: Sequence[str], kinds: Sequence[str] | None, tenant: bool = False
-                  ) -> s.SQL:
-    """The claim's candidate probes, take, lease and event as one statement, built once per
-    shape like the candidate query."""
-    shape = (len(roles), None if kinds is None else len(kinds), tenant)
-    stmt = _CLAIM_STATEMENTS.get(shape)
-    if stmt is None:
-        stmt = _CLAIM_STATEMENTS[shape] = s.SQL(_claim_statement(*shape))
-    return stmt
-
-
-def claim_sql(roles: Sequence[str], kinds: Sequence[str] | None, tenant: str | None = None
-              ) -> tuple[str, dict[str, Any]]:
-    """The one-statement claim for this shape, with `:name` parameters, and the role, kind
-    and tenant parameters (for reading its plan)."""
-    return (_claim_folded(roles, kinds, tenant is not None).named("postgresql"),
-            s.role_kind_params(roles, kinds, tenant))
-
-
-# PostgreSQL runs several reapers, completers and operators at once under READ COMMITTED:
-# each takes the row locks of what it is about to change, and a reaper skips rows another
-# transaction holds instead of failing its compare-and-set after waiting for them.
-_EXPIRED_LEASES_LOCKED = s.SQL(
-    s.EXPIRED_LEASES_SELECT.with_for_update(of=[leases, jobs], skip_locked=True))
-_OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING_SELECT.with_for_update(skip_locked=True))
-# The fence read takes the job row's lock itself: a concurrent reaper, completer or operator
-# holding it is waited for, and the row read is the version it committed. The lease columns
-# come from the statement's snapshot; the only change to a lease that leaves its job row alone
-# is a renewal, which no lock of the job row would wait for anyway.
-_OWNED_LOCKED = s.SQL(s.OWNED_SELECT.with_for_update(of=jobs))
-_LOCK_JOB = s.SQL(select(jobs.c.job_id).where(jobs.c.job_id == s.P("job_id")).with_for_update())
-_NEXT_JOB_IDS = s.SQL(
-    select(func.nextval(func.pg_get_serial_sequence(s.const("jobs"), s.const("job_id"))))
-    .select_from(func.generate_series(s.ONE, s.P("n"))))
-#: Every migration takes this transaction-scoped lock first: a concurrent one waits for it.
-MIGRATION_LOCK_KEY = 7270201
-_MIGRATION_LOCK = s.SQL(select(func.pg_advisory_xact_lock(s.const(MIGRATION_LOCK_KEY))))
-#: Tables whose integer key comes from a sequence.
-SEQUENCES = {"jobs": "job_id", "job_events": "event_id", "artifacts": "artifact_id",
-             "tokens": "token_id", "schedules": "schedule_id", "schedule_fires": "fire_id"}
-
-
-def _continue_sequence(table: str, column: str) -> s.SQL:
-    """setval(seq, max+1, false): the next nextval() returns max+1 (1 on an empty table)."""
-    key = metadata.tables[table].c[column]
-    return s.SQL(select(func.setval(
-        func.pg_get_serial_sequence(s.const(table), s.const(column)),
-        func.coalesce(select(func.max(key)).scalar_subquery(), s.ZERO) + s.ONE, false())))
-
-
-_CONTINUE = {table: _continue_sequence(table, column) for table, column in SEQUENCES.items()}
-
-
-#: The channel of the "jobs became claimable" hint.
-JOBS_CHANNEL = "jobcoord_jobs"
-# NOTIFY inside the transaction: PostgreSQL delivers it only when (and if) the transaction
-# commits, and folds repeats within one transaction into one.
-_ANNOUNCE = s.SQL(select(func.pg_notify(s.const(JOBS_CHANNEL), s.const(""))))
-#: Longest an idle worker's LISTEN wait goes without looking at its interrupt.
-LISTEN_SLICE_S = 0.1
-#: After the listening connection failed, poll this long before trying LISTEN again.
-LISTEN_RETRY_S = 30.0
-
-
-class ListenWaiter(ChangeWaiter):
-    """Wakes on NOTIFY jobcoord_jobs, sent by every transaction that makes a job
-    claimable, on a connection of its own. Where LISTEN is unavailable (a pooler in
-    transaction mode, a dropped connection) it falls back to the poll and tries again later."""
-
-    def __init__(self, url: str) -> None:
-        self._url = url
-        self._conn: Any = None
-        self._retry_at = 0.0
-        self.mode = "poll"
-        self._connect()
-
-    def _connect(self) -> None:
-        import psycopg
-        from sqlalchemy.engine import make_url
-
-        self._retry_at = time.monotonic() + LISTEN_RETRY_S
-        conninfo = make_url(self._url).set(drivername="postgresql").render_as_string(
-            hide_password=False)
-        try:
-            conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=5,
-                                   application_name="jobcoord-listen")
-            conn.execute(f"LISTEN {JOBS_CHANNEL}")
-        except psycopg.Error:
-            return
-        self._conn, self.mode = conn, "listen"
-
-    def wait(self, timeout: float, interrupt: threading.Event) -> bool:
-        import psycopg
-
-        if self._conn is None and time.monotonic() >= self._retry_at:
-            self._connect()
-        if self._conn is None:
-            return interrupt.wait(timeout)
-        end = time.monotonic() + timeout
-        while True:
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            try:
-                # Blocks in select() on the connection's socket (no CPU while idle); the
-                # driver reads the notification only once something arrived.
-                ready, _, _ = io_select.select([self._conn.fileno()], [], [],
-                                            min(LISTEN_SLICE_S, left))
-                if ready:
-                    for _ in self._conn.notifies(timeout=0.05, stop_after=1):
-                        return True
-            except (psycopg.Error, OSError, ValueError):
-                self.close()
-                return interrupt.wait(max(0.0, end - time.monotonic()))
-            if interrupt.is_set():
-                return True
-
-    def close(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.close()
-        self._conn, self.mode = None, "poll"
 
 
 class PostgresDatabase(Database):

@@ -1,0 +1,86 @@
+"""SQLite file handling outside a Database's transactions: checks and creation of the file
+before SQLite opens it, pragmas read on a connection, and helpers for a file's own DB-API
+connection (backup, restore)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+
+from ..errors import SchemaMismatch, StorageUnavailable
+
+if TYPE_CHECKING:
+    from .base import Database
+
+
+def precheck_sqlite_path(path: str, *, create: bool) -> bool:
+    """Refuse paths SQLite cannot use, before SQLite touches anything. Returns whether the
+    file already exists."""
+    parent = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
+    exists = os.path.exists(path)
+    if not exists:
+        try:
+            os.stat(parent)
+        except PermissionError:
+            raise StorageUnavailable(
+                "database_unavailable", f"cannot reach {path}: permission denied on {parent}"
+            ) from None
+        except OSError:
+            pass
+        if not os.path.isdir(parent):
+            raise StorageUnavailable(
+                "database_unavailable", f"cannot create {path}: directory {parent} does not exist"
+            )
+        if not create:
+            raise SchemaMismatch(
+                "not_migrated", f"no database at {path}; run `jobcoord migrate` to create it"
+            )
+    return exists
+
+
+def create_private_file(path: str) -> bool:
+    """Create an empty database file readable and writable by its owner only (0600).
+    Returns whether this call created it (False: it already existed)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        return False
+    except PermissionError as e:
+        raise StorageUnavailable(
+            "database_readonly", f"cannot create {path}: the directory is not writable"
+        ) from e
+    except OSError as e:
+        code = "database_full" if e.errno == errno.ENOSPC else "database_unavailable"
+        raise StorageUnavailable(code, f"cannot create {path}: {e.strerror}") from e
+    os.close(fd)
+    return True
+
+
+def sqlite_pragma(db: Database, conn: Connection, pragma: str) -> list[Any]:
+    return [row[0] for row in conn.exec_driver_sql(f"PRAGMA {pragma}").all()]
+
+
+# --- on a file's own DB-API connection (backup, restore: copies no Database has open) -------
+
+
+def file_quick_check(raw: sqlite3.Connection) -> list[str]:
+    """quick_check on a plain sqlite3 connection: ["ok"] when the file is whole."""
+    return [r[0] for r in raw.execute("PRAGMA quick_check").fetchall()]
+
+
+def set_journal_mode(raw: sqlite3.Connection, mode: str) -> str:
+    """Switch a plain sqlite3 connection's file to `mode`; the mode it is in afterwards."""
+    if mode not in ("wal", "delete"):
+        raise ValueError(f"unexpected journal mode {mode!r}")
+    return str(raw.execute(f"PRAGMA journal_mode={mode}").fetchone()[0])
+
+
+def table_columns(raw: sqlite3.Connection, table: str) -> set[str]:
+    """The columns of `table` in a plain sqlite3 connection's file (none: no such table)."""
+    return {r[0] for r in raw.execute("SELECT name FROM pragma_table_info(?)", (table,))}
