@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: Longest long-poll a claim may ask for.
 MAX_WAIT_S = 30.0
@@ -53,6 +53,18 @@ class RenewBody(EpochBody):
 class CompleteBody(EpochBody):
     result: Any = None
     provenance: dict[str, Any] | None = None
+    claim_next: bool = Field(default=False, description=(
+        "also claim this worker's next job in the completion's transaction (the token's "
+        "tenant, the kinds of the worker's heartbeat); the answer's `next` is that claim's "
+        "answer"))
+    lease_s: float | None = Field(default=None, description=(
+        "the next job's lease length (with `claim_next` only)"))
+
+    @model_validator(mode="after")
+    def _lease_needs_claim(self) -> CompleteBody:
+        if self.lease_s is not None and not self.claim_next:
+            raise ValueError("lease_s is the next job's lease: it needs claim_next")
+        return self
 
 
 class FailBody(EpochBody):

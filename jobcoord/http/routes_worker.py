@@ -88,16 +88,30 @@ async def renew(job_id: JobId, body: RenewBody, who: WorkerId, srv: Srv) -> dict
 
 def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
               tenant: str | None) -> dict[str, Any]:
+    """The completion, and with `claim_next` the next claim in the same transaction (the
+    core's complete_and_claim: the claim's rules are the claim's, bound to the same tenant,
+    with the kinds of the worker's heartbeat). The answer is complete's, plus `next`."""
     try:
-        got = coordinator.complete(job_id, worker, body.epoch, body.result,
-                                   provenance=body.provenance, tenant=tenant)
+        if body.claim_next:
+            both = coordinator.complete_and_claim(
+                job_id, worker, body.epoch, body.result, provenance=body.provenance,
+                tenant=tenant, lease_s=body.lease_s)
+            got = {**both["completed"], "next": both["next"]}
+        else:
+            got = coordinator.complete(job_id, worker, body.epoch, body.result,
+                                       provenance=body.provenance, tenant=tenant)
     except Refused as e:
         if (e.code == "job_finished" and e.details.get("status") == "succeeded"
                 and e.details.get("accepted_epoch") == body.epoch
                 and _completed_by(coordinator, job_id, body.epoch, worker)):
-            # The same completion sent again (its answer was lost): it was accepted.
-            return {"job_id": job_id, "status": "succeeded", "epoch": body.epoch,
-                    "already_accepted": True}
+            # The same completion sent again (its answer was lost): it was accepted. A
+            # next job claimed with the lost answer is nobody's until its lease ends and
+            # the reaper offers it again; this answer claims none (`next` null).
+            again: dict[str, Any] = {"job_id": job_id, "status": "succeeded",
+                                     "epoch": body.epoch, "already_accepted": True}
+            if body.claim_next:
+                again["next"] = None
+            return again
         raise
     # A test makes the answer to a committed completion get lost here.
     faults.point("http.complete.after_commit")
@@ -114,6 +128,12 @@ def _completed_by(coordinator: Any, job_id: int, epoch: int, worker: str) -> boo
 @router.post("/v1/jobs/{job_id}/complete", dependencies=strict)
 async def complete(job_id: JobId, body: CompleteBody, who: WorkerId, srv: Srv
                    ) -> dict[str, Any]:
+    """Accept this attempt's result (`epoch` fences it). With `claim_next: true` the same
+    transaction then claims this worker's next job, as `POST /v1/claims` without a wait
+    would (the token's tenant, the kinds of the worker's last heartbeat, `lease_s`): the
+    answer adds `next`, a claim's answer (`job` and `lease`, or `job: null` with the
+    `reason`). A refused completion claims nothing; a completion sent again after its answer
+    was lost is `already_accepted` with `next: null`."""
     return await fenced(srv, lambda j, w, b, tenant: _complete(srv.c, j, w, b, tenant),
                         job_id, who, body)
 

@@ -111,6 +111,13 @@ class Worker:
         self.batched = config.batch and all(
             hasattr(coordinator, m) for m in ("claim_many", "complete_many"))
         self.completer: Completer | None = None
+        #: Completes and claims the next job in one call when it would claim next anyway,
+        #: when the coordinator offers it as one request (a remote one over HTTP): one round
+        #: trip per job instead of two. Batching workers group completions instead.
+        self.chained = not self.batched and bool(getattr(coordinator, "chained_claims", False))
+        #: Held while a run is started and while the drain picks the runs to release, so a
+        #: job claimed with a completion is either released by the drain or by its claimer.
+        self._start_lock = threading.RLock()
         db = getattr(coordinator, "db", None)
         self.batch_claims = bool(getattr(db, "batch_claims", True))
         #: The idle wait's hint (opened on first use, in this process).
@@ -331,19 +338,52 @@ class Worker:
         return {"claimed": [got]}
 
     def _start(self, job: dict[str, Any], lease: dict[str, Any], t0: float, claim_ms: float,
-               live: list[JobRun]) -> None:
+               live: list[JobRun], via: str = "claim") -> None:
         spec = self.config.handlers[job["kind"]]
-        self.claimed += 1
-        self.count("claimed")
-        self.log("claimed", job_id=job["job_id"], epoch=lease["epoch"],
-                 kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
-                 expires_at=lease["expires_at"], claim_ms=claim_ms,
-                 checkpoints=[c["name"] for c in job["checkpoints"]] or None)
-        earlier = [r for r in live if r.job_id == job["job_id"]]
-        run = JobRun(self, job, lease, spec, claim_started=t0,
-                     predecessor=earlier[-1] if earlier else None)
-        self.runs.append(run)
-        run.start()
+        with self._start_lock:
+            self.claimed += 1
+            self.count("claimed")
+            self.log("claimed", job_id=job["job_id"], epoch=lease["epoch"],
+                     kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
+                     expires_at=lease["expires_at"], claim_ms=claim_ms, via=via,
+                     checkpoints=[c["name"] for c in job["checkpoints"]] or None)
+            earlier = [r for r in live if r.job_id == job["job_id"]]
+            run = JobRun(self, job, lease, spec, claim_started=t0,
+                         predecessor=earlier[-1] if earlier else None)
+            self.runs.append(run)
+            run.start()
+
+    def wants_next(self) -> bool:
+        """Whether a run that just succeeded should claim the next job with its completion:
+        only when the worker would claim for that slot anyway (not stopping, no --max-jobs
+        count to keep exact; the slot is the finishing run's own, never a free one)."""
+        return (self.chained and not self.stopping.is_set() and self.fatal is None
+                and self.config.max_jobs is None)
+
+    def start_next(self, got: dict[str, Any], t0: float) -> None:
+        """Start the job a completion claimed (`got`, a claim's answer), in the finishing
+        run's slot; a refusal starts nothing (the claim loop, woken as the run ends, claims
+        and hears the gate itself). Claimed just as the worker began stopping, the job is
+        released at once, as the drain would."""
+        job, lease = got.get("job"), got.get("lease")
+        if job is None or lease is None:
+            return
+        claim_ms = elapsed_ms(t0, self.clock)
+        with self._start_lock:
+            if not self.stopping.is_set():
+                self._start(job, lease, t0, claim_ms, self.live_runs(), via="completion")
+                return
+        try:
+            self.calls.fail(job["job_id"], self.config.worker_id, lease["epoch"],
+                            "worker shutting down: the job was released to be retried",
+                            reason="worker_shutdown", tenant=job.get("tenant"))
+            self.log("released", job_id=job["job_id"], epoch=lease["epoch"],
+                     reason="worker_shutdown")
+            self.count("released")
+        except Exception as e:  # its lease then expires and the reaper offers it again
+            code, message = describe(e)
+            self.log("report_error", job_id=job["job_id"], epoch=lease["epoch"],
+                     outcome="released", error=code, detail=message)
 
     def _first_heartbeat(self) -> dict[str, Any]:
         """The first heartbeat, retried like every later one while the database cannot be
@@ -404,8 +444,9 @@ class Worker:
         while self.live_runs() and time.monotonic() < end:
             self._collect()
             time.sleep(0.02)
-        for run in self.live_runs():
-            run.release()
+        with self._start_lock:  # a run started after this is released by its claimer
+            for run in self.live_runs():
+                run.release()
         for run in list(self.runs):
             run.thread.join(self.config.kill_grace_s + 10.0)
         self._collect()

@@ -293,6 +293,15 @@ class JobRun:
                 w.completer.complete({"job_id": self.job_id, "worker_id": cfg.worker_id,
                                       "epoch": self.epoch, "result": out.result,
                                       "provenance": prov, "tenant": tenant}, lease_end)
+            elif w.wants_next():
+                sent = w.clock.boot()  # the next lease cannot have started before this
+                both = w.calls.complete_and_claim(
+                    self.job_id, cfg.worker_id, self.epoch, out.result, provenance=prov,
+                    tenant=tenant, lease_s=cfg.lease_s, kinds=w.kinds)
+                log("completed", **base, report_ms=elapsed_ms(t0))
+                w.count("completed")
+                w.start_next(both["next"], sent)
+                return
             else:
                 w.calls.complete(self.job_id, cfg.worker_id, self.epoch, out.result,
                                  provenance=prov, tenant=tenant)
