@@ -155,6 +155,14 @@ MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
     **{f"POST /v1/jobs/{{id}}/{op} (not this token's lease)": (_foreign(op, body), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
         "operator": (403, 403)}) for op, body in FENCED},
+    # The completion that also claims the next job: fenced like a completion.
+    "POST /v1/jobs/{id}/complete (claim_next)": (_fenced("complete", {"claim_next": True}), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
+        "operator": (403, 403)}),
+    "POST /v1/jobs/{id}/complete (claim_next, not this token's lease)": (
+        _foreign("complete", {"claim_next": True}), {
+            "submitter": (403, 403), "viewer": (403, 403), "worker": (404, 404),
+            "operator": (403, 403)}),
     "PUT /v1/jobs/{id}/artifacts/{name}": (_upload(False), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
         "operator": (403, 403)}),
@@ -341,3 +349,26 @@ def test_a_tenant_bound_worker_token_claims_only_its_tenants_jobs(target: Target
         # An unbound worker token serves every tenant.
         assert wu.post("/v1/claims", json={}).json()["job"]["job_id"] == bobs
         assert wu.post("/v1/claims", json={}).json()["job"]["job_id"] == default
+
+
+def test_claim_next_takes_only_the_tokens_tenants_next_job(target: Target) -> None:
+    alice = token(target, "wa", "worker", tenant="alice", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings={"memory_used_pct": 5})
+        first = c.enqueue("k", {}, tenant="alice")["job_id"]
+        assert c.claim("wa", tenant="alice")["job"]["job_id"] == first
+        # Ahead of alice's next job in claim order: another tenant's, and the default's.
+        bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        default = c.enqueue("k", {}, priority=0)["job_id"]
+        alices = c.enqueue("k", {}, tenant="alice")["job_id"]
+    with served(target, "--reap-every", "0") as s, s.client(alice) as wa:
+        got = wa.post(f"/v1/jobs/{first}/complete", json={"epoch": 1, "claim_next": True})
+        assert got.status_code == 200, got.text
+        nxt = got.json()["next"]
+        assert nxt["job"]["job_id"] == alices and nxt["job"]["tenant"] == "alice"
+        last = wa.post(f"/v1/jobs/{alices}/complete",
+                       json={"epoch": 1, "claim_next": True}).json()["next"]
+        assert last["job"] is None and last["reason"] == "no_waiting_jobs"
+        assert "bob" not in last["detail"]
+    with Coordinator.open(target) as c:
+        assert c.show(bobs)["job"]["status"] == c.show(default)["job"]["status"] == "waiting"
