@@ -70,14 +70,22 @@ def ledger_violations(c: Coordinator, n_jobs: int) -> list[str]:
     return found
 
 
-def run_fleet(target: Target, tmp: str, n_jobs: int, n_workers: int) -> list[dict[str, Any]]:
+def log_events(err: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+
+
+def run_fleet(target: Target, tmp: str, n_jobs: int, n_workers: int
+              ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every worker's summary, and every line of their logs."""
     with Coordinator.open(target) as c:
         c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n_jobs)])
     secrets = [token(target, f"w{i}", "worker", worker=f"w{i}") for i in range(n_workers)]
     with served(target, "--reap-every", "2") as s:
         procs = [start_worker(s.url, secret, tmp, f"w{i}", "--burst", "--wait", "1")
                  for i, secret in enumerate(secrets)]
-        summaries = [finish(p, 240)[0] for p in procs]
+        finished = [finish(p, 240) for p in procs]
+    summaries = [summary for summary, _ in finished]
+    events = [e for _, err in finished for e in log_events(err)]
     with Coordinator.open(target) as c:
         assert not ledger_violations(c, n_jobs), ledger_violations(c, n_jobs)
     if target.sqlite_path:
@@ -86,13 +94,16 @@ def run_fleet(target: Target, tmp: str, n_jobs: int, n_workers: int) -> list[dic
         assert_invariants(target.sqlite_path)
     assert sum(s["completed"] for s in summaries) == n_jobs
     assert all(s["lost"] == 0 for s in summaries)
-    return summaries
+    return summaries, events
 
 
 def test_remote_workers_run_every_job_exactly_once(target: Target, tmp_path: Any) -> None:
-    summaries = run_fleet(target, str(tmp_path), 400, 8)
+    summaries, events = run_fleet(target, str(tmp_path), 400, 8)
     # The work was spread: more than one worker completed jobs.
     assert sum(1 for s in summaries if s["completed"]) > 1
+    # Most jobs were claimed by the completion before them, in the same request.
+    via = Counter(e["via"] for e in events if e["event"] == "claimed")
+    assert via["completion"] > via["claim"], via
 
 
 @pytest.mark.slow
@@ -123,6 +134,39 @@ def test_remote_worker_releases_its_job_on_sigterm_and_checkpoints_over_http(
     assert shown["events"][-1]["worker_id"] == "wa"
 
 
+def test_sigterm_stops_a_remote_workers_chained_claims(target: Target, tmp_path: Any
+                                                      ) -> None:
+    """Jobs claimed with each completion, then SIGTERM: no claim after it, nothing left
+    leased, every job either done once or waiting."""
+    import signal
+
+    from tests.serve_procs import wait_for
+
+    n = 2000
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n)])
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s:
+        proc = start_worker(s.url, secret, str(tmp_path), "wa", "--grace", "5")
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.db.read(lambda conn: sql(
+                conn, "SELECT COUNT(*) FROM jobs WHERE status = 'succeeded'").scalar()) >= 50,
+                timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            summary, err = finish(proc, 60)
+            counts = c.db.read(lambda conn: dict(sql(
+                conn, "SELECT status, COUNT(*) FROM jobs GROUP BY status").all()))
+            leases = c.db.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM leases").scalar())
+    events = log_events(err)
+    names = [e["event"] for e in events]
+    stop = names.index("shutting_down")
+    assert "claimed" not in names[stop + 1:]
+    assert any(e.get("via") == "completion" for e in events[:stop] if e["event"] == "claimed")
+    assert leases == 0 and set(counts) <= {"succeeded", "waiting"}, counts
+    assert counts["succeeded"] == summary["completed"] < n
+    assert summary["claimed"] == summary["completed"] + summary["released"]
+
+
 def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) -> None:
     import subprocess as sp
 
@@ -138,3 +182,36 @@ def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) 
         no_file = sp.run([*jobcoord_argv(), "worker", "--server", s.url, "--exec", "k=true",
                           "--json"], capture_output=True, timeout=60, check=False)
         assert no_file.returncode == 2
+
+
+def test_a_job_claimed_by_a_completion_as_the_worker_stops_is_released_at_once(
+        target: Target) -> None:
+    """The claim went out with the completion, SIGTERM came before its answer: the job is
+    given back at once (no handler starts), as the drain would have, and the next chained
+    completion claims nothing."""
+    import io
+
+    from jobcoord.http.client import RemoteCoordinator
+    from jobcoord.worker.config import WorkerConfig
+    from jobcoord.worker.log import Log
+    from jobcoord.worker.loop import Worker
+    from tests.serve_app import app
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("work", {})["job_id"]
+    with served(target, "--reap-every", "0") as s, RemoteCoordinator(s.url, secret) as r:
+        r.heartbeat("wa", readings={"memory_used_pct": 10}, kinds=["work"])
+        config = WorkerConfig(worker_id="wa", handlers=dict(app.handlers), roles=[], batch=False)
+        w = Worker(r, config, Log("wa", "json", io.StringIO()))
+        assert w.chained and w.wants_next()
+        got = r.claim("wa", wait=0)
+        w.stopping.set()
+        assert not w.wants_next()
+        w.start_next(got, w.clock.boot())
+        w.calls.shutdown()
+        assert w.runs == [] and w.counts["released"] == w.counts["claimed"] == 1
+    with Coordinator.open(target) as c:
+        shown = c.show(job)
+    assert shown["job"]["status"] == "waiting"
+    assert shown["events"][-1]["reason"] == "worker_shutdown"

@@ -373,12 +373,15 @@ class Worker:
             if not self.stopping.is_set():
                 self._start(job, lease, t0, claim_ms, self.live_runs(), via="completion")
                 return
+        with self._start_lock:
+            self.claimed += 1
+            self.count("claimed")
         try:
             self.calls.fail(job["job_id"], self.config.worker_id, lease["epoch"],
                             "worker shutting down: the job was released to be retried",
                             reason="worker_shutdown", tenant=job.get("tenant"))
             self.log("released", job_id=job["job_id"], epoch=lease["epoch"],
-                     reason="worker_shutdown")
+                     reason="worker_shutdown", claimed_via="completion")
             self.count("released")
         except Exception as e:  # its lease then expires and the reaper offers it again
             code, message = describe(e)
