@@ -31,6 +31,12 @@ def test_claim_next_answers_the_completion_and_the_next_job_with_its_lease(
         second = c.enqueue("a", {"n": 2})["job_id"]
     with served(target, "--reap-every", "0") as s, s.client(secret) as http:
         assert http.post("/v1/heartbeat", json={"readings": READINGS}).status_code == 200
+        # Documented: the body's fields and the route's description.
+        doc = http.get("/openapi.json").json()
+        fields = doc["components"]["schemas"]["CompleteBody"]["properties"]
+        assert fields["claim_next"]["type"] == "boolean" and "lease_s" in fields
+        assert "claim_next" in doc["paths"]["/v1/jobs/{job_id}/complete"]["post"][
+            "description"]
         got = http.post("/v1/claims", json={}).json()
         assert got["job"]["job_id"] == first
         sent = time.time()
