@@ -23,3 +23,20 @@ def test_check_reports_each_broken_invariant_and_exits_7(sqlite_target: Target) 
     found = {v["invariant"] for v in r.json["violations"]}
     assert {"running_without_lease", "succeeded_without_result"} <= found
     c.close()
+
+
+def test_check_reports_a_missing_table_and_exits_7(target: Target) -> None:
+    """A database at the current revision whose limits or schedules table is gone (dropped
+    by hand, a partial restore) is damaged: `check` says so (exit 7) instead of `ok`."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target)
+    c.set_limit("llm", 1)
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE limits"))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    missing = [v for v in r.json["violations"] if v["invariant"] == "table_missing"]
+    assert missing and missing[0]["tables"] == ["limits"]
