@@ -51,11 +51,35 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
         ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:
             violations.append({"invariant": name, "job_ids": ids})
+    unreadable = _unreadable_schedules(db, conn)
+    if unreadable:
+        violations.append({"invariant": "schedule_unreadable", "job_ids": [],
+                           "schedules": unreadable[:20]})
     differ = _counts_differ(db, conn)
     if differ:
         violations.append({"invariant": "job_counts_differ_from_jobs", "job_ids": [],
                            "keys": differ[:20]})
     return violations
+
+
+def _unreadable_schedules(db: Database, conn: Connection) -> list[str]:
+    """Schedules whose stored payload is not a JSON object or whose cron and zone no longer
+    parse (a row changed by hand): each fire would copy the damage into a new job."""
+    import json
+
+    from .core.slots import cron_timing
+
+    bad = []
+    for name, payload_json, cron, tz in db.run(conn, rs.SCHEDULE_ROWS).all():
+        try:
+            ok = isinstance(json.loads(payload_json), dict)
+            if cron is not None:
+                cron_timing(cron, tz)
+        except (ValueError, InvalidInput):
+            ok = False
+        if not ok:
+            bad.append(name)
+    return bad
 
 
 def _counts_differ(db: Database, conn: Connection) -> list[dict[str, Any]]:
