@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections import Counter
 from datetime import datetime
 from typing import Any
@@ -151,15 +152,16 @@ def report(s: dict[str, Any]) -> list[str]:
     if s.get("artifact"):
         a = s["artifact"]
         lines.append(f"artifact of job {a['job_id']}: {a['name']} {a['digest']} ({a['size']} "
-                     f"bytes); get it: jobcoord --db {s['database']} artifact get {a['job_id']} "
-                     f"{a['name']} -o {a['name']}")
+                     f"bytes); get it: jobcoord --db {shlex.quote(s['database'])} artifact get "
+                     f"{a['job_id']} {shlex.quote(a['name'])} -o {shlex.quote(a['name'])}")
     server = s.get("server") or {}
     if server.get("url"):
         lines.append(f"served at {server['url']}; stopped "
                      + ("cleanly" if server.get("stopped_cleanly") else
                         f"with exit code {server.get('exit_code')}"))
     lines.append(f"done in {s['duration_s']}s. Explore the database:")
-    db = s["database"]
+    # Quoted for a shell: a --dir with spaces, `#` or `?` must paste as the same path.
+    db = shlex.quote(s["database"])
     job = rec["job_id"] if rec else 1
     for cmd in ("status", "jobs", f"show {job}", "workers", "limit ls"):
         lines.append(f"  jobcoord --db {db} {cmd}")

@@ -30,17 +30,56 @@ from .store import report_statements as rs
 from .store.sqlite import create_private_file, file_quick_check, set_journal_mode
 
 
+def _missing_tables(db: Database, conn: Connection) -> list[str]:
+    """The tables of the installed revisions the database lacks (dropped by hand, a partial
+    restore): every command that reads one would fail, so `check` must not say ok."""
+    from .migrate import current_revisions, installed_features
+    from .schema import CORE_TABLES, OPTIONAL_TABLES
+
+    features = installed_features(current_revisions(db, conn))
+    expected = [*CORE_TABLES, *(t for f in sorted(features) for t in OPTIONAL_TABLES.get(f, ()))]
+    return [t for t in expected if not db.engine.dialect.has_table(conn, t)]
+
+
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    missing = _missing_tables(db, conn)
+    if missing:
+        # The invariants' statements may read the missing tables: this finding comes alone.
+        return [{"invariant": "table_missing", "job_ids": [], "tables": missing}]
     violations = []
     for name, stmt in rs.INVARIANTS:
         ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:
             violations.append({"invariant": name, "job_ids": ids})
+    unreadable = _unreadable_schedules(db, conn)
+    if unreadable:
+        violations.append({"invariant": "schedule_unreadable", "job_ids": [],
+                           "schedules": unreadable[:20]})
     differ = _counts_differ(db, conn)
     if differ:
         violations.append({"invariant": "job_counts_differ_from_jobs", "job_ids": [],
                            "keys": differ[:20]})
     return violations
+
+
+def _unreadable_schedules(db: Database, conn: Connection) -> list[str]:
+    """Schedules whose stored payload is not a JSON object or whose cron and zone no longer
+    parse (a row changed by hand): each fire would copy the damage into a new job."""
+    import json
+
+    from .core.slots import cron_timing
+
+    bad = []
+    for name, payload_json, cron, tz in db.run(conn, rs.SCHEDULE_ROWS).all():
+        try:
+            ok = isinstance(json.loads(payload_json), dict)
+            if cron is not None:
+                cron_timing(cron, tz)
+        except (ValueError, InvalidInput):
+            ok = False
+        if not ok:
+            bad.append(name)
+    return bad
 
 
 def _counts_differ(db: Database, conn: Connection) -> list[dict[str, Any]]:

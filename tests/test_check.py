@@ -23,3 +23,42 @@ def test_check_reports_each_broken_invariant_and_exits_7(sqlite_target: Target) 
     found = {v["invariant"] for v in r.json["violations"]}
     assert {"running_without_lease", "succeeded_without_result"} <= found
     c.close()
+
+
+def test_check_reports_a_missing_table_and_exits_7(target: Target) -> None:
+    """A database at the current revision whose limits or schedules table is gone (dropped
+    by hand, a partial restore) is damaged: `check` says so (exit 7) instead of `ok`."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target)
+    c.set_limit("llm", 1)
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE limits"))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    missing = [v for v in r.json["violations"] if v["invariant"] == "table_missing"]
+    assert missing and missing[0]["tables"] == ["limits"]
+
+
+def test_check_reports_a_schedule_whose_stored_row_is_unreadable_and_exits_7(
+        target: Target) -> None:
+    """A schedule row damaged by hand (its payload not a JSON object, its time zone unknown)
+    would copy the damage into every job it fires: `check` names it (exit 7)."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target)
+    c.add_schedule("good", "k", every=60)
+    c.add_schedule("badpayload", "k", every=60)
+    c.add_schedule("badzone", "k", cron="0 2 * * *", tz="Europe/Berlin")
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        conn.execute(text("UPDATE schedules SET payload_json = 'not json' "
+                          "WHERE name = 'badpayload'"))
+        conn.execute(text("UPDATE schedules SET tz = 'Nowhere/Zone' WHERE name = 'badzone'"))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = [v for v in r.json["violations"] if v["invariant"] == "schedule_unreadable"]
+    assert found and found[0]["schedules"] == ["badpayload", "badzone"]

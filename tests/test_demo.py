@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -147,3 +148,26 @@ def test_demo_stops_and_names_a_worker_that_died_unexpectedly(tmp_path):
             proc.kill()
     assert proc.returncode == 1
     assert "PROBLEM: worker laptop exited with code -9" in out
+
+
+def test_the_demo_report_prints_commands_that_run_when_pasted_into_a_shell(tmp_path):
+    """The report's "explore the database" commands quote the path: a --dir with spaces, `#`,
+    `?` or `%` still gives commands a shell runs as printed."""
+    directory = tmp_path / "my demo #1 ?%"
+    directory.mkdir()
+    db = str(directory / "jobcoord.db")
+    assert _jobcoord("--db", db, "migrate", cwd=str(tmp_path)).returncode == 0
+    s = {"killed": None, "succeeded": 0, "jobs": 0, "completed_exactly_once": True,
+         "workers": [], "recovered_job": None, "problems": [], "duration_s": 0.1,
+         "database": db, "directory": str(directory)}
+    lines = [ln.strip() for ln in report(s) if ln.strip().startswith("jobcoord --db")]
+    assert lines
+    for line in lines:  # what a shell makes of it: --db and exactly this path
+        assert shlex.split(line, comments=True)[1:3] == ["--db", db], line
+    status = next(ln for ln in lines if ln.endswith(" status"))
+    bindir = os.path.dirname(sys.executable)  # the jobcoord of this environment
+    run = subprocess.run(["bash", "-c", status + " --json"], cwd=str(tmp_path),
+                         capture_output=True, text=True, timeout=60, check=False,
+                         env={**os.environ, "PATH": bindir + os.pathsep + os.environ["PATH"]})
+    assert run.returncode == 0, (status, run.stderr)
+    assert json.loads(run.stdout)["path"] == db

@@ -170,3 +170,29 @@ def test_a_claim_without_limits_or_needs_takes_the_one_step_path(coord, clock):
     # path would read every candidate's needs.
     assert len([s for s in seen if "needs_json" in s]) == 1
     assert not [s for s in seen if "heartbeat_raw" in s]
+
+
+def test_a_tenant_bound_claim_and_explain_name_no_other_tenants_holders(coord, clock):
+    """Limits count every tenant's jobs, but a tenant-bound caller is told about its own
+    tenant only: another tenant's job id and worker are not named in a refused claim's
+    detail or in explain's holders, only counted."""
+    coord.set_limit("llm", 2, key="model")
+    _workers(coord, "bob-box", "alice-box")
+    mine = coord.enqueue("llm", {"model": "m"}, tenant="alice")["job_id"]
+    theirs = coord.enqueue("llm", {"model": "m"}, tenant="bob")["job_id"]
+    assert coord.claim("alice-box", tenant="alice")["job"]["job_id"] == mine
+    assert coord.claim("bob-box", tenant="bob")["job"]["job_id"] == theirs
+    waiting = coord.enqueue("llm", {"model": "m"}, tenant="alice")["job_id"]
+    refused = coord.claim("alice-box", tenant="alice")
+    assert refused["reason"] == "concurrency_limit"
+    assert f"job {mine} on alice-box" in refused["detail"]
+    assert f"job {theirs}" not in refused["detail"] and "bob-box" not in refused["detail"]
+    assert "1 job of another tenant" in refused["detail"]
+    told = coord.explain(waiting, tenant="alice")
+    assert [h["job_id"] for h in told["limit"]["holders"]] == [mine]
+    assert told["limit"]["other_tenants_holding"] == 1
+    assert "bob-box" not in str(told) and f"job {theirs}" not in str(told)
+    # Unbound (the operator's view, every tenant's): every holder is named.
+    everyone = coord.explain(waiting)
+    assert [h["job_id"] for h in everyone["limit"]["holders"]] == [mine, theirs]
+    assert f"job {theirs} on bob-box" in str(everyone)

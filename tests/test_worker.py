@@ -661,3 +661,16 @@ def test_commands_get_every_checkpoint_in_a_file_and_small_ones_in_the_environme
     assert result["names"] == ["progress"] and result["sizes"]["progress"] > size
     assert result["in_env"] is in_env
     assert not os.path.exists(result["file"])  # removed once the job is over
+
+
+@pytest.mark.parametrize("value", ["1.5", "0", "-5", "abc", "1e3"])
+def test_max_result_bytes_is_a_whole_number_of_bytes(db, value):
+    """`--max-result-bytes KIND=BYTES` takes whole bytes only: a fraction is refused (exit 2)
+    before anything runs, and the message speaks of bytes, not seconds."""
+    path, c = db
+    job = c.enqueue("summarize", {"text": "a"})["job_id"]
+    got = run_cli(None, "--db", path, "worker", *APP, "--burst",
+                  "--max-result-bytes", f"summarize={value}")
+    assert got.code == 2, got
+    assert "max-result-bytes" in got.err and "seconds" not in got.err
+    assert c.show(job)["job"]["status"] == "waiting"

@@ -53,6 +53,14 @@ class Candidate:
     needs: Mapping[str, int]
     worker_id: str | None = None
     expires_at: int | None = None
+    #: A live lease's tenant (None: one of this claim's own jobs).
+    tenant: str | None = None
+
+
+def visible(holder: Candidate, viewer: str | None) -> bool:
+    """Whether a caller bound to tenant `viewer` (None: every tenant) may be told which job
+    and worker hold a slot: another tenant's are counted, never named."""
+    return viewer is None or holder.tenant is None or holder.tenant == viewer
 
 
 @dataclass(frozen=True)
@@ -89,18 +97,24 @@ def _shown_key(limit: Limit, key: str | None) -> str:
 
 def check(candidate: Candidate, limit: Limit | None, holders: Sequence[Candidate],
           capacity: Capacity | None, held: Sequence[Candidate],
-          taken: Sequence[Candidate] = ()) -> Verdict | None:
+          taken: Sequence[Candidate] = (), viewer: str | None = None) -> Verdict | None:
     """None when `candidate` may be taken, else why not. `holders`: live leases of the
     candidate's kind (any worker); `capacity`: what this worker reported free (None: no
     needs to match); `held`: this worker's running jobs that declared needs; `taken`: jobs
-    taken earlier in the same batch by this worker (they hold slots and resources too)."""
+    taken earlier in the same batch by this worker (they hold slots and resources too);
+    `viewer`: the caller's tenant, whose holders alone the detail names."""
     if limit is not None:
         key = key_of(candidate.payload, limit.key_field)
         same = [h for h in (*holders, *(t for t in taken if t.kind == candidate.kind))
                 if limit.key_field is None or key_of(h.payload, limit.key_field) == key]
         if len(same) >= limit.concurrency:
+            named = [h for h in same if visible(h, viewer)]
+            hidden = len(same) - len(named)
             who = ", ".join(f"job {h.job_id}" + (f" on {h.worker_id}" if h.worker_id else "")
-                            for h in same[:10]) + (" ..." if len(same) > 10 else "")
+                            for h in named[:10]) + (" ..." if len(named) > 10 else "")
+            if hidden:
+                who += (", " if named else "") + (
+                    f"{hidden} job{'s' if hidden > 1 else ''} of another tenant")
             return Verdict("concurrency_limit",
                            f"kind {candidate.kind}{_shown_key(limit, key)} allows "
                            f"{limit.concurrency} at once; held by {who}", tuple(same))
@@ -175,8 +189,9 @@ class ClaimView:
     and its running jobs' needs."""
 
     def __init__(self, ctx: Context, conn: Connection, worker_id: str, now: int,
-                 limited: bool) -> None:
+                 limited: bool, tenant: str | None = None) -> None:
         self.ctx, self.conn, self.worker_id, self.now = ctx, conn, worker_id, now
+        self.tenant = tenant
         self.limits: dict[str, Limit] = {}
         if limited:
             self.limits = {r[0]: Limit(r[0], r[1], r[2])
@@ -201,7 +216,7 @@ class ClaimView:
         # Read after the hold: on PostgreSQL this statement sees every lease committed by
         # the claims that held the kind before, and every end committed so far.
         self._holders[kind] = [
-            Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2])
+            Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2], r[4])
             for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
                                      {"kind": kind, "now": self.now}).fetchall()]
         # A lease's grant is timed after that read: a holder that ended unseen by it
@@ -232,7 +247,8 @@ class ClaimView:
             return Verdict("concurrency_limit", f"kind {cand.kind} is limited and another "
                            "claim is deciding on it right now")
         capacity, running = self.capacity() if cand.needs else (None, [])
-        return check(cand, limit, self.holders(cand.kind), capacity, running, taken)
+        return check(cand, limit, self.holders(cand.kind), capacity, running, taken,
+                     viewer=self.tenant)
 
 
 def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
@@ -243,7 +259,7 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
     in claim order that `check` lets this worker take. Returns what was taken; when nothing
     was, the first refusal seen (None: there was no candidate at all); and the time of the
     decision (later than `now` when holding a limit waited for other claims)."""
-    view = ClaimView(ctx, conn, worker_id, now, limited)
+    view = ClaimView(ctx, conn, worker_id, now, limited, tenant)
     # This worker's row first, always before any limits row: two claims of one worker never
     # both fit a job into the same free capacity, and the locks are always taken in one
     # order (worker, then one kind waited for, further kinds only if free), so no deadlock.
@@ -341,17 +357,18 @@ def remove_limit(ctx: Context, kind: str) -> dict[str, Any]:
 # --- explain --------------------------------------------------------------------------------
 
 
-def diagnose(ctx: Context, conn: Connection, job: Mapping[str, Any], now: int
-             ) -> dict[str, Any]:
+def diagnose(ctx: Context, conn: Connection, job: Mapping[str, Any], now: int,
+             tenant: str | None = None) -> dict[str, Any]:
     """What `explain` needs to say whether a limit or a resource holds a waiting job back,
     read in explain's snapshot: the kind's limit and live holders, the job's needs, and every
-    worker's running jobs' declared needs."""
+    worker's running jobs' declared needs. `tenant`: the caller's, whose holders alone are
+    named."""
     out: dict[str, Any] = {"limit": None, "holders": [], "needs": _needs(job["needs_json"]),
-                           "running_needs": {}}
+                           "running_needs": {}, "viewer": tenant}
     row = ctx.db.run(conn, sql.LIMIT_OF, {"kind": job["kind"]}).first()
     if row is not None:
         out["limit"] = Limit(row[0], row[1], row[2])
-        out["holders"] = [Candidate(r[0], row[0], json.loads(r[3]), {}, r[1], r[2])
+        out["holders"] = [Candidate(r[0], row[0], json.loads(r[3]), {}, r[1], r[2], r[4])
                           for r in ctx.db.run(conn, sql.LIVE_HOLDERS,
                                               {"kind": row[0], "now": now})]
     if out["needs"]:
@@ -370,12 +387,16 @@ def explain_reasons(job: Mapping[str, Any], diag: Mapping[str, Any],
                      diag["needs"])
     limit: Limit | None = diag["limit"]
     shown = None
+    viewer = diag.get("viewer")
     if limit is not None:
+        named = [h for h in diag["holders"] if visible(h, viewer)]
         shown = {"kind": limit.kind, "concurrency": limit.concurrency, "key": limit.key_field,
                  "holders": [holder_json(h.job_id, h.worker_id, h.expires_at, h.payload,
-                                         limit.key_field) for h in diag["holders"]]}
+                                         limit.key_field) for h in named]}
+        if viewer is not None:
+            shown["other_tenants_holding"] = len(diag["holders"]) - len(named)
     # The limit holds it back on every worker; needs are matched per worker below.
-    verdict = check(replace(cand, needs={}), limit, diag["holders"], None, ())
+    verdict = check(replace(cand, needs={}), limit, diag["holders"], None, (), viewer=viewer)
     if verdict is not None:
         return [], [(verdict.code, verdict.detail)], shown
     fit, reasons = [], []

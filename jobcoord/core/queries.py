@@ -82,7 +82,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
             ahead = ctx.db.run(conn, stmt, {
                 "role": role, "p": job["priority"], "c": job["created_at"], "job_id": job_id,
                 "tenant": tenant}).scalar_one()
-            job["constraints"] = limit_rules.diagnose(ctx, conn, job, now)
+            job["constraints"] = limit_rules.diagnose(ctx, conn, job, now, tenant)
         lease = ctx.db.run(conn, qs.LEASE_EXPIRY_OF, {"job_id": job_id}).first()
         return job, ahead, lease, worker_rows(ctx, conn)
 

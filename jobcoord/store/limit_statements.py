@@ -32,7 +32,7 @@ TRY_HOLD_LIMIT = SQL(select(LM.kind).where(LM.kind == P("kind"))
 #: Live leases of a kind (running, not expired at :now), oldest grant first: who holds the
 #: limit's slots.
 LIVE_HOLDERS = SQL(
-    select(L.job_id, L.worker_id, L.expires_at, J.payload_json)
+    select(L.job_id, L.worker_id, L.expires_at, J.payload_json, J.tenant)
     .select_from(leases.join(jobs, J.job_id == L.job_id))
     .where(J.kind == P("kind"), J.status == const("running"), L.expires_at > P("now"))
     .order_by(L.granted_at, L.job_id))

@@ -18,6 +18,7 @@ from ..schema import (
     jobs,
     leases,
     metric_folds,
+    schedules,
     workers,
 )
 from .statements import SQL, const
@@ -75,6 +76,11 @@ DUE_JOB = SQL(select(ONE).where(J.status == const("waiting"), J.run_after <= P("
 # --- counts kept by the database (core revision c0004) --------------------------------------
 
 JC, CR, MF = job_counts.c, claim_refusals.c, metric_folds.c
+
+#: What `check` reads of every schedule to see that its stored row can still be used.
+SCHEDULE_ROWS = SQL(
+    select(schedules.c.name, schedules.c.payload_json, schedules.c.cron, schedules.c.tz)
+    .order_by(schedules.c.name))
 
 #: Jobs by (tenant, status, kind, attempts): the sum over the shards of each key.
 JOB_COUNTS = SQL(

@@ -79,6 +79,22 @@ def parse_kind_values(items: tuple[str, ...] | list[str], option: str, lo: float
     return out
 
 
+def parse_kind_sizes(items: tuple[str, ...] | list[str], option: str, hi: int
+                     ) -> dict[str, int]:
+    """`--max-result-bytes KIND=BYTES`-style options: whole bytes from 1 to `hi` (a byte
+    count is not a duration: no fractions, and the messages speak of bytes)."""
+    from .. import validate as v
+
+    out: dict[str, int] = {}
+    for item in items:
+        kind, sep, value = item.partition("=")
+        if not sep:
+            raise InvalidInput("invalid_input", f"{option} must look like KIND=BYTES, got "
+                               f"{item!r}")
+        out[v.name(kind.strip(), "kind")] = v.whole(value.strip(), option.lstrip("-"), 1, hi)
+    return out
+
+
 def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[str, ...],
                 worker_id: str | None, lease: Any, concurrency: Any, grace: Any,
                 kill_grace: Any, heartbeat_every: Any, reap_every: Any, poll: Any,
@@ -115,11 +131,11 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
         if kind not in handlers:
             raise InvalidInput("invalid_input", f"--timeout: no handler for kind {kind!r}")
         handlers[kind] = dataclasses.replace(handlers[kind], timeout_s=seconds)
-    for kind, size in parse_kind_values(max_results, "--max-result-bytes", 0, 2**40).items():
+    for kind, size in parse_kind_sizes(max_results, "--max-result-bytes", 2**40).items():
         if kind not in handlers:
             raise InvalidInput("invalid_input", f"--max-result-bytes: no handler for kind "
                                f"{kind!r}")
-        handlers[kind] = dataclasses.replace(handlers[kind], max_result_bytes=int(size))
+        handlers[kind] = dataclasses.replace(handlers[kind], max_result_bytes=size)
     all_roles = {v.name(r, "role") for r in roles}
     all_roles |= {h.role for h in handlers.values() if h.role is not None}
     return WorkerConfig(
