@@ -228,7 +228,10 @@ def test_budget_timeout_stops_the_handler_and_fails_the_attempt_retryably(db, st
     got = c.show(job)
     assert got["job"]["status"] == "waiting" and "budget" in got["job"]["last_error"]
     assert got["events"][-1]["reason"] == "timeout"
-    assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
+    # The handler creates the marker, then writes the reason: wait for the words, not
+    # just the file.
+    assert wait_for(lambda: os.path.exists(marker) and read(marker), 5,
+                    "handler stop marker")
     assert read(marker) == "timeout"
 
 
@@ -297,7 +300,10 @@ def test_handler_that_outlives_its_lease_is_stopped_and_reports_nothing(db, star
     # (stale_epoch), or sooner from its own wall clock being past the lease's end.
     assert lost["reason"] in ("stale_epoch", "lease_expired")
     w.wait_event("stopped", job_id=job)
-    assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
+    # The handler creates the marker, then writes the reason: wait for the words, not
+    # just the file.
+    assert wait_for(lambda: os.path.exists(marker) and read(marker), 5,
+                    "handler stop marker")
     assert read(marker) == lost["reason"]
     # Nothing from the first attempt landed: the job is still the new owner's.
     assert running(c, job)["worker_id"] == "other"
@@ -316,7 +322,10 @@ def test_lease_expired_but_not_yet_reaped_still_stops_the_handler(db, start, tmp
     wait_for(lambda: time.time() > _ts(lease["expires_at"]) + 0.05, 10, "lease expiry")
     w.proc.send_signal(signal.SIGCONT)  # nobody has reaped: the expiry alone refuses it
     assert w.wait_event("lease_lost", job_id=job)["reason"] == "lease_expired"
-    assert wait_for(lambda: os.path.exists(marker), 5, "handler stop marker")
+    # The handler creates the marker, then writes the reason: wait for the words, not
+    # just the file.
+    assert wait_for(lambda: os.path.exists(marker) and read(marker), 5,
+                    "handler stop marker")
     assert read(marker) == "lease_expired"
     assert not w.events("failed") and not w.events("completed")
     assert c.reap()["waiting"] == 1
