@@ -407,7 +407,7 @@ MAX_GPUS = 64
 
 def gpu_readings(value: Any, field: str = "readings: gpus") -> list[dict[str, float | None]]:
     """A heartbeat's `gpus`: a list of objects with exactly the contract's keys, each a
-    number in range or null (unknown)."""
+    number in range or null (unknown); a GPU's free memory at most its total."""
     if not isinstance(value, list):
         raise _bad(field, "must be a list of GPU readings")
     if len(value) > MAX_GPUS:
@@ -432,5 +432,9 @@ def gpu_readings(value: Any, field: str = "readings: gpus") -> list[dict[str, fl
                 raise _bad(field, f"GPU {i}: {key} must be a number in {lo:g}..{hi:g}, null "
                            "or \"unknown\"")
             one[key] = float(val)
+        free, total = one["memory_free_mb"], one["memory_total_mb"]
+        if free is not None and total is not None and free > total:
+            raise _bad(field, f"GPU {i}: memory_free_mb ({free:g}) is more than "
+                       f"memory_total_mb ({total:g})")
         out.append(one)
     return out
