@@ -10,6 +10,7 @@ from typing import Any
 
 from .clock import MICROS, iso
 from .policy import GateDecision, Policy, Readings
+from .validate import stored_json
 
 
 def loads(text: str | None) -> Any:
@@ -124,8 +125,10 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "job_id": job["job_id"], "tenant": job["tenant"], "kind": job["kind"],
         "role": job["required_role"], "priority": job["priority"], "status": job["status"],
-        "payload": json.loads(job["payload_json"]), "result": loads(job["result_json"]),
-        "provenance": loads(job["provenance_json"]), "attempts": job["attempts"],
+        "payload": stored_json(job["payload_json"], job["job_id"], "payload_json"),
+        "result": stored_json(job["result_json"], job["job_id"], "result_json"),
+        "provenance": stored_json(job["provenance_json"], job["job_id"], "provenance_json"),
+        "attempts": job["attempts"],
         "max_attempts": job["max_attempts"], "epoch": job["epoch"],
         "idempotency_key": job["idempotency_key"], "last_error": job["last_error"],
         "effect_started": bool(job["effect_started"]),
@@ -134,7 +137,7 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
         "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
         "finished_at": iso(job["finished_at"]),
         # Declared resource needs ({"NAME": INT}), or None.
-        "needs": loads(job.get("needs_json")),
+        "needs": stored_json(job.get("needs_json"), job["job_id"], "needs_json"),
     }
 
 
