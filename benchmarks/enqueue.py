@@ -2,13 +2,16 @@
 (`enqueue_many`, one transaction), on SQLite at FULL and NORMAL and optionally PostgreSQL.
 
 The `raw floor` is the cheapest correct way found to store the same rows with plain sqlite3:
-rows prepared before the clock starts (as tuples, bound by position), one BEGIN IMMEDIATE,
-one executemany for the jobs and one for their `enqueued` events, COMMIT; the constants
-written into the SQL; the same schema (indexes, the job-count trigger), the same
+rows prepared before the clock starts (bound by position, 256 rows per INSERT), one BEGIN
+IMMEDIATE, one executemany for the jobs and one for their `enqueued` events, COMMIT; the
+constants written into the SQL; the same schema (indexes, the job-count trigger), the same
 connection settings as jobcoord's (foreign keys on, the same synchronous level), and the
 same values (the event's detail as jobcoord records it). It is what the batch would cost
 if checking and preparing the jobs in Python cost nothing. `no counts` is that floor on the
-same schema without the job-count trigger (what the trigger costs per row).
+same schema without the job-count trigger (what the trigger costs per row); `1 row` is the
+floor with one row per INSERT (as executemany of a one-row statement does it): SQLite runs
+each INSERT that fires a trigger under a statement journal of the pages it touches, so
+one row per statement pays that journal per job.
 
     python -m benchmarks.enqueue [--single N] [--batch N] [--sync full,normal] [--pg]
                                  [--repeat R] [--profile]
@@ -29,6 +32,7 @@ import pstats
 import sqlite3
 import statistics
 import time
+from itertools import chain
 from typing import Any
 
 from benchmarks._common import (
@@ -65,14 +69,30 @@ def measure(coord: Any, single: int, batch: int) -> dict[str, float]:
 FLOOR_JOB = (
     "INSERT INTO jobs (job_id, tenant, kind, required_role, priority, payload_json, status, "
     "created_at, updated_at, run_after, deadline_at, attempts, max_attempts, epoch, "
-    "idempotency_key, effect_started, cancel_requested, needs_json) "
-    "VALUES (?, ?, ?, ?, ?, ?, 'waiting', ?, ?, ?, NULL, 0, ?, 0, NULL, 0, 0, NULL)")
+    "idempotency_key, effect_started, cancel_requested, needs_json) VALUES ",
+    "(?, ?, ?, ?, ?, ?, 'waiting', ?, ?, ?, NULL, 0, ?, 0, NULL, 0, 0, NULL)")
 FLOOR_EVENT = (
     "INSERT INTO job_events (job_id, at, from_status, to_status, reason, worker_id, epoch, "
-    "detail) VALUES (?, ?, NULL, 'waiting', 'enqueued', NULL, NULL, ?)")
+    "detail) VALUES ", "(?, ?, NULL, 'waiting', 'enqueued', NULL, NULL, ?)")
+FLOOR_ROWS = 256
 
 
-def raw_floor(path: str, sync: str, n: int, *, counts: bool = True) -> tuple[float, float]:
+def _insert_rows(con: sqlite3.Connection, stmt: tuple[str, str], rows: list[tuple[Any, ...]],
+                 per: int) -> None:
+    """`rows` inserted `per` rows per statement (the rows' values one after the other)."""
+    head, group = stmt
+    whole = len(rows) - len(rows) % per
+    if whole:
+        con.executemany(head + ", ".join([group] * per),
+                        [tuple(chain.from_iterable(rows[i:i + per]))
+                         for i in range(0, whole, per)])
+    if whole < len(rows):
+        con.execute(head + ", ".join([group] * (len(rows) - whole)),
+                    tuple(chain.from_iterable(rows[whole:])))
+
+
+def raw_floor(path: str, sync: str, n: int, *, counts: bool = True,
+              per: int = FLOOR_ROWS) -> tuple[float, float]:
     """jobs/s and CPU seconds of the floor on a fresh migrated database at `path`."""
     now = time.time_ns() // 1000
     # The values jobcoord stores for these specs (see the module's docstring).
@@ -88,8 +108,8 @@ def raw_floor(path: str, sync: str, n: int, *, counts: bool = True) -> tuple[flo
         con.execute("DROP TRIGGER jobs_counted_insert")
     t0, c0 = time.perf_counter(), time.process_time()
     con.execute("BEGIN IMMEDIATE")
-    con.executemany(FLOOR_JOB, jobs)
-    con.executemany(FLOOR_EVENT, events)
+    _insert_rows(con, FLOOR_JOB, jobs, per)
+    _insert_rows(con, FLOOR_EVENT, events, per)
     con.execute("COMMIT")
     took, cpu = time.perf_counter() - t0, time.process_time() - c0
     con.close()
@@ -129,11 +149,11 @@ def main() -> None:
     print(conditions(syncs, single=args.single, batch=args.batch))
     print()
     print(f"{'backend':<10} {'sync':<7} {'single jobs/s':>14} {'batch jobs/s':>13} "
-          f"{'raw floor':>10} {'no counts':>10}  {'batch/floor':>11} {'cpu ratio':>9} "
-          f"{'counts cost':>11}")
+          f"{'raw floor':>10} {'no counts':>10} {'1 row':>8}  {'batch/floor':>11} "
+          f"{'cpu ratio':>9} {'counts cost':>11}")
     with Scratch() as scratch:
         for sync in syncs:
-            batches, floors, bare = [], [], []
+            batches, floors, bare, one_row = [], [], [], []
             cpu_ratios, count_costs = [], []
             for rnd in range(args.repeat):
                 path = scratch.file(f"enqueue-{sync}-{rnd}.db")
@@ -148,6 +168,9 @@ def main() -> None:
                 bare_path = scratch.file(f"enqueue-bare-{sync}-{rnd}.db")
                 migrated_sqlite(bare_path)
                 nocount, nocount_cpu = raw_floor(bare_path, sync, args.batch, counts=False)
+                one_path = scratch.file(f"enqueue-one-{sync}-{rnd}.db")
+                migrated_sqlite(one_path)
+                one_row.append(raw_floor(one_path, sync, args.batch, per=1)[0])
                 batches.append(r["batch_s"])
                 floors.append(floor)
                 bare.append(nocount)
@@ -157,7 +180,8 @@ def main() -> None:
             batch, floor = statistics.median(batches), statistics.median(floors)
             ratio = statistics.median(b / f for b, f in zip(batches, floors, strict=True))
             print(f"{'sqlite':<10} {sync:<7} {single:>14.0f} {batch:>13.0f} "
-                  f"{floor:>10.0f} {statistics.median(bare):>10.0f}  {ratio:>11.2f} "
+                  f"{floor:>10.0f} {statistics.median(bare):>10.0f} "
+                  f"{statistics.median(one_row):>8.0f}  {ratio:>11.2f} "
                   f"{statistics.median(cpu_ratios):>9.2f} "
                   f"{statistics.median(count_costs):>10.2f}x  (medians of {args.repeat})",
                   flush=True)
