@@ -208,13 +208,9 @@ _EVENT_COLUMNS = ("job_id", "now", "from_status", "to_status", "reason", "worker
                   "detail")
 
 
-class _Batched(NamedTuple):
-    """A batch job as checked: its settings (shared by every job with the same ones, see
-    `_settings`), its payload's stored text and its needs' (or None)."""
-
-    settings: tuple[Any, ...]
-    payload_text: str
-    needs_text: str | None
+#: A batch job as checked: its settings (shared by every job with the same ones, see
+#: `_settings`), its payload's stored text and its needs' (or None).
+_Batched = tuple[tuple[Any, ...], str, "str | None"]
 
 
 def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[_Batched], now: int
@@ -282,10 +278,11 @@ def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
         return ctx.db.write(lambda conn: insert_bulk(ctx, conn, batched, now_us()),
                             "enqueue")
     checked = [CheckedSpec(
-        kind=b.settings[0], payload_text=b.payload_text, priority=b.settings[1],
-        role=b.settings[2], tenant=b.settings[3], key=key, max_attempts=b.settings[4],
-        deadline_in_us=b.settings[5], delay_us=b.settings[6], needs_text=b.needs_text)
-        for b, key in zip(batched, keyed or [None] * len(batched), strict=True)]
+        kind=settings[0], payload_text=payload_text, priority=settings[1], role=settings[2],
+        tenant=settings[3], key=key, max_attempts=settings[4], deadline_in_us=settings[5],
+        delay_us=settings[6], needs_text=needs_text)
+        for (settings, payload_text, needs_text), key
+        in zip(batched, keyed or [None] * len(batched), strict=True)]
 
     def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
         out = []
@@ -323,7 +320,18 @@ def _check_batch(ctx: Context, items: Sequence[Any]
         spec = item if type(item) is JobSpec else _spec(item)
         payload = spec.payload
         if type(payload) is dict:
-            payload_text = v.stored_text(payload, "payload", max_bytes=max_bytes, encode=encode)
+            # `v.stored_text`'s checks, its common case inline (one call less per job): any
+            # failure, or a text that may be too deep or too large, goes to it for the verdict.
+            try:
+                payload_text = encode(payload)
+                size = (len(payload_text) if payload_text.isascii()
+                        else len(payload_text.encode("utf-8")))
+            except Exception:  # stored_text names the refusal
+                size = -1
+                encode = v.encoder()  # the failed one is not reused (see v.encoder)
+            if (size < 0 or size > max_bytes
+                    or payload_text.count("{") + payload_text.count("[") > v.MAX_JSON_DEPTH):
+                payload_text = v.stored_text(payload, "payload", max_bytes=max_bytes)
         else:
             _, payload_text = v.json_value({} if payload is None else payload, "payload",
                                            max_bytes=max_bytes, require_object=True)
@@ -339,8 +347,9 @@ def _check_batch(ctx: Context, items: Sequence[Any]
             keyed = True
         keys.append(key)
         needs = spec.needs
-        out.append(_Batched(settings, payload_text,
-                            None if needs is None else v.dumps(v.resources(needs, "needs"))))
+        # A plain tuple: a NamedTuple's constructor is a Python call per job.
+        out.append((settings, payload_text,
+                    None if needs is None else v.dumps(v.resources(needs, "needs"))))
     return out, keys if keyed else None
 
 
