@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from jobcoord.errors import InvalidInput
 from jobcoord.service import Coordinator
 from jobcoord.store.base import MANY_ROWS
-from tests.conftest import dump
 
 
 def _specs(n: int) -> list[dict[str, Any]]:
@@ -78,18 +74,3 @@ def test_a_sqlite_batch_inserts_many_jobs_per_statement(sqlite_target: Any) -> N
         events = {s for s in seen if s.startswith("INSERT INTO job_events ")}
         assert len(inserts) == 3 and len(events) == 3
         assert coord.jobs(limit=1)["jobs"]
-
-
-def test_a_refused_batch_leaves_nothing_and_the_next_batch_goes_in(coord: Coordinator
-                                                                   ) -> None:
-    # The batch's encoder is dropped with a refused batch: the containers it was writing
-    # when it failed must not read as a circular reference in the next batch.
-    inner: dict[str, Any] = {"n": 1, "bad": {1, 2}}  # a set: not JSON
-    before = dump(coord)
-    with pytest.raises(InvalidInput, match="cannot be stored as JSON"):
-        coord.enqueue_many([{"kind": "k", "payload": {"n": 0}},
-                            {"kind": "k", "payload": {"inner": inner}}])
-    assert dump(coord) == before
-    del inner["bad"]
-    out = coord.enqueue_many([{"kind": "k", "payload": {"inner": inner}}] * 3)
-    assert [o["created"] for o in out] == [True, True, True]
