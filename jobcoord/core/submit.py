@@ -200,31 +200,55 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
     return {"job_id": job_id, "created": True}
 
 
-def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[CheckedSpec], now: int
+#: The parameters of a batch's job rows and event rows, in the order each row tuple gives
+#: them (the driver binds by position: no mapping is built per row).
+_JOB_COLUMNS = ("job_id", "payload", "needs", "tenant", "kind", "role", "priority", "now",
+                "run_after", "deadline", "max_attempts", "f")
+_EVENT_COLUMNS = ("job_id", "now", "from_status", "to_status", "reason", "worker", "epoch",
+                  "detail")
+
+
+#: A batch job as checked: its settings (shared by every job with the same ones, see
+#: `_settings`), its payload's stored text and its needs' (or None).
+_Batched = tuple[tuple[Any, ...], str, "str | None"]
+
+
+def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[_Batched], now: int
                 ) -> list[dict[str, Any]]:
-    """Insert keyless jobs and their `enqueued` events with two executemany calls."""
+    """Insert keyless jobs and their `enqueued` events with two executemany calls. The
+    values every job with the same settings shares are put together once per settings,
+    so each row is its id, payload and needs followed by them."""
     n = len(checked)
     ids = ctx.db.allocate_job_ids(conn, n)
-    ctx.db.run_many(conn, sql.INSERT_JOB_AT, [
-        {"job_id": job_id, "tenant": c.tenant, "kind": c.kind, "role": c.role,
-         "priority": c.priority, "payload": c.payload_text, "now": now,
-         "run_after": now + c.delay_us,
-         "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
-         "max_attempts": c.max_attempts, "f": False, "needs": c.needs_text}
-        for job_id, c in zip(ids, checked, strict=True)])
-    details: dict[tuple[int, int, int], str] = {}  # the same detail `_insert` records
-    events = []
-    for job_id, c in zip(ids, checked, strict=True):
-        detail = details.get((c.priority, c.delay_us, c.max_attempts))
-        if detail is None:
-            shown: dict[str, Any] = {"priority": c.priority, "max_attempts": c.max_attempts}
-            if c.delay_us:
-                shown["run_after"] = iso(now + c.delay_us)
-            detail = details[(c.priority, c.delay_us, c.max_attempts)] = v.dumps(shown)
-        events.append({"job_id": job_id, "now": now, "from_status": None,
-                       "to_status": "waiting", "reason": "enqueued", "worker": None,
-                       "epoch": None, "detail": detail})
-    ctx.db.run_many(conn, sql.INSERT_EVENT, events)
+    shared: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+    details: dict[tuple[int, int, int], str] = {}  # the same detail `insert` records
+    jobs, events = [], []
+    last: tuple[Any, ...] | None = None
+    job_tail: tuple[Any, ...] = ()
+    event_tail: tuple[Any, ...] = ()
+    for job_id, (settings, payload_text, needs_text) in zip(ids, checked, strict=True):
+        if settings is not last:
+            last = settings
+            found = shared.get(id(settings))
+            if found is None:
+                kind, priority, role, tenant, max_attempts, deadline_in_us, delay_us = settings
+                detail = details.get((priority, delay_us, max_attempts))
+                if detail is None:
+                    shown: dict[str, Any] = {"priority": priority, "max_attempts": max_attempts}
+                    if delay_us:
+                        shown["run_after"] = iso(now + delay_us)
+                    detail = details[(priority, delay_us, max_attempts)] = v.dumps(shown)
+                found = shared[id(settings)] = (
+                    (tenant, kind, role, priority, now, now + delay_us,
+                     None if deadline_in_us is None else now + deadline_in_us, max_attempts,
+                     False),
+                    (now, None, "waiting", "enqueued", None, None, detail))
+            job_tail, event_tail = found
+        # Concatenated, not unpacked: `(a, *t)` builds a list first and costs more per row.
+        jobs.append((job_id, payload_text, needs_text) + job_tail)  # noqa: RUF005
+        events.append((job_id,) + event_tail)  # noqa: RUF005
+    ctx.db.run_many(conn, sql.INSERT_JOB_AT, jobs, columns=_JOB_COLUMNS)
+    ctx.db.run_many(conn, sql.INSERT_EVENT, events, columns=_EVENT_COLUMNS)
     ctx.db.announce_jobs(conn)
     return [{"job_id": job_id, "created": True} for job_id in ids]
 
@@ -248,12 +272,17 @@ def enqueue(ctx: Context, kind: str, payload: Any = None, *, priority: int | str
 def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
                  ) -> list[dict[str, Any]]:
     """Accept many jobs in one transaction: all of them or none."""
-    names: dict[Any, Any] = {}
-    checked = [check_spec(ctx, _spec(s), names) for s in _spec_list(specs)]
-
-    if checked and all(c.key is None for c in checked):
-        return ctx.db.write(lambda conn: insert_bulk(ctx, conn, checked, now_us()),
+    items = _spec_list(specs)
+    batched, keyed = _check_batch(ctx, items)
+    if batched and not keyed:
+        return ctx.db.write(lambda conn: insert_bulk(ctx, conn, batched, now_us()),
                             "enqueue")
+    checked = [CheckedSpec(
+        kind=settings[0], payload_text=payload_text, priority=settings[1], role=settings[2],
+        tenant=settings[3], key=key, max_attempts=settings[4], deadline_in_us=settings[5],
+        delay_us=settings[6], needs_text=needs_text)
+        for (settings, payload_text, needs_text), key
+        in zip(batched, keyed or [None] * len(batched), strict=True)]
 
     def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
         out = []
@@ -266,3 +295,61 @@ def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
         return out
 
     return ctx.db.write(_all, "enqueue")
+
+
+def _check_batch(ctx: Context, items: Sequence[Any]
+                 ) -> tuple[list[_Batched], list[str | None] | None]:
+    """Validate a batch's jobs in order, each exactly as `check_spec` does (the same checks
+    in the same order, so the same first refusal), and their idempotency keys (None when no
+    job has one).
+
+    Cheaper per job than `check_spec` where that is not validation: one JSON encoder for
+    the whole batch (a failing job ends the batch, see `v.encoder`), and a job whose
+    settings are the very objects of the job before it takes that job's checked settings
+    without building the memo's key (the same objects have the same types)."""
+    p = ctx.policy
+    max_bytes = p.max_payload_bytes
+    encode = v.encoder()
+    names: dict[Any, Any] = {}
+    out: list[_Batched] = []
+    keys: list[str | None] = []
+    keyed = False
+    prev: JobSpec | None = None
+    settings: tuple[Any, ...] = ()
+    for item in items:
+        spec = item if type(item) is JobSpec else _spec(item)
+        payload = spec.payload
+        if type(payload) is dict:
+            # `v.stored_text`'s checks, its common case inline (one call less per job): any
+            # failure, or a text that may be too deep or too large, goes to it for the verdict.
+            try:
+                payload_text = encode(payload)
+                size = (len(payload_text) if payload_text.isascii()
+                        else len(payload_text.encode("utf-8")))
+            except Exception:  # stored_text names the refusal
+                size = -1
+                encode = v.encoder()  # the failed one is not reused (see v.encoder)
+            if (size < 0 or size > max_bytes
+                    or payload_text.count("{") + payload_text.count("[") > v.MAX_JSON_DEPTH):
+                payload_text = v.stored_text(payload, "payload", max_bytes=max_bytes)
+        else:
+            _, payload_text = v.json_value({} if payload is None else payload, "payload",
+                                           max_bytes=max_bytes, require_object=True)
+        if (prev is None or spec.kind is not prev.kind or spec.priority is not prev.priority
+                or spec.role is not prev.role or spec.tenant is not prev.tenant
+                or spec.max_attempts is not prev.max_attempts
+                or spec.deadline_s is not prev.deadline_s or spec.delay_s is not prev.delay_s):
+            settings = _settings(ctx, spec, names)
+            prev = spec
+        key = spec.key
+        if key is not None:
+            key = v.utf8_text(key, "key", max_len=v.MAX_KEY)
+            keyed = True
+        keys.append(key)
+        needs = spec.needs
+        # A plain tuple: a NamedTuple's constructor is a Python call per job.
+        out.append((settings, payload_text,
+                    None if needs is None else v.dumps(v.resources(needs, "needs"))))
+    return out, keys if keyed else None
+
+

@@ -9,7 +9,11 @@ and `postgresql.PostgresDatabase` in its own way, so the core never branches on 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import operator
 import random
+import re
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -70,6 +74,53 @@ class Taken(NamedTuple):
 
 
 _NO_PARAMS: Mapping[str, Any] = {}
+
+#: run_many's positional texts: (statement (kept alive, so its id stays its own), text, order).
+_POSITIONAL: dict[tuple[int, str, tuple[str, ...]], tuple[SQL, str, tuple[int, ...] | None]] = {}
+
+
+#: At most this many rows in one SQLite insert of run_many (fewer when the build allows
+#: fewer parameters per statement).
+MANY_ROWS = 256
+_ROWS_TEXTS: dict[tuple[int, str, int], tuple[SQL, str]] = {}
+_NUMBERED = re.compile(r"\?([0-9]+)")
+
+
+def _rows_text(stmt: SQL, text: str, width: int, rows: int) -> str:
+    """A positional SQLite insert of one row (`?1`..`?width`) as the insert of `rows` rows,
+    the k-th row's values numbered from k * width + 1 (each row's values follow the one
+    before it in the parameters)."""
+    key = (id(stmt), text, rows)
+    found = _ROWS_TEXTS.get(key)
+    if found is None:
+        head, sep, group = text.partition(" VALUES ")
+        if not sep:
+            raise ValueError("not an INSERT ... VALUES statement")
+        groups = [_NUMBERED.sub(lambda m, off=k * width: f"?{int(m.group(1)) + off}", group)
+                  for k in range(rows)]
+        found = _ROWS_TEXTS[key] = (stmt, head + sep + ", ".join(groups))
+    return found[1]
+
+
+def _positional(text: str, dialect: str, columns: Sequence[str]
+                ) -> tuple[str, tuple[int, ...] | None]:
+    """A named-parameter statement as one taking each row's values in `columns` order.
+    SQLite: `:name` becomes `?N` (numbered, so a parameter used twice is given once).
+    psycopg: `%(name)s` becomes `%s`, and the order picks, per placeholder, the column
+    to give (psycopg numbers nothing)."""
+    where = {name: i for i, name in enumerate(columns)}
+    if dialect == "sqlite":
+        named = re.compile(r":([A-Za-z_][A-Za-z0-9_]*)")
+        used = set(named.findall(text))
+        if used != set(columns):
+            raise ValueError(f"columns {sorted(columns)} are not the statement's "
+                             f"parameters {sorted(used)}")
+        return named.sub(lambda m: f"?{where[m.group(1)] + 1}", text), None
+    named = re.compile(r"%\(([A-Za-z_][A-Za-z0-9_]*)\)s")
+    order = tuple(where[name] for name in named.findall(text))
+    if set(named.findall(text)) != set(columns):
+        raise ValueError(f"columns {sorted(columns)} are not the statement's parameters")
+    return named.sub("%s", text), order
 
 
 
@@ -162,16 +213,49 @@ class Database:
         # see every statement.
         return Result(conn.exec_driver_sql(text, dict(params) if params else {}))
 
-    def run_many(self, conn: Connection, stmt: SQL, rows: Sequence[Mapping[str, Any]]
-                 ) -> None:
+    def run_many(self, conn: Connection, stmt: SQL, rows: Sequence[Any],
+                 columns: Sequence[str] | None = None) -> None:
         """`run` for many parameter sets at once (the driver's executemany): the one way to
-        insert in bulk."""
-        text = stmt.text(self.dialect)
+        insert in bulk. Rows are mappings, or with `columns` tuples of those parameters'
+        values in that order: the driver then binds by position, with no mapping built,
+        and none read by name, for every row."""
         direct = getattr(self._local, "direct", None)
-        if direct is not None and direct[0] is conn:
-            direct[1].cursor().executemany(text, rows)
-        else:
-            conn.exec_driver_sql(text, [dict(r) for r in rows])
+        if direct is None or direct[0] is not conn:
+            # Watched or not begun by `_begin`: SQLAlchemy's path, with named parameters.
+            text = stmt.text(self.dialect)
+            conn.exec_driver_sql(text, [dict(zip(columns, r, strict=True)) for r in rows]
+                                 if columns is not None else [dict(r) for r in rows])
+            return
+        if columns is None:
+            direct[1].cursor().executemany(stmt.text(self.dialect), rows)
+            return
+        key = (id(stmt), self.dialect, tuple(columns))
+        found = _POSITIONAL.get(key)
+        if found is None:
+            found = _POSITIONAL[key] = (stmt, *_positional(stmt.text(self.dialect),
+                                                           self.dialect, columns))
+        _, text, order = found
+        cursor = direct[1].cursor()
+        if order is not None:  # psycopg: one value per placeholder, repeats included
+            pick = operator.itemgetter(*order)
+            cursor.executemany(text, [pick(r) for r in rows] if len(order) > 1
+                               else [(pick(r),) for r in rows])
+            return
+        # SQLite: many rows per statement. Each statement runs its triggers (the job counts')
+        # under a statement journal of every page it touches; one row per statement copied a
+        # dozen pages per job, several times the insert itself.
+        width = len(columns)
+        limit = getattr(direct[1], "getlimit", None)
+        most = limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if limit is not None else 999
+        per = max(1, min(MANY_ROWS, most // width))
+        whole = len(rows) - len(rows) % per
+        flat = itertools.chain.from_iterable
+        if whole:
+            cursor.executemany(_rows_text(stmt, text, width, per),
+                               [tuple(flat(rows[i:i + per])) for i in range(0, whole, per)])
+        if whole < len(rows):
+            cursor.execute(_rows_text(stmt, text, width, len(rows) - whole),
+                           tuple(flat(rows[whole:])))
 
     # -- the operations the core asks for (each store implements them its way) --
 
