@@ -159,15 +159,19 @@ def _huge_int(value: Any) -> bool:
     """Whether a value (already parsed, e.g. from the Python API) holds an integer too long
     to write as text."""
     stack = [value]
+    # A container that holds itself (which the encoder refuses as a circular reference)
+    # must not be walked forever: each container is looked into once.
+    seen: set[int] = set()
     while stack:
         item = stack.pop()
         if isinstance(item, int) and not isinstance(item, bool):
             if abs(item) >= 10**MAX_INT_DIGITS:  # only on the error path: exact, not fast
                 return True
-        elif isinstance(item, dict):
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
+        elif isinstance(item, dict | list | tuple):
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            stack.extend(item.values() if isinstance(item, dict) else item)
     return False
 
 

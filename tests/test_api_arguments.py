@@ -260,3 +260,28 @@ def test_a_provenance_that_is_not_an_object_is_invalid_input(coord: Coordinator)
             coord.complete(job["job_id"], "w1", 1, {}, provenance=bad)
         assert caught.value.details.get("field") == "provenance"
     assert dump(coord) == before
+
+
+def test_a_value_that_contains_itself_is_invalid_input_everywhere(coord: Coordinator) -> None:
+    """A payload, result or reading that contains itself cannot be written as JSON: it is
+    refused as invalid input at once (the check that looks for over-long integers once walked
+    such a value forever)."""
+    cyclic: dict[str, Any] = {"a": 1}
+    cyclic["self"] = cyclic
+    in_list: list[Any] = [1]
+    in_list.append({"back": in_list})
+    before = dump(coord)
+    for bad in (cyclic, {"outer": in_list}):
+        with pytest.raises(InvalidInput) as caught:
+            coord.enqueue("k", bad)
+        assert "payload" in caught.value.message
+        with pytest.raises(InvalidInput):
+            coord.enqueue_many([{"kind": "k", "payload": bad}])
+    assert dump(coord) == before
+    coord.enqueue("k")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    job = coord.claim("w1")["job"]
+    before = dump(coord)
+    with pytest.raises(InvalidInput):
+        coord.complete(job["job_id"], "w1", 1, cyclic)
+    assert dump(coord) == before
