@@ -120,3 +120,204 @@ def test_a_five_thousand_digit_number_in_a_body_is_invalid_input(target: Target)
             assert "digits" in error["message"], error
     with Coordinator.open(target) as c:
         assert c.show(job)["job"]["status"] == "running"
+
+
+# -- lost answers -----------------------------------------------------------------------------
+
+
+def test_the_job_a_lost_chained_answer_claimed_is_reaped_and_runs_again_once(
+        target: Target) -> None:
+    """The answer to a chained completion is lost after the commit; the completion sent
+    again is `already_accepted` with nothing claimed. The job the lost answer claimed is
+    reaped when its lease ends and runs again: every (job, epoch) claimed once, every job
+    accepted once."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("a", {})["job_id"]
+        orphan = c.enqueue("a", {})["job_id"]
+    env = {"JOBCOORD_FAULT": "http.complete.after_commit:sleep=3"}
+    with served(target, "--reap-every", "0.2", env=env) as s, \
+            RemoteCoordinator(s.url, secret, timeout=1.0, retry_s=15) as wa, \
+            RemoteCoordinator(s.url, secret, timeout=10.0, retry_s=15) as patient:
+        wa.heartbeat("wa", readings=READINGS)
+        epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
+        both = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
+        assert both["completed"]["already_accepted"] is True and both["next"]["job"] is None
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(orphan)["job"]["status"] == "waiting", timeout=20)
+            assert c.show(orphan)["events"][-1]["reason"] == "lease_expired"
+        again = patient.claim("wa", wait=5)
+        assert again["job"]["job_id"] == orphan and again["lease"]["epoch"] == 2
+        done = patient.complete(orphan, "wa", 2, {"x": 2})
+        assert done["status"] == "succeeded" and not done.get("already_accepted")
+    with Coordinator.open(target) as c:
+        assert c.show(job)["job"]["result"] == {"x": 1}
+        assert c.show(orphan)["job"]["result"] == {"x": 2}
+        claims, done_ids = _claims_and_completions(c)
+        assert sorted(claims) == sorted([(job, 1), (orphan, 1), (orphan, 2)])
+        assert sorted(done_ids) == sorted([job, orphan])
+        assert c.db.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM leases").scalar()) == 0
+
+
+def test_server_killed_after_a_chained_commit_answers_the_resent_completion_as_accepted(
+        target: Target) -> None:
+    """SIGKILL of the server between a chained completion's commit and its answer; a new
+    server on the same port: the client's re-sent completion is `already_accepted`, claims
+    nothing, and the job the dead answer claimed is reaped and runs again."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("a", {})["job_id"]
+        orphan = c.enqueue("a", {})["job_id"]
+        third = c.enqueue("a", {})["job_id"]
+    first = Served(target, "--reap-every", "0",
+                   env={"JOBCOORD_FAULT": "http.complete.after_commit:sleep=30"}).start()
+    second = None
+    got: dict[str, Any] = {}
+    try:
+        with RemoteCoordinator(first.url, secret, timeout=60.0, retry_s=30) as wa:
+            wa.heartbeat("wa", readings=READINGS)
+            epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
+
+            def chained() -> None:
+                try:
+                    got["both"] = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
+                except Exception as e:  # noqa: BLE001 -- reported below
+                    got["error"] = e
+
+            thread = threading.Thread(target=chained)
+            thread.start()
+            with Coordinator.open(target) as c:
+                wait_for(lambda: c.show(job)["job"]["status"] == "succeeded", timeout=20)
+            first.kill()  # the commit is made, its answer is not sent
+            second = Served(target, "--reap-every", "0.2", port=first.port).start()
+            thread.join(60)
+            assert not thread.is_alive()
+        assert "error" not in got, got
+        assert got["both"]["completed"]["already_accepted"] is True
+        assert got["both"]["next"]["job"] is None
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(orphan)["job"]["status"] == "waiting", timeout=20)
+            assert _untouched(c, third)
+            _once_each(c)
+            claims, _ = _claims_and_completions(c)
+        assert sorted(claims) == sorted([(job, 1), (orphan, 1)])
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+# -- other tenants, other workers, refusals, gates ------------------------------------------
+
+
+def test_a_refused_chained_completion_claims_nothing(target: Target) -> None:
+    """404 for another worker's lease in the token's tenant and for the token's own worker
+    id on another tenant's job, 409 for a lease that ran out: the waiting job the claim
+    would have taken is untouched, and the worker's own next claim still gets it."""
+    secret = token(target, "wa", "worker", tenant="alice", worker="wa")
+    with Coordinator.open(target) as c:
+        for w in ("wa", "wb"):
+            c.heartbeat(w, roles=[f"r-{w}"], readings=READINGS)
+        theirs = c.enqueue("k", {}, tenant="alice", role="r-wb")["job_id"]
+        assert c.claim("wb")["job"]["job_id"] == theirs
+        bobs = c.enqueue("k", {}, tenant="bob", role="r-wa")["job_id"]
+        assert c.claim("wa")["job"]["job_id"] == bobs
+        late = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
+        assert c.claim("wa", lease_s=0.3)["job"]["job_id"] == late
+        waiting = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
+    time.sleep(0.5)  # `late`'s lease runs out; nothing reaps it (--reap-every 0)
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        for job, status, code in ((theirs, 404, "job_not_found"), (bobs, 404, "job_not_found"),
+                                  (late, 409, "lease_expired")):
+            resp = http.post(f"/v1/jobs/{job}/complete",
+                             json={"epoch": 1, "claim_next": True, "lease_s": 60})
+            assert resp.status_code == status, (job, resp.text)
+            assert resp.json()["error"]["code"] == code
+            with Coordinator.open(target) as c:
+                assert _untouched(c, waiting)
+        got = http.post("/v1/claims", json={}).json()
+        assert got["job"]["job_id"] == waiting
+    with Coordinator.open(target) as c:
+        assert c.show(theirs)["lease"]["worker_id"] == "wb"
+        assert c.show(bobs)["job"]["status"] == "running"
+        assert not [e for e in c.show(theirs)["events"] + c.show(bobs)["events"]
+                    if e["reason"] == "completed"]
+
+
+def test_a_gated_or_stale_worker_completes_and_its_chained_claim_is_refused(
+        target: Target) -> None:
+    """The completion is accepted; `next` is the claim's refusal (memory gate, stale
+    heartbeat), the waiting job stays waiting."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings=READINGS)
+        gated = c.enqueue("a", {})["job_id"]
+        stale = c.enqueue("a", {})["job_id"]
+        assert c.claim("wa")["job"]["job_id"] == gated
+        assert c.claim("wa")["job"]["job_id"] == stale
+        waiting = c.enqueue("a", {})["job_id"]
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        assert http.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 99}}
+                         ).status_code == 200
+        body = http.post(f"/v1/jobs/{gated}/complete",
+                         json={"epoch": 1, "claim_next": True}).json()
+        assert body["status"] == "succeeded"
+        assert body["next"]["job"] is None and body["next"]["reason"] == "memory_gate"
+        with Coordinator.open(target) as c:
+            assert _untouched(c, waiting)
+            c.heartbeat("wa", readings=READINGS)
+            c.db.write(lambda conn: sql(conn, "UPDATE workers SET heartbeat_at = heartbeat_at"
+                                              " - 7200000000 WHERE worker_id = 'wa'"))
+        body = http.post(f"/v1/jobs/{stale}/complete",
+                         json={"epoch": 1, "claim_next": True}).json()
+        assert body["status"] == "succeeded"
+        assert body["next"]["job"] is None and body["next"]["reason"] == "heartbeat_stale"
+    with Coordinator.open(target) as c:
+        assert _untouched(c, waiting)
+
+
+def test_concurrent_chained_completions_by_two_tokens_each_get_a_distinct_own_job(
+        target: Target) -> None:
+    """8 chained completions at once by one worker token, 8 more by another worker's: every
+    completion is accepted, each next job is a different job, leased to the worker that was
+    told of it, never to the other; no (job, epoch) is claimed twice."""
+    secrets = {w: token(target, w, "worker", worker=w) for w in ("wa", "wb")}
+    held: dict[str, list[int]] = {}
+    with Coordinator.open(target) as c:
+        for w in secrets:
+            c.heartbeat(w, readings=READINGS)
+            c.enqueue_many([{"kind": "a", "payload": {}} for _ in range(8)])
+            held[w] = [g["job"]["job_id"] for g in c.claim_many(w, 8)["claimed"]]
+            assert len(held[w]) == 8
+        c.enqueue_many([{"kind": "a", "payload": {}} for _ in range(24)])
+    answers: list[tuple[str, int, Any]] = []
+    with served(target, "--reap-every", "0") as s:
+        clients = {w: s.client(secret) for w, secret in secrets.items()}
+        start = threading.Barrier(16)
+
+        def chain(w: str, job: int) -> None:
+            start.wait()
+            resp = clients[w].post(f"/v1/jobs/{job}/complete",
+                                   json={"epoch": 1, "claim_next": True})
+            answers.append((w, resp.status_code, resp.json()))
+
+        threads = [threading.Thread(target=chain, args=(w, j))
+                   for w, jobs in held.items() for j in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for client in clients.values():
+            client.close()
+    assert len(answers) == 16 and all(code == 200 for _, code, _ in answers), answers
+    nexts = [(w, body["next"]) for w, _, body in answers]
+    assert all(n["job"] is not None for _, n in nexts), nexts
+    ids = [n["job"]["job_id"] for _, n in nexts]
+    assert len(set(ids)) == 16 and not set(ids) & {j for js in held.values() for j in js}
+    assert all(n["lease"]["worker_id"] == w for w, n in nexts)
+    with Coordinator.open(target) as c:
+        for w, n in nexts:
+            assert c.show(n["job"]["job_id"])["lease"]["worker_id"] == w
+        for jobs in held.values():
+            assert all(c.show(j)["job"]["status"] == "succeeded" for j in jobs)
+        _once_each(c)
