@@ -5,7 +5,6 @@ input of the wrong types, gates, and concurrent chained completions by one token
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -181,7 +180,7 @@ def test_server_killed_after_a_chained_commit_answers_the_resent_completion_as_a
             def chained() -> None:
                 try:
                     got["both"] = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
-                except Exception as e:  # noqa: BLE001 -- reported below
+                except Exception as e:  # reported below
                     got["error"] = e
 
             thread = threading.Thread(target=chained)
@@ -321,3 +320,111 @@ def test_concurrent_chained_completions_by_two_tokens_each_get_a_distinct_own_jo
         for jobs in held.values():
             assert all(c.show(j)["job"]["status"] == "succeeded" for j in jobs)
         _once_each(c)
+
+
+# -- killed and stopped processes -------------------------------------------------------------
+
+
+def _chained_in_flight(target: Target, tmp: str, sig: int, lease: str
+                       ) -> tuple[dict[str, Any], int, int, Any]:
+    """A remote worker process (leases of `lease` seconds) whose chained completion is
+    committed but not yet answered (the server sits on the answer 3 s) gets `sig`. Returns
+    the worker's summary (SIGTERM) or {} (SIGKILL), the two jobs, and the server (still
+    running)."""
+    from tests.test_serve_workers import finish, start_worker
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        first = c.enqueue("work", {"i": 1})["job_id"]
+        second = c.enqueue("work", {"i": 2})["job_id"]
+    s = Served(target, "--reap-every", "0.2",
+               env={"JOBCOORD_FAULT": "http.complete.after_commit:sleep=3"}).start()
+    proc = start_worker(s.url, secret, tmp, "wa", "--lease", lease, "--wait", "1",
+                        "--grace", "20")
+    try:
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(first)["job"]["status"] == "succeeded", timeout=60)
+            shown = c.show(second)
+            done = next(e for e in c.show(first)["events"] if e["reason"] == "completed")
+            claimed = next(e for e in shown["events"] if e["reason"] == "claimed")
+            # Claimed by the completion, in its transaction; the answer is still on its way.
+            assert claimed["at"] == done["at"] and shown["lease"]["worker_id"] == "wa"
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(30)
+            summary: dict[str, Any] = {}
+        else:
+            summary, _ = finish(proc, 60)
+    except BaseException:
+        proc.kill()
+        proc.wait(30)
+        s.stop()
+        raise
+    return summary, first, second, s
+
+
+def test_remote_worker_sigkilled_before_its_chained_answer_the_next_job_is_reaped_and_done(
+        target: Target, tmp_path: Any) -> None:
+    from tests.test_serve_workers import finish, ledger_violations, start_worker
+
+    _, _, second, s = _chained_in_flight(target, str(tmp_path), signal.SIGKILL, "2")
+    try:
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(second)["job"]["status"] == "waiting", timeout=30)
+            assert c.show(second)["events"][-1]["reason"] == "lease_expired"
+        other = token(target, "wb", "worker", worker="wb")
+        summary, _ = finish(start_worker(s.url, other, str(tmp_path), "wb", "--burst",
+                                         "--wait", "1"), 120)
+        assert summary["completed"] == 1
+    finally:
+        s.stop()
+    with Coordinator.open(target) as c:
+        assert not ledger_violations(c, 2), ledger_violations(c, 2)
+        assert c.show(second)["job"]["result"]["worker"] == "wb"
+
+
+def test_remote_worker_sigtermed_before_its_chained_answer_releases_the_next_job_at_once(
+        target: Target, tmp_path: Any) -> None:
+    summary, first, second, s = _chained_in_flight(target, str(tmp_path), signal.SIGTERM,
+                                                   "30")
+    s.stop()
+    with Coordinator.open(target) as c:
+        shown = c.show(second)
+    assert summary["completed"] == 1 and summary["released"] == 1, (
+        summary, [(e["reason"], e["worker_id"], e["epoch"]) for e in shown["events"]],
+        shown["job"]["status"])
+    with Coordinator.open(target) as c:
+        assert c.show(first)["job"]["status"] == "succeeded"
+        assert c.db.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM leases").scalar()) == 0
+    assert shown["job"]["status"] == "waiting"
+    assert shown["events"][-1]["reason"] == "worker_shutdown"
+    assert shown["events"][-1]["worker_id"] == "wa"
+
+
+def test_server_stopped_past_the_lease_refuses_the_chained_completion_and_claims_nothing(
+        target: Target) -> None:
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings=READINGS)
+        job = c.enqueue("a", {})["job_id"]
+        assert c.claim("wa", lease_s=1.0)["job"]["job_id"] == job
+        waiting = c.enqueue("a", {})["job_id"]
+    got: dict[str, Any] = {}
+    with served(target, "--reap-every", "0.2") as s, s.client(secret) as http:
+        assert http.get("/v1/whoami").status_code == 200  # the connection is open
+        s.signal(signal.SIGSTOP)
+        try:
+            thread = threading.Thread(target=lambda: got.update(resp=http.post(
+                f"/v1/jobs/{job}/complete", json={"epoch": 1, "claim_next": True})))
+            thread.start()
+            time.sleep(2.0)  # longer than the lease; the request waits in the socket
+        finally:
+            s.signal(signal.SIGCONT)
+        thread.join(30)
+        resp = got["resp"]
+        assert resp.status_code == 409, resp.text
+        assert resp.json()["error"]["code"] == "lease_expired"
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(job)["job"]["status"] == "waiting", timeout=20)
+            assert _untouched(c, waiting)
+            assert not [e for e in c.show(job)["events"] if e["reason"] == "completed"]
