@@ -5,6 +5,7 @@ input of the wrong types, gates, and concurrent chained completions by one token
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
@@ -428,3 +429,54 @@ def test_server_stopped_past_the_lease_refuses_the_chained_completion_and_claims
             wait_for(lambda: c.show(job)["job"]["status"] == "waiting", timeout=20)
             assert _untouched(c, waiting)
             assert not [e for e in c.show(job)["events"] if e["reason"] == "completed"]
+
+
+# -- limits and capacity ----------------------------------------------------------------------
+
+
+def test_the_slot_a_chained_completion_frees_is_the_next_jobs(target: Target) -> None:
+    """A worker with one slot of capacity, a kind limited to 1 at once: the completion frees
+    the limit's slot and the worker's capacity in its transaction, and the chained claim
+    takes them."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.set_limit("a", 1)
+        c.heartbeat("wa", readings={**READINGS, "capacity": {"slots": 1}})
+        first, second, third = (c.enqueue("a", {}, needs={"slots": 1})["job_id"]
+                                for _ in range(3))
+        assert c.claim("wa")["job"]["job_id"] == first
+        c.remove_limit("a")
+        assert c.claim("wa")["reason"] == "resource_short"  # the capacity is taken
+        c.set_limit("a", 1)
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        refused = http.post("/v1/claims", json={}).json()  # and the limit's slot
+        assert refused["job"] is None, refused
+        body = http.post(f"/v1/jobs/{first}/complete",
+                         json={"epoch": 1, "claim_next": True}).json()
+        assert body["status"] == "succeeded" and body["next"]["job"]["job_id"] == second
+    with Coordinator.open(target) as c:
+        assert _untouched(c, third)
+
+
+def test_a_tenant_bound_chained_claim_refused_by_a_limit_names_no_other_tenants_holder(
+        target: Target) -> None:
+    alice = token(target, "wa", "worker", tenant="alice", worker="wa")
+    with Coordinator.open(target) as c:
+        c.set_limit("k", 1)
+        for w in ("wa", "wbob"):
+            c.heartbeat(w, roles=[f"r-{w}"], readings=READINGS)
+        held = c.enqueue("k", {}, tenant="bob", role="r-wbob")["job_id"]
+        assert c.claim("wbob", tenant="bob")["job"]["job_id"] == held
+        mine = c.enqueue("other", {}, tenant="alice", role="r-wa")["job_id"]
+        assert c.claim("wa", tenant="alice")["job"]["job_id"] == mine
+        waiting = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
+    with served(target, "--reap-every", "0") as s, s.client(alice) as http:
+        body = http.post(f"/v1/jobs/{mine}/complete",
+                         json={"epoch": 1, "claim_next": True}).json()
+    assert body["status"] == "succeeded"
+    nxt = body["next"]
+    assert nxt["job"] is None and nxt["reason"] == "concurrency_limit", nxt
+    text = json.dumps(nxt)
+    assert "wbob" not in text and "bob" not in text and f"job {held}" not in text, text
+    with Coordinator.open(target) as c:
+        assert _untouched(c, waiting)
