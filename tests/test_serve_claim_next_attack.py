@@ -5,6 +5,7 @@ input of the wrong types, gates, and concurrent chained completions by one token
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -480,3 +481,106 @@ def test_a_tenant_bound_chained_claim_refused_by_a_limit_names_no_other_tenants_
     assert "wbob" not in text and "bob" not in text and f"job {held}" not in text, text
     with Coordinator.open(target) as c:
         assert _untouched(c, waiting)
+
+
+# -- a proxy that drops the answer ------------------------------------------------------------
+
+
+class DroppingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the server that forwards every request and, for
+    the first `drops` requests whose line names `needle`, reads the server's answer and
+    closes the client's connection instead of passing it on: the answer is lost after the
+    server has committed, as on a network cut."""
+
+    def __init__(self, upstream_port: int, needle: bytes, drops: int = 1):
+        import socket
+
+        self.upstream_port = upstream_port
+        self.needle = needle
+        self.drops = drops
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            state = {"drop": False}
+            threading.Thread(target=self._up, args=(client, upstream, state),
+                             daemon=True).start()
+            threading.Thread(target=self._down, args=(upstream, client, state),
+                             daemon=True).start()
+
+    def _up(self, client: Any, upstream: Any, state: dict[str, bool]) -> None:
+        try:
+            while chunk := client.recv(65536):
+                if chunk.startswith((b"POST ", b"GET ", b"PUT ")):
+                    line = chunk.split(b"\r\n", 1)[0]
+                    with self.lock:
+                        state["drop"] = self.needle in line and self.dropped < self.drops
+                        self.dropped += state["drop"]
+                upstream.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.shutdown(2)
+
+    def _down(self, upstream: Any, client: Any, state: dict[str, bool]) -> None:
+        try:
+            while chunk := upstream.recv(65536):
+                if state["drop"]:
+                    break  # the answer came: lose it
+                client.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(2)
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_chained_answer_dropped_on_the_wire_is_resent_and_accepted_once(
+        target: Target) -> None:
+    """No fault point: a proxy cuts the connection as the chained completion's answer
+    arrives. The client sends the completion again at once: `already_accepted`, nothing
+    claimed; the job the lost answer claimed is reaped and claimed again under epoch 2."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("a", {})["job_id"]
+        orphan = c.enqueue("a", {})["job_id"]
+        third = c.enqueue("a", {})["job_id"]
+    with served(target, "--reap-every", "0.2") as s:
+        proxy = DroppingProxy(s.port, b"/complete")
+        try:
+            with RemoteCoordinator(f"http://127.0.0.1:{proxy.port}", secret, timeout=10,
+                                   retry_s=15) as wa:
+                wa.heartbeat("wa", readings=READINGS)
+                epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
+                both = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
+                assert proxy.dropped == 1
+                assert both["completed"]["already_accepted"] is True
+                assert both["next"]["job"] is None
+                with Coordinator.open(target) as c:
+                    assert _untouched(c, third)
+                    wait_for(lambda: c.show(orphan)["job"]["status"] == "waiting",
+                             timeout=20)
+                again = wa.claim("wa", wait=5)
+                assert again["job"]["job_id"] == orphan and again["lease"]["epoch"] == 2
+        finally:
+            proxy.close()
+    with Coordinator.open(target) as c:
+        _once_each(c)
+        assert [e["reason"] for e in c.show(job)["events"]].count("completed") == 1
