@@ -584,3 +584,41 @@ def test_a_chained_answer_dropped_on_the_wire_is_resent_and_accepted_once(
     with Coordinator.open(target) as c:
         _once_each(c)
         assert [e["reason"] for e in c.show(job)["events"]].count("completed") == 1
+
+
+def test_a_lease_shorter_than_a_microsecond_is_invalid_input_not_an_internal_error(
+        target: Target) -> None:
+    """`lease_s: 1e-7` passed the range check (above 0) and rounded to a lease of 0 µs,
+    which the database's check refused: 500 `internal_error` and, for a chained completion,
+    the completion rolled back with it. It is 400 `invalid_input` on every route that takes
+    a lease, and in the Python API, before anything is written."""
+    from jobcoord.errors import InvalidInput
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings=READINGS)
+        job = c.enqueue("a", {})["job_id"]
+        assert c.claim("wa")["job"]["job_id"] == job
+        waiting = c.enqueue("a", {})["job_id"]
+        for call in (lambda: c.claim("wa", lease_s=1e-7),
+                     lambda: c.renew(job, "wa", 1, lease_s=1e-7),
+                     lambda: c.complete_and_claim(job, "wa", 1, {}, lease_s=1e-7)):
+            try:
+                call()
+            except InvalidInput as e:
+                assert "microsecond" in e.message, e.message
+            else:
+                raise AssertionError("a lease of 0 µs was taken")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        for path, body in ((f"/v1/jobs/{job}/complete", {"epoch": 1, "claim_next": True,
+                                                          "lease_s": 1e-7}),
+                           ("/v1/claims", {"lease_s": 1e-7}),
+                           (f"/v1/jobs/{job}/renew", {"epoch": 1, "lease_s": 4e-7})):
+            resp = http.post(path, json=body)
+            assert resp.status_code == 400, (path, resp.text)
+            assert resp.json()["error"]["code"] == "invalid_input", (path, resp.text)
+        # One microsecond is a lease (it runs out at once; the reaper offers the job again).
+        ok = http.post(f"/v1/jobs/{job}/complete",
+                       json={"epoch": 1, "claim_next": True, "lease_s": 1e-6})
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["next"]["job"]["job_id"] == waiting
