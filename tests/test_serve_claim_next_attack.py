@@ -213,8 +213,9 @@ def test_server_killed_after_a_chained_commit_answers_the_resent_completion_as_a
 
 def test_a_refused_chained_completion_claims_nothing(target: Target) -> None:
     """404 for another worker's lease in the token's tenant and for the token's own worker
-    id on another tenant's job, 409 for a lease that ran out: the waiting job the claim
-    would have taken is untouched, and the worker's own next claim still gets it."""
+    id on another tenant's job, 409 for a lease that ran out and for a cancelled job, 400
+    for a result over the limit: the waiting job the claim would have taken is untouched,
+    and the worker's own next claim still gets it."""
     secret = token(target, "wa", "worker", tenant="alice", worker="wa")
     with Coordinator.open(target) as c:
         for w in ("wa", "wb"):
@@ -225,13 +226,22 @@ def test_a_refused_chained_completion_claims_nothing(target: Target) -> None:
         assert c.claim("wa")["job"]["job_id"] == bobs
         late = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
         assert c.claim("wa", lease_s=0.3)["job"]["job_id"] == late
+        cancelled = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
+        assert c.claim("wa", tenant="alice")["job"]["job_id"] == cancelled
+        c.cancel(cancelled)
+        big = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
+        assert c.claim("wa", tenant="alice")["job"]["job_id"] == big
+        too_large = "x" * (c.policy.max_result_bytes + 1)
         waiting = c.enqueue("k", {}, tenant="alice", role="r-wa")["job_id"]
     time.sleep(0.5)  # `late`'s lease runs out; nothing reaps it (--reap-every 0)
     with served(target, "--reap-every", "0") as s, s.client(secret) as http:
         for job, status, code in ((theirs, 404, "job_not_found"), (bobs, 404, "job_not_found"),
-                                  (late, 409, "lease_expired")):
+                                  (late, 409, "lease_expired"),
+                                  (cancelled, 409, "job_cancelled"),
+                                  (big, 400, "result_too_large")):
             resp = http.post(f"/v1/jobs/{job}/complete",
-                             json={"epoch": 1, "claim_next": True, "lease_s": 60})
+                             json={"epoch": 1, "claim_next": True, "lease_s": 60,
+                                   "result": too_large if job == big else {}})
             assert resp.status_code == status, (job, resp.text)
             assert resp.json()["error"]["code"] == code
             with Coordinator.open(target) as c:
