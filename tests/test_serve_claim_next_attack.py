@@ -632,3 +632,53 @@ def test_a_lease_shorter_than_a_microsecond_is_invalid_input_not_an_internal_err
                        json={"epoch": 1, "claim_next": True, "lease_s": 1e-6})
         assert ok.status_code == 200, ok.text
         assert ok.json()["next"]["job"]["job_id"] == waiting
+
+
+def test_server_killed_inside_a_chained_completions_transaction_keeps_neither_half(
+        target: Target) -> None:
+    """SIGKILL of the server inside the transaction, after the completion's update and
+    before the claim's lease is written: neither is kept. The client sends the completion
+    again to a new server on the same port and gets a plain acceptance and the same next
+    job, each claimed and accepted once."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings=READINGS)
+        job = c.enqueue("a", {})["job_id"]
+        assert c.claim("wa")["job"]["job_id"] == job  # around the server: no fault here
+        nxt = c.enqueue("a", {})["job_id"]
+    first = Served(target, "--reap-every", "0",
+                   env={"JOBCOORD_FAULT": "claim.after_take:kill"}).start()
+    second = None
+    got: dict[str, Any] = {}
+    try:
+        with RemoteCoordinator(first.url, secret, timeout=30.0, retry_s=60) as wa:
+            def chained() -> None:
+                try:
+                    got["both"] = wa.complete_and_claim(job, "wa", 1, {"x": 1}, lease_s=60)
+                except Exception as e:  # reported below
+                    got["error"] = e
+
+            thread = threading.Thread(target=chained)
+            thread.start()
+            assert first.proc is not None
+            first.proc.wait(30)
+            assert first.proc.returncode == -signal.SIGKILL
+            with Coordinator.open(target) as c:
+                assert c.show(job)["job"]["status"] == "running"
+                assert _untouched(c, nxt)
+            second = Served(target, "--reap-every", "0", port=first.port).start()
+            thread.join(90)
+            assert not thread.is_alive()
+        assert "error" not in got, got
+        assert got["both"]["completed"]["status"] == "succeeded"
+        assert not got["both"]["completed"].get("already_accepted")
+        assert got["both"]["next"]["job"]["job_id"] == nxt
+        with Coordinator.open(target) as c:
+            _once_each(c)
+            claims, done = _claims_and_completions(c)
+            assert c.show(nxt)["lease"]["worker_id"] == "wa"
+        assert sorted(claims) == sorted([(job, 1), (nxt, 1)]) and done == [job]
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
