@@ -90,8 +90,9 @@ def test_claim_next_lease_s_and_epoch_take_their_own_json_types_only(target: Tar
 
 
 def test_a_five_thousand_digit_number_in_a_body_is_invalid_input(target: Target) -> None:
-    """Python will not read an integer of more than 4300 digits: the body is answered with
-    the JSON error `invalid_input`, not a bare 400 `http_400`, on every route with a body."""
+    """Python will not read an integer of more than 4300 digits (nor nesting past its
+    recursion limit): the body is answered with the JSON error `invalid_input`, not a bare
+    400 `http_400`, on every route with a body."""
     secret = token(target, "wa", "worker", worker="wa")
     sub = token(target, "sub", "submitter")
     op = token(target, "op", "operator")
@@ -119,6 +120,14 @@ def test_a_five_thousand_digit_number_in_a_body_is_invalid_input(target: Target)
             error = resp.json()["error"]
             assert error["code"] == "invalid_input", (path, resp.text[:300])
             assert "digits" in error["message"], error
+        # Nesting deep enough to stop Python's JSON reader is answered the same way.
+        deep = '{"epoch": 1, "result": ' + "[" * 100_000 + "]" * 100_000 + "}"
+        with s.client(secret) as http:
+            resp = http.post(f"/v1/jobs/{job}/complete", content=deep,
+                             headers={"Content-Type": "application/json"})
+        assert resp.status_code == 400, resp.text[:300]
+        assert resp.json()["error"]["code"] == "invalid_input", resp.text[:300]
+        assert "nested deeper" in resp.json()["error"]["message"], resp.text[:300]
     with Coordinator.open(target) as c:
         assert c.show(job)["job"]["status"] == "running"
 

@@ -135,10 +135,11 @@ ERRORS = error_responses(
 
 class JSONRoute(APIRoute):
     """A route whose body Python's JSON reader refuses with something other than a syntax
-    error (an integer of more than 4300 digits) answers 400 `invalid_input` with the JSON
-    error, as every other bad body does, instead of FastAPI's bare "There was an error
-    parsing the body". The strict reader (validate.json_value, the routes' `strict` check)
-    names the fault; it runs only on that path."""
+    error (an integer of more than 4300 digits, nesting past the recursion limit) answers
+    400 `invalid_input` with the JSON error, as every other bad body does, instead of
+    FastAPI's bare "There was an error parsing the body". The strict reader
+    (validate.json_value, the routes' `strict` check) names the fault; it runs only on that
+    path."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -147,7 +148,8 @@ class JSONRoute(APIRoute):
             try:
                 return await handler(request)
             except HTTPException as e:
-                if e.status_code != 400 or not isinstance(e.__cause__, ValueError):
+                if e.status_code != 400 or not isinstance(e.__cause__,
+                                                          (ValueError, RecursionError)):
                     raise
                 from .. import validate as v
                 from ..errors import InvalidInput
