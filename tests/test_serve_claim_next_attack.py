@@ -507,16 +507,18 @@ def test_a_tenant_bound_chained_claim_refused_by_a_limit_names_no_other_tenants_
 
 class DroppingProxy:
     """A TCP proxy on 127.0.0.1 in front of the server that forwards every request and, for
-    the first `drops` requests whose line names `needle`, reads the server's answer and
-    closes the client's connection instead of passing it on: the answer is lost after the
-    server has committed, as on a network cut."""
+    `drops` of the requests whose line names `needle` (every `every`th one), reads the
+    server's answer and closes the client's connection instead of passing it on: the answer
+    is lost after the server has committed, as on a network cut."""
 
-    def __init__(self, upstream_port: int, needle: bytes, drops: int = 1):
+    def __init__(self, upstream_port: int, needle: bytes, drops: int = 1, every: int = 1):
         import socket
 
         self.upstream_port = upstream_port
         self.needle = needle
         self.drops = drops
+        self.every = every
+        self.seen = 0
         self.dropped = 0
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -544,7 +546,10 @@ class DroppingProxy:
                 if chunk.startswith((b"POST ", b"GET ", b"PUT ")):
                     line = chunk.split(b"\r\n", 1)[0]
                     with self.lock:
-                        state["drop"] = self.needle in line and self.dropped < self.drops
+                        hit = self.needle in line
+                        self.seen += hit
+                        state["drop"] = (hit and self.seen % self.every == 0
+                                         and self.dropped < self.drops)
                         self.dropped += state["drop"]
                 upstream.sendall(chunk)
         except OSError:
@@ -691,3 +696,38 @@ def test_server_killed_inside_a_chained_completions_transaction_keeps_neither_ha
         first.stop()
         if second is not None:
             second.stop()
+
+
+def test_a_remote_worker_behind_a_proxy_losing_completion_answers_runs_every_job_once(
+        target: Target, tmp_path: Any) -> None:
+    """A real `jobcoord worker` chaining through a proxy that cuts every third completion's
+    answer (six times): every job succeeds, each accepted once, no (job, epoch) claimed
+    twice, nothing left leased; the jobs the lost answers claimed were reaped and run."""
+    from tests.test_serve_workers import finish, ledger_violations, start_worker
+
+    n = 30
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n)])
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0.2") as s:
+        proxy = DroppingProxy(s.port, b"/complete", drops=6, every=3)
+        proc = start_worker(f"http://127.0.0.1:{proxy.port}", secret, str(tmp_path), "wa",
+                            "--lease", "1.5", "--wait", "1")
+        try:
+            with Coordinator.open(target) as c:
+                wait_for(lambda: c.status()["jobs"].get("succeeded", 0) == n, timeout=180,
+                         every=0.2)
+            proc.send_signal(signal.SIGTERM)
+            summary, _ = finish(proc, 60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+            proxy.close()
+    assert proxy.dropped == 6
+    assert summary["completed"] == n, summary
+    with Coordinator.open(target) as c:
+        assert not ledger_violations(c, n), ledger_violations(c, n)
+        reaped = c.db.read(lambda conn: sql(
+            conn, "SELECT COUNT(*) FROM job_events WHERE reason = 'lease_expired'").scalar())
+    assert reaped >= 1  # at least one lost answer had claimed a job
