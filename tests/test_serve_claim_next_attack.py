@@ -731,3 +731,27 @@ def test_a_remote_worker_behind_a_proxy_losing_completion_answers_runs_every_job
         reaped = c.db.read(lambda conn: sql(
             conn, "SELECT COUNT(*) FROM job_events WHERE reason = 'lease_expired'").scalar())
     assert reaped >= 1  # at least one lost answer had claimed a job
+
+
+def test_the_worker_routes_beside_it_take_their_own_json_types_too(target: Target) -> None:
+    """The worker's other bodies had the same loose reading: `permanent: "yes"` or `1` on a
+    failure sent the job to dead, `wait: true` long-polled a second. 400, nothing changed."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings=READINGS)
+        job = c.enqueue("a", {})["job_id"]
+        assert c.claim("wa")["job"]["job_id"] == job
+        waiting = c.enqueue("a", {})["job_id"]
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        for permanent in ("yes", "true", 1, 0):
+            resp = http.post(f"/v1/jobs/{job}/fail",
+                             json={"epoch": 1, "error": "e", "permanent": permanent})
+            assert resp.status_code == 400, (permanent, resp.text)
+        for wait in (True, "1", [1]):
+            resp = http.post("/v1/claims", json={"wait": wait})
+            assert resp.status_code == 400, (wait, resp.text)
+            assert resp.json()["error"]["code"] == "invalid_input"
+        assert http.post("/v1/claims", json={"wait": 0}).json()["job"]["job_id"] == waiting
+    with Coordinator.open(target) as c:
+        assert c.show(job)["job"]["status"] == "running"
+        assert c.show(job)["lease"]["epoch"] == 1

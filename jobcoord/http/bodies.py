@@ -1,7 +1,7 @@
 """The API's request bodies (unknown fields are refused; NaN and Infinity too; a fence's
-epoch, a lease's length and the claim_next flag take their own JSON type only), its error
-body, the limits the routes share, and the route class that answers a body Python cannot
-read as JSON with the JSON error."""
+epoch, a lease's length, a claim's wait and the worker's flags take their own JSON type
+only), its error body, the limits the routes share, and the route class that answers a body
+Python cannot read as JSON with the JSON error."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ class HeartbeatBody(_Body):
 class ClaimBody(_Body):
     lease_s: Seconds | None = None
     kinds: list[str] | None = Field(default=None, max_length=1024)
-    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+    wait: Seconds = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
 
 
 class EpochBody(_Body):
@@ -84,7 +84,7 @@ class CompleteBody(EpochBody):
 
 class FailBody(EpochBody):
     error: str
-    permanent: bool = False
+    permanent: Flag = False
     reason: str = "failed"
 
 
