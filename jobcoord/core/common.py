@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import seconds_to_us
+from ..errors import InvalidInput
 from ..policy import Policy
 from ..store import statements as sql
 from ..store.base import Database
@@ -43,8 +44,14 @@ def record_event(ctx: Context, conn: Connection, job_id: int, now: int,
 def lease_us(ctx: Context, lease_s: float | None) -> int:
     """A lease length in microseconds: the policy's default, or `lease_s` within its bound."""
     value = ctx.policy.default_lease_s if lease_s is None else lease_s
-    return seconds_to_us(v.finite_seconds(value, "lease", 0, ctx.policy.max_lease_s,
-                                          lo_inclusive=False))
+    us = seconds_to_us(v.finite_seconds(value, "lease", 0, ctx.policy.max_lease_s,
+                                        lo_inclusive=False))
+    if us < 1:
+        # Above 0 but under half a microsecond: a lease that ends as it starts, which the
+        # leases table's check refuses (an internal error, after the write had begun).
+        raise InvalidInput("invalid_input", f"lease: {value!r} seconds is shorter than a "
+                           "microsecond", field="lease")
+    return us
 
 
 def fenced_args(job_id: Any, worker_id: str, epoch: Any, tenant: str | None

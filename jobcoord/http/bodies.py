@@ -1,11 +1,17 @@
-"""The API's request bodies (unknown fields are refused; NaN and Infinity too), its error
-body, and the limits the routes share."""
+"""The API's request bodies (unknown fields are refused; NaN and Infinity too; a fence's
+epoch, a lease's length, a claim's wait and the worker's flags take their own JSON type
+only), its error body, the limits the routes share, and the route class that answers a body
+Python cannot read as JSON with the JSON error."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+from starlette.exceptions import HTTPException
 
 #: Longest long-poll a claim may ask for.
 MAX_WAIT_S = 30.0
@@ -16,6 +22,15 @@ JOB_ID_MAX = 2**62
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+#: A number of seconds: a JSON number, never a string ("30") or a boolean (true would be a
+#: one-second lease).
+Seconds = Annotated[float, Strict()]
+#: A fencing epoch: a JSON integer, never true (epoch 1) or "1".
+Epoch = Annotated[int, Strict()]
+#: A flag: true or false, never "yes", 1 or "false".
+Flag = Annotated[bool, Strict()]
 
 
 class SubmitBody(_Body):
@@ -37,27 +52,27 @@ class HeartbeatBody(_Body):
 
 
 class ClaimBody(_Body):
-    lease_s: float | None = None
+    lease_s: Seconds | None = None
     kinds: list[str] | None = Field(default=None, max_length=1024)
-    wait: float = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+    wait: Seconds = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
 
 
 class EpochBody(_Body):
-    epoch: int
+    epoch: Epoch
 
 
 class RenewBody(EpochBody):
-    lease_s: float | None = None
+    lease_s: Seconds | None = None
 
 
 class CompleteBody(EpochBody):
     result: Any = None
     provenance: dict[str, Any] | None = None
-    claim_next: bool = Field(default=False, description=(
+    claim_next: Flag = Field(default=False, description=(
         "also claim this worker's next job in the completion's transaction (the token's "
         "tenant, the kinds of the worker's heartbeat); the answer's `next` is that claim's "
         "answer"))
-    lease_s: float | None = Field(default=None, description=(
+    lease_s: Seconds | None = Field(default=None, description=(
         "the next job's lease length (with `claim_next` only)"))
 
     @model_validator(mode="after")
@@ -69,7 +84,7 @@ class CompleteBody(EpochBody):
 
 class FailBody(EpochBody):
     error: str
-    permanent: bool = False
+    permanent: Flag = False
     reason: str = "failed"
 
 
@@ -116,3 +131,33 @@ ERRORS = error_responses(
     (500, "internal error"),
     (503, "database busy or unavailable; see Retry-After"),
 )
+
+
+class JSONRoute(APIRoute):
+    """A route whose body Python's JSON reader refuses with something other than a syntax
+    error (an integer of more than 4300 digits, nesting past the recursion limit) answers
+    400 `invalid_input` with the JSON error, as every other bad body does, instead of
+    FastAPI's bare "There was an error parsing the body". The strict reader
+    (validate.json_value, the routes' `strict` check) names the fault; it runs only on that
+    path."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except HTTPException as e:
+                if e.status_code != 400 or not isinstance(e.__cause__,
+                                                          (ValueError, RecursionError)):
+                    raise
+                from .. import validate as v
+                from ..errors import InvalidInput
+
+                srv = request.app.state.server
+                v.json_value(await request.body(), "body", max_bytes=srv.max_body,
+                             require_object=False, too_large_code="body_too_large")
+                raise InvalidInput("invalid_input", f"body: is not valid JSON ({e.__cause__})"
+                                   ) from None
+
+        return route

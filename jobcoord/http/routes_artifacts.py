@@ -20,12 +20,12 @@ from starlette.requests import ClientDisconnect
 from ..artifacts.objects import parse_digest, validate_name
 from ..errors import InvalidInput, Refused
 from ..tokens import Identity
-from .bodies import error_responses
+from .bodies import JSONRoute, error_responses
 from .deps import JobId, Reader, Srv, WorkerId, scope
 from .routes_worker import fenced
 from .state import Server
 
-router = APIRouter()
+router = APIRouter(route_class=JSONRoute)
 
 #: Media types that say nothing about an upload's bytes (curl's default label for a body).
 _UNLABELLED = ("application/x-www-form-urlencoded", "multipart/form-data")

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Response
 
 from .. import __version__
-from .bodies import SubmitBody
+from .bodies import JSONRoute, SubmitBody
 from .deps import Anyone, JobId, Reader, Srv, Submitter, scope, strict
 
-router = APIRouter()
+router = APIRouter(route_class=JSONRoute)
 
 
 @router.get("/healthz", responses={200: {"description": "serving"}})

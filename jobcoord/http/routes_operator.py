@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from .bodies import PruneBody, ReconcileBody
+from .bodies import JSONRoute, PruneBody, ReconcileBody
 from .deps import JobId, Operator, Srv, scope, strict
 
-router = APIRouter()
+router = APIRouter(route_class=JSONRoute)
 
 
 @router.post("/v1/jobs/{job_id}/cancel")

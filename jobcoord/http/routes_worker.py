@@ -18,13 +18,14 @@ from .bodies import (
     EpochBody,
     FailBody,
     HeartbeatBody,
+    JSONRoute,
     RenewBody,
 )
 from .deps import JobId, Srv, WorkerId, strict, worker_of
 from .state import Server
 
 T = TypeVar("T")
-router = APIRouter()
+router = APIRouter(route_class=JSONRoute)
 
 
 async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Identity, *args: Any,
