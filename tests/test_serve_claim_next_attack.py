@@ -755,3 +755,38 @@ def test_the_worker_routes_beside_it_take_their_own_json_types_too(target: Targe
     with Coordinator.open(target) as c:
         assert c.show(job)["job"]["status"] == "running"
         assert c.show(job)["lease"]["epoch"] == 1
+
+
+def test_submit_and_prune_bodies_take_their_own_json_types_too(target: Target) -> None:
+    """Submit read `max_attempts: "3"` or `true` as a number, `delay_s: true` as a second's
+    delay and `priority: true` as priority 1; prune read `dry_run: "false"` as a real prune.
+    Each is 400 invalid_input now, and nothing changed."""
+    submitter = token(target, "sub", "submitter")
+    operator = token(target, "op", "operator")
+    with Coordinator.open(target) as c:
+        done = c.enqueue("a", {})["job_id"]
+        c.heartbeat("w", readings=READINGS)
+        c.claim("w")
+        c.complete(done, "w", 1, {})
+    bad_submits = [{"max_attempts": "3"}, {"max_attempts": True}, {"max_attempts": 2.5},
+                   {"delay_s": True}, {"delay_s": "5"}, {"deadline_s": True},
+                   {"deadline_s": "60"}, {"priority": True}, {"priority": 1.5}]
+    with served(target, "--reap-every", "0") as s:
+        with s.client(submitter) as http:
+            for extra in bad_submits:
+                resp = http.post("/v1/jobs", json={"kind": "a", "payload": {}} | extra)
+                assert resp.status_code == 400, (extra, resp.text)
+                assert resp.json()["error"]["code"] == "invalid_input", (extra, resp.text)
+            ok = http.post("/v1/jobs", json={"kind": "a", "payload": {}, "max_attempts": 3,
+                                             "delay_s": 0, "deadline_s": 60, "priority": 2})
+            assert ok.status_code == 201, ok.text
+        with s.client(operator) as http:
+            for dry_run in ("false", "true", 0, 1):
+                resp = http.post("/v1/prune", json={"older_than": 0, "dry_run": dry_run})
+                assert resp.status_code == 400, (dry_run, resp.text)
+            for older_than in (True, False):
+                resp = http.post("/v1/prune", json={"older_than": older_than})
+                assert resp.status_code == 400, (older_than, resp.text)
+    with Coordinator.open(target) as c:
+        assert c.show(done)["job"]["status"] == "succeeded"  # never pruned
+        assert len(c.jobs(limit=100)["jobs"]) == 2  # the good submit only

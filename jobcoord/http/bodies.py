@@ -31,16 +31,18 @@ Seconds = Annotated[float, Strict()]
 Epoch = Annotated[int, Strict()]
 #: A flag: true or false, never "yes", 1 or "false".
 Flag = Annotated[bool, Strict()]
+#: A whole number: a JSON integer, never "3", true or 2.5.
+Whole = Annotated[int, Strict()]
 
 
 class SubmitBody(_Body):
     kind: str
     payload: dict[str, Any] | None = None
-    priority: int | str | None = None
+    priority: Whole | Annotated[str, Strict()] | None = None
     role: str | None = None
-    max_attempts: int | None = None
-    deadline_s: float | None = None
-    delay_s: float = 0.0
+    max_attempts: Whole | None = None
+    deadline_s: Seconds | None = None
+    delay_s: Seconds = 0.0
     #: Declared resource needs {"NAME": INT}, checked by the coordinator like `--needs`.
     needs: dict[str, Any] | None = None
 
@@ -100,9 +102,9 @@ class ReconcileBody(_Body):
 
 
 class PruneBody(_Body):
-    older_than: str | float
+    older_than: Annotated[str, Strict()] | Seconds
     statuses: list[str] | None = Field(default=None, max_length=8)
-    dry_run: bool = False
+    dry_run: Flag = False
 
 
 class ErrorDetail(BaseModel):
