@@ -230,3 +230,57 @@ def test_a_batch_claim_counts_its_own_jobs_against_a_concurrency_limit(
     assert kinds.count("k") == 2, kinds  # the third would pass the limit of 2
     again = coord.claim_many("w1", 5)
     assert [g["job"]["kind"] for g in again["claimed"]].count("k") == 0
+
+
+def _statements(coord: Coordinator, work: Any) -> list[str]:
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def listen(_c: Any, _cur: Any, stmt: str, *_a: Any) -> None:
+        seen.append(stmt)
+
+    event.listen(coord.db.engine, "before_cursor_execute", listen)
+    try:
+        work()
+    finally:
+        event.remove(coord.db.engine, "before_cursor_execute", listen)
+    return seen
+
+
+def test_a_batch_claim_without_limits_or_needs_takes_its_jobs_as_one_set(
+        coord: Coordinator) -> None:
+    # The same few statements for 40 jobs as for one: one take, the leases and the events
+    # in bulk (on PostgreSQL folded into the take), not a take per job.
+    coord.enqueue_many([JobSpec("k", {"i": i}, priority=i % 3) for i in range(41)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got: dict[str, Any] = {}
+    seen = _statements(coord, lambda: got.update(coord.claim_many("w1", 40, lease_s=30)))
+    assert len(got["claimed"]) == 40
+    takes = [s for s in seen if "SET status = 'running'" in s]
+    assert len(takes) == 1, seen
+    assert len(seen) <= 8, seen
+    # Claim order, each with its own epoch, lease and event.
+    order = [(g["job"]["priority"], g["job"]["job_id"]) for g in got["claimed"]]
+    assert order == sorted(order)
+    running = {r["job_id"] for r in coord.jobs(status="running", limit=100)["jobs"]}
+    assert running == {g["job"]["job_id"] for g in got["claimed"]}
+    for g in got["claimed"][::13]:
+        assert _events(coord, g["job"]["job_id"]) == [("enqueued", None), ("claimed", 1)]
+
+
+def test_a_batch_claim_gives_a_job_run_again_its_next_epoch_and_its_checkpoints(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    first = coord.claim("w1", lease_s=30)
+    job = first["job"]["job_id"]
+    coord.checkpoint(job, "w1", 1, "step", {"n": 1})
+    coord.fail(job, "w1", 1, "again", reason="worker_shutdown")  # back to waiting at once
+    got = coord.claim_many("w1", 5, lease_s=30)["claimed"]
+    assert got[0]["job"]["job_id"] == job
+    again = got[0]
+    assert again["lease"]["epoch"] == 2 and again["job"]["attempt"] == 2
+    assert [c["name"] for c in again["job"]["checkpoints"]] == ["step"]
+    assert _events(coord, job)[-1] == ("claimed", 2)
+    assert all(g["lease"]["epoch"] == 1 and g["job"]["checkpoints"] == [] for g in got[1:])

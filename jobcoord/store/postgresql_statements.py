@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Text, cast, false, func, insert, select, true
+from sqlalchemy import ARRAY, BigInteger, Text, any_, cast, false, func, insert, select, true
 
 from ..schema import job_events, jobs, leases, metadata
 from . import statements as s
@@ -70,6 +70,12 @@ def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
             .add_cte(leased, claimed))
 
 
+def _id_array(cte: Any) -> Any:
+    """The job ids of a CTE as one array value (an expression, so `= ANY` takes it as an
+    array, not as a subquery)."""
+    return cast(select(func.array_agg(cte.c.job_id)).scalar_subquery(), ARRAY(BigInteger))
+
+
 def _take_many_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
     """A batch claim in one short statement, as River and Oban take theirs: the probes read
     the first :heads rows of each slice without locks, `pick` locks the first :n of them in
@@ -80,10 +86,15 @@ def _take_many_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any
     cand = s.union_of(s.probes(n_roles, n_kinds, due_only=True, locked=False,
                                limit=s.P("heads"), tenant=tenant)
                       ).cte("cand").prefix_with("MATERIALIZED")
-    pick = (select(J.job_id).where(J.job_id.in_(select(cand.c.job_id)), *s.CLAIMABLE)
-            .order_by(*s.CLAIM_ORDER).limit(s.P("n")).with_for_update(skip_locked=True)
+    # Rows are found by key from an array of the ids (`= ANY`): with `IN (SELECT ...)` the
+    # planner may hash every job row of a small table instead of looking up a few dozen.
+    pick = (select(J.job_id)
+            .where(J.job_id == any_(_id_array(cand)), *s.CLAIMABLE)
+            .order_by(*s.CLAIM_ORDER).limit(s.P("n"))
+            .with_for_update(skip_locked=True)
             .cte("pick").prefix_with("MATERIALIZED"))
-    taken = s.TAKE_MANY_UPDATE.where(J.job_id.in_(select(pick.c.job_id))).cte("taken")
+    taken = s.TAKE_MANY_UPDATE.where(
+J.job_id == any_(_id_array(pick))).cte("taken")
     leased = insert(leases).from_select(
         ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
         select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
