@@ -72,6 +72,12 @@ class Taken(NamedTuple):
 
 
 _NO_PARAMS: Mapping[str, Any] = {}
+_FINISH_KEYS = ("job_id", "epoch", "to_status", "result", "provenance", "error", "finished",
+                "run_after", "now")
+
+
+def _finish_params(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in _FINISH_KEYS}
 
 
 
@@ -251,26 +257,27 @@ class Database:
     def _owned_many(self, size: int) -> SQL:
         return statements.owned_many(size)
 
-    def end_running_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    def end_running_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]],
+                         events: Sequence[Mapping[str, Any]]) -> None:
         """`end_running` of many running jobs at once, each row its parameters plus
-        `reason`, `worker` and `detail`: the compare-and-sets, the leases dropped and the
-        events recorded in bulk. Only for jobs whose rows this transaction holds and has
-        judged: a compare-and-set that changes nothing fails loudly."""
+        `reason`, `worker` and `detail`: the compare-and-sets and the dropped leases in
+        bulk, then `events` (each row of `INSERT_EVENT`: the ends' events and any other
+        event of the same batch, in the order given) in one insert. Only for jobs whose rows
+        this transaction holds and has judged: a compare-and-set that changes nothing fails
+        loudly. Fault points as `end_running`'s, once per reason."""
         s = statements
         reasons = sorted({r["reason"] for r in rows})
-        updated = self.run_many_count(conn, s.FINISH, rows)
+        updated = self.run_many_count(conn, s.FINISH, [_finish_params(r) for r in rows])
         if updated != len(rows):
             raise JobcoordError("internal_error", f"{len(rows) - updated} of {len(rows)} "
                                 "jobs changed under their write lock")
         for reason in reasons:
             faults.point(f"{reason}.after_update")
-        self.run_many(conn, s.DROP_LEASE, rows)
+        self.run_many(conn, s.DROP_LEASE, [{"job_id": r["job_id"], "epoch": r["epoch"]}
+                                           for r in rows])
         for reason in reasons:
             faults.point(f"{reason}.after_drop_lease")
-        self.run_many(conn, s.INSERT_EVENT, [
-            {"job_id": r["job_id"], "now": r["now"], "from_status": "running",
-             "to_status": r["to_status"], "reason": r["reason"], "worker": r["worker"],
-             "epoch": r["epoch"], "detail": r["detail"]} for r in rows])
+        self.run_many(conn, s.INSERT_EVENT, events)
         for reason in reasons:
             faults.point(f"{reason}.after_event")
 
