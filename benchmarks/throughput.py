@@ -23,7 +23,7 @@ import argparse
 import time
 from typing import Any
 
-from benchmarks import ceiling
+from benchmarks import ceiling, pgqueuer_run
 from benchmarks._common import (
     Scratch,
     conditions,
@@ -187,6 +187,13 @@ def main() -> None:
             for mode in modes:
                 r = jobcoord_pg(url, n, mode, jobs)
                 print(_line(f"jobcoord pg {mode}", "on", n, r, base["jobs_s"]), flush=True)
+            why = pgqueuer_run.available()
+            if why:
+                print(f"{'pgqueuer':<20} skipped: {why}", flush=True)
+            else:
+                r = pgqueuer_run.pgqueuer_run(url, n, jobs)
+                print(_line(f"pgqueuer b{pgqueuer_run.BATCH}", "on", n, r, base["jobs_s"]),
+                      flush=True)
 
 
 if __name__ == "__main__":
