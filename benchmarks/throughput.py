@@ -62,7 +62,7 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
             job = got["job"]
             if job is None:
                 lat.pop()
-                if _drained(c):
+                if _drained(c, worker):
                     break
                 continue
             c.complete(job["job_id"], worker, got["lease"]["epoch"], RESULT)
@@ -75,7 +75,7 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
             lat.append(time.perf_counter() - t0)
             if not got["claimed"]:
                 lat.pop()
-                if _drained(c):
+                if _drained(c, worker):
                     break
                 continue
             c.complete_many([{"job_id": g["job"]["job_id"], "worker_id": worker,
@@ -92,17 +92,21 @@ def _worker(index: int, barrier: Any, queue: Any, where: str, sync: str, mode: s
                 lat.append(time.perf_counter() - t0)
                 done += 1
                 got = both["next"]
-            if _drained(c):
+            if _drained(c, worker):
                 break
     c.close()
     queue.put({"index": index, "done": done, "claim_s": lat,
                "cpu_s": time.process_time() - cpu0})
 
 
-def _drained(c: Any) -> bool:
+def _drained(c: Any, worker: str) -> bool:
     """Whether no job waits any more. On PostgreSQL a claim that found nothing may only have
-    met rows other workers were claiming at that instant: not the end of the queue."""
-    return bool(c.status()["jobs"].get("waiting", 0) == 0)
+    met rows other workers were claiming at that instant: not the end of the queue. On a
+    loaded machine a long run can outlive the heartbeat sent at its start: send another."""
+    if c.status()["jobs"].get("waiting", 0) == 0:
+        return True
+    c.heartbeat(worker, roles=["gpu"])
+    return False
 
 
 def _fill(where: str, jobs: int, sync: str = "normal") -> None:
