@@ -356,3 +356,38 @@ def test_a_group_with_a_cancelled_job_carries_out_the_cancellation_and_accepts_t
     assert [r.get("status") or r["error"]["code"] for r in done["results"]] == [
         "succeeded", "job_cancelled", "succeeded"]
     assert coord.show(cancelled)["job"]["status"] == "cancelled"
+
+
+def test_a_worker_claims_its_free_slots_in_one_batch_on_both_databases(
+        coord: Coordinator, target: Any, tmp_path: Any) -> None:
+    # PostgreSQL workers claim batches too: the set-based claim is one short statement.
+    # Jobs claimed in one transaction share its time; single claims each have their own.
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    assert coord.db.batch_claims
+    coord.enqueue_many([JobSpec("noop", {"i": i}) for i in range(8)])
+    where = (["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url])
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", *where, "worker", "--worker-id", "bw",
+         "--app", "benchmarks.noop_app:app", "--concurrency", "4", "--lease", "60",
+         "--heartbeat-every", "5", "--reap-every", "0", "--poll", "0.1"],
+        cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while coord.status()["jobs"].get("succeeded", 0) < 8:
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            assert time.monotonic() < end, "the worker did not finish the jobs"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    times = [e["at"] for j in range(1, 9) for e in coord.show(j)["events"]
+             if e["reason"] == "claimed"]
+    assert len(times) == 8
+    assert len(set(times)) < 8, times  # at least two jobs were claimed in one transaction
