@@ -44,6 +44,18 @@ from benchmarks._common import (
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pgqueuer_line(url: Any, procs: int, jobs: int, base: float, sync: str) -> str:
+    """pgqueuer's consumer in the same run (benchmarks/pgqueuer_run.py), or why not."""
+    from benchmarks.pgqueuer_run import available, pgqueuer_run
+
+    why = available()
+    if why:
+        return f"{'pgqueuer':<26} skipped: {why}"
+    r = pgqueuer_run(url, procs, jobs)
+    return (f"{f'pgqueuer {procs} procs':<26} {sync:<7} {jobs:>6} {r['jobs_s']:>8.0f} "
+            f"{r['jobs_s'] / base:>6.2f}x")
+
+
 def _where(target: str, sync: str) -> list[str]:
     if target.startswith("postgresql"):
         return ["--url", target]
@@ -196,6 +208,8 @@ def main() -> None:
                                  t, s, args.procs, args.concurrency, j, b))
                     print(f"{name:<26} {sync:<7} {jobs:>6} {r['jobs_s']:>8.0f} "
                           f"{r['jobs_s'] / base:>6.2f}x", flush=True)
+                if backend == "postgresql":
+                    print(pgqueuer_line(url, args.procs, jobs, base, sync), flush=True)
             print()
         if parts & {"pickup", "idle"}:
             print(f"{'pickup (4 idle workers)':<26} {'sync':<7} {'p50 ms':>8} {'p99 ms':>8} "

@@ -135,12 +135,14 @@ class Coordinator:
         return claim_rules.claimable(self, worker_id, kinds)
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
-                   kinds: Sequence[str] | None = None) -> dict[str, Any]:
-        """Give this worker up to `n` (1..1000) eligible jobs in one write transaction, in
-        claim order, each under its own lease, epoch and event (the rules:
-        `core.claim.claim_many`)."""
+                   kinds: Sequence[str] | None = None, tenant: str | None = None
+                   ) -> dict[str, Any]:
+        """Give this worker up to `n` (1..1000) eligible jobs (of `tenant` only, when given)
+        in one write transaction, in claim order, each under its own lease, epoch and event
+        (the rules: `core.claim.claim_many`)."""
         return present.claimed_many_json(
-            claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds))
+            claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds,
+                                   tenant=tenant))
 
     def complete_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Many completions (each: job_id, worker_id, epoch, result; optionally provenance,

@@ -148,6 +148,12 @@ def test_fail_many_judges_each_failure_like_fail(coord: Coordinator) -> None:
     assert a_out["status"] == "dead" and "attempts used" in a_out["dead_because"]
     assert b_out["status"] == "waiting" and "run_after" in b_out
     assert dup["error"]["code"] == "lease_expired"  # b is waiting again: no lease to fail
+    # Said as what happened: this batch already failed it, not a lease that expired.
+    assert dup["error"]["message"] == (
+        f"job {b['job']['job_id']} was already failed earlier in this batch (it is now "
+        "waiting); only the first report of an attempt counts")
+    assert dup["error"]["details"]["earlier_in_batch"] is True
+    assert "reaped" not in dup["error"]["message"]
     assert (done["accepted"], done["refused"]) == (2, 1)
     assert _events(coord, b["job"]["job_id"])[-1] == ("fail_refused", 1)
 
@@ -230,3 +236,158 @@ def test_a_batch_claim_counts_its_own_jobs_against_a_concurrency_limit(
     assert kinds.count("k") == 2, kinds  # the third would pass the limit of 2
     again = coord.claim_many("w1", 5)
     assert [g["job"]["kind"] for g in again["claimed"]].count("k") == 0
+
+
+def _statements(coord: Coordinator, work: Any) -> list[str]:
+    from sqlalchemy import event
+
+    seen: list[str] = []
+
+    def listen(_c: Any, _cur: Any, stmt: str, *_a: Any) -> None:
+        seen.append(stmt)
+
+    event.listen(coord.db.engine, "before_cursor_execute", listen)
+    try:
+        work()
+    finally:
+        event.remove(coord.db.engine, "before_cursor_execute", listen)
+    return seen
+
+
+def test_a_batch_claim_without_limits_or_needs_takes_its_jobs_as_one_set(
+        coord: Coordinator) -> None:
+    # The same few statements for 40 jobs as for one: one take, the leases and the events
+    # in bulk (on PostgreSQL folded into the take), not a take per job.
+    coord.enqueue_many([JobSpec("k", {"i": i}, priority=i % 3) for i in range(41)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got: dict[str, Any] = {}
+    seen = _statements(coord, lambda: got.update(coord.claim_many("w1", 40, lease_s=30)))
+    assert len(got["claimed"]) == 40
+    takes = [s for s in seen if "SET status = 'running'" in s]
+    assert len(takes) == 1, seen
+    assert len(seen) <= 8, seen
+    # Claim order, each with its own epoch, lease and event.
+    order = [(g["job"]["priority"], g["job"]["job_id"]) for g in got["claimed"]]
+    assert order == sorted(order)
+    running = {r["job_id"] for r in coord.jobs(status="running", limit=100)["jobs"]}
+    assert running == {g["job"]["job_id"] for g in got["claimed"]}
+    for g in got["claimed"][::13]:
+        assert _events(coord, g["job"]["job_id"]) == [("enqueued", None), ("claimed", 1)]
+
+
+def test_a_batch_claim_gives_a_job_run_again_its_next_epoch_and_its_checkpoints(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    first = coord.claim("w1", lease_s=30)
+    job = first["job"]["job_id"]
+    coord.checkpoint(job, "w1", 1, "step", {"n": 1})
+    coord.fail(job, "w1", 1, "again", reason="worker_shutdown")  # back to waiting at once
+    got = coord.claim_many("w1", 5, lease_s=30)["claimed"]
+    assert got[0]["job"]["job_id"] == job
+    again = got[0]
+    assert again["lease"]["epoch"] == 2 and again["job"]["attempt"] == 2
+    assert [c["name"] for c in again["job"]["checkpoints"]] == ["step"]
+    assert _events(coord, job)[-1] == ("claimed", 2)
+    assert all(g["lease"]["epoch"] == 1 and g["job"]["checkpoints"] == [] for g in got[1:])
+
+
+def test_a_group_completion_reads_every_lease_once_and_writes_in_bulk(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(30)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 30, lease_s=30)["claimed"]
+    items = [_item(g) for g in got]
+    items[7]["epoch"] = 5
+    done: dict[str, Any] = {}
+    seen = _statements(coord, lambda: done.update(coord.complete_many(items)))
+    assert (done["accepted"], done["refused"]) == (29, 1)
+    # One fence read for the 30 items, one executemany per statement kind: not 30 of each.
+    assert len([s for s in seen if "FROM jobs LEFT OUTER JOIN leases" in s]) == 1, seen
+    assert len(seen) <= 6, seen
+    for i, g in enumerate(got):
+        if i != 7:
+            assert _events(coord, g["job"]["job_id"])[-1] == ("completed", 1)
+    assert _events(coord, got[7]["job"]["job_id"])[-1] == ("complete_refused", 5)
+
+
+def test_a_group_keeps_each_jobs_events_in_the_order_of_its_items(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(2)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    a, b = coord.claim_many("w1", 2, lease_s=30)["claimed"]
+    done = coord.complete_many([_item(b), _item(a, epoch=3), _item(a), _item(a)])
+    codes = [r.get("status") or r["error"]["code"] for r in done["results"]]
+    assert codes == ["succeeded", "stale_epoch", "succeeded", "job_finished"]
+    # The refused report before the accepted one, then the late duplicate: as the single
+    # calls one after the other would have recorded them.
+    assert _events(coord, a["job"]["job_id"]) == [
+        ("enqueued", None), ("claimed", 1), ("complete_refused", 3), ("completed", 1),
+        ("complete_refused", 1)]
+    assert "earlier in this batch" in done["results"][3]["error"]["message"]
+    assert "earlier in this batch" not in done["results"][1]["error"]["message"]
+
+
+def test_a_group_judges_each_lease_expiry_at_its_commit(coord: Coordinator) -> None:
+    import time
+
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    short = coord.claim("w1", lease_s=0.2)
+    rest = coord.claim_many("w1", 2, lease_s=30)["claimed"]
+    time.sleep(0.3)  # the short lease has expired, not yet reaped
+    done = coord.fail_many([{"job_id": g["job"]["job_id"], "worker_id": "w1",
+                             "epoch": g["lease"]["epoch"], "error": "x"}
+                            for g in (short, *rest)])
+    assert done["results"][0]["error"]["code"] == "lease_expired"
+    assert "expired at" in done["results"][0]["error"]["message"]
+    assert [r["status"] for r in done["results"][1:]] == ["waiting", "waiting"]
+    assert _events(coord, short["job"]["job_id"])[-1] == ("fail_refused", 1)
+
+
+def test_a_group_with_a_cancelled_job_carries_out_the_cancellation_and_accepts_the_rest(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 3, lease_s=30)["claimed"]
+    cancelled = got[1]["job"]["job_id"]
+    coord.cancel(cancelled)
+    done = coord.complete_many([_item(g) for g in got])
+    assert [r.get("status") or r["error"]["code"] for r in done["results"]] == [
+        "succeeded", "job_cancelled", "succeeded"]
+    assert coord.show(cancelled)["job"]["status"] == "cancelled"
+
+
+def test_a_worker_claims_its_free_slots_in_one_batch_on_both_databases(
+        coord: Coordinator, target: Any, tmp_path: Any) -> None:
+    # PostgreSQL workers claim batches too: the set-based claim is one short statement.
+    # Jobs claimed in one transaction share its time; single claims each have their own.
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    assert coord.db.batch_claims
+    coord.enqueue_many([JobSpec("noop", {"i": i}) for i in range(8)])
+    where = (["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url])
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", *where, "worker", "--worker-id", "bw",
+         "--app", "benchmarks.noop_app:app", "--concurrency", "4", "--lease", "60",
+         "--heartbeat-every", "5", "--reap-every", "0", "--poll", "0.1"],
+        cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while coord.status()["jobs"].get("succeeded", 0) < 8:
+            assert proc.poll() is None, (tmp_path / "worker.log").read_text()
+            assert time.monotonic() < end, "the worker did not finish the jobs"
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        log.close()
+    times = [e["at"] for j in range(1, 9) for e in coord.show(j)["events"]
+             if e["reason"] == "claimed"]
+    assert len(times) == 8
+    assert len(set(times)) < 8, times  # at least two jobs were claimed in one transaction

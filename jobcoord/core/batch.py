@@ -4,16 +4,27 @@ its own answer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
-from ..errors import InvalidInput, JobcoordError
+from ..clock import now_us
+from ..errors import InvalidInput, JobcoordError, Refused
+from ..store import statements as sql
 from .claim import MAX_BATCH
-from .common import Context
-from .fencing import completion, failure
+from .common import Context, as_bool
+from .fencing import (
+    Completion,
+    completion_end,
+    completion_parts,
+    completion_step,
+    failure_end,
+    failure_parts,
+    failure_step,
+    judge,
+)
 
 #: The fields of one item, required first.
 COMPLETE_FIELDS = ("job_id", "worker_id", "epoch", "result", "provenance", "tenant")
@@ -22,6 +33,9 @@ FAIL_FIELDS = ("job_id", "worker_id", "epoch", "error", "permanent", "reason", "
 REQUIRED = ("job_id", "worker_id", "epoch")
 
 Step = Callable[[Connection], Any]
+#: An accepted item's end (end_running's parameters, reason, worker, detail) and answer.
+Accept = Callable[[Connection, Any, Any, int], tuple[dict[str, Any], dict[str, Any]]]
+T = TypeVar("T")
 
 
 def _items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
@@ -53,33 +67,95 @@ def _items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
     return out
 
 
-def _checked(i: int, item: Mapping[str, Any], build: Callable[[], Any]) -> tuple[int, Any]:
-    """Validate one item as the single call would, saying which item was refused; its job
-    id and its step."""
+def _checked(i: int, build: Callable[[], T]) -> T:
+    """Validate one item as the single call would, saying which item was refused."""
     try:
-        return v.whole(item["job_id"], "job_id", 1, 2**62), build()
+        return build()
     except InvalidInput as e:
         raise InvalidInput(e.code, f"items[{i}]: {e.message}", item=i, **e.details) from None
 
 
-def _run_all(ctx: Context, checked: list[tuple[int, Step]], where: str,
-             unpack: Callable[[Any], Any]) -> dict[str, Any]:
-    jobs = [job for job, _ in checked]
-    steps = [step for _, step in checked]
-    # Judged in job id order: two batches touching the same jobs take their row locks
-    # (PostgreSQL) in one order and never deadlock; the answers keep the caller's order.
-    order = sorted(range(len(steps)), key=lambda i: jobs[i])
+#: What an accepted report of each kind did to its job, for the refusal of a second report
+#: of the same job later in the batch.
+_DONE = {"complete": "completed", "fail": "failed"}
+
+
+def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
+             step: Callable[[Any], Step], accept: Accept) -> dict[str, Any]:
+    """Judge every item in one write transaction, in job id order (two batches touching the
+    same jobs take their row locks, on PostgreSQL, in one order and never deadlock); the
+    answers keep the caller's order.
+
+    The fence rows of all items are read in one statement (and held until commit), each
+    item is judged in Python by the rules of its single call (`judge`), in order, against
+    its job's state after the batch's earlier items, and the accepted ones are written in
+    bulk, with every event in the order the single calls would have written them. An item
+    that needs a write of its own while being judged (artifacts to link, a cancellation to
+    carry out) sends the whole batch through the single calls' steps instead."""
+    order = sorted(range(len(parts)), key=lambda i: parts[i].job_id)
 
     def _do(conn: Connection) -> dict[str, Any]:
-        answers: list[dict[str, Any] | None] = [None] * len(steps)
+        answers: list[dict[str, Any] | None] = [None] * len(parts)
+        rows: dict[int, Any] = ctx.db.read_owned_many(conn, [p.job_id for p in parts])
+        now = now_us()
+        done: dict[int, str] = {}  # job id -> its status after this batch's earlier report
+        if any(getattr(p, "plan", None) for p in parts) or any(
+                as_bool(r[3]) for r in rows.values()):
+            for i in order:
+                got = step(parts[i])(conn)
+                got = got[0] if isinstance(got, tuple) else got
+                answers[i] = _answer(parts[i], got, done, op)
+            return _summary(answers)
+        ends: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
         for i in order:
-            got = unpack(steps[i](conn))
-            answers[i] = ({"job_id": jobs[i], **got.to_json()}
-                          if isinstance(got, JobcoordError) else got)
-        refused = sum(1 for a in answers if a is not None and "error" in a)
-        return {"results": answers, "accepted": len(steps) - refused, "refused": refused}
+            p = parts[i]
+            row = rows.get(p.job_id)
+            owned = judge(ctx, conn, row, p.job_id, p.worker_id, p.epoch, p.tenant, op, now)
+            if isinstance(owned, JobcoordError):
+                if owned.code not in ("job_not_found", "job_cancelled"):
+                    events.append({
+                        "job_id": p.job_id, "now": now, "from_status": row[0],
+                        "to_status": row[0], "reason": f"{op}_refused",
+                        "worker": p.worker_id, "epoch": p.epoch,
+                        "detail": v.dumps({"refusal": owned.code})})
+                answers[i] = _answer(p, owned, done, op)
+                continue
+            end, out = accept(conn, p, owned, now)
+            ends.append(end)
+            events.append({k: end[k] for k in ("job_id", "now", "to_status", "reason",
+                                               "worker", "epoch", "detail")}
+                          | {"from_status": "running"})
+            answers[i] = _answer(p, out, done, op)
+            # Later items of this job see it ended: no lease, its new status.
+            rows[p.job_id] = (end["to_status"], *row[1:9], None, None, None)
+        if ends:
+            ctx.db.end_running_many(conn, ends, events)
+            if any(e["to_status"] == "waiting" for e in ends):
+                ctx.db.announce_jobs(conn)
+        elif events:
+            ctx.db.run_many(conn, sql.INSERT_EVENT, events)
+        return _summary(answers)
 
     return ctx.db.write(_do, where)
+
+
+def _answer(p: Any, got: Any, done: dict[int, str], op: str) -> dict[str, Any]:
+    """An item's answer; a refusal of a job this batch already reported on says so."""
+    if not isinstance(got, JobcoordError):
+        done[p.job_id] = got["status"]
+        return got  # type: ignore[no-any-return]
+    if p.job_id in done:
+        status = done[p.job_id]
+        got = Refused(got.code, f"job {p.job_id} was already {_DONE[op]} earlier in this "
+                      f"batch (it is now {status}); only the first report of an attempt "
+                      "counts", **got.details, earlier_in_batch=True)
+    return {"job_id": p.job_id, **got.to_json()}
+
+
+def _summary(answers: list[dict[str, Any] | None]) -> dict[str, Any]:
+    refused = sum(1 for a in answers if a is not None and "error" in a)
+    return {"results": answers, "accepted": len(answers) - refused, "refused": refused}
 
 
 def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
@@ -89,10 +165,17 @@ def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
     complete's answer, or {"job_id": ..., "error": {"code", "message", "details"}} for a
     refused one (recorded as its own `complete_refused` event, as `complete` records it)."""
     checked = _items(items, COMPLETE_FIELDS, REQUIRED)
-    steps = [_checked(i, it, lambda it=it: completion(
+    parts = [_checked(i, lambda it=it: completion_parts(
         ctx, it["job_id"], it["worker_id"], it["epoch"], it.get("result"),
-        it.get("provenance"), it.get("tenant"))[0]) for i, it in enumerate(checked)]
-    return _run_all(ctx, steps, "complete_many", lambda got: got[0])
+        it.get("provenance"), it.get("tenant"))) for i, it in enumerate(checked)]
+
+    def accept(_conn: Connection, c: Completion, _owned: Any, now: int
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return completion_end(c, now), {"job_id": c.job_id, "status": "succeeded",
+                                        "epoch": c.epoch, "finished_at": now}
+
+    return _run_all(ctx, parts, "complete", "complete_many",
+                    lambda c: completion_step(ctx, c), accept)
 
 
 def fail_many(ctx: Context, items: Any) -> dict[str, Any]:
@@ -101,9 +184,10 @@ def fail_many(ctx: Context, items: Any) -> dict[str, Any]:
     Returns {"results": [...], "accepted": n, "refused": m} in the shape of complete_many,
     each accepted answer the one `fail` gives."""
     checked = _items(items, FAIL_FIELDS, (*REQUIRED, "error"))
-    steps = [_checked(i, it, lambda it=it: failure(
-        ctx, it["job_id"], it["worker_id"], it["epoch"], it["error"],
+    parts = [_checked(i, lambda it=it: failure_parts(
+        it["job_id"], it["worker_id"], it["epoch"], it["error"],
         permanent=it.get("permanent", False), reason=it.get("reason", "failed"),
         tenant=it.get("tenant"), effect_not_applied=it.get("effect_not_applied", False)))
         for i, it in enumerate(checked)]
-    return _run_all(ctx, steps, "fail_many", lambda got: got)
+    return _run_all(ctx, parts, "fail", "fail_many", lambda f: failure_step(ctx, f),
+                    lambda conn, f, owned, now: failure_end(ctx, conn, f, owned, now))

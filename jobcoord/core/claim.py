@@ -72,9 +72,11 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
 
 
 def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = None,
-               kinds: Sequence[str] | None = None) -> dict[str, Any]:
+               kinds: Sequence[str] | None = None, tenant: str | None = None
+               ) -> dict[str, Any]:
     """Give this worker up to `n` eligible waiting jobs in one write transaction, in claim
-    order, each under its own lease, epoch and `claimed` event.
+    order, each under its own lease, epoch and `claimed` event. With a `tenant`, only that
+    tenant's jobs are eligible, as for `claim`.
 
     Returns {"claimed": [<claim's answer>, ...], "reason": None, "detail": None}; when
     nothing could be taken, "claimed" is empty and reason/detail say why, as `claim` does
@@ -83,8 +85,10 @@ def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = 
     count = v.whole(n, "n", 1, MAX_BATCH)
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    tenant = v.optional_name(tenant, "tenant")
     return ctx.db.write(
-        lambda conn: claim_many_in(ctx, conn, worker_id, count, lease, kind_filter, now_us()),
+        lambda conn: claim_many_in(ctx, conn, worker_id, count, lease, kind_filter, now_us(),
+                                   tenant),
         "claim_many")
 
 
@@ -94,25 +98,34 @@ MAX_BATCH = 1000
 
 
 def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_us: int,
-                  kinds: Sequence[str] | None, now: int) -> dict[str, Any]:
+                  kinds: Sequence[str] | None, now: int, tenant: str | None = None
+                  ) -> dict[str, Any]:
     """claim_many inside an open write transaction: the worker is admitted once (heartbeat,
-    gates), then the single claim's per-candidate step runs until `n` jobs are taken or a
-    step takes none; every step sees the jobs already taken in this batch."""
+    gates). Without limits and without waiting jobs that declare needs, the store takes the
+    first `n` eligible jobs as one set (`take_many`); otherwise the single claim's
+    per-candidate step runs until `n` jobs are taken or a step takes none, every step
+    counting the jobs already taken in this batch."""
     admitted = admit(ctx, conn, worker_id, kinds, now)
     if isinstance(admitted, dict):
         return {"claimed": [], "reason": admitted["reason"], "detail": admitted["detail"]}
     roles, kinds, gates, flags = admitted
     taken: list[dict[str, Any]] = []
     verdict = None
-    while len(taken) < n:
-        got, verdict = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now,
-                                taken, n, flags=flags)
-        if got is None:  # a step that takes nothing (or a rule that refuses) ends the batch
-            break
-        taken.append(got)
+    if not (flags[0] or flags[1]):
+        expires = now + lease_us
+        taken = [answer(ctx, conn, worker_id, job, expires) for job in ctx.db.take_many(
+            conn, roles, kinds, n=n, worker=worker_id, now=now, expires=expires,
+            max_priority=gates.max_priority, expires_iso=iso(expires), tenant=tenant)]
+    else:
+        while len(taken) < n:
+            got, verdict = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now,
+                                    taken, n, tenant=tenant, flags=flags)
+            if got is None:  # a step that takes nothing (or a rule that refuses) ends it
+                break
+            taken.append(got)
     if not taken:
         code, detail = ((verdict.code, verdict.detail) if verdict is not None
-                        else why_nothing(ctx, conn, roles, kinds, gates, now))
+                        else why_nothing(ctx, conn, roles, kinds, gates, now, tenant))
         refuse(ctx, conn, worker_id, now, code, detail)
         return {"claimed": [], "reason": code, "detail": detail}
     return {"claimed": taken, "reason": None, "detail": None}
@@ -174,7 +187,14 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
                                expires_iso=iso(expires), tenant=tenant, batch=batch)
     if got.job is None:  # nothing picked, or the compare-and-set lost, or a limit refused
         return None, verdict
-    job_id, kind, priority, payload, attempts, max_attempts, epoch, job_tenant = got.job
+    return answer(ctx, conn, worker_id, got.job, expires), None
+
+
+def answer(ctx: Context, conn: Connection, worker_id: str, job: Sequence[Any], expires: int
+           ) -> dict[str, Any]:
+    """A claim's answer for a job it took (`Taken.job`), with the checkpoints earlier
+    attempts left."""
+    job_id, kind, priority, payload, attempts, max_attempts, epoch, job_tenant = job
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
@@ -187,7 +207,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
                 "max_attempts": max_attempts, "checkpoints": checkpoints},
         "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": expires,
                   "expires_at_us": expires},
-    }, None
+    }
 
 
 def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None) -> bool:

@@ -3,8 +3,9 @@ next), fail with backoff, renew, mark an external effect, checkpoint, release.""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.engine import Connection
 
@@ -94,12 +95,24 @@ def reject_event(ctx: Context, conn: Connection, refusal: JobcoordError, job_id:
                  {"refusal": refusal.code})
 
 
-def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: Any,
-               provenance: Mapping[str, Any] | None, tenant: str | None
-               ) -> tuple[Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]],
-                          str]:
-    """Validate a completion before any transaction; return the fenced step that accepts
-    it inside one (shared by complete and complete_and_claim) and the worker id."""
+class Completion(NamedTuple):
+    """A completion checked before any transaction: its fenced arguments, its result and
+    provenance as stored text, and the artifacts it links (None: none)."""
+
+    job_id: int
+    worker_id: str
+    epoch: int
+    tenant: str | None
+    result: str
+    provenance: str | None
+    plan: Any
+
+
+def completion_parts(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: Any,
+                     provenance: Mapping[str, Any] | None, tenant: str | None
+                     ) -> Completion:
+    """Validate a completion before any transaction (shared by complete, complete_and_claim
+    and complete_many)."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
     _, result_text = v.json_value({} if result is None else result, "result", str_is_text=False,
@@ -116,20 +129,48 @@ def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: An
         from ..artifacts import rules as artifact_rules
 
         plan = artifact_rules.prepare_completion(ctx, job_id, worker_id, epoch, tenant)
+    return Completion(job_id, worker_id, epoch, tenant, result_text, prov_text, plan)
+
+
+def completion_end(c: Completion, now: int) -> dict[str, Any]:
+    """An accepted completion's end: the parameters of `end_running` (with its reason,
+    worker and detail), and its answer."""
+    return {"job_id": c.job_id, "epoch": c.epoch, "to_status": "succeeded",
+            "result": c.result, "provenance": c.provenance, "error": None,
+            "finished": now, "run_after": now, "now": now, "reason": "completed",
+            "worker": c.worker_id, "detail": None}
+
+
+def completion(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: Any,
+               provenance: Mapping[str, Any] | None, tenant: str | None
+               ) -> tuple[Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]],
+                          str]:
+    """Validate a completion before any transaction; return the fenced step that accepts
+    it inside one (shared by complete and complete_and_claim) and the worker id."""
+    return completion_step(ctx, completion_parts(ctx, job_id, worker_id, epoch, result,
+                                                 provenance, tenant)), worker_id
+
+
+def completion_step(ctx: Context, c: Completion
+                    ) -> Callable[[Connection], tuple[dict[str, Any] | JobcoordError, int]]:
+    """The fenced step that accepts a checked completion inside a write transaction."""
+    job_id, worker_id, epoch = c.job_id, c.worker_id, c.epoch
 
     def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
-        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "complete")
+        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, c.tenant, "complete")
         if isinstance(owned, JobcoordError):
             reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
             return owned, now
-        if plan:
-            artifact_rules.link_accepted(ctx, conn, plan, job_id, worker_id, epoch, now)
+        if c.plan:
+            from ..artifacts import rules as artifact_rules
+
+            artifact_rules.link_accepted(ctx, conn, c.plan, job_id, worker_id, epoch, now)
         end_running(ctx, conn, job_id, epoch, now, "succeeded", "completed", worker_id,
-                    result=result_text, provenance=prov_text)
+                    result=c.result, provenance=c.provenance)
         return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
                 "finished_at": now}, now
 
-    return finish, worker_id
+    return finish
 
 
 def complete(ctx: Context, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
@@ -190,69 +231,110 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
     return ctx.db.write(step, "fail")
 
 
+class Failure(NamedTuple):
+    """A failure report checked before any transaction."""
+
+    job_id: int
+    worker_id: str
+    epoch: int
+    tenant: str | None
+    error: str
+    reason: str
+    permanent: bool
+    effect_not_applied: bool
+
+
+def failure_parts(job_id: Any, worker_id: Any, epoch: Any, error: Any, *,
+                  permanent: Any = False, reason: Any = "failed", tenant: Any = None,
+                  effect_not_applied: Any = False) -> Failure:
+    """Validate a failure report before any transaction (shared by fail and fail_many)."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
+    return Failure(job_id, worker_id, epoch, tenant,
+                   v.utf8_text(error, "error", max_len=v.MAX_TEXT),
+                   v.name(reason, "reason", max_len=40), v.flag(permanent, "permanent"),
+                   v.flag(effect_not_applied, "effect_not_applied"))
+
+
+def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any], now: int
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Where an accepted failure takes its job (judged on `owned`, the fence row): the
+    parameters of `end_running` (with its reason, worker and detail), and the answer."""
+    job_id = f.job_id
+    attempts, max_attempts, deadline = owned[5], owned[6], owned[7]
+    detail: dict[str, Any] = {"error": f.error, "attempt": attempts}
+    if f.effect_not_applied:
+        detail["effect_not_applied"] = True
+    effect = as_bool(owned[4]) and not f.effect_not_applied
+    backoff_us = seconds_to_us(ctx.policy.backoff_s(attempts))
+    release = f.reason == "worker_shutdown" and not f.permanent and not effect
+    if release and ctx.db.run(conn, sql.RELEASES, {"job_id": job_id}
+                              ).fetchone()[0] >= ctx.policy.max_releases:
+        release = False  # past the bound: this release counts as an attempt
+        detail["releases_exhausted"] = ctx.policy.max_releases
+    if release:
+        backoff_us = 0
+    if f.permanent:
+        to_status, why = "dead", "permanent failure"
+    elif effect:
+        to_status, why = "unknown", "an external effect had started"
+    elif release and (deadline is None or now < deadline):
+        to_status, why = "waiting", None
+        if attempts >= max_attempts:
+            ctx.db.run(conn, sql.GRANT_ATTEMPT, {"job_id": job_id,
+                                                 "max_attempts": attempts + 1})
+            detail["max_attempts"] = max_attempts = attempts + 1
+    elif attempts >= max_attempts:
+        to_status, why = "dead", f"all {max_attempts} attempts used"
+    elif deadline is not None and now + backoff_us >= deadline:
+        to_status, why = "dead", "the next attempt would start past the deadline"
+    else:
+        to_status, why = "waiting", None
+        detail["backoff_s"] = backoff_us / MICROS
+        detail["run_after"] = iso(now + backoff_us)
+    if why and to_status == "unknown":
+        detail["because"] = why
+    elif why:
+        detail["dead_because"] = why
+    end = {"job_id": job_id, "epoch": f.epoch, "to_status": to_status, "result": None,
+           "provenance": None, "error": f.error,
+           "finished": now if to_status in FINAL_STATUSES else None,
+           "run_after": now + backoff_us if to_status == "waiting" else now, "now": now,
+           "reason": f.reason, "worker": f.worker_id, "detail": v.dumps(detail)}
+    out = {"job_id": job_id, "status": to_status, "attempt": attempts,
+           "max_attempts": max_attempts}
+    if to_status == "waiting":
+        out["run_after"] = now + backoff_us
+    elif to_status == "unknown":
+        out["because"] = why
+    else:
+        out["dead_because"] = why
+    return end, out
+
+
 def failure(ctx: Context, job_id: Any, worker_id: Any, epoch: Any, error: Any, *,
             permanent: Any = False, reason: Any = "failed", tenant: Any = None,
             effect_not_applied: Any = False
             ) -> Callable[[Connection], dict[str, Any] | JobcoordError]:
     """Validate a failure report before any transaction; return the fenced step that
     judges it inside one (shared by fail and fail_many)."""
-    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
-    error = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
-    reason = v.name(reason, "reason", max_len=40)
-    permanent = v.flag(permanent, "permanent")
-    effect_not_applied = v.flag(effect_not_applied, "effect_not_applied")
+    return failure_step(ctx, failure_parts(job_id, worker_id, epoch, error,
+                                           permanent=permanent, reason=reason, tenant=tenant,
+                                           effect_not_applied=effect_not_applied))
+
+
+def failure_step(ctx: Context, f: Failure
+                 ) -> Callable[[Connection], dict[str, Any] | JobcoordError]:
+    """The fenced step that judges a checked failure report inside a write transaction."""
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
-        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "fail")
+        owned, now = check_owner(ctx, conn, f.job_id, f.worker_id, f.epoch, f.tenant, "fail")
         if isinstance(owned, JobcoordError):
-            reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "fail")
+            reject_event(ctx, conn, owned, f.job_id, f.worker_id, f.epoch, now, "fail")
             return owned
-        attempts, max_attempts, deadline = owned[5], owned[6], owned[7]
-        detail: dict[str, Any] = {"error": error, "attempt": attempts}
-        if effect_not_applied:
-            detail["effect_not_applied"] = True
-        effect = as_bool(owned[4]) and not effect_not_applied
-        backoff_us = seconds_to_us(ctx.policy.backoff_s(attempts))
-        release = reason == "worker_shutdown" and not permanent and not effect
-        if release and ctx.db.run(conn, sql.RELEASES, {"job_id": job_id}
-                                      ).fetchone()[0] >= ctx.policy.max_releases:
-            release = False  # past the bound: this release counts as an attempt
-            detail["releases_exhausted"] = ctx.policy.max_releases
-        if release:
-            backoff_us = 0
-        if permanent:
-            to_status, why = "dead", "permanent failure"
-        elif effect:
-            to_status, why = "unknown", "an external effect had started"
-        elif release and (deadline is None or now < deadline):
-            to_status, why = "waiting", None
-            if attempts >= max_attempts:
-                ctx.db.run(conn, sql.GRANT_ATTEMPT, {"job_id": job_id,
-                                                     "max_attempts": attempts + 1})
-                detail["max_attempts"] = max_attempts = attempts + 1
-        elif attempts >= max_attempts:
-            to_status, why = "dead", f"all {max_attempts} attempts used"
-        elif deadline is not None and now + backoff_us >= deadline:
-            to_status, why = "dead", "the next attempt would start past the deadline"
-        else:
-            to_status, why = "waiting", None
-            detail["backoff_s"] = backoff_us / MICROS
-            detail["run_after"] = iso(now + backoff_us)
-        if why and to_status == "unknown":
-            detail["because"] = why
-        elif why:
-            detail["dead_because"] = why
-        end_running(ctx, conn, job_id, epoch, now, to_status, reason, worker_id, error=error,
-                    run_after=now + backoff_us if to_status == "waiting" else now,
-                    detail=detail)
-        out = {"job_id": job_id, "status": to_status, "attempt": attempts,
-               "max_attempts": max_attempts}
-        if to_status == "waiting":
-            out["run_after"] = now + backoff_us
-        elif to_status == "unknown":
-            out["because"] = why
-        else:
-            out["dead_because"] = why
+        end, out = failure_end(ctx, conn, f, owned, now)
+        end_running(ctx, conn, f.job_id, f.epoch, now, end["to_status"], f.reason,
+                    f.worker_id, error=f.error, run_after=end["run_after"],
+                    detail=json.loads(end["detail"]))
         return out
 
     return _do

@@ -22,7 +22,9 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 
+from .. import faults
 from ..errors import DatabaseBusy, JobcoordError
+from . import statements
 from .driver_errors import classify
 from .sources import ChangeWaiter, ConnectionSource, Result
 from .statements import SQL
@@ -74,6 +76,12 @@ class Taken(NamedTuple):
 
 
 _NO_PARAMS: Mapping[str, Any] = {}
+_FINISH_KEYS = ("job_id", "epoch", "to_status", "result", "provenance", "error", "finished",
+                "run_after", "now")
+
+
+def _finish_params(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in _FINISH_KEYS}
 
 #: run_many's positional texts: (statement (kept alive, so its id stays its own), text, order).
 _POSITIONAL: dict[tuple[int, str, tuple[str, ...]], tuple[SQL, str, tuple[int, ...] | None]] = {}
@@ -257,6 +265,17 @@ class Database:
             cursor.execute(_rows_text(stmt, text, width, len(rows) - whole),
                            tuple(flat(rows[whole:])))
 
+    def run_many_count(self, conn: Connection, stmt: SQL, rows: Sequence[Mapping[str, Any]]
+                       ) -> int:
+        """`run_many` of a statement that changes rows: how many rows it changed in all."""
+        text = stmt.text(self.dialect)
+        direct = getattr(self._local, "direct", None)
+        if direct is not None and direct[0] is conn:
+            cur = direct[1].cursor()
+            cur.executemany(text, rows)
+            return int(cur.rowcount)
+        return int(conn.exec_driver_sql(text, [dict(r) for r in rows]).rowcount)
+
     # -- the operations the core asks for (each store implements them its way) --
 
     def binary_collation(self) -> str:
@@ -293,6 +312,58 @@ class Database:
         transaction means to take (a store whose concurrent claimers hold rows until commit
         looks further ahead for more)."""
         raise NotImplementedError
+
+    def take_many(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
+                  *, n: int, worker: str, now: int, expires: int, max_priority: int,
+                  expires_iso: str, tenant: str | None = None) -> list[tuple[Any, ...]]:
+        """Take up to `n` eligible waiting jobs in claim order (of `tenant` only, when
+        given) as one set: each job to running with its next epoch and attempt, its own
+        lease and its own `claimed` event, exactly as `take_next` takes one. Returns the
+        taken jobs in claim order, each as `Taken.job`; fewer than `n` (or none) when fewer
+        can be taken now."""
+        raise NotImplementedError
+
+    def read_owned_many(self, conn: Connection, job_ids: Sequence[int]
+                        ) -> dict[int, tuple[Any, ...]]:
+        """`read_owned` of many jobs in one statement, their rows held until commit (taken
+        in job id order): each job's fence row by its id; a job that does not exist is
+        absent."""
+        ids = sorted(set(job_ids))
+        size = 1
+        while size < len(ids):
+            size *= 2
+        # Sizes rounded up to a power of two (the last id repeated): one statement per
+        # size, a handful in all, each compiled once.
+        params = {f"j{i}": ids[min(i, len(ids) - 1)] for i in range(size)}
+        return {row[0]: tuple(row[1:])
+                for row in self.run(conn, self._owned_many(size), params)}
+
+    def _owned_many(self, size: int) -> SQL:
+        return statements.owned_many(size)
+
+    def end_running_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]],
+                         events: Sequence[Mapping[str, Any]]) -> None:
+        """`end_running` of many running jobs at once, each row its parameters plus
+        `reason`, `worker` and `detail`: the compare-and-sets and the dropped leases in
+        bulk, then `events` (each row of `INSERT_EVENT`: the ends' events and any other
+        event of the same batch, in the order given) in one insert. Only for jobs whose rows
+        this transaction holds and has judged: a compare-and-set that changes nothing fails
+        loudly. Fault points as `end_running`'s, once per reason."""
+        s = statements
+        reasons = sorted({r["reason"] for r in rows})
+        updated = self.run_many_count(conn, s.FINISH, [_finish_params(r) for r in rows])
+        if updated != len(rows):
+            raise JobcoordError("internal_error", f"{len(rows) - updated} of {len(rows)} "
+                                "jobs changed under their write lock")
+        for reason in reasons:
+            faults.point(f"{reason}.after_update")
+        self.run_many(conn, s.DROP_LEASE, [{"job_id": r["job_id"], "epoch": r["epoch"]}
+                                           for r in rows])
+        for reason in reasons:
+            faults.point(f"{reason}.after_drop_lease")
+        self.run_many(conn, s.INSERT_EVENT, events)
+        for reason in reasons:
+            faults.point(f"{reason}.after_event")
 
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Text, cast, false, func, insert, select, true
+from sqlalchemy import ARRAY, BigInteger, Text, any_, cast, false, func, insert, select, true
 
 from ..schema import job_events, jobs, leases, metadata
 from . import statements as s
@@ -70,6 +70,61 @@ def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
             .add_cte(leased, claimed))
 
 
+def _id_array(cte: Any) -> Any:
+    """The job ids of a CTE as one array value (an expression, so `= ANY` takes it as an
+    array, not as a subquery)."""
+    return cast(select(func.array_agg(cte.c.job_id)).scalar_subquery(), ARRAY(BigInteger))
+
+
+def _take_many_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
+    """A batch claim in one short statement, as River and Oban take theirs: the probes read
+    the first :heads rows of each slice without locks, `pick` locks the first :n of them in
+    claim order that no concurrent claimer holds (FOR UPDATE SKIP LOCKED), the take moves
+    them to running, and each taken job gets its lease and its `claimed` event. Returns the
+    taken jobs (the single claim's columns and the creation time), in no order."""
+    J = jobs.c
+    cand = s.union_of(s.probes(n_roles, n_kinds, due_only=True, locked=False,
+                               limit=s.P("heads"), tenant=tenant)
+                      ).cte("cand").prefix_with("MATERIALIZED")
+    # Rows are found by key from an array of the ids (`= ANY`): with `IN (SELECT ...)` the
+    # planner may hash every job row of a small table instead of looking up a few dozen.
+    pick = (select(J.job_id)
+            .where(J.job_id == any_(_id_array(cand)), *s.CLAIMABLE)
+            .order_by(*s.CLAIM_ORDER).limit(s.P("n"))
+            .with_for_update(skip_locked=True)
+            .cte("pick").prefix_with("MATERIALIZED"))
+    taken = s.TAKE_MANY_UPDATE.where(
+J.job_id == any_(_id_array(pick))).cte("taken")
+    leased = insert(leases).from_select(
+        ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
+        select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
+    ).cte("leased")
+    detail = (s.const('{"attempt":') + cast(taken.c.attempts, Text)
+              + s.const(',"expires_at":') + s.P("expires_json") + s.const("}"))
+    claimed = insert(job_events).from_select(
+        ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
+        select(taken.c.job_id, s.P("now"), s.const("waiting"), s.const("running"),
+               s.const("claimed"), s.P("worker"), taken.c.epoch, detail)
+    ).cte("claimed")
+    return (select(*(taken.c[c.name] for c in (*s.TAKEN_COLUMNS, J.created_at)))
+            .add_cte(leased, claimed))
+
+
+#: Batch claim statements by shape (roles, kinds, tenant-bound), built once each.
+_TAKE_MANY_STATEMENTS: dict[tuple[int, int | None, bool], s.SQL] = {}
+
+
+def take_many_folded(roles: Sequence[str], kinds: Sequence[str] | None,
+                     tenant: bool = False) -> s.SQL:
+    """The batch claim's probes, pick, take, leases and events as one statement, built
+    once per shape."""
+    shape = (len(roles), None if kinds is None else len(kinds), tenant)
+    stmt = _TAKE_MANY_STATEMENTS.get(shape)
+    if stmt is None:
+        stmt = _TAKE_MANY_STATEMENTS[shape] = s.SQL(_take_many_statement(*shape))
+    return stmt
+
+
 def _end_statement() -> Any:
     # A running job's end: FINISH's compare-and-set, the lease dropped, the event recorded
     # only for the row it changed. Returns how many rows the compare-and-set changed.
@@ -119,6 +174,19 @@ _OVERDUE_WAITING_LOCKED = s.SQL(s.OVERDUE_WAITING_SELECT.with_for_update(skip_lo
 # come from the statement's snapshot; the only change to a lease that leaves its job row alone
 # is a renewal, which no lock of the job row would wait for anyway.
 _OWNED_LOCKED = s.SQL(s.OWNED_SELECT.with_for_update(of=jobs))
+_OWNED_MANY_LOCKED: dict[int, s.SQL] = {}
+
+
+def owned_many_locked(n: int) -> s.SQL:
+    """The fence read of :j0..:j<n-1> at once, each job row locked like `_OWNED_LOCKED`'s,
+    in job id order (two batches over the same jobs lock them in one order: no deadlock)."""
+    stmt = _OWNED_MANY_LOCKED.get(n)
+    if stmt is None:
+        stmt = _OWNED_MANY_LOCKED[n] = s.SQL(
+            s.owned_many_select(n).with_for_update(of=jobs))
+    return stmt
+
+
 _LOCK_JOB = s.SQL(select(jobs.c.job_id).where(jobs.c.job_id == s.P("job_id")).with_for_update())
 _NEXT_JOB_IDS = s.SQL(
     select(func.nextval(func.pg_get_serial_sequence(s.const("jobs"), s.const("job_id"))))

@@ -300,6 +300,29 @@ class SqliteDatabase(Database):
         return Taken(1, True, self.take_job(conn, found[0], worker=worker, now=now,
                                             expires=expires, expires_iso=expires_iso))
 
+    def take_many(self, conn: Connection, roles: Sequence[str], kinds: Sequence[str] | None,
+                  *, n: int, worker: str, now: int, expires: int, max_priority: int,
+                  expires_iso: str, tenant: str | None = None) -> list[tuple[Any, ...]]:
+        # One statement picks and takes the first n in claim order (BEGIN IMMEDIATE holds the
+        # only write lock); the leases and events follow as one executemany each.
+        stmt, params = s.take_many_sql(roles, kinds, tenant)
+        params.update(now=now, maxp=max_priority, n=n, f=False)
+        got = sorted(self.run(conn, stmt, params).fetchall(),
+                     key=lambda r: (r[2], r[8], r[0]))
+        if not got:
+            return []
+        faults.point("claim.after_take")
+        self.run_many(conn, s.INSERT_LEASE, [
+            {"job_id": r[0], "worker": worker, "epoch": r[6], "now": now, "expires": expires}
+            for r in got])
+        faults.point("claim.after_lease")
+        self.run_many(conn, s.INSERT_EVENT, [
+            {"job_id": r[0], "now": now, "from_status": "waiting", "to_status": "running",
+             "reason": "claimed", "worker": worker, "epoch": r[6],
+             "detail": dumps({"expires_at": expires_iso, "attempt": r[4]})} for r in got])
+        faults.point("claim.after_event")
+        return [tuple(r[:8]) for r in got]
+
     def hold_worker(self, conn: Connection, worker_id: str) -> None:
         pass  # BEGIN IMMEDIATE already serialises every claim
 

@@ -135,11 +135,13 @@ COUNT_REFUSAL = SQL(lambda insert: (
 TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
                  J.epoch, J.tenant)
 #: A claim's take of a waiting job (without which job: the stores say).
-TAKE_JOB_UPDATE = (
-    update(jobs).where(WAITING)
-    .values(status=const("running"), epoch=J.epoch + ONE, attempts=J.attempts + ONE,
-            effect_started=P("f"), updated_at=P("now"))
-    .returning(*TAKEN_COLUMNS))
+_TAKE_VALUES = {"status": const("running"), "epoch": J.epoch + ONE,
+                "attempts": J.attempts + ONE, "effect_started": P("f"), "updated_at": P("now")}
+TAKE_JOB_UPDATE = update(jobs).where(WAITING).values(**_TAKE_VALUES).returning(*TAKEN_COLUMNS)
+#: A batch claim's take of several waiting jobs: the claim's columns and the creation time,
+#: by which the caller puts them in claim order (RETURNING keeps none).
+TAKE_MANY_UPDATE = (update(jobs).where(WAITING).values(**_TAKE_VALUES)
+                    .returning(*TAKEN_COLUMNS, J.created_at))
 TAKE_JOB = SQL(TAKE_JOB_UPDATE.where(J.job_id == P("job_id")))
 INSERT_LEASE = SQL(insert(leases).values(
     job_id=P("job_id"), worker_id=P("worker"), epoch=P("epoch"), granted_at=P("now"),
@@ -355,3 +357,46 @@ def candidate_text(roles: Sequence[str], kinds: Sequence[str] | None, due_only: 
                    lock: str = "") -> str:
     """The candidate select as SQLite runs it, `:name` parameters (for the benchmarks)."""
     return candidate_sql(roles, kinds, due_only=due_only, locked=bool(lock))[0].sqlite
+
+
+# --- the batch claim's take -----------------------------------------------------------------
+
+#: Batch take statements by shape (roles, kinds, tenant-bound).
+_TAKE_MANY: dict[tuple[int, int | None, bool], SQL] = {}
+
+
+def take_many_sql(roles: Sequence[str], kinds: Sequence[str] | None,
+                  tenant: str | None = None) -> tuple[SQL, dict[str, Any]]:
+    """One statement taking the first :n claimable jobs in claim order, the same probes
+    (one per (role, kind), each reading the first :n rows of its slice of the claim index)
+    and the same take as a single claim's; built once per shape. The store runs it under
+    its write lock (SQLite): no row lock is written."""
+    shape = (len(roles), None if kinds is None else len(kinds), tenant is not None)
+    stmt = _TAKE_MANY.get(shape)
+    if stmt is None:
+        heads = union_of(probes(shape[0], shape[1], due_only=True, locked=False,
+                                limit=P("n"), tenant=shape[2])).subquery("candidates")
+        first = (select(heads.c.job_id)
+                 .order_by(heads.c.priority, heads.c.created_at, heads.c.job_id)
+                 .limit(P("n")))
+        stmt = _TAKE_MANY[shape] = SQL(TAKE_MANY_UPDATE.where(J.job_id.in_(first)))
+    return stmt, role_kind_params(roles, kinds, tenant)
+
+
+def owned_many(n: int) -> SQL:
+    """The fence read (OWNED) of :j0..:j<n-1> at once, in job id order; built once per
+    size (callers round sizes up, repeating an id)."""
+    stmt = _OWNED_MANY.get(n)
+    if stmt is None:
+        stmt = _OWNED_MANY[n] = SQL(owned_many_select(n))
+    return stmt
+
+
+def owned_many_select(n: int) -> Any:
+    """OWNED_SELECT's columns and the job id, for the jobs :j0..:j<n-1>, in job id order."""
+    return (select(J.job_id, *OWNED_SELECT.selected_columns)
+            .select_from(jobs.outerjoin(leases, L.job_id == J.job_id))
+            .where(J.job_id.in_([P(f"j{i}") for i in range(n)])).order_by(J.job_id))
+
+
+_OWNED_MANY: dict[int, SQL] = {}
