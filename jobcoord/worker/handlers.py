@@ -134,15 +134,14 @@ def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
         except Exception as e:
             box["out"] = Outcome("failed", error=f"{type(e).__name__}: {e}")
         except BaseException as e:
-            # sys.exit() or KeyboardInterrupt raised in a handler ends this thread, not the
+            # sys.exit() or KeyboardInterrupt raised in a handler ends this call, not the
             # worker: the attempt failed, now, instead of holding its slot until the timeout.
             box["out"] = Outcome("failed", error=f"{type(e).__name__}: {e}")
-        finally:
-            run.wake.set()
 
-    run.handler_thread = threading.Thread(target=target, name=f"handler-{run.job_id}",
-                                           daemon=True)
-    run.handler_thread.start()
+    # On one of the worker's long-lived handler threads; the run is woken once the task is
+    # over, so a run that sees the outcome also sees the handler returned.
+    run.handler_thread = run.w.handler_threads.submit(
+        target, name=f"handler-{run.job_id}", then=run.wake.set)
     return lambda: box.get("out")
 
 

@@ -20,6 +20,7 @@ from ..errors import InvalidInput, Refused
 from ..runtime import describe, is_fatal
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
 from .handlers import Outcome, kill_group, start_command, start_python
+from .threads import Task
 
 if TYPE_CHECKING:
     from .loop import Worker
@@ -50,15 +51,28 @@ class JobRun:
         self.release_requested = threading.Event()
         self.wake = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.handler_thread: threading.Thread | None = None
+        #: The handler's task on the worker's handler threads (a Python handler), alive
+        #: until the handler has returned.
+        self.handler_thread: Task | None = None
         self.checkpoints_file: str | None = None
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
-        self.thread = threading.Thread(target=self._main, name=f"job-{self.job_id}",
-                                       daemon=True)
+        #: Alive from now until the run has reported and its handler has returned: the slot.
+        #: The worker is woken once it is over (never before: a woken claim loop must see
+        #: the slot free).
+        self.thread = Task(f"job-{self.job_id}", then=worker.job_finished)
         self.outcome: str | None = None
+        #: The outcome has been reported (or given up on): the run is about to end, unless
+        #: its handler is still running.
+        self.reported = False
+
+    @property
+    def ending(self) -> bool:
+        """Reported, with no handler left running: its slot is free within moments."""
+        handler = self.handler_thread
+        return self.reported and (handler is None or not handler.is_alive())
 
     def start(self) -> None:
-        self.thread.start()
+        self.w.slots.run(self._main, self.thread)
 
     def release(self) -> None:
         self.release_requested.set()
@@ -94,7 +108,6 @@ class JobRun:
                     os.unlink(self.checkpoints_file)
             if self.artifacts_out is not None:
                 shutil.rmtree(self.artifacts_out, ignore_errors=True)
-            self.w.job_finished()
 
     def _run(self) -> None:
         w, log = self.w, self.w.log
@@ -206,6 +219,7 @@ class JobRun:
         if result.kind == "success" and ctx.cancelled:
             result = Outcome("lost", code=ctx.cancel_reason)
         self._report(result, duration, started_at, lease_end)
+        self.reported = True
         handler = self.handler_thread
         if handler is not None and handler.is_alive():
             # A Python thread cannot be stopped from outside. Its outcome is settled, but it
