@@ -39,7 +39,7 @@ from .config import WorkerConfig
 from .handlers import kill_group
 from .log import Log
 from .run import JobRun, elapsed_ms
-from .threads import Threads
+from .threads import Threads, Watch
 
 #: Refusal codes that come from the machine's state (logged as "gate refused").
 GATE_CODES = frozenset({"memory_gate", "thermal_gate", "power_gate", "user_active",
@@ -107,6 +107,9 @@ class Worker:
         #: Python handler; a thread per job cost more than a no-op job's claim and completion.
         self.slots = Threads("jobcoord-job")
         self.handler_threads = Threads("jobcoord-handler")
+        #: Hands a Python handler called on its run's own thread over to a lease loop when
+        #: it runs long (`JobRun._run_inline`).
+        self.watch: Watch | None = Watch(self.clock.boot, LOOP_MAX_WAIT_S)
         #: Runs started and not yet over (the slots in use), kept for the completer.
         self.active = 0
         self.children: set[subprocess.Popen[bytes]] = set()
@@ -362,6 +365,8 @@ class Worker:
             self.calls.shutdown()
             self.slots.close()
             self.handler_threads.close()
+            if self.watch is not None:
+                self.watch.close()
         if self.fatal is not None:
             raise self.fatal
         summary = {"worker_id": cfg.worker_id, "claimed": self.counts["claimed"],

@@ -19,7 +19,7 @@ from ..clock import iso
 from ..errors import InvalidInput, Refused
 from ..runtime import describe, is_fatal
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
-from .handlers import Outcome, kill_group, start_command, start_python
+from .handlers import Outcome, call_python, kill_group, start_command, start_python
 from .threads import Task
 
 if TYPE_CHECKING:
@@ -64,6 +64,8 @@ class JobRun:
         #: The outcome has been reported (or given up on): the run is about to end, unless
         #: its handler is still running.
         self.reported = False
+        #: While a Python handler runs inline: hands it over to a lease loop now.
+        self._take_over: Callable[[], None] | None = None
 
     @property
     def ending(self) -> bool:
@@ -77,6 +79,9 @@ class JobRun:
     def release(self) -> None:
         self.release_requested.set()
         self.wake.set()
+        take_over = self._take_over
+        if take_over is not None:
+            take_over()
 
     def _stop_handler(self, ctx: Context, reason: str) -> None:
         ctx.cancel(reason)
@@ -95,7 +100,11 @@ class JobRun:
 
     def _main(self) -> None:
         try:
-            self._run()
+            if (self.spec.command is None and self.predecessor is None
+                    and self.w.watch is not None):
+                self._run_inline()
+            else:
+                self._run()
         except Exception as e:
             # A bug here must not kill the worker silently: say so; the lease then expires
             # and the reaper offers the job again.
@@ -109,11 +118,76 @@ class JobRun:
             if self.artifacts_out is not None:
                 shutil.rmtree(self.artifacts_out, ignore_errors=True)
 
-    def _run(self) -> None:
-        w, log = self.w, self.w.log
-        cfg, clock = w.config, w.clock
+    def _context(self) -> Context:
+        w = self.w
+        checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
+        return Context(job_id=self.job_id, epoch=self.epoch,
+                       attempt=self.job.get("attempt", 1), kind=self.spec.kind,
+                       worker_id=w.config.worker_id, checkpoints=checkpoints,
+                       coordinator=w.calls, tenant=self.job.get("tenant"), log=w.log)
+
+    def _run_inline(self) -> None:
+        """A Python handler called on this run's own thread, without a hand-off to a handler
+        thread and back (most handlers return long before anything needs watching). Its
+        lease is watched all the same: at the first moment the lease loop would have had
+        something to do or look at (a renewal, the budget, the lease's end, or its regular
+        look every LOOP_MAX_WAIT_S), a handler still running is handed over to the lease
+        loop (`_run`), started on a handler thread while the handler goes on here."""
+        w, clock, cfg = self.w, self.w.clock, self.w.config
+        assert w.watch is not None
         started = clock.boot()
         started_at = iso(clock.wall_us())
+        due = min(self.claim_started + cfg.lease_s * RENEW_FRACTION,
+                  self.claim_started + cfg.lease_s, started + self.spec.timeout_s,
+                  started + LOOP_MAX_WAIT_S)
+        ctx = self._context()
+        gaps = GapWatch(clock)  # a suspend while the handler runs here is seen by the loop
+        box: dict[str, Outcome] = {}
+        handler = self.handler_thread = Task(f"handler-{self.job_id}")
+        lock = threading.Lock()
+        keeper: list[Task] = []
+
+        def keep() -> None:
+            try:
+                self._run(ctx, lambda: box.get("out"), started, started_at, gaps)
+            except Exception as e:  # as in _main
+                self.w.log("internal_error", job_id=self.job_id, epoch=self.epoch,
+                           error=f"{type(e).__name__}: {e}")
+                self.w.count("internal_errors")
+
+        def take_over() -> None:
+            with lock:
+                if handler.is_alive() and not keeper:
+                    keeper.append(w.handler_threads.submit(keep, name=f"job-{self.job_id}"))
+                    w.count("handed_over")
+
+        entry = w.watch.at(due, take_over)
+        self._take_over = take_over  # a release (shutdown) hands over at once
+        if self.release_requested.is_set():
+            take_over()
+        box["out"] = call_python(self, ctx)
+        with lock:
+            handler.end()
+            entry.cancel()
+            self._take_over = None
+        self.wake.set()
+        if keeper:
+            keeper[0].join()
+        else:
+            self._run(ctx, lambda: box.get("out"), started, started_at, gaps)
+
+    def _run(self, ctx: Context | None = None,
+             poll: Callable[[], Outcome | None] | None = None,
+             started: float | None = None, started_at: str | None = None,
+             gaps: GapWatch | None = None) -> None:
+        """The lease loop: start the handler (unless `poll` is given: it runs already,
+        since `started`), renew, watch the budget and the clocks, stop it when the lease is
+        lost or the job cancelled, and report its outcome."""
+        w, log = self.w, self.w.log
+        cfg, clock = w.config, w.clock
+        if started is None:
+            started = clock.boot()
+            started_at = iso(clock.wall_us())
         lease_s = cfg.lease_s
         renew_every = lease_s * RENEW_FRACTION
         # Measured from before the claim was sent, so the local end is never later than the
@@ -124,12 +198,10 @@ class JobRun:
         next_renew = self.claim_started + renew_every
         # The budget counts from the claim, including any wait for an earlier handler.
         deadline = started + self.spec.timeout_s
-        checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
-        ctx = Context(job_id=self.job_id, epoch=self.epoch, attempt=self.job.get("attempt", 1),
-                      kind=self.spec.kind, worker_id=cfg.worker_id, checkpoints=checkpoints,
-                      coordinator=w.calls, tenant=self.job.get("tenant"), log=log)
-        gaps = GapWatch(clock)
-        poll: Callable[[], Outcome | None] | None = None
+        if ctx is None:
+            ctx = self._context()
+        if gaps is None:
+            gaps = GapWatch(clock)
         waiting_logged = False
         result: Outcome | None = None
         while result is None:

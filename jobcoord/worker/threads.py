@@ -13,6 +13,7 @@ decides how much runs at once.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import queue
 import threading
 from collections.abc import Callable
@@ -34,6 +35,10 @@ class Task:
 
     def join(self, timeout: float | None = None) -> None:
         self._done.wait(timeout)
+
+    def end(self) -> None:
+        """Mark the work returned (for work run by its caller instead of `Threads`)."""
+        self._done.set()
 
 
 class Threads:
@@ -100,3 +105,74 @@ class Threads:
                     return
                 self._idle.append(inbox)
             work = inbox.get()
+
+
+class Watch:
+    """One thread that calls each registered function at its time (unless cancelled first):
+    the timer that hands a handler run inline over to a lease keeper when it runs long.
+    Times are on `clock` (the worker's boot clock); the thread looks at least every
+    `max_wait_s`, so a clock that jumps is noticed within that."""
+
+    def __init__(self, clock: Callable[[], float], max_wait_s: float) -> None:
+        self._clock = clock
+        self._max_wait_s = max_wait_s
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Entry]] = []
+        self._seq = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def at(self, when: float, fn: Callable[[], None]) -> Entry:
+        entry = Entry(fn)
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._main, name="jobcoord-watch",
+                                                daemon=True)
+                self._thread.start()
+            self._seq += 1
+            earliest = self._heap[0][0] if self._heap else None
+            heapq.heappush(self._heap, (when, self._seq, entry))
+            if earliest is None or when < earliest:
+                self._cond.notify()
+        return entry
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _main(self) -> None:
+        while True:
+            due: list[Entry] = []
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return
+                    heap = self._heap
+                    while heap and heap[0][2].cancelled:
+                        heapq.heappop(heap)
+                    now = self._clock()
+                    while heap and heap[0][0] <= now:
+                        entry = heapq.heappop(heap)[2]
+                        if not entry.cancelled:
+                            due.append(entry)
+                    if due:
+                        break
+                    wait = heap[0][0] - now if heap else self._max_wait_s
+                    self._cond.wait(min(wait, self._max_wait_s))
+            for entry in due:
+                with contextlib.suppress(BaseException):
+                    entry.fn()
+
+
+class Entry:
+    """A function registered with `Watch`; `cancel` before its time and it is never called."""
+
+    __slots__ = ("cancelled", "fn")
+
+    def __init__(self, fn: Callable[[], None]) -> None:
+        self.fn = fn
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
