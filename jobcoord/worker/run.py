@@ -51,8 +51,8 @@ class JobRun:
         self.release_requested = threading.Event()
         self.wake = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
-        #: The handler's task on the worker's handler threads (a Python handler), alive
-        #: until the handler has returned.
+        #: A Python handler's task (called on this run's own thread, or on one of the
+        #: worker's handler threads), alive until the handler has returned.
         self.handler_thread: Task | None = None
         self.checkpoints_file: str | None = None
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
