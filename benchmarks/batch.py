@@ -6,7 +6,11 @@ and their idle CPU.
            started and left idle, then JOBS jobs are enqueued in one transaction; jobs/s is
            counted from that commit until every job has succeeded. `batched` is the default
            worker (claim_many up to the free slots, completions in groups), `single` the
-           same with --no-batch. The ratio is to the ceiling line above it.
+           same with --no-batch. The ratio is to the ceiling line above it. On SQLite,
+           huey follows (SqliteHuey, PROCS consumers x C threads, the same durability and
+           number of tasks: benchmarks/huey_runtime.py; `pip install huey` into the
+           benchmark's environment to include it, the line says so when it is missing).
+           Worker CPU is the worker (or consumer) processes' user+system time per job.
   pickup   4 idle workers; one job at a time is enqueued, after a random 20-60 ms pause;
            the latency is from the enqueue's return (its commit) to the handler's start
            (the handler stamps time.time()). p50 and p99 over N jobs.
@@ -29,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import ceiling
+from benchmarks import ceiling, huey_runtime
 from benchmarks._common import (
     Scratch,
     conditions,
@@ -109,6 +113,7 @@ def runtime(target: str, sync: str, procs: int, concurrency: int, jobs: int,
     try:
         _wait_idle(c, procs)
         specs = [JobSpec("noop", {"i": i}) for i in range(jobs)]
+        cpu0 = [_cpu_s(p.pid) for p in workers]
         c.enqueue_many(specs)
         t0 = time.perf_counter()
         while c.status()["jobs"].get("succeeded", 0) < jobs:
@@ -116,10 +121,11 @@ def runtime(target: str, sync: str, procs: int, concurrency: int, jobs: int,
                 raise RuntimeError("a worker exited")
             time.sleep(0.02)
         elapsed = time.perf_counter() - t0
+        cpu = sum(_cpu_s(p.pid) for p in workers) - sum(cpu0)
     finally:
         stop_workers(workers)
         c.close()
-    return {"jobs": jobs, "jobs_s": jobs / elapsed}
+    return {"jobs": jobs, "jobs_s": jobs / elapsed, "cpu_us": cpu / jobs * 1e6}
 
 
 def pickup(target: str, sync: str, n: int) -> dict[str, Any]:
@@ -189,7 +195,8 @@ def main() -> None:
         targets.append(("postgresql", "on"))
     with Scratch() as scratch:
         if "runtime" in parts:
-            print(f"{'run':<26} {'sync':<7} {'jobs':>6} {'jobs/s':>8} {'ratio':>7}")
+            print(f"{'run':<26} {'sync':<7} {'jobs':>6} {'jobs/s':>8} {'ratio':>7} "
+                  f"{'worker cpu us/job':>18}")
             for backend, sync in targets:
                 jobs = args.jobs or ceiling.DEFAULT_JOBS[sync if backend == "sqlite"
                                                          else "postgresql"]
@@ -207,7 +214,17 @@ def main() -> None:
                              lambda t, b=batched, s=sync, j=jobs: runtime(
                                  t, s, args.procs, args.concurrency, j, b))
                     print(f"{name:<26} {sync:<7} {jobs:>6} {r['jobs_s']:>8.0f} "
-                          f"{r['jobs_s'] / base:>6.2f}x", flush=True)
+                          f"{r['jobs_s'] / base:>6.2f}x {r['cpu_us']:>18.0f}", flush=True)
+                if backend == "sqlite":
+                    name = f"huey {args.procs}x{args.concurrency} threads"
+                    if not huey_runtime.available():
+                        print(f"{name:<26} {sync:<7} skipped: huey is not installed; "
+                              f"{huey_runtime.INSTALL}", flush=True)
+                        continue
+                    r = huey_runtime.runtime(scratch.file(f"huey-{sync}.db"), sync, args.procs,
+                                             args.concurrency, jobs)
+                    print(f"{name:<26} {sync:<7} {jobs:>6} {r['jobs_s']:>8.0f} "
+                          f"{r['jobs_s'] / base:>6.2f}x {r['cpu_us']:>18.0f}", flush=True)
                 if backend == "postgresql":
                     print(pgqueuer_line(url, args.procs, jobs, base, sync), flush=True)
             print()

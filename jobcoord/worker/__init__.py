@@ -7,10 +7,21 @@ One worker process runs up to `concurrency` jobs at a time. Threads:
   expired leases every `reap_s` (any number of workers reaping at once is safe: each change
   is a compare-and-set on status and epoch);
 - one thread per running job waits for its handler, renews the lease every lease/3
-  (`RENEW_FRACTION`), enforces the wall-clock budget, and reports the outcome. It lives until
-  its handler has returned, and a slot is such a live thread (never a job id): a Python
-  handler that ignores its stop keeps its slot, and a newer attempt of the same job claimed
-  meanwhile waits for it before starting its own handler.
+  (`RENEW_FRACTION`), enforces the wall-clock budget, and reports the outcome. A Python
+  handler is called on that thread itself; a timer thread (`threads.Watch`) hands one that
+  is still running over to the lease loop on another thread at the first moment the loop
+  would have anything to do (a renewal, the budget, the lease's end, its look every
+  `LOOP_MAX_WAIT_S`; a shutdown's release at once). All of them are long-lived threads
+  taken from the worker's `threads.Threads` and given back when the job is over (starting
+  two threads per job cost more than a no-op job's claim and completion). A run lives
+  until its handler has returned, and a slot is such a live run (never a job id): a Python
+  handler that ignores its stop keeps its slot (and its thread), and a newer attempt of the
+  same job claimed meanwhile waits for it before starting its own handler;
+- a completer thread accepts finished jobs' results in groups (`completer`).
+
+With batches, the claim loop claims up to its free slots in one call; while fewer than half
+the slots are free and others run, it waits a few milliseconds for more to free (and for
+runs whose group just committed to end) so each claim and each group stays large.
 
 Every loop survives errors that can heal (a database restart, a lost connection, a locked or
 unwritable file) with a log line and bounded backoff; `runtime.is_fatal` names the ones that
@@ -35,7 +46,8 @@ a command's output that `complete --result` would refuse -> `fail` permanent wit
 
 The command protocol is in `handlers`. The package's rooms: `loop` (the Worker: claim loop,
 slots, timers, signals, drain), `run` (JobRun: the lease keeper, renewals, budget,
-reporting), `handlers` (a Python callable or a command, and how each is stopped), `config`
+reporting), `handlers` (a Python callable or a command, and how each is stopped),
+`completer` (groups of completions), `threads` (the reused threads), `config`
 (WorkerConfig and the `jobcoord worker` options), `log` (Log), `clock` (Clock and the gap
 watch). Every name other code imports from `jobcoord.worker` is re-exported here.
 """

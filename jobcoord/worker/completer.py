@@ -2,8 +2,10 @@
 one `complete_many` per group, each handler acknowledged only after its group committed.
 
 A group is flushed when it is full, when the first result in it has waited `delay_s`
-(a few milliseconds by default), or at once when a lease in it ends within `margin_s`: a
-result must never lose its lease while it waits in a group. One refused item is that job's
+(a few milliseconds by default), at once when a lease in it ends within `margin_s` (a
+result must never lose its lease while it waits in a group), and at once when every run of
+the worker that could still add a result has handed its own in (`running`): waiting longer
+could only delay those results, never grow the group. One refused item is that job's
 answer only; an error of the whole transaction (busy, unreachable) is every item's, and each
 job's own retry loop decides what to do with it, as it would with a single `complete`.
 """
@@ -42,7 +44,8 @@ class Completer:
                  complete_one: Callable[..., dict[str, Any]], *, group: int, delay_s: float,
                  clock: Callable[[], float] = time.monotonic,
                  margin_s: float = FLUSH_MARGIN_S,
-                 on_flush: Callable[[int, str], None] | None = None) -> None:
+                 on_flush: Callable[[int, str], None] | None = None,
+                 running: Callable[[], int] | None = None) -> None:
         self._many = complete_many
         self._one = complete_one
         self.group = max(1, group)
@@ -50,11 +53,16 @@ class Completer:
         self.margin_s = margin_s
         self._clock = clock
         self._on_flush = on_flush
+        #: How many runs could hand a result in (the worker's live runs, those already
+        #: waiting here included); None: unknown, wait for the group or the delay.
+        self._running = running
         self._queue: list[Pending] = []
         self._cond = threading.Condition()
         self._closed = False
-        #: Groups flushed, by why: "full", "delay", "lease" (a lease near its end), "close".
-        self.flushes: dict[str, int] = {"full": 0, "delay": 0, "lease": 0, "close": 0}
+        #: Groups flushed, by why: "full", "delay", "lease" (a lease near its end), "all"
+        #: (every live run's result is in), "close".
+        self.flushes: dict[str, int] = {"full": 0, "delay": 0, "lease": 0, "all": 0,
+                                        "close": 0}
         self._thread = threading.Thread(target=self._main, name="completer", daemon=True)
         self._thread.start()
 
@@ -111,6 +119,8 @@ class Completer:
                 return "lease"
             if now >= first + self.delay_s:
                 return "delay"
+            if self._running is not None and len(self._queue) >= self._running():
+                return "all"
             self._cond.wait(min(first + self.delay_s, soonest) - now)
 
     def _flush(self, group: list[Pending], why: str) -> None:

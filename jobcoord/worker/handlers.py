@@ -113,36 +113,38 @@ class Outcome:
     code: str | None = None
 
 
-def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
-    """Run the Python handler in its own thread; the poll returns its outcome once it
-    returned (None while it runs)."""
-    box: dict[str, Outcome] = {}
+def call_python(run: JobRun, ctx: Context) -> Outcome:
+    """Call the Python handler on this thread and return its outcome."""
     assert run.spec.fn is not None
-    fn = run.spec.fn
+    try:
+        value = run.spec.fn(run.job["payload"], ctx)
+        if isinstance(value, Result):
+            return Outcome("success", value.value, dict(value.provenance))
+        return Outcome("success", value, {})
+    except Cancelled as e:
+        return Outcome("lost", code=e.reason, error=f"handler stopped: {e}")
+    except PermanentError as e:
+        return Outcome("permanent", error=f"PermanentError: {e}")
+    except Exception as e:
+        return Outcome("failed", error=f"{type(e).__name__}: {e}")
+    except BaseException as e:
+        # sys.exit() or KeyboardInterrupt raised in a handler ends this call, not the
+        # worker: the attempt failed, now, instead of holding its slot until the timeout.
+        return Outcome("failed", error=f"{type(e).__name__}: {e}")
+
+
+def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
+    """Run the Python handler on one of the worker's handler threads; the poll returns its
+    outcome once it returned (None while it runs)."""
+    box: dict[str, Outcome] = {}
 
     def target() -> None:
-        try:
-            value = fn(run.job["payload"], ctx)
-            if isinstance(value, Result):
-                box["out"] = Outcome("success", value.value, dict(value.provenance))
-            else:
-                box["out"] = Outcome("success", value, {})
-        except Cancelled as e:
-            box["out"] = Outcome("lost", code=e.reason, error=f"handler stopped: {e}")
-        except PermanentError as e:
-            box["out"] = Outcome("permanent", error=f"PermanentError: {e}")
-        except Exception as e:
-            box["out"] = Outcome("failed", error=f"{type(e).__name__}: {e}")
-        except BaseException as e:
-            # sys.exit() or KeyboardInterrupt raised in a handler ends this thread, not the
-            # worker: the attempt failed, now, instead of holding its slot until the timeout.
-            box["out"] = Outcome("failed", error=f"{type(e).__name__}: {e}")
-        finally:
-            run.wake.set()
+        box["out"] = call_python(run, ctx)
 
-    run.handler_thread = threading.Thread(target=target, name=f"handler-{run.job_id}",
-                                           daemon=True)
-    run.handler_thread.start()
+    # The run is woken once the task is over, so a run that sees the outcome also sees the
+    # handler returned.
+    run.handler_thread = run.w.handler_threads.submit(
+        target, name=f"handler-{run.job_id}", then=run.wake.set)
     return lambda: box.get("out")
 
 

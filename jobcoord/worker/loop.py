@@ -4,9 +4,10 @@ the signals, and the drain at shutdown.
 Threads: the main thread claims (only the kinds it has handlers for) and handles
 SIGTERM/SIGINT; a ticker thread heartbeats the machine's real readings every `heartbeat_s` and
 reaps expired leases every `reap_s` (any number of workers reaping at once is safe: each
-change is a compare-and-set on status and epoch); one thread per running job (`run.JobRun`).
-A slot is such a live thread (never a job id): a Python handler that ignores its stop keeps
-its slot, and a newer attempt of the same job claimed meanwhile waits for it.
+change is a compare-and-set on status and epoch); one thread per running job (`run.JobRun`)
+and one per Python handler, both reused from `threads.Threads`. A slot is a live run (never
+a job id): a Python handler that ignores its stop keeps its slot, and a newer attempt of the
+same job claimed meanwhile waits for it.
 """
 
 from __future__ import annotations
@@ -38,12 +39,18 @@ from .config import WorkerConfig
 from .handlers import kill_group
 from .log import Log
 from .run import JobRun, elapsed_ms
+from .threads import Threads, Watch
 
 #: Refusal codes that come from the machine's state (logged as "gate refused").
 GATE_CODES = frozenset({"memory_gate", "thermal_gate", "power_gate", "user_active",
                         "heartbeat_stale", "heartbeat_missing"})
 #: Exit code after a second SIGTERM/SIGINT (exit at once, leases left to expire).
 EXIT_FORCED = 130
+#: Longest the claim loop waits for runs that have reported to end before it claims.
+ENDING_WAIT_S = 0.05
+#: Longest the claim loop waits for more slots to free while fewer than half are free and
+#: others are running (one claim for several slots instead of one per slot).
+CLAIM_GATHER_S = 0.005
 
 
 class BoundedCalls:
@@ -96,6 +103,15 @@ class Worker:
         #: until its handler has returned), never a job id: one job can have a settled run
         #: whose handler ignores its stop and a newer run waiting for it.
         self.runs: list[JobRun] = []
+        #: Long-lived threads: one runs each job's lease keeper (`JobRun`), the other each
+        #: Python handler; a thread per job cost more than a no-op job's claim and completion.
+        self.slots = Threads("jobcoord-job")
+        self.handler_threads = Threads("jobcoord-handler")
+        #: Hands a Python handler called on its run's own thread over to a lease loop when
+        #: it runs long (`JobRun._run_inline`).
+        self.watch: Watch | None = Watch(self.clock.boot, LOOP_MAX_WAIT_S)
+        #: Runs started and not yet over (the slots in use), kept for the completer.
+        self.active = 0
         self.children: set[subprocess.Popen[bytes]] = set()
         self.stopping = threading.Event()
         self.wake = threading.Event()
@@ -126,7 +142,13 @@ class Worker:
             self.completer = Completer(
                 self.calls.complete_many, self.calls.complete, group=config.concurrency,
                 delay_s=config.flush_delay_s, clock=self.clock.boot,
-                on_flush=lambda n, why: self.count(f"flush_{why}"))
+                on_flush=lambda n, why: self.count(f"flush_{why}"),
+                running=lambda: self.active)
+        #: Provenance that is the same for every job this worker runs.
+        self._prov_base = {"worker": config.worker_id, "host": self.host,
+                           "jobcoord": __version__, "python": platform.python_version()}
+        #: Each handler's description, by kind (its spec does not change while it runs).
+        self._described: dict[str, dict[str, Any]] = {}
 
     def live_runs(self) -> list[JobRun]:
         return [run for run in self.runs if run.thread.is_alive()]
@@ -146,9 +168,11 @@ class Worker:
 
     def provenance(self, spec: HandlerSpec, reported: Mapping[str, Any], duration: float,
                    epoch: int, attempt: int | None, started_at: str | None) -> dict[str, Any]:
+        described = self._described.get(spec.kind)
+        if described is None:
+            described = self._described[spec.kind] = spec.describe()
         prov: dict[str, Any] = {
-            "worker": self.config.worker_id, "host": self.host, "jobcoord": __version__,
-            "python": platform.python_version(), "handler": spec.describe(),
+            **self._prov_base, "handler": dict(described),
             "duration_s": round(duration, 3), "started_at": started_at, "epoch": epoch,
             "attempt": attempt,
         }
@@ -260,6 +284,8 @@ class Worker:
         ticker = threading.Thread(target=self._ticker, name="ticker", daemon=True)
         ticker.start()
         last_refusal: str | None = None
+        #: When the claim loop began gathering free slots (boot clock), None when not.
+        gather_from: float | None = None
         backoff = Backoff(cfg.poll_s)
         try:
             while not self.stopping.is_set():
@@ -273,8 +299,29 @@ class Worker:
                 if len(live) >= cfg.concurrency:
                     self._pause(cfg.poll_s)
                     continue
-                t0 = self.clock.boot()
                 free = cfg.concurrency - len(live)
+                if self.batched and self.batch_claims and live:
+                    if any(run.ending for run in live):
+                        # Runs whose results were just accepted (a group commits together)
+                        # free their slots within moments: claim for all of them in one call,
+                        # not one call per freed slot. Each ending run wakes the loop; the
+                        # pause only bounds the wait.
+                        self._pause(ENDING_WAIT_S)
+                        continue
+                    # A few slots free while others run: gather more for a few milliseconds
+                    # (CLAIM_GATHER_S, never longer than the flush delay) before claiming, so
+                    # claims (and then groups) stay large instead of one transaction per
+                    # freed slot. An idle worker claims at once.
+                    now = self.clock.boot()
+                    gather = min(cfg.flush_delay_s, CLAIM_GATHER_S)
+                    if free < max(1, cfg.concurrency // 2):
+                        if gather_from is None:
+                            gather_from = now
+                        if now - gather_from < gather:
+                            self._pause(gather_from + gather - now)
+                            continue
+                gather_from = None
+                t0 = self.clock.boot()
                 if cfg.max_jobs is not None:
                     free = min(free, cfg.max_jobs - self.claimed)
                 try:
@@ -316,6 +363,10 @@ class Worker:
             if self.waiter is not None:
                 self.waiter.close()
             self.calls.shutdown()
+            self.slots.close()
+            self.handler_threads.close()
+            if self.watch is not None:
+                self.watch.close()
         if self.fatal is not None:
             raise self.fatal
         summary = {"worker_id": cfg.worker_id, "claimed": self.counts["claimed"],
@@ -351,6 +402,8 @@ class Worker:
             run = JobRun(self, job, lease, spec, claim_started=t0,
                          predecessor=earlier[-1] if earlier else None)
             self.runs.append(run)
+            with self._count_lock:
+                self.active += 1
             run.start()
 
     def wants_next(self) -> bool:
@@ -455,4 +508,7 @@ class Worker:
         self._collect()
 
     def job_finished(self) -> None:
+        """A run is over (called after its slot is free)."""
+        with self._count_lock:
+            self.active -= 1
         self.wake.set()

@@ -19,7 +19,8 @@ from ..clock import iso
 from ..errors import InvalidInput, Refused
 from ..runtime import describe, is_fatal
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
-from .handlers import Outcome, kill_group, start_command, start_python
+from .handlers import Outcome, call_python, kill_group, start_command, start_python
+from .threads import Task
 
 if TYPE_CHECKING:
     from .loop import Worker
@@ -50,19 +51,37 @@ class JobRun:
         self.release_requested = threading.Event()
         self.wake = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
-        self.handler_thread: threading.Thread | None = None
+        #: A Python handler's task (called on this run's own thread, or on one of the
+        #: worker's handler threads), alive until the handler has returned.
+        self.handler_thread: Task | None = None
         self.checkpoints_file: str | None = None
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
-        self.thread = threading.Thread(target=self._main, name=f"job-{self.job_id}",
-                                       daemon=True)
+        #: Alive from now until the run has reported and its handler has returned: the slot.
+        #: The worker is woken once it is over (never before: a woken claim loop must see
+        #: the slot free).
+        self.thread = Task(f"job-{self.job_id}", then=worker.job_finished)
         self.outcome: str | None = None
+        #: The outcome has been reported (or given up on): the run is about to end, unless
+        #: its handler is still running.
+        self.reported = False
+        #: While a Python handler runs inline: hands it over to a lease loop now.
+        self._take_over: Callable[[], None] | None = None
+
+    @property
+    def ending(self) -> bool:
+        """Reported, with no handler left running: its slot is free within moments."""
+        handler = self.handler_thread
+        return self.reported and (handler is None or not handler.is_alive())
 
     def start(self) -> None:
-        self.thread.start()
+        self.w.slots.run(self._main, self.thread)
 
     def release(self) -> None:
         self.release_requested.set()
         self.wake.set()
+        take_over = self._take_over
+        if take_over is not None:
+            take_over()
 
     def _stop_handler(self, ctx: Context, reason: str) -> None:
         ctx.cancel(reason)
@@ -81,7 +100,11 @@ class JobRun:
 
     def _main(self) -> None:
         try:
-            self._run()
+            if (self.spec.command is None and self.predecessor is None
+                    and self.w.watch is not None):
+                self._run_inline()
+            else:
+                self._run()
         except Exception as e:
             # A bug here must not kill the worker silently: say so; the lease then expires
             # and the reaper offers the job again.
@@ -94,13 +117,77 @@ class JobRun:
                     os.unlink(self.checkpoints_file)
             if self.artifacts_out is not None:
                 shutil.rmtree(self.artifacts_out, ignore_errors=True)
-            self.w.job_finished()
 
-    def _run(self) -> None:
-        w, log = self.w, self.w.log
-        cfg, clock = w.config, w.clock
+    def _context(self) -> Context:
+        w = self.w
+        checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
+        return Context(job_id=self.job_id, epoch=self.epoch,
+                       attempt=self.job.get("attempt", 1), kind=self.spec.kind,
+                       worker_id=w.config.worker_id, checkpoints=checkpoints,
+                       coordinator=w.calls, tenant=self.job.get("tenant"), log=w.log)
+
+    def _run_inline(self) -> None:
+        """A Python handler called on this run's own thread, without a hand-off to a handler
+        thread and back (most handlers return long before anything needs watching). Its
+        lease is watched all the same: at the first moment the lease loop would have had
+        something to do or look at (a renewal, the budget, the lease's end, or its regular
+        look every LOOP_MAX_WAIT_S), a handler still running is handed over to the lease
+        loop (`_run`), started on a handler thread while the handler goes on here."""
+        w, clock, cfg = self.w, self.w.clock, self.w.config
+        assert w.watch is not None
         started = clock.boot()
         started_at = iso(clock.wall_us())
+        due = min(self.claim_started + cfg.lease_s * RENEW_FRACTION,
+                  self.claim_started + cfg.lease_s, started + self.spec.timeout_s,
+                  started + LOOP_MAX_WAIT_S)
+        ctx = self._context()
+        gaps = GapWatch(clock)  # a suspend while the handler runs here is seen by the loop
+        box: dict[str, Outcome] = {}
+        handler = self.handler_thread = Task(f"handler-{self.job_id}")
+        lock = threading.Lock()
+        keeper: list[Task] = []
+
+        def keep() -> None:
+            try:
+                self._run(ctx, lambda: box.get("out"), started, started_at, gaps)
+            except Exception as e:  # as in _main
+                self.w.log("internal_error", job_id=self.job_id, epoch=self.epoch,
+                           error=f"{type(e).__name__}: {e}")
+                self.w.count("internal_errors")
+
+        def take_over() -> None:
+            with lock:
+                if handler.is_alive() and not keeper:
+                    keeper.append(w.handler_threads.submit(keep, name=f"job-{self.job_id}"))
+                    w.count("handed_over")
+
+        entry = w.watch.at(due, take_over)
+        self._take_over = take_over  # a release (shutdown) hands over at once
+        if self.release_requested.is_set():
+            take_over()
+        box["out"] = call_python(self, ctx)
+        with lock:
+            handler.end()
+            entry.cancel()
+            self._take_over = None
+        self.wake.set()
+        if keeper:
+            keeper[0].join()
+        else:
+            self._run(ctx, lambda: box.get("out"), started, started_at, gaps)
+
+    def _run(self, ctx: Context | None = None,
+             poll: Callable[[], Outcome | None] | None = None,
+             started: float | None = None, started_at: str | None = None,
+             gaps: GapWatch | None = None) -> None:
+        """The lease loop: start the handler (unless `poll` is given: it runs already,
+        since `started`), renew, watch the budget and the clocks, stop it when the lease is
+        lost or the job cancelled, and report its outcome."""
+        w, log = self.w, self.w.log
+        cfg, clock = w.config, w.clock
+        if started is None:
+            started = clock.boot()
+            started_at = iso(clock.wall_us())
         lease_s = cfg.lease_s
         renew_every = lease_s * RENEW_FRACTION
         # Measured from before the claim was sent, so the local end is never later than the
@@ -111,12 +198,10 @@ class JobRun:
         next_renew = self.claim_started + renew_every
         # The budget counts from the claim, including any wait for an earlier handler.
         deadline = started + self.spec.timeout_s
-        checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
-        ctx = Context(job_id=self.job_id, epoch=self.epoch, attempt=self.job.get("attempt", 1),
-                      kind=self.spec.kind, worker_id=cfg.worker_id, checkpoints=checkpoints,
-                      coordinator=w.calls, tenant=self.job.get("tenant"), log=log)
-        gaps = GapWatch(clock)
-        poll: Callable[[], Outcome | None] | None = None
+        if ctx is None:
+            ctx = self._context()
+        if gaps is None:
+            gaps = GapWatch(clock)
         waiting_logged = False
         result: Outcome | None = None
         while result is None:
@@ -206,6 +291,7 @@ class JobRun:
         if result.kind == "success" and ctx.cancelled:
             result = Outcome("lost", code=ctx.cancel_reason)
         self._report(result, duration, started_at, lease_end)
+        self.reported = True
         handler = self.handler_thread
         if handler is not None and handler.is_alive():
             # A Python thread cannot be stopped from outside. Its outcome is settled, but it
