@@ -83,7 +83,14 @@ def _api_worker(index: int, barrier: Any, queue: Any, path: str, chained: bool) 
     barrier.wait()
     done = 0
     got = c.claim(worker)
-    while got["job"] is not None:
+    while True:
+        if got["job"] is None:
+            if got.get("reason") == "no_waiting_jobs":
+                break
+            # A run slower than the heartbeat's age limit (a loaded machine): beat again.
+            c.heartbeat(worker, readings=READINGS)
+            got = c.claim(worker)
+            continue
         job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
         if chained:  # one transaction per job: the completion claims the next one
             got = c.complete_and_claim(job, worker, epoch, {"ok": True})["next"]
@@ -104,7 +111,13 @@ def _http_worker(index: int, barrier: Any, queue: Any, url: str, secret: str,
     barrier.wait()
     done = 0
     got = r.claim("-", wait=0)
-    while got["job"] is not None:
+    while True:
+        if got["job"] is None:
+            if got.get("reason", "no_waiting_jobs") == "no_waiting_jobs":
+                break
+            r.heartbeat("-", readings=READINGS)  # as the API workers above
+            got = r.claim("-", wait=0)
+            continue
         job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
         if chained:  # one request per job: `claim_next` on the completion
             got = r.complete_and_claim(job, "-", epoch, {"ok": True})["next"]
