@@ -247,7 +247,8 @@ class GroupCommit:
         self._queue: collections.deque[_Call] = collections.deque()
         self._leading = False
         self._pid = os.getpid()
-        #: Groups committed (or rolled back), the calls they ran, the largest one.
+        #: Groups begun; then committed (or rolled back), the calls they ran, the largest one.
+        self.begun = 0
         self.groups = 0
         self.calls = 0
         self.largest = 0
@@ -299,6 +300,7 @@ class GroupCommit:
                      for _ in range(min(self.limit, len(self._queue)))]
             for call in batch:
                 call.state = _TAKEN
+            self.begun += 1
         assert batch and batch[0] is me
         finished = False
         try:
