@@ -351,3 +351,41 @@ def test_a_process_killed_at_random_moments_of_grouped_writes_leaves_a_sound_dat
                                             "'succeeded'")}
     conn.close()
     assert told and told <= succeeded
+
+
+# The main thread's write waits behind a held group when Ctrl-C (a real SIGINT) arrives: its
+# call leaves the queue unrun, and the writes after it are not left waiting for it to lead.
+INTERRUPTED_IN_THE_QUEUE = r"""
+import json, os, signal, sys, threading, time
+from jobcoord.service import Coordinator
+c = Coordinator.open(sys.argv[1])
+inside, release = threading.Event(), threading.Event()
+def hold(conn):
+    inside.set()
+    release.wait(30)
+holder = threading.Thread(target=lambda: c.db.write(hold, "held"))
+holder.start()
+inside.wait(10)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+try:
+    c.enqueue("k", {"who": "interrupted"})
+    print(json.dumps({"interrupted": False}))
+except KeyboardInterrupt:
+    pass
+release.set()
+holder.join(10)
+started = time.monotonic()
+got = c.enqueue("k", {"who": "next"})
+print(json.dumps({"interrupted": True, "next_s": time.monotonic() - started}), flush=True)
+"""
+
+
+def test_a_write_interrupted_in_the_queue_leaves_it_and_the_next_write_goes_on(
+        sqlite_target: Target) -> None:
+    path = sqlite_target.sqlite_path or ""
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_IN_THE_QUEUE, path], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = json.loads(proc.stdout)
+    assert said["interrupted"] and said["next_s"] < 2.0, said
+    assert [p["who"] for p in _payloads(path)] == ["next"]

@@ -267,7 +267,11 @@ class GroupCommit:
                 if not self._leading:
                     self._leading, call.state = True, _LEAD
             if call.state != _LEAD:
-                self._wait(call, timeout)
+                try:
+                    self._wait(call, timeout)
+                except BaseException:  # timed out, or interrupted (KeyboardInterrupt)
+                    self._abandon(call)
+                    raise
             if call.state == _LEAD:
                 self._lead(call, commit)
             if call.again:
@@ -289,10 +293,25 @@ class GroupCommit:
         if call.ready.wait(max(timeout, 0.001)):
             return
         with self._lock:
-            if call.state == _QUEUED:  # no group took it in time
+            if call.state == _QUEUED:  # no group took it in time: it leaves, unrun
                 self._queue.remove(call)
                 raise _busy("by a thread of this process")
         call.ready.wait()  # taken into a group: its answer follows that group's commit
+
+    def _abandon(self, call: _Call) -> None:
+        """A caller that stops waiting: its call leaves the queue, and if it had just been
+        made the leader, the next call leads. A call a group already took runs anyway."""
+        with self._lock:
+            if call not in self._queue:
+                return
+            self._queue.remove(call)
+            if call.state == _LEAD:
+                if self._queue:
+                    following = self._queue[0]
+                    following.state = _LEAD
+                    following.ready.set()
+                else:
+                    self._leading = False
 
     def _lead(self, me: _Call, commit: Callable[[list[_Call]], None]) -> None:
         with self._lock:
