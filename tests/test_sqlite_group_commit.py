@@ -389,3 +389,64 @@ def test_a_write_interrupted_in_the_queue_leaves_it_and_the_next_write_goes_on(
     said = json.loads(proc.stdout)
     assert said["interrupted"] and said["next_s"] < 2.0, said
     assert [p["who"] for p in _payloads(path)] == ["next"]
+
+
+# The main thread leads a group (its write, three enqueues of other threads, then a slow
+# write) when Ctrl-C (a real SIGINT) arrives inside the slow one: the group is rolled back,
+# the main thread gets KeyboardInterrupt, and the other threads' writes run again in the next
+# group, each saved once.
+INTERRUPTED_LEADER = r"""
+import json, os, signal, sys, threading, time
+from jobcoord.service import Coordinator
+c = Coordinator.open(sys.argv[1])
+group = c.db._group
+inside, release = threading.Event(), threading.Event()
+answers = {}
+def hold(conn):
+    inside.set()
+    release.wait(30)
+holder = threading.Thread(target=lambda: c.db.write(hold, "held"))
+holder.start()
+inside.wait(10)
+def slow(conn):
+    c.enqueue("k", {"who": "slow"})
+    time.sleep(1.0)
+    return "slow"
+def enqueue(i):
+    answers[i] = c.enqueue("k", {"who": i})["job_id"]
+def others():
+    while group.queued < 1:
+        time.sleep(0.001)
+    threads = []
+    for target, args in [(enqueue, (i,)) for i in range(3)] + [(c.db.write, (slow, "slow"))]:
+        queued = group.queued
+        t = threading.Thread(target=target, args=args)
+        t.start()
+        threads.append(t)
+        while group.queued == queued:
+            time.sleep(0.001)
+    threading.Timer(0.4, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    release.set()
+    for t in threads:
+        t.join(30)
+helper = threading.Thread(target=others)
+helper.start()
+try:
+    c.enqueue("k", {"who": "main"})
+    main = "answered"
+except KeyboardInterrupt:
+    main = "interrupted"
+helper.join(30)
+print(json.dumps({"main": main, "answers": len(answers)}), flush=True)
+"""
+
+
+def test_a_leader_interrupted_inside_its_group_rolls_it_back_and_the_others_run_again(
+        sqlite_target: Target) -> None:
+    path = sqlite_target.sqlite_path or ""
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_LEADER, path], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"main": "interrupted", "answers": 3}
+    assert sorted(str(p["who"]) for p in _payloads(path)) == ["0", "1", "2", "slow"]
+    assert_invariants(path)

@@ -210,7 +210,7 @@ def _busy(what: str) -> DBAPIError:
 class _Call:
     """One `Database.write` waiting in the queue: its function, then its outcome."""
 
-    __slots__ = ("again", "error", "fn", "ready", "result", "state")
+    __slots__ = ("again", "committing", "error", "fn", "ready", "result", "state")
 
     def __init__(self, fn: Callable[[Connection], Any]) -> None:
         self.fn = fn
@@ -219,6 +219,7 @@ class _Call:
         self.result: Any = None
         self.error: BaseException | None = None
         self.again = False  # its group broke for another call's sake: run it again
+        self.committing = False  # its group's COMMIT was under way
 
 
 _QUEUED, _TAKEN, _LEAD, _DONE = range(4)
@@ -275,7 +276,7 @@ class GroupCommit:
             if call.state == _LEAD:
                 self._lead(call, commit)
             if call.again:
-                call.again, call.state = False, _QUEUED
+                call.again, call.committing, call.state = False, False, _QUEUED
                 call.ready.clear()
                 continue
             error, call.error = call.error, None
@@ -331,8 +332,14 @@ class GroupCommit:
                 self.calls += len(batch)
                 self.largest = max(self.largest, len(batch))
                 for call in batch:
-                    if not finished:  # interrupted (KeyboardInterrupt): nothing committed
-                        call.again, call.error, call.result = True, None, None
+                    if not finished:  # the leader was interrupted (KeyboardInterrupt)
+                        call.result = None
+                        if call.committing:  # perhaps committed: never run it twice
+                            call.again, call.error = False, StorageUnavailable(
+                                "write_interrupted", "the transaction was interrupted as it "
+                                "committed; whether this change was saved is unknown")
+                        else:  # rolled back: nothing of the group was saved
+                            call.again, call.error = True, None
                     call.state = _DONE
                 following = self._queue[0] if self._queue else None
                 if following is None:
@@ -408,6 +415,8 @@ class SqliteDatabase(Database):
                             raw.execute("ROLLBACK TO jobcoord_call")
                         raw.execute("RELEASE jobcoord_call")
                 culprit = None
+                for call in batch:
+                    call.committing = True
         except Exception as e:
             for call in batch:
                 call.result = None
