@@ -429,14 +429,14 @@ def others():
     release.set()
     for t in threads:
         t.join(30)
-helper = threading.Thread(target=others)
-helper.start()
+others_thread = threading.Thread(target=others)
+others_thread.start()
 try:
     c.enqueue("k", {"who": "main"})
     main = "answered"
 except KeyboardInterrupt:
     main = "interrupted"
-helper.join(30)
+others_thread.join(30)
 print(json.dumps({"main": main, "answers": len(answers)}), flush=True)
 """
 
