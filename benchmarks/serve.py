@@ -11,9 +11,13 @@
               (target p50 <= 5 ms, p99 <= 50 ms on loopback). Measured from just before the
               submission is sent, so it includes the submission's own round trip;
   memory      the server's resident memory and thread count idle, then with 200 idle
-              long-polls open at once.
+              long-polls open at once;
+  threads     what the server's write path does without HTTP: 8 threads of one process
+              sharing one Coordinator, chained claim+complete, with group commit (the writes
+              queued at once share one transaction and one fsync) and with groups of one
+              (each write commits alone, as before group commit), rounds interleaved.
 
-    python -m benchmarks.serve [--jobs N] [--pickups N]
+    python -m benchmarks.serve [--jobs N] [--pickups N] [--parts throughput,pickup,memory,threads]
 """
 
 from __future__ import annotations
@@ -83,7 +87,14 @@ def _api_worker(index: int, barrier: Any, queue: Any, path: str, chained: bool) 
     barrier.wait()
     done = 0
     got = c.claim(worker)
-    while got["job"] is not None:
+    while True:
+        if got["job"] is None:
+            if got.get("reason") == "no_waiting_jobs":
+                break
+            # A run slower than the heartbeat's age limit (a loaded machine): beat again.
+            c.heartbeat(worker, readings=READINGS)
+            got = c.claim(worker)
+            continue
         job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
         if chained:  # one transaction per job: the completion claims the next one
             got = c.complete_and_claim(job, worker, epoch, {"ok": True})["next"]
@@ -104,7 +115,13 @@ def _http_worker(index: int, barrier: Any, queue: Any, url: str, secret: str,
     barrier.wait()
     done = 0
     got = r.claim("-", wait=0)
-    while got["job"] is not None:
+    while True:
+        if got["job"] is None:
+            if got.get("reason", "no_waiting_jobs") == "no_waiting_jobs":
+                break
+            r.heartbeat("-", readings=READINGS)  # as the API workers above
+            got = r.claim("-", wait=0)
+            continue
         job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
         if chained:  # one request per job: `claim_next` on the completion
             got = r.complete_and_claim(job, "-", epoch, {"ok": True})["next"]
@@ -249,11 +266,69 @@ def memory(scratch: Scratch, n: int = 200) -> dict[str, dict[str, int]]:
     return {"idle": idle, "during": during}
 
 
+# --- threads sharing one Coordinator: group commit on and off ------------------------------------
+
+
+def _threads_round(path: str, jobs: int, threads: int, limit: int | None
+                   ) -> tuple[float, float]:
+    """Jobs/s of `threads` threads chaining complete_and_claim on one Coordinator, and the
+    mean number of writes per commit."""
+    import threading
+
+    from jobcoord.service import Coordinator
+
+    _fill(path, jobs)
+    with Coordinator.open(path) as c:
+        group = c.db._group  # type: ignore[attr-defined]
+        if limit is not None:
+            group.limit = limit
+        start = threading.Barrier(threads + 1)
+        done = [0] * threads
+
+        def body(i: int) -> None:
+            worker = f"t{i}"
+            c.heartbeat(worker, readings=READINGS)
+            start.wait()
+            got = c.claim(worker)
+            while got["job"] is not None:
+                got = c.complete_and_claim(got["job"]["job_id"], worker,
+                                           got["lease"]["epoch"], {"ok": True})["next"]
+                done[i] += 1
+
+        pool = [threading.Thread(target=body, args=(i,)) for i in range(threads)]
+        for t in pool:
+            t.start()
+        groups0, calls0 = group.groups, group.calls
+        start.wait()
+        t0 = time.perf_counter()
+        for t in pool:
+            t.join()
+        elapsed = time.perf_counter() - t0
+        assert sum(done) == jobs
+        return jobs / elapsed, (group.calls - calls0) / max(1, group.groups - groups0)
+
+
+def threads_part(scratch: Scratch, jobs: int, threads: int = 8, rounds: int = 3
+                 ) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {"grouped": [], "alone": [], "grouped_size": [],
+                                   "alone_size": []}
+    for r in range(rounds):
+        for name, limit in (("grouped", None), ("alone", 1)):
+            path = scratch.file(f"threads-{name}-{r}.db")
+            migrated_sqlite(path, "full")
+            rate, size = _threads_round(path, jobs, threads, limit)
+            out[name].append(rate)
+            out[f"{name}_size"].append(size)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--pickups", type=int, default=300)
+    parser.add_argument("--parts", default="throughput,pickup,memory,threads")
     args = parser.parse_args()
+    parts = set(args.parts.split(","))
     import fastapi
     import httpx
     import uvicorn
@@ -261,27 +336,46 @@ def main() -> None:
     print(conditions("full", fastapi=fastapi.__version__, uvicorn=uvicorn.__version__,
                      httpx=httpx.__version__))
     with Scratch() as scratch:
-        t = throughput(scratch, args.jobs)
-        print(f"\nthroughput  {args.jobs} jobs, 4 processes, claim+complete")
-        for name, what in (("two_calls", "complete, then claim"),
-                           ("chained", "complete with claim_next / complete_and_claim")):
-            print(f"  {what}")
-            print(f"    Python API  {t[f'api_{name}']:8.0f} jobs/s")
-            print(f"    HTTP        {t[f'http_{name}']:8.0f} jobs/s   ratio "
-                  f"{t[f'http_{name}'] / t[f'api_{name}']:.2f}x")
-        print(f"  target >= 0.5x: chained like for like "
-              f"{t['http_chained'] / t['api_chained']:.2f}x; the remote worker's way "
-              f"(chained) vs the API's two calls {t['http_chained'] / t['api_two_calls']:.2f}x")
-        lat = pickup(scratch, args.pickups)
-        print(f"\npickup      {len(lat)} jobs, 8 idle long-polling workers, submit -> handler")
-        print(f"  p50 {ms(pct(lat, 50))} ms   p99 {ms(pct(lat, 99))} ms   max "
-              f"{ms(max(lat))} ms (targets p50 <= 5 ms, p99 <= 50 ms)")
-        m = memory(scratch)
-        print("\nmemory      server process, 200 idle long-polls")
-        print(f"  idle        RSS {m['idle']['VmRSS'] / 1024:6.1f} MiB   threads "
-              f"{m['idle']['Threads']}")
-        print(f"  200 polls   RSS {m['during']['VmRSS'] / 1024:6.1f} MiB   threads "
-              f"{m['during']['Threads']}")
+        if "throughput" in parts:
+            _print_throughput(throughput(scratch, args.jobs), args.jobs)
+        if "pickup" in parts:
+            lat = pickup(scratch, args.pickups)
+            print(f"\npickup      {len(lat)} jobs, 8 idle long-polling workers, "
+                  "submit -> handler")
+            print(f"  p50 {ms(pct(lat, 50))} ms   p99 {ms(pct(lat, 99))} ms   max "
+                  f"{ms(max(lat))} ms (targets p50 <= 5 ms, p99 <= 50 ms)")
+        if "memory" in parts:
+            m = memory(scratch)
+            print("\nmemory      server process, 200 idle long-polls")
+            print(f"  idle        RSS {m['idle']['VmRSS'] / 1024:6.1f} MiB   threads "
+                  f"{m['idle']['Threads']}")
+            print(f"  200 polls   RSS {m['during']['VmRSS'] / 1024:6.1f} MiB   threads "
+                  f"{m['during']['Threads']}")
+        if "threads" in parts:
+            import statistics
+
+            g = threads_part(scratch, args.jobs)
+            grouped, alone = statistics.median(g["grouped"]), statistics.median(g["alone"])
+            print(f"\nthreads     {args.jobs} jobs, 8 threads sharing one Coordinator, chained "
+                  f"claim+complete, {len(g['grouped'])} rounds each, interleaved (medians)")
+            print(f"  group commit      {grouped:8.0f} jobs/s   "
+                  f"{statistics.median(g['grouped_size']):.1f} writes per commit")
+            print(f"  groups of one     {alone:8.0f} jobs/s   "
+                  f"{statistics.median(g['alone_size']):.1f} writes per commit")
+            print(f"  ratio {grouped / alone:.2f}x")
+
+
+def _print_throughput(t: dict[str, float], jobs: int) -> None:
+    print(f"\nthroughput  {jobs} jobs, 4 processes, claim+complete")
+    for name, what in (("two_calls", "complete, then claim"),
+                       ("chained", "complete with claim_next / complete_and_claim")):
+        print(f"  {what}")
+        print(f"    Python API  {t[f'api_{name}']:8.0f} jobs/s")
+        print(f"    HTTP        {t[f'http_{name}']:8.0f} jobs/s   ratio "
+              f"{t[f'http_{name}'] / t[f'api_{name}']:.2f}x")
+    print(f"  target >= 0.5x: chained like for like "
+          f"{t['http_chained'] / t['api_chained']:.2f}x; the remote worker's way "
+          f"(chained) vs the API's two calls {t['http_chained'] / t['api_two_calls']:.2f}x")
 
 
 if __name__ == "__main__":

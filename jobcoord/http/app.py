@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -38,13 +39,20 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         tasks = [asyncio.create_task(srv.poller())]
         if reap_every > 0:
             tasks.append(asyncio.create_task(srv.reaper()))
+        stop = threading.Event()
+        watcher = threading.Thread(target=srv.watch_commits,
+                                   args=(stop, asyncio.get_running_loop()),
+                                   name="jobcoord-http-watch", daemon=True)
+        watcher.start()
         try:
             yield
         finally:
+            stop.set()
             for task in tasks:
                 task.cancel()
             srv.notify()
             srv.pool.shutdown(wait=False, cancel_futures=True)
+            watcher.join(1.0)
 
     app = FastAPI(title="jobcoord", version=__version__, lifespan=lifespan,
                   responses=ERRORS,

@@ -8,6 +8,7 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,6 +30,8 @@ class Wakeup:
 
     def __init__(self) -> None:
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: Set while a long-poll waits (read by the commit watcher's thread).
+        self.someone_waits = threading.Event()
         #: Single wake-ups that found nobody waiting (every long-poll was busy claiming): the
         #: next waiter takes one at once, so a job committed during a claim is not left for
         #: the poller.
@@ -56,6 +59,7 @@ class Wakeup:
             return True
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
+        self.someone_waits.set()
         try:
             await asyncio.wait_for(future, timeout)
             return True
@@ -64,6 +68,8 @@ class Wakeup:
         finally:
             with contextlib.suppress(ValueError):
                 self._waiting.remove(future)
+            if not self._waiting:
+                self.someone_waits.clear()
 
 
 class Server:
@@ -76,6 +82,7 @@ class Server:
         self.reap_every = reap_every
         self.emit = emit or (lambda _event: None)
         self.wakeup: Wakeup | None = None
+        self._looking: asyncio.Future[None] | None = None
         limit = max(coordinator.policy.max_payload_bytes, coordinator.policy.max_result_bytes)
         self.max_body = limit + ENVELOPE_BYTES
         self.max_artifact_bytes = max_artifact_bytes
@@ -97,6 +104,48 @@ class Server:
         db = self.c.db
         return db.read(lambda conn: db.run(conn, rs.DUE_JOB, {"now": now_us()}).first()
                        is not None, "poll")
+
+    def watch_commits(self, stop: threading.Event, loop: asyncio.AbstractEventLoop) -> None:
+        """On a thread of its own: hear commits by other processes at once, where the store
+        can watch for them (SQLite on Linux: an inotify watch of the -wal file, then `PRAGMA
+        data_version`, the idle local worker's waiter), instead of at the poller's next
+        look. Only while a long-poll waits. A change while this server began a group
+        commit of its own is taken for its own (its submissions wake a long-poll
+        themselves) and left to the poller, which stays the authority."""
+        group = getattr(self.c.db, "_group", None)
+        if group is None:
+            return
+        waiter = self.c.db.change_waiter()
+        try:
+            if waiter.mode != "wal_notify":
+                return  # no file notification: the poller is as good
+            assert self.wakeup is not None
+            someone_waits = self.wakeup.someone_waits
+            own = group.begun
+            while not stop.is_set():
+                if not someone_waits.wait(self.poll_s):
+                    continue
+                if not waiter.wait(self.poll_s, stop) or stop.is_set():
+                    continue
+                if group.begun != own:
+                    own = group.begun
+                    continue
+                loop.call_soon_threadsafe(self._heard)
+        finally:
+            waiter.close()
+
+    def _heard(self) -> None:
+        if self._looking is None and self.wakeup is not None and self.wakeup.waiters:
+            self._looking = asyncio.ensure_future(self._look())
+
+    async def _look(self) -> None:
+        try:
+            if await self.call(self.due_job_exists):
+                self.notify()
+        except JobcoordError:
+            pass  # the database is away: the waiters' own claims will say so
+        finally:
+            self._looking = None
 
     async def poller(self) -> None:
         """Jobs committed by other processes (the CLI, another server): looked for once per

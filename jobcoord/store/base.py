@@ -503,6 +503,15 @@ class Database:
             if self.is_sqlite and time.monotonic() - started < self.busy_timeout / 2:
                 self.stats.busy_unwaited += 1
 
+    def _attempt(self, fn: Callable[[Connection], T], where: str, write: bool) -> T:
+        """One try of a transaction: begin, run `fn`, commit. A driver error is raised as it
+        is, for `_transaction` to classify and retry."""
+        with self._begin(write) as conn:
+            result = fn(conn)
+            if isinstance(result, JobcoordError) and not write:
+                raise result
+        return result
+
     def _transaction(self, fn: Callable[[Connection], T], where: str, *, write: bool) -> T:
         outer = getattr(self._local, "conn", None)
         if outer is not None:
@@ -520,10 +529,7 @@ class Database:
             attempt += 1
             started = time.monotonic()
             try:
-                with self._begin(write) as conn:
-                    result = fn(conn)
-                    if isinstance(result, JobcoordError) and not write:
-                        raise result
+                result = self._attempt(fn, where, write)
             except self._driver_errors as e:
                 err = classify(e, where)
                 busy = isinstance(err, DatabaseBusy)

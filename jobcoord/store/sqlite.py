@@ -5,14 +5,15 @@ connections, SQLITE_* error names, and the core's operations as separate short s
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
@@ -62,10 +63,12 @@ from .sqlite_waiter import (
 __all__ = [
     "AFTER_WRITE_EVERY_S", "AFTER_WRITE_WINDOW_S", "DATA_VERSION_EVERY_S",
     "DATA_VERSION_SAFETY_S", "SQLITE_CODES", "WAIT_SLICE_S", "ConnectionStack",
-    "DataVersionWaiter", "SqliteDatabase", "WriteGate", "create_private_file",
+    "DataVersionWaiter", "GroupCommit", "SqliteDatabase", "create_private_file",
     "file_quick_check", "precheck_sqlite_path", "set_journal_mode", "sqlite_pragma",
     "table_columns",
 ]
+
+T = TypeVar("T")
 
 # --- error classification --------------------------------------------------------------
 
@@ -193,30 +196,161 @@ class ConnectionStack(ConnectionSource):
                 conn.close()
 
 
-class WriteGate:
-    """One write transaction at a time per process (SQLite allows one per file anyway). A
-    wait longer than the busy timeout ends as SQLite's own would: "database is locked", which
-    the store classifies as busy and retries. After a fork the child starts with a new gate
-    (a lock held by a parent's thread would never be released in the child)."""
+#: The most write functions one group commit runs in its transaction.
+GROUP_LIMIT = 64
 
-    def __init__(self) -> None:
+
+def _busy(what: str) -> DBAPIError:
+    """The error SQLite's own busy timeout raises, for a wait in this process's queue."""
+    busy = sqlite3.OperationalError(f"database is locked ({what})")
+    busy.sqlite_errorcode, busy.sqlite_errorname = sqlite3.SQLITE_BUSY, "SQLITE_BUSY"
+    return DBAPIError.instance("BEGIN IMMEDIATE", None, busy, sqlite3.Error)
+
+
+class _Call:
+    """One `Database.write` waiting in the queue: its function, then its outcome."""
+
+    __slots__ = ("again", "committing", "error", "fn", "ready", "result", "state")
+
+    def __init__(self, fn: Callable[[Connection], Any]) -> None:
+        self.fn = fn
+        self.state = _QUEUED
+        self.ready = threading.Event()  # set when it is answered or made the leader
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.again = False  # its group broke for another call's sake: run it again
+        self.committing = False  # its group's COMMIT was under way
+
+
+_QUEUED, _TAKEN, _LEAD, _DONE = range(4)
+
+
+class GroupCommit:
+    """The write functions of this process's threads, committed in groups (SQLite allows one
+    writer per file anyway, and each commit's fsync costs more than a small transaction).
+
+    A thread that calls `run` while no group is being committed leads: it takes every call
+    queued at that moment, up to `limit`, never waiting for more (alone, it runs at once),
+    and runs them in one BEGIN IMMEDIATE transaction, each in its own savepoint; a function
+    that raises is rolled back to its savepoint and its caller alone gets the exception. One
+    COMMIT, and only then is each caller answered. Calls that arrived meanwhile wait in order;
+    the first of them leads the next group. A driver error (the database busy, a failing
+    statement, the commit) rolls back the whole group: its caller gets the error, to be
+    classified and retried as any transaction's, and the group's other calls run again.
+
+    A call that waits longer than `timeout` before any group takes it ends as SQLite's own
+    busy timeout would: "database is locked". After a fork the child starts with an empty
+    queue (a parent's thread that led would never answer the child)."""
+
+    def __init__(self, limit: int = GROUP_LIMIT) -> None:
+        self.limit = limit
         self._lock = threading.Lock()
+        self._queue: collections.deque[_Call] = collections.deque()
+        self._leading = False
         self._pid = os.getpid()
+        #: Groups begun; then committed (or rolled back), the calls they ran, the largest one.
+        self.begun = 0
+        self.groups = 0
+        self.calls = 0
+        self.largest = 0
 
-    @contextlib.contextmanager
-    def held(self, timeout: float) -> Iterator[None]:
-        if self._pid != os.getpid():
-            self._lock, self._pid = threading.Lock(), os.getpid()
-        lock = self._lock
-        if not lock.acquire(timeout=max(timeout, 0.001)):
-            busy = sqlite3.OperationalError("database is locked (by a thread of this "
-                                            "process)")
-            busy.sqlite_errorcode, busy.sqlite_errorname = sqlite3.SQLITE_BUSY, "SQLITE_BUSY"
-            raise DBAPIError.instance("BEGIN IMMEDIATE", None, busy, sqlite3.Error)
+    def run(self, fn: Callable[[Connection], T], timeout: float,
+            commit: Callable[[list[_Call]], None]) -> T:
+        """`fn`'s result once the group that ran it has committed (or its exception);
+        `commit(batch)` runs a batch in one transaction and sets each call's outcome."""
+        call = _Call(fn)
+        while True:
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._queue, self._leading = collections.deque(), False
+                    self._pid = os.getpid()
+                self._queue.append(call)
+                if not self._leading:
+                    self._leading, call.state = True, _LEAD
+            if call.state != _LEAD:
+                try:
+                    self._wait(call, timeout)
+                except BaseException:  # timed out, or interrupted (KeyboardInterrupt)
+                    self._abandon(call)
+                    raise
+            if call.state == _LEAD:
+                self._lead(call, commit)
+            if call.again:
+                call.again, call.committing, call.state = False, False, _QUEUED
+                call.ready.clear()
+                continue
+            error, call.error = call.error, None
+            if error is not None:
+                raise error
+            result: T = call.result
+            return result
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting for a group to take them."""
+        return len(self._queue)
+
+    def _wait(self, call: _Call, timeout: float) -> None:
+        if call.ready.wait(max(timeout, 0.001)):
+            return
+        with self._lock:
+            if call.state == _QUEUED:  # no group took it in time: it leaves, unrun
+                self._queue.remove(call)
+                raise _busy("by a thread of this process")
+        call.ready.wait()  # taken into a group: its answer follows that group's commit
+
+    def _abandon(self, call: _Call) -> None:
+        """A caller that stops waiting: its call leaves the queue, and if it had just been
+        made the leader, the next call leads. A call a group already took runs anyway."""
+        with self._lock:
+            if call not in self._queue:
+                return
+            self._queue.remove(call)
+            if call.state == _LEAD:
+                if self._queue:
+                    following = self._queue[0]
+                    following.state = _LEAD
+                    following.ready.set()
+                else:
+                    self._leading = False
+
+    def _lead(self, me: _Call, commit: Callable[[list[_Call]], None]) -> None:
+        with self._lock:
+            batch = [self._queue.popleft()
+                     for _ in range(min(self.limit, len(self._queue)))]
+            for call in batch:
+                call.state = _TAKEN
+            self.begun += 1
+        assert batch and batch[0] is me
+        finished = False
         try:
-            yield
+            commit(batch)
+            finished = True
         finally:
-            lock.release()
+            with self._lock:
+                self.groups += 1
+                self.calls += len(batch)
+                self.largest = max(self.largest, len(batch))
+                for call in batch:
+                    if not finished:  # the leader was interrupted (KeyboardInterrupt)
+                        call.result = None
+                        if call.committing:  # perhaps committed: never run it twice
+                            call.again, call.error = False, StorageUnavailable(
+                                "write_interrupted", "the transaction was interrupted as it "
+                                "committed; whether this change was saved is unknown")
+                        else:  # rolled back: nothing of the group was saved
+                            call.again, call.error = True, None
+                    call.state = _DONE
+                following = self._queue[0] if self._queue else None
+                if following is None:
+                    self._leading = False
+                else:
+                    following.state = _LEAD
+            # Answered only now: after the commit (or after the rollback of all of them).
+            for call in batch[1:]:
+                call.ready.set()
+            if following is not None:
+                following.ready.set()
 
 
 class SqliteDatabase(Database):
@@ -237,7 +371,7 @@ class SqliteDatabase(Database):
         self.read_engine = engine
         self._writers = ConnectionStack(self.write_engine)
         self._readers = ConnectionStack(self.read_engine)
-        self._gate = WriteGate()
+        self._group = GroupCommit()
 
         @event.listens_for(engine, "engine_disposed")
         def _forget(_engine: Engine) -> None:
@@ -245,18 +379,51 @@ class SqliteDatabase(Database):
             self._writers.close()
             self._readers.close()
 
-    @contextlib.contextmanager
-    def _begin(self, write: bool) -> Iterator[Connection]:
+    def _attempt(self, fn: Callable[[Connection], T], where: str, write: bool) -> T:
         if not write:
-            with super()._begin(False) as conn:
-                yield conn
-            return
-        # Threads of this process queue for the write lock here, in order, and each takes it
-        # the instant the previous one commits. Left to SQLite, they would poll it in its busy
-        # handler's sleeps (1, 2, 5, ... 100 ms): a server's claims and submissions stalled
-        # behind one another for tens of milliseconds, and its throughput halved.
-        with self._gate.held(self.busy_timeout), super()._begin(True) as conn:
-            yield conn
+            return super()._attempt(fn, where, write)
+        # Threads of this process queue here and their writes commit in groups (GroupCommit):
+        # one BEGIN IMMEDIATE and one fsync for every write queued at that moment, and the
+        # next group begins the instant the previous one commits. Left to SQLite, they would
+        # poll the write lock in its busy handler's sleeps (1, 2, 5, ... 100 ms), each with a
+        # commit of its own.
+        return self._group.run(fn, self.busy_timeout, self._commit_group)
+
+    def _commit_group(self, batch: list[_Call]) -> None:
+        """Run `batch` in one write transaction and set each call's outcome. Alone, a call
+        runs as it always has (its exception ends the transaction). In a group each runs in
+        a savepoint: an exception rolls back its own changes, the others commit. A driver
+        error ends the whole group uncommitted: the call that met it (every call, when it
+        came from BEGIN or COMMIT) gets the error, the others run again."""
+        culprit: _Call | None = None
+        try:
+            with super()._begin(True) as conn:
+                if len(batch) == 1:
+                    culprit = batch[0]
+                    batch[0].result = batch[0].fn(conn)
+                else:
+                    raw = conn.connection.driver_connection
+                    for call in batch:
+                        culprit = call
+                        raw.execute("SAVEPOINT jobcoord_call")
+                        try:
+                            call.result = call.fn(conn)
+                        except self._driver_errors:
+                            raise
+                        except Exception as e:  # to its own caller; the group goes on
+                            call.error = e
+                            raw.execute("ROLLBACK TO jobcoord_call")
+                        raw.execute("RELEASE jobcoord_call")
+                culprit = None
+                for call in batch:
+                    call.committing = True
+        except Exception as e:
+            for call in batch:
+                call.result = None
+                if culprit is None or call is culprit:
+                    call.error = e
+                else:
+                    call.error, call.again = None, True
 
     @classmethod
     def open_file(cls, target: Target, *, create: bool = False, synchronous: str = "full",
