@@ -27,6 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.sql import ClauseElement
 
 from ..schema import (
+    TENANT_ROLE,
     checkpoints,
     claim_refusals,
     job_events,
@@ -297,21 +298,20 @@ def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
     first `limit` rows of its slice of the partial claim index, however many jobs wait for
     other roles and kinds; role 0 is "no role". `locked` takes each row read with FOR UPDATE
     SKIP LOCKED (only PostgreSQL's compiler writes it). `tenant` keeps only jobs of tenant
-    :tenant: a filter on the rows the same index walk reads, in claim order."""
+    :tenant, read from the tenant claim indexes (c0007), whose slice starts at that tenant."""
     out = []
     for i in range(n_roles + 1):
         for j in range(1 if n_kinds is None else n_kinds):
-            where: list[Any] = [WAITING, J.priority <= P("maxp"),
-                                J.required_role.is_(None) if i == 0
-                                else J.required_role == P(f"r{i}")]
+            role = const("") if i == 0 else P(f"r{i}")
+            where: list[Any] = [WAITING, J.priority <= P("maxp")]
+            if tenant:
+                # The tenant claim indexes' key, spelled as they spell it: the walk starts at
+                # this tenant's first job in claim order and reads no other tenant's.
+                where += [J.tenant == P("tenant"), TENANT_ROLE == role]  # noqa: SIM300 (the key first)
+            else:
+                where.append(J.required_role.is_(None) if i == 0 else J.required_role == role)
             if n_kinds is not None:
                 where.append(J.kind == P(f"k{j}"))
-            if tenant:
-                # Spelled `tenant || ''` so that no planner trades the claim index for the
-                # (tenant, job_id) one plus a sort of every job the tenant ever had (SQLite
-                # did, once ANALYZE had run): the walk stays in claim order, the tenant a
-                # filter on the rows it reads.
-                where.append(J.tenant.concat(const("")) == P("tenant"))
             if due_only:
                 where.extend(CLAIMABLE[2:])
             probe = (select(J.job_id, J.priority, J.created_at).where(*where)
