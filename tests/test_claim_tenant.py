@@ -67,48 +67,96 @@ def test_a_claims_tenant_is_checked_like_any_name(target: Target) -> None:
 
 
 def _filler() -> list[JobSpec]:
-    # Many tenants' finished-or-waiting jobs, so a tenant index looks selective to a planner.
-    return ([JobSpec("work", {"i": i}, tenant=f"t{i % 20}") for i in range(3000)]
+    # Many tenants' finished-or-waiting jobs, so a tenant index looks selective to a planner,
+    # and ahead of them in claim order (older, priority 0) a deep queue of another tenant's.
+    return ([JobSpec("work", {"i": i}, tenant="big", priority=0, role="gpu" if i % 2 else None)
+             for i in range(4000)]
+            + [JobSpec("work", {"i": i}, tenant=f"t{i % 20}") for i in range(3000)]
             + [JobSpec("work", {"i": i}, tenant=f"t{i % 20}", role="gpu")
                for i in range(1000)])
 
 
-def test_a_tenant_bound_claim_reads_the_claim_index_on_sqlite(sqlite_target: Target) -> None:
+#: Every shape of a tenant-bound claim: without and with a role, without and with kinds.
+SHAPES = [(roles, kinds) for roles in ([], ["gpu"]) for kinds in (None, ["work"])]
+
+
+def test_a_tenant_bound_claim_seeks_to_its_tenant_on_sqlite(sqlite_target: Target) -> None:
     with Coordinator.open(sqlite_target) as c:
         c.enqueue_many(_filler())
         c.db.write(lambda conn: conn.exec_driver_sql("ANALYZE"))
-        for kinds in (None, ["work"]):
-            text, params = c._candidate_sql(["gpu"], kinds, due_only=True, tenant="t3")
+        for roles, kinds in SHAPES:
+            text, params = c._candidate_sql(roles, kinds, due_only=True, tenant="t3")
             params.update(now=2**62, maxp=3)
             plan = c.db.read(lambda conn, text=text, params=params: [
                 r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + text,
                                                     params).all()])
             searches = [p for p in plan if p.startswith(("SEARCH jobs", "SCAN jobs"))]
-            assert searches and all("USING INDEX ix_jobs_claim_" in p for p in searches), plan
+            # Each probe starts at the tenant's slice of a tenant claim index: the tenant and
+            # the role are its first two keys, so no other tenant's job is read.
+            index = "ix_jobs_claim_tenant_kind" if kinds else "ix_jobs_claim_tenant"
+            assert len(searches) == len(roles) + 1, plan
+            assert all(p.startswith(f"SEARCH jobs USING INDEX {index} (tenant=? AND <expr>=?")
+                       for p in searches), plan
             # The probes walk in claim order: the only sort is of the few heads.
             assert plan.count("USE TEMP B-TREE FOR ORDER BY") == 1, plan
             got = c.db.read(lambda conn, text=text, params=params:
                             conn.exec_driver_sql(text, params).all())
             assert len(got) == 1
+            # The claim without a tenant keeps the claim indexes it always read.
+            text, params = c._candidate_sql(roles, kinds, due_only=True)
+            params.update(now=2**62, maxp=3)
+            plan = c.db.read(lambda conn, text=text, params=params: [
+                r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + text,
+                                                    params).all()])
+            assert not any("ix_jobs_claim_tenant" in p for p in plan), plan
 
 
-def test_a_tenant_bound_claim_reads_the_claim_index_on_postgresql(pg_target: Target) -> None:
+def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan node below `node` (itself included) that reads the jobs table."""
+    out = [node] if node.get("Relation Name") == "jobs" else []
+    for child in node.get("Plans", []):
+        out += _scans(child)
+    return out
+
+
+def test_a_tenant_bound_claim_seeks_to_its_tenant_on_postgresql(pg_target: Target) -> None:
     with Coordinator.open(pg_target) as c:
         c.enqueue_many(_filler())
-        statements = [c._candidate_sql(["gpu"], kinds, due_only=True, tenant="t3")
-                      for kinds in (None, ["work"])]
-        statements += [c._claim_folded_sql(["gpu"], None, "t3")]
+        statements = [(roles, kinds, c._candidate_sql(roles, kinds, due_only=True,
+                                                      tenant="t3"))
+                      for roles, kinds in SHAPES]
+        statements += [(roles, kinds, c._claim_folded_sql(roles, kinds, "t3"))
+                       for roles, kinds in SHAPES]
+        untenanted = [c._candidate_sql(roles, kinds, due_only=True) for roles, kinds in SHAPES]
     url = pg_target.url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url) as conn:  # one transaction, rolled back: the claims take nothing
         conn.execute("ANALYZE jobs")
-        for text, params in statements:
-            params.update(now=2**62, maxp=3, heads=4, f=False, worker="w", expires=1,
-                          expires_json='"x"')
+        for roles, kinds, (text, params) in statements:
+            params.update(now=2**62, maxp=3, heads=4, f=False, worker="w",
+                          expires=2**62 + 1, expires_json='"x"')
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + SQL(text).postgresql,
+                                params).fetchone()[0][0]["Plan"]
+            conn.rollback()
+            scans = _scans(plan)
+            index = "ix_jobs_claim_tenant_kind" if kinds else "ix_jobs_claim_tenant"
+            probes = [s for s in scans if s.get("Index Name") == index]
+            # One probe per role (and "no role"), each reading at most its `heads` rows of
+            # the tenant's own slice: not one of the 4,000 jobs of tenant `big` ahead of them.
+            assert len(probes) == len(roles) + 1, plan
+            for probe in probes:
+                assert probe["Node Type"] == "Index Scan", plan
+                assert probe["Index Cond"].startswith("(((tenant)::text = 't3'::text)"), plan
+                assert probe["Actual Rows"] <= 4, plan
+                assert probe.get("Rows Removed by Filter", 0) == 0, plan
+            # Any other read of jobs is of the claimed rows by their id (the update).
+            for other in (s for s in scans if s not in probes and s["Node Type"] != "ModifyTable"):
+                assert "job_id" in other.get("Index Cond", ""), plan
+                assert other["Actual Rows"] <= 4, plan
+        for text, params in untenanted:
+            params.update(now=2**62, maxp=3)
             plan = "\n".join(r[0] for r in conn.execute(
                 "EXPLAIN " + SQL(text).postgresql, params).fetchall())
-            assert "ix_jobs_claim_" in plan, plan
-            assert "ix_jobs_tenant_job_id" not in plan, plan
-            assert "Seq Scan on jobs" not in plan, plan
+            assert "ix_jobs_claim_tenant" not in plan, plan
 
 
 @pytest.fixture
