@@ -12,6 +12,7 @@ import pytest
 from jobcoord.db import SQL, Target
 from jobcoord.errors import InvalidInput
 from jobcoord.service import Coordinator, JobSpec
+from tests.conftest import run_cli
 
 
 def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> None:
@@ -34,6 +35,25 @@ def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> N
         # Without a tenant, every tenant's jobs, in claim order.
         assert c.claim("w")["job"]["job_id"] == bobs
         assert c.claim("w")["job"]["job_id"] == default
+
+
+def test_the_claim_command_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> None:
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        alices = c.enqueue("k", {}, tenant="alice")["job_id"]
+        got = run_cli(target, "claim", "w", "--tenant", "alice", "--json")
+        assert got.code == 0, got.err
+        assert got.json["job"]["job_id"] == alices and got.json["job"]["tenant"] == "alice"
+        nothing = run_cli(target, "claim", "w", "--tenant", "alice", "--json")
+        assert nothing.code == 3 and nothing.json["reason"] == "no_waiting_jobs", nothing
+        assert "bob" not in nothing.out
+        text = run_cli(target, "claim", "w", "--tenant", "alice")
+        assert text.code == 3 and "no job of tenant alice is waiting" in text.out, text
+        assert c.show(bobs)["job"]["status"] == "waiting"
+        bad = run_cli(target, "claim", "w", "--tenant", "two words", "--json")
+        assert bad.code == 2 and bad.json["error"]["code"] == "invalid_input", bad
+        assert run_cli(target, "claim", "w", "--json").json["job"]["job_id"] == bobs
 
 
 @pytest.mark.parametrize("checked_by", ["limit", "needs"])

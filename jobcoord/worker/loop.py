@@ -73,6 +73,14 @@ class BoundedCalls:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
+def takes_tenant(coordinator: Any, bound: Mapping[str, Any]) -> bool:
+    """Whether the coordinator's claim_many takes the tenant in `bound` (always, when none is
+    set): a tenant-bound worker must never claim another tenant's jobs in a batch."""
+    import inspect
+
+    return not bound or "tenant" in inspect.signature(coordinator.claim_many).parameters
+
+
 class Worker:
     """One worker process. `coordinator` is the Coordinator it was given (read for its policy);
     `calls` is the same Coordinator behind `BoundedCalls`, the way every call is made."""
@@ -329,10 +337,13 @@ class Worker:
         """Claim up to `free` jobs in one call (one job per call without batching): the
         claimed answers, or none and the reason."""
         cfg = self.config
-        if self.batched and self.batch_claims:
+        # The tenant is passed only when set: a worker for every tenant calls as it always
+        # did, and a core whose claim_many takes no tenant yet claims one job at a time.
+        bound = {} if cfg.tenant is None else {"tenant": cfg.tenant}
+        if self.batched and self.batch_claims and takes_tenant(self.coordinator, bound):
             return self.calls.claim_many(cfg.worker_id, free, lease_s=cfg.lease_s,
-                                         kinds=self.kinds)
-        got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds)
+                                         kinds=self.kinds, **bound)
+        got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds, **bound)
         if got["job"] is None:
             return {"claimed": [], "reason": got["reason"], "detail": got["detail"]}
         return {"claimed": [got]}
