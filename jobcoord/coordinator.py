@@ -355,7 +355,7 @@ class Coordinator:
             lambda w, at: worker_rules.worker_gate(self, w, at),
             None if diag is None else (
                 lambda ready: limit_rules.explain_reasons(job, diag, ready)),
-            schedule=schedule_rules.of_job(self, job["job_id"]))
+            schedule=schedule_rules.of_job(self, job["job_id"]), viewer=tenant)
 
     def status(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Counts by status, workers, active leases, schema and storage facts. With a tenant,
