@@ -5,8 +5,12 @@ without a tenant (an operator's) names every one, as before."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
+from jobcoord.db import SQL
+from jobcoord.service import JobSpec
+from jobcoord.store import query_statements as qs
 from tests.conftest import run_cli
 from tests.timeline import IDLE_ON_AC, at
 
@@ -47,3 +51,30 @@ def test_explain_tenant_from_the_cli_names_no_worker(coord, clock, target):
     assert "heartbeat_stale: a worker that could run it" in out.out
     assert not [w for w in WORKERS if w in out.out], out.out
     assert "old-box" in run_cli(target, "explain", str(job)).out
+
+
+def test_a_tenant_views_jobs_ahead_reads_only_its_tenants_slice(coord):
+    # 2,000 waiting jobs of another tenant ahead in claim order, then alice's.
+    coord.enqueue_many([JobSpec("k", {"i": i}, tenant="big", priority=0,
+                                role="gpu" if i % 2 else None) for i in range(2000)])
+    mine = {role: [coord.enqueue("k", {}, tenant="alice", role=role)["job_id"]
+                   for _ in range(3)] for role in (None, "gpu")}
+    for role, ids in mine.items():
+        assert coord.explain(ids[-1], tenant="alice")["jobs_ahead"] == 2
+        assert coord.explain(ids[-1])["jobs_ahead"] == 1000 + 2
+        text = qs.jobs_ahead(role is not None, True).named(coord.db.dialect)
+        params = {"role": role, "p": 3, "c": 2**62, "job_id": 2**62, "tenant": "alice"}
+        # Every read of jobs starts at the tenant's slice of an index that leads with it.
+        if coord.db.dialect == "sqlite":
+            plan = coord.db.read(lambda conn, t=text, p=params: [
+                r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + t, p).all()])
+            reads = [line for line in plan if " jobs" in line]
+            assert reads and all(re.match(r"SEARCH jobs USING (COVERING )?INDEX ix_jobs_\w+ "
+                                          r"\(tenant=\?", line) for line in reads), plan
+        else:
+            plan = coord.db.read(lambda conn, t=text, p=params: [
+                r[0] for r in conn.exec_driver_sql("EXPLAIN " + SQL(t).postgresql, p).all()])
+            conds = [line.strip() for line in plan if "Index Cond" in line]
+            assert conds and all(c.startswith("Index Cond: ((tenant)::text = 'alice'")
+                                 for c in conds), plan
+            assert not any("Seq Scan" in line for line in plan), plan
