@@ -37,6 +37,22 @@ def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> N
         assert c.claim("w")["job"]["job_id"] == default
 
 
+def test_claimable_with_a_tenant_counts_only_that_tenants_jobs(target: Target) -> None:
+    # What a tenant-bound idle worker asks when a commit wakes it: another tenant's job must
+    # not turn into a claim that finds nothing.
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        bobs = c.enqueue("k", {}, tenant="bob")["job_id"]
+        assert c.claimable("w") is True
+        assert c.claimable("w", tenant="alice") is False
+        c.enqueue("k", {}, tenant="alice")
+        assert c.claimable("w", tenant="alice") is True
+        assert c.claimable("w", kinds=["other"], tenant="alice") is False
+        c.cancel(bobs)
+        with pytest.raises(InvalidInput):
+            c.claimable("w", tenant="two words")
+
+
 def test_the_claim_command_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> None:
     with Coordinator.open(target) as c:
         c.heartbeat("w", readings={"memory_used_pct": 10})

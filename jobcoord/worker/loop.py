@@ -436,7 +436,8 @@ class Worker:
         if not hasattr(self.coordinator, "claimable"):
             return True
         try:
-            return bool(self.calls.claimable(self.config.worker_id, kinds=self.kinds))
+            bound = {} if self.config.tenant is None else {"tenant": self.config.tenant}
+            return bool(self.calls.claimable(self.config.worker_id, kinds=self.kinds, **bound))
         except Exception:
             return True  # the claim itself will say what is wrong
 
