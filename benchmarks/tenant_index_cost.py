@@ -78,8 +78,9 @@ def measure(targets: dict[str, Any], jobs: int, rounds: int, sync: str
             _round(c, min(200, jobs))  # warm up
         out: dict[str, dict[str, list[float]]] = {
             step: {label: [] for label in coords} for step in STEPS}
-        for _ in range(rounds):
-            for label, c in coords.items():
+        for r in range(rounds):
+            # Each round flips the order, so neither side always runs first.
+            for label, c in list(coords.items())[::1 if r % 2 == 0 else -1]:
                 c.heartbeat("w1", roles=["gpu"], readings=None)
                 for step, took in zip(STEPS, _round(c, jobs), strict=True):
                     out[step][label].append(took)
