@@ -10,6 +10,7 @@ from typing import Any
 
 from .clock import MICROS, iso
 from .policy import GateDecision, Policy, Readings
+from .validate import stored_json
 
 
 def loads(text: str | None) -> Any:
@@ -31,11 +32,45 @@ def gates_json(g: GateDecision) -> dict[str, Any]:
 
 # --- the write operations' answers: the core's times (microseconds) as ISO text, in place --
 
+#: The times each write operation's answer holds, by answer; each is said as ISO text.
+ANSWER_TIMES: dict[str, tuple[str, ...]] = {
+    "heartbeat": ("received_at",),
+    "completed": ("finished_at",),
+    "renewed": ("expires_at",),
+    "checkpointed": ("saved_at",),
+    "reaped": ("at",),
+    "pruned": ("cutoff",),
+    # add_schedule, pause_schedule, resume_schedule; and each schedule a tick moved on.
+    "schedule_changed": ("next_fire_at",),
+    "ticked": ("at",),
+}
+
+
+def times_as_iso(answer: dict[str, Any], name: str) -> dict[str, Any]:
+    """The answer `name` (a key of ANSWER_TIMES) with its times as ISO text."""
+    for field in ANSWER_TIMES[name]:
+        answer[field] = iso(answer[field])
+    return answer
+
+
+def _shaper(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def shape(answer: dict[str, Any]) -> dict[str, Any]:
+        return times_as_iso(answer, name)
+    shape.__name__ = shape.__qualname__ = f"{name}_json"
+    return shape
+
+
+completed_json = _shaper("completed")
+renewed_json = _shaper("renewed")
+checkpointed_json = _shaper("checkpointed")
+reaped_json = _shaper("reaped")
+pruned_json = _shaper("pruned")
+schedule_changed_json = _shaper("schedule_changed")
+
 
 def heartbeat_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer.update(received_at=iso(answer["received_at"]),
-                  readings=readings_json(answer["readings"]), gates=gates_json(answer["gates"]))
-    return answer
+    answer.update(readings=readings_json(answer["readings"]), gates=gates_json(answer["gates"]))
+    return times_as_iso(answer, "heartbeat")
 
 
 def claimed_json(answer: dict[str, Any]) -> dict[str, Any]:
@@ -47,11 +82,6 @@ def claimed_json(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def completed_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer["finished_at"] = iso(answer["finished_at"])
-    return answer
-
-
 def completed_and_claimed_json(answer: dict[str, Any]) -> dict[str, Any]:
     completed_json(answer["completed"])
     claimed_json(answer["next"])
@@ -59,6 +89,7 @@ def completed_and_claimed_json(answer: dict[str, Any]) -> dict[str, Any]:
 
 
 def failed_json(answer: dict[str, Any]) -> dict[str, Any]:
+    """A failure's answer: `run_after` only when the job will be retried."""
     if "run_after" in answer:
         answer["run_after"] = iso(answer["run_after"])
     return answer
@@ -81,37 +112,10 @@ def batch_json(answer: dict[str, Any], each: Callable[[dict[str, Any]], Any]
     return answer
 
 
-def renewed_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer["expires_at"] = iso(answer["expires_at"])
-    return answer
-
-
-def checkpointed_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer["saved_at"] = iso(answer["saved_at"])
-    return answer
-
-
-def reaped_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer["at"] = iso(answer["at"])
-    return answer
-
-
-def pruned_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer["cutoff"] = iso(answer["cutoff"])
-    return answer
-
-
-def schedule_changed_json(answer: dict[str, Any]) -> dict[str, Any]:
-    """add_schedule, pause_schedule, resume_schedule."""
-    answer["next_fire_at"] = iso(answer["next_fire_at"])
-    return answer
-
-
 def ticked_json(answer: dict[str, Any]) -> dict[str, Any]:
-    answer["at"] = iso(answer["at"])
     for s in answer["schedules"]:
-        s["next_fire_at"] = iso(s["next_fire_at"])
-    return answer
+        schedule_changed_json(s)
+    return times_as_iso(answer, "ticked")
 
 
 # --- the read operations' answers ------------------------------------------------------------
@@ -121,8 +125,10 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
     return {
         "job_id": job["job_id"], "tenant": job["tenant"], "kind": job["kind"],
         "role": job["required_role"], "priority": job["priority"], "status": job["status"],
-        "payload": json.loads(job["payload_json"]), "result": loads(job["result_json"]),
-        "provenance": loads(job["provenance_json"]), "attempts": job["attempts"],
+        "payload": stored_json(job["payload_json"], job["job_id"], "payload_json"),
+        "result": stored_json(job["result_json"], job["job_id"], "result_json"),
+        "provenance": stored_json(job["provenance_json"], job["job_id"], "provenance_json"),
+        "attempts": job["attempts"],
         "max_attempts": job["max_attempts"], "epoch": job["epoch"],
         "idempotency_key": job["idempotency_key"], "last_error": job["last_error"],
         "effect_started": bool(job["effect_started"]),
@@ -131,7 +137,7 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
         "run_after": iso(job["run_after"]), "deadline_at": iso(job["deadline_at"]),
         "finished_at": iso(job["finished_at"]),
         # Declared resource needs ({"NAME": INT}), or None.
-        "needs": loads(job.get("needs_json")),
+        "needs": stored_json(job.get("needs_json"), job["job_id"], "needs_json"),
     }
 
 

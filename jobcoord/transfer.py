@@ -33,9 +33,17 @@ from .store.statements import SQL
 BATCH_ROWS = 1000
 
 
+#: Tables kept beside the core ones that a copy must carry too: each refused claim's counter
+#: (claim_refusals) and the durable latency fold (metric_folds, up to an event id, which
+#: the copied events keep). job_counts is not copied: the target's triggers count the jobs
+#: as they are inserted.
+REPORT_TABLES = ("claim_refusals", "metric_folds")
+
+
 def tables_for(features: set[str]) -> list[Table]:
-    """Core tables then optional ones, parents before children (foreign keys)."""
-    names = list(CORE_TABLES)
+    """Core tables, the report tables, then optional ones, parents before children (foreign
+    keys)."""
+    names = [*CORE_TABLES, *REPORT_TABLES]
     for feature in sorted(features):
         names.extend(OPTIONAL_TABLES.get(feature, ()))
     return [Base.metadata.tables[n] for n in names]

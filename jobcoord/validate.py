@@ -213,6 +213,27 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+#: The JSON columns of a job that `check` reads, and whose text every read decodes.
+JOB_JSON_COLUMNS = ("payload_json", "needs_json", "result_json", "provenance_json")
+
+
+def stored_json(text: str | None, job_id: int, column: str) -> Any:
+    """A job's stored JSON column as a value (None kept). Text that is not JSON was written
+    outside jobcoord (by hand, a broken restore): DatabaseCorrupt naming the job and the
+    column, not an internal error."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        from .errors import DatabaseCorrupt
+
+        raise DatabaseCorrupt(
+            "job_unreadable", f"job {job_id}: its stored {column} is not valid JSON (written "
+            "outside jobcoord); `jobcoord check` lists every such job", job_id=job_id,
+            column=column) from None
+
+
 def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
                too_large_code: str = "payload_too_large", str_is_text: bool = True
                ) -> tuple[Any, str]:
@@ -407,7 +428,7 @@ MAX_GPUS = 64
 
 def gpu_readings(value: Any, field: str = "readings: gpus") -> list[dict[str, float | None]]:
     """A heartbeat's `gpus`: a list of objects with exactly the contract's keys, each a
-    number in range or null (unknown)."""
+    number in range or null (unknown); a GPU's free memory at most its total."""
     if not isinstance(value, list):
         raise _bad(field, "must be a list of GPU readings")
     if len(value) > MAX_GPUS:
@@ -432,5 +453,9 @@ def gpu_readings(value: Any, field: str = "readings: gpus") -> list[dict[str, fl
                 raise _bad(field, f"GPU {i}: {key} must be a number in {lo:g}..{hi:g}, null "
                            "or \"unknown\"")
             one[key] = float(val)
+        free, total = one["memory_free_mb"], one["memory_total_mb"]
+        if free is not None and total is not None and free > total:
+            raise _bad(field, f"GPU {i}: memory_free_mb ({free:g}) is more than "
+                       f"memory_total_mb ({total:g})")
         out.append(one)
     return out

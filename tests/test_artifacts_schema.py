@@ -7,38 +7,29 @@ give the a0001 rows back exactly. Both databases."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from jobcoord.db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, Target, resolve_target
-from jobcoord.maintenance import check
-from jobcoord.migrate import _config, current_revisions, migrate
+from jobcoord.db import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, Target
+from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
-from tests.conftest import fresh_pg
 from tests.sql import sql
-from tests.test_schema_c0002 import _every_status, _snapshot
+from tests.test_schema_c0002 import (
+    Snapshot,
+    _alembic,
+    _every_status,
+    _snapshot,
+    empty_target,
+    upgrade_in_place_and_back,
+)
+
+__all__ = ["empty_target"]  # the fixture, imported for this module's tests
 
 HEX = ["a" * 64, "b" * 64, "c" * 64]
 
-
-@pytest.fixture
-def empty_target(backend: str, request: pytest.FixtureRequest, tmp_path: Any
-                 ) -> Iterator[Target]:
-    if backend == "sqlite":
-        yield resolve_target(db=str(tmp_path / "old.db"))
-    else:
-        request.getfixturevalue("pg_template")  # skips without PostgreSQL
-        with fresh_pg(None) as t:
-            yield t
-
-
-def _alembic(db: Database, action: str, revision: str) -> None:
-    from alembic import command
-
-    with db.write_engine.connect() as conn, conn.begin():
-        getattr(command, action)(_config(db, conn, {"artifacts"}), revision)
+#: The optional branch these tests upgrade and downgrade.
+ARTIFACTS = frozenset({"artifacts"})
 
 
 def _artifact_rows(db: Database, columns: str) -> list[tuple[Any, ...]]:
@@ -56,14 +47,15 @@ A0001 = ("artifact_id, job_id, name, location, sha256, size_bytes, media_type,"
 def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         empty_target: Target) -> None:
     assert OPTIONAL_REVISIONS["artifacts"][-1] == "a0002"
-    db = Database.open(empty_target, create=True)
-    try:
+    jobs: dict[int, int] = {}
+    old_rows: list[tuple[Any, ...]] = []
+
+    def populate(db: Database, revision: str) -> None:
         migrate(db)  # core at its head
-        _alembic(db, "upgrade", "a0001")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {CORE, "a0001"}
+        _alembic(db, "upgrade", revision, ARTIFACTS)
         _every_status(Coordinator(db, verify=False))
-        jobs = db.read(lambda conn: dict(conn.exec_driver_sql(
-            "SELECT job_id, epoch FROM jobs").all()))
+        jobs.update(db.read(lambda conn: dict(conn.exec_driver_sql(
+            "SELECT job_id, epoch FROM jobs").all())))
         first, second = sorted(jobs)[:2]
         for i, (job, name, state) in enumerate([(first, "report.pdf", "valid"),
                                                 (first, "raw.bin", "pending"),
@@ -73,14 +65,12 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
                 " media_type, validation_state, created_at) VALUES (:j, :n, 'objects/x', :h,"
                 " :s, 'application/pdf', :st, :t)",
                 {"j": job, "n": name, "h": HEX[i], "s": 10 + i, "st": state, "t": 1000 + i}))
-        core_before = _snapshot(db)
-        old_rows = _artifact_rows(db, A0001)
+        old_rows.extend(_artifact_rows(db, A0001))
         assert len(old_rows) == 3
 
-        out = migrate(db)  # the installed artifacts branch goes to its head
-        assert sorted(out["revisions_before"]) == ["a0001", CORE]
-        assert sorted(out["revisions"]) == ["a0002", CORE]
-        assert _snapshot(db) == core_before
+    def upgraded(c: Coordinator, before: Snapshot) -> None:
+        db = c.db
+        first, second = sorted(jobs)[:2]
         new = _artifact_rows(db, "artifact_id, job_id, epoch, name, digest, size, state,"
                              " reason, location, created_at, verified_at")
         assert new == [
@@ -91,8 +81,6 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
             (old_rows[2][0], second, jobs[second], "bad.png", f"sha256:{HEX[2]}", 12,
              "rejected", "invalid_before_a0002", "objects/x", 1002, None),
         ]
-        assert check(db)["ok"]
-        c = Coordinator(db)  # verify_schema accepts the upgraded database
         assert c.features == {"artifacts"}
         listed = c.artifacts(first)["artifacts"]
         assert [a["name"] for a in listed] == ["report.pdf"]
@@ -104,13 +92,13 @@ def test_a0002_upgrades_a_populated_a0001_database_in_place_and_back(
         assert _artifact_rows(db, "artifact_id")[-1][0] > old_rows[-1][0]
         db.write(lambda conn: conn.exec_driver_sql(
             "DELETE FROM artifacts WHERE name = 'n'"))
+        assert _snapshot(db) == before  # the core tables untouched
 
-        _alembic(db, "downgrade", "a0001")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {CORE, "a0001"}
+    def downgraded(db: Database) -> None:
         assert _artifact_rows(db, A0001) == old_rows
-        assert _snapshot(db) == core_before
-    finally:
-        db.close()
+
+    upgrade_in_place_and_back(empty_target, "a0001", populate=populate, features=ARTIFACTS,
+                              upgraded=upgraded, downgraded=downgraded)
 
 
 def test_a0002_downgrade_keeps_the_accepted_row_of_a_name_staged_by_several_attempts(
@@ -127,7 +115,7 @@ def test_a0002_downgrade_keeps_the_accepted_row_of_a_name_staged_by_several_atte
                 " state, location, created_at) VALUES (:j, :e, 'out', :d, :e, 'a/b', :st,"
                 " 'l', 1)", {"j": job, "e": epoch, "d": "sha256:" + HEX[epoch - 1],
                             "st": state}))
-        _alembic(db, "downgrade", "a0001")
+        _alembic(db, "downgrade", "a0001", ARTIFACTS)
         assert _artifact_rows(db, "sha256, validation_state") == [(HEX[1], "valid")]
     finally:
         db.close()

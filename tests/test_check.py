@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import sqlite3
 
+import pytest
+
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
-from tests.conftest import run_cli
+from tests.conftest import dump, run_cli
 from tests.sample_state import populate
+from tests.timeline import IDLE_ON_AC
 
 
 def test_check_reports_each_broken_invariant_and_exits_7(sqlite_target: Target) -> None:
@@ -62,3 +65,37 @@ def test_check_reports_a_schedule_whose_stored_row_is_unreadable_and_exits_7(
     assert r.code == 7, r
     found = [v for v in r.json["violations"] if v["invariant"] == "schedule_unreadable"]
     assert found and found[0]["schedules"] == ["badpayload", "badzone"]
+
+
+@pytest.mark.parametrize(("column", "text", "needs"), [
+    ("payload_json", "{broken", None), ("needs_json", "nope", "ram_mb=10")])
+def test_a_job_whose_stored_json_is_damaged_is_exit_7_naming_it_and_check_reports_it(
+        target: Target, column: str, text: str, needs: str | None) -> None:
+    """A job's JSON column written by hand: show, explain and claim say which job and which
+    column (exit 7, the database is damaged), claim takes nothing, and `check` lists it."""
+    from sqlalchemy import text as sql_text
+
+    c = Coordinator.open(target)
+    good = c.enqueue("k", {"n": 1}, priority=3)["job_id"]
+    bad = c.enqueue("k", {"n": 2}, priority=0, needs=needs)["job_id"]
+    c.heartbeat("w1", readings={**IDLE_ON_AC, "memory_available_mb": 1000})
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text(f"UPDATE jobs SET {column} = :t WHERE job_id = :j"),
+                     {"t": text, "j": bad})
+    before = dump(c)
+    for args in (("show", str(bad)), ("explain", str(bad)), ("claim", "w1")):
+        r = run_cli(target, *args, "--json")
+        assert r.code == 7, (args, r)
+        err = r.json["error"]
+        assert err["code"] == "job_unreadable", (args, err)
+        assert err["message"].startswith(f"job {bad}: its stored {column} is not valid JSON")
+        assert err["details"] == {"job_id": bad, "column": column}
+    assert dump(c) == before  # the claim took nothing
+    assert run_cli(target, "show", str(good), "--json").code == 0
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = [v for v in r.json["violations"] if v["invariant"] == "job_unreadable"]
+    assert found == [{"invariant": "job_unreadable", "job_ids": [bad],
+                      "columns": [{"job_id": bad, "column": column}]}]
+    c.close()

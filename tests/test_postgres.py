@@ -28,7 +28,7 @@ from jobcoord.errors import JobcoordError
 from jobcoord.maintenance import check
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator, JobSpec
-from jobcoord.transfer import canonical, rows_in_order, tables_for
+from jobcoord.transfer import REPORT_TABLES, canonical, rows_in_order, tables_for
 from tests.sql import sql
 
 from .conftest import PG_SKIP, PG_URL, environment, fresh_pg, run_cli
@@ -383,7 +383,7 @@ def test_artifacts_branch_up_and_down_on_a_populated_database_keeps_every_row(
         assert fired["fired"] == 1
         ids += fired["schedules"][0]["jobs"]
     core = _rows(pg, set())
-    assert all(core.values())
+    assert all(rows for name, rows in core.items() if name not in REPORT_TABLES)
     db = Database.open(pg)
     try:
         assert migrate(db, add={"artifacts"})["features"] == ["artifacts"]

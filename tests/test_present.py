@@ -48,3 +48,30 @@ def test_every_write_answer_gives_its_times_as_iso_text(coord: Coordinator, cloc
 
     assert coord.reap()["at"] == iso_at(t)
     assert coord.prune(60, dry_run=True)["cutoff"] == iso_at(t - 60)
+
+
+def test_every_schedule_and_batch_answer_gives_its_times_as_iso_text(coord: Coordinator,
+                                                                     clock: Any) -> None:
+    added = coord.add_schedule("minutely", "work", every="60")
+    assert added["next_fire_at"] == iso_at(60)
+    assert coord.pause_schedule("minutely")["next_fire_at"] is None
+    assert coord.resume_schedule("minutely")["next_fire_at"] == iso_at(60)
+
+    clock.tick(60)
+    ticked = coord.tick_schedules()
+    assert ticked["at"] == iso_at(60) and ticked["fired"] == 1
+    assert [s["next_fire_at"] for s in ticked["schedules"]] == [iso_at(120)]
+
+    coord.enqueue("work", {"n": 2}, max_attempts=3)
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    many = coord.claim_many("w1", 2, lease_s=45)
+    assert [c["lease"]["expires_at"] for c in many["claimed"]] == [iso_at(105)] * 2
+    first, second = (c["job"]["job_id"] for c in many["claimed"])
+    clock.tick(1)
+    done = coord.complete_many([{"job_id": first, "worker_id": "w1", "epoch": 1,
+                                 "result": None}])
+    assert [r["finished_at"] for r in done["results"]] == [iso_at(61)]
+    failed = coord.fail_many([{"job_id": second, "worker_id": "w1", "epoch": 1,
+                               "error": "boom"}])
+    assert [r["run_after"] for r in failed["results"]] == [
+        iso_at(61 + coord.policy.backoff_s(1))]

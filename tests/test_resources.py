@@ -138,6 +138,19 @@ def test_bad_resource_readings_are_refused_and_change_nothing(coord, readings):
     assert dump(coord) == before
 
 
+def test_a_gpu_reading_with_more_memory_free_than_in_total_is_refused(coord):
+    beat(coord, "w1", gpus=[gpu(24000)])  # all of it free: fine
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as e:
+        beat(coord, "w1", gpus=[gpu(8000), gpu(24001)])
+    assert e.value.code == "invalid_input"
+    assert "GPU 1: memory_free_mb (24001) is more than memory_total_mb (24000)" \
+        in e.value.message
+    assert dump(coord) == before
+    # An unknown total (or free) leaves nothing to compare.
+    beat(coord, "w1", gpus=[{**gpu(30000), "memory_total_mb": None}])
+
+
 def test_a_repeated_key_with_other_needs_is_an_idempotency_conflict(coord):
     coord.enqueue("k", {}, key="x", needs="ram_mb=100")
     assert coord.enqueue("k", {}, key="x", needs={"ram_mb": 100})["created"] is False

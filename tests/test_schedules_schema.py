@@ -9,48 +9,29 @@ from typing import Any
 import pytest
 from freezegun import freeze_time
 
-from jobcoord.db import CORE_REVISIONS, Database, Target
+from jobcoord.db import CORE_REVISIONS, Target
 from jobcoord.errors import JobcoordError
-from jobcoord.maintenance import check
-from jobcoord.migrate import current_revisions, migrate
 from jobcoord.service import Coordinator
 from tests.sql import sql
-from tests.test_schema_c0002 import _alembic, _snapshot, empty_target, populated_at
+from tests.test_schema_c0002 import Snapshot, empty_target, upgrade_in_place_and_back
 
 __all__ = ["empty_target"]  # the fixture, imported for this module's tests
-
-
-def _has(db: Database, table: str) -> bool:
-    return db.read(lambda conn: db.engine.dialect.has_table(conn, table))
 
 
 def test_c0005_upgrades_a_populated_c0003_database_in_place_and_back(
         empty_target: Target) -> None:
     assert "c0005" in CORE_REVISIONS
-    db = Database.open(empty_target, create=True)
-    try:
-        populated_at(db, "c0003")
-        before = _snapshot(db)
-        assert not _has(db, "schedules")
 
-        out = migrate(db)
-        assert out["revisions_before"] == ["c0003"]
-        assert out["revisions"] == [CORE_REVISIONS[-1]]
-        assert _snapshot(db) == before
-        assert check(db)["ok"]
-        c = Coordinator(db)  # verify_schema accepts the upgraded database
+    def upgraded(c: Coordinator, before: Snapshot) -> None:
         with freeze_time("2026-03-02T09:59:00Z") as frozen:
             c.add_schedule("hourly", "k", every="1h")
             frozen.move_to("2026-03-02T10:00:01Z")
             assert c.tick_schedules()["fired"] == 1
         assert len(c.jobs()["jobs"]) == len(before["jobs"]) + 1
-
         c.remove_schedule("hourly")
-        _alembic(db, "downgrade", "c0003")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0003"}
-        assert not _has(db, "schedules") and not _has(db, "schedule_fires")
-    finally:
-        db.close()
+
+    upgrade_in_place_and_back(empty_target, "c0003",
+                              new_tables={"schedules", "schedule_fires"}, upgraded=upgraded)
 
 
 @pytest.mark.parametrize(("column", "value"), [

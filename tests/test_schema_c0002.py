@@ -9,12 +9,12 @@ and downgrades back, every row intact, on both databases."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
-from jobcoord.db import CORE_REVISIONS, SQL, Database, Target, resolve_target
+from jobcoord.db import CORE_REVISIONS, OPTIONAL_REVISIONS, SQL, Database, Target, resolve_target
 from jobcoord.maintenance import check
 from jobcoord.migrate import _config, current_revisions, migrate
 from jobcoord.service import Coordinator
@@ -36,17 +36,25 @@ def empty_target(backend: str, request: pytest.FixtureRequest, tmp_path: Any
             yield t
 
 
-def _alembic(db: Database, action: str, revision: str) -> None:
+def _alembic(db: Database, action: str, revision: str,
+             features: frozenset[str] = frozenset()) -> None:
+    """Alembic's upgrade or downgrade to `revision`, with the optional branches `features`."""
     from alembic import command
 
     with db.write_engine.connect() as conn, conn.begin():
-        getattr(command, action)(_config(db, conn, set()), revision)
+        getattr(command, action)(_config(db, conn, set(features)), revision)
 
 
 def _indexes(db: Database) -> set[str]:
     from sqlalchemy import inspect
 
     return db.read(lambda conn: {i["name"] for i in inspect(conn).get_indexes("jobs")})
+
+
+def tables(db: Database) -> set[str]:
+    from sqlalchemy import inspect
+
+    return db.read(lambda conn: set(inspect(conn).get_table_names()))
 
 
 #: Columns later revisions add to these tables (c0006: jobs.needs_json): left out of a
@@ -92,32 +100,73 @@ def _every_status(c: Coordinator) -> None:
     assert statuses == {"waiting", "running", "succeeded", "dead", "cancelled", "unknown"}
 
 
+Snapshot = dict[str, list[tuple[Any, ...]]]
+
+
+def _nothing(*_: Any) -> None:
+    pass
+
+
+def upgrade_in_place_and_back(
+        target: Target, old: str, *, populate: Callable[[Database, str], None] = populated_at,
+        features: frozenset[str] = frozenset(), first: str | None = None,
+        new_tables: Iterable[str] = (), new_indexes: Iterable[str] = (),
+        upgraded: Callable[[Coordinator, Snapshot], None] = _nothing,
+        downgraded: Callable[[Database], None] = _nothing) -> None:
+    """The frame of every schema-upgrade test, on an empty database `target`.
+
+    `populate` fills it at revision `old` (of the optional branches `features`, core at its
+    head, if any). The upgrade (to `first` alone, when given, then by `migrate` to the heads)
+    keeps every core row, adds `new_tables` (any table) and `new_indexes` (on jobs), and
+    leaves a database that `check` passes and verify_schema accepts: `upgraded` then uses it
+    (given the snapshot from before). The downgrade back to `old` takes the tables and
+    indexes away again, keeps every core row as `upgraded` left it and passes `check`;
+    `downgraded` checks the rest."""
+    new_tables, new_indexes = set(new_tables), set(new_indexes)
+    core = CORE_REVISIONS[-1]
+    at_old = {core, old} if features else {old}
+    db = Database.open(target, create=True)
+    try:
+        populate(db, old)
+        assert db.read(lambda conn: current_revisions(db, conn)) == at_old
+        before = _snapshot(db)
+        assert not new_tables & tables(db) and not new_indexes & _indexes(db)
+
+        if first is not None:
+            _alembic(db, "upgrade", first, features)
+            assert db.read(lambda conn: current_revisions(db, conn)) == {first}
+            assert _snapshot(db) == before
+        out = migrate(db)  # the installed branches go to their heads
+        assert sorted(out["revisions_before"]) == sorted(
+            {first} if first is not None else at_old)
+        assert sorted(out["revisions"]) == sorted(
+            [core, *(OPTIONAL_REVISIONS[f][-1] for f in features)])
+        assert tables(db) >= new_tables and _indexes(db) >= new_indexes
+        assert _snapshot(db) == before
+        assert check(db)["ok"]
+        upgraded(Coordinator(db), before)  # verify_schema accepts the upgraded database
+
+        after = _snapshot(db)
+        _alembic(db, "downgrade", old, features)
+        assert db.read(lambda conn: current_revisions(db, conn)) == at_old
+        assert not new_tables & tables(db) and not new_indexes & _indexes(db)
+        assert _snapshot(db) == after
+        assert check(db)["ok"]
+        downgraded(db)
+    finally:
+        db.close()
+
+
 def test_c0002_upgrades_a_populated_c0001_database_in_place_and_back(
         empty_target: Target) -> None:
     assert "c0002" in CORE_REVISIONS
-    db = Database.open(empty_target, create=True)
-    try:
-        populated_at(db, "c0001")
-        before = _snapshot(db)
-        assert not NEW_INDEXES & _indexes(db)
 
-        out = migrate(db)
-        assert out["revisions_before"] == ["c0001"]
-        assert out["revisions"] == [CORE_REVISIONS[-1]]
-        assert _indexes(db) >= NEW_INDEXES
-        assert _snapshot(db) == before
-        assert check(db)["ok"]
-        c = Coordinator(db)  # verify_schema accepts the upgraded database
+    def upgraded(c: Coordinator, before: Snapshot) -> None:
         c.heartbeat("w2", readings=IDLE_ON_AC)
         assert c.claim("w2")["job"] is not None  # a role-less waiting job, through c0002
 
-        after = _snapshot(db)
-        _alembic(db, "downgrade", "c0001")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0001"}
-        assert not NEW_INDEXES & _indexes(db)
-        assert _snapshot(db) == after
-    finally:
-        db.close()
+    upgrade_in_place_and_back(empty_target, "c0001", new_indexes=NEW_INDEXES,
+                              upgraded=upgraded)
 
 
 def _plans(node: dict[str, Any], cte: str | None = None) -> Iterator[tuple[str | None, Any]]:

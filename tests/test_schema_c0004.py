@@ -15,9 +15,14 @@ from jobcoord.clock import MICROS, iso, now_us
 from jobcoord.db import CORE_REVISIONS, Database, Target
 from jobcoord.maintenance import check
 from jobcoord.metrics import LATENCY_FOLD, Latency
-from jobcoord.migrate import current_revisions, migrate
 from jobcoord.service import Coordinator
-from tests.test_schema_c0002 import _alembic, _every_status, _indexes, _snapshot, empty_target
+from tests.test_schema_c0002 import (
+    Snapshot,
+    _alembic,
+    _every_status,
+    empty_target,
+    upgrade_in_place_and_back,
+)
 from tests.timeline import IDLE_ON_AC
 
 __all__ = ["empty_target"]  # the fixture, imported for this module's tests
@@ -41,42 +46,31 @@ def truth(db: Database) -> dict[tuple[Any, ...], int]:
     return {tuple(r[:4]): int(r[4]) for r in rows}
 
 
-def _tables(db: Database) -> set[str]:
-    from sqlalchemy import inspect
-
-    return db.read(lambda conn: set(inspect(conn).get_table_names()))
+def populated_with_completions_at(db: Database, revision: str) -> None:
+    """Filled by this code at the head (its statements name every column the head has),
+    then taken down to `revision` with every row kept: a job in every status, and
+    completions with a worker's provenance, whose latency the upgrade folds once."""
+    _alembic(db, "upgrade", CORE_REVISIONS[-1])
+    old = Coordinator(db, verify=False)
+    _every_status(old)
+    old.enqueue_many([{"kind": "timed"} for _ in range(3)])
+    old.heartbeat("w9", readings=IDLE_ON_AC)
+    for _ in range(3):
+        got = old.claim("w9", kinds=["timed"])
+        end = now_us() - MICROS // 2
+        old.complete(got["job"]["job_id"], "w9", got["lease"]["epoch"], {"ok": 1},
+                     provenance={"started_at": iso(end - MICROS), "duration_s": 1.0})
+    _alembic(db, "downgrade", revision)
+    # An hour old, so settled on PostgreSQL too (no smaller id can still commit).
+    db.write(lambda conn: conn.exec_driver_sql(
+        "UPDATE job_events SET at = at - 3600000000 WHERE reason = 'completed'"))
 
 
 def test_c0004_upgrades_a_populated_c0003_database_in_place_and_back(
         empty_target: Target) -> None:
-    db = Database.open(empty_target, create=True)
-    try:
-        # Filled by this code at the head (its statements name every column the head has),
-        # then taken down to c0003 with every row kept.
-        _alembic(db, "upgrade", CORE_REVISIONS[-1])
-        old = Coordinator(db, verify=False)
-        _every_status(old)
-        # Completions with a worker's provenance: the upgrade folds their latency once.
-        old.enqueue_many([{"kind": "timed"} for _ in range(3)])
-        old.heartbeat("w9", readings=IDLE_ON_AC)
-        for _ in range(3):
-            got = old.claim("w9", kinds=["timed"])
-            end = now_us() - MICROS // 2
-            old.complete(got["job"]["job_id"], "w9", got["lease"]["epoch"], {"ok": 1},
-                         provenance={"started_at": iso(end - MICROS), "duration_s": 1.0})
-        _alembic(db, "downgrade", "c0003")
-        # An hour old, so settled on PostgreSQL too (no smaller id can still commit).
-        db.write(lambda conn: conn.exec_driver_sql(
-            "UPDATE job_events SET at = at - 3600000000 WHERE reason = 'completed'"))
-        before = _snapshot(db)
-        assert not NEW_TABLES & _tables(db) and not NEW_INDEXES & _indexes(db)
-
-        out = migrate(db)
-        assert out["revisions_before"] == ["c0003"]
-        assert _tables(db) >= NEW_TABLES and _indexes(db) >= NEW_INDEXES
-        assert _snapshot(db) == before
+    def upgraded(c: Coordinator, before: Snapshot) -> None:
+        db = c.db
         assert counted(db) == truth(db)
-        assert check(db)["ok"]
         (name, last, state), = db.read(lambda conn: conn.exec_driver_sql(
             "SELECT name, last_event_id, state_json FROM metric_folds").all())
         completed = db.read(lambda conn: conn.exec_driver_sql(
@@ -86,20 +80,17 @@ def test_c0004_upgrades_a_populated_c0003_database_in_place_and_back(
         assert name == LATENCY_FOLD
         assert last == completed[-1] and fold.count == 3 and fold.without == 1
 
-        c = Coordinator(db)  # verify_schema accepts the upgraded database
         c.heartbeat("w2", readings=IDLE_ON_AC)
         assert c.claim("w2")["job"] is not None
         assert counted(db) == truth(db)
 
-        after = _snapshot(db)
-        _alembic(db, "downgrade", "c0003")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0003"}
-        assert not NEW_TABLES & _tables(db) and not NEW_INDEXES & _indexes(db)
-        assert _snapshot(db) == after
+    def downgraded(db: Database) -> None:
         # No trigger left behind writing to a dropped table: insert, update, delete a job.
         db.write(_insert_update_delete_a_job)
-    finally:
-        db.close()
+
+    upgrade_in_place_and_back(empty_target, "c0003", populate=populated_with_completions_at,
+                              new_tables=NEW_TABLES, new_indexes=NEW_INDEXES,
+                              upgraded=upgraded, downgraded=downgraded)
 
 
 def test_job_counts_equal_the_jobs_table_after_every_path_that_writes_jobs(

@@ -6,45 +6,26 @@ from __future__ import annotations
 from typing import Any
 
 from jobcoord import tokens
-from jobcoord.db import CORE_REVISIONS, Database, Target
-from jobcoord.maintenance import check
-from jobcoord.migrate import current_revisions, migrate
+from jobcoord.db import CORE_REVISIONS, Target
 from jobcoord.service import Coordinator
 from tests.sql import sql
-from tests.test_schema_c0002 import _alembic, _snapshot, empty_target, populated_at
+from tests.test_schema_c0002 import Snapshot, _snapshot, empty_target, upgrade_in_place_and_back
 
 __all__ = ["empty_target"]  # the fixture, imported for this module's tests
-
-
-def _has_tokens(db: Database) -> bool:
-    return db.read(lambda conn: db.engine.dialect.has_table(conn, "tokens"))
 
 
 def test_c0003_upgrades_a_populated_c0002_database_in_place_and_back(
         empty_target: Target) -> None:
     assert "c0003" in CORE_REVISIONS
-    db = Database.open(empty_target, create=True)
-    try:
-        populated_at(db, "c0002")
-        before = _snapshot(db)
-        assert not _has_tokens(db)
 
-        _alembic(db, "upgrade", "c0003")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0003"}
-        assert _snapshot(db) == before
-        migrate(db)  # then to the head, which verify_schema expects
-        assert check(db)["ok"]
-        c = Coordinator(db)  # verify_schema accepts the upgraded database
+    def upgraded(c: Coordinator, before: Snapshot) -> None:
         made = tokens.create(c.db, "ci", "submitter", tenant="alice")
         who = tokens.authenticate(c.db, made["token"])
         assert who is not None and (who.role, who.tenant) == ("submitter", "alice")
+        assert _snapshot(c.db) == before
 
-        _alembic(db, "downgrade", "c0002")
-        assert db.read(lambda conn: current_revisions(db, conn)) == {"c0002"}
-        assert not _has_tokens(db)
-        assert _snapshot(db) == before
-    finally:
-        db.close()
+    upgrade_in_place_and_back(empty_target, "c0002", first="c0003", new_tables={"tokens"},
+                              upgraded=upgraded)
 
 
 def test_tokens_schema_refuses_a_bad_role_and_a_worker_binding_on_other_roles(

@@ -16,6 +16,7 @@ from freezegun import freeze_time
 from jobcoord.db import Database, Target
 from jobcoord.errors import Refused
 from jobcoord.maintenance import check
+from jobcoord.metrics import JobcoordCollector
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from jobcoord.transfer import canonical, tables_for, transfer
@@ -50,8 +51,8 @@ def with_artifacts(target: Target) -> None:
 
 def populate(target: Target) -> dict[str, int]:
     """Jobs in every state, a dead job with its error history, an idempotency key,
-    checkpoints, two workers, a limit and a job's declared needs. Ends at t=1000 with no live
-    lease (one expired, unreaped)."""
+    checkpoints, two workers, a limit, a job's declared needs, a refused claim's counter and
+    the latency fold. Ends at t=1000 with no live lease (one expired, unreaped)."""
     ids: dict[str, int] = {}
     with Coordinator.open(target) as c, freeze_time(at(0)) as clock:
         c.set_limit("send", 3, key="to")
@@ -93,6 +94,11 @@ def populate(target: Target) -> dict[str, int]:
         clock.tick(100)  # the running job's lease has expired, but nobody reaped it
         ticked = c.tick_schedules()
         assert ticked["fired"] == 0 and ticked["missed"] > 0
+        # A refused claim (w2 is on battery, its memory over the gate) is counted, and a
+        # scrape folds the settled completion into the durable latency histogram.
+        assert c.claim("w2", lease_s=30)["job"] is None
+        folded = JobcoordCollector(c.db).snapshot()["latency"]
+        assert folded.count + folded.without == 1  # the one completion
         statuses = {k: c.show(v)["job"]["status"] for k, v in ids.items()}
     assert statuses == {k: k for k in ids}, statuses
     return ids
@@ -124,6 +130,21 @@ def table_rows(target: Target, features: set[str]) -> dict[str, list[str]]:
         db.close()
 
 
+def report_rows(target: Target) -> dict[str, list[tuple[Any, ...]]]:
+    """The refused claims' counters and the latency fold, read with plain SQL."""
+    db = Database.open(target)
+    try:
+        return db.read(lambda conn: {
+            "claim_refusals": [tuple(r) for r in conn.exec_driver_sql(
+                "SELECT worker_id, reason, n, last_at FROM claim_refusals"
+                " ORDER BY worker_id, reason").all()],
+            "metric_folds": [tuple(r) for r in conn.exec_driver_sql(
+                "SELECT name, last_event_id, state_json, updated_at FROM metric_folds"
+                " ORDER BY name").all()]})
+    finally:
+        db.close()
+
+
 # --- the happy path ---------------------------------------------------------------------
 
 
@@ -138,16 +159,19 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
         add_artifact_rows(src, ids["succeeded"])
     make_tokens(src)
     before = table_rows(src, features)
+    reports = report_rows(src)
+    assert all(reports.values()), reports
     with freeze_time(at(1000)):
         r = run_cli(src, "transfer", "--to", pg.url, "--json")
     assert r.code == 0, r.out + r.err
+    assert report_rows(pg) == reports
     out = r.json
     assert out["verified"] is True
     assert out["features"] == sorted(features)
     after = table_rows(pg, features)
     assert set(after) == {"workers", "jobs", "leases", "job_events", "checkpoints", "tokens",
-                          "schedules", "schedule_fires", "limits",
-                          *(["artifacts"] if features else [])}
+                          "schedules", "schedule_fires", "limits", "claim_refusals",
+                          "metric_folds", *(["artifacts"] if features else [])}
     for name, rows in before.items():
         assert rows, f"{name} should have been populated"
         assert after[name] == rows, name  # row by row, ids and epochs included
@@ -348,9 +372,12 @@ def test_transfer_back_from_postgresql_into_sqlite_copies_every_row(
         add_artifact_rows(pg, ids["succeeded"])
     made = make_tokens(pg)
     before = table_rows(pg, features)
+    reports = report_rows(pg)
+    assert all(reports.values()), reports
     with freeze_time(at(1000)):
         r = run_cli(pg, "transfer", "--to", back.url, "--json")
     assert r.code == 0, r.out + r.err
+    assert report_rows(back) == reports
     assert r.json["verified"] is True
     after = table_rows(back, features)
     assert set(after) == set(before)

@@ -183,7 +183,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
     ]
     return {
         "job": {"job_id": job_id, "kind": kind, "priority": priority, "tenant": job_tenant,
-                "payload": json.loads(payload), "attempt": attempts,
+                "payload": v.stored_json(payload, job_id, "payload_json"), "attempt": attempts,
                 "max_attempts": max_attempts, "checkpoints": checkpoints},
         "lease": {"worker_id": worker_id, "epoch": epoch, "expires_at": expires,
                   "expires_at_us": expires},

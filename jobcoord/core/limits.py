@@ -176,8 +176,8 @@ def capacity_of(raw: str | None) -> Capacity:
     return Capacity(gpus, named)
 
 
-def _needs(text: str | None) -> dict[str, int]:
-    return {} if text is None else json.loads(text)
+def _needs(text: str | None, job_id: int) -> dict[str, int]:
+    return v.stored_json(text, job_id, "needs_json") or {}
 
 
 # --- inside a claim -------------------------------------------------------------------------
@@ -216,7 +216,8 @@ class ClaimView:
         # Read after the hold: on PostgreSQL this statement sees every lease committed by
         # the claims that held the kind before, and every end committed so far.
         self._holders[kind] = [
-            Candidate(r[0], kind, json.loads(r[3]), {}, r[1], r[2], r[4])
+            Candidate(r[0], kind, v.stored_json(r[3], r[0], "payload_json"), {}, r[1], r[2],
+                      r[4])
             for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
                                      {"kind": kind, "now": self.now}).fetchall()]
         # A lease's grant is timed after that read: a holder that ended unseen by it
@@ -234,7 +235,7 @@ class ClaimView:
                                   ).fetchone()
             self._capacity = capacity_of(None if raw is None else raw[0])
             self._running = [
-                Candidate(r[0], "", {}, _needs(r[1]), self.worker_id)
+                Candidate(r[0], "", {}, _needs(r[1], r[0]), self.worker_id)
                 for r in self.ctx.db.run(self.conn, sql.WORKER_HELD_NEEDS,
                                          {"worker": self.worker_id, "now": self.now}
                                          ).fetchall()]
@@ -278,7 +279,8 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
             if job_id in seen:
                 continue
             seen.add(job_id)
-            cand = Candidate(job_id, kind, json.loads(payload), _needs(needs))
+            cand = Candidate(job_id, kind, v.stored_json(payload, job_id, "payload_json"),
+                             _needs(needs, job_id))
             verdict = view.judge(cand)
             if verdict is not None:
                 first = first or verdict
@@ -326,7 +328,8 @@ def list_limits(ctx: Context) -> dict[str, Any]:
             held = ctx.db.run(conn, sql.LIVE_HOLDERS, {"kind": kind, "now": now}).all()
             out.append({"kind": kind, "concurrency": concurrency, "key": key_field,
                         "running": len(held),
-                        "holders": [holder_json(r[0], r[1], r[2], json.loads(r[3]),
+                        "holders": [holder_json(r[0], r[1], r[2],
+                                                v.stored_json(r[3], r[0], "payload_json"),
                                                 key_field) for r in held]})
         return out
 
@@ -363,18 +366,20 @@ def diagnose(ctx: Context, conn: Connection, job: Mapping[str, Any], now: int,
     read in explain's snapshot: the kind's limit and live holders, the job's needs, and every
     worker's running jobs' declared needs. `tenant`: the caller's, whose holders alone are
     named."""
-    out: dict[str, Any] = {"limit": None, "holders": [], "needs": _needs(job["needs_json"]),
+    out: dict[str, Any] = {"limit": None, "holders": [],
+                           "needs": _needs(job["needs_json"], job["job_id"]),
                            "running_needs": {}, "viewer": tenant}
     row = ctx.db.run(conn, sql.LIMIT_OF, {"kind": job["kind"]}).first()
     if row is not None:
         out["limit"] = Limit(row[0], row[1], row[2])
-        out["holders"] = [Candidate(r[0], row[0], json.loads(r[3]), {}, r[1], r[2], r[4])
+        out["holders"] = [Candidate(r[0], row[0], v.stored_json(r[3], r[0], "payload_json"), {},
+                                    r[1], r[2], r[4])
                           for r in ctx.db.run(conn, sql.LIVE_HOLDERS,
                                               {"kind": row[0], "now": now})]
     if out["needs"]:
         for worker, job_id, needs in ctx.db.run(conn, sql.LIVE_NEEDS, {"now": now}):
             out["running_needs"].setdefault(worker, []).append(
-                Candidate(job_id, "", {}, _needs(needs), worker))
+                Candidate(job_id, "", {}, _needs(needs, job_id), worker))
     return out
 
 
@@ -383,7 +388,8 @@ def explain_reasons(job: Mapping[str, Any], diag: Mapping[str, Any],
                     ) -> tuple[list[str], list[tuple[str, str]], dict[str, Any] | None]:
     """Of the workers the gates let claim the job, those a limit and their capacity let take
     it; the reasons for the others; the limit as shown (with its holders), if any."""
-    cand = Candidate(job["job_id"], job["kind"], json.loads(job["payload_json"]),
+    cand = Candidate(job["job_id"], job["kind"],
+                     v.stored_json(job["payload_json"], job["job_id"], "payload_json"),
                      diag["needs"])
     limit: Limit | None = diag["limit"]
     shown = None

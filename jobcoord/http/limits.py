@@ -71,20 +71,27 @@ class BodyLimit:
                     raise _TooLarge
             return message
 
-        started = False
-
-        async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
-            await self.app(scope, limited, tracking_send)
+            await self.app(scope, limited, tracked)
         except _TooLarge:
-            if not started:
+            if not tracked.started:
                 await send_error(send, BodyTooLarge(
                     "body_too_large", f"request body must be at most {self.limit} bytes"))
+
+
+class TrackedSend:
+    """The ASGI `send`, remembering whether the response has started: once it has, an error
+    can no longer be answered, only logged."""
+
+    def __init__(self, send: Any):
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
 
 
 class _TooLarge(Exception):
@@ -115,20 +122,13 @@ class CatchBugs:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
-            await self.app(scope, receive, tracking_send)
+            await self.app(scope, receive, tracked)
         except Exception as exc:
             # The class and message only: no traceback, no request data (a header could
             # carry a token).
             self.emit({"event": "internal_error", "message": f"{type(exc).__name__}: {exc}"})
-            if not started:
+            if not tracked.started:
                 await send_error(send, JobcoordError("internal_error",
                                                      "unexpected server error"))

@@ -147,16 +147,23 @@ async def download(job_id: JobId, name: str, who: Reader, srv: Srv) -> FileRespo
     if found is None:
         raise Refused("artifact_not_found", f"job {job_id} has no accepted artifact "
                       f"{name!r}", job_id=job_id, name=name)
-    # Copied out verified (size and digest) first, then streamed from the copy and removed:
-    # a corrupt or missing object is a 503 before any byte, never served.
+    return await artifact_file(srv, job_id, found)
+
+
+async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> FileResponse:
+    """The accepted artifact `found` (an entry of the job's artifact list) as the answer of a
+    download; the API's route and the dashboard's both answer with it.
+
+    Copied out verified (size and digest) first, then streamed from the copy and removed:
+    a corrupt or missing object is a 503 before any byte, never served."""
     fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
     os.close(fd)
     try:
-        await srv.call(srv.c.get_artifact, job_id, name, path)
+        await srv.call(srv.c.get_artifact, job_id, found["name"], path)
     except BaseException:
         os.unlink(path)
         raise
     etag = hashlib.sha256(found["digest"].encode()).hexdigest()[:32]
     return FileResponse(path, media_type=found["media_type"] or "application/octet-stream",
-                        filename=name, background=BackgroundTask(os.unlink, path),
+                        filename=found["name"], background=BackgroundTask(os.unlink, path),
                         headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})

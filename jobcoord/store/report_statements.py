@@ -5,6 +5,7 @@ builds them)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from sqlalchemy import bindparam, exists, func, select, text, update
@@ -56,6 +57,14 @@ INVARIANTS: tuple[tuple[str, SQL], ...] = tuple((name, SQL(stmt.limit(const(20))
     ("attempts_out_of_range",
      select(J.job_id).where(J.attempts > J.max_attempts, J.status != const("waiting"))),
 ))
+
+
+
+@functools.cache
+def job_json_rows(columns: tuple[str, ...]) -> SQL:
+    """Every job's id and its stored JSON `columns` (those its revision has), for `check`."""
+    return SQL(select(J.job_id, *(J[c] for c in columns)).order_by(J.job_id))
+
 
 # --- counts ---------------------------------------------------------------------------------
 

@@ -14,11 +14,12 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from ... import tokens
 from ...errors import InvalidInput, JobcoordError
 from ...states import STATUSES
+from ..routes_artifacts import artifact_file
 from . import reads
 from .reads import overview_data
 from .session import COOKIE, SESSION_IDLE_S, NotLoggedIn, Sessions, Viewer
 from .session import form as session_form
-from .views import actions_for, artifact_response, capped_text, templates, worker_views
+from .views import actions_for, capped_text, templates, worker_views
 
 ACTIONS = ("cancel", "retry", "reconcile")
 
@@ -134,7 +135,7 @@ class Dashboard:
                 shown = await srv.call(srv.c.show, reads.job_id(job_id), tenant=who.scope)
                 for a in shown["artifacts"]:
                     if a["name"] == name and a["state"] == "accepted":
-                        return await artifact_response(srv, reads.job_id(job_id), a)
+                        return await artifact_file(srv, reads.job_id(job_id), a)
                 return d.error(f"no accepted artifact {name!r} on this job", 404, who)
             return await guarded(request, go)
 

@@ -1,14 +1,11 @@
 """How the dashboard shows things: the templates, ages, cut payloads, gate words, worker
-rows, the actions a job's status allows, and an artifact download."""
+rows, the actions a job's status allows."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import Any
-
-from fastapi.responses import Response
 
 from ...states import FINAL_STATUSES
 
@@ -86,27 +83,3 @@ def actions_for(status: str) -> list[str]:
     if status in FINAL_STATUSES and status != "succeeded":
         return ["retry"]
     return []
-
-
-async def artifact_response(srv: Any, job_id: int, a: dict[str, Any]) -> Response:
-    """An accepted artifact, copied out of the store verified (size and digest) into a
-    temporary file that is streamed and then removed: a corrupt object is never served."""
-    import tempfile
-
-    from fastapi.responses import FileResponse
-    from starlette.background import BackgroundTask
-
-    fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
-    os.close(fd)
-    try:
-        await srv.call(srv.c.get_artifact, job_id, a["name"], path)
-    except BaseException:
-        os.unlink(path)
-        raise
-    digest = a["digest"]
-    return FileResponse(path, media_type=a["media_type"] or "application/octet-stream",
-                        filename=os.path.basename(a["name"]),
-                        background=BackgroundTask(os.unlink, path),
-                        headers={"X-Content-Digest": digest,
-                                 "ETag": '"' + hashlib.sha256(digest.encode()).hexdigest()[:32]
-                                 + '"'})
