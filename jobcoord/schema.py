@@ -115,6 +115,9 @@ jobs = Table(
 #: The role as the tenant claim indexes key it (c0007): '' for a job without one. A statement
 #: must spell it the same way to use them.
 TENANT_ROLE = func.coalesce(jobs.c.required_role, text("''"))
+#: The rows the tenant claim indexes hold besides waiting: a tenant other than the default
+#: one (core.common.DEFAULT_TENANT). A statement must repeat it to use them.
+TENANTED = "tenant <> 'default'"
 
 
 #: The predicate of ix_job_events_dead_unknown, which a statement must repeat to use it.
@@ -150,10 +153,12 @@ def add_partial_indexes() -> None:
     # waiting jobs. The role is keyed as `coalesce(required_role, '')` (no role name is
     # empty): an equality both planners keep the following columns in order after, so the
     # role-less and the role probes share one index, and two indexes serve all four shapes.
+    # Jobs of the default tenant are left out: a queue used without tenants writes nothing
+    # more, and a claim bound to the default tenant walks the claim indexes above.
     Index("ix_jobs_claim_tenant", c.tenant, TENANT_ROLE, c.priority, c.created_at, c.job_id,
-          **_waiting())
+          **_waiting(f" AND {TENANTED}"))
     Index("ix_jobs_claim_tenant_kind", c.tenant, TENANT_ROLE, c.kind, c.priority,
-          c.created_at, c.job_id, **_waiting())
+          c.created_at, c.job_id, **_waiting(f" AND {TENANTED}"))
     # The reaper's sweep of waiting jobs whose deadline passed.
     Index("ix_jobs_waiting_deadline", c.deadline_at,
           **_waiting(" AND deadline_at IS NOT NULL"))

@@ -4,8 +4,10 @@ claim indexes lead with the role and kind, the tenant was a filter on the rows t
 
 The role is keyed as `coalesce(required_role, '')`, an equality on both databases after which
 the claim order still holds, so one index serves the role-less and the role probes; a second
-one adds the kind. Both are partial on waiting jobs like the other claim indexes. Nothing is
-rewritten: a populated database upgrades in place.
+one adds the kind. Both are partial on waiting jobs of a tenant other than `default`, so a
+queue used without tenants pays nothing for them; a claim bound to the default tenant walks
+the role claim indexes as before. Nothing is rewritten: a populated database upgrades in
+place.
 
 Revision ID: c0007
 Revises: c0006
@@ -23,7 +25,8 @@ down_revision: str | None = "c0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-WAITING = sa.text("status = 'waiting'")
+# Jobs of the default tenant stay out: a queue used without tenants writes nothing more.
+WAITING = sa.text("status = 'waiting' AND tenant <> 'default'")
 ROLE = sa.text("coalesce(required_role, '')")
 
 

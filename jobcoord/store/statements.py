@@ -21,6 +21,7 @@ from sqlalchemy import (
     or_,
     select,
     table,
+    text,
     union_all,
     update,
 )
@@ -28,6 +29,7 @@ from sqlalchemy.sql import ClauseElement
 
 from ..schema import (
     TENANT_ROLE,
+    TENANTED,
     checkpoints,
     claim_refusals,
     job_events,
@@ -303,22 +305,35 @@ def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
     for i in range(n_roles + 1):
         for j in range(1 if n_kinds is None else n_kinds):
             role = const("") if i == 0 else P(f"r{i}")
-            where: list[Any] = [WAITING, J.priority <= P("maxp")]
-            if tenant:
-                # The tenant claim indexes' key, spelled as they spell it: the walk starts at
-                # this tenant's first job in claim order and reads no other tenant's.
-                where += [J.tenant == P("tenant"), TENANT_ROLE == role]  # noqa: SIM300 (the key first)
-            else:
-                where.append(J.required_role.is_(None) if i == 0 else J.required_role == role)
+            by_role = J.required_role.is_(None) if i == 0 else J.required_role == role
+            rest: list[Any] = [J.priority <= P("maxp")]
             if n_kinds is not None:
-                where.append(J.kind == P(f"k{j}"))
+                rest.append(J.kind == P(f"k{j}"))
             if due_only:
-                where.extend(CLAIMABLE[2:])
-            probe = (select(J.job_id, J.priority, J.created_at).where(*where)
-                     .order_by(*CLAIM_ORDER).limit(limit))
-            if locked:
-                probe = probe.with_for_update(skip_locked=True)
-            out.append(probe.cte(f"c{i}_{j}").prefix_with("MATERIALIZED"))
+                rest.extend(CLAIMABLE[2:])
+            if not tenant:
+                slices = {"": [by_role]}
+            else:
+                slices = {
+                    # The tenant claim indexes' key and predicate, spelled as they spell
+                    # them: the walk starts at this tenant's first job in claim order and
+                    # reads no other tenant's.
+                    "": [J.tenant == P("tenant"), text(TENANTED),
+                         TENANT_ROLE == role],  # noqa: SIM300 (the key first)
+                    # The default tenant's jobs are not in them: its claim walks the role's
+                    # claim index, the tenant a filter on the rows read (spelled `tenant ||
+                    # ''` so no planner trades that walk for the (tenant, job_id) index and
+                    # a sort). For any other tenant the first term is false, and neither
+                    # planner reads a row of it.
+                    "d": [P("tenant") == const("default"), by_role,
+                          J.tenant.concat(const("")) == P("tenant")],
+                }
+            for suffix, where in slices.items():
+                probe = (select(J.job_id, J.priority, J.created_at)
+                         .where(WAITING, *where, *rest).order_by(*CLAIM_ORDER).limit(limit))
+                if locked:
+                    probe = probe.with_for_update(skip_locked=True)
+                out.append(probe.cte(f"c{i}_{j}{suffix}").prefix_with("MATERIALIZED"))
     return out
 
 
