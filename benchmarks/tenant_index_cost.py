@@ -3,11 +3,12 @@ job per call, `enqueue_many` of them all in one call, and claim + complete of no
 through the Python API in one process, on a database at the head and on the same schema
 with the two indexes dropped (the yardstick), in alternating rounds of the same run so
 machine noise falls on both alike. The claims are not
-bound to a tenant (the common case, which reads neither index); each job enters both indexes
-when it is enqueued and leaves them when it is claimed.
+bound to a tenant (the common case, which reads neither index). Jobs of the default tenant
+(`--tenant default`, the default) are in neither index; a job of any other tenant
+(`--tenant alice`) enters both when it is enqueued and leaves them when it is claimed.
 
     python -m benchmarks.tenant_index_cost [--jobs 2000] [--rounds 5] [--sync normal]
-                                           [--backends sqlite,postgresql]
+                                           [--backends sqlite,postgresql] [--tenant T]
 
 Reports per backend the median microseconds per job of each step with and without the
 indexes, and their ratio. PostgreSQL needs JOBCOORD_BENCH_PG_URL (or JOBCOORD_TEST_PG_URL).
@@ -41,15 +42,15 @@ def _drop_indexes(c: Any) -> None:
 STEPS = ("enqueue", "enqueue_many", "claim+complete")
 
 
-def _round(c: Any, jobs: int) -> tuple[float, ...]:
+def _round(c: Any, jobs: int, tenant: str = "default") -> tuple[float, ...]:
     """Seconds per job of enqueue (one call each), of enqueue_many (one call for all) and of
     claim + complete, for `jobs` jobs each way."""
     started = time.perf_counter()
     for i in range(jobs):
-        c.enqueue("noop", {"i": i}, role="gpu" if i % 4 == 0 else None)
+        c.enqueue("noop", {"i": i}, role="gpu" if i % 4 == 0 else None, tenant=tenant)
     enqueued = time.perf_counter()
-    c.enqueue_many([{"kind": "noop", "payload": {"i": i}, "role": "gpu" if i % 4 == 0 else None}
-                    for i in range(jobs)])
+    c.enqueue_many([{"kind": "noop", "payload": {"i": i}, "tenant": tenant,
+                     "role": "gpu" if i % 4 == 0 else None} for i in range(jobs)])
     batched = time.perf_counter()
     beats = 0.0
     for i in range(2 * jobs):
@@ -65,8 +66,8 @@ def _round(c: Any, jobs: int) -> tuple[float, ...]:
             (done - batched - beats) / (2 * jobs))
 
 
-def measure(targets: dict[str, Any], jobs: int, rounds: int, sync: str
-            ) -> dict[str, dict[str, list[float]]]:
+def measure(targets: dict[str, Any], jobs: int, rounds: int, sync: str,
+            tenant: str = "default") -> dict[str, dict[str, list[float]]]:
     from jobcoord.service import Coordinator
 
     coords = {label: Coordinator.open(t, synchronous=sync) for label, t in targets.items()}
@@ -75,14 +76,14 @@ def measure(targets: dict[str, Any], jobs: int, rounds: int, sync: str
             if label == WITHOUT:
                 _drop_indexes(c)
             c.heartbeat("w1", roles=["gpu"], readings=None)
-            _round(c, min(200, jobs))  # warm up
+            _round(c, min(200, jobs), tenant)  # warm up
         out: dict[str, dict[str, list[float]]] = {
             step: {label: [] for label in coords} for step in STEPS}
         for r in range(rounds):
             # Each round flips the order, so neither side always runs first.
             for label, c in list(coords.items())[::1 if r % 2 == 0 else -1]:
                 c.heartbeat("w1", roles=["gpu"], readings=None)
-                for step, took in zip(STEPS, _round(c, jobs), strict=True):
+                for step, took in zip(STEPS, _round(c, jobs, tenant), strict=True):
                     out[step][label].append(took)
         return out
     finally:
@@ -106,6 +107,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sync", default="normal", choices=("full", "normal"))
     ap.add_argument("--backends", default="sqlite,postgresql")
+    ap.add_argument("--tenant", default="default",
+                    help="the jobs' tenant: default (not in the indexes) or any other")
     args = ap.parse_args()
     print(command_line())
     print(conditions(args.sync))
@@ -121,7 +124,7 @@ def main() -> None:
                 migrated_sqlite(path)
                 targets[label] = resolve_target(db=path)
             report(f"SQLite ({args.sync})", measure(targets, args.jobs, args.rounds,
-                                                    args.sync))
+                                                    args.sync, args.tenant))
         if "postgresql" in backends:
             admin = pg_url()
             if admin is None:
@@ -139,7 +142,7 @@ def main() -> None:
                     finally:
                         db.close()
                     targets[label] = resolve_target(url=url)
-                report("PostgreSQL", measure(targets, args.jobs, args.rounds, "full"))
+                report("PostgreSQL", measure(targets, args.jobs, args.rounds, "full", args.tenant))
             finally:
                 for name in names.values():
                     pg_drop_database(admin, name)
