@@ -129,10 +129,11 @@ class Coordinator:
         return present.claimed_json(claim_rules.claim(self, worker_id, lease_s=lease_s,
                                                       kinds=kinds, tenant=tenant))
 
-    def claimable(self, worker_id: str, *, kinds: Sequence[str] | None = None) -> bool:
-        """Whether this worker's claim could take a job now; a read that records nothing
-        (the rules: `core.claim.claimable`)."""
-        return claim_rules.claimable(self, worker_id, kinds)
+    def claimable(self, worker_id: str, *, kinds: Sequence[str] | None = None,
+                  tenant: str | None = None) -> bool:
+        """Whether this worker's claim (bound to `tenant`, when given) could take a job now;
+        a read that records nothing (the rules: `core.claim.claimable`)."""
+        return claim_rules.claimable(self, worker_id, kinds, tenant=tenant)
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
                    kinds: Sequence[str] | None = None, tenant: str | None = None
@@ -357,7 +358,7 @@ class Coordinator:
             lambda w, at: worker_rules.worker_gate(self, w, at),
             None if diag is None else (
                 lambda ready: limit_rules.explain_reasons(job, diag, ready)),
-            schedule=schedule_rules.of_job(self, job["job_id"]))
+            schedule=schedule_rules.of_job(self, job["job_id"]), viewer=tenant)
 
     def status(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Counts by status, workers, active leases, schema and storage facts. With a tenant,

@@ -146,9 +146,15 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
                 gate_of: Callable[[dict[str, Any], int], tuple[GateDecision, float | None]],
                 fit_of: Callable[[list[dict[str, Any]]], tuple[list[str], list[tuple[str, str]],
                                                                   Any]] | None = None,
-                schedule: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                schedule: Mapping[str, Any] | None = None, viewer: str | None = None
+                ) -> dict[str, Any]:
     """The diagnosis an operator would do by hand, in the seed's order: status, schedule,
-    deadline, then the workers that could take it (role, kind, heartbeat, gates)."""
+    deadline, then the workers that could take it (role, kind, heartbeat, gates).
+
+    A view bound to a tenant (`viewer`) names no worker from the workers table: a worker row
+    carries no tenant, so any of them may be another tenant's. Ready workers are counted
+    (`ready_count`, `ready_workers` empty) and a gated one is "a worker that could run it";
+    a worker is named only through the tenant's own job (its lease, its limit holders)."""
     status = job["status"]
     reasons: list[dict[str, str]] = []
 
@@ -197,7 +203,9 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
             if gate.max_priority >= bg:
                 ready.append(w["worker_id"])
             elif gate.refusal is not None:
-                say(gate.refusal[0], f"worker {w['worker_id']}: {gate.refusal[1]}")
+                who = (f"worker {w['worker_id']}" if viewer is None
+                       else "a worker that could run it")
+                say(gate.refusal[0], f"{who}: {gate.refusal[1]}")
         if handlers and not ready and not reasons:
             say("gated", "every worker that could run it is gated")
         if fit_of is not None:
@@ -210,7 +218,8 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
             blocked = blocked or not ready
             for code, detail in held_back if was_ready else ():
                 say(code, detail)
-        out["ready_workers"] = ready
+        out["ready_workers"] = ready if viewer is None else []
+        out["ready_count"] = len(ready)
         out["jobs_ahead"] = ahead
         if ready and not blocked:
             say("eligible", f"{len(ready)} worker(s) can claim it now; {ahead} job(s) are "

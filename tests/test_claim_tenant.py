@@ -12,6 +12,7 @@ import pytest
 from jobcoord.db import SQL, Target
 from jobcoord.errors import InvalidInput
 from jobcoord.service import Coordinator, JobSpec
+from tests.conftest import run_cli
 
 
 def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> None:
@@ -34,6 +35,41 @@ def test_a_claim_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> N
         # Without a tenant, every tenant's jobs, in claim order.
         assert c.claim("w")["job"]["job_id"] == bobs
         assert c.claim("w")["job"]["job_id"] == default
+
+
+def test_claimable_with_a_tenant_counts_only_that_tenants_jobs(target: Target) -> None:
+    # What a tenant-bound idle worker asks when a commit wakes it: another tenant's job must
+    # not turn into a claim that finds nothing.
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        bobs = c.enqueue("k", {}, tenant="bob")["job_id"]
+        assert c.claimable("w") is True
+        assert c.claimable("w", tenant="alice") is False
+        c.enqueue("k", {}, tenant="alice")
+        assert c.claimable("w", tenant="alice") is True
+        assert c.claimable("w", kinds=["other"], tenant="alice") is False
+        c.cancel(bobs)
+        with pytest.raises(InvalidInput):
+            c.claimable("w", tenant="two words")
+
+
+def test_the_claim_command_with_a_tenant_takes_only_that_tenants_jobs(target: Target) -> None:
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        bobs = c.enqueue("k", {}, tenant="bob", priority=0)["job_id"]
+        alices = c.enqueue("k", {}, tenant="alice")["job_id"]
+        got = run_cli(target, "claim", "w", "--tenant", "alice", "--json")
+        assert got.code == 0, got.err
+        assert got.json["job"]["job_id"] == alices and got.json["job"]["tenant"] == "alice"
+        nothing = run_cli(target, "claim", "w", "--tenant", "alice", "--json")
+        assert nothing.code == 3 and nothing.json["reason"] == "no_waiting_jobs", nothing
+        assert "bob" not in nothing.out
+        text = run_cli(target, "claim", "w", "--tenant", "alice")
+        assert text.code == 3 and "no job of tenant alice is waiting" in text.out, text
+        assert c.show(bobs)["job"]["status"] == "waiting"
+        bad = run_cli(target, "claim", "w", "--tenant", "two words", "--json")
+        assert bad.code == 2 and bad.json["error"]["code"] == "invalid_input", bad
+        assert run_cli(target, "claim", "w", "--json").json["job"]["job_id"] == bobs
 
 
 @pytest.mark.parametrize("checked_by", ["limit", "needs"])
@@ -67,48 +103,135 @@ def test_a_claims_tenant_is_checked_like_any_name(target: Target) -> None:
 
 
 def _filler() -> list[JobSpec]:
-    # Many tenants' finished-or-waiting jobs, so a tenant index looks selective to a planner.
-    return ([JobSpec("work", {"i": i}, tenant=f"t{i % 20}") for i in range(3000)]
+    # Many tenants' finished-or-waiting jobs, so a tenant index looks selective to a planner,
+    # and ahead of them in claim order (older, priority 0) a deep queue of another tenant's.
+    return ([JobSpec("work", {"i": i}, tenant="big", priority=0, role="gpu" if i % 2 else None)
+             for i in range(4000)]
+            + [JobSpec("work", {"i": i}, tenant=f"t{i % 20}") for i in range(3000)]
             + [JobSpec("work", {"i": i}, tenant=f"t{i % 20}", role="gpu")
                for i in range(1000)])
 
 
-def test_a_tenant_bound_claim_reads_the_claim_index_on_sqlite(sqlite_target: Target) -> None:
+#: Every shape of a tenant-bound claim: without and with a role, without and with kinds.
+SHAPES = [(roles, kinds) for roles in ([], ["gpu"]) for kinds in (None, ["work"])]
+
+
+def test_a_tenant_bound_claim_seeks_to_its_tenant_on_sqlite(sqlite_target: Target) -> None:
     with Coordinator.open(sqlite_target) as c:
         c.enqueue_many(_filler())
         c.db.write(lambda conn: conn.exec_driver_sql("ANALYZE"))
-        for kinds in (None, ["work"]):
-            text, params = c._candidate_sql(["gpu"], kinds, due_only=True, tenant="t3")
+        for roles, kinds in SHAPES:
+            text, params = c._candidate_sql(roles, kinds, due_only=True, tenant="t3")
             params.update(now=2**62, maxp=3)
             plan = c.db.read(lambda conn, text=text, params=params: [
                 r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + text,
                                                     params).all()])
             searches = [p for p in plan if p.startswith(("SEARCH jobs", "SCAN jobs"))]
-            assert searches and all("USING INDEX ix_jobs_claim_" in p for p in searches), plan
+            # Each probe starts at the tenant's slice of a tenant claim index: the tenant and
+            # the role are its first two keys, so no other tenant's job is read. (The other
+            # probes are the default tenant's, which a claim for t3 does not run.)
+            index = "ix_jobs_claim_tenant_kind" if kinds else "ix_jobs_claim_tenant"
+            seeks = [p for p in searches
+                     if p.startswith(f"SEARCH jobs USING INDEX {index} (tenant=? AND <expr>=?")]
+            assert len(seeks) == len(roles) + 1 and len(searches) == 2 * len(seeks), plan
             # The probes walk in claim order: the only sort is of the few heads.
             assert plan.count("USE TEMP B-TREE FOR ORDER BY") == 1, plan
-            got = c.db.read(lambda conn, text=text, params=params:
-                            conn.exec_driver_sql(text, params).all())
+            got, steps = _run_counting_steps(c, text, params)
             assert len(got) == 1
+            # Reading past tenant big's 4,000 jobs would take tens of thousands of steps.
+            assert steps < 2000, steps
+            # The claim without a tenant keeps the claim indexes it always read.
+            text, params = c._candidate_sql(roles, kinds, due_only=True)
+            params.update(now=2**62, maxp=3)
+            plan = c.db.read(lambda conn, text=text, params=params: [
+                r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + text,
+                                                    params).all()])
+            assert not any("ix_jobs_claim_tenant" in p for p in plan), plan
 
 
-def test_a_tenant_bound_claim_reads_the_claim_index_on_postgresql(pg_target: Target) -> None:
+def _run_counting_steps(c: Coordinator, text: str, params: dict[str, Any]
+                        ) -> tuple[list[Any], int]:
+    """The statement's rows on SQLite, and how many virtual machine steps it took (counted
+    by a progress handler every 10 steps)."""
+    def _do(conn: Any) -> tuple[list[Any], int]:
+        raw = conn.connection.driver_connection
+        steps = [0]
+
+        def tick() -> int:
+            steps[0] += 10
+            return 0
+
+        raw.set_progress_handler(tick, 10)
+        try:
+            return conn.exec_driver_sql(text, params).all(), steps[0]
+        finally:
+            raw.set_progress_handler(None, 10)
+    return c.db.read(_do)
+
+
+def test_a_claim_bound_to_the_default_tenant_takes_only_its_jobs(target: Target) -> None:
+    # The default tenant's jobs are not in the tenant claim indexes: its claim walks the
+    # role claim indexes, still bound to it.
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", roles=["gpu"], readings={"memory_used_pct": 10})
+        theirs = [c.enqueue("k", {}, tenant="bob", priority=0, role=role)["job_id"]
+                  for role in (None, "gpu")]
+        mine = [c.enqueue("k", {}, role=role)["job_id"] for role in (None, "gpu")]
+        for kinds in (None, ["k"]):
+            got = c.claim("w", tenant="default", kinds=kinds)["job"]
+            assert got is not None and got["tenant"] == "default" and got["job_id"] in mine
+        assert c.claim("w", tenant="default")["job"] is None
+        assert c.claimable("w", tenant="default") is False
+        assert {c.claim("w", tenant="bob")["job"]["job_id"] for _ in theirs} == set(theirs)
+
+
+def _scans(node: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every plan node below `node` (itself included) that reads the jobs table."""
+    out = [node] if node.get("Relation Name") == "jobs" else []
+    for child in node.get("Plans", []):
+        out += _scans(child)
+    return out
+
+
+def test_a_tenant_bound_claim_seeks_to_its_tenant_on_postgresql(pg_target: Target) -> None:
     with Coordinator.open(pg_target) as c:
         c.enqueue_many(_filler())
-        statements = [c._candidate_sql(["gpu"], kinds, due_only=True, tenant="t3")
-                      for kinds in (None, ["work"])]
-        statements += [c._claim_folded_sql(["gpu"], None, "t3")]
+        statements = [(roles, kinds, c._candidate_sql(roles, kinds, due_only=True,
+                                                      tenant="t3"))
+                      for roles, kinds in SHAPES]
+        statements += [(roles, kinds, c._claim_folded_sql(roles, kinds, "t3"))
+                       for roles, kinds in SHAPES]
+        untenanted = [c._candidate_sql(roles, kinds, due_only=True) for roles, kinds in SHAPES]
     url = pg_target.url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(url, autocommit=True) as conn:
+    with psycopg.connect(url) as conn:  # one transaction, rolled back: the claims take nothing
         conn.execute("ANALYZE jobs")
-        for text, params in statements:
-            params.update(now=2**62, maxp=3, heads=4, f=False, worker="w", expires=1,
-                          expires_json='"x"')
+        for roles, kinds, (text, params) in statements:
+            params.update(now=2**62, maxp=3, heads=4, f=False, worker="w",
+                          expires=2**62 + 1, expires_json='"x"')
+            plan = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + SQL(text).postgresql,
+                                params).fetchone()[0][0]["Plan"]
+            conn.rollback()
+            scans = _scans(plan)
+            index = "ix_jobs_claim_tenant_kind" if kinds else "ix_jobs_claim_tenant"
+            probes = [s for s in scans if s.get("Index Name") == index]
+            # One probe per role (and "no role"), each reading at most its `heads` rows of
+            # the tenant's own slice: not one of the 4,000 jobs of tenant `big` ahead of them.
+            assert len(probes) == len(roles) + 1, plan
+            for probe in probes:
+                assert probe["Node Type"] == "Index Scan", plan
+                assert probe["Index Cond"].startswith("(((tenant)::text = 't3'::text)"), plan
+                assert probe["Actual Rows"] <= 4, plan
+                assert probe.get("Rows Removed by Filter", 0) == 0, plan
+            # Any other read of jobs is of the claimed rows by their id (the update), or a
+            # default tenant's probe, never run for t3.
+            for other in (s for s in scans if s not in probes and s["Node Type"] != "ModifyTable"):
+                assert (("job_id" in other.get("Index Cond", "") and other["Actual Rows"] <= 4)
+                        or other["Actual Loops"] == 0), plan
+        for text, params in untenanted:
+            params.update(now=2**62, maxp=3)
             plan = "\n".join(r[0] for r in conn.execute(
                 "EXPLAIN " + SQL(text).postgresql, params).fetchall())
-            assert "ix_jobs_claim_" in plan, plan
-            assert "ix_jobs_tenant_job_id" not in plan, plan
-            assert "Seq Scan on jobs" not in plan, plan
+            assert "ix_jobs_claim_tenant" not in plan, plan
 
 
 @pytest.fixture

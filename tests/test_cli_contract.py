@@ -249,6 +249,7 @@ def _cases(ids: dict[str, str]) -> dict[str, list[tuple[str, ...]]]:
         [("claim", bad) for bad in BAD_NAMES]
         + [("claim", "w1", "--lease", bad) for bad in BAD_LEASES]
         + [("claim", "w1", "--kind", bad) for bad in BAD_NAMES]
+        + [("claim", "w1", "--tenant", bad) for bad in BAD_NAMES]
     )
     for cmd in ("cancel", "retry", "show", "explain"):
         cases[cmd] = ([(cmd, bad) for bad in BAD_IDS]

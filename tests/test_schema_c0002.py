@@ -46,9 +46,12 @@ def _alembic(db: Database, action: str, revision: str,
 
 
 def _indexes(db: Database) -> set[str]:
-    from sqlalchemy import inspect
-
-    return db.read(lambda conn: {i["name"] for i in inspect(conn).get_indexes("jobs")})
+    """The jobs table's index names, expression indexes included (SQLAlchemy's inspector
+    leaves those out on SQLite, such as c0007's)."""
+    sql = ("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'jobs'"
+           if db.dialect == "sqlite" else
+           "SELECT indexname FROM pg_indexes WHERE tablename = 'jobs'")
+    return db.read(lambda conn: set(conn.exec_driver_sql(sql).scalars()))
 
 
 def tables(db: Database) -> set[str]:

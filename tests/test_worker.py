@@ -151,6 +151,22 @@ def test_python_handler_worker_completes_jobs_with_epoch_and_provenance(db, star
     assert all(e["epoch"] == 1 and "claim_ms" in e for e in claimed.values())
 
 
+@pytest.mark.parametrize("batch", [("--no-batch",), ()])
+def test_a_worker_with_a_tenant_claims_only_that_tenants_jobs(db, start, batch):
+    _, c = db
+    # Other tenants' jobs first in claim order (older, higher priority): never claimed.
+    others = [c.enqueue("summarize", {"text": "not yours"}, tenant=t, priority=0)["job_id"]
+              for t in ("bob", "default")]
+    alices = [c.enqueue("summarize", {"text": f"doc {i}"}, tenant="alice")["job_id"]
+              for i in range(3)]
+    w = start(*APP, "--tenant", "alice", "--concurrency", "2", *batch, "--burst")
+    code, summary = w.finish()
+    assert code == 0 and summary["claimed"] == 3 and summary["completed"] == 3, summary
+    assert {e["job_id"] for e in w.events("claimed")} == set(alices)
+    assert all(c.show(j)["job"]["status"] == "succeeded" for j in alices)
+    assert all(c.show(j)["job"]["status"] == "waiting" for j in others)
+
+
 def test_command_worker_completes_fails_with_stderr_tail_and_exit_65_is_permanent(db, start):
     _, c = db
     ok = c.enqueue("summarize", {"text": "one two three four five six"})["job_id"]
@@ -488,6 +504,8 @@ def test_checkpointed_remote_id_is_resumed_after_sigkill_not_resubmitted(db, sta
     (("--exec", f"summarize={CMD}", "--timeout", "other=5"), "no handler for kind"),
     (("--exec", f"summarize={CMD}", "--readings-override", '{"cpu": 1}'), "unknown reading"),
     (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
+    (("--exec", f"summarize={CMD}", "--tenant", "two words"), "tenant: 'two words' may use"),
+    (("--exec", f"summarize={CMD}", "--tenant", ""), "tenant: must not be empty"),
 ])
 def test_bad_worker_options_exit_2_and_change_nothing(db, sqlite_target, args, needle):
     _, c = db

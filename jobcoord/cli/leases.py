@@ -59,12 +59,15 @@ def with_capacity(readings: str | None, capacity: tuple[str, ...]) -> str:
 @click.argument("worker_id")
 @click.option("--lease", metavar="SECONDS", help="Lease length (default 45).")
 @click.option("--kind", "kinds", multiple=True, help="Only these kinds (repeatable).")
+@tenant_option
 @json_option
 @click.pass_obj
 def claim(s: Settings, worker_id: str, lease: str | None, kinds: tuple[str, ...],
-          as_json: bool) -> None:
-    """Claim the first eligible job; exit 3 with the reason when there is none."""
-    result = s.coordinator().claim(worker_id, lease_s=lease, kinds=kinds or None)
+          tenant: str | None, as_json: bool) -> None:
+    """Claim the first eligible job (of --tenant only, when given: as a worker token bound to
+    that tenant claims); exit 3 with the reason when there is none."""
+    result = s.coordinator().claim(worker_id, lease_s=lease, kinds=kinds or None,
+                                   tenant=tenant)
     if result["job"] is None:
         emit(as_json, result, f"nothing to claim: {result['reason']}: "
              f"{safe_text(result['detail'])}",

@@ -49,6 +49,8 @@ from .output import emit, json_option
 @click.option("--batch/--no-batch", default=True, show_default=True,
               help="Claim up to the free slots per call and accept results in groups; "
                    "--no-batch: one job per claim and per completion.")
+@click.option("--tenant", default=None, metavar="TENANT",
+              help="Claim only this tenant's jobs (as a worker token bound to it does).")
 @json_option
 @click.pass_obj
 def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tuple[str, ...],
@@ -56,7 +58,7 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
            heartbeat_every: str, reap_every: str, poll: str, timeouts: tuple[str, ...],
            max_results: tuple[str, ...], readings_override: str | None, log_format: str,
            max_jobs: str | None, burst: bool, flush_delay: str, batch: bool,
-           as_json: bool) -> None:
+           tenant: str | None, as_json: bool) -> None:
     """Run handlers under leases until SIGTERM/SIGINT (a second signal exits at once)."""
     from ..worker import Worker, make_config
 
@@ -69,7 +71,7 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
         heartbeat_every=heartbeat_every, reap_every=reap_every, poll=poll, timeouts=timeouts,
         max_results=max_results, readings_override=readings_override, log_format=log_format,
         max_jobs=max_jobs, burst=burst, database_url=url, policy=policy,
-        flush_delay=flush_delay, batch=batch)
+        flush_delay=flush_delay, batch=batch, tenant=tenant)
     summary = Worker(s.coordinator(), config, as_json=as_json).run()
     emit(as_json, summary)
 

@@ -210,12 +210,15 @@ def answer(ctx: Context, conn: Connection, worker_id: str, job: Sequence[Any], e
     }
 
 
-def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None) -> bool:
+def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None, *,
+              tenant: str | None = None) -> bool:
     """Whether a claim by this worker could take a job now, read without writing anything
     (no refusal recorded or counted): what an idle worker asks when a commit woke it, so
-    commits that made nothing claimable for it do not turn into refused claims."""
+    commits that made nothing claimable for it do not turn into refused claims. With a
+    `tenant`, only that tenant's jobs count, as in a claim bound to it."""
     worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    tenant = v.optional_name(tenant, "tenant")
 
     def _look(conn: Connection) -> bool:
         now = now_us()
@@ -229,7 +232,8 @@ def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None) 
         gates = evaluate(ctx.policy, Readings(row[3], row[4], as_bool(row[5]), row[6]))
         if gates.blocks_all:
             return False
-        stmt, params = ctx.db.candidate_sql(roles, wanted, due_only=True, locked=False)
+        stmt, params = ctx.db.candidate_sql(roles, wanted, due_only=True, locked=False,
+                                            tenant=tenant)
         params.update(now=now, maxp=gates.max_priority)
         return ctx.db.run(conn, stmt, params).first() is not None
 

@@ -411,7 +411,8 @@ def explain_reasons(job: Mapping[str, Any], diag: Mapping[str, Any],
             short = short_resource(cand.needs, capacity_of(w["heartbeat_raw"]),
                                    diag["running_needs"].get(w["worker_id"], []))
             if short is not None:
-                reasons.append(("resource_short", f"worker {w['worker_id']}: {short}"))
+                who = f"worker {w['worker_id']}" if viewer is None else "a worker"
+                reasons.append(("resource_short", f"{who}: {short}"))
                 continue
         fit.append(w["worker_id"])
     return fit, reasons, shown

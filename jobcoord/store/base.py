@@ -41,7 +41,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: Revisions of the core branch, oldest first. The last one is what this code expects.
-CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004", "c0005", "c0006")
+CORE_REVISIONS = ("c0001", "c0002", "c0003", "c0004", "c0005", "c0006", "c0007")
 #: Revisions of optional branches, oldest first.
 OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 

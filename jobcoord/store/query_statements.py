@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
-from ..schema import artifacts, job_events, jobs, leases, workers
-from .statements import SQL, WAITING, P
+from ..schema import TENANT_ROLE, TENANTED, artifacts, job_events, jobs, leases, workers
+from .statements import SQL, WAITING, P, const
 
 J, L, E, A = jobs.c, leases.c, job_events.c, artifacts.c
 
@@ -55,14 +55,24 @@ def job_list(by_status: bool, by_kind: bool, by_tenant: bool) -> SQL:
 
 def jobs_ahead(role: bool, by_tenant: bool) -> SQL:
     """How many waiting jobs come before (:p, :c, :job_id) in claim order, of the role :role
-    (or of no role), of :tenant when asked."""
+    (or of no role), of :tenant when asked: then counted from the tenant's slice of a tenant
+    claim index, spelled as it spells its key and predicate, not past every other tenant's
+    jobs; the default tenant's jobs, not in those indexes, from the role's claim index (a
+    count that for any other tenant does not run)."""
     def build() -> Any:
-        query = select(func.count()).select_from(jobs).where(
-            WAITING, J.required_role == P("role") if role else J.required_role.is_(None),
-            (J.priority < P("p")) | ((J.priority == P("p")) & (
-                (J.created_at < P("c")) | ((J.created_at == P("c"))
-                                           & (J.job_id < P("job_id"))))))
-        return query.where(J.tenant == P("tenant")) if by_tenant else query
+        by_role = J.required_role == P("role") if role else J.required_role.is_(None)
+        ahead = [WAITING, (J.priority < P("p")) | ((J.priority == P("p")) & (
+            (J.created_at < P("c")) | ((J.created_at == P("c")) & (J.job_id < P("job_id")))))]
+        if not by_tenant:
+            return select(func.count()).select_from(jobs).where(by_role, *ahead)
+        tenanted = select(func.count()).select_from(jobs).where(
+            J.tenant == P("tenant"), text(TENANTED),
+            TENANT_ROLE == (P("role") if role else const("")),  # noqa: SIM300
+            *ahead).scalar_subquery()
+        default = select(func.count()).select_from(jobs).where(
+            P("tenant") == const("default"), by_role,
+            J.tenant.concat(const("")) == P("tenant"), *ahead).scalar_subquery()
+        return select(tenanted + default)
     return _shaped(("ahead", role, by_tenant), build)
 
 

@@ -21,12 +21,15 @@ from sqlalchemy import (
     or_,
     select,
     table,
+    text,
     union_all,
     update,
 )
 from sqlalchemy.sql import ClauseElement
 
 from ..schema import (
+    TENANT_ROLE,
+    TENANTED,
     checkpoints,
     claim_refusals,
     job_events,
@@ -299,28 +302,40 @@ def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
     first `limit` rows of its slice of the partial claim index, however many jobs wait for
     other roles and kinds; role 0 is "no role". `locked` takes each row read with FOR UPDATE
     SKIP LOCKED (only PostgreSQL's compiler writes it). `tenant` keeps only jobs of tenant
-    :tenant: a filter on the rows the same index walk reads, in claim order."""
+    :tenant, read from the tenant claim indexes (c0007), whose slice starts at that tenant."""
     out = []
     for i in range(n_roles + 1):
         for j in range(1 if n_kinds is None else n_kinds):
-            where: list[Any] = [WAITING, J.priority <= P("maxp"),
-                                J.required_role.is_(None) if i == 0
-                                else J.required_role == P(f"r{i}")]
+            role = const("") if i == 0 else P(f"r{i}")
+            by_role = J.required_role.is_(None) if i == 0 else J.required_role == role
+            rest: list[Any] = [J.priority <= P("maxp")]
             if n_kinds is not None:
-                where.append(J.kind == P(f"k{j}"))
-            if tenant:
-                # Spelled `tenant || ''` so that no planner trades the claim index for the
-                # (tenant, job_id) one plus a sort of every job the tenant ever had (SQLite
-                # did, once ANALYZE had run): the walk stays in claim order, the tenant a
-                # filter on the rows it reads.
-                where.append(J.tenant.concat(const("")) == P("tenant"))
+                rest.append(J.kind == P(f"k{j}"))
             if due_only:
-                where.extend(CLAIMABLE[2:])
-            probe = (select(J.job_id, J.priority, J.created_at).where(*where)
-                     .order_by(*CLAIM_ORDER).limit(limit))
-            if locked:
-                probe = probe.with_for_update(skip_locked=True)
-            out.append(probe.cte(f"c{i}_{j}").prefix_with("MATERIALIZED"))
+                rest.extend(CLAIMABLE[2:])
+            if not tenant:
+                slices = {"": [by_role]}
+            else:
+                slices = {
+                    # The tenant claim indexes' key and predicate, spelled as they spell
+                    # them: the walk starts at this tenant's first job in claim order and
+                    # reads no other tenant's.
+                    "": [J.tenant == P("tenant"), text(TENANTED),
+                         TENANT_ROLE == role],  # noqa: SIM300 (the key first)
+                    # The default tenant's jobs are not in them: its claim walks the role's
+                    # claim index, the tenant a filter on the rows read (spelled `tenant ||
+                    # ''` so no planner trades that walk for the (tenant, job_id) index and
+                    # a sort). For any other tenant the first term is false, and neither
+                    # planner reads a row of it.
+                    "d": [P("tenant") == const("default"), by_role,
+                          J.tenant.concat(const("")) == P("tenant")],
+                }
+            for suffix, where in slices.items():
+                probe = (select(J.job_id, J.priority, J.created_at)
+                         .where(WAITING, *where, *rest).order_by(*CLAIM_ORDER).limit(limit))
+                if locked:
+                    probe = probe.with_for_update(skip_locked=True)
+                out.append(probe.cte(f"c{i}_{j}{suffix}").prefix_with("MATERIALIZED"))
     return out
 
 

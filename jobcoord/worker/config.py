@@ -39,6 +39,8 @@ class WorkerConfig:
     batch: bool = True
     #: Longest a finished job's result waits for its group to fill before it is flushed.
     flush_delay_s: float = 0.005
+    #: Claim only this tenant's jobs (None: every tenant's), as a tenant-bound token does.
+    tenant: str | None = None
 
 
 def parse_exec(items: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]:
@@ -101,7 +103,7 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
                 timeouts: tuple[str, ...], max_results: tuple[str, ...],
                 readings_override: str | None, log_format: str, max_jobs: Any, burst: bool,
                 database_url: str | None, policy: Any, flush_delay: Any = "0.005",
-                batch: bool = True) -> WorkerConfig:
+                batch: bool = True, tenant: str | None = None) -> WorkerConfig:
     """Validate the `jobcoord worker` options into a WorkerConfig (InvalidInput on any
     mistake, before anything runs)."""
     import dataclasses
@@ -151,4 +153,5 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
         max_jobs=None if max_jobs is None else v.integer(max_jobs, "max-jobs", 1, 2**31),
         burst=burst, batch=batch,
         flush_delay_s=v.seconds(flush_delay, "flush-delay", 0, 1.0),
+        tenant=v.optional_name(tenant, "tenant"),
     )

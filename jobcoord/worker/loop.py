@@ -380,10 +380,12 @@ class Worker:
         """Claim up to `free` jobs in one call (one job per call without batching): the
         claimed answers, or none and the reason."""
         cfg = self.config
+        # The tenant is passed only when set: a worker for every tenant calls as it always did.
+        bound = {} if cfg.tenant is None else {"tenant": cfg.tenant}
         if self.batched and self.batch_claims:
             return self.calls.claim_many(cfg.worker_id, free, lease_s=cfg.lease_s,
-                                         kinds=self.kinds)
-        got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds)
+                                         kinds=self.kinds, **bound)
+        got = self.calls.claim(cfg.worker_id, lease_s=cfg.lease_s, kinds=self.kinds, **bound)
         if got["job"] is None:
             return {"claimed": [], "reason": got["reason"], "detail": got["detail"]}
         return {"claimed": [got]}
@@ -478,7 +480,8 @@ class Worker:
         if not hasattr(self.coordinator, "claimable"):
             return True
         try:
-            return bool(self.calls.claimable(self.config.worker_id, kinds=self.kinds))
+            bound = {} if self.config.tenant is None else {"tenant": self.config.tenant}
+            return bool(self.calls.claimable(self.config.worker_id, kinds=self.kinds, **bound))
         except Exception:
             return True  # the claim itself will say what is wrong
 
