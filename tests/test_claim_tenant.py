@@ -287,7 +287,14 @@ def test_a_batch_claim_reads_the_claim_index_on_sqlite(sqlite_target: Target) ->
             searches = [p for p in plan if p.startswith(("SEARCH jobs", "SCAN jobs"))]
             # The probes walk the claim index; the update finds its rows by their ids.
             probes = [p for p in searches if "job_id=?" not in p]
-            assert len(probes) == 2, plan  # the role-less slice and the gpu slice
+            if tenant is None:
+                assert len(probes) == 2, plan  # the role-less slice and the gpu slice
+            else:
+                # Each slice seeks in its tenant's part of a tenant claim index, beside the
+                # probe for the default tenant's jobs (which the tenant indexes leave out;
+                # guarded, it runs only for the default tenant).
+                assert len(probes) == 4, plan
+                assert sum("ix_jobs_claim_tenant" in p for p in probes) == 2, plan
             assert probes and all("USING INDEX ix_jobs_claim_" in p for p in probes), plan
             assert not any(p.startswith("SCAN jobs") for p in searches), plan
 
