@@ -206,8 +206,8 @@ class JobRun:
         result: Outcome | None = None
         while result is None:
             if poll is None:
-                earlier = self.predecessor
-                if earlier is None or not earlier.thread.is_alive():
+                earlier = self._earlier_alive()
+                if earlier is None:
                     if waiting_logged:
                         log("earlier_handler_returned", job_id=self.job_id, epoch=self.epoch)
                     self.predecessor = None
@@ -303,6 +303,15 @@ class JobRun:
             handler.join()
             log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
                 late_s=round(time.monotonic() - t0, 3))
+
+    def _earlier_alive(self) -> JobRun | None:
+        """The nearest earlier run of this job in this worker that is still alive (None:
+        none): a predecessor that ended without starting its handler (its lease ended while it
+        waited) still has its predecessor, whose handler may be running."""
+        run = self.predecessor
+        while run is not None and not run.thread.is_alive():
+            run = run.predecessor  # None once it had started its handler (now returned)
+        return run
 
     def _start_handler(self, ctx: Context) -> Callable[[], Outcome | None]:
         try:
