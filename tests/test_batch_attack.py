@@ -286,3 +286,51 @@ def test_threads_sharing_one_coordinator_mixing_every_call_keep_the_books(
     counts = coord.status()["jobs"]
     assert sum(counts.values()) == n_jobs
     assert counts["running"] == len(coord.jobs(status="running", limit=1000)["jobs"])
+
+
+def test_a_job_with_needs_enqueued_while_a_claim_runs_is_never_taken_unchecked(
+        coord: Coordinator) -> None:
+    # A claim reads "no waiting job declares needs" first and takes after: a job declaring
+    # needs that commits in between (PostgreSQL runs them side by side) must not be taken by
+    # a worker that has not been checked against them; it waits for the next claim.
+    coord.heartbeat("w1", readings=IDLE_ON_AC)  # declares no GPU memory
+    needy: set[int] = set()
+    taken: set[int] = set()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def enqueue_needy() -> None:
+        try:
+            while not stop.is_set():
+                job = coord.enqueue("k", priority=0, needs={"gpu_mem_mb": 10**6})["job_id"]
+                needy.add(job)
+                with contextlib.suppress(JobcoordError):
+                    coord.cancel(job)
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    def claim() -> None:
+        try:
+            rounds = 0
+            while not stop.is_set() and rounds < 1500:
+                rounds += 1
+                if rounds % 20 == 1:
+                    coord.enqueue_many([JobSpec("k", priority=1) for _ in range(40)])
+                got = coord.claim_many("w1", 4, lease_s=30)["claimed"]
+                one = coord.claim("w1", lease_s=30)
+                got += [one] if one["job"] else []
+                taken.update(g["job"]["job_id"] for g in got)
+                if got:
+                    coord.complete_many([_item(g) for g in got])
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=enqueue_needy), threading.Thread(target=claim)]
+    for t in threads:
+        t.start()
+    threads[1].join(240)
+    stop.set()
+    threads[0].join(30)
+    assert not errors, errors
+    assert needy and taken
+    assert not taken & needy, f"jobs declaring needs taken unchecked: {sorted(taken & needy)}"
