@@ -334,3 +334,58 @@ def test_a_job_with_needs_enqueued_while_a_claim_runs_is_never_taken_unchecked(
     assert not errors, errors
     assert needy and taken
     assert not taken & needy, f"jobs declaring needs taken unchecked: {sorted(taken & needy)}"
+
+
+def test_groups_racing_over_the_same_jobs_in_any_order_accept_each_once(
+        coord: Coordinator) -> None:
+    # Four threads report the same 60 jobs in shuffled groups (with duplicates), beside a
+    # canceller and a reaper: no deadlock, no error, one accepted report per job.
+    coord.enqueue_many([JobSpec("k") for _ in range(60)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 60, lease_s=30)["claimed"]
+    items = [_item(g) for g in got]
+    accepted: list[int] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def report(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            for _ in range(6):
+                group = rnd.sample(items, 20) + rnd.sample(items, 3)
+                if seed % 2:
+                    done = coord.fail_many([
+                        {k: v for k, v in i.items() if k != "result"} | {"error": "x"}
+                        for i in group])
+                else:
+                    done = coord.complete_many(group)
+                with lock:
+                    accepted.extend(i["job_id"] for i, r in zip(group, done["results"],
+                                                                 strict=True)
+                                    if "error" not in r)
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    def meddle() -> None:
+        try:
+            for g in got[::7]:
+                with contextlib.suppress(JobcoordError):
+                    coord.cancel(g["job"]["job_id"])
+                coord.reap()
+        except BaseException as e:  # reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=report, args=(i,)) for i in range(4)]
+    threads.append(threading.Thread(target=meddle))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert len(accepted) == len(set(accepted)), Counter(accepted).most_common(3)
+    for g in got:
+        events = [e["reason"] for e in coord.show(g["job"]["job_id"])["events"]]
+        ends = [e for e in events if e in ("completed", "failed")]
+        assert len(ends) <= 1, events
+    found = check(coord.db)
+    assert found["ok"], found
