@@ -43,3 +43,12 @@ def boom(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
 @app.handler("big", timeout=60)
 def big(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
     return {"x": "y" * int(payload.get("n", 1000))}
+
+
+@app.handler("deep", timeout=60)
+def deep(payload: dict[str, Any], ctx: Context) -> Any:
+    """A result nested `depth` lists deep."""
+    out: Any = []
+    for _ in range(int(payload["depth"])):
+        out = [out]
+    return out

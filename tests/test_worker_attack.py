@@ -269,3 +269,26 @@ def test_sigkill_at_random_moments_never_accepts_a_result_twice(
         claims = [e["epoch"] for e in events if e["reason"] == "claimed"]
         assert claims == list(range(1, job["epoch"] + 1))
     _books(coord)
+
+
+@pytest.mark.parametrize("depth", [65, 5000])
+def test_a_result_nested_too_deep_fails_its_attempt_and_spares_its_group(
+        coord: Coordinator, target: Any, tmp_path: Path, procs: Any, depth: int) -> None:
+    # 65 levels: the coordinator refuses the group's input, each item then goes alone.
+    # 5000: deeper than the encoder itself can walk.
+    ledger = str(tmp_path / "ledger")
+    good = [j["job_id"] for j in coord.enqueue_many(
+        [JobSpec("note", {"s": 0.05, "ledger": ledger}) for _ in range(3)])]
+    bad = coord.enqueue("deep", {"depth": depth}, max_attempts=1)["job_id"]
+    w = procs(target, tmp_path / "w.log", "w1", "--concurrency", "4", "--burst",
+              "--flush-delay", "0.2", "--lease", "5")
+    code, summary = w.finish(60)
+    assert code == 0, summary
+    assert not w.events("internal_error")
+    for j in good:
+        assert coord.show(j)["job"]["status"] == "succeeded"
+    shown = coord.show(bad)
+    assert shown["job"]["status"] == "dead", shown["job"]
+    assert shown["events"][-1]["reason"] == "invalid_result"
+    assert "nested deeper" in shown["job"]["last_error"]
+    _books(coord)

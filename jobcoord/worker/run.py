@@ -18,6 +18,7 @@ from ..app import Context, HandlerSpec
 from ..clock import iso
 from ..errors import InvalidInput, Refused
 from ..runtime import describe, is_fatal
+from ..validate import MAX_JSON_DEPTH
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
 from .handlers import Outcome, call_python, kill_group, start_command, start_python
 from .threads import Task
@@ -339,6 +340,11 @@ class JobRun:
                 size = len(json.dumps(out.result, ensure_ascii=False, allow_nan=False).encode())
             except (TypeError, ValueError) as e:
                 out = Outcome("invalid", error=f"the result is not JSON: {e}")
+            except RecursionError:
+                # Deeper than the encoder can walk (and far deeper than the coordinator
+                # takes): the attempt fails like any other result it would refuse.
+                out = Outcome("invalid", error="the result was refused: result is nested "
+                              f"deeper than {MAX_JSON_DEPTH} levels")
             else:
                 if size > limit:
                     out = Outcome("too_large", error=f"result is {size} bytes, larger than "
