@@ -292,3 +292,26 @@ def test_a_result_nested_too_deep_fails_its_attempt_and_spares_its_group(
     assert shown["events"][-1]["reason"] == "invalid_result"
     assert "nested deeper" in shown["job"]["last_error"]
     _books(coord)
+
+
+def test_sigterm_with_results_waiting_in_a_group_delivers_them_and_releases_the_rest(
+        coord: Coordinator, target: Any, tmp_path: Path, procs: Any) -> None:
+    ledger = str(tmp_path / "ledger")
+    slow = coord.enqueue("ignore", {"s": 3, "ledger": ledger}, priority=0)["job_id"]
+    quick = [j["job_id"] for j in coord.enqueue_many(
+        [JobSpec("note", {"s": 0.3, "ledger": ledger}) for _ in range(4)])]
+    w = procs(target, tmp_path / "w.log", "w1", "--concurrency", "8", "--grace", "0.2",
+              "--flush-delay", "1", "--lease", "30")
+    # The quick results wait in a group: the slow run could still join it.
+    wait_for(lambda: len(Path(ledger).read_text().splitlines()) >= 4
+             if Path(ledger).exists() else False, 30, "the quick handlers to return")
+    assert coord.status()["jobs"]["succeeded"] == 0
+    w.proc.send_signal(signal.SIGTERM)
+    code, summary = w.finish(30)
+    assert code == 0 and summary is not None, summary
+    assert (summary["completed"], summary["released"]) == (4, 1), summary
+    for j in quick:
+        assert coord.show(j)["job"]["status"] == "succeeded"
+    assert coord.show(slow)["job"]["status"] == "waiting"
+    assert _reasons(coord, slow)[-1] == "worker_shutdown"
+    _books(coord)
