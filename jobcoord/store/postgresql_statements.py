@@ -42,12 +42,19 @@ CLAIM_HEADS = (4, 64, 1024)
 BATCH_CLAIM_HEADS = (64, 1024)
 
 
+#: What these statements take: a claimable job that declares no needs. They run only when
+#: the claim read that no waiting job declares needs; under READ COMMITTED one committed
+#: since then is skipped (the next claim checks it against the worker's resources) instead
+#: of being taken unchecked.
+UNCHECKED = (*s.CLAIMABLE, jobs.c.needs_json.is_(None))
+
+
 def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
     J = jobs.c
     cand = s.union_of(s.probes(n_roles, n_kinds, due_only=True, locked=False,
                                limit=s.P("heads"), tenant=tenant)
                       ).cte("cand").prefix_with("MATERIALIZED")
-    pick = (select(J.job_id).where(J.job_id.in_(select(cand.c.job_id)), *s.CLAIMABLE)
+    pick = (select(J.job_id).where(J.job_id.in_(select(cand.c.job_id)), *UNCHECKED)
             .order_by(*s.CLAIM_ORDER).limit(s.ONE).with_for_update(skip_locked=True)
             .cte("pick").prefix_with("MATERIALIZED"))
     taken = s.TAKE_JOB_UPDATE.where(J.job_id == select(pick.c.job_id).scalar_subquery()
@@ -89,7 +96,7 @@ def _take_many_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any
     # Rows are found by key from an array of the ids (`= ANY`): with `IN (SELECT ...)` the
     # planner may hash every job row of a small table instead of looking up a few dozen.
     pick = (select(J.job_id)
-            .where(J.job_id == any_(_id_array(cand)), *s.CLAIMABLE)
+            .where(J.job_id == any_(_id_array(cand)), *UNCHECKED)
             .order_by(*s.CLAIM_ORDER).limit(s.P("n"))
             .with_for_update(skip_locked=True)
             .cte("pick").prefix_with("MATERIALIZED"))

@@ -18,6 +18,7 @@ from ..app import Context, HandlerSpec
 from ..clock import iso
 from ..errors import InvalidInput, Refused
 from ..runtime import describe, is_fatal
+from ..validate import MAX_JSON_DEPTH
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
 from .handlers import Outcome, call_python, kill_group, start_command, start_python
 from .threads import Task
@@ -206,8 +207,8 @@ class JobRun:
         result: Outcome | None = None
         while result is None:
             if poll is None:
-                earlier = self.predecessor
-                if earlier is None or not earlier.thread.is_alive():
+                earlier = self._earlier_alive()
+                if earlier is None:
                     if waiting_logged:
                         log("earlier_handler_returned", job_id=self.job_id, epoch=self.epoch)
                     self.predecessor = None
@@ -304,6 +305,15 @@ class JobRun:
             log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
                 late_s=round(time.monotonic() - t0, 3))
 
+    def _earlier_alive(self) -> JobRun | None:
+        """The nearest earlier run of this job in this worker that is still alive (None:
+        none): a predecessor that ended without starting its handler (its lease ended while it
+        waited) still has its predecessor, whose handler may be running."""
+        run = self.predecessor
+        while run is not None and not run.thread.is_alive():
+            run = run.predecessor  # None once it had started its handler (now returned)
+        return run
+
     def _start_handler(self, ctx: Context) -> Callable[[], Outcome | None]:
         try:
             return (start_command(self, ctx) if self.spec.command is not None
@@ -330,6 +340,11 @@ class JobRun:
                 size = len(json.dumps(out.result, ensure_ascii=False, allow_nan=False).encode())
             except (TypeError, ValueError) as e:
                 out = Outcome("invalid", error=f"the result is not JSON: {e}")
+            except RecursionError:
+                # Deeper than the encoder can walk (and far deeper than the coordinator
+                # takes): the attempt fails like any other result it would refuse.
+                out = Outcome("invalid", error="the result was refused: result is nested "
+                              f"deeper than {MAX_JSON_DEPTH} levels")
             else:
                 if size > limit:
                     out = Outcome("too_large", error=f"result is {size} bytes, larger than "

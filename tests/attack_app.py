@@ -1,0 +1,54 @@
+"""Handlers for the worker attack tests: `--app tests.attack_app:app`."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from jobcoord.app import App, Context
+
+app = App()
+
+
+def _append(path: str, line: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@app.handler("note", timeout=60)
+def note(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Sleep `s` seconds, then append "job epoch" to the `ledger` file."""
+    time.sleep(float(payload.get("s", 0)))
+    _append(payload["ledger"], f"{ctx.job_id} {ctx.epoch}")
+    return {"job": ctx.job_id, "epoch": ctx.epoch}
+
+
+@app.handler("ignore", timeout=60)
+def ignore(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Ignores its stop: sleeps `s` seconds whatever happens, then appends to `ledger`."""
+    time.sleep(float(payload.get("s", 1)))
+    _append(payload["ledger"], f"{ctx.job_id} {ctx.epoch}")
+    return {"job": ctx.job_id, "epoch": ctx.epoch}
+
+
+@app.handler("boom", timeout=60)
+def boom(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    raise RuntimeError(f"boom at attempt {ctx.attempt}")
+
+
+@app.handler("big", timeout=60)
+def big(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    return {"x": "y" * int(payload.get("n", 1000))}
+
+
+@app.handler("deep", timeout=60)
+def deep(payload: dict[str, Any], ctx: Context) -> Any:
+    """A result nested `depth` lists deep."""
+    out: Any = []
+    for _ in range(int(payload["depth"])):
+        out = [out]
+    return out
