@@ -59,6 +59,17 @@ def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
             .cte("pick").prefix_with("MATERIALIZED"))
     taken = s.TAKE_JOB_UPDATE.where(J.job_id == select(pick.c.job_id).scalar_subquery()
                                     ).cte("taken")
+    leased, claimed = _lease_and_event(taken)
+    one = select(s.ONE).subquery("one")
+    return (select(select(func.count()).select_from(cand).scalar_subquery(), pick.c.job_id,
+                   *(taken.c[c.name] for c in s.TAKEN_COLUMNS))
+            .select_from(one.outerjoin(pick, true()).outerjoin(taken, true()))
+            .add_cte(leased, claimed))
+
+
+def _lease_and_event(taken: Any) -> tuple[Any, Any]:
+    """The lease and the `claimed` event of each job a claim statement takes (`taken`, a
+    CTE of the updated job rows), as two CTEs of that same statement."""
     leased = insert(leases).from_select(
         ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
         select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
@@ -70,11 +81,7 @@ def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
         select(taken.c.job_id, s.P("now"), s.const("waiting"), s.const("running"),
                s.const("claimed"), s.P("worker"), taken.c.epoch, detail)
     ).cte("claimed")
-    one = select(s.ONE).subquery("one")
-    return (select(select(func.count()).select_from(cand).scalar_subquery(), pick.c.job_id,
-                   *(taken.c[c.name] for c in s.TAKEN_COLUMNS))
-            .select_from(one.outerjoin(pick, true()).outerjoin(taken, true()))
-            .add_cte(leased, claimed))
+    return leased, claimed
 
 
 def _id_array(cte: Any) -> Any:
@@ -102,17 +109,7 @@ def _take_many_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any
             .cte("pick").prefix_with("MATERIALIZED"))
     taken = s.TAKE_MANY_UPDATE.where(
 J.job_id == any_(_id_array(pick))).cte("taken")
-    leased = insert(leases).from_select(
-        ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
-        select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
-    ).cte("leased")
-    detail = (s.const('{"attempt":') + cast(taken.c.attempts, Text)
-              + s.const(',"expires_at":') + s.P("expires_json") + s.const("}"))
-    claimed = insert(job_events).from_select(
-        ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
-        select(taken.c.job_id, s.P("now"), s.const("waiting"), s.const("running"),
-               s.const("claimed"), s.P("worker"), taken.c.epoch, detail)
-    ).cte("claimed")
+    leased, claimed = _lease_and_event(taken)
     return (select(*(taken.c[c.name] for c in (*s.TAKEN_COLUMNS, J.created_at)))
             .add_cte(leased, claimed))
 
