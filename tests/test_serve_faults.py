@@ -32,7 +32,10 @@ def test_server_killed_mid_run_and_restarted_loses_nothing(target: Target, tmp_p
                                                           ) -> None:
     n_jobs = 200
     with Coordinator.open(target) as c:
-        c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n_jobs)])
+        # Each job takes a little while (a checkpoint and 30 ms), so the run lasts well past
+        # the moment the server is killed however fast the server commits.
+        c.enqueue_many([{"kind": "slow", "payload": {"i": i, "sleep": 0.03}}
+                        for i in range(n_jobs)])
     secrets = [token(target, f"w{i}", "worker", worker=f"w{i}") for i in range(4)]
     first = Served(target, "--reap-every", "0.5").start()
     port = first.port
