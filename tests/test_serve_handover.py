@@ -21,12 +21,13 @@ from tests.serve_procs import Served, served, token
 READINGS = {"memory_used_pct": 5}
 
 
-def _poll(s: Served, secret: str, wait: float, out: dict[str, Any]) -> threading.Thread:
+def _poll(s: Served, secret: str, wait: float, out: dict[str, Any],
+          **body: Any) -> threading.Thread:
     """A long-poll on a thread of its own; its answer lands in `out`."""
 
     def run() -> None:
         with s.client(secret) as http:
-            resp = http.post("/v1/claims", json={"wait": wait})
+            resp = http.post("/v1/claims", json={"wait": wait, **body})
             out.update(status=resp.status_code,
                        body=resp.json() if resp.status_code == 200 else None)
 
@@ -71,12 +72,13 @@ def test_the_job_goes_to_the_waiting_poll_in_the_submissions_transaction(
                 assert done.json()["status"] == "succeeded"
 
 
-@pytest.mark.parametrize("refused", ["tenant", "kinds", "role"])
+@pytest.mark.parametrize("refused", ["tenant", "kinds", "poll_kinds", "role"])
 def test_the_oldest_poll_not_allowed_to_take_the_job_leaves_it_to_one_that_is(
         target: Target, refused: str) -> None:
     """The oldest waiting poll's worker may not take the job (another tenant's token, kinds
-    it does not handle, a role it lacks): the submission commits all the same and the job
-    goes to the next poll, whose worker may take it, once."""
+    it does not handle, by its heartbeat or its poll, a role it lacks): the submission
+    commits all the same and the job goes to the next poll, whose worker may take it,
+    once."""
     tenant = "t1" if refused == "tenant" else None
     wa = token(target, "wa", "worker", worker="wa", tenant=tenant)
     wb = token(target, "wb", "worker", worker="wb", tenant="t2" if tenant else None)
@@ -93,7 +95,8 @@ def test_the_oldest_poll_not_allowed_to_take_the_job_leaves_it_to_one_that_is(
                           ).status_code == 200
         first: dict[str, Any] = {}
         second: dict[str, Any] = {}
-        ta = _poll(s, wa, 3, first)
+        ta = _poll(s, wa, 3, first,
+                   **({"kinds": ["other"]} if refused == "poll_kinds" else {}))
         time.sleep(0.5)  # wa waits first: the oldest poll
         tb = _poll(s, wb, 20, second)
         time.sleep(0.5)
@@ -144,7 +147,9 @@ def test_a_poll_that_timed_out_or_whose_client_went_away_is_not_handed_a_job(
         target: Target) -> None:
     wa = token(target, "wa", "worker", worker="wa")
     sub = token(target, "sub", "submitter")
-    with served(target, "--reap-every", "0") as s:
+    # The longest poll (1 s): a waiting long-poll looks again on its own only every 2 s, so
+    # the poll whose client went away below is still waiting when the jobs are submitted.
+    with served(target, "--reap-every", "0", "--poll", "1") as s:
         with s.client(wa) as a:
             a.post("/v1/heartbeat", json={"readings": READINGS})
             assert a.post("/v1/claims", json={"wait": 0.5}).status_code == 204
@@ -153,7 +158,7 @@ def test_a_poll_that_timed_out_or_whose_client_went_away_is_not_handed_a_job(
         with httpx.Client(base_url=s.url, headers={"Authorization": f"Bearer {wa}"},
                           timeout=0.5) as a, pytest.raises(httpx.ReadTimeout):
             a.post("/v1/claims", json={"wait": 20})
-        time.sleep(0.5)
+        time.sleep(0.2)
         with s.client(sub) as submitter:
             jobs = [submitter.post("/v1/jobs", json={"kind": "k", "payload": {}}).json()[
                 "job_id"] for _ in range(2)]
