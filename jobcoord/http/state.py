@@ -38,9 +38,11 @@ DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
 class Wakeup:
     """Wakes long-polls waiting for work, oldest first. Used only from the event loop thread.
 
-    A submission wakes one waiter (waking all of them would start as many claims racing for
-    one job); a waiter that then finds nothing passes the turn on to the next. Everything
-    else that may free work for several (the poller, the reaper, retries) wakes all."""
+    A submission takes the oldest waiter (`take`) and makes its claim in its own
+    transaction, or (a delayed job) wakes one waiter (waking all of them would start as many
+    claims racing for one job); a waiter that then finds nothing passes the turn on to the
+    next. Everything else that may free work for several (the poller, the reaper, retries)
+    wakes all."""
 
     def __init__(self) -> None:
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
