@@ -37,14 +37,32 @@ async def submit(body: SubmitBody, response: Response, who: Submitter, srv: Srv,
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None
                  ) -> dict[str, Any]:
     from ..core.common import DEFAULT_TENANT
+    from ..core.handover import enqueue_and_claim
+    from ..present import claimed_json
 
-    got = await srv.call(srv.c.enqueue, body.kind, body.payload or {},
-                         priority=body.priority, role=body.role,
-                         tenant=who.tenant or DEFAULT_TENANT, key=idempotency_key,
-                         max_attempts=body.max_attempts, deadline_s=body.deadline_s,
-                         delay_s=body.delay_s, needs=body.needs)
-    # Answered only now, after the commit; a waiting long-poll hears of it at once.
-    srv.notify(1)
+    fields = {"priority": body.priority, "role": body.role,
+              "tenant": who.tenant or DEFAULT_TENANT, "key": idempotency_key,
+              "max_attempts": body.max_attempts, "deadline_s": body.deadline_s,
+              "delay_s": body.delay_s, "needs": body.needs}
+    taken = srv.take_waiter() if not body.delay_s else None
+    if taken is None:
+        got = await srv.call(srv.c.enqueue, body.kind, body.payload or {}, **fields)
+        # Answered only now, after the commit; a waiting long-poll hears of it at once.
+        srv.notify(1)
+    else:
+        # A long-poll waits: its claim is made in this submission's transaction (one commit
+        # instead of two), and answers it. A claim that takes nothing leaves the poll to
+        # claim on its own, as a woken poll does.
+        claimant, handover = taken
+        try:
+            got = await srv.call(enqueue_and_claim, srv.c, body.kind, body.payload or {},
+                                 claimant=claimant, **fields)
+            claimed = got.pop("claimed")
+            handover.give(None if claimed is None else claimed_json(claimed))
+            if claimed is not None and claimed["job"]["job_id"] != got["job_id"]:
+                srv.notify(1)  # it took an earlier job: this one is for the next poll
+        finally:
+            handover.give(None)
     if not got["created"]:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{got['job_id']}"

@@ -2,6 +2,7 @@
 fail, effect, checkpoint). The worker id and tenant are the token's."""
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -9,6 +10,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request, Response
 
 from .. import faults
+from ..core.handover import Claimant
 from ..errors import Refused
 from ..tokens import Identity
 from .bodies import (
@@ -22,7 +24,7 @@ from .bodies import (
     RenewBody,
 )
 from .deps import JobId, Srv, WorkerId, strict, worker_of
-from .state import Server
+from .state import Handover, Server
 
 T = TypeVar("T")
 router = APIRouter(route_class=JSONRoute)
@@ -60,26 +62,64 @@ async def claim(request: Request, who: WorkerId, srv: Srv, body: ClaimBody | Non
     body = body or ClaimBody()
     worker = worker_of(who)
     end = time.monotonic() + body.wait
-    woken = False
-    while True:
-        got = await srv.call(srv.c.claim, worker, lease_s=body.lease_s, kinds=body.kinds,
-                             tenant=who.tenant)
-        if got["job"] is not None:
+    woken: bool | Handover = False
+    # The claim this poll makes, which a submission may make for it in its own transaction
+    # while it waits (see routes_jobs.submit).
+    claimant = Claimant(worker, body.lease_s, body.kinds, who.tenant)
+    gone: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            got = await _claim_round(request, srv, worker, body, who, claimant, end, woken,
+                                     gone)
+            if isinstance(got, tuple):
+                woken, gone = got
+                continue
             return got
-        if woken:
-            srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
-        left = end - time.monotonic()
-        # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
-        # heartbeat is said at once, the worker must act on it.
-        if left <= 0 or got["reason"] not in _KEEP_WAITING:
-            if body.wait > 0 and got["reason"] in _KEEP_WAITING:
-                return Response(status_code=204)
-            return got
-        assert srv.wakeup is not None
-        woken = await srv.wakeup.wait(min(left, srv.poll_s * 2))
-        if await request.is_disconnected():
-            # Nobody would hear of a job claimed now: it would sit leased until reaped.
+    finally:
+        if gone is not None:
+            gone.cancel()
+
+
+async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBody,
+                       who: Identity, claimant: Claimant, end: float,
+                       woken: bool | Handover, gone: asyncio.Future[Any] | None) -> Any:
+    """One claim of a long-poll and, if it took nothing, one wait: the answer, or (woken,
+    gone) to go round again."""
+    if isinstance(woken, Handover):
+        handed = await woken.answer
+        if handed is not None:
+            return handed
+        woken = True  # the submission's claim for it took nothing: claim as any woken poll
+    got = await srv.call(srv.c.claim, worker, lease_s=body.lease_s, kinds=body.kinds,
+                         tenant=who.tenant)
+    if got["job"] is not None:
+        return got
+    if woken:
+        srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
+    left = end - time.monotonic()
+    # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
+    # heartbeat is said at once, the worker must act on it.
+    if left <= 0 or got["reason"] not in _KEEP_WAITING:
+        if body.wait > 0 and got["reason"] in _KEEP_WAITING:
             return Response(status_code=204)
+        return got
+    assert srv.wakeup is not None
+    if gone is None:
+        # Done when the client goes away: a poll nobody listens to any more is not
+        # handed a job (nobody would hear of it; it would sit leased until reaped).
+        gone = asyncio.ensure_future(_disconnected(request))
+    woken = await srv.wakeup.wait(min(left, srv.poll_s * 2), claimant, gone)
+    if not isinstance(woken, Handover) and (
+            gone.done() or await request.is_disconnected()):
+        return Response(status_code=204)
+    return woken, gone
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone away (the body is read: what the server receives
+    next is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.post("/v1/jobs/{job_id}/renew", dependencies=strict)

@@ -17,6 +17,20 @@ from .bodies import ENVELOPE_BYTES
 
 T = TypeVar("T")
 
+
+class Handover:
+    """What a long-poll taken by a submission is woken with: the answer of the claim made in
+    the submission's own transaction (None when it took nothing: the poll then claims on
+    its own, as any woken poll does)."""
+
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[dict[str, Any] | None] = (
+            asyncio.get_running_loop().create_future())
+
+    def give(self, answer: dict[str, Any] | None) -> None:
+        if not self.answer.done():
+            self.answer.set_result(answer)
+
 #: The largest artifact upload a server accepts unless told otherwise (`--max-artifact-bytes`).
 DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
 
@@ -24,12 +38,16 @@ DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
 class Wakeup:
     """Wakes long-polls waiting for work, oldest first. Used only from the event loop thread.
 
-    A submission wakes one waiter (waking all of them would start as many claims racing for
-    one job); a waiter that then finds nothing passes the turn on to the next. Everything
-    else that may free work for several (the poller, the reaper, retries) wakes all."""
+    A submission takes the oldest waiter (`take`) and makes its claim in its own
+    transaction, or (a delayed job) wakes one waiter (waking all of them would start as many
+    claims racing for one job); a waiter that then finds nothing passes the turn on to the
+    next. Everything else that may free work for several (the poller, the reaper, retries)
+    wakes all."""
 
     def __init__(self) -> None:
-        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
+        #: The claim each waiting long-poll would make (None: not to be handed a job).
+        self._claimants: dict[asyncio.Future[Any], Any] = {}
         #: Set while a long-poll waits (read by the commit watcher's thread).
         self.someone_waits = threading.Event()
         #: Single wake-ups that found nobody waiting (every long-poll was busy claiming): the
@@ -52,20 +70,44 @@ class Wakeup:
         if n:
             self._pending = min(self._pending + n, 1024)
 
-    async def wait(self, timeout: float) -> bool:
-        """True when woken, False when the timeout passed."""
+    def take(self) -> tuple[Any, Handover] | None:
+        """The oldest waiting long-poll that may be handed a job, woken now with a Handover
+        (its claimant and the Handover to answer), or None. Taken, it no longer times out
+        nor is woken by anyone else: its Handover must be given an answer."""
+        for future in self._waiting:
+            claimant = self._claimants.get(future)
+            if claimant is not None and not future.done():
+                handover = Handover()
+                future.set_result(handover)
+                self._waiting.remove(future)
+                return claimant, handover
+        return None
+
+    async def wait(self, timeout: float, claimant: Any = None,
+                   gone: asyncio.Future[Any] | None = None) -> bool | Handover:
+        """True when woken, False when the timeout passed (or `gone` was done first: the
+        client went away). With a `claimant` (the claim the long-poll makes), a submission
+        may take this waiter: it is then woken with a Handover to await."""
         if self._pending:
             self._pending -= 1
             return True
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
+        self._claimants[future] = claimant
         self.someone_waits.set()
         try:
-            await asyncio.wait_for(future, timeout)
-            return True
+            if gone is None:
+                return await asyncio.wait_for(future, timeout) or True
+            await asyncio.wait((future, gone), timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if future.done():
+                return future.result() or True
+            future.cancel()  # timed out, or its client went away: never taken now
+            return False
         except TimeoutError:
             return False
         finally:
+            del self._claimants[future]
             with contextlib.suppress(ValueError):
                 self._waiting.remove(future)
             if not self._waiting:
@@ -94,6 +136,10 @@ class Server:
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
             self.wakeup.notify(n)
+
+    def take_waiter(self) -> tuple[Any, Handover] | None:
+        """The oldest long-poll a submission may hand its job to (see Wakeup.take)."""
+        return None if self.wakeup is None else self.wakeup.take()
 
     def due_job_exists(self) -> bool:
         """A cheap read: is any waiting job due? Only a hint to wake the long-polls; the claim
