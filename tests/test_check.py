@@ -67,12 +67,13 @@ def test_check_reports_a_schedule_whose_stored_row_is_unreadable_and_exits_7(
     assert found and found[0]["schedules"] == ["badpayload", "badzone"]
 
 
-@pytest.mark.parametrize(("column", "text", "needs"), [
+DAMAGED = pytest.mark.parametrize(("column", "text", "needs"), [
     ("payload_json", "{broken", None), ("needs_json", "nope", "ram_mb=10")])
-def test_a_job_whose_stored_json_is_damaged_is_exit_7_naming_it_and_check_reports_it(
-        target: Target, column: str, text: str, needs: str | None) -> None:
-    """A job's JSON column written by hand: show, explain and claim say which job and which
-    column (exit 7, the database is damaged), claim takes nothing, and `check` lists it."""
+
+
+def _damaged_job(target: Target, column: str, text: str, needs: str | None
+                 ) -> tuple[Coordinator, int, int]:
+    """A good job and, first in claim order, one whose `column` was overwritten by hand."""
     from sqlalchemy import text as sql_text
 
     c = Coordinator.open(target)
@@ -83,19 +84,114 @@ def test_a_job_whose_stored_json_is_damaged_is_exit_7_naming_it_and_check_report
     with c.db.engine.begin() as conn:
         conn.execute(sql_text(f"UPDATE jobs SET {column} = :t WHERE job_id = :j"),
                      {"t": text, "j": bad})
+    return c, good, bad
+
+
+@DAMAGED
+def test_a_job_whose_stored_json_is_damaged_is_exit_7_naming_it_and_check_reports_it(
+        target: Target, column: str, text: str, needs: str | None) -> None:
+    """A job's JSON column written by hand: show and explain say which job and which
+    column (exit 7, the database is damaged) and change nothing, and `check` lists it."""
+    c, good, bad = _damaged_job(target, column, text, needs)
     before = dump(c)
-    for args in (("show", str(bad)), ("explain", str(bad)), ("claim", "w1")):
+    for args in (("show", str(bad)), ("explain", str(bad))):
         r = run_cli(target, *args, "--json")
         assert r.code == 7, (args, r)
         err = r.json["error"]
         assert err["code"] == "job_unreadable", (args, err)
         assert err["message"].startswith(f"job {bad}: its stored {column} is not valid JSON")
         assert err["details"] == {"job_id": bad, "column": column}
-    assert dump(c) == before  # the claim took nothing
+    assert dump(c) == before
     assert run_cli(target, "show", str(good), "--json").code == 0
     r = run_cli(target, "check", "--json")
     assert r.code == 7, r
     found = [v for v in r.json["violations"] if v["invariant"] == "job_unreadable"]
     assert found == [{"invariant": "job_unreadable", "job_ids": [bad],
                       "columns": [{"job_id": bad, "column": column}]}]
+    c.close()
+
+
+def _set_aside_as_dead(c: Coordinator, bad: int, column: str) -> None:
+    from sqlalchemy import text as sql_text
+
+    with c.db.engine.begin() as conn:
+        status, error = conn.execute(sql_text(
+            "SELECT status, last_error FROM jobs WHERE job_id = :j"), {"j": bad}).one()
+        events = conn.execute(sql_text(
+            "SELECT from_status, to_status, reason, detail FROM job_events "
+            "WHERE job_id = :j ORDER BY event_id"), {"j": bad}).all()
+    assert status == "dead"
+    assert error.startswith(f"its stored {column} is not valid JSON")
+    assert [tuple(e) for e in events][-1] == ("waiting", "dead", "job_unreadable",
+                                               f'{{"column":"{column}"}}')
+    assert [e[2] for e in events].count("claimed") == 0  # never handed to a worker
+
+
+@DAMAGED
+def test_a_claim_sets_a_damaged_waiting_job_aside_as_dead_and_takes_the_next(
+        target: Target, column: str, text: str, needs: str | None) -> None:
+    """One job written outside jobcoord must not stop every claim: the claim that meets it
+    ends it dead with a `job_unreadable` event naming the column, in its own transaction,
+    and takes the next job; `check` still lists the damaged row."""
+    c, good, bad = _damaged_job(target, column, text, needs)
+    r = run_cli(target, "claim", "w1", "--json")
+    assert r.code == 0, r
+    assert r.json["job"]["job_id"] == good
+    _set_aside_as_dead(c, bad, column)
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    assert [v["job_ids"] for v in r.json["violations"]
+            if v["invariant"] == "job_unreadable"] == [[bad]]
+    c.close()
+
+
+@DAMAGED
+@pytest.mark.parametrize("call", ["claim_many", "complete_and_claim"])
+def test_batch_and_chained_claims_set_a_damaged_job_aside_too(
+        target: Target, column: str, text: str, needs: str | None, call: str) -> None:
+    """claim_many and complete_and_claim meet the damaged job inside a transaction that
+    rolls back whole (the completion too): the job is set aside and the call runs again,
+    its completion judged afresh and accepted once."""
+    c, good, bad = _damaged_job(target, column, text, needs)
+    if call == "claim_many":
+        got = c.claim_many("w1", 5)
+        assert [j["job"]["job_id"] for j in got["claimed"]] == [good]
+    else:
+        first = c.enqueue("k", {"n": 0}, priority=0)["job_id"]
+        with c.db.engine.begin() as conn:  # the bad job waits behind the running one
+            from sqlalchemy import text as sql_text
+            conn.execute(sql_text("UPDATE jobs SET priority = 1 WHERE job_id = :j"),
+                         {"j": bad})
+        lease = c.claim("w1")
+        assert lease["job"]["job_id"] == first
+        both = c.complete_and_claim(first, "w1", lease["lease"]["epoch"], {"ok": True})
+        assert both["completed"]["status"] == "succeeded"
+        assert both["next"]["job"]["job_id"] == good
+        assert c.show(first)["job"]["result"] == {"ok": True}
+        assert [e["reason"] for e in c.show(first)["events"]].count("completed") == 1
+    _set_aside_as_dead(c, bad, column)
+    c.close()
+
+
+def test_a_job_repaired_before_it_is_set_aside_stays_waiting(target: Target) -> None:
+    """Setting aside reads the column again in its own transaction: a job repaired since
+    the claim met it is left waiting (the claim then reports the damage it saw)."""
+    from sqlalchemy import text as sql_text
+
+    from jobcoord.core.claim import set_aside
+
+    c, _good, bad = _damaged_job(target, "payload_json", "{broken", None)
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text("UPDATE jobs SET payload_json = '{}' WHERE job_id = :j"),
+                     {"j": bad})
+    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is False
+    assert c.show(bad)["job"]["status"] == "waiting"
+    assert set_aside(c, {"job_id": "x", "column": "payload_json"}) is False
+    assert set_aside(c, {"job_id": bad, "column": "kind"}) is False
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text("UPDATE jobs SET payload_json = '{x' WHERE job_id = :j"),
+                     {"j": bad})
+    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is True
+    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is False  # not waiting
+    _set_aside_as_dead(c, bad, "payload_json")
     c.close()

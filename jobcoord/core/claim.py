@@ -4,17 +4,20 @@ lease and epoch, and why nothing was claimed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import MICROS, iso, now_us
+from ..errors import DatabaseCorrupt
 from ..policy import GateDecision, Readings, evaluate
 from ..store import statements as sql
 from . import limits as limit_rules
-from .common import NO_KINDS, Context, as_bool, lease_us
+from .common import NO_KINDS, Context, as_bool, lease_us, record_event
+
+T = TypeVar("T")
 
 
 def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
@@ -29,9 +32,63 @@ def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
     tenant = v.optional_name(tenant, "tenant")
-    return ctx.db.write(
+    return past_damaged(ctx, lambda: ctx.db.write(
         lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us(), tenant),
-        "claim")
+        "claim"))
+
+
+#: How many damaged waiting jobs one claim call sets aside before it gives up and reports
+#: the next one (each is its own short transaction; more than a few means a broken restore
+#: that `jobcoord check` should look at first).
+MAX_SET_ASIDE = 16
+
+
+def past_damaged(ctx: Context, attempt: Callable[[], T]) -> T:
+    """Run a claim (`attempt`: one whole write transaction); when it met a waiting job whose
+    stored JSON does not parse, set that job aside as dead and run the claim again. One job
+    written outside jobcoord must not stop every worker's claim: without this, the damaged
+    job stays first in claim order and every claim fails on it until someone repairs it."""
+    for _ in range(MAX_SET_ASIDE):
+        try:
+            return attempt()
+        except DatabaseCorrupt as exc:
+            if exc.code != "job_unreadable" or not set_aside(ctx, exc.details):
+                raise
+    return attempt()
+
+
+def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
+    """End a waiting job whose stored JSON column does not parse as `dead`, with a
+    `job_unreadable` event naming the column, in its own transaction. Only a job still
+    waiting with that column still unreadable: a job repaired meanwhile, or one that is
+    running (a holder a limit reads), is left as it is and the claim reports the damage."""
+    job_id, column = where.get("job_id"), where.get("column")
+    if not isinstance(job_id, int) or column not in ("payload_json", "needs_json"):
+        return False
+
+    def _do(conn: Connection) -> bool:
+        row = ctx.db.run(conn, sql.JOB_JSON, {"job_id": job_id}).fetchone()
+        if row is None or row[0] != "waiting":
+            return False
+        text = row[2] if column == "payload_json" else row[3]
+        try:
+            v.stored_json(text, job_id, column)
+            return False  # repaired since the claim read it
+        except DatabaseCorrupt:
+            pass
+        now = now_us()
+        error = (f"its stored {column} is not valid JSON (written outside jobcoord); set "
+                 "aside by a claim so the jobs behind it can run")
+        swept = ctx.db.run(conn, sql.SET_STATUS, {
+            "job_id": job_id, "epoch": row[1], "from_status": "waiting",
+            "to_status": "dead", "now": now, "finished": now, "error": error}).rowcount
+        if swept != 1:
+            return False
+        record_event(ctx, conn, job_id, now, "waiting", "dead", "job_unreadable",
+                     detail={"column": column})
+        return True
+
+    return ctx.db.write(_do, "set aside")
 
 
 #: A worker's repeated identical refusal is recorded again (its time refreshed) at most
@@ -86,10 +143,10 @@ def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = 
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
     tenant = v.optional_name(tenant, "tenant")
-    return ctx.db.write(
+    return past_damaged(ctx, lambda: ctx.db.write(
         lambda conn: claim_many_in(ctx, conn, worker_id, count, lease, kind_filter, now_us(),
                                    tenant),
-        "claim_many")
+        "claim_many"))
 
 
 #: The most jobs one claim_many (or complete_many, fail_many) call handles: one write

@@ -14,7 +14,7 @@ from ..clock import MICROS, iso, now_us, seconds_to_us
 from ..errors import JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
-from .claim import claim_in
+from .claim import claim_in, past_damaged
 from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_event
 
 
@@ -206,7 +206,9 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
         return {"completed": done,
                 "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now, tenant)}
 
-    return ctx.db.write(_do, "complete_and_claim")
+    # A damaged next job rolls the whole transaction back, completion included: the retry
+    # after setting it aside judges the completion again from scratch.
+    return past_damaged(ctx, lambda: ctx.db.write(_do, "complete_and_claim"))
 
 
 def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,

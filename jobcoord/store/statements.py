@@ -200,6 +200,9 @@ SETTLE_UNKNOWN = SQL(
     .values(status=P("to_status"), result_json=func.coalesce(P("result"), J.result_json),
             finished_at=P("now"), updated_at=P("now")))
 JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
+#: A job's JSON columns as stored, with its status and epoch (a damaged job set aside).
+JOB_JSON = SQL(select(J.status, J.epoch, J.payload_json, J.needs_json)
+               .where(J.job_id == P("job_id")))
 ANY_WAITING = SQL(select(ONE).where(WAITING).limit(ONE))
 #: Is any job of tenant :tenant waiting? (A tenant-bound claim's "nothing waits".)
 ANY_WAITING_OF_TENANT = SQL(select(ONE).where(WAITING, J.tenant == P("tenant")).limit(ONE))
