@@ -4,6 +4,7 @@ half-flushed loses no accepted result and has none accepted twice."""
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import sqlite3
@@ -15,10 +16,14 @@ from typing import Any
 
 import pytest
 
+from jobcoord.app import App, Context
 from jobcoord.clock import MICROS
 from jobcoord.errors import Refused
 from jobcoord.service import Coordinator, JobSpec
 from jobcoord.worker.completer import Completer
+from jobcoord.worker.config import WorkerConfig
+from jobcoord.worker.log import Log
+from jobcoord.worker.loop import Worker as WorkerLoop
 from tests.invariants import assert_invariants
 from tests.test_worker import Worker, wait_for
 from tests.timeline import IDLE_ON_AC
@@ -180,3 +185,85 @@ def _unflushed(path: str, ledger: str) -> list[int]:
     running = {(j, e) for j, e in _rows(
         path, "SELECT job_id, epoch FROM jobs WHERE status = 'running'")}
     return sorted(j for j, e in ran & running)
+
+
+quick_app = App()
+#: Every handler of the batch returns together: the group's results all wait at once.
+together = threading.Barrier(8, timeout=20)
+
+
+@quick_app.handler("quick")
+def quick(payload: Any, ctx: Context) -> dict[str, Any]:
+    together.wait()
+    return {"job": ctx.job_id}
+
+
+class _Writes:
+    """A log stream that keeps each write apart: what was written together, and when."""
+
+    def __init__(self) -> None:
+        self.writes: list[list[dict[str, Any]]] = []
+
+    def write(self, text: str) -> None:
+        self.writes.append([json.loads(line) for line in text.splitlines()])
+
+    def flush(self) -> None:
+        pass
+
+    def together(self, event: str) -> list[int]:
+        """How many `event` lines each write that held any carried."""
+        return [n for n in (sum(1 for e in w if e["event"] == event) for w in self.writes)
+                if n]
+
+
+def test_a_claimed_batch_and_a_committed_group_are_each_logged_in_one_write(
+        sqlite_target: Any) -> None:
+    n, slots = 8, 8
+    together.reset()
+    c = Coordinator.open(sqlite_target)
+    try:
+        c.enqueue_many([JobSpec("quick", {}) for _ in range(n)])
+        stream = _Writes()
+        cfg = WorkerConfig(worker_id="w1", handlers={"quick": quick_app.handlers["quick"]},
+                           roles=[], heartbeat_s=5.0, reap_s=0.0, poll_s=0.05,
+                           concurrency=slots, burst=True, flush_delay_s=2.0)
+        WorkerLoop(c, cfg, Log("w1", "json", stream)).run()
+    finally:
+        c.close()
+    # One claim took all eight (its lines in one write), and their results, handed in
+    # together, committed as one group of eight: one write for each, a line per job.
+    assert stream.together("claimed") == [n], stream.together("claimed")
+    assert stream.together("completed") == [n], stream.together("completed")
+    lines = [e for w in stream.writes for e in w]
+    assert sorted(e["job_id"] for e in lines if e["event"] == "completed") == list(
+        range(1, n + 1))
+
+
+def test_a_groups_accepted_results_are_noted_before_any_handler_is_acknowledged(
+        coord: Coordinator) -> None:
+    coord.enqueue_many([JobSpec("k") for _ in range(3)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    got = coord.claim_many("w1", 3, lease_s=60)["claimed"]
+    noted: list[list[Any]] = []
+    completer = Completer(coord.complete_many, coord.complete, group=3, delay_s=5.0,
+                          on_accepted=noted.append)
+    seen: dict[int, Any] = {}
+
+    def hand_over(i: int, item: dict[str, Any]) -> None:
+        try:
+            completer.complete(item, time.monotonic() + 60, note=i)
+            seen[i] = list(noted)  # what had been noted when this handler was answered
+        except Refused as e:
+            seen[i] = e.code
+
+    items = [_item(got[0]), _item(got[1]) | {"epoch": 9}, _item(got[2])]
+    threads = [threading.Thread(target=hand_over, args=(i, it)) for i, it in enumerate(items)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    completer.close()
+    # Only the accepted results are noted, all at once, and before either was answered;
+    # the refused one is its own answer and never noted.
+    assert noted == [[0, 2]]
+    assert seen == {0: [[0, 2]], 1: "stale_epoch", 2: [[0, 2]]}

@@ -33,6 +33,8 @@ class Pending:
     item: dict[str, Any]
     #: When its lease ends, on `clock` (the worker's boot clock).
     lease_end: float
+    #: Handed to `on_accepted` once this result is accepted (the worker's log fields).
+    note: Any = None
     future: concurrent.futures.Future[dict[str, Any]] = field(
         default_factory=concurrent.futures.Future)
 
@@ -45,7 +47,8 @@ class Completer:
                  clock: Callable[[], float] = time.monotonic,
                  margin_s: float = FLUSH_MARGIN_S,
                  on_flush: Callable[[int, str], None] | None = None,
-                 running: Callable[[], int] | None = None) -> None:
+                 running: Callable[[], int] | None = None,
+                 on_accepted: Callable[[list[Any]], None] | None = None) -> None:
         self._many = complete_many
         self._one = complete_one
         self.group = max(1, group)
@@ -53,6 +56,9 @@ class Completer:
         self.margin_s = margin_s
         self._clock = clock
         self._on_flush = on_flush
+        #: Called with the notes of a group's accepted results after its commit and before
+        #: any of their handlers is acknowledged (the worker logs them in one write).
+        self._on_accepted = on_accepted
         #: How many runs could hand a result in (the worker's live runs, those already
         #: waiting here included); None: unknown, wait for the group or the delay.
         self._running = running
@@ -66,10 +72,12 @@ class Completer:
         self._thread = threading.Thread(target=self._main, name="completer", daemon=True)
         self._thread.start()
 
-    def complete(self, item: Mapping[str, Any], lease_end: float) -> dict[str, Any]:
+    def complete(self, item: Mapping[str, Any], lease_end: float,
+                 note: Any = None) -> dict[str, Any]:
         """Hand one result over and wait until its group committed: complete's answer, or
-        the refusal raised as `Refused`, or the group's error raised."""
-        pending = Pending(dict(item), lease_end)
+        the refusal raised as `Refused`, or the group's error raised. When it is accepted,
+        `on_accepted` has seen its `note` before this returns."""
+        pending = Pending(dict(item), lease_end, note)
         with self._cond:
             if self._closed:
                 raise JobcoordError("internal_error", "the completer is closed")
@@ -127,28 +135,32 @@ class Completer:
         self.flushes[why] += 1
         if self._on_flush is not None:
             self._on_flush(len(group), why)
+        answers: list[dict[str, Any] | BaseException]
         try:
-            answers = self._many([p.item for p in group])["results"]
+            answers = list(self._many([p.item for p in group])["results"])
         except InvalidInput:
             # One item the coordinator refuses as input (a result too deep, bad text) must
             # not refuse the others: each goes on its own, with its own answer or error.
-            for p in group:
-                self._single(p)
-            return
+            answers = [self._single(p) for p in group]
         except BaseException as e:  # the whole transaction failed: every item's answer
             for p in group:
                 p.future.set_exception(e)
             return
+        if self._on_accepted is not None:
+            self._on_accepted([p.note for p, a in zip(group, answers, strict=True)
+                               if isinstance(a, dict) and "error" not in a])
         for p, answer in zip(group, answers, strict=True):
-            p.future.set_result(answer)
+            if isinstance(answer, BaseException):
+                p.future.set_exception(answer)
+            else:
+                p.future.set_result(answer)
 
-    def _single(self, p: Pending) -> None:
+    def _single(self, p: Pending) -> dict[str, Any] | BaseException:
         it = p.item
         try:
-            p.future.set_result(self._one(it["job_id"], it["worker_id"], it["epoch"],
-                                          it.get("result"), provenance=it.get("provenance"),
-                                          tenant=it.get("tenant")))
+            return self._one(it["job_id"], it["worker_id"], it["epoch"], it.get("result"),
+                             provenance=it.get("provenance"), tenant=it.get("tenant"))
         except Refused as e:
-            p.future.set_result({"job_id": it["job_id"], **e.to_json()})
+            return {"job_id": it["job_id"], **e.to_json()}
         except BaseException as e:
-            p.future.set_exception(e)
+            return e

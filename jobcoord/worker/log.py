@@ -22,16 +22,27 @@ class Log:
         self._lock = threading.Lock()
 
     def __call__(self, event: str, **fields: Any) -> None:
+        self.write([self.line(event, **fields)])
+
+    def line(self, event: str, **fields: Any) -> str:
+        """One decision's line, not yet written (see `write`)."""
         ts = iso(now_us())
         if self.fmt == "json":
-            line = json.dumps({"ts": ts, "worker": self.worker_id, "event": event, **fields},
+            return json.dumps({"ts": ts, "worker": self.worker_id, "event": event, **fields},
                               default=str)
-        else:
-            parts = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if v is not None)
-            line = f"{ts} {safe_text(self.worker_id)} {event} {parts}".rstrip()
+        parts = " ".join(f"{k}={_text(v)}" for k, v in fields.items() if v is not None)
+        return f"{ts} {safe_text(self.worker_id)} {event} {parts}".rstrip()
+
+    def write(self, lines: list[str]) -> None:
+        """Several decisions taken together (a claimed batch, a committed group) in one write
+        and one flush: each line is still on disk before the work it announces goes on, at a
+        fraction of a flush per line."""
+        if not lines:
+            return
+        text = "\n".join(lines) + "\n"
         with self._lock:
             try:
-                self.stream.write(line + "\n")
+                self.stream.write(text)
                 self.stream.flush()
             except (OSError, ValueError):
                 pass  # a closed log must never stop the work

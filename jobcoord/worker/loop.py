@@ -143,12 +143,20 @@ class Worker:
                 self.calls.complete_many, self.calls.complete, group=config.concurrency,
                 delay_s=config.flush_delay_s, clock=self.clock.boot,
                 on_flush=lambda n, why: self.count(f"flush_{why}"),
-                running=lambda: self.active)
+                running=lambda: self.active, on_accepted=self._log_completed)
         #: Provenance that is the same for every job this worker runs.
         self._prov_base = {"worker": config.worker_id, "host": self.host,
                            "jobcoord": __version__, "python": platform.python_version()}
         #: Each handler's description, by kind (its spec does not change while it runs).
         self._described: dict[str, dict[str, Any]] = {}
+
+    def _log_completed(self, notes: list[tuple[dict[str, Any], float]]) -> None:
+        """A committed group's `completed` lines, in one write, before any of its handlers
+        is acknowledged (each note: the run's log fields and when its report began)."""
+        if notes:
+            self.log.write([self.log.line("completed", **base, report_ms=elapsed_ms(t0))
+                            for base, t0 in notes])
+            self.count("completed", len(notes))
 
     def live_runs(self) -> list[JobRun]:
         return [run for run in self.runs if run.thread.is_alive()]
@@ -352,8 +360,7 @@ class Worker:
                     continue
                 last_refusal = None
                 claim_ms = elapsed_ms(t0, self.clock)
-                for one in got["claimed"]:
-                    self._start(one["job"], one["lease"], t0, claim_ms, live)
+                self._start_all(got["claimed"], t0, claim_ms, live)
             if self.fatal is None:
                 self._drain()
         finally:
@@ -392,21 +399,31 @@ class Worker:
 
     def _start(self, job: dict[str, Any], lease: dict[str, Any], t0: float, claim_ms: float,
                live: list[JobRun], via: str = "claim") -> None:
-        spec = self.config.handlers[job["kind"]]
+        self._start_all([{"job": job, "lease": lease}], t0, claim_ms, live, via)
+
+    def _start_all(self, claimed: list[dict[str, Any]], t0: float, claim_ms: float,
+                   live: list[JobRun], via: str = "claim") -> None:
+        """Start the runs of one claim's jobs. Their `claimed` lines are written together,
+        before any of them starts (a line per job, one write and flush per batch)."""
         with self._start_lock:
-            self.claimed += 1
-            self.count("claimed")
-            self.log("claimed", job_id=job["job_id"], epoch=lease["epoch"],
-                     kind=job["kind"], priority=job["priority"], attempt=job["attempt"],
-                     expires_at=lease["expires_at"], claim_ms=claim_ms, via=via,
-                     checkpoints=[c["name"] for c in job["checkpoints"]] or None)
-            earlier = [r for r in live if r.job_id == job["job_id"]]
-            run = JobRun(self, job, lease, spec, claim_started=t0,
-                         predecessor=earlier[-1] if earlier else None)
-            self.runs.append(run)
-            with self._count_lock:
-                self.active += 1
-            run.start()
+            self.claimed += len(claimed)
+            self.count("claimed", len(claimed))
+            self.log.write([self.log.line(
+                "claimed", job_id=job["job_id"], epoch=lease["epoch"], kind=job["kind"],
+                priority=job["priority"], attempt=job["attempt"],
+                expires_at=lease["expires_at"], claim_ms=claim_ms, via=via,
+                checkpoints=[c["name"] for c in job["checkpoints"]] or None)
+                for job, lease in ((one["job"], one["lease"]) for one in claimed)])
+            for one in claimed:
+                job = one["job"]
+                spec = self.config.handlers[job["kind"]]
+                earlier = [r for r in live if r.job_id == job["job_id"]]
+                run = JobRun(self, job, one["lease"], spec, claim_started=t0,
+                             predecessor=earlier[-1] if earlier else None)
+                self.runs.append(run)
+                with self._count_lock:
+                    self.active += 1
+                run.start()
 
     def wants_next(self) -> bool:
         """Whether a run that just succeeded should claim the next job with its completion:

@@ -390,11 +390,14 @@ class JobRun:
                 stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
                              self.epoch, tenant)
             if w.completer is not None:
-                # Acknowledged only once the group holding this result has committed.
+                # Acknowledged only once the group holding this result has committed; its
+                # `completed` line is written with the group's (`Worker._log_completed`).
                 w.completer.complete({"job_id": self.job_id, "worker_id": cfg.worker_id,
                                       "epoch": self.epoch, "result": out.result,
-                                      "provenance": prov, "tenant": tenant}, lease_end)
-            elif w.wants_next():
+                                      "provenance": prov, "tenant": tenant}, lease_end,
+                                     note=(base, t0))
+                return
+            if w.wants_next():
                 sent = w.clock.boot()  # the next lease cannot have started before this
                 both = w.calls.complete_and_claim(
                     self.job_id, cfg.worker_id, self.epoch, out.result, provenance=prov,
