@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import pytest
 
@@ -173,9 +174,13 @@ def test_batch_and_chained_claims_set_a_damaged_job_aside_too(
     c.close()
 
 
-def test_a_job_repaired_before_it_is_set_aside_stays_waiting(target: Target) -> None:
-    """Setting aside reads the column again in its own transaction: a job repaired since
-    the claim met it is left waiting (the claim then reports the damage it saw)."""
+def test_set_aside_says_claim_again_unless_the_damaged_job_is_still_held(
+        target: Target) -> None:
+    """Setting aside reads the job again in its own transaction and answers whether the
+    claim should run again: yes when it ended the job, when another claim already had (one
+    event, not two), and when the job was repaired meanwhile (it stays waiting and is
+    claimable); no for a running job (a lease a limit reads) or a wrong reference, where the
+    claim reports the damage it saw."""
     from sqlalchemy import text as sql_text
 
     from jobcoord.core.claim import set_aside
@@ -184,7 +189,7 @@ def test_a_job_repaired_before_it_is_set_aside_stays_waiting(target: Target) -> 
     with c.db.engine.begin() as conn:
         conn.execute(sql_text("UPDATE jobs SET payload_json = '{}' WHERE job_id = :j"),
                      {"j": bad})
-    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is False
+    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is True
     assert c.show(bad)["job"]["status"] == "waiting"
     assert set_aside(c, {"job_id": "x", "column": "payload_json"}) is False
     assert set_aside(c, {"job_id": bad, "column": "kind"}) is False
@@ -192,6 +197,61 @@ def test_a_job_repaired_before_it_is_set_aside_stays_waiting(target: Target) -> 
         conn.execute(sql_text("UPDATE jobs SET payload_json = '{x' WHERE job_id = :j"),
                      {"j": bad})
     assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is True
-    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is False  # not waiting
+    assert set_aside(c, {"job_id": bad, "column": "payload_json"}) is True  # already ended
     _set_aside_as_dead(c, bad, "payload_json")
+    with c.db.engine.begin() as conn:
+        events = conn.execute(sql_text("SELECT COUNT(*) FROM job_events WHERE job_id = :j "
+                                       "AND reason = 'job_unreadable'"), {"j": bad}).scalar()
+    assert events == 1
+    held = c.claim("w1")["job"]["job_id"]
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text("UPDATE jobs SET payload_json = '{x' WHERE job_id = :j"),
+                     {"j": held})
+    assert set_aside(c, {"job_id": held, "column": "payload_json"}) is False
+    assert c.db.engine.connect().execute(sql_text(
+        "SELECT status FROM jobs WHERE job_id = :j"), {"j": held}).scalar() == "running"
+    c.close()
+
+
+def test_claimers_racing_over_damaged_jobs_each_take_a_good_one(target: Target) -> None:
+    """Several processes' claims meet the same damaged jobs at once: whichever sets a job
+    aside, every other claim goes on to the next job instead of failing on one that is
+    already ended."""
+    import threading
+
+    from sqlalchemy import text as sql_text
+
+    n_bad, n_claimers = 12, 4
+    c = Coordinator.open(target)
+    good = [c.enqueue("k", {"n": i}, priority=3)["job_id"] for i in range(n_claimers * 3)]
+    bad = [c.enqueue("k", {"n": -i}, priority=0)["job_id"] for i in range(n_bad)]
+    with c.db.engine.begin() as conn:
+        for j in bad:
+            conn.execute(sql_text("UPDATE jobs SET payload_json = '{x' WHERE job_id = :j"),
+                         {"j": j})
+    claimers = [Coordinator.open(target) for _ in range(n_claimers)]
+    for i, k in enumerate(claimers):
+        k.heartbeat(f"w{i}", readings=IDLE_ON_AC)
+    start = threading.Barrier(n_claimers)
+    got: dict[int, list[Any]] = {i: [] for i in range(n_claimers)}
+
+    def claim(i: int) -> None:
+        start.wait()
+        for _ in range(3):
+            try:
+                got[i].append(claimers[i].claim(f"w{i}")["job"]["job_id"])
+            except Exception as e:
+                got[i].append(getattr(e, "code", repr(e)))
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(n_claimers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    taken = [j for answers in got.values() for j in answers]
+    assert sorted(taken, key=str) == sorted(good, key=str), got
+    for j in bad:
+        _set_aside_as_dead(c, j, "payload_json")
+    for k in claimers:
+        k.close()
     c.close()

@@ -13,6 +13,7 @@ from .. import validate as v
 from ..clock import MICROS, iso, now_us
 from ..errors import DatabaseCorrupt
 from ..policy import GateDecision, Readings, evaluate
+from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us, record_event
@@ -59,21 +60,25 @@ def past_damaged(ctx: Context, attempt: Callable[[], T]) -> T:
 
 def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
     """End a waiting job whose stored JSON column does not parse as `dead`, with a
-    `job_unreadable` event naming the column, in its own transaction. Only a job still
-    waiting with that column still unreadable: a job repaired meanwhile, or one that is
-    running (a holder a limit reads), is left as it is and the claim reports the damage."""
+    `job_unreadable` event naming the column, in its own transaction. The answer: should
+    the claim run again? Yes when this ended the job, when another claim already had (claims
+    race over the same damaged job; only one ends it), and when it was repaired meanwhile
+    (it stays waiting, claimable again). No for a job still held (running: a lease a limit
+    reads, not ours to end) or a wrong reference: the claim reports the damage it saw."""
     job_id, column = where.get("job_id"), where.get("column")
     if not isinstance(job_id, int) or column not in ("payload_json", "needs_json"):
         return False
 
     def _do(conn: Connection) -> bool:
         row = ctx.db.run(conn, sql.JOB_JSON, {"job_id": job_id}).fetchone()
-        if row is None or row[0] != "waiting":
+        if row is None or row[0] in FINAL_STATUSES:
+            return True  # gone or ended: the claim no longer meets it
+        if row[0] != "waiting":
             return False
         text = row[2] if column == "payload_json" else row[3]
         try:
             v.stored_json(text, job_id, column)
-            return False  # repaired since the claim read it
+            return True  # repaired since the claim read it
         except DatabaseCorrupt:
             pass
         now = now_us()
@@ -83,7 +88,7 @@ def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
             "job_id": job_id, "epoch": row[1], "from_status": "waiting",
             "to_status": "dead", "now": now, "finished": now, "error": error}).rowcount
         if swept != 1:
-            return False
+            return True  # another claim ended it between our read and our update
         record_event(ctx, conn, job_id, now, "waiting", "dead", "job_unreadable",
                      detail={"column": column})
         return True
