@@ -25,17 +25,24 @@ SLOTS = 60
 FIRST = datetime(2026, 3, 2, 10, 0, tzinfo=UTC)
 
 
-def _ticker(url: str, start_at: float, offsets: list[float], out: Any) -> None:
-    """One process: wait for the common start, then tick once at each slot (+ its own
-    offset of a few seconds, so the processes' frozen clocks interleave)."""
+def _ticker(url: str, start: Any, offsets: list[float], out: Any) -> None:
+    """One process: wait until every process has connected, then tick once at each slot
+    (+ its own offset of a few seconds, so the processes' frozen clocks interleave)."""
     from freezegun import freeze_time
 
     fired = 0
     with Coordinator.open(url, busy_timeout=10.0) as c:
-        time.sleep(max(0.0, start_at - time.time()))
+        c.status()  # connected and the schema read before the common start
+        # A barrier, not a fixed time: on a loaded machine a process may take longer to
+        # start than any fixed wait, and the first would then tick every slot alone.
+        start.wait()
         for i, offset in enumerate(offsets):
             with freeze_time(FIRST + timedelta(minutes=i, seconds=offset)):
                 fired += c.tick_schedules()["fired"]
+            # A breath between ticks, as a serve's timer has: without it one process can
+            # hold SQLite's write lock tick after tick while the others sleep in their busy
+            # wait, and tick every slot alone.
+            time.sleep(0.01)
     out.put(fired)
 
 
@@ -53,9 +60,9 @@ def test_six_processes_ticking_one_schedule_make_exactly_one_job_per_slot(
 
     rng = random.Random(15)
     out = SPAWN.Queue()
-    start_at = time.time() + 4.0  # after every process has started and connected
+    start = SPAWN.Barrier(PROCESSES, timeout=120)
     procs = [SPAWN.Process(target=_ticker, args=(
-        target.url, start_at, [rng.choice((1.0, 2.0, 3.0)) for _ in range(SLOTS)], out))
+        target.url, start, [rng.choice((1.0, 2.0, 3.0)) for _ in range(SLOTS)], out))
         for _ in range(PROCESSES)]
     for p in procs:
         p.start()
