@@ -62,6 +62,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
         violations.append({"invariant": "job_unreadable",
                            "job_ids": sorted({d["job_id"] for d in damaged})[:20],
                            "columns": damaged[:20]})
+    workers = _unreadable_workers(db, conn)
+    if workers:
+        violations.append({"invariant": "worker_unreadable", "job_ids": [],
+                           "workers": workers[:20]})
     unreadable = _unreadable_schedules(db, conn)
     if unreadable:
         violations.append({"invariant": "schedule_unreadable", "job_ids": [],
@@ -93,6 +97,19 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
                 json.loads(text)
             except ValueError:
                 bad.append({"job_id": job_id, "column": column})
+    return bad
+
+
+def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    """Workers whose stored JSON does not parse (a row changed by hand): each claims nothing
+    (refused as stale) until its next heartbeat rewrites the row."""
+    from .core.workers import unreadable_column
+
+    bad = []
+    for worker_id, *texts in db.run(conn, rs.WORKER_JSON_ROWS):
+        column = unreadable_column(texts)
+        if column is not None:
+            bad.append({"worker_id": worker_id, "column": column})
     return bad
 
 

@@ -255,3 +255,48 @@ def test_claimers_racing_over_damaged_jobs_each_take_a_good_one(target: Target) 
     for k in claimers:
         k.close()
     c.close()
+
+
+WORKER_DAMAGE = pytest.mark.parametrize(("column", "text"), [
+    ("roles_json", "{broken"), ("kinds_json", "[1"), ("heartbeat_raw", "{x")])
+
+
+@WORKER_DAMAGE
+def test_a_worker_row_damaged_outside_jobcoord_is_stale_until_its_next_heartbeat(
+        target: Target, column: str, text: str) -> None:
+    """A worker's row whose stored JSON does not parse (edited by hand, a broken restore)
+    is no internal error anywhere: that worker's claims are refused as `heartbeat_stale`
+    (exit 3) naming the column, `workers` and `explain` list it as stale, `check` reports it
+    (exit 7), nothing else changes, and its next heartbeat rewrites the row."""
+    from sqlalchemy import text as sql_text
+
+    c = Coordinator.open(target)
+    job = c.enqueue("k", {"n": 1}, needs="ram_mb=10")["job_id"]
+    c.heartbeat("w1", readings={**IDLE_ON_AC, "memory_available_mb": 1000}, kinds=["k"])
+    c.heartbeat("w2", readings={**IDLE_ON_AC, "memory_available_mb": 1000}, kinds=["k"])
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text(f"UPDATE workers SET {column} = :t WHERE worker_id = 'w1'"),
+                     {"t": text})
+    r = run_cli(target, "claim", "w1", "--json")
+    assert r.code == 3, r
+    assert r.json["reason"] == "heartbeat_stale"
+    assert f"stored {column} is not valid JSON" in r.json["detail"]
+    assert c.claimable("w1") is False
+    before = dump(c)
+    r = run_cli(target, "workers", "--json")
+    assert r.code == 0, r
+    w1 = {w["worker_id"]: w for w in r.json["workers"]}["w1"]
+    assert w1["gates"]["refusal"]["reason"] == "heartbeat_stale", w1["gates"]
+    assert w1["gates"]["can_claim"] is False and w1["roles"] == []
+    r = run_cli(target, "explain", str(job), "--json")
+    assert r.code == 0, r
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = [v for v in r.json["violations"] if v["invariant"] == "worker_unreadable"]
+    assert found == [{"invariant": "worker_unreadable", "job_ids": [],
+                      "workers": [{"worker_id": "w1", "column": column}]}], found
+    assert dump(c) == before
+    c.heartbeat("w1", readings={**IDLE_ON_AC, "memory_available_mb": 1000}, kinds=["k"])
+    assert c.claim("w1")["job"]["job_id"] == job
+    assert run_cli(target, "check", "--json").code == 0
+    c.close()

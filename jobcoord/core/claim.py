@@ -17,6 +17,7 @@ from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us, record_event
+from .workers import unreadable_column, unreadable_detail, worker_raw
 
 T = TypeVar("T")
 
@@ -202,9 +203,20 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
                       f"worker {worker_id} has never sent a heartbeat", False)
-    roles = json.loads(row[0])
-    if kinds is None and row[1] is not None:
-        kinds = json.loads(row[1])
+    # The capacity is read only when a waiting job declares needs (as the take does).
+    raw = worker_raw(ctx, conn, worker_id) if row[8] else None
+    try:
+        roles = json.loads(row[0])
+        if kinds is None and row[1] is not None:
+            kinds = json.loads(row[1])
+        if raw is not None:
+            json.loads(raw)
+    except ValueError:
+        # Written outside jobcoord: this worker claims nothing, as if it had no heartbeat,
+        # until its next heartbeat rewrites the row (never an internal error).
+        damaged = unreadable_column((row[0], row[1] if kinds is None else None, raw))
+        return refuse(ctx, conn, worker_id, now, "heartbeat_stale",
+                      unreadable_detail(worker_id, damaged or "row"))
     if kinds is not None and not kinds:
         # Heartbeats refuse an empty list; a row holding one claims nothing, clearly,
         # instead of building a statement with no probe.
@@ -285,8 +297,10 @@ def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None, 
     def _look(conn: Connection) -> bool:
         now = now_us()
         row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
-        if row is None:
-            return False
+        if row is None or unreadable_column(
+                (row[0], row[1], worker_raw(ctx, conn, worker_id) if row[8] else None)
+        ) is not None:
+            return False  # a damaged row claims nothing (`admit`)
         roles = json.loads(row[0])
         wanted = kind_filter if kind_filter is not None or row[1] is None else json.loads(row[1])
         if wanted is not None and not wanted:

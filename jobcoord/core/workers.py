@@ -45,20 +45,60 @@ def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = Non
             "received_at": now, "readings": parsed, "gates": gates}
 
 
+#: A worker's stored JSON columns, each rewritten whole by its every heartbeat.
+WORKER_JSON_COLUMNS = ("roles_json", "kinds_json", "heartbeat_raw")
+
+
+def unreadable_column(texts: Sequence[str | None]) -> str | None:
+    """The first of a worker's stored JSON columns (`WORKER_JSON_COLUMNS`, in that order)
+    whose text does not parse: written outside jobcoord (by hand, a broken restore)."""
+    for column, text in zip(WORKER_JSON_COLUMNS, texts, strict=False):
+        if text is not None:
+            try:
+                json.loads(text)
+            except ValueError:
+                return column
+    return None
+
+
+def unreadable_detail(worker_id: str, column: str) -> str:
+    """Why a worker whose row is damaged claims nothing: as if it had no heartbeat, until
+    its next one rewrites the row (a worker process heals itself on its timer)."""
+    return (f"worker {worker_id}: its stored {column} is not valid JSON (written outside "
+            "jobcoord); its next heartbeat rewrites it")
+
+
+def worker_raw(ctx: Context, conn: Connection, worker_id: str) -> str | None:
+    """The worker's last readings as received (its capacity), or None."""
+    from ..store import limit_statements as ls
+
+    row = ctx.db.run(conn, ls.WORKER_RAW, {"worker": worker_id}).fetchone()
+    return None if row is None else row[0]
+
+
 def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:
-    """Every worker's row, its readings parsed for the gates."""
-    rows = ctx.db.run(conn, sql.ALL_WORKERS).all()
-    return [{"worker_id": r[0], "roles": json.loads(r[1]), "kinds": loads(r[2]),
-             "heartbeat_at": r[3],
-             "readings": Readings(r[4], r[5], as_bool(r[6]), r[7]),
-             "last_refusal": r[8], "last_refusal_detail": r[9], "last_refusal_at": r[10],
-             "heartbeat_raw": r[11]} for r in rows]
+    """Every worker's row, its readings parsed for the gates. A row whose stored JSON does
+    not parse is listed with no roles and no kinds and `unreadable` naming the column (its
+    gate says stale): one damaged row must not hide every other worker."""
+    out = []
+    for r in ctx.db.run(conn, sql.ALL_WORKERS).all():
+        damaged = unreadable_column((r[1], r[2], r[11]))
+        out.append({
+            "worker_id": r[0], "roles": [] if damaged else json.loads(r[1]),
+            "kinds": [] if damaged else loads(r[2]), "heartbeat_at": r[3],
+            "readings": Readings(r[4], r[5], as_bool(r[6]), r[7]),
+            "last_refusal": r[8], "last_refusal_detail": r[9], "last_refusal_at": r[10],
+            "heartbeat_raw": r[11], "unreadable": damaged})
+    return out
 
 
 def worker_gate(ctx: Context, w: dict[str, Any], now: int
                 ) -> tuple[GateDecision, float | None]:
     """What the gates let this worker claim now, and its heartbeat's age in seconds."""
     age = None if w["heartbeat_at"] is None else (now - w["heartbeat_at"]) / MICROS
+    if w.get("unreadable"):
+        return GateDecision(-1, ("heartbeat_stale",
+                                 unreadable_detail(w["worker_id"], w["unreadable"]))), age
     if age is None or age > ctx.policy.heartbeat_max_age_s:
         detail = f"last heartbeat {age:.0f}s ago" if age is not None else "no heartbeat"
         return GateDecision(-1, ("heartbeat_stale", detail)), age

@@ -66,6 +66,11 @@ def job_json_rows(columns: tuple[str, ...]) -> SQL:
     return SQL(select(J.job_id, *(J[c] for c in columns)).order_by(J.job_id))
 
 
+#: Every worker's stored JSON columns, for `check`.
+WORKER_JSON_ROWS = SQL(select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_raw)
+                       .order_by(W.worker_id))
+
+
 # --- counts ---------------------------------------------------------------------------------
 
 JOBS_BY_STATUS = SQL(select(J.status, func.count()).group_by(J.status))
