@@ -84,7 +84,7 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
 
     from sqlalchemy import inspect
 
-    from .validate import JOB_JSON_COLUMNS
+    from .validate import CHECKPOINT_DATA, EVENT_DETAIL, JOB_JSON_COLUMNS
 
     present = {c["name"] for c in inspect(conn).get_columns("jobs")}
     columns = tuple(c for c in JOB_JSON_COLUMNS if c in present)  # needs_json: c0006 on
@@ -97,7 +97,18 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
                 json.loads(text)
             except ValueError:
                 bad.append({"job_id": job_id, "column": column})
-    return bad
+    for stmt, column in ((rs.CHECKPOINT_JSON_ROWS, CHECKPOINT_DATA),
+                         (rs.EVENT_DETAIL_ROWS, EVENT_DETAIL)):
+        damaged = set()
+        for job_id, text in db.run(conn, stmt):
+            if job_id in damaged:
+                continue
+            try:
+                json.loads(text)
+            except ValueError:
+                damaged.add(job_id)
+                bad.append({"job_id": job_id, "column": column})
+    return sorted(bad, key=lambda d: d["job_id"])
 
 
 def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from .clock import MICROS, iso
 from .policy import GateDecision, Policy, Readings
-from .validate import stored_json
+from .validate import CHECKPOINT_DATA, EVENT_DETAIL, stored_json
 
 
 def loads(text: str | None) -> Any:
@@ -240,15 +240,16 @@ def job_summary_json(r: Mapping[str, Any]) -> dict[str, Any]:
             "run_after": iso(r["run_after"])}
 
 
-def checkpoint_json(c: Sequence[Any]) -> dict[str, Any]:
+def checkpoint_json(c: Sequence[Any], job_id: int) -> dict[str, Any]:
     """A checkpoint row (name, data_json, epoch, worker_id, updated_at)."""
-    return {"name": c[0], "data": json.loads(c[1]), "epoch": c[2], "worker_id": c[3],
-            "updated_at": iso(c[4])}
+    return {"name": c[0], "data": stored_json(c[1], job_id, CHECKPOINT_DATA), "epoch": c[2],
+            "worker_id": c[3], "updated_at": iso(c[4])}
 
 
 def show_json(got: Mapping[str, Any]) -> dict[str, Any]:
     """`show`: the job, its lease, every event, its checkpoints and artifacts."""
     lease = got["lease"]
+    job_id = got["job"]["job_id"]
     return {
         "job": job_json(got["job"]),
         "lease": None if lease is None else {
@@ -256,9 +257,10 @@ def show_json(got: Mapping[str, Any]) -> dict[str, Any]:
             "expires_at": iso(lease[3])},
         "events": [
             {"event_id": e[0], "at": iso(e[1]), "from": e[2], "to": e[3],
-             "reason": e[4], "worker_id": e[5], "epoch": e[6], "detail": loads(e[7])}
+             "reason": e[4], "worker_id": e[5], "epoch": e[6],
+             "detail": stored_json(e[7], job_id, EVENT_DETAIL)}
             for e in got["events"]],
-        "checkpoints": [checkpoint_json(c) for c in got["checkpoints"]],
+        "checkpoints": [checkpoint_json(c, job_id) for c in got["checkpoints"]],
         "artifacts": [
             {"name": a[0], "location": a[1], "digest": a[2], "size": a[3],
              "media_type": a[4], "state": a[5], "epoch": a[6]} for a in got["artifacts"]],

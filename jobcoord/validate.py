@@ -240,6 +240,9 @@ def dumps(value: Any) -> str:
 
 #: The JSON columns of a job that `check` reads, and whose text every read decodes.
 JOB_JSON_COLUMNS = ("payload_json", "needs_json", "result_json", "provenance_json")
+#: A job's stored JSON kept in other tables, named as `stored_json` and `check` name them.
+CHECKPOINT_DATA = "checkpoints.data_json"
+EVENT_DETAIL = "job_events.detail"
 
 
 def stored_json(text: str | None, job_id: int, column: str) -> Any:

@@ -300,3 +300,74 @@ def test_a_worker_row_damaged_outside_jobcoord_is_stale_until_its_next_heartbeat
     assert c.claim("w1")["job"]["job_id"] == job
     assert run_cli(target, "check", "--json").code == 0
     c.close()
+
+
+def _job_with_history(target: Target) -> tuple[Coordinator, int, int]:
+    """A job that failed once after saving a checkpoint (so its next claim hands the
+    checkpoint over), and a good job behind it."""
+    c = Coordinator.open(target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    first = c.enqueue("k", {"n": 1}, priority=0)["job_id"]
+    got = c.claim("w1")
+    c.checkpoint(first, "w1", got["lease"]["epoch"], "remote_submitted", {"remote_id": "R-1"})
+    c.fail(first, "w1", got["lease"]["epoch"], "boom")
+    good = c.enqueue("k", {"n": 2}, priority=3)["job_id"]
+    from sqlalchemy import text as sql_text
+
+    with c.db.engine.begin() as conn:  # due again at once
+        conn.execute(sql_text("UPDATE jobs SET run_after = 0 WHERE job_id = :j"), {"j": first})
+    return c, first, good
+
+
+def test_a_damaged_checkpoint_sets_its_job_aside_instead_of_handing_it_out_without_it(
+        target: Target) -> None:
+    """A checkpoint records what an earlier attempt did (a paid external call): its data
+    damaged outside jobcoord, the job is never handed out without it. The claim sets the
+    job aside as dead naming the checkpoint column and takes the next one; `show` exits 7
+    naming it; `check` lists it."""
+    from sqlalchemy import text as sql_text
+
+    c, first, good = _job_with_history(target)
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text("UPDATE checkpoints SET data_json = '{x' WHERE job_id = :j"),
+                     {"j": first})
+    r = run_cli(target, "show", str(first), "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["details"] == {"job_id": first, "column": "checkpoints.data_json"}
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    assert [v["columns"] for v in r.json["violations"] if v["invariant"] == "job_unreadable"
+            ] == [[{"job_id": first, "column": "checkpoints.data_json"}]]
+    assert c.claim("w1")["job"]["job_id"] == good
+    with c.db.engine.begin() as conn:
+        status, error = conn.execute(sql_text(
+            "SELECT status, last_error FROM jobs WHERE job_id = :j"), {"j": first}).one()
+    assert status == "dead"
+    assert error.startswith("its stored checkpoints.data_json is not valid JSON")
+    c.close()
+
+
+def test_a_damaged_event_detail_is_exit_7_on_show_and_listed_by_check(target: Target) -> None:
+    """An event's detail damaged outside jobcoord: `show` of its job exits 7 naming the job
+    and the column, `check` lists it, and claims, resubmissions and the job's other reads
+    go on (events are history, never read to decide)."""
+    from sqlalchemy import text as sql_text
+
+    c = Coordinator.open(target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    job = c.enqueue("k", {"n": 1}, key="doc-1", max_attempts=4)["job_id"]
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text("UPDATE job_events SET detail = '{x' WHERE job_id = :j"),
+                     {"j": job})
+    r = run_cli(target, "show", str(job), "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "job_unreadable"
+    assert r.json["error"]["details"] == {"job_id": job, "column": "job_events.detail"}
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    assert [v["columns"] for v in r.json["violations"] if v["invariant"] == "job_unreadable"
+            ] == [[{"job_id": job, "column": "job_events.detail"}]]
+    again = c.enqueue("k", {"n": 1}, key="doc-1", max_attempts=4)
+    assert again["job_id"] == job
+    assert c.claim("w1")["job"]["job_id"] == job
+    c.close()

@@ -59,6 +59,12 @@ def past_damaged(ctx: Context, attempt: Callable[[], T]) -> T:
     return attempt()
 
 
+#: The damaged columns a claim reads of a waiting job: such a job is set aside. A damaged
+#: checkpoint too: it records what an earlier attempt did (a paid call), and the job must
+#: never be handed out without it.
+SET_ASIDE_COLUMNS = ("payload_json", "needs_json", v.CHECKPOINT_DATA)
+
+
 def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
     """End a waiting job whose stored JSON column does not parse as `dead`, with a
     `job_unreadable` event naming the column, in its own transaction. The answer: should
@@ -67,7 +73,7 @@ def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
     (it stays waiting, claimable again). No for a job still held (running: a lease a limit
     reads, not ours to end) or a wrong reference: the claim reports the damage it saw."""
     job_id, column = where.get("job_id"), where.get("column")
-    if not isinstance(job_id, int) or column not in ("payload_json", "needs_json"):
+    if not isinstance(job_id, int) or column not in SET_ASIDE_COLUMNS:
         return False
 
     def _do(conn: Connection) -> bool:
@@ -76,9 +82,12 @@ def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
             return True  # gone or ended: the claim no longer meets it
         if row[0] != "waiting":
             return False
-        text = row[2] if column == "payload_json" else row[3]
+        texts = ([r[1] for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})]
+                 if column == v.CHECKPOINT_DATA
+                 else [row[2] if column == "payload_json" else row[3]])
         try:
-            v.stored_json(text, job_id, column)
+            for text in texts:
+                v.stored_json(text, job_id, column)
             return True  # repaired since the claim read it
         except DatabaseCorrupt:
             pass
@@ -271,7 +280,8 @@ def answer(ctx: Context, conn: Connection, worker_id: str, job: Sequence[Any], e
     job_id, kind, priority, payload, attempts, max_attempts, epoch, job_tenant = job
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
-        {"name": r[0], "data": json.loads(r[1]), "epoch": r[2], "worker_id": r[3],
+        {"name": r[0], "data": v.stored_json(r[1], job_id, v.CHECKPOINT_DATA), "epoch": r[2],
+         "worker_id": r[3],
          "updated_at": r[4]}
         for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": job_id})
     ]

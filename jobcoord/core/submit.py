@@ -155,7 +155,10 @@ def key_differences(ctx: Context, conn: Connection, existing: Any, c: CheckedSpe
         # Raised since by a release or an operator retry? Compare what was submitted.
         recorded = ctx.db.run(conn, sql.SUBMITTED_DETAIL, {"job_id": existing[0]}
                                   ).fetchone()
-        shown = loads(recorded[0]) if recorded is not None else None
+        try:
+            shown = loads(recorded[0]) if recorded is not None else None
+        except ValueError:  # damaged outside jobcoord: compare with the current count
+            shown = None
         if isinstance(shown, dict) and isinstance(shown.get("max_attempts"), int):
             submitted = shown["max_attempts"]
     if submitted != c.max_attempts:

@@ -13,6 +13,7 @@ from sqlalchemy import bindparam, exists, func, select, text, update
 from ..schema import (
     ENTERED_DEAD_OR_UNKNOWN,
     artifacts,
+    checkpoints,
     claim_refusals,
     job_counts,
     job_events,
@@ -66,6 +67,12 @@ def job_json_rows(columns: tuple[str, ...]) -> SQL:
     return SQL(select(J.job_id, *(J[c] for c in columns)).order_by(J.job_id))
 
 
+#: A job's stored JSON kept in other tables (checkpoints' data, events' details), for
+#: `check`.
+CHECKPOINT_JSON_ROWS = SQL(select(checkpoints.c.job_id, checkpoints.c.data_json)
+                           .order_by(checkpoints.c.job_id))
+EVENT_DETAIL_ROWS = SQL(select(E.job_id, E.detail).where(E.detail.is_not(None))
+                        .order_by(E.event_id))
 #: Every worker's stored JSON columns, for `check`.
 WORKER_JSON_ROWS = SQL(select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_raw)
                        .order_by(W.worker_id))
