@@ -8,8 +8,11 @@
               two calls;
   pickup      latency from a submission to the handler's start with 8 idle workers
               long-polling (8 processes), each job submitted over HTTP while all 8 wait
-              (target p50 <= 5 ms, p99 <= 50 ms on loopback). Measured from just before the
-              submission is sent, so it includes the submission's own round trip;
+              (target p50 <= 5 ms, p99 <= 50 ms on loopback). Measured twice: from the
+              job's `created_at` (the time its submission's transaction read, before the
+              commit and its fsync: the target's "from submit-commit", a bound above), and
+              from just before the submission is sent (with the submission's own round
+              trip, token check and transaction);
   memory      the server's resident memory and thread count idle, then with 200 idle
               long-polls open at once;
   threads     what the server's write path does without HTTP: 8 threads of one process
@@ -184,6 +187,7 @@ def _poller(index: int, barrier: Any, queue: Any, url: str, secrets: list[str],
     r.heartbeat("-", readings=READINGS)
     barrier.wait()
     latencies = []
+    picked = []
     while True:
         got = r.claim("-", wait=30)
         if got["job"] is None:
@@ -194,12 +198,14 @@ def _poller(index: int, barrier: Any, queue: Any, url: str, secrets: list[str],
             r.complete(got["job"]["job_id"], "-", got["lease"]["epoch"], {})
             break
         latencies.append(started - payload["t0"])
+        picked.append((got["job"]["job_id"], started))
         r.complete(got["job"]["job_id"], "-", got["lease"]["epoch"], {})
     r.close()
-    queue.put({"index": index, "latencies": latencies})
+    queue.put({"index": index, "latencies": latencies, "picked": picked})
 
 
-def pickup(scratch: Scratch, n: int, workers: int = 8) -> list[float]:
+def pickup(scratch: Scratch, n: int, workers: int = 8) -> tuple[list[float], list[float]]:
+    """The latencies from each job's created_at, and from before its submission was sent."""
     import threading
 
     path = scratch.file("pickup.db")
@@ -228,7 +234,16 @@ def pickup(scratch: Scratch, n: int, workers: int = 8) -> list[float]:
         thread.join(120)
     finally:
         server.stop()
-    return [x for r in result["out"][1] for x in r["latencies"]]
+    import sqlite3
+
+    picked = dict(x for r in result["out"][1] for x in r["picked"])
+    conn = sqlite3.connect(path)
+    try:
+        created = dict(conn.execute("SELECT job_id, created_at FROM jobs").fetchall())
+    finally:
+        conn.close()
+    from_commit = [started - created[job] / 1e6 for job, started in picked.items()]
+    return from_commit, [x for r in result["out"][1] for x in r["latencies"]]
 
 
 # --- memory with 200 idle long-polls ------------------------------------------------------------
@@ -339,11 +354,13 @@ def main() -> None:
         if "throughput" in parts:
             _print_throughput(throughput(scratch, args.jobs), args.jobs)
         if "pickup" in parts:
-            lat = pickup(scratch, args.pickups)
+            from_commit, lat = pickup(scratch, args.pickups)
             print(f"\npickup      {len(lat)} jobs, 8 idle long-polling workers, "
-                  "submit -> handler")
-            print(f"  p50 {ms(pct(lat, 50))} ms   p99 {ms(pct(lat, 99))} ms   max "
-                  f"{ms(max(lat))} ms (targets p50 <= 5 ms, p99 <= 50 ms)")
+                  "submit -> handler (targets p50 <= 5 ms, p99 <= 50 ms)")
+            for name, got in (("from created_at (in the commit)", from_commit),
+                              ("from before the submit request", lat)):
+                print(f"  {name:32} p50 {ms(pct(got, 50))} ms   p99 {ms(pct(got, 99))} ms"
+                      f"   max {ms(max(got))} ms")
         if "memory" in parts:
             m = memory(scratch)
             print("\nmemory      server process, 200 idle long-polls")
