@@ -298,6 +298,43 @@ def test_revoked_token_is_refused_on_its_next_request(target: Target) -> None:
         assert resp.headers["WWW-Authenticate"] == "Bearer"
 
 
+#: A request each route refuses as invalid input (400) once its token may call it.
+INVALID: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("/v1/jobs", {"kind": 5}),
+    ("/v1/heartbeat", {"roles": "r-wa"}),
+    ("/v1/claims", {"wait": "soon"}),
+    ("/v1/jobs/1/renew", {"epoch": "1"}),
+    ("/v1/jobs/1/complete", {"epoch": 1, "claim_next": "yes"}),
+    ("/v1/jobs/1/fail", {"epoch": 1}),
+    ("/v1/jobs/1/effect", {"epoch": 1, "worker_id": "wb"}),
+    ("/v1/jobs/1/checkpoint", {"epoch": 1, "name": "step", "tenant": "bob"}),
+    ("/v1/jobs/0/complete", {"epoch": 1}),  # the path's job id
+)
+
+
+def test_a_bad_token_is_refused_before_its_invalid_request(target: Target) -> None:
+    """401 (an unknown token) and 403 (a role the route does not allow) come before the 400
+    of an invalid body or path, though the route looks its token up only in its own call."""
+    sub = token(target, "sub", "submitter", tenant="alice")
+    wa = token(target, "wa", "worker", tenant="alice", worker="wa")
+    with served(target, "--reap-every", "0") as s, s.client(sub) as submitter, \
+            s.client(wa) as worker, s.client("jct_not-a-token") as unknown, \
+            s.client() as anonymous:
+        for path, body in INVALID:
+            allowed, refused = (submitter, worker) if path == "/v1/jobs" else (worker,
+                                                                              submitter)
+            got = {name: http.post(path, json=body) for name, http in (
+                ("anonymous", anonymous), ("unknown", unknown), ("refused", refused),
+                ("allowed", allowed))}
+            codes = {name: resp.status_code for name, resp in got.items()}
+            assert codes == {"anonymous": 401, "unknown": 401, "refused": 403,
+                             "allowed": 400}, (path, body, codes)
+            assert got["unknown"].json()["error"]["code"] == "unauthorized"
+            assert got["unknown"].headers["WWW-Authenticate"] == "Bearer"
+            assert got["refused"].json()["error"]["code"] == "forbidden"
+            assert got["allowed"].json()["error"]["code"] == "invalid_input"
+
+
 def test_token_create_shows_the_secret_once_and_stores_only_its_hash(target: Target) -> None:
     import hashlib
 

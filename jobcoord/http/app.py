@@ -67,8 +67,17 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_request: Request, exc: RequestValidationError
+    async def _validation_error(request: Request, exc: RequestValidationError
                                 ) -> JSONResponse:
+        # Who calls comes first: a route that takes a Caller (deps.caller) has not looked
+        # its token up yet, so an unknown or revoked token (401) or a role the route does
+        # not allow (403) is said before the invalid input.
+        caller = getattr(request.state, "caller", None)
+        if caller is not None:
+            try:
+                await srv.call(caller.identify, srv.c.db)
+            except JobcoordError as e:
+                return error_response(e)
         # 400, not FastAPI's 422: invalid input is 400 everywhere in this API (the CLI's
         # exit 2); 422 is kept for an artifact whose digest does not match.
         parts = []

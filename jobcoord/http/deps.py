@@ -1,8 +1,9 @@
-"""Who is calling and what they may see: the bearer token looked up on every request, role
-checks, the strict JSON body check, and the tenant scope of each role. Shared by every
-route module."""
+"""Who is calling and what they may see: the bearer token looked up on every request (in
+the route's own pool call where the route takes a Caller), role checks, the strict JSON body
+check, and the tenant scope of each role. Shared by every route module."""
 
 # No `from __future__ import annotations`: FastAPI reads these signatures at run time.
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
@@ -28,23 +29,60 @@ async def server(request: Request) -> Server:
 Srv = Annotated[Server, Depends(server)]
 
 
-async def identity(srv: Srv, creds: Annotated[HTTPAuthorizationCredentials | None,
-                                              Depends(bearer)]) -> Identity:
+#: The roles each kind of route allows: every check of a role names one of these.
+EVERYONE = tokens.ROLES
+READERS = ("submitter", "viewer", "operator")
+SUBMITTERS = ("submitter", "operator")
+WORKERS = ("worker",)
+OPERATORS = ("operator",)
+
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The bearer token a request presents and the roles its route allows, not yet looked
+    up. `identify` looks it up on a thread of the server's pool, in the same call as the
+    route's own work (`Server.call_as`): one thread hop per request, not two."""
+
+    token: str
+    allowed: tuple[str, ...]
+
+    def identify(self, db: Any) -> Identity:
+        """The token's identity, or 401 (unknown or revoked) or 403 (a role this route does
+        not allow). Looked up on every request: a revoked token fails on its very next
+        request."""
+        who = tokens.authenticate(db, self.token)
+        if who is None:
+            raise Unauthorized("unauthorized", "unknown or revoked token")
+        if who.role not in self.allowed:
+            raise Forbidden("forbidden", f"a {who.role} token may not do this (needs "
+                            f"{' or '.join(self.allowed)})")
+        return who
+
+
+def _caller(creds: HTTPAuthorizationCredentials | None, allowed: tuple[str, ...]) -> Caller:
     if creds is None:
         raise Unauthorized("unauthorized", "missing token: send Authorization: Bearer <token>")
-    # Looked up on every request: a revoked token fails on its very next request.
-    who = await srv.call(tokens.authenticate, srv.c.db, creds.credentials)
-    if who is None:
-        raise Unauthorized("unauthorized", "unknown or revoked token")
-    return who
+    return Caller(creds.credentials, allowed)
+
+
+def caller(*allowed: str) -> Any:
+    """The route's Caller, without a database read: a missing or malformed Authorization
+    header is 401 at once. The route looks the token up in its own pool call
+    (`Server.call_as`); an invalid request looks it up before its 400 (app.py), so 401 and
+    403 still come first."""
+    async def get(request: Request, creds: Credentials) -> Caller:
+        who = _caller(creds, allowed)
+        request.state.caller = who
+        return who
+    return Depends(get)
 
 
 def role(*allowed: str) -> Any:
-    async def check(who: Annotated[Identity, Depends(identity)]) -> Identity:
-        if who.role not in allowed:
-            raise Forbidden("forbidden", f"a {who.role} token may not do this (needs "
-                            f"{' or '.join(allowed)})")
-        return who
+    """The token's Identity, looked up in a pool call of its own before the route runs."""
+    async def check(srv: Srv, creds: Credentials) -> Identity:
+        return await srv.call(_caller(creds, allowed).identify, srv.c.db)
     return Depends(check)
 
 
@@ -57,11 +95,14 @@ async def strict_json(request: Request, srv: Srv) -> None:
                      too_large_code="body_too_large")
 
 
-Anyone = Annotated[Identity, Depends(identity)]
-Reader = Annotated[Identity, role("submitter", "viewer", "operator")]
-Submitter = Annotated[Identity, role("submitter", "operator")]
-WorkerId = Annotated[Identity, role("worker")]
-Operator = Annotated[Identity, role("operator")]
+Anyone = Annotated[Identity, role(*EVERYONE)]
+Reader = Annotated[Identity, role(*READERS)]
+Submitter = Annotated[Identity, role(*SUBMITTERS)]
+WorkerId = Annotated[Identity, role(*WORKERS)]
+Operator = Annotated[Identity, role(*OPERATORS)]
+#: The same, as a Caller: the route looks the token up itself (`Server.call_as`).
+SubmitterCaller = Annotated[Caller, caller(*SUBMITTERS)]
+WorkerCaller = Annotated[Caller, caller(*WORKERS)]
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX)]
 strict = [Depends(strict_json)]
 

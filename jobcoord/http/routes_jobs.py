@@ -2,14 +2,17 @@
 show, explain; and the unauthenticated /healthz."""
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Header, Query, Response
 
 from .. import __version__
+from ..tokens import Identity
 from .bodies import JSONRoute, SubmitBody
-from .deps import Anyone, JobId, Reader, Srv, Submitter, scope, strict
+from .deps import Anyone, JobId, Reader, Srv, SubmitterCaller, scope, strict
 
+T = TypeVar("T")
 router = APIRouter(route_class=JSONRoute)
 
 
@@ -33,30 +36,35 @@ async def whoami(who: Anyone, srv: Srv) -> dict[str, Any]:
 @router.post("/v1/jobs", status_code=201, dependencies=strict,
              responses={200: {"description": "the same Idempotency-Key and payload: the "
                                              "existing job"}})
-async def submit(body: SubmitBody, response: Response, who: Submitter, srv: Srv,
+async def submit(body: SubmitBody, response: Response, caller: SubmitterCaller, srv: Srv,
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None
                  ) -> dict[str, Any]:
     from ..core.common import DEFAULT_TENANT
     from ..core.handover import enqueue_and_claim
     from ..present import claimed_json
 
-    fields = {"priority": body.priority, "role": body.role,
-              "tenant": who.tenant or DEFAULT_TENANT, "key": idempotency_key,
+    fields = {"priority": body.priority, "role": body.role, "key": idempotency_key,
               "max_attempts": body.max_attempts, "deadline_s": body.deadline_s,
               "delay_s": body.delay_s, "needs": body.needs}
+
+    def enqueue(who: Identity, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # In the pool call that looks the token up: the job goes to the token's tenant.
+        return fn(*args, tenant=who.tenant or DEFAULT_TENANT, **fields, **kwargs)
+
     taken = srv.take_waiter() if not body.delay_s else None
     if taken is None:
-        got = await srv.call(srv.c.enqueue, body.kind, body.payload or {}, **fields)
+        got = await srv.call_as(caller, enqueue, srv.c.enqueue, body.kind, body.payload or {})
         # Answered only now, after the commit; a waiting long-poll hears of it at once.
         srv.notify(1)
     else:
         # A long-poll waits: its claim is made in this submission's transaction (one commit
         # instead of two), and answers it. A claim that takes nothing leaves the poll to
-        # claim on its own, as a woken poll does.
+        # claim on its own, as a woken poll does; so does a refused token (401, 403: the
+        # token is looked up in the same call, after the poll was taken).
         claimant, handover = taken
         try:
-            got = await srv.call(enqueue_and_claim, srv.c, body.kind, body.payload or {},
-                                 claimant=claimant, **fields)
+            got = await srv.call_as(caller, enqueue, enqueue_and_claim, srv.c, body.kind,
+                                    body.payload or {}, claimant=claimant)
             claimed = got.pop("claimed")
             handover.give(None if claimed is None else claimed_json(claimed))
             if claimed is not None and claimed["job"]["job_id"] != got["job_id"]:

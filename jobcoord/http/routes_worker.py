@@ -1,5 +1,6 @@
 """A worker's routes: heartbeat, the long-poll claim, and the fenced calls (renew, complete,
-fail, effect, checkpoint). The worker id and tenant are the token's."""
+fail, effect, checkpoint). The worker id and tenant are the token's, looked up in the
+route's own pool call (`Server.call_as`)."""
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
@@ -23,21 +24,26 @@ from .bodies import (
     JSONRoute,
     RenewBody,
 )
-from .deps import JobId, Srv, WorkerId, strict, worker_of
+from .deps import Caller, JobId, Srv, WorkerCaller, strict, worker_of
 from .state import Handover, Server
 
 T = TypeVar("T")
 router = APIRouter(route_class=JSONRoute)
 
 
-async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Identity, *args: Any,
-                 **kwargs: Any) -> T:
+async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Caller | Identity,
+                 *args: Any, **kwargs: Any) -> T:
     """A worker's fenced call as the token's worker id, fenced by the token's tenant (None:
-    an unbound worker token serves every tenant). A job of another tenant, and a live lease
-    of another worker, answer exactly as a missing job: a worker token sees its own leases
-    only."""
+    an unbound worker token serves every tenant); a Caller is looked up in the same pool
+    call. A job of another tenant, and a live lease of another worker, answer exactly as a
+    missing job: a worker token sees its own leases only."""
+    def run(identity: Identity) -> T:
+        return fn(job_id, worker_of(identity), *args, tenant=identity.tenant, **kwargs)
+
     try:
-        return await srv.call(fn, job_id, worker_of(who), *args, tenant=who.tenant, **kwargs)
+        if isinstance(who, Caller):
+            return await srv.call_as(who, run)
+        return await srv.call(run, who)
     except Refused as e:
         if e.code == "not_owner":
             raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id) from None
@@ -45,9 +51,9 @@ async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Identity, 
 
 
 @router.post("/v1/heartbeat", dependencies=strict)
-async def heartbeat(body: HeartbeatBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
-    return await srv.call(srv.c.heartbeat, worker_of(who), roles=body.roles,
-                          readings=body.readings, kinds=body.kinds)
+async def heartbeat(body: HeartbeatBody, caller: WorkerCaller, srv: Srv) -> dict[str, Any]:
+    return await srv.call_as(caller, lambda who: srv.c.heartbeat(
+        worker_of(who), roles=body.roles, readings=body.readings, kinds=body.kinds))
 
 
 #: Claim answers that mean "nothing for you yet" (a limit's slot or the worker's capacity may
@@ -57,41 +63,53 @@ _KEEP_WAITING = ("no_waiting_jobs", "no_matching_role", "concurrency_limit", "re
 
 @router.post("/v1/claims", dependencies=strict,
              responses={204: {"description": "nothing eligible within `wait` seconds"}})
-async def claim(request: Request, who: WorkerId, srv: Srv, body: ClaimBody | None = None
-                ) -> Any:
+async def claim(request: Request, caller: WorkerCaller, srv: Srv,
+                body: ClaimBody | None = None) -> Any:
     body = body or ClaimBody()
-    worker = worker_of(who)
     end = time.monotonic() + body.wait
+    # The token's lookup and the poll's first claim: one pool call. The identity holds for
+    # the rest of the long-poll.
+    who, got = await srv.call_as(caller, _first_claim, srv.c, body)
+    worker = worker_of(who)
     woken: bool | Handover = False
     # The claim this poll makes, which a submission may make for it in its own transaction
     # while it waits (see routes_jobs.submit).
     claimant = Claimant(worker, body.lease_s, body.kinds, who.tenant)
     gone: asyncio.Future[Any] | None = None
+    made: dict[str, Any] | None = got
     try:
         while True:
-            got = await _claim_round(request, srv, worker, body, who, claimant, end, woken,
-                                     gone)
-            if isinstance(got, tuple):
-                woken, gone = got
+            answer = await _claim_round(request, srv, worker, body, who, claimant, end,
+                                        woken, gone, made)
+            made = None
+            if isinstance(answer, tuple):
+                woken, gone = answer
                 continue
-            return got
+            return answer
     finally:
         if gone is not None:
             gone.cancel()
 
 
+def _first_claim(who: Identity, coordinator: Any, body: ClaimBody
+                 ) -> tuple[Identity, dict[str, Any]]:
+    return who, coordinator.claim(worker_of(who), lease_s=body.lease_s, kinds=body.kinds,
+                                  tenant=who.tenant)
+
+
 async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBody,
                        who: Identity, claimant: Claimant, end: float,
-                       woken: bool | Handover, gone: asyncio.Future[Any] | None) -> Any:
-    """One claim of a long-poll and, if it took nothing, one wait: the answer, or (woken,
-    gone) to go round again."""
+                       woken: bool | Handover, gone: asyncio.Future[Any] | None,
+                       made: dict[str, Any] | None = None) -> Any:
+    """One claim of a long-poll (`made`: the first, already made with the token's lookup)
+    and, if it took nothing, one wait: the answer, or (woken, gone) to go round again."""
     if isinstance(woken, Handover):
         handed = await woken.answer
         if handed is not None:
             return handed
         woken = True  # the submission's claim for it took nothing: claim as any woken poll
-    got = await srv.call(srv.c.claim, worker, lease_s=body.lease_s, kinds=body.kinds,
-                         tenant=who.tenant)
+    got = made if made is not None else await srv.call(
+        srv.c.claim, worker, lease_s=body.lease_s, kinds=body.kinds, tenant=who.tenant)
     if got["job"] is not None:
         return got
     if woken:
@@ -123,8 +141,9 @@ async def _disconnected(request: Request) -> None:
 
 
 @router.post("/v1/jobs/{job_id}/renew", dependencies=strict)
-async def renew(job_id: JobId, body: RenewBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
-    return await fenced(srv, srv.c.renew, job_id, who, body.epoch, lease_s=body.lease_s)
+async def renew(job_id: JobId, body: RenewBody, caller: WorkerCaller, srv: Srv
+                ) -> dict[str, Any]:
+    return await fenced(srv, srv.c.renew, job_id, caller, body.epoch, lease_s=body.lease_s)
 
 
 def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
@@ -167,7 +186,7 @@ def _completed_by(coordinator: Any, job_id: int, epoch: int, worker: str) -> boo
 
 
 @router.post("/v1/jobs/{job_id}/complete", dependencies=strict)
-async def complete(job_id: JobId, body: CompleteBody, who: WorkerId, srv: Srv
+async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv: Srv
                    ) -> dict[str, Any]:
     """Accept this attempt's result (`epoch` fences it). With `claim_next: true` the same
     transaction then claims this worker's next job, as `POST /v1/claims` without a wait
@@ -176,12 +195,13 @@ async def complete(job_id: JobId, body: CompleteBody, who: WorkerId, srv: Srv
     `reason`). A refused completion claims nothing; a completion sent again after its answer
     was lost is `already_accepted` with `next: null`."""
     return await fenced(srv, lambda j, w, b, tenant: _complete(srv.c, j, w, b, tenant),
-                        job_id, who, body)
+                        job_id, caller, body)
 
 
 @router.post("/v1/jobs/{job_id}/fail", dependencies=strict)
-async def fail(job_id: JobId, body: FailBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
-    got = await fenced(srv, srv.c.fail, job_id, who, body.epoch, body.error,
+async def fail(job_id: JobId, body: FailBody, caller: WorkerCaller, srv: Srv
+               ) -> dict[str, Any]:
+    got = await fenced(srv, srv.c.fail, job_id, caller, body.epoch, body.error,
                        permanent=body.permanent, reason=body.reason)
     if got["status"] == "waiting":
         srv.notify()
@@ -189,12 +209,13 @@ async def fail(job_id: JobId, body: FailBody, who: WorkerId, srv: Srv) -> dict[s
 
 
 @router.post("/v1/jobs/{job_id}/effect", dependencies=strict)
-async def effect(job_id: JobId, body: EpochBody, who: WorkerId, srv: Srv) -> dict[str, Any]:
-    return await fenced(srv, srv.c.mark_effect, job_id, who, body.epoch)
+async def effect(job_id: JobId, body: EpochBody, caller: WorkerCaller, srv: Srv
+                 ) -> dict[str, Any]:
+    return await fenced(srv, srv.c.mark_effect, job_id, caller, body.epoch)
 
 
 @router.post("/v1/jobs/{job_id}/checkpoint", dependencies=strict)
-async def checkpoint(job_id: JobId, body: CheckpointBody, who: WorkerId, srv: Srv
+async def checkpoint(job_id: JobId, body: CheckpointBody, caller: WorkerCaller, srv: Srv
                      ) -> dict[str, Any]:
-    return await fenced(srv, srv.c.checkpoint, job_id, who, body.epoch, body.name,
+    return await fenced(srv, srv.c.checkpoint, job_id, caller, body.epoch, body.name,
                         body.data)
