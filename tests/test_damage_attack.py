@@ -107,10 +107,10 @@ def test_a_worker_process_runs_the_good_jobs_past_a_payload_that_is_not_an_objec
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=dict(os.environ))
     try:
-        out, err = proc.communicate(timeout=25)
+        _out, err = proc.communicate(timeout=25)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, err = proc.communicate()
+        _out, err = proc.communicate()
     from tests.sql import sql
 
     statuses = c.db.read(lambda conn: dict(sql(conn, "SELECT job_id, status FROM jobs").all()))
