@@ -293,3 +293,24 @@ def test_a_refused_submission_while_a_long_poll_waits_hands_nothing_out(
                        headers={"Authorization": f"Bearer {good}"})
         assert r.status_code == 201, r.text
     c.close()
+
+
+@pytest.mark.xfail(strict=True, reason="over HTTP the same job makes every worker's claim "
+                   "(and a long-poll's) and its explain answer 500 internal_error")
+def test_http_claims_past_a_payload_that_is_not_an_object_are_never_a_500(
+        target: Target) -> None:
+    c, bad, good = _keyed_limit_with_a_damaged_first_job(target)
+    worker = token(target, "wk", "worker", worker="w1")
+    operator = token(target, "op", "operator")
+    with served(target) as s:
+        wh = {"Authorization": f"Bearer {worker}"}
+        assert httpx.post(s.url + "/v1/heartbeat", json={"readings": IDLE_ON_AC}, headers=wh,
+                          timeout=30).status_code == 200
+        answers = [httpx.post(s.url + "/v1/claims", json=body, headers=wh, timeout=30)
+                   for body in ({}, {"wait": 1})]
+        explain = httpx.get(f"{s.url}/v1/jobs/{bad}/explain", timeout=30,
+                            headers={"Authorization": f"Bearer {operator}"})
+    assert [r.status_code for r in answers] == [200, 200], [r.text[:200] for r in answers]
+    assert {r.json()["job"]["job_id"] for r in answers} <= set(good)
+    assert explain.status_code < 500, explain.text[:200]
+    c.close()
