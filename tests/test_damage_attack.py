@@ -46,9 +46,6 @@ WRONG_SHAPE = pytest.mark.parametrize(("column", "text"), [
 
 
 @WRONG_SHAPE
-@pytest.mark.xfail(strict=True, reason="a worker row whose roles_json/kinds_json is JSON but "
-                   "not a list (null, a number) makes that worker's claim and every explain "
-                   "of a role's job exit 1 (TypeError), instead of heartbeat_stale")
 def test_a_worker_row_whose_stored_json_is_not_a_list_is_refused_never_an_internal_error(
         target: Target, column: str, text: str) -> None:
     c = Coordinator.open(target)
@@ -199,8 +196,6 @@ def test_sqlite_text_in_a_time_or_number_column_is_never_an_internal_error(
 # --- over HTTP --------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="the dashboard's workers page answers 500 "
-                   "internal_error for a worker row whose roles_json is JSON but not a list")
 def test_the_dashboard_workers_page_with_a_damaged_worker_row_is_not_a_500(
         target: Target) -> None:
     c = Coordinator.open(target)

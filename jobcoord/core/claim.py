@@ -214,18 +214,15 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
                       f"worker {worker_id} has never sent a heartbeat", False)
     # The capacity is read only when a waiting job declares needs (as the take does).
     raw = worker_raw(ctx, conn, worker_id) if row[8] else None
-    try:
-        roles = json.loads(row[0])
-        if kinds is None and row[1] is not None:
-            kinds = json.loads(row[1])
-        if raw is not None:
-            json.loads(raw)
-    except ValueError:
+    damaged = unreadable_column((row[0], row[1] if kinds is None else None, raw))
+    if damaged is not None:
         # Written outside jobcoord: this worker claims nothing, as if it had no heartbeat,
         # until its next heartbeat rewrites the row (never an internal error).
-        damaged = unreadable_column((row[0], row[1] if kinds is None else None, raw))
         return refuse(ctx, conn, worker_id, now, "heartbeat_stale",
-                      unreadable_detail(worker_id, damaged or "row"))
+                      unreadable_detail(worker_id, damaged))
+    roles = json.loads(row[0])
+    if kinds is None and row[1] is not None:
+        kinds = json.loads(row[1])
     if kinds is not None and not kinds:
         # Heartbeats refuse an empty list; a row holding one claims nothing, clearly,
         # instead of building a statement with no probe.

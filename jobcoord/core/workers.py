@@ -49,13 +49,23 @@ def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = Non
 WORKER_JSON_COLUMNS = ("roles_json", "kinds_json", "heartbeat_raw")
 
 
+def stored_shape_ok(column: str, value: Any) -> bool:
+    """Whether a worker column's parsed JSON has the shape a heartbeat writes: roles and
+    kinds a list of names, the readings an object."""
+    if column == "heartbeat_raw":
+        return isinstance(value, dict)
+    return isinstance(value, list) and all(isinstance(x, str) for x in value)
+
+
 def unreadable_column(texts: Sequence[str | None]) -> str | None:
     """The first of a worker's stored JSON columns (`WORKER_JSON_COLUMNS`, in that order)
-    whose text does not parse: written outside jobcoord (by hand, a broken restore)."""
+    whose text does not parse, or parses to something no heartbeat writes (`null`, a
+    number): written outside jobcoord (by hand, a broken restore)."""
     for column, text in zip(WORKER_JSON_COLUMNS, texts, strict=False):
         if text is not None:
             try:
-                json.loads(text)
+                if not stored_shape_ok(column, json.loads(text)):
+                    return column
             except ValueError:
                 return column
     return None
@@ -85,6 +95,7 @@ def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:
         damaged = unreadable_column((r[1], r[2], r[11]))
         out.append({
             "worker_id": r[0], "roles": [] if damaged else json.loads(r[1]),
+            # kinds_json NULL: every kind (a heartbeat that named none).
             "kinds": [] if damaged else loads(r[2]), "heartbeat_at": r[3],
             "readings": Readings(r[4], r[5], as_bool(r[6]), r[7]),
             "last_refusal": r[8], "last_refusal_detail": r[9], "last_refusal_at": r[10],
