@@ -84,7 +84,8 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
 
     from sqlalchemy import inspect
 
-    from .validate import CHECKPOINT_DATA, EVENT_DETAIL, JOB_JSON_COLUMNS
+    from .errors import DatabaseCorrupt
+    from .validate import CHECKPOINT_DATA, EVENT_DETAIL, JOB_JSON_COLUMNS, stored_json
 
     present = {c["name"] for c in inspect(conn).get_columns("jobs")}
     columns = tuple(c for c in JOB_JSON_COLUMNS if c in present)  # needs_json: c0006 on
@@ -94,8 +95,8 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
             if text is None:
                 continue
             try:
-                json.loads(text)
-            except ValueError:
+                stored_json(text, job_id, column)
+            except DatabaseCorrupt:
                 bad.append({"job_id": job_id, "column": column})
     for stmt, column in ((rs.CHECKPOINT_JSON_ROWS, CHECKPOINT_DATA),
                          (rs.EVENT_DETAIL_ROWS, EVENT_DETAIL)):

@@ -245,6 +245,9 @@ CHECKPOINT_DATA = "checkpoints.data_json"
 EVENT_DETAIL = "job_events.detail"
 
 
+_NOT_JSON = object()
+
+
 def stored_json(text: str | None, job_id: int, column: str) -> Any:
     """A job's stored JSON column as a value (None kept). Text that is not JSON was written
     outside jobcoord (by hand, a broken restore): DatabaseCorrupt naming the job and the
@@ -252,14 +255,21 @@ def stored_json(text: str | None, job_id: int, column: str) -> Any:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except ValueError:
+        value = _NOT_JSON
+    if value is _NOT_JSON or (column == "payload_json" and type(value) is not dict):
+        # A payload is always stored as an object (enqueue refuses anything else): `5` or
+        # `null` there was written outside jobcoord too, and would fail a limit's key lookup
+        # or a handler as surely as text that does not parse.
         from .errors import DatabaseCorrupt
 
+        what = "not valid JSON" if value is _NOT_JSON else "not a JSON object"
         raise DatabaseCorrupt(
-            "job_unreadable", f"job {job_id}: its stored {column} is not valid JSON (written "
+            "job_unreadable", f"job {job_id}: its stored {column} is {what} (written "
             "outside jobcoord); `jobcoord check` lists every such job", job_id=job_id,
-            column=column) from None
+            column=column)
+    return value
 
 
 def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,

@@ -76,10 +76,6 @@ def _keyed_limit_with_a_damaged_first_job(target: Target) -> tuple[Coordinator, 
     return c, bad, good
 
 
-@pytest.mark.xfail(strict=True, reason="a waiting job whose payload_json is JSON but not an "
-                   "object (5), of a kind with a keyed limit, makes every claim, claim_many "
-                   "and explain exit 1 (TypeError in the limit's key lookup): the whole queue "
-                   "stops behind it")
 def test_a_payload_that_is_not_an_object_under_a_keyed_limit_does_not_stop_the_queue(
         target: Target) -> None:
     c, bad, good = _keyed_limit_with_a_damaged_first_job(target)
@@ -92,9 +88,6 @@ def test_a_payload_that_is_not_an_object_under_a_keyed_limit_does_not_stop_the_q
     c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a real `jobcoord worker` meeting that job logs "
-                   "claim_error internal_error on every claim and runs none of the good jobs "
-                   "behind it")
 def test_a_worker_process_runs_the_good_jobs_past_a_payload_that_is_not_an_object(
         sqlite_target: Target, tmp_path: Any) -> None:
     c, bad, good = _keyed_limit_with_a_damaged_first_job(sqlite_target)
@@ -290,8 +283,6 @@ def test_a_refused_submission_while_a_long_poll_waits_hands_nothing_out(
     c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="over HTTP the same job makes every worker's claim "
-                   "(and a long-poll's) and its explain answer 500 internal_error")
 def test_http_claims_past_a_payload_that_is_not_an_object_are_never_a_500(
         target: Target) -> None:
     c, bad, good = _keyed_limit_with_a_damaged_first_job(target)

@@ -92,8 +92,9 @@ def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
         except DatabaseCorrupt:
             pass
         now = now_us()
-        error = (f"its stored {column} is not valid JSON (written outside jobcoord); set "
-                 "aside by a claim so the jobs behind it can run")
+        error = (f"its stored {column} is not valid JSON, or not what jobcoord writes there "
+                 "(written outside jobcoord); set aside by a claim so the jobs behind it can "
+                 "run")
         swept = ctx.db.run(conn, sql.SET_STATUS, {
             "job_id": job_id, "epoch": row[1], "from_status": "waiting",
             "to_status": "dead", "now": now, "finished": now, "error": error}).rowcount
