@@ -296,13 +296,31 @@ def fire_json(last: Mapping[str, Any] | None) -> dict[str, Any] | None:
             "job_status": last["status"], "at": iso(last["at"]), "detail": loads(last["detail"])}
 
 
+def _schedule_payload(s: Mapping[str, Any]) -> Any:
+    """A schedule's stored payload; not an object (written outside jobcoord): exit 7 naming
+    the schedule, as `check` does, never an internal error."""
+    try:
+        payload = json.loads(s["payload_json"])
+    except ValueError:
+        payload = None
+    if type(payload) is not dict:
+        from .errors import DatabaseCorrupt
+
+        raise DatabaseCorrupt(
+            "schedule_unreadable", f"schedule {s['name']}: its stored payload_json is not a "
+            "JSON object (written outside jobcoord); `jobcoord check` lists every such "
+            "schedule; remove it (`schedule rm`) and add it again", schedule=s["name"],
+            column="payload_json")
+    return payload
+
+
 def schedule_json(s: Mapping[str, Any], last: Mapping[str, Any] | None) -> dict[str, Any]:
     """A schedule as `schedule ls` shows it: its timing and job, the next fire time (None
     while paused) and the last outcome."""
     catchup = s["catchup"] if s["catchup"] != "all" else f"all:{s['catchup_max']}"
     return {
         "name": s["name"], "kind": s["kind"], "tenant": s["tenant"], "role": s["required_role"],
-        "priority": s["priority"], "payload": json.loads(s["payload_json"]),
+        "priority": s["priority"], "payload": _schedule_payload(s),
         "max_attempts": s["max_attempts"], "cron": s["cron"], "tz": s["tz"],
         "every_s": _seconds(s["every_us"]), "window_s": _seconds(s["window_us"]),
         "catchup": catchup, "overlap": s["overlap"], "paused": bool(s["paused"]),

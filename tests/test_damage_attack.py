@@ -113,9 +113,6 @@ def test_a_worker_process_runs_the_good_jobs_past_a_payload_that_is_not_an_objec
 # --- schedules ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="`schedule ls` exits 1 (JSONDecodeError) on a schedule "
-                   "whose payload_json is damaged, which `check` reports as "
-                   "schedule_unreadable")
 def test_schedule_ls_with_a_damaged_schedule_payload_is_never_an_internal_error(
         target: Target) -> None:
     c = Coordinator.open(target)
@@ -124,8 +121,14 @@ def test_schedule_ls_with_a_damaged_schedule_payload_is_never_an_internal_error(
     _damage(c, "UPDATE schedules SET payload_json = 'not json' WHERE name = 'bad'")
     before = dump(c)
     r = _no_internal_error(target, "schedule", "ls")
-    assert r.code in (0, 7), r
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "schedule_unreadable"
+    assert r.json["error"]["details"] == {"schedule": "bad", "column": "payload_json"}
     assert dump(c) == before
+    # The way out the message names: remove it, and the rest is listed again.
+    assert _no_internal_error(target, "schedule", "rm", "bad").code == 0
+    r = _no_internal_error(target, "schedule", "ls")
+    assert r.code == 0 and [s["name"] for s in r.json["schedules"]] == ["good"], r
     c.close()
 
 
