@@ -218,9 +218,6 @@ CALLER_ROUTES = ("/v1/jobs", "/v1/heartbeat", "/v1/claims", "/v1/jobs/1/renew",
                  "/v1/jobs/1/checkpoint")
 
 
-@pytest.mark.xfail(strict=True, reason="a body that is not JSON, or that the strict check "
-                   "refuses (NaN, not an object), is answered 400 before the token is looked "
-                   "up: an unknown token or a viewer token gets 400 instead of 401 / 403")
 def test_a_refused_token_with_an_invalid_body_is_401_or_403_before_400(
         target: Target) -> None:
     c = Coordinator.open(target)

@@ -21,6 +21,7 @@ from ..errors import InvalidInput, JobcoordError
 from . import routes_artifacts, routes_jobs, routes_operator, routes_worker
 from .bodies import ERRORS
 from .dashboard import mount as mount_dashboard
+from .deps import refusal_first
 from .limits import BodyLimit, CatchBugs, error_response
 from .state import DEFAULT_MAX_ARTIFACT_BYTES, Server, Wakeup
 
@@ -69,15 +70,13 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError
                                 ) -> JSONResponse:
-        # Who calls comes first: a route that takes a Caller (deps.caller) has not looked
-        # its token up yet, so an unknown or revoked token (401) or a role the route does
-        # not allow (403) is said before the invalid input.
-        caller = getattr(request.state, "caller", None)
-        if caller is not None:
-            try:
-                await srv.call(caller.identify, srv.c.db)
-            except JobcoordError as e:
-                return error_response(e)
+        # Who calls comes first: a body that is not JSON is refused before any dependency
+        # ran, and a route that takes a Caller (deps.caller) has not looked its token up yet,
+        # so an unknown or revoked token (401) or a role the route does not allow (403) is
+        # said before the invalid input.
+        refused = await refusal_first(request, srv)
+        if refused is not None:
+            return error_response(refused)
         # 400, not FastAPI's 422: invalid input is 400 everywhere in this API (the CLI's
         # exit 2); 422 is kept for an artifact whose digest does not match.
         parts = []

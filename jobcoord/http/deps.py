@@ -11,6 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .. import tokens
 from .. import validate as v
+from ..errors import InvalidInput
 from ..tokens import Identity
 from .bodies import JOB_ID_MAX
 from .errors import Forbidden, Unauthorized
@@ -72,10 +73,9 @@ def caller(*allowed: str) -> Any:
     header is 401 at once. The route looks the token up in its own pool call
     (`Server.call_as`); an invalid request looks it up before its 400 (app.py), so 401 and
     403 still come first."""
-    async def get(request: Request, creds: Credentials) -> Caller:
-        who = _caller(creds, allowed)
-        request.state.caller = who
-        return who
+    async def get(creds: Credentials) -> Caller:
+        return _caller(creds, allowed)
+    get.allowed_roles = allowed  # type: ignore[attr-defined]  # see refusal_first
     return Depends(get)
 
 
@@ -83,7 +83,37 @@ def role(*allowed: str) -> Any:
     """The token's Identity, looked up in a pool call of its own before the route runs."""
     async def check(srv: Srv, creds: Credentials) -> Identity:
         return await srv.call(_caller(creds, allowed).identify, srv.c.db)
+    check.allowed_roles = allowed  # type: ignore[attr-defined]  # see refusal_first
     return Depends(check)
+
+
+def _route_roles(route: Any) -> tuple[str, ...] | None:
+    """The roles a route's token check allows (from its `caller` or `role` dependency), or
+    None for a route that checks no token."""
+    dependant = getattr(route, "dependant", None)
+    stack = list(dependant.dependencies) if dependant is not None else []
+    while stack:
+        d = stack.pop()
+        roles = getattr(d.call, "allowed_roles", None)
+        if roles is not None:
+            return tuple(roles)
+        stack.extend(d.dependencies)
+    return None
+
+
+async def refusal_first(request: Request, srv: Server) -> Unauthorized | Forbidden | None:
+    """For a request about to be refused as invalid input (a body that is not JSON, that the
+    strict check refuses, or that fails validation): the 401 or 403 its token gets, when its
+    route checks one, so who calls is always said before what is wrong with the request."""
+    roles = _route_roles(request.scope.get("route"))
+    if roles is None:
+        return None
+    creds = await bearer(request)
+    try:
+        await srv.call(_caller(creds, roles).identify, srv.c.db)
+    except (Unauthorized, Forbidden) as e:
+        return e
+    return None
 
 
 async def strict_json(request: Request, srv: Srv) -> None:
@@ -91,8 +121,14 @@ async def strict_json(request: Request, srv: Srv) -> None:
     the same checks the Coordinator applies to payloads."""
     raw = await request.body()
     if raw:
-        v.json_value(raw, "body", max_bytes=srv.max_body, require_object=True,
-                     too_large_code="body_too_large")
+        try:
+            v.json_value(raw, "body", max_bytes=srv.max_body, require_object=True,
+                         too_large_code="body_too_large")
+        except InvalidInput:
+            refused = await refusal_first(request, srv)
+            if refused is not None:
+                raise refused from None
+            raise
 
 
 Anyone = Annotated[Identity, role(*EVERYONE)]
