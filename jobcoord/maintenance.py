@@ -62,6 +62,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
         violations.append({"invariant": "job_unreadable",
                            "job_ids": sorted({d["job_id"] for d in damaged})[:20],
                            "columns": damaged[:20]})
+    typed = _wrong_types(db, conn)
+    if typed:
+        violations.append({"invariant": "value_of_wrong_type", "job_ids": [],
+                           "columns": typed[:20]})
     workers = _unreadable_workers(db, conn)
     if workers:
         violations.append({"invariant": "worker_unreadable", "job_ids": [],
@@ -110,6 +114,45 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
                 damaged.add(job_id)
                 bad.append({"job_id": job_id, "column": column})
     return sorted(bad, key=lambda d: d["job_id"])
+
+
+def _wrong_types(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    """SQLite only: columns holding a value of another type than they were declared with
+    (text written by hand into a time or a count; SQLite keeps it where PostgreSQL refuses
+    it). Commands reading such a row fail until it is repaired; this names where it is."""
+    if db.dialect != "sqlite":
+        return []
+    from sqlalchemy import Boolean, Float, Integer, case, func, select
+    from sqlalchemy import inspect as inspect_db
+
+    from .schema import metadata
+
+    present = set(inspect_db(conn).get_table_names())
+    found = []
+    for table in metadata.sorted_tables:
+        if table.name not in present:
+            continue  # an optional feature not installed
+        have = {c["name"] for c in inspect_db(conn).get_columns(table.name)}
+        checked = []
+        for col in table.columns:
+            if col.name not in have:
+                continue
+            if isinstance(col.type, Boolean | Integer):
+                allowed = ("integer", "null")
+            elif isinstance(col.type, Float):
+                allowed = ("integer", "real", "null")
+            else:
+                continue
+            checked.append((col, allowed))
+        if not checked:
+            continue
+        # One pass over the table, a count per column.
+        counts = conn.execute(select(*(
+            func.coalesce(func.sum(case((func.typeof(col).not_in(allowed), 1), else_=0)), 0)
+            for col, allowed in checked)).select_from(table)).one()
+        found += [{"table": table.name, "column": col.name, "rows": int(n)}
+                  for (col, _), n in zip(checked, counts, strict=True) if n]
+    return found
 
 
 def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:

@@ -300,3 +300,19 @@ def test_http_claims_past_a_payload_that_is_not_an_object_are_never_a_500(
     assert {r.json()["job"]["job_id"] for r in answers} <= set(good)
     assert explain.status_code < 500, explain.text[:200]
     c.close()
+
+
+@WRONG_TYPE
+def test_check_names_each_sqlite_column_holding_a_value_of_the_wrong_type(
+        sqlite_target: Target, statement: str, commands: list[tuple[str, ...]]) -> None:
+    """What the commands above cannot read yet, `check` finds and names (exit 7)."""
+    c = _populated(sqlite_target)
+    assert run_cli(sqlite_target, "check", "--json").code == 0
+    _damage(c, statement)
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7, r
+    found = [v for v in r.json["violations"] if v["invariant"] == "value_of_wrong_type"]
+    table, column = statement.split()[1], statement.split()[3]
+    assert found and {"table": table, "column": column} == {
+        k: found[0]["columns"][0][k] for k in ("table", "column")}, found
+    c.close()
