@@ -150,7 +150,12 @@ def _populated(target: Target) -> Coordinator:
 
 # (statement, the commands that must not exit 1). Job 1 runs under w1's lease; jobs 2 and 3
 # wait (job 2 with a deadline).
-WRONG_TYPE = pytest.mark.parametrize(("statement", "commands"), [
+#: The reads that still fail on such a value (see the test's docstring).
+NOT_YET = pytest.mark.xfail(
+    strict=True, reason="SQLite keeps text written by hand into an integer or real column; "
+    "the commands that read it exit 1 (TypeError) instead of naming the damaged row (exit 7) "
+    "or working around it")
+WRONG_TYPE_CASES = [
     pytest.param("UPDATE workers SET heartbeat_at = 'abc' WHERE worker_id = 'w2'",
                  [("workers",), ("claim", "w2"), ("explain", "2")], id="heartbeat_at"),
     pytest.param("UPDATE workers SET memory_used_pct = 'abc' WHERE worker_id = 'w2'",
@@ -169,13 +174,17 @@ WRONG_TYPE = pytest.mark.parametrize(("statement", "commands"), [
                  [("schedule", "ls")], id="schedules.next_slot_at"),
     pytest.param("UPDATE job_events SET at = 'x' WHERE job_id = 1",
                  [("show", "1")], id="job_events.at"),
-])
+
+]
+#: Cases whose reads work around the damage already.
+HANDLED = {"limits.concurrency"}
+WRONG_TYPE = pytest.mark.parametrize(("statement", "commands"), [
+    pytest.param(*p.values, id=p.id, marks=() if p.id in HANDLED else NOT_YET)
+    for p in WRONG_TYPE_CASES])
+WRONG_TYPE_FOUND = pytest.mark.parametrize(("statement", "commands"), WRONG_TYPE_CASES)
 
 
 @WRONG_TYPE
-@pytest.mark.xfail(strict=True, reason="SQLite keeps text written by hand into an integer "
-                   "or real column; the commands that read it exit 1 (TypeError) instead of "
-                   "naming the damaged row (exit 7) or working around it")
 def test_sqlite_text_in_a_time_or_number_column_is_never_an_internal_error(
         sqlite_target: Target, statement: str, commands: list[tuple[str, ...]]) -> None:
     c = _populated(sqlite_target)
@@ -302,7 +311,7 @@ def test_http_claims_past_a_payload_that_is_not_an_object_are_never_a_500(
     c.close()
 
 
-@WRONG_TYPE
+@WRONG_TYPE_FOUND
 def test_check_names_each_sqlite_column_holding_a_value_of_the_wrong_type(
         sqlite_target: Target, statement: str, commands: list[tuple[str, ...]]) -> None:
     """What the commands above cannot read yet, `check` finds and names (exit 7)."""

@@ -43,6 +43,15 @@ class Limit:
     key_field: str | None = None
 
 
+def stored_limit(row: Any) -> Limit:
+    """A limit as stored (kind, concurrency, key field). A count that is not a whole number
+    (text written by hand on SQLite, which keeps it) counts as 1: never more than any real
+    limit allows (every limit allows at least 1), and the queue goes on; `check` names the
+    column (value_of_wrong_type)."""
+    n = row[1]
+    return Limit(row[0], n if type(n) is int and n >= 1 else 1, row[2])
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A job a claim considers (or has taken, or a live lease's job)."""
@@ -199,7 +208,7 @@ class ClaimView:
         self.tenant = tenant
         self.limits: dict[str, Limit] = {}
         if limited:
-            self.limits = {r[0]: Limit(r[0], r[1], r[2])
+            self.limits = {r[0]: stored_limit(r)
                            for r in ctx.db.run(conn, sql.ALL_LIMITS).fetchall()}
         self._holders: dict[str, list[Candidate]] = {}
         self._held = False
@@ -376,7 +385,7 @@ def diagnose(ctx: Context, conn: Connection, job: Mapping[str, Any], now: int,
                            "running_needs": {}, "viewer": tenant}
     row = ctx.db.run(conn, sql.LIMIT_OF, {"kind": job["kind"]}).first()
     if row is not None:
-        out["limit"] = Limit(row[0], row[1], row[2])
+        out["limit"] = stored_limit(row)
         out["holders"] = [Candidate(r[0], row[0], v.stored_json(r[3], r[0], "payload_json"), {},
                                     r[1], r[2], r[4])
                           for r in ctx.db.run(conn, sql.LIVE_HOLDERS,
