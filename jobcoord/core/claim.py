@@ -17,7 +17,7 @@ from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us, record_event
-from .workers import unreadable_column, unreadable_detail, worker_raw
+from .workers import mistyped_column, unreadable_column, unreadable_detail, worker_raw
 
 T = TypeVar("T")
 
@@ -215,7 +215,8 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
                       f"worker {worker_id} has never sent a heartbeat", False)
     # The capacity is read only when a waiting job declares needs (as the take does).
     raw = worker_raw(ctx, conn, worker_id) if row[8] else None
-    damaged = unreadable_column((row[0], row[1] if kinds is None else None, raw))
+    damaged = (unreadable_column((row[0], row[1] if kinds is None else None, raw))
+               or mistyped_column(row[2:7]))
     if damaged is not None:
         # Written outside jobcoord: this worker claims nothing, as if it had no heartbeat,
         # until its next heartbeat rewrites the row (never an internal error).
@@ -305,7 +306,7 @@ def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None, 
     def _look(conn: Connection) -> bool:
         now = now_us()
         row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
-        if row is None or unreadable_column(
+        if row is None or mistyped_column(row[2:7]) or unreadable_column(
                 (row[0], row[1], worker_raw(ctx, conn, worker_id) if row[8] else None)
         ) is not None:
             return False  # a damaged row claims nothing (`admit`)

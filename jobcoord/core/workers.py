@@ -71,10 +71,32 @@ def unreadable_column(texts: Sequence[str | None]) -> str | None:
     return None
 
 
+#: A worker's stored time and readings, in the order `sql.WORKER` and `sql.ALL_WORKERS` read
+#: them after its JSON columns.
+WORKER_TYPED_COLUMNS = ("heartbeat_at", "memory_used_pct", "temperature_c", "on_battery",
+                        "user_idle_s")
+
+
+def mistyped_column(values: Sequence[Any]) -> str | None:
+    """The first of a worker's time and readings (`WORKER_TYPED_COLUMNS`, in that order) of
+    another type than a heartbeat stores (text written by hand on SQLite, which keeps it):
+    the gates cannot compare it, so the worker is treated like one whose row is damaged."""
+    for column, value in zip(WORKER_TYPED_COLUMNS, values, strict=True):
+        if value is None:
+            continue
+        if column == "heartbeat_at":
+            if type(value) is not int:
+                return column
+        elif type(value) not in (int, float, bool):
+            return column
+    return None
+
+
 def unreadable_detail(worker_id: str, column: str) -> str:
     """Why a worker whose row is damaged claims nothing: as if it had no heartbeat, until
     its next one rewrites the row (a worker process heals itself on its timer)."""
-    return (f"worker {worker_id}: its stored {column} is not valid JSON (written outside "
+    what = "not of its type" if column in WORKER_TYPED_COLUMNS else "not valid JSON"
+    return (f"worker {worker_id}: its stored {column} is {what} (written outside "
             "jobcoord); its next heartbeat rewrites it")
 
 
@@ -92,12 +114,14 @@ def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:
     gate says stale): one damaged row must not hide every other worker."""
     out = []
     for r in ctx.db.run(conn, sql.ALL_WORKERS).all():
-        damaged = unreadable_column((r[1], r[2], r[11]))
+        damaged = unreadable_column((r[1], r[2], r[11])) or mistyped_column(r[3:8])
         out.append({
             "worker_id": r[0], "roles": [] if damaged else json.loads(r[1]),
             # kinds_json NULL: every kind (a heartbeat that named none).
-            "kinds": [] if damaged else loads(r[2]), "heartbeat_at": r[3],
-            "readings": Readings(r[4], r[5], as_bool(r[6]), r[7]),
+            "kinds": [] if damaged else loads(r[2]),
+            "heartbeat_at": None if damaged else r[3],
+            "readings": Readings(None, None, None, None) if damaged else
+            Readings(r[4], r[5], as_bool(r[6]), r[7]),
             "last_refusal": r[8], "last_refusal_detail": r[9], "last_refusal_at": r[10],
             "heartbeat_raw": r[11], "unreadable": damaged})
     return out
