@@ -27,5 +27,14 @@ def iso(us: int | None) -> str | None:
     """Render a stored time as ISO 8601 UTC for humans and JSON output."""
     if us is None:
         return None
+    if isinstance(us, str | bytes):
+        # Only a row written outside jobcoord holds anything else (SQLite keeps text in an
+        # integer column): the database is damaged (exit 7), not the code.
+        from .errors import DatabaseCorrupt
+
+        raise DatabaseCorrupt(
+            "value_of_wrong_type", f"a stored time is {type(us).__name__} {str(us)[:40]!r}, "
+            "not a count of microseconds (written outside jobcoord); `jobcoord check` names "
+            "the table and the column")
     dt = datetime.fromtimestamp(us // MICROS, UTC).replace(microsecond=us % MICROS)
     return dt.isoformat().replace("+00:00", "Z")

@@ -1,9 +1,6 @@
 """Rows damaged outside jobcoord (a file edited by hand, a broken restore) and requests with a
 refused identity, attacked from outside: no command exits 1, no route answers 500, a worker
-process keeps running the good jobs, and 401 / 403 come before 400.
-
-Each test that records a break still present is marked xfail(strict=True) with the break it
-shows, so the suite stays green and the break stays recorded."""
+process keeps running the good jobs, and 401 / 403 come before 400."""
 
 from __future__ import annotations
 
@@ -150,11 +147,6 @@ def _populated(target: Target) -> Coordinator:
 
 # (statement, the commands that must not exit 1). Job 1 runs under w1's lease; jobs 2 and 3
 # wait (job 2 with a deadline).
-#: The reads that still fail on such a value (see the test's docstring).
-NOT_YET = pytest.mark.xfail(
-    strict=True, reason="SQLite keeps text written by hand into an integer or real column; "
-    "the commands that read it exit 1 (TypeError) instead of naming the damaged row (exit 7) "
-    "or working around it")
 WRONG_TYPE_CASES = [
     pytest.param("UPDATE workers SET heartbeat_at = 'abc' WHERE worker_id = 'w2'",
                  [("workers",), ("claim", "w2"), ("explain", "2")], id="heartbeat_at"),
@@ -176,17 +168,15 @@ WRONG_TYPE_CASES = [
                  [("show", "1")], id="job_events.at"),
 
 ]
-#: Cases whose reads work around the damage already.
-HANDLED = {"limits.concurrency", "heartbeat_at", "memory_used_pct"}
-WRONG_TYPE = pytest.mark.parametrize(("statement", "commands"), [
-    pytest.param(*p.values, id=p.id, marks=() if p.id in HANDLED else NOT_YET)
-    for p in WRONG_TYPE_CASES])
-WRONG_TYPE_FOUND = pytest.mark.parametrize(("statement", "commands"), WRONG_TYPE_CASES)
+WRONG_TYPE = pytest.mark.parametrize(("statement", "commands"), WRONG_TYPE_CASES)
 
 
 @WRONG_TYPE
 def test_sqlite_text_in_a_time_or_number_column_is_never_an_internal_error(
         sqlite_target: Target, statement: str, commands: list[tuple[str, ...]]) -> None:
+    """A read that meets such a value names the damage (exit 7, `value_of_wrong_type`, from
+    the time's rendering) or works around it (a claim: the limit counts as 1, the worker is
+    stale); never exit 1."""
     c = _populated(sqlite_target)
     _damage(c, statement)
     failures = []
@@ -311,7 +301,7 @@ def test_http_claims_past_a_payload_that_is_not_an_object_are_never_a_500(
     c.close()
 
 
-@WRONG_TYPE_FOUND
+@WRONG_TYPE
 def test_check_names_each_sqlite_column_holding_a_value_of_the_wrong_type(
         sqlite_target: Target, statement: str, commands: list[tuple[str, ...]]) -> None:
     """What the commands above cannot read yet, `check` finds and names (exit 7)."""
