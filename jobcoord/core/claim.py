@@ -3,7 +3,6 @@ lease and epoch, and why nothing was claimed."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -17,7 +16,7 @@ from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us, record_event
-from .workers import mistyped_column, unreadable_column, unreadable_detail, worker_raw
+from .workers import claiming_row, unreadable_detail
 
 T = TypeVar("T")
 
@@ -213,18 +212,15 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
                       f"worker {worker_id} has never sent a heartbeat", False)
-    # The capacity is read only when a waiting job declares needs (as the take does).
-    raw = worker_raw(ctx, conn, worker_id) if row[8] else None
-    damaged = (unreadable_column((row[0], row[1] if kinds is None else None, raw))
-               or mistyped_column(row[2:7]))
+    damaged, (roles, stored_kinds, *_) = claiming_row(ctx, conn, worker_id, row,
+                                                      kinds is not None)
     if damaged is not None:
         # Written outside jobcoord: this worker claims nothing, as if it had no heartbeat,
         # until its next heartbeat rewrites the row (never an internal error).
         return refuse(ctx, conn, worker_id, now, "heartbeat_stale",
                       unreadable_detail(worker_id, damaged))
-    roles = json.loads(row[0])
-    if kinds is None and row[1] is not None:
-        kinds = json.loads(row[1])
+    if kinds is None:
+        kinds = stored_kinds
     if kinds is not None and not kinds:
         # Heartbeats refuse an empty list; a row holding one claims nothing, clearly,
         # instead of building a statement with no probe.
@@ -306,12 +302,13 @@ def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None, 
     def _look(conn: Connection) -> bool:
         now = now_us()
         row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
-        if row is None or mistyped_column(row[2:7]) or unreadable_column(
-                (row[0], row[1], worker_raw(ctx, conn, worker_id) if row[8] else None)
-        ) is not None:
+        if row is None:
+            return False
+        damaged, (roles, stored_kinds, *_) = claiming_row(ctx, conn, worker_id, row,
+                                                          kind_filter is not None)
+        if damaged is not None:
             return False  # a damaged row claims nothing (`admit`)
-        roles = json.loads(row[0])
-        wanted = kind_filter if kind_filter is not None or row[1] is None else json.loads(row[1])
+        wanted = kind_filter if kind_filter is not None else stored_kinds
         if wanted is not None and not wanted:
             return False
         gates = evaluate(ctx.policy, Readings(row[3], row[4], as_bool(row[5]), row[6]))

@@ -16,7 +16,7 @@ from ..clock import MICROS, now_us
 from ..errors import InvalidInput
 from ..policy import GateDecision, Readings, evaluate
 from ..store import statements as sql
-from .common import NO_KINDS, Context, as_bool, loads
+from .common import NO_KINDS, Context, as_bool
 
 
 def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = None,
@@ -57,18 +57,29 @@ def stored_shape_ok(column: str, value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(x, str) for x in value)
 
 
+def parse_worker_json(texts: Sequence[str | None]) -> tuple[str | None, list[Any]]:
+    """A worker's stored JSON columns (`WORKER_JSON_COLUMNS`, in that order; None kept),
+    parsed once: the first column whose text does not parse, or parses to something no
+    heartbeat writes (`null`, a number), written outside jobcoord (by hand, a broken
+    restore), or None; and the values parsed."""
+    values: list[Any] = [None] * len(texts)  # as many as given, whatever is damaged
+    for i, (column, text) in enumerate(zip(WORKER_JSON_COLUMNS, texts, strict=False)):
+        if text is None:
+            continue
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return column, values
+        if not stored_shape_ok(column, value):
+            return column, values
+        values[i] = value
+    return None, values
+
+
 def unreadable_column(texts: Sequence[str | None]) -> str | None:
-    """The first of a worker's stored JSON columns (`WORKER_JSON_COLUMNS`, in that order)
-    whose text does not parse, or parses to something no heartbeat writes (`null`, a
-    number): written outside jobcoord (by hand, a broken restore)."""
-    for column, text in zip(WORKER_JSON_COLUMNS, texts, strict=False):
-        if text is not None:
-            try:
-                if not stored_shape_ok(column, json.loads(text)):
-                    return column
-            except ValueError:
-                return column
-    return None
+    """The first of a worker's stored JSON columns that is damaged (see
+    `parse_worker_json`), or None."""
+    return parse_worker_json(texts)[0]
 
 
 #: A worker's stored time and readings, in the order `sql.WORKER` and `sql.ALL_WORKERS` read
@@ -108,17 +119,29 @@ def worker_raw(ctx: Context, conn: Connection, worker_id: str) -> str | None:
     return None if row is None else row[0]
 
 
+def claiming_row(ctx: Context, conn: Connection, worker_id: str, row: Sequence[Any],
+                 kinds_named: bool) -> tuple[str | None, list[Any]]:
+    """A claim's read of the worker's row (`sql.WORKER`): the first damaged column it uses
+    (its roles; its kinds unless the call names them; its capacity when a waiting job
+    declares needs; its time and readings), or None; and the JSON columns parsed once."""
+    # The capacity is read only when a waiting job declares needs (as the take does).
+    raw = worker_raw(ctx, conn, worker_id) if row[8] else None
+    damaged, values = parse_worker_json((row[0], None if kinds_named else row[1], raw))
+    return damaged or mistyped_column(row[2:7]), values
+
+
 def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:
     """Every worker's row, its readings parsed for the gates. A row whose stored JSON does
     not parse is listed with no roles and no kinds and `unreadable` naming the column (its
     gate says stale): one damaged row must not hide every other worker."""
     out = []
     for r in ctx.db.run(conn, sql.ALL_WORKERS).all():
-        damaged = unreadable_column((r[1], r[2], r[11])) or mistyped_column(r[3:8])
+        damaged, values = parse_worker_json((r[1], r[2], r[11]))
+        damaged = damaged or mistyped_column(r[3:8])
         out.append({
-            "worker_id": r[0], "roles": [] if damaged else json.loads(r[1]),
+            "worker_id": r[0], "roles": [] if damaged else values[0],
             # kinds_json NULL: every kind (a heartbeat that named none).
-            "kinds": [] if damaged else loads(r[2]),
+            "kinds": [] if damaged else values[1],
             "heartbeat_at": None if damaged else r[3],
             "readings": Readings(None, None, None, None) if damaged else
             Readings(r[4], r[5], as_bool(r[6]), r[7]),
