@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -62,30 +63,20 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
         violations.append({"invariant": "job_unreadable",
                            "job_ids": sorted({d["job_id"] for d in damaged})[:20],
                            "columns": damaged[:20]})
-    typed = _wrong_types(db, conn)
-    if typed:
-        violations.append({"invariant": "value_of_wrong_type", "job_ids": [],
-                           "columns": typed[:20]})
-    workers = _unreadable_workers(db, conn)
-    if workers:
-        violations.append({"invariant": "worker_unreadable", "job_ids": [],
-                           "workers": workers[:20]})
-    unreadable = _unreadable_schedules(db, conn)
-    if unreadable:
-        violations.append({"invariant": "schedule_unreadable", "job_ids": [],
-                           "schedules": unreadable[:20]})
-    differ = _counts_differ(db, conn)
-    if differ:
-        violations.append({"invariant": "job_counts_differ_from_jobs", "job_ids": [],
-                           "keys": differ[:20]})
+    # The findings that name no job: each lists (at most 20 of) what it found under its key.
+    for name, key, find in (("value_of_wrong_type", "columns", _wrong_types),
+                            ("worker_unreadable", "workers", _unreadable_workers),
+                            ("schedule_unreadable", "schedules", _unreadable_schedules),
+                            ("job_counts_differ_from_jobs", "keys", _counts_differ)):
+        found = find(db, conn)
+        if found:
+            violations.append({"invariant": name, "job_ids": [], key: found[:20]})
     return violations
 
 
 def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
     """The job columns whose stored JSON does not parse (a row changed by hand): show,
     claim and explain of such a job fail with exit 7 until it is repaired or removed."""
-    import json
-
     from sqlalchemy import inspect
 
     from .errors import DatabaseCorrupt
@@ -93,27 +84,22 @@ def _unreadable_jobs(db: Database, conn: Connection) -> list[dict[str, Any]]:
 
     present = {c["name"] for c in inspect(conn).get_columns("jobs")}
     columns = tuple(c for c in JOB_JSON_COLUMNS if c in present)  # needs_json: c0006 on
-    bad = []
-    for job_id, *texts in db.run(conn, rs.job_json_rows(columns)):
-        for column, text in zip(columns, texts, strict=True):
-            if text is None:
-                continue
-            try:
-                stored_json(text, job_id, column)
-            except DatabaseCorrupt:
-                bad.append({"job_id": job_id, "column": column})
-    for stmt, column in ((rs.CHECKPOINT_JSON_ROWS, CHECKPOINT_DATA),
-                         (rs.EVENT_DETAIL_ROWS, EVENT_DETAIL)):
-        damaged = set()
-        for job_id, text in db.run(conn, stmt):
-            if job_id in damaged:
-                continue
-            try:
-                json.loads(text)
-            except ValueError:
-                damaged.add(job_id)
-                bad.append({"job_id": job_id, "column": column})
-    return sorted(bad, key=lambda d: d["job_id"])
+    # (job, column) pairs in the order found, each once (a job has many events).
+    bad: dict[tuple[int, str], None] = {}
+    def rows() -> Iterator[tuple[int, str, str | None]]:  # streamed, never all in memory
+        for job_id, *texts in db.run(conn, rs.job_json_rows(columns)):
+            yield from ((job_id, column, text) for column, text in zip(columns, texts,
+                                                                       strict=True))
+        for stmt, column in ((rs.CHECKPOINT_JSON_ROWS, CHECKPOINT_DATA),
+                             (rs.EVENT_DETAIL_ROWS, EVENT_DETAIL)):
+            yield from ((job_id, column, text) for job_id, text in db.run(conn, stmt))
+
+    for job_id, column, text in rows():
+        try:
+            stored_json(text, job_id, column)  # the same judgement every read makes
+        except DatabaseCorrupt:
+            bad[(job_id, column)] = None
+    return sorted(({"job_id": j, "column": c} for j, c in bad), key=lambda d: d["job_id"])
 
 
 def _wrong_types(db: Database, conn: Connection) -> list[dict[str, Any]]:

@@ -174,12 +174,9 @@ def capacity_of(raw: str | None) -> Capacity:
     """A worker's capacity from its last heartbeat as received (validated on receipt)."""
     if not raw:
         return Capacity()
-    try:
-        readings = json.loads(raw)
-    except ValueError:
-        # Damaged outside jobcoord: reports nothing (never more than it has). A claim
-        # refuses such a worker before it gets here (`claim.admit`); explain lists it stale.
-        return Capacity()
+    # A damaged row never gets here: a claim refuses such a worker first
+    # (`workers.claiming_row`) and explain lists it stale.
+    readings = json.loads(raw)
     gpus = tuple(None if not isinstance(g.get("memory_free_mb"), int | float)
                  else int(g["memory_free_mb"]) for g in readings.get("gpus") or ())
     named: dict[str, int] = {}
