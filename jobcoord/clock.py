@@ -36,5 +36,11 @@ def iso(us: int | None) -> str | None:
             "value_of_wrong_type", f"a stored time is {type(us).__name__} {str(us)[:40]!r}, "
             "not a count of microseconds (written outside jobcoord); `jobcoord check` names "
             "the table and the column")
-    dt = datetime.fromtimestamp(us // MICROS, UTC).replace(microsecond=us % MICROS)
+    try:
+        dt = datetime.fromtimestamp(us // MICROS, UTC).replace(microsecond=us % MICROS)
+    except (OverflowError, OSError, ValueError):
+        # Past the calendar (year 10000 on): written outside jobcoord, as above.
+        from .stored import out_of_range
+
+        raise out_of_range(us, "a stored time") from None
     return dt.isoformat().replace("+00:00", "Z")

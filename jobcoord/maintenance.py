@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
+from sqlalchemy import Column, ColumnElement, Table
 from sqlalchemy.engine import Connection
 
 from .errors import (
@@ -65,6 +66,8 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
                            "columns": damaged[:20]})
     # The findings that name no job: each lists (at most 20 of) what it found under its key.
     for name, key, find in (("value_of_wrong_type", "columns", _wrong_types),
+                            ("time_out_of_range", "columns", _times_out_of_range),
+                            ("row_breaks_check", "checks", _rows_breaking_checks),
                             ("worker_unreadable", "workers", _unreadable_workers),
                             ("schedule_unreadable", "schedules", _unreadable_schedules),
                             ("job_counts_differ_from_jobs", "keys", _counts_differ)):
@@ -108,7 +111,30 @@ def _wrong_types(db: Database, conn: Connection) -> list[dict[str, Any]]:
     it). Commands reading such a row fail until it is repaired; this names where it is."""
     if db.dialect != "sqlite":
         return []
-    from sqlalchemy import Boolean, Float, Integer, case, func, select
+    from sqlalchemy import Boolean, Float, Integer, String, func
+
+    def bad(table: Table, col: Column[Any]) -> ColumnElement[bool] | None:
+        if isinstance(col.type, Boolean | Integer):
+            allowed: tuple[str, ...] = ("integer", "null")
+        elif isinstance(col.type, Float):
+            allowed = ("integer", "real", "null")
+        elif isinstance(col.type, String):
+            allowed = ("text", "null")
+        else:
+            return None
+        return func.typeof(col).not_in(allowed)
+
+    return [{"table": t.name, "column": c.name, "rows": n}
+            for t, c, n in _per_column(db, conn, bad)]
+
+
+def _per_column(db: Database, conn: Connection,
+                bad: Callable[[Table, Column[Any]], ColumnElement[bool] | None]
+                ) -> list[tuple[Table, Column[Any], int]]:
+    """For each table of the model the database has, one pass counting per column the rows
+    where `bad(table, column)` holds (columns it gives None for are not counted): the
+    (table, column, rows) found."""
+    from sqlalchemy import case, func, select
     from sqlalchemy import inspect as inspect_db
 
     from .schema import metadata
@@ -119,26 +145,72 @@ def _wrong_types(db: Database, conn: Connection) -> list[dict[str, Any]]:
         if table.name not in present:
             continue  # an optional feature not installed
         have = {c["name"] for c in inspect_db(conn).get_columns(table.name)}
-        checked = []
-        for col in table.columns:
-            if col.name not in have:
-                continue
-            if isinstance(col.type, Boolean | Integer):
-                allowed = ("integer", "null")
-            elif isinstance(col.type, Float):
-                allowed = ("integer", "real", "null")
-            else:
-                continue
-            checked.append((col, allowed))
+        checked = [(col, cond) for col in table.columns if col.name in have
+                   for cond in (bad(table, col),) if cond is not None]
         if not checked:
             continue
-        # One pass over the table, a count per column.
         counts = conn.execute(select(*(
-            func.coalesce(func.sum(case((func.typeof(col).not_in(allowed), 1), else_=0)), 0)
-            for col, allowed in checked)).select_from(table)).one()
-        found += [{"table": table.name, "column": col.name, "rows": int(n)}
-                  for (col, _), n in zip(checked, counts, strict=True) if n]
+            func.coalesce(func.sum(case((cond, 1), else_=0)), 0) for _, cond in checked))
+            .select_from(table)).one()
+        found += [(table, col, int(n)) for (col, _), n in zip(checked, counts, strict=True)
+                  if n]
     return found
+
+
+def _times_out_of_range(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    """Time columns holding a whole number past the calendar (year 10000 on, or before year
+    1): written outside jobcoord (every time it writes is near now); no command can render
+    such a row. On SQLite only integers are judged here (text is value_of_wrong_type)."""
+    from sqlalchemy import Integer, and_, func, or_
+
+    from .stored import MAX_TIME_US, MIN_TIME_US, is_time
+
+    def bad(table: Table, col: Column[Any]) -> ColumnElement[bool] | None:
+        if not (isinstance(col.type, Integer) and is_time(col.name)):
+            return None
+        outside = or_(col < MIN_TIME_US, col > MAX_TIME_US)
+        return and_(func.typeof(col) == "integer", outside) if db.is_sqlite else outside
+
+    return [{"table": t.name, "column": c.name, "rows": n}
+            for t, c, n in _per_column(db, conn, bad)]
+
+
+def _rows_breaking_checks(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    """Rows breaking one of their table's CHECK constraints (SQLite keeps a row written with
+    its checks ignored; PostgreSQL never does): the next update of such a job fails, so a
+    claim sets a waiting one aside as dead; this names every one, by constraint."""
+    from sqlalchemy import CheckConstraint, case, func, literal_column, select
+    from sqlalchemy import inspect as inspect_db
+
+    from .schema import metadata
+
+    present = set(inspect_db(conn).get_table_names())
+    found = []
+    for table in metadata.sorted_tables:
+        checks = sorted((c for c in table.constraints if isinstance(c, CheckConstraint)),
+                        key=lambda c: str(c.name))
+        if table.name not in present or not checks:
+            continue
+        have = {c["name"] for c in inspect_db(conn).get_columns(table.name)}
+        # A check naming a column this revision lacks is not installed yet.
+        checks = [c for c in checks if all(n in have for n in _names_in(str(c.sqltext), table))]
+        if not checks:
+            continue
+        counts = conn.execute(select(*(
+            func.coalesce(func.sum(case((literal_column(f"NOT ({c.sqltext})"), 1),
+                                        else_=0)), 0) for c in checks))
+            .select_from(table)).one()
+        found += [{"table": table.name, "check": str(c.name), "rows": int(n)}
+                  for c, n in zip(checks, counts, strict=True) if n]
+    return found
+
+
+def _names_in(sqltext: str, table: Table) -> list[str]:
+    """The table's column names a CHECK's text mentions."""
+    import re
+
+    words = set(re.findall(r"[a-z_]+", sqltext))
+    return [c.name for c in table.columns if c.name in words]
 
 
 def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:

@@ -39,9 +39,13 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from . import schema, stored
 from .clock import MICROS, now_us
 from .states import FINAL_STATUSES, STATUSES
 from .store import report_statements as rs
+
+#: The key columns of job_counts, in JOB_COUNTS's order (its last column is a sum).
+_COUNT_KEY = ("tenant", "status", "kind", "attempts")
 
 #: Buckets of the attempts-per-finished-job histogram (attempts are small whole numbers).
 ATTEMPT_BUCKETS: tuple[float, ...] = (1, 2, 3, 5, 10)
@@ -198,7 +202,12 @@ class JobcoordCollector(Collector):
             out: dict[str, Any] = {"now_us": now}
             jobs: dict[tuple[str, str], int] = {}
             attempts: dict[int, int] = {}
-            for _tenant, status, kind, tries, n in db.run(conn, rs.JOB_COUNTS).all():
+            for row in db.run(conn, rs.JOB_COUNTS).all():
+                # Rendered as labels and summed: a value of the wrong type is exit 7 (503)
+                # naming it, as every read of a damaged row (jobcoord/stored.py).
+                stored.row(schema.job_counts, zip(_COUNT_KEY, row, strict=False),
+                           "job_counts")
+                _tenant, status, kind, tries, n = row
                 if n:
                     jobs[(status, kind)] = jobs.get((status, kind), 0) + int(n)
                     if status in final:
@@ -207,6 +216,8 @@ class JobcoordCollector(Collector):
             out["attempts"] = sorted((a, n) for a, n in attempts.items() if n)
             oldest: dict[str, int] = {}
             for _tenant, kind, created, _n in db.run(conn, rs.OLDEST_WAITING).all():
+                stored.row(schema.jobs, (("kind", kind), ("created_at", created)),
+                           f"a waiting job of kind {kind!r}")
                 if created is not None:
                     oldest[kind] = min(created, oldest.get(kind, created))
             out["oldest_waiting"] = sorted(oldest.items())
@@ -214,7 +225,10 @@ class JobcoordCollector(Collector):
             out["entered"] = dict(db.run(conn, rs.ENTERED).all())
             out["refusals"] = {reason: int(n) for reason, n in
                                db.run(conn, rs.CLAIM_REFUSALS).all()}
-            out["workers"] = [tuple(r) for r in db.run(conn, rs.WORKER_STATES).all()]
+            # A worker whose stored heartbeat time is not a number (written outside
+            # jobcoord) is shown as one without a heartbeat: as `workers` and claims do.
+            out["workers"] = [(w, beat if type(beat) is int else None, refusal)
+                              for w, beat, refusal in db.run(conn, rs.WORKER_STATES).all()]
             out["leases"] = dict(db.run(conn, rs.LEASES_BY_WORKER).all())
             if "artifacts" in self.features:
                 out["artifacts"] = [tuple(r) for r in
@@ -253,7 +267,10 @@ class JobcoordCollector(Collector):
         totals = dict.fromkeys(STATUSES, 0)
         for status, kind, n in sorted(s["jobs"]):
             jobs.add_metric([status, kind], n)
-            totals[status] += n
+            # A status jobcoord never writes (a row changed by hand; `check` names it) is
+            # shown under its own label above, in no total.
+            if status in totals:
+                totals[status] += n
         yield jobs
 
         by_status = GaugeMetricFamily("jobcoord_jobs_by_status",

@@ -317,6 +317,9 @@ def _schedule_payload(s: Mapping[str, Any]) -> Any:
 def schedule_json(s: Mapping[str, Any], last: Mapping[str, Any] | None) -> dict[str, Any]:
     """A schedule as `schedule ls` shows it: its timing and job, the next fire time (None
     while paused) and the last outcome."""
+    from . import schema, stored
+
+    stored.row(schema.schedules, s, f"schedule {s['name']}")
     catchup = s["catchup"] if s["catchup"] != "all" else f"all:{s['catchup_max']}"
     return {
         "name": s["name"], "kind": s["kind"], "tenant": s["tenant"], "role": s["required_role"],

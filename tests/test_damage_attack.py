@@ -28,6 +28,17 @@ def _damage(c: Coordinator, statement: str, **params: Any) -> None:
         conn.execute(text(statement), params)
 
 
+def _with_checks_ignored(target: Target, statement: str) -> None:
+    """Damage written past the CHECK constraints, as a careless editor or a broken restore
+    can on SQLite."""
+    import sqlite3
+
+    conn = sqlite3.connect(target.sqlite_path or "")
+    conn.execute("PRAGMA ignore_check_constraints = 1")
+    conn.executescript(statement)
+    conn.close()
+
+
 def _no_internal_error(target: Target, *args: str) -> Any:
     r = run_cli(target, *args, "--json")
     assert r.code != 1 and "Traceback" not in r.err, (args, r)
@@ -166,7 +177,16 @@ WRONG_TYPE_CASES = [
                  [("schedule", "ls")], id="schedules.next_slot_at"),
     pytest.param("UPDATE job_events SET at = 'x' WHERE job_id = 1",
                  [("show", "1")], id="job_events.at"),
-
+    pytest.param("UPDATE jobs SET run_after = 'soon' WHERE job_id = 2",
+                 [("explain", "2"), ("show", "2"), ("jobs",)], id="explain.run_after"),
+    pytest.param("UPDATE jobs SET priority = 'abc' WHERE job_id = 2",
+                 [("explain", "2"), ("show", "2"), ("jobs",)], id="priority"),
+    pytest.param("UPDATE jobs SET priority = X'00ff' WHERE job_id = 2",
+                 [("explain", "2"), ("show", "2"), ("jobs",)], id="priority.bytes"),
+    pytest.param("UPDATE jobs SET kind = X'6b' WHERE job_id = 3",
+                 [("explain", "3"), ("show", "3"), ("jobs",)], id="kind.bytes"),
+    pytest.param("UPDATE schedules SET every_us = 'x'",
+                 [("schedule", "ls")], id="schedules.every_us"),
 ]
 WRONG_TYPE = pytest.mark.parametrize(("statement", "commands"), WRONG_TYPE_CASES)
 
@@ -178,13 +198,150 @@ def test_sqlite_text_in_a_time_or_number_column_is_never_an_internal_error(
     the time's rendering) or works around it (a claim: the limit counts as 1, the worker is
     stale); never exit 1."""
     c = _populated(sqlite_target)
-    _damage(c, statement)
+    _with_checks_ignored(sqlite_target, statement)
     failures = []
     for args in commands:
         r = run_cli(sqlite_target, *args, "--json")
         if r.code == 1 or "internal_error" in r.out:
             failures.append((args, r.out[:200]))
     assert not failures, failures
+    c.close()
+
+
+def test_reads_of_a_value_of_the_wrong_type_name_the_row_and_column_exit_7(
+        sqlite_target: Target) -> None:
+    """The typed read boundary: what `check` names, a read refuses the same way (exit 7,
+    value_of_wrong_type, the table and column), changing nothing."""
+    c = _populated(sqlite_target)
+    _with_checks_ignored(sqlite_target, "UPDATE jobs SET priority = 'abc' WHERE job_id = 2")
+    before = dump(c)
+    for args in (("explain", "2"), ("show", "2"), ("jobs",)):
+        r = run_cli(sqlite_target, *args, "--json")
+        assert r.code == 7, (args, r)
+        assert r.json["error"]["code"] == "value_of_wrong_type", r.json
+        assert r.json["error"]["details"] == {"table": "jobs", "column": "priority"}
+    assert run_cli(sqlite_target, "show", "3", "--json").code == 0  # the other rows read
+    assert dump(c) == before
+    c.close()
+
+
+def test_a_status_jobcoord_never_writes_is_exit_7_on_reads_and_its_own_label_in_metrics(
+        sqlite_target: Target) -> None:
+    """A job status outside the CHECK constraint's list (SQLite, checks ignored): `show`,
+    `explain` and `jobs` are exit 7 `row_breaks_check` naming the column, never a made-up
+    diagnosis; `metrics` (exit 0) shows the jobs under that status's own label and in no
+    total; `check` names the constraint."""
+    c = _populated(sqlite_target)
+    _with_checks_ignored(sqlite_target, "UPDATE jobs SET status = 'weird' WHERE job_id = 3")
+    for args in (("show", "3"), ("explain", "3"), ("jobs",)):
+        r = _no_internal_error(sqlite_target, *args)
+        assert r.code == 7 and r.json["error"]["code"] == "row_breaks_check", (args, r)
+        assert r.json["error"]["details"] == {"table": "jobs", "column": "status"}
+    r = run_cli(sqlite_target, "metrics")
+    assert r.code == 0, r
+    assert 'jobcoord_jobs{kind="k",status="weird"} 1.0' in r.out
+    assert 'jobcoord_jobs_by_status{status="waiting"} 1.0' in r.out  # job 2 only
+    r = run_cli(sqlite_target, "check", "--json")
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert {"table": "jobs", "check": "ck_jobs_status", "rows": 1} in found[
+        "row_breaks_check"]["checks"], found
+    c.close()
+
+
+def test_metrics_with_a_worker_heartbeat_time_holding_text_shows_it_without_one(
+        sqlite_target: Target) -> None:
+    """As claims and `workers` treat it: that worker has no heartbeat age; the others do."""
+    c = _populated(sqlite_target)
+    _damage(c, "UPDATE workers SET heartbeat_at = 'x' WHERE worker_id = 'w2'")
+    r = run_cli(sqlite_target, "metrics")
+    assert r.code == 0, r
+    assert 'jobcoord_worker_heartbeat_age_seconds{worker="w1"}' in r.out
+    assert 'jobcoord_worker_heartbeat_age_seconds{worker="w2"}' not in r.out
+    assert "jobcoord_workers 2.0" in r.out
+    c.close()
+
+
+def test_metrics_with_a_job_kind_holding_bytes_is_exit_7_naming_it(
+        sqlite_target: Target) -> None:
+    c = _populated(sqlite_target)
+    _damage(c, "UPDATE jobs SET kind = X'6b' WHERE job_id = 3")
+    r = run_cli(sqlite_target, "metrics")
+    assert r.code == 7 and "its stored kind is bytes" in r.err, r
+    c.close()
+
+
+# --- a time past the calendar -----------------------------------------------------------------
+
+
+INT64_MAX = 2**63 - 1
+
+
+def test_a_time_past_the_calendar_is_exit_7_time_out_of_range_and_check_names_it(
+        target: Target) -> None:
+    """A whole number no calendar reaches (year 294247) in a time column: every read that
+    renders it is exit 7 `time_out_of_range`, never exit 1; `check` names the column; on
+    both databases (PostgreSQL's BIGINT holds it as surely as SQLite's INTEGER)."""
+    c = _populated(target)
+    assert run_cli(target, "check", "--json").code == 0
+    _damage(c, "UPDATE jobs SET created_at = :t WHERE job_id = 3", t=INT64_MAX)
+    before = dump(c)
+    for args in (("jobs",), ("show", "3"), ("explain", "3")):
+        r = _no_internal_error(target, *args)
+        assert r.code == 7 and r.json["error"]["code"] == "time_out_of_range", (args, r)
+    assert dump(c) == before
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert found["time_out_of_range"]["columns"] == [
+        {"table": "jobs", "column": "created_at", "rows": 1}], found
+    assert "value_of_wrong_type" not in found
+    c.close()
+
+
+def test_a_time_past_the_calendar_is_a_503_over_http_never_a_500(target: Target) -> None:
+    c = _populated(target)
+    _damage(c, "UPDATE jobs SET created_at = :t WHERE job_id = 3", t=INT64_MAX)
+    secret = token(target, "op", "operator")
+    with served(target) as s:
+        h = {"Authorization": f"Bearer {secret}"}
+        answers = {path: httpx.get(s.url + path, headers=h, timeout=30)
+                   for path in ("/v1/jobs", "/v1/jobs/3", "/v1/jobs/3/explain")}
+        ok = httpx.get(s.url + "/v1/jobs/2", headers=h, timeout=30)
+    for path, r in answers.items():
+        assert r.status_code == 503, (path, r.status_code, r.text[:300])
+        assert r.json()["error"]["code"] == "time_out_of_range", (path, r.text[:300])
+    assert ok.status_code == 200, ok.text[:300]
+    c.close()
+
+
+# --- a row breaking a CHECK constraint (written with the checks ignored) -------------------
+
+
+def test_a_waiting_job_breaking_its_attempts_check_is_set_aside_and_the_queue_runs(
+        sqlite_target: Target) -> None:
+    """SQLite checks a row's CHECK constraints when an update changes a column they name:
+    a waiting job stored with max_attempts 0 failed every claim's update (exit 1), first in
+    claim order for every worker. The claim sets it aside as dead, with an event naming
+    the constraint, and takes the next job; `check` names the row."""
+    c = Coordinator.open(sqlite_target)
+    jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(4)]
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    _with_checks_ignored(sqlite_target, "UPDATE jobs SET max_attempts = 0 "
+                         f"WHERE job_id = {jobs[0]};")
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert found["row_breaks_check"]["checks"] == [
+        {"table": "jobs", "check": "ck_jobs_attempts", "rows": 1}], found
+    r = _no_internal_error(sqlite_target, "claim", "w1")
+    assert r.code == 0 and r.json["job"]["job_id"] == jobs[1], r
+    shown = c.show(jobs[0])
+    assert shown["job"]["status"] == "dead", shown["job"]
+    last = shown["events"][-1]
+    assert (last["reason"], last["detail"]) == ("job_unreadable",
+                                                {"check": "ck_jobs_attempts"}), last
+    got = c.claim_many("w1", 5)
+    assert [g["job"]["job_id"] for g in got["claimed"]] == jobs[2:]
     c.close()
 
 
@@ -307,11 +464,12 @@ def test_check_names_each_sqlite_column_holding_a_value_of_the_wrong_type(
     """What the commands above cannot read yet, `check` finds and names (exit 7)."""
     c = _populated(sqlite_target)
     assert run_cli(sqlite_target, "check", "--json").code == 0
-    _damage(c, statement)
+    _with_checks_ignored(sqlite_target, statement)
     r = run_cli(sqlite_target, "check", "--json")
     assert r.code == 7, r
     found = [v for v in r.json["violations"] if v["invariant"] == "value_of_wrong_type"]
     table, column = statement.split()[1], statement.split()[3]
-    assert found and {"table": table, "column": column} == {
-        k: found[0]["columns"][0][k] for k in ("table", "column")}, found
+    # (A trigger may copy the value on: job_counts keeps a job's kind too.)
+    assert found and {"table": table, "column": column} in [
+        {k: f[k] for k in ("table", "column")} for f in found[0]["columns"]], found
     c.close()

@@ -53,7 +53,10 @@ def past_damaged(ctx: Context, attempt: Callable[[], T]) -> T:
         try:
             return attempt()
         except DatabaseCorrupt as exc:
-            if exc.code != "job_unreadable" or not set_aside(ctx, exc.details):
+            if exc.code == "row_breaks_check":
+                if not set_aside_breaking(ctx):
+                    raise
+            elif exc.code != "job_unreadable" or not set_aside(ctx, exc.details):
                 raise
     return attempt()
 
@@ -102,6 +105,36 @@ def set_aside(ctx: Context, where: dict[str, Any]) -> bool:
         record_event(ctx, conn, job_id, now, "waiting", "dead", "job_unreadable",
                      detail={"column": column})
         return True
+
+    return ctx.db.write(_do, "set aside")
+
+
+def set_aside_breaking(ctx: Context) -> int:
+    """End as `dead` the waiting jobs whose stored values break a CHECK constraint of the
+    jobs table (SQLite keeps such a row when it is written with its checks ignored; the
+    claim's update of it then fails), each with a `job_unreadable` event naming the
+    constraint, in one transaction: the statement that finds them is the judge, so a job
+    repaired or claimed meanwhile is not touched. The answer: how many it ended (none: the
+    claim's failure was not this damage, and is reported)."""
+
+    def _do(conn: Connection) -> int:
+        now = now_us()
+        ended = 0
+        for job_id, epoch, *broken in ctx.db.run(conn, sql.WAITING_BREAKING_CHECKS,
+                                                 {"n": MAX_SET_ASIDE}).all():
+            check = next((name for (name, _), b in zip(sql.JOB_CHECKS, broken, strict=True)
+                          if b), None)
+            error = (f"its stored values break the CHECK constraint {check} (written outside "
+                     "jobcoord); set aside by a claim so the jobs behind it can run")
+            if ctx.db.run(conn, sql.SET_STATUS, {
+                    "job_id": job_id, "epoch": epoch, "from_status": "waiting",
+                    "to_status": "dead", "now": now, "finished": now,
+                    "error": error}).rowcount != 1:
+                continue
+            ended += 1
+            record_event(ctx, conn, job_id, now, "waiting", "dead", "job_unreadable",
+                         detail={"check": check})
+        return ended
 
     return ctx.db.write(_do, "set aside")
 

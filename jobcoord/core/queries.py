@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from .. import schema, stored
 from .. import validate as v
 from ..clock import now_us
 from ..errors import InvalidInput, JobcoordError
@@ -29,8 +30,15 @@ def jobs(ctx: Context, *, status: str | None = None, kind: str | None = None,
     limit = v.whole(limit, "limit", 1, 10_000)
     stmt = qs.job_list(status is not None, kind is not None, tenant is not None)
     params = {"status": status, "kind": kind, "tenant": tenant, "limit": limit}
-    return ctx.db.read(lambda conn: [dict(zip(qs.JOB_SUMMARY_NAMES, r, strict=True))
-                                     for r in ctx.db.run(conn, stmt, params)], "jobs")
+
+    def _do(conn: Connection) -> list[dict[str, Any]]:
+        found = [dict(zip(qs.JOB_SUMMARY_NAMES, r, strict=True))
+                 for r in ctx.db.run(conn, stmt, params)]
+        for job in found:
+            stored.row(schema.jobs, job, f"job {job['job_id']}")
+        return found
+
+    return ctx.db.read(_do, "jobs")
 
 
 def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
@@ -42,6 +50,7 @@ def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, A
         job = load_job(ctx, conn, job_id, tenant)
         if isinstance(job, JobcoordError):
             return job
+        stored.row(schema.jobs, job, f"job {job_id}")  # rendered and compared below
         of_job = {"job_id": job_id}
         lease = ctx.db.run(conn, qs.LEASE_OF, of_job).first()
         events = ctx.db.run(conn, qs.EVENTS_OF, of_job).all()
@@ -74,6 +83,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
         job = load_job(ctx, conn, job_id, tenant)
         if isinstance(job, JobcoordError):
             return job
+        stored.row(schema.jobs, job, f"job {job_id}")  # rendered and compared below
         ahead = None
         if job["status"] == "waiting":
             role = job["required_role"]

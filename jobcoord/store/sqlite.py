@@ -95,6 +95,12 @@ SQLITE_CODES: tuple[tuple[str, type[JobcoordError], str, str], ...] = (
     ("SQLITE_IOERR", StorageUnavailable, "database_io_error", "disk I/O error"),
     ("SQLITE_CANTOPEN", StorageUnavailable, "database_unavailable", "cannot open the database"),
     ("SQLITE_PERM", StorageUnavailable, "database_readonly", "permission denied"),
+    # SQLite checks a row's CHECK constraints when a statement changes a column they name:
+    # a row written with its checks ignored fails the next update (a claim's attempt count
+    # against a max_attempts of 0), never a row jobcoord wrote.
+    ("SQLITE_CONSTRAINT_CHECK", DatabaseCorrupt, "row_breaks_check",
+     "a stored row breaks one of its table's CHECK constraints (written outside jobcoord); "
+     "`jobcoord check` names every such row"),
     ("SQLITE_NOTADB", DatabaseCorrupt, "database_corrupt", "the file is not a database"),
     ("SQLITE_CORRUPT", DatabaseCorrupt, "database_corrupt", "the database is malformed"),
 )

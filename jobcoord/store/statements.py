@@ -11,12 +11,14 @@ from typing import Any
 
 from sqlalchemy import (
     CTE,
+    CheckConstraint,
     bindparam,
     column,
     delete,
     exists,
     func,
     insert,
+    literal_column,
     null,
     or_,
     select,
@@ -204,6 +206,15 @@ JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
 JOB_JSON = SQL(select(J.status, J.epoch, J.payload_json, J.needs_json)
                .where(J.job_id == P("job_id")))
 ANY_WAITING = SQL(select(ONE).where(WAITING).limit(ONE))
+#: The jobs table's CHECK constraints, by name, each as the condition a row breaking it meets
+#: (SQLite keeps such a row when it was written with its checks ignored).
+JOB_CHECKS = tuple((ck.name, literal_column(f"NOT ({ck.sqltext})")) for ck in sorted(
+    (c for c in jobs.constraints if isinstance(c, CheckConstraint)), key=lambda c: c.name))
+#: Waiting jobs that break a CHECK constraint (at most :n): the job, its epoch, and per
+#: constraint of JOB_CHECKS whether it breaks it. A claim's update of such a row fails.
+WAITING_BREAKING_CHECKS = SQL(
+    select(J.job_id, J.epoch, *(broken for _, broken in JOB_CHECKS))
+    .where(WAITING, or_(*(broken for _, broken in JOB_CHECKS))).limit(P("n")))
 #: Is any job of tenant :tenant waiting? (A tenant-bound claim's "nothing waits".)
 ANY_WAITING_OF_TENANT = SQL(select(ONE).where(WAITING, J.tenant == P("tenant")).limit(ONE))
 SET_STATUS = SQL(
