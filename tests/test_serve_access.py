@@ -81,6 +81,14 @@ def _fenced(op: str, body: dict[str, Any]) -> Cell:
     return cell
 
 
+def _completions() -> Cell:
+    def cell(w: World, side: str) -> tuple[str, str, Any]:
+        job, epoch = w.leased("wa" if side == "own" else "wb", "alice" if side == "own"
+                              else "bob")
+        return "POST", "/v1/completions", {"items": [{"job_id": job, "epoch": epoch}]}
+    return cell
+
+
 def _foreign(op: str, body: dict[str, Any]) -> Cell:
     """A lease the worker token may not touch: "own" is another worker's lease in the
     token's own tenant, "other" is a lease held under the token's own worker id on a job of
@@ -147,6 +155,14 @@ MATRIX: dict[str, tuple[Cell, dict[str, tuple[int, int]]]] = {
     "POST /v1/claims": (_fixed("POST", "/v1/claims", {"wait": 0}),
                         {"submitter": (403, 403), "viewer": (403, 403), "worker": (200, 200),
                          "operator": (403, 403)}),
+    "POST /v1/claims (n)": (_fixed("POST", "/v1/claims", {"wait": 0, "n": 4}),
+                            {"submitter": (403, 403), "viewer": (403, 403),
+                             "worker": (200, 200), "operator": (403, 403)}),
+    # A group answers 200 with each item's own answer (another tenant's lease is refused
+    # as absent inside it: tests/test_serve_batches.py).
+    "POST /v1/completions": (_completions(), {
+        "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 200),
+        "operator": (403, 403)}),
     **{f"POST /v1/jobs/{{id}}/{op}": (_fenced(op, body), {
         "submitter": (403, 403), "viewer": (403, 403), "worker": (200, 404),
         "operator": (403, 403)}) for op, body in FENCED},

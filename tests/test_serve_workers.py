@@ -74,14 +74,14 @@ def log_events(err: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in err.splitlines() if line.startswith("{")]
 
 
-def run_fleet(target: Target, tmp: str, n_jobs: int, n_workers: int
+def run_fleet(target: Target, tmp: str, n_jobs: int, n_workers: int, *extra: str
               ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every worker's summary, and every line of their logs."""
+    """Every worker's summary, and every line of their logs (`extra`: worker options)."""
     with Coordinator.open(target) as c:
         c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n_jobs)])
     secrets = [token(target, f"w{i}", "worker", worker=f"w{i}") for i in range(n_workers)]
     with served(target, "--reap-every", "2") as s:
-        procs = [start_worker(s.url, secret, tmp, f"w{i}", "--burst", "--wait", "1")
+        procs = [start_worker(s.url, secret, tmp, f"w{i}", "--burst", "--wait", "1", *extra)
                  for i, secret in enumerate(secrets)]
         finished = [finish(p, 240) for p in procs]
     summaries = [summary for summary, _ in finished]
@@ -104,6 +104,24 @@ def test_remote_workers_run_every_job_exactly_once(target: Target, tmp_path: Any
     # Most jobs were claimed by the completion before them, in the same request.
     via = Counter(e["via"] for e in events if e["event"] == "claimed")
     assert via["completion"] > via["claim"], via
+
+
+def test_remote_workers_with_slots_claim_and_complete_in_batches_exactly_once(
+        target: Target, tmp_path: Any) -> None:
+    """With several slots a remote worker claims up to its free slots in one request
+    (`POST /v1/claims` with `n`) and sends finished jobs' results in groups (`POST
+    /v1/completions`), each fenced by its own epoch: every job still succeeds exactly once.
+    Jobs claimed together share one claim transaction's time; groups share a completion's."""
+    n_jobs = 400
+    summaries, _events = run_fleet(target, str(tmp_path), n_jobs, 4, "--concurrency", "8")
+    assert sum(1 for s in summaries if s["completed"]) > 1
+    with Coordinator.open(target) as c:
+        claims, completions = c.db.read(lambda conn: tuple(sql(
+            conn, "SELECT COUNT(DISTINCT worker_id || ':' || at), COUNT(*) FROM job_events"
+            f" WHERE reason = '{reason}'").one() for reason in ("claimed", "completed")))
+    # Fewer transactions than jobs on both sides: batches of more than one job happened.
+    assert claims[0] < claims[1] and completions[0] < completions[1], (claims, completions)
+    assert completions[1] == n_jobs
 
 
 @pytest.mark.slow

@@ -13,6 +13,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from starlette.exceptions import HTTPException
 
+from ..core.claim import MAX_BATCH
+
 #: Longest long-poll a claim may ask for.
 MAX_WAIT_S = 30.0
 #: Room for the JSON around a payload or result at its size limit.
@@ -57,6 +59,9 @@ class ClaimBody(_Body):
     lease_s: Seconds | None = None
     kinds: list[str] | None = Field(default=None, max_length=1024)
     wait: Seconds = Field(default=0.0, ge=0.0, le=MAX_WAIT_S)
+    n: Whole | None = Field(default=None, ge=1, le=MAX_BATCH, description=(
+        "claim up to n jobs in one transaction (claim_many): the answer is "
+        "{claimed: [claim answers], reason, detail}; without n, one job (claim's answer)"))
 
 
 class EpochBody(_Body):
@@ -82,6 +87,16 @@ class CompleteBody(EpochBody):
         if self.lease_s is not None and not self.claim_next:
             raise ValueError("lease_s is the next job's lease: it needs claim_next")
         return self
+
+
+class CompletionItem(EpochBody):
+    job_id: Whole = Field(ge=1, le=JOB_ID_MAX)
+    result: Any = None
+    provenance: dict[str, Any] | None = None
+
+
+class CompletionsBody(_Body):
+    items: list[CompletionItem] = Field(min_length=1, max_length=MAX_BATCH)
 
 
 class FailBody(EpochBody):

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from ..errors import InvalidInput, StorageUnavailable
+from ..errors import InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
 from .errors import error_from_response
 
@@ -148,6 +148,42 @@ class RemoteCoordinator:
             return {"job": None, "reason": "no_waiting_jobs",
                     "detail": f"nothing eligible within {wait:g}s"}
         return got
+
+    def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
+                   kinds: Any = None, wait: float | None = None) -> dict[str, Any]:
+        """Up to `n` jobs in one request and one transaction, long-polling like `claim`:
+        {"claimed": [claim answers], "reason", "detail"}, like the Coordinator's."""
+        wait = self.claim_wait if wait is None else wait
+        got = self._call("POST", "/v1/claims", {
+            "n": n, "lease_s": lease_s, "kinds": None if kinds is None else list(kinds),
+            "wait": wait}, retry=False, timeout=self.timeout + wait)
+        if got is None:  # 204: nothing within the wait
+            return {"claimed": [], "reason": "no_waiting_jobs",
+                    "detail": f"nothing eligible within {wait:g}s"}
+        return got
+
+    def complete_many(self, items: list[dict[str, Any]]) -> dict[str, Any]:
+        """Many completions in one request and one transaction, each fenced by its epoch:
+        {"results": [...], "accepted", "refused"}, like the Coordinator's. The worker id and
+        tenant are the token's (the items' own are not sent). Sent again after a lost
+        answer, an accepted item is `already_accepted`. A group over the server's body limit
+        is sent in halves (one item alone is within it, as a single completion is)."""
+        body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
+                 "provenance": (None if it.get("provenance") is None
+                                else dict(it["provenance"]))} for it in items]
+        return self._completions(body)
+
+    def _completions(self, body: list[dict[str, Any]]) -> dict[str, Any]:
+        try:
+            return self._call("POST", "/v1/completions", {"items": body})
+        except JobcoordError as e:
+            if e.code != "body_too_large" or len(body) < 2:
+                raise
+        half = len(body) // 2
+        first, second = self._completions(body[:half]), self._completions(body[half:])
+        results = first["results"] + second["results"]
+        accepted = first["accepted"] + second["accepted"]
+        return {"results": results, "accepted": accepted, "refused": len(results) - accepted}
 
     def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
               tenant: str | None = None) -> dict[str, Any]:

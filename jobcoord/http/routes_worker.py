@@ -18,6 +18,7 @@ from .bodies import (
     CheckpointBody,
     ClaimBody,
     CompleteBody,
+    CompletionsBody,
     EpochBody,
     FailBody,
     HeartbeatBody,
@@ -93,8 +94,21 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
 
 def _first_claim(who: Identity, coordinator: Any, body: ClaimBody
                  ) -> tuple[Identity, dict[str, Any]]:
-    return who, coordinator.claim(worker_of(who), lease_s=body.lease_s, kinds=body.kinds,
-                                  tenant=who.tenant)
+    return who, _take(coordinator, worker_of(who), body, who.tenant)
+
+
+def _take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None
+          ) -> dict[str, Any]:
+    """One claim of a poll: claim's answer, or with `n` claim_many's."""
+    if body.n is None:
+        return coordinator.claim(worker, lease_s=body.lease_s, kinds=body.kinds,
+                                 tenant=tenant)
+    return coordinator.claim_many(worker, body.n, lease_s=body.lease_s, kinds=body.kinds,
+                                  tenant=tenant)
+
+
+def _took(got: dict[str, Any]) -> bool:
+    return bool(got["claimed"]) if "claimed" in got else got["job"] is not None
 
 
 async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBody,
@@ -106,11 +120,12 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
     if isinstance(woken, Handover):
         handed = await woken.answer
         if handed is not None:
-            return handed
+            # A submission's own transaction claimed one job for this poll.
+            return handed if body.n is None else {"claimed": [handed], "reason": None,
+                                                  "detail": None}
         woken = True  # the submission's claim for it took nothing: claim as any woken poll
-    got = made if made is not None else await srv.call(
-        srv.c.claim, worker, lease_s=body.lease_s, kinds=body.kinds, tenant=who.tenant)
-    if got["job"] is not None:
+    got = made if made is not None else await srv.call(_take, srv.c, worker, body, who.tenant)
+    if _took(got):
         return got
     if woken:
         srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
@@ -196,6 +211,52 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
     was lost is `already_accepted` with `next: null`."""
     return await fenced(srv, lambda j, w, b, tenant: _complete(srv.c, j, w, b, tenant),
                         job_id, caller, body)
+
+
+@router.post("/v1/completions", dependencies=strict)
+async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
+                      ) -> dict[str, Any]:
+    """Accept many results in one transaction (complete_many), each fenced by its own
+    `epoch` exactly as `POST /v1/jobs/{id}/complete`: one refused item never refuses the
+    others. Answers 200 with {results: [per item, in order: complete's answer or {job_id,
+    error}], accepted, refused}. An item for a job of another tenant or another worker's
+    lease is refused as `job_not_found`, as if absent; an item sent again after its answer
+    was lost is `already_accepted`."""
+    def run(who: Identity) -> dict[str, Any]:
+        worker = worker_of(who)
+        got = srv.c.complete_many([
+            {"job_id": it.job_id, "worker_id": worker, "epoch": it.epoch,
+             "result": it.result, "provenance": it.provenance, "tenant": who.tenant}
+            for it in body.items])
+        results = got["results"]
+        seen: set[int] = set()
+        for i, (it, one) in enumerate(zip(body.items, results, strict=True)):
+            error = one.get("error")
+            # A job earlier in this group was answered there: a second item for it is the
+            # core's refusal, never `already_accepted`.
+            earlier = it.job_id in seen
+            seen.add(it.job_id)
+            if error is None:
+                continue
+            code, details = error["code"], error.get("details") or {}
+            if code == "not_owner":
+                results[i] = {"job_id": it.job_id, "error": {
+                    "code": "job_not_found", "message": f"job {it.job_id} not found",
+                    "details": {"job_id": it.job_id}}}
+            elif (not earlier and code == "job_finished"
+                  and details.get("status") == "succeeded"
+                  and details.get("accepted_epoch") == it.epoch
+                  and _completed_by(srv.c, it.job_id, it.epoch, worker)):
+                # Sent again after its answer was lost: it was accepted (as `complete`).
+                results[i] = {"job_id": it.job_id, "status": "succeeded",
+                              "epoch": it.epoch, "already_accepted": True}
+        if got["accepted"]:
+            # A test makes the answer to a group that committed results get lost here.
+            faults.point("http.completions.after_commit")
+        accepted = sum("error" not in one for one in results)
+        return {"results": results, "accepted": accepted, "refused": len(results) - accepted}
+
+    return await srv.call_as(caller, run)
 
 
 @router.post("/v1/jobs/{job_id}/fail", dependencies=strict)

@@ -123,9 +123,12 @@ class Worker:
         #: An error no retry can heal, seen by the ticker: the worker stops and raises it.
         self.fatal: BaseException | None = None
         #: Claims up to the free slots in one call and completions in groups, when the
-        #: coordinator offers batches (a remote one over HTTP does not).
+        #: coordinator offers batches (both do: over HTTP one request per claim or group).
+        #: A remote worker with one slot chains instead: its completion claims the next
+        #: job in the same request, one round trip per job where a group of one costs two.
         self.batched = config.batch and all(
-            hasattr(coordinator, m) for m in ("claim_many", "complete_many"))
+            hasattr(coordinator, m) for m in ("claim_many", "complete_many")) and not (
+            config.concurrency == 1 and getattr(coordinator, "chained_claims", False))
         self.completer: Completer | None = None
         #: Completes and claims the next job in one call when it would claim next anyway,
         #: when the coordinator offers it as one request (a remote one over HTTP): one round

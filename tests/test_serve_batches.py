@@ -1,0 +1,223 @@
+"""Batches over HTTP: `POST /v1/claims` with `n` (claim_many) and `POST /v1/completions`
+(complete_many), against a real `jobcoord serve` on SQLite and PostgreSQL. Each item is
+fenced as its single call is; the token decides the worker and tenant; bad input changes
+nothing."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from jobcoord.db import Target
+from jobcoord.errors import JobcoordError
+from jobcoord.http.client import RemoteCoordinator
+from jobcoord.service import Coordinator
+from tests.conftest import dump
+from tests.serve_procs import served, token
+
+READINGS = {"memory_used_pct": 10}
+
+
+def _item(got: dict[str, Any], result: Any = None) -> dict[str, Any]:
+    return {"job_id": got["job"]["job_id"], "worker_id": got["lease"]["worker_id"],
+            "epoch": got["lease"]["epoch"], "result": result}
+
+
+def test_claims_with_n_take_up_to_n_jobs_in_claim_order_in_one_transaction(
+        target: Target) -> None:
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(5)]
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 3, wait=0)
+        assert [g["job"]["job_id"] for g in got["claimed"]] == jobs[:3]
+        assert got["reason"] is None
+        assert len({g["lease"]["epoch"] for g in got["claimed"]}) == 1  # each its first
+        rest = wa.claim_many("wa", 10, wait=0)
+        assert [g["job"]["job_id"] for g in rest["claimed"]] == jobs[3:]
+        none = wa.claim_many("wa", 10, wait=0)
+        assert none["claimed"] == [] and none["reason"] == "no_waiting_jobs", none
+    with Coordinator.open(target) as c:
+        claimed = [e for j in jobs[:3] for e in c.show(j)["events"] if e["reason"] == "claimed"]
+    assert len({e["at"] for e in claimed}) == 1  # one transaction's time
+
+
+def test_a_batch_long_poll_answers_with_a_job_submitted_while_it_waits(
+        target: Target) -> None:
+    secret = token(target, "wa", "worker", worker="wa")
+    sub = token(target, "sub", "submitter")
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        answers: list[dict[str, Any]] = []
+        t = threading.Thread(target=lambda: answers.append(wa.claim_many("wa", 4, wait=10)))
+        t0 = time.monotonic()
+        t.start()
+        time.sleep(0.5)
+        job = httpx.post(s.url + "/v1/jobs", json={"kind": "k", "payload": {}}, timeout=10,
+                         headers={"Authorization": f"Bearer {sub}"}).json()["job_id"]
+        t.join(20)
+        waited = time.monotonic() - t0
+        assert [g["job"]["job_id"] for g in answers[0]["claimed"]] == [job], answers
+        assert waited < 5, waited
+        # Nothing waits: the poll ends empty at its wait (204 over the wire).
+        t0 = time.monotonic()
+        empty = wa.claim_many("wa", 4, wait=1)
+        assert empty["claimed"] == [] and time.monotonic() - t0 >= 0.9
+
+
+def test_completions_fence_each_item_and_refuse_what_is_not_this_tokens_lease(
+        target: Target) -> None:
+    """One request, one transaction: this token's live lease is accepted; a stale epoch is
+    refused with its own event; another worker's lease, this worker id's lease on another
+    tenant's job and a missing job all answer job_not_found (as if absent); the same job
+    twice is accepted once. The refusals never refuse the others."""
+    secret = token(target, "wa", "worker", tenant="alice", worker="wa")
+    with Coordinator.open(target) as c:
+        for w in ("wa", "wb"):
+            c.heartbeat(w, roles=[f"r-{w}"], readings=READINGS)
+        mine = [c.enqueue("k", {"i": i}, tenant="alice", role="r-wa")["job_id"]
+                for i in range(3)]
+        leases = [c.claim("wa", lease_s=300) for _ in mine]
+        theirs = c.enqueue("k", {}, tenant="alice", role="r-wb")["job_id"]
+        their_lease = c.claim("wb", lease_s=300)
+        bobs = c.enqueue("k", {}, tenant="bob", role="r-wa")["job_id"]
+        bobs_lease = c.claim("wa", lease_s=300)
+        assert bobs_lease["job"]["job_id"] == bobs
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        items = [_item(leases[0], {"n": 0}), _item(leases[1], {"n": 1}),
+                 {**_item(leases[2]), "epoch": leases[2]["lease"]["epoch"] + 1},
+                 {**_item(their_lease), "worker_id": "wa"}, _item(bobs_lease),
+                 {"job_id": 10**9, "worker_id": "wa", "epoch": 1},
+                 _item(leases[0], {"n": "again"})]
+        got = wa.complete_many(items)
+    codes = [r["error"]["code"] if "error" in r else r["status"] for r in got["results"]]
+    assert codes == ["succeeded", "succeeded", "stale_epoch", "job_not_found",
+                     "job_not_found", "job_not_found", "job_finished"], got
+    assert (got["accepted"], got["refused"]) == (2, 5)
+    assert got["results"][3]["error"]["message"] == f"job {theirs} not found"
+    with Coordinator.open(target) as c:
+        assert c.show(mine[0])["job"]["result"] == {"n": 0}
+        assert c.show(mine[2])["job"]["status"] == "running"
+        assert c.show(theirs)["job"]["status"] == "running"
+        assert c.show(bobs)["job"]["status"] == "running"
+        assert "complete_refused" in [e["reason"] for e in c.show(mine[2])["events"]]
+
+
+def test_a_completion_group_whose_answer_was_lost_is_answered_as_accepted(
+        target: Target) -> None:
+    """The server commits the group, then sits on the answer past the client's timeout; the
+    group is sent again and each accepted item is `already_accepted`, never a false
+    failure; a refused item stays refused."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        jobs = [c.enqueue("work", {"i": i})["job_id"] for i in range(3)]
+    env = {"JOBCOORD_FAULT": "http.completions.after_commit:sleep=3"}
+    with served(target, "--reap-every", "0", env=env) as s, \
+            RemoteCoordinator(s.url, secret, timeout=1.0, retry_s=15) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 3, wait=0)["claimed"]
+        items = [_item(g, {"i": k}) for k, g in enumerate(got)]
+        items[2]["epoch"] += 1  # stale
+        done = wa.complete_many(items)
+    results = done["results"]
+    assert [r.get("already_accepted") for r in results[:2]] == [True, True], results
+    assert [r["status"] for r in results[:2]] == ["succeeded", "succeeded"]
+    assert results[2]["error"]["code"] == "stale_epoch"
+    with Coordinator.open(target) as c:
+        for k, job in enumerate(jobs[:2]):
+            shown = c.show(job)
+            assert shown["job"]["result"] == {"i": k}
+            assert [e["reason"] for e in shown["events"]].count("completed") == 1
+
+
+def test_a_group_over_the_body_limit_is_sent_in_halves_and_each_item_accepted(
+        target: Target) -> None:
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        for i in range(3):
+            c.enqueue("k", {"i": i})
+    big = "x" * (600 * 1024)  # each under the result limit; the three together over the body
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 3, wait=0)["claimed"]
+        done = wa.complete_many([_item(g, big) for g in got])
+    assert done["accepted"] == 3 and done["refused"] == 0, done
+
+
+BAD_COMPLETIONS = [
+    {}, {"items": []}, {"items": "x"}, {"items": [{}]},
+    {"items": [{"job_id": "1", "epoch": 1}]}, {"items": [{"job_id": 1, "epoch": True}]},
+    {"items": [{"job_id": 1, "epoch": 1.5}]}, {"items": [{"job_id": 0, "epoch": 1}]},
+    {"items": [{"job_id": 2**63, "epoch": 1}]},
+    {"items": [{"job_id": 1, "epoch": 1, "worker_id": "wb"}]},
+    {"items": [{"job_id": 1, "epoch": 1, "provenance": "x"}]},
+    {"items": [{"job_id": 1, "epoch": 1}] * 1001}, {"items": [], "extra": 1}]
+BAD_CLAIMS = [{"n": 0}, {"n": 1001}, {"n": True}, {"n": "3"}, {"n": 2.5}, {"n": None, "x": 1}]
+
+
+def test_bad_batch_requests_are_400_and_change_nothing(target: Target) -> None:
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        c.heartbeat("wa", readings=READINGS)
+        epoch = c.claim("wa", lease_s=300)["lease"]["epoch"]
+        c.enqueue("k", {})
+        before = dump(c)
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        answers = [http.post("/v1/completions", json=b) for b in BAD_COMPLETIONS]
+        answers += [http.post("/v1/claims", json=b) for b in BAD_CLAIMS]
+        answers.append(http.post("/v1/completions", content=b'{"items": [{"job_id": 1, '
+                                 b'"epoch": NaN}]}',
+                                 headers={"Content-Type": "application/json"}))
+    for body, r in zip([*BAD_COMPLETIONS, *BAD_CLAIMS, "NaN"], answers, strict=True):
+        assert r.status_code == 400, (str(body)[:80], r.status_code, r.text[:200])
+        assert set(r.json()["error"]) <= {"code", "message", "details"}
+    with Coordinator.open(target) as c:
+        assert dump(c) == before
+        assert c.show(job)["lease"]["epoch"] == epoch
+
+
+def test_a_remote_worker_with_one_slot_still_chains_its_claims(target: Target,
+                                                               tmp_path: Any) -> None:
+    """One slot: a group of one would cost two round trips per job; the completion claims
+    the next job in its own request instead (`claim_next`)."""
+    from tests.test_serve_workers import run_fleet
+
+    _summaries, events = run_fleet(target, str(tmp_path), 60, 1)
+    via = {e["via"] for e in events if e["event"] == "claimed"}
+    assert "completion" in via, via
+
+
+def test_refused_tokens_never_reach_the_batch_routes(target: Target) -> None:
+    sub = token(target, "sub", "submitter")
+    with Coordinator.open(target) as c:
+        c.enqueue("k", {})
+        before = dump(c)
+    with served(target, "--reap-every", "0") as s:
+        for secret, status in ((sub, 403), ("jct_nope", 401), (None, 401)):
+            headers = {} if secret is None else {"Authorization": f"Bearer {secret}"}
+            for path, body in (("/v1/claims", {"n": 2}),
+                               ("/v1/completions", {"items": [{"job_id": 1, "epoch": 1}]})):
+                r = httpx.post(s.url + path, json=body, headers=headers, timeout=10)
+                assert r.status_code == status, (path, secret, r.text[:200])
+    with Coordinator.open(target) as c:
+        assert dump(c) == before
+
+
+def test_client_complete_many_raises_what_the_server_refuses_as_a_whole(
+        target: Target) -> None:
+    """A refusal of the whole request (not an item's) reaches the caller as an error."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa, pytest.raises(JobcoordError) as caught:
+        wa.complete_many([])
+    assert caught.value.code == "invalid_input"
