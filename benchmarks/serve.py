@@ -2,10 +2,10 @@
 
   throughput  claim+complete with 4 worker processes through HTTP (each a RemoteCoordinator
               against one `jobcoord serve`) vs the same 4 processes through the Python API,
-              each as two calls per job (complete, then claim) and chained (the completion
-              claims the next job: `claim_next`, `complete_and_claim`), and the ratios
-              (target >= 0.5x), like for like and the remote worker's way vs the API's
-              two calls;
+              each as two calls per job (complete, then claim), chained (the completion
+              claims the next job: `claim_next`, `complete_and_claim`) and in batches
+              (claim_many / complete_many of up to --batch jobs), and the ratios (target
+              >= 0.5x), like for like and the remote worker's way vs the API's two calls;
   pickup      latency from a submission to the handler's start with 8 idle workers
               long-polling (8 processes), each job submitted over HTTP while all 8 wait
               (target p50 <= 5 ms, p99 <= 50 ms on loopback). Measured twice: from the
@@ -20,7 +20,8 @@
               queued at once share one transaction and one fsync) and with groups of one
               (each write commits alone, as before group commit), rounds interleaved.
 
-    python -m benchmarks.serve [--jobs N] [--pickups N] [--parts throughput,pickup,memory,threads]
+    python -m benchmarks.serve [--jobs N] [--pickups N] [--batch N]
+                               [--parts throughput,pickup,memory,threads]
 """
 
 from __future__ import annotations
@@ -81,13 +82,37 @@ class Server:
 # --- throughput -------------------------------------------------------------------------------
 
 
-def _api_worker(index: int, barrier: Any, queue: Any, path: str, chained: bool) -> None:
+def _batch_loop(c: Any, worker: str, batch: int, wait: dict[str, Any]) -> int:
+    """claim_many up to `batch`, then complete_many of them, until nothing waits: the same
+    loop through either coordinator (`wait`: the remote one's long-poll off)."""
+    done = 0
+    while True:
+        got = c.claim_many(worker, batch, **wait)
+        if not got["claimed"]:
+            if got.get("reason") == "no_waiting_jobs":
+                return done
+            c.heartbeat(worker, readings=READINGS)
+            continue
+        answers = c.complete_many([
+            {"job_id": g["job"]["job_id"], "worker_id": worker, "epoch": g["lease"]["epoch"],
+             "result": {"ok": True}} for g in got["claimed"]])
+        assert answers["refused"] == 0, answers
+        done += len(got["claimed"])
+
+
+def _api_worker(index: int, barrier: Any, queue: Any, path: str, mode: str,
+                batch: int = 8) -> None:
     from jobcoord.service import Coordinator
 
     c = Coordinator.open(path)
     worker = f"api{index}"
     c.heartbeat(worker, readings=READINGS)
     barrier.wait()
+    if mode == "batch":
+        done = _batch_loop(c, worker, batch, {})
+        c.close()
+        queue.put({"index": index, "done": done})
+        return
     done = 0
     got = c.claim(worker)
     while True:
@@ -99,7 +124,7 @@ def _api_worker(index: int, barrier: Any, queue: Any, path: str, chained: bool) 
             got = c.claim(worker)
             continue
         job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
-        if chained:  # one transaction per job: the completion claims the next one
+        if mode == "chained":  # one transaction per job: the completion claims the next one
             got = c.complete_and_claim(job, worker, epoch, {"ok": True})["next"]
         else:
             c.complete(job, worker, epoch, {"ok": True})
@@ -110,12 +135,17 @@ def _api_worker(index: int, barrier: Any, queue: Any, path: str, chained: bool) 
 
 
 def _http_worker(index: int, barrier: Any, queue: Any, url: str, secret: str,
-                 chained: bool) -> None:
+                 mode: str, batch: int = 8) -> None:
     from jobcoord.http.client import RemoteCoordinator
 
     r = RemoteCoordinator(url, secret)
     r.heartbeat("-", readings=READINGS)
     barrier.wait()
+    if mode == "batch":  # one request per claim of up to `batch`, one per group
+        done = _batch_loop(r, "-", batch, {"wait": 0})
+        r.close()
+        queue.put({"index": index, "done": done})
+        return
     done = 0
     got = r.claim("-", wait=0)
     while True:
@@ -126,7 +156,7 @@ def _http_worker(index: int, barrier: Any, queue: Any, url: str, secret: str,
             got = r.claim("-", wait=0)
             continue
         job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
-        if chained:  # one request per job: `claim_next` on the completion
+        if mode == "chained":  # one request per job: `claim_next` on the completion
             got = r.complete_and_claim(job, "-", epoch, {"ok": True})["next"]
         else:
             r.complete(job, "-", epoch, {"ok": True})
@@ -143,37 +173,42 @@ def _fill(path: str, n: int) -> None:
         c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(n)])
 
 
-def throughput(scratch: Scratch, jobs: int, procs: int = 4) -> dict[str, float]:
+MODES = ("two_calls", "chained", "batch")
+
+
+def throughput(scratch: Scratch, jobs: int, procs: int = 4, batch: int = 8
+               ) -> dict[str, float]:
     """Jobs per second of each way: the Python API and HTTP, each as two calls per job
-    (complete, then claim) and chained (the completion claims the next job)."""
+    (complete, then claim), chained (the completion claims the next job) and in batches
+    (claim_many of up to `batch`, then complete_many of them: `POST /v1/claims` with `n`
+    and `POST /v1/completions` over HTTP)."""
     out = {}
-    for chained in (False, True):
-        name = "chained" if chained else "two_calls"
-        api_db = scratch.file(f"api-{name}.db")
+    for mode in MODES:
+        api_db = scratch.file(f"api-{mode}.db")
         migrated_sqlite(api_db, "full")
         _fill(api_db, jobs)
-        api_s, api = run_processes(_api_worker, procs, (api_db, chained))
+        api_s, api = run_processes(_api_worker, procs, (api_db, mode, batch))
         assert sum(r["done"] for r in api) == jobs
-        out[f"api_{name}"] = jobs / api_s
+        out[f"api_{mode}"] = jobs / api_s
 
-        http_db = scratch.file(f"http-{name}.db")
+        http_db = scratch.file(f"http-{mode}.db")
         migrated_sqlite(http_db, "full")
         _fill(http_db, jobs)
         secrets = _make_tokens(http_db, [(f"w{i}", "worker", f"w{i}") for i in range(procs)])
         server = Server(http_db, "--reap-every", "0")
         try:
             http_s, http = run_processes(_http_worker_dispatch, procs,
-                                         (server.url, secrets, chained))
+                                         (server.url, secrets, mode, batch))
         finally:
             server.stop()
         assert sum(r["done"] for r in http) == jobs
-        out[f"http_{name}"] = jobs / http_s
+        out[f"http_{mode}"] = jobs / http_s
     return out
 
 
 def _http_worker_dispatch(index: int, barrier: Any, queue: Any, url: str,
-                          secrets: list[str], chained: bool) -> None:
-    _http_worker(index, barrier, queue, url, secrets[index], chained)
+                          secrets: list[str], mode: str, batch: int) -> None:
+    _http_worker(index, barrier, queue, url, secrets[index], mode, batch)
 
 
 # --- pickup latency ---------------------------------------------------------------------------
@@ -342,6 +377,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--pickups", type=int, default=300)
     parser.add_argument("--parts", default="throughput,pickup,memory,threads")
+    parser.add_argument("--batch", type=int, default=8,
+                        help="jobs per claim_many / complete_many in the batch mode")
     args = parser.parse_args()
     parts = set(args.parts.split(","))
     import fastapi
@@ -352,7 +389,8 @@ def main() -> None:
                      httpx=httpx.__version__))
     with Scratch() as scratch:
         if "throughput" in parts:
-            _print_throughput(throughput(scratch, args.jobs), args.jobs)
+            _print_throughput(throughput(scratch, args.jobs, batch=args.batch), args.jobs,
+                              args.batch)
         if "pickup" in parts:
             from_commit, lat = pickup(scratch, args.pickups)
             print(f"\npickup      {len(lat)} jobs, 8 idle long-polling workers, "
@@ -382,17 +420,19 @@ def main() -> None:
             print(f"  ratio {grouped / alone:.2f}x")
 
 
-def _print_throughput(t: dict[str, float], jobs: int) -> None:
+def _print_throughput(t: dict[str, float], jobs: int, batch: int) -> None:
     print(f"\nthroughput  {jobs} jobs, 4 processes, claim+complete")
     for name, what in (("two_calls", "complete, then claim"),
-                       ("chained", "complete with claim_next / complete_and_claim")):
+                       ("chained", "complete with claim_next / complete_and_claim"),
+                       ("batch", f"claim_many / complete_many, up to {batch} per call")):
         print(f"  {what}")
         print(f"    Python API  {t[f'api_{name}']:8.0f} jobs/s")
         print(f"    HTTP        {t[f'http_{name}']:8.0f} jobs/s   ratio "
               f"{t[f'http_{name}'] / t[f'api_{name}']:.2f}x")
     print(f"  target >= 0.5x: chained like for like "
-          f"{t['http_chained'] / t['api_chained']:.2f}x; the remote worker's way "
-          f"(chained) vs the API's two calls {t['http_chained'] / t['api_two_calls']:.2f}x")
+          f"{t['http_chained'] / t['api_chained']:.2f}x; batches like for like "
+          f"{t['http_batch'] / t['api_batch']:.2f}x; the remote worker's way with several "
+          f"slots (batches) vs the API's two calls {t['http_batch'] / t['api_two_calls']:.2f}x")
 
 
 if __name__ == "__main__":
