@@ -124,6 +124,33 @@ def test_remote_workers_with_slots_claim_and_complete_in_batches_exactly_once(
     assert completions[1] == n_jobs
 
 
+@pytest.mark.parametrize("slots", ["1", "4"])
+def test_sigterm_cuts_an_idle_remote_workers_long_poll_short(
+        target: Target, tmp_path: Any, slots: str) -> None:
+    """An idle remote worker sits in a claim long-poll of up to 20 s (the default): SIGTERM
+    ends it at once (the poll's connection is shut), the worker stops within moments, and
+    a job submitted after is not handed to the poll that went away."""
+    import signal
+    import time
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s:
+        proc = start_worker(s.url, secret, str(tmp_path), "wa", "--concurrency", slots)
+        time.sleep(2.0)  # started, found nothing, polling
+        assert proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        summary, _err = finish(proc, 30)
+        stopped_in = time.monotonic() - t0
+        with Coordinator.open(target) as c:
+            job = c.enqueue("work", {})["job_id"]
+            time.sleep(0.5)
+            shown = c.show(job)
+    assert stopped_in < 5, stopped_in
+    assert summary["worker_id"] == "wa" and summary["claimed"] == 0
+    assert shown["job"]["status"] == "waiting" and shown["lease"] is None, shown
+
+
 @pytest.mark.slow
 def test_eight_remote_workers_over_two_thousand_jobs(target: Target, tmp_path: Any) -> None:
     run_fleet(target, str(tmp_path), 2000, 8)

@@ -11,10 +11,12 @@ for signature compatibility and never sent.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
 import random
+import socket
 import tempfile
 import threading
 import time
@@ -56,6 +58,16 @@ class RemoteCoordinator:
             base_url=server, headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout), verify=verify,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        # Claims (long-polls) go over a connection of their own, whose socket is kept (from
+        # httpcore's connect trace) so a stopping worker can cut a poll short (`interrupt`)
+        # without touching the renewals and completions it still has to send.
+        self._polls = httpx.Client(
+            base_url=server, headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout), verify=verify,
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        #: The poll connections' streams, newest last (at most the pool's size are open).
+        self._poll_streams: collections.deque[Any] = collections.deque(maxlen=16)
+        self._interrupted = False
         self._policy: Policy | None = None
         self._identity: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -64,6 +76,38 @@ class RemoteCoordinator:
 
     def close(self) -> None:
         self._client.close()
+        self._polls.close()
+
+    def interrupt(self) -> None:
+        """Cut a claim's long-poll in flight short and answer every later claim with nothing:
+        the worker is stopping (SIGTERM) and must not sit out a poll of up to `claim_wait`
+        seconds. Safe from a signal handler (one shutdown(2) of the poll's socket). The
+        server, seeing the poll's client gone, hands it no job; one it had just claimed for
+        it is nobody's until its lease ends and the reaper offers it again, as after any lost
+        claim answer."""
+        self._interrupted = True
+        for stream in list(self._poll_streams):
+            sock = stream.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):  # already closed
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            self._poll_streams.append(info.get("return_value"))
+
+    def _poll(self, body: dict[str, Any], wait: float) -> Any:
+        """One claim request over the poll connection; None when interrupted."""
+        if self._interrupted:
+            return None
+        try:
+            return self._call("POST", "/v1/claims", body, retry=False,
+                              timeout=self.timeout + wait, client=self._polls,
+                              extensions={"trace": self._trace})
+        except StorageUnavailable:
+            if self._interrupted:
+                return None
+            raise
 
     def __enter__(self) -> RemoteCoordinator:
         return self
@@ -74,15 +118,18 @@ class RemoteCoordinator:
     def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True,
                  timeout: float | None = None, headers: dict[str, str] | None = None,
                  params: dict[str, Any] | None = None,
-                 content: Callable[[], Iterator[bytes]] | None = None) -> httpx.Response:
+                 content: Callable[[], Iterator[bytes]] | None = None,
+                 client: httpx.Client | None = None,
+                 extensions: dict[str, Any] | None = None) -> httpx.Response:
         """One call; network errors (and 503) are retried with backoff for up to retry_s.
         `content` makes a fresh body stream for each try."""
         end = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
             try:
-                resp = self._client.request(
+                resp = (client or self._client).request(
                     method, path, json=json, headers=headers, params=params,
+                    extensions=extensions,
                     content=None if content is None else content(),
                     # (None would switch timeouts off: the client's default applies instead)
                     timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
@@ -141,10 +188,10 @@ class RemoteCoordinator:
     def claim(self, worker_id: str, *, lease_s: float | None = None, kinds: Any = None,
               wait: float | None = None) -> dict[str, Any]:
         wait = self.claim_wait if wait is None else wait
-        got = self._call("POST", "/v1/claims", {
+        got = self._poll({
             "lease_s": lease_s, "kinds": None if kinds is None else list(kinds), "wait": wait},
-            retry=False, timeout=self.timeout + wait)
-        if got is None:  # 204: nothing within the wait
+            wait)
+        if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"job": None, "reason": "no_waiting_jobs",
                     "detail": f"nothing eligible within {wait:g}s"}
         return got
@@ -154,10 +201,10 @@ class RemoteCoordinator:
         """Up to `n` jobs in one request and one transaction, long-polling like `claim`:
         {"claimed": [claim answers], "reason", "detail"}, like the Coordinator's."""
         wait = self.claim_wait if wait is None else wait
-        got = self._call("POST", "/v1/claims", {
+        got = self._poll({
             "n": n, "lease_s": lease_s, "kinds": None if kinds is None else list(kinds),
-            "wait": wait}, retry=False, timeout=self.timeout + wait)
-        if got is None:  # 204: nothing within the wait
+            "wait": wait}, wait)
+        if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"claimed": [], "reason": "no_waiting_jobs",
                     "detail": f"nothing eligible within {wait:g}s"}
         return got

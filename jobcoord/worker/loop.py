@@ -266,6 +266,10 @@ class Worker:
                      running=self.live_job_ids())
             self.stopping.set()
             self.wake.set()
+            # A remote coordinator's claim may be a long-poll of many seconds: cut it short.
+            interrupt = getattr(self.coordinator, "interrupt", None)
+            if interrupt is not None:
+                interrupt()
             return
         running = self.live_job_ids()
         self.log("exiting_now", signal=name, running=running)
