@@ -44,9 +44,6 @@ from .clock import MICROS, now_us
 from .states import FINAL_STATUSES, STATUSES
 from .store import report_statements as rs
 
-#: The key columns of job_counts, in JOB_COUNTS's order (its last column is a sum).
-_COUNT_KEY = ("tenant", "status", "kind", "attempts")
-
 #: Buckets of the attempts-per-finished-job histogram (attempts are small whole numbers).
 ATTEMPT_BUCKETS: tuple[float, ...] = (1, 2, 3, 5, 10)
 #: Buckets of the result commit latency histogram, seconds.
@@ -205,7 +202,7 @@ class JobcoordCollector(Collector):
             for row in db.run(conn, rs.JOB_COUNTS).all():
                 # Rendered as labels and summed: a value of the wrong type is exit 7 (503)
                 # naming it, as every read of a damaged row (jobcoord/stored.py).
-                stored.row(schema.job_counts, zip(_COUNT_KEY, row, strict=False),
+                stored.row(schema.job_counts, zip(rs.JOB_COUNT_KEY, row, strict=False),
                            "job_counts")
                 _tenant, status, kind, tries, n = row
                 if n:

@@ -270,6 +270,27 @@ def test_metrics_with_a_job_kind_holding_bytes_is_exit_7_naming_it(
     c.close()
 
 
+@pytest.mark.parametrize(("statement", "overview"), [
+    ("UPDATE jobs SET status = 'weird' WHERE job_id = 3", 200),
+    ("UPDATE jobs SET kind = X'6b' WHERE job_id = 3", 503)])
+def test_the_dashboard_overview_over_a_damaged_job_is_never_a_500(
+        sqlite_target: Target, statement: str, overview: int) -> None:
+    """The overview sums job_counts as `metrics` does: a status jobcoord never writes is in
+    no total (the page renders); a kind of the wrong type is a 503 naming it."""
+    c = _populated(sqlite_target)
+    _with_checks_ignored(sqlite_target, statement)
+    secret = token(sqlite_target, "op", "operator")
+    with served(sqlite_target) as s:
+        http = httpx.Client(base_url=s.url, timeout=30)
+        r = http.post("/ui/login", data={"token": secret})
+        http.cookies.update(r.cookies)
+        pages = {path: http.get(path) for path in ("/ui/", "/ui/jobs", "/ui/workers")}
+    assert pages["/ui/"].status_code == overview, pages["/ui/"].text[:300]
+    assert all(r.status_code < 500 or r.status_code == 503 for r in pages.values()), {
+        p: r.status_code for p, r in pages.items()}
+    c.close()
+
+
 # --- a time past the calendar -----------------------------------------------------------------
 
 

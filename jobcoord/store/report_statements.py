@@ -107,6 +107,8 @@ SCHEDULE_ROWS = SQL(
 JOB_COUNTS = SQL(
     select(JC.tenant, JC.status, JC.kind, JC.attempts, func.sum(JC.n))
     .group_by(JC.tenant, JC.status, JC.kind, JC.attempts))
+#: The columns of JOB_COUNTS's rows but the last (a sum), by name.
+JOB_COUNT_KEY = ("tenant", "status", "kind", "attempts")
 
 
 def _oldest_waiting(scoped: bool) -> SQL:
