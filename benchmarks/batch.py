@@ -16,9 +16,14 @@ and their idle CPU.
            (the handler stamps time.time()). p50 and p99 over N jobs.
   idle     the CPU each of those 4 idle workers used over 10 s, in % of one core.
 
+  With --remote, the runtime part also runs the same workers through one `jobcoord serve`
+  on the same database (`worker --server`, a token each), batched (claims with `n`, groups
+  through POST /v1/completions) and single (--no-batch: chained completions), and reports
+  the server's CPU per job and the ratio to the local batched workers of the same run.
+
     python -m benchmarks.batch [--procs 4] [--concurrency 8] [--sync full,normal]
                                [--jobs N] [--pickups 200] [--pg | --pg-only]
-                               [--parts runtime,pickup,idle]
+                               [--parts runtime,pickup,idle] [--remote]
 """
 
 from __future__ import annotations
@@ -66,18 +71,53 @@ def _where(target: str, sync: str) -> list[str]:
     return ["--db", target, "--synchronous", sync]
 
 
-def start_workers(target: str, sync: str, procs: int, concurrency: int, *extra: str
+def start_workers(target: str, sync: str, procs: int, concurrency: int, *extra: str,
+                  remote: tuple[str, list[str]] | None = None
                   ) -> list[subprocess.Popen[bytes]]:
+    """PROCS worker processes on `target`, or, with `remote` (a server's URL and one token
+    file per worker), the same workers through that `jobcoord serve`."""
     out = []
     for i in range(procs):
+        where = (_where(target, sync) if remote is None else [])
+        via = ([] if remote is None else ["--server", remote[0], "--token-file", remote[1][i]])
         out.append(subprocess.Popen(
-            [sys.executable, "-m", "jobcoord", *_where(target, sync), "worker",
+            [sys.executable, "-m", "jobcoord", *where, "worker", *via,
              "--worker-id", f"bench-{i}", "--app", "benchmarks.noop_app:app",
              "--concurrency", str(concurrency), "--lease", "60", "--heartbeat-every", "5",
              "--reap-every", "0", "--poll", "1", *extra],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL))
     return out
+
+
+def start_server(target: str, sync: str, procs: int, tmp: str
+                 ) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+    """`jobcoord serve` on `target` (its own durability setting) and a worker token file
+    per worker process: the server, its URL and the token files."""
+    import json
+
+    from jobcoord import tokens
+    from jobcoord.service import Coordinator
+
+    c = (Coordinator.open(url=target) if target.startswith("postgresql")
+         else Coordinator.open(target, synchronous=sync))
+    try:
+        files = []
+        for i in range(procs):
+            secret = tokens.create(c.db, f"bench-{i}", "worker", worker=f"bench-{i}")["token"]
+            path = os.path.join(tmp, f"bench-{i}.token")
+            with open(path, "w") as f:
+                f.write(secret + "\n")
+            os.chmod(path, 0o600)
+            files.append(path)
+    finally:
+        c.close()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", *_where(target, sync), "serve", "--port", "0",
+         "--json", "--reap-every", "0"], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    assert server.stdout is not None
+    return server, json.loads(server.stdout.readline())["url"], files
 
 
 def stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
@@ -103,17 +143,27 @@ def _wait_idle(c: Any, procs: int) -> None:
 
 
 def runtime(target: str, sync: str, procs: int, concurrency: int, jobs: int,
-            batched: bool) -> dict[str, Any]:
+            batched: bool, remote: bool = False) -> dict[str, Any]:
+    """`remote`: the workers run through one `jobcoord serve` on the target (the server's
+    CPU is counted beside the workers')."""
+    import tempfile
+
     from jobcoord.service import Coordinator, JobSpec
 
+    tmp = tempfile.mkdtemp(prefix="jobcoord-bench-")
+    server = None
+    if remote:
+        server, url, files = start_server(target, sync, procs, tmp)
     c = (Coordinator.open(url=target) if target.startswith("postgresql")
          else Coordinator.open(target, synchronous=sync))
     workers = start_workers(target, sync, procs, concurrency,
-                            *(() if batched else ("--no-batch",)))
+                            *(() if batched else ("--no-batch",)),
+                            remote=None if server is None else (url, files))
     try:
         _wait_idle(c, procs)
         specs = [JobSpec("noop", {"i": i}) for i in range(jobs)]
         cpu0 = [_cpu_s(p.pid) for p in workers]
+        server0 = 0.0 if server is None else _cpu_s(server.pid)
         c.enqueue_many(specs)
         t0 = time.perf_counter()
         while c.status()["jobs"].get("succeeded", 0) < jobs:
@@ -122,10 +172,17 @@ def runtime(target: str, sync: str, procs: int, concurrency: int, jobs: int,
             time.sleep(0.02)
         elapsed = time.perf_counter() - t0
         cpu = sum(_cpu_s(p.pid) for p in workers) - sum(cpu0)
+        server_cpu = 0.0 if server is None else _cpu_s(server.pid) - server0
     finally:
         stop_workers(workers)
+        if server is not None:
+            stop_workers([server])
         c.close()
-    return {"jobs": jobs, "jobs_s": jobs / elapsed, "cpu_us": cpu / jobs * 1e6}
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"jobs": jobs, "jobs_s": jobs / elapsed, "cpu_us": cpu / jobs * 1e6,
+            "server_cpu_us": server_cpu / jobs * 1e6}
 
 
 def pickup(target: str, sync: str, n: int) -> dict[str, Any]:
@@ -184,6 +241,8 @@ def main() -> None:
     ap.add_argument("--parts", default="runtime,pickup,idle")
     ap.add_argument("--pg", action="store_true")
     ap.add_argument("--pg-only", action="store_true")
+    ap.add_argument("--remote", action="store_true",
+                    help="also run the workers through one `jobcoord serve` (--server)")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     url = require_pg_url() if (args.pg or args.pg_only) else None
@@ -207,14 +266,25 @@ def main() -> None:
                     base = ceiling.pg_ceiling(url, args.procs, jobs)["jobs_s"]
                     label = "ceiling SKIP LOCKED"
                 print(f"{label:<26} {sync:<7} {jobs:>6} {base:>8.0f}", flush=True)
-                for batched in (True, False):
-                    name = f"worker {args.procs}x{args.concurrency} " + (
-                        "batched" if batched else "single")
-                    r = _run(backend, scratch, url, f"rt-{sync}-{batched}.db",
-                             lambda t, b=batched, s=sync, j=jobs: runtime(
-                                 t, s, args.procs, args.concurrency, j, b))
+                local = None
+                for batched, remote in ((True, False), (False, False), (True, True),
+                                        (False, True)):
+                    if remote and not args.remote:
+                        continue
+                    name = ("remote " if remote else "worker ") + (
+                        f"{args.procs}x{args.concurrency} "
+                        + ("batched" if batched else "single"))
+                    r = _run(backend, scratch, url, f"rt-{sync}-{batched}-{remote}.db",
+                             lambda t, b=batched, s=sync, j=jobs, rm=remote: runtime(
+                                 t, s, args.procs, args.concurrency, j, b, rm))
+                    if batched and not remote:
+                        local = r["jobs_s"]
+                    extra = (f"   server {r['server_cpu_us']:.0f} us/job, "
+                             f"{r['jobs_s'] / local:.2f}x the local batched workers"
+                             if remote and local else "")
                     print(f"{name:<26} {sync:<7} {jobs:>6} {r['jobs_s']:>8.0f} "
-                          f"{r['jobs_s'] / base:>6.2f}x {r['cpu_us']:>18.0f}", flush=True)
+                          f"{r['jobs_s'] / base:>6.2f}x {r['cpu_us']:>18.0f}{extra}",
+                          flush=True)
                 if backend == "sqlite":
                     name = f"huey {args.procs}x{args.concurrency} threads"
                     if not huey_runtime.available():
