@@ -39,7 +39,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from . import schema, stored
+from . import stored
 from .clock import MICROS, now_us
 from .states import FINAL_STATUSES, STATUSES
 from .store import report_statements as rs
@@ -202,9 +202,7 @@ class JobcoordCollector(Collector):
             for row in db.run(conn, rs.JOB_COUNTS).all():
                 # Rendered as labels and summed: a value of the wrong type is exit 7 (503)
                 # naming it, as every read of a damaged row (jobcoord/stored.py).
-                stored.row(schema.job_counts, zip(rs.JOB_COUNT_KEY, row, strict=False),
-                           "job_counts")
-                _tenant, status, kind, tries, n = row
+                _tenant, status, kind, tries, n = stored.count_row(row)
                 if n:
                     jobs[(status, kind)] = jobs.get((status, kind), 0) + int(n)
                     if status in final:
@@ -213,8 +211,7 @@ class JobcoordCollector(Collector):
             out["attempts"] = sorted((a, n) for a, n in attempts.items() if n)
             oldest: dict[str, int] = {}
             for _tenant, kind, created, _n in db.run(conn, rs.OLDEST_WAITING).all():
-                stored.row(schema.jobs, (("kind", kind), ("created_at", created)),
-                           f"a waiting job of kind {kind!r}")
+                stored.oldest_row(kind, created)
                 if created is not None:
                     oldest[kind] = min(created, oldest.get(kind, created))
             out["oldest_waiting"] = sorted(oldest.items())

@@ -112,3 +112,22 @@ def out_of_range(value: int, what: str, table: str | None = None,
     return DatabaseCorrupt(
         "time_out_of_range", f"{what} is {value}, past the calendar's range (written "
         "outside jobcoord); `jobcoord check` names every such column", **where)
+
+
+def count_row(counted: Any) -> Any:
+    """A JOB_COUNTS row (tenant, status, kind, attempts, n) judged against job_counts:
+    `metrics` and the dashboard both render and sum these. Returns the row."""
+    from . import schema
+    from .store.report_statements import JOB_COUNT_KEY
+
+    row(schema.job_counts, zip(JOB_COUNT_KEY, counted, strict=False), "job_counts")
+    return counted
+
+
+def oldest_row(kind: Any, created: Any) -> None:
+    """An OLDEST_WAITING row's kind and creation time judged against jobs (`metrics` and
+    the dashboard both render them)."""
+    from . import schema
+
+    row(schema.jobs, (("kind", kind), ("created_at", created)),
+        f"a waiting job of kind {kind!r}")

@@ -31,14 +31,11 @@ def jobs(ctx: Context, *, status: str | None = None, kind: str | None = None,
     stmt = qs.job_list(status is not None, kind is not None, tenant is not None)
     params = {"status": status, "kind": kind, "tenant": tenant, "limit": limit}
 
-    def _do(conn: Connection) -> list[dict[str, Any]]:
-        found = [dict(zip(qs.JOB_SUMMARY_NAMES, r, strict=True))
-                 for r in ctx.db.run(conn, stmt, params)]
-        for job in found:
-            stored.row(schema.jobs, job, f"job {job['job_id']}")
-        return found
-
-    return ctx.db.read(_do, "jobs")
+    found = ctx.db.read(lambda conn: [dict(zip(qs.JOB_SUMMARY_NAMES, r, strict=True))
+                                      for r in ctx.db.run(conn, stmt, params)], "jobs")
+    for job in found:  # judged after the read transaction ended: no work inside it
+        stored.row(schema.jobs, job, f"job {job['job_id']}")
+    return found
 
 
 def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi import Request
 
-from ... import schema, stored
+from ... import stored
 from ...clock import MICROS, iso, now_us
 from ...errors import InvalidInput
 from ...states import STATUSES
@@ -53,16 +53,14 @@ def overview_read(db: Any, scope: str | None) -> dict[str, Any]:
     for row in got["counts"]:
         # Rendered and summed: a value written outside jobcoord is a 503 naming it, as on
         # every read (jobcoord/stored.py); a status jobcoord never writes is in no total.
-        stored.row(schema.job_counts, zip(rs.JOB_COUNT_KEY, row, strict=False), "job_counts")
-        tenant, status, kind, _attempts, n = row
+        tenant, status, kind, _attempts, n = stored.count_row(row)
         if not n or (scope is not None and tenant != scope) or status not in by_status:
             continue
         by_status[status] += int(n)
         kinds.setdefault(kind, dict.fromkeys(STATUSES, 0))[status] += int(n)
     oldest: dict[str, tuple[int, int]] = {}
     for _tenant, kind, created, n in got["oldest"]:
-        stored.row(schema.jobs, (("kind", kind), ("created_at", created)),
-                   f"a waiting job of kind {kind!r}")
+        stored.oldest_row(kind, created)
         if created is None:
             continue
         first, waiting = oldest.get(kind, (created, 0))
