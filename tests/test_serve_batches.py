@@ -221,3 +221,45 @@ def test_client_complete_many_raises_what_the_server_refuses_as_a_whole(
             RemoteCoordinator(s.url, secret) as wa, pytest.raises(JobcoordError) as caught:
         wa.complete_many([])
     assert caught.value.code == "invalid_input"
+
+
+def test_a_group_with_one_result_over_the_limit_saves_nothing_and_names_that_item(
+        target: Target) -> None:
+    """Over the body limit because one result alone is over the result limit: refused as a
+    whole before any half is sent (the core refuses such a group whole), the item named."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        for i in range(3):
+            c.enqueue("k", {"i": i})
+    huge = "y" * (1024 * 1024 + 70_000)
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 3, wait=0)["claimed"]
+        with pytest.raises(JobcoordError) as caught:
+            wa.complete_many([_item(got[0], "a"), _item(got[1], "b"), _item(got[2], huge)])
+    assert caught.value.code == "result_too_large", caught.value.to_json()
+    assert caught.value.details.get("item") == 2, caught.value.to_json()
+    with Coordinator.open(target) as c:
+        assert [j["status"] for j in c.jobs()["jobs"]] == ["running"] * 3
+
+
+def test_a_split_group_answers_a_second_item_of_one_job_as_one_group_would(
+        target: Target) -> None:
+    """The same job twice in a group the client sends in halves: the later item is the
+    core's refusal of a job reported earlier in the batch, not `already_accepted`."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        for i in range(2):
+            c.enqueue("k", {"i": i})
+    big = "x" * (600 * 1024)
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 2, wait=0)["claimed"]
+        done = wa.complete_many([_item(got[0], big), _item(got[1], big),
+                                 _item(got[0], "again")])
+    assert done["accepted"] == 2 and done["refused"] == 1, done
+    again = done["results"][2]
+    assert again["error"]["code"] == "job_finished", again
+    assert again["error"]["details"].get("earlier_in_batch") is True, again

@@ -67,7 +67,7 @@ def _items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
     return out
 
 
-def _checked(i: int, build: Callable[[], T]) -> T:
+def checked_item(i: int, build: Callable[[], T]) -> T:
     """Validate one item as the single call would, saying which item was refused."""
     try:
         return build()
@@ -146,11 +146,17 @@ def _answer(p: Any, got: Any, done: dict[int, str], op: str) -> dict[str, Any]:
         done[p.job_id] = got["status"]
         return got  # type: ignore[no-any-return]
     if p.job_id in done:
-        status = done[p.job_id]
-        got = Refused(got.code, f"job {p.job_id} was already {_DONE[op]} earlier in this "
-                      f"batch (it is now {status}); only the first report of an attempt "
-                      "counts", **got.details, earlier_in_batch=True)
+        got = earlier_in_batch(p.job_id, op, done[p.job_id], code=got.code, **got.details)
     return {"job_id": p.job_id, **got.to_json()}
+
+
+def earlier_in_batch(job_id: int, op: str, is_now: str, /, *, code: str = "job_finished",
+                     **details: Any) -> Refused:
+    """The refusal of a second report of a job this batch already reported on."""
+    details.pop("earlier_in_batch", None)
+    return Refused(code, f"job {job_id} was already {_DONE[op]} earlier in this batch (it "
+                   f"is now {is_now}); only the first report of an attempt counts",
+                   **details, earlier_in_batch=True)
 
 
 def _summary(answers: list[dict[str, Any] | None]) -> dict[str, Any]:
@@ -165,7 +171,7 @@ def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
     complete's answer, or {"job_id": ..., "error": {"code", "message", "details"}} for a
     refused one (recorded as its own `complete_refused` event, as `complete` records it)."""
     checked = _items(items, COMPLETE_FIELDS, REQUIRED)
-    parts = [_checked(i, lambda it=it: completion_parts(
+    parts = [checked_item(i, lambda it=it: completion_parts(
         ctx, it["job_id"], it["worker_id"], it["epoch"], it.get("result"),
         it.get("provenance"), it.get("tenant"))) for i, it in enumerate(checked)]
 
@@ -184,7 +190,7 @@ def fail_many(ctx: Context, items: Any) -> dict[str, Any]:
     Returns {"results": [...], "accepted": n, "refused": m} in the shape of complete_many,
     each accepted answer the one `fail` gives."""
     checked = _items(items, FAIL_FIELDS, (*REQUIRED, "error"))
-    parts = [_checked(i, lambda it=it: failure_parts(
+    parts = [checked_item(i, lambda it=it: failure_parts(
         it["job_id"], it["worker_id"], it["epoch"], it["error"],
         permanent=it.get("permanent", False), reason=it.get("reason", "failed"),
         tenant=it.get("tenant"), effect_not_applied=it.get("effect_not_applied", False)))

@@ -26,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from .. import validate as v
+from ..core.batch import checked_item, earlier_in_batch
 from ..errors import InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
 from .errors import error_from_response
@@ -214,11 +216,23 @@ class RemoteCoordinator:
         {"results": [...], "accepted", "refused"}, like the Coordinator's. The worker id and
         tenant are the token's (the items' own are not sent). Sent again after a lost
         answer, an accepted item is `already_accepted`. A group over the server's body limit
-        is sent in halves (one item alone is within it, as a single completion is)."""
+        is sent in halves (one item alone is within it, as a single completion is), after
+        every result was checked against the result limit: a group holding one result over
+        it is refused whole, as the core refuses it, and nothing is sent."""
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
                  "provenance": (None if it.get("provenance") is None
                                 else dict(it["provenance"]))} for it in items]
-        return self._completions(body)
+        try:
+            return self._call("POST", "/v1/completions", {"items": body})
+        except JobcoordError as e:
+            if e.code != "body_too_large" or len(body) < 2:
+                raise
+        limit = self.policy.max_result_bytes
+        for i, it in enumerate(body):
+            checked_item(i, lambda it=it: v.json_value(
+                {} if it["result"] is None else it["result"], "result", str_is_text=False,
+                max_bytes=limit, require_object=False, too_large_code="result_too_large"))
+        return _one_group(body, self._completions(body))
 
     def _completions(self, body: list[dict[str, Any]]) -> dict[str, Any]:
         try:
@@ -369,3 +383,21 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
         yield from_file(path), digest, size
     finally:
         os.unlink(path)
+
+
+def _one_group(body: list[dict[str, Any]], got: dict[str, Any]) -> dict[str, Any]:
+    """The answers of a group sent in parts, as one group would have them: a later item of
+    a job accepted earlier in the group was the server's `already_accepted` (its part came
+    after the first was committed); in one group it is the refusal of a second report."""
+    accepted: dict[int, dict[str, Any]] = {}
+    results = got["results"]
+    for i, (it, one) in enumerate(zip(body, results, strict=True)):
+        earlier = accepted.get(it["job_id"])
+        if earlier is not None and one.get("already_accepted"):
+            results[i] = {"job_id": it["job_id"], **earlier_in_batch(
+                it["job_id"], "complete", earlier["status"], job_id=it["job_id"],
+                status=earlier["status"], accepted_epoch=earlier["epoch"]).to_json()}
+        elif "error" not in one:
+            accepted.setdefault(it["job_id"], one)
+    ok = sum("error" not in one for one in results)
+    return {"results": results, "accepted": ok, "refused": len(results) - ok}
