@@ -366,6 +366,48 @@ def test_a_waiting_job_breaking_its_attempts_check_is_set_aside_and_the_queue_ru
     c.close()
 
 
+# --- a waiting job whose epoch is at the end of its range -----------------------------------
+
+
+@pytest.mark.parametrize("claim_many", [False, True], ids=["claim", "claim_many"])
+def test_a_waiting_job_whose_epoch_cannot_grow_is_set_aside_and_the_queue_runs(
+        target: Target, claim_many: bool) -> None:
+    """A claim gives the next attempt epoch + 1. A waiting job stored at the largest epoch
+    the schema keeps (2**31 - 1, PostgreSQL's column) failed every claim on PostgreSQL
+    (integer out of range, exit 1) and on SQLite was handed out with an epoch no PostgreSQL
+    column holds. The claim sets it aside as dead, with an event naming the column, and
+    takes the next job."""
+    c = Coordinator.open(target)
+    jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(3)]
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    _damage(c, "UPDATE jobs SET epoch = 2147483647 WHERE job_id = :j", j=jobs[0])
+    if claim_many:
+        got = c.claim_many("w1", 5)
+        assert [g["job"]["job_id"] for g in got["claimed"]] == jobs[1:], got
+    else:
+        r = _no_internal_error(target, "claim", "w1")
+        assert r.code == 0 and r.json["job"]["job_id"] == jobs[1], r
+    shown = c.show(jobs[0])
+    assert shown["job"]["status"] == "dead", shown["job"]
+    last = shown["events"][-1]
+    assert (last["reason"], last["detail"]) == ("job_unreadable", {"column": "epoch"}), last
+    c.close()
+
+
+def test_a_sqlite_epoch_at_the_integer_limit_never_becomes_a_float(
+        sqlite_target: Target) -> None:
+    """SQLite turns 2**63 - 1 + 1 into a float: the claim handed out `epoch
+    9.223372036854776e+18` and every read of the job was exit 7 after it."""
+    c = Coordinator.open(sqlite_target)
+    jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(2)]
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    _damage(c, "UPDATE jobs SET epoch = 9223372036854775807 WHERE job_id = :j", j=jobs[0])
+    got = c.claim("w1")
+    assert got["job"]["job_id"] == jobs[1] and got["lease"]["epoch"] == 1, got
+    assert c.show(jobs[0])["job"]["status"] == "dead"
+    c.close()
+
+
 # --- over HTTP --------------------------------------------------------------------------------
 
 

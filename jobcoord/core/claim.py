@@ -56,6 +56,9 @@ def past_damaged(ctx: Context, attempt: Callable[[], T]) -> T:
             if exc.code == "row_breaks_check":
                 if not set_aside_breaking(ctx):
                     raise
+            elif exc.code == "value_out_of_range":
+                if not set_aside_at_max_epoch(ctx):
+                    raise
             elif exc.code != "job_unreadable" or not set_aside(ctx, exc.details):
                 raise
     return attempt()
@@ -113,19 +116,40 @@ def set_aside_breaking(ctx: Context) -> int:
     """End as `dead` the waiting jobs whose stored values break a CHECK constraint of the
     jobs table (SQLite keeps such a row when it is written with its checks ignored; the
     claim's update of it then fails), each with a `job_unreadable` event naming the
-    constraint, in one transaction: the statement that finds them is the judge, so a job
-    repaired or claimed meanwhile is not touched. The answer: how many it ended (none: the
-    claim's failure was not this damage, and is reported)."""
+    constraint. The answer: how many it ended (none: the claim's failure was not this
+    damage, and is reported)."""
+
+    def why(broken: Sequence[Any]) -> tuple[str, dict[str, Any]]:
+        check = next((name for (name, _), b in zip(sql.JOB_CHECKS, broken, strict=True)
+                      if b), None)
+        return f"break the CHECK constraint {check}", {"check": check}
+
+    return _set_aside_all(ctx, sql.WAITING_BREAKING_CHECKS, {}, why)
+
+
+def set_aside_at_max_epoch(ctx: Context) -> int:
+    """End as `dead` the waiting jobs whose epoch cannot grow (at sql.MAX_EPOCH, the
+    schema's largest on both databases), each with a `job_unreadable` event naming the
+    column: a claim's epoch + 1 fails on PostgreSQL, and on SQLite is refused by the claim
+    (past 2**63 - 1 it would become a float). The answer: how many it ended."""
+    return _set_aside_all(ctx, sql.WAITING_AT_MAX_EPOCH, {"max_epoch": sql.MAX_EPOCH},
+                          lambda _: ("hold an epoch that cannot grow", {"column": "epoch"}))
+
+
+def _set_aside_all(ctx: Context, find: Any, params: dict[str, Any],
+                   why: Callable[[Sequence[Any]], tuple[str, dict[str, Any]]]) -> int:
+    """End the waiting jobs `find` returns (job, epoch, then what `why` reads) as `dead`,
+    in one transaction: the statement that finds them is the judge, so a job repaired or
+    claimed meanwhile is not touched."""
 
     def _do(conn: Connection) -> int:
         now = now_us()
         ended = 0
-        for job_id, epoch, *broken in ctx.db.run(conn, sql.WAITING_BREAKING_CHECKS,
-                                                 {"n": MAX_SET_ASIDE}).all():
-            check = next((name for (name, _), b in zip(sql.JOB_CHECKS, broken, strict=True)
-                          if b), None)
-            error = (f"its stored values break the CHECK constraint {check} (written outside "
-                     "jobcoord); set aside by a claim so the jobs behind it can run")
+        for job_id, epoch, *rest in ctx.db.run(conn, find,
+                                               {**params, "n": MAX_SET_ASIDE}).all():
+            what, detail = why(rest)
+            error = (f"its stored values {what} (written outside jobcoord); set aside by a "
+                     "claim so the jobs behind it can run")
             if ctx.db.run(conn, sql.SET_STATUS, {
                     "job_id": job_id, "epoch": epoch, "from_status": "waiting",
                     "to_status": "dead", "now": now, "finished": now,
@@ -133,7 +157,7 @@ def set_aside_breaking(ctx: Context) -> int:
                 continue
             ended += 1
             record_event(ctx, conn, job_id, now, "waiting", "dead", "job_unreadable",
-                         detail={"check": check})
+                         detail=detail)
         return ended
 
     return ctx.db.write(_do, "set aside")
@@ -306,6 +330,12 @@ def answer(ctx: Context, conn: Connection, worker_id: str, job: Sequence[Any], e
     """A claim's answer for a job it took (`Taken.job`), with the checkpoints earlier
     attempts left."""
     job_id, kind, priority, payload, attempts, max_attempts, epoch, job_tenant = job
+    if type(epoch) is not int or epoch > sql.MAX_EPOCH:
+        # SQLite counts on past PostgreSQL's column (and past 2**63 - 1 into a float): refused
+        # as PostgreSQL refuses it, so the claim sets the job aside on both databases.
+        raise DatabaseCorrupt("value_out_of_range", f"job {job_id}: its epoch cannot grow "
+                              f"past {sql.MAX_EPOCH} (written outside jobcoord)",
+                              job_id=job_id, column="epoch")
     # Checkpoints are written under a lease, so a job's first epoch has none to read.
     checkpoints = [] if epoch == 1 else [
         {"name": r[0], "data": v.stored_json(r[1], job_id, v.CHECKPOINT_DATA), "epoch": r[2],

@@ -18,7 +18,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.pool import QueuePool
 
 from .. import faults
-from ..errors import DatabaseBusy, JobcoordError, SchemaMismatch, StorageUnavailable
+from ..errors import (
+    DatabaseBusy,
+    DatabaseCorrupt,
+    JobcoordError,
+    SchemaMismatch,
+    StorageUnavailable,
+)
 from ..validate import dumps
 from . import limit_statements as ls
 from . import statements as s
@@ -86,6 +92,10 @@ PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
     "53100": (StorageUnavailable, "database_full", "the database server's disk is full"),
     "25006": (StorageUnavailable, "database_readonly", "the database is read-only"),
     "42P01": (SchemaMismatch, "not_migrated", "a table is missing"),
+    # Every number jobcoord writes is validated or counted up from a stored one: only a value
+    # written outside it reaches the end of its column (an epoch at 2**31 - 1 a claim adds to).
+    "22003": (DatabaseCorrupt, "value_out_of_range",
+              "a stored number is at the end of its column's range (written outside jobcoord)"),
 }
 
 

@@ -215,6 +215,12 @@ JOB_CHECKS = tuple((ck.name, literal_column(f"NOT ({ck.sqltext})")) for ck in so
 WAITING_BREAKING_CHECKS = SQL(
     select(J.job_id, J.epoch, *(broken for _, broken in JOB_CHECKS))
     .where(WAITING, or_(*(broken for _, broken in JOB_CHECKS))).limit(P("n")))
+#: The largest epoch both databases keep (PostgreSQL's integer column). Only a job written
+#: outside jobcoord gets near it: each claim adds one.
+MAX_EPOCH = 2**31 - 1
+#: Waiting jobs whose epoch cannot grow (at most :n): the job and its epoch.
+WAITING_AT_MAX_EPOCH = SQL(
+    select(J.job_id, J.epoch).where(WAITING, J.epoch >= P("max_epoch")).limit(P("n")))
 #: Is any job of tenant :tenant waiting? (A tenant-bound claim's "nothing waits".)
 ANY_WAITING_OF_TENANT = SQL(select(ONE).where(WAITING, J.tenant == P("tenant")).limit(ONE))
 SET_STATUS = SQL(
