@@ -463,8 +463,11 @@ def test_a_refused_submission_while_a_long_poll_waits_hands_nothing_out(
         target: Target) -> None:
     """Held: an unknown, a viewer's and a revoked token's submission while a worker's
     long-poll waits are 401 / 403 / 401, create no job, and the poll waits out its time with
-    nothing; the next good submission goes to it."""
+    nothing; the next good submission goes to it. The token is judged before a poll is
+    taken: the poll is not woken to claim for a refused request."""
     import threading
+
+    from sqlalchemy import text
 
     c = Coordinator.open(target)
     worker = token(target, "wk", "worker", worker="w1")
@@ -474,7 +477,8 @@ def test_a_refused_submission_while_a_long_poll_waits_hands_nothing_out(
     from jobcoord import tokens
 
     tokens.revoke(c.db, "gone")
-    with served(target) as s:
+    # The longest poll (1 s): the long-poll claims on its own at 0, 2 and 3 s.
+    with served(target, "--poll", "1") as s:
         wh = {"Authorization": f"Bearer {worker}"}
         assert httpx.post(s.url + "/v1/heartbeat", json={"readings": IDLE_ON_AC}, headers=wh,
                           timeout=30).status_code == 200
@@ -496,6 +500,12 @@ def test_a_refused_submission_while_a_long_poll_waits_hands_nothing_out(
         th.join(30)
         assert got["poll"][1] == 204 and got["poll"][0] >= 2.5, got
         assert c.jobs()["jobs"] == []
+        # A refused token never reaches a poll: no claim was made for it (each would be a
+        # write, one per unauthenticated request).
+        with c.db.engine.connect() as conn:
+            claims = conn.execute(text("SELECT coalesce(sum(n), 0) FROM claim_refusals "
+                                       "WHERE worker_id = 'w1'")).scalar()
+        assert claims <= 3, claims
         r = httpx.post(s.url + "/v1/jobs", json={"kind": "k"}, timeout=30,
                        headers={"Authorization": f"Bearer {good}"})
         assert r.status_code == 201, r.text
@@ -507,7 +517,8 @@ def test_http_claims_past_a_payload_that_is_not_an_object_are_never_a_500(
     c, bad, good = _keyed_limit_with_a_damaged_first_job(target)
     worker = token(target, "wk", "worker", worker="w1")
     operator = token(target, "op", "operator")
-    with served(target) as s:
+    # The longest poll (1 s): the long-poll claims on its own at 0, 2 and 3 s.
+    with served(target, "--poll", "1") as s:
         wh = {"Authorization": f"Bearer {worker}"}
         assert httpx.post(s.url + "/v1/heartbeat", json={"readings": IDLE_ON_AC}, headers=wh,
                           timeout=30).status_code == 200

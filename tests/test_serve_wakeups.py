@@ -40,3 +40,39 @@ def test_a_long_poll_hears_another_process_commit_well_before_the_poll(
             took.append(out["at"] - committed)
             c.complete(job, "wa", out["body"]["lease"]["epoch"], {})
         assert max(took) < 0.4, took
+
+
+def _claims_made(c: Coordinator, worker: str) -> int:
+    """Claims this worker made that took nothing (each one a counted refusal: a write)."""
+    from sqlalchemy import text
+
+    with c.db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT coalesce(sum(n), 0) FROM claim_refusals "
+                                     "WHERE worker_id = :w"), {"w": worker}).scalar())
+
+
+def test_a_long_poll_that_cannot_take_the_waiting_job_claims_once_per_wake_not_in_a_loop(
+        target: Target) -> None:
+    """A job no waiting poll may take (a role none of them has): the poller wakes the polls
+    every look; each claims once and waits again. A poll passing the turn on must never
+    wake itself (nor bounce the turn between polls that have all looked): that was a busy
+    loop of refused claims, each a write, until the poll's time ran out."""
+    wa = token(target, "wa", "worker", worker="wa")
+    wb = token(target, "wb", "worker", worker="wb")
+    with Coordinator.open(target) as c:
+        c.enqueue("k", {}, role="gpu")
+    with served(target, "--reap-every", "0", "--poll", "0.5") as s, \
+            s.client(wa) as a, s.client(wb) as b:
+        for client in (a, b):
+            client.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 10}})
+        threads = [threading.Thread(target=lambda cl=client: cl.post(
+            "/v1/claims", json={"wait": 3}, timeout=30)) for client in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    with Coordinator.open(target) as c:
+        made = {w: _claims_made(c, w) for w in ("wa", "wb")}
+    # The first claim, one per look of the poller (every 0.5 s) and one per two polls of
+    # its own: a few each, never hundreds.
+    assert all(n <= 20 for n in made.values()), made

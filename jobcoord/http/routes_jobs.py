@@ -51,7 +51,12 @@ async def submit(body: SubmitBody, response: Response, caller: SubmitterCaller, 
         # In the pool call that looks the token up: the job goes to the token's tenant.
         return fn(*args, tenant=who.tenant or DEFAULT_TENANT, **fields, **kwargs)
 
-    taken = srv.take_waiter() if not body.delay_s else None
+    taken = None
+    if not body.delay_s and srv.wakeup is not None and srv.wakeup.waiters:
+        # The token first (401, 403): a refused request never takes a waiting poll, which
+        # would then claim on its own (a write) for a request that changes nothing.
+        await srv.call(caller.identify, srv.c.db)
+        taken = srv.take_waiter()
     if taken is None:
         got = await srv.call_as(caller, enqueue, srv.c.enqueue, body.kind, body.payload or {})
         # Answered only now, after the commit; a waiting long-poll hears of it at once.
@@ -59,8 +64,8 @@ async def submit(body: SubmitBody, response: Response, caller: SubmitterCaller, 
     else:
         # A long-poll waits: its claim is made in this submission's transaction (one commit
         # instead of two), and answers it. A claim that takes nothing leaves the poll to
-        # claim on its own, as a woken poll does; so does a refused token (401, 403: the
-        # token is looked up in the same call, after the poll was taken).
+        # claim on its own, as a woken poll does (so does a token revoked between the two
+        # lookups: it is looked up again in the same call).
         claimant, handover = taken
         try:
             got = await srv.call_as(caller, enqueue, enqueue_and_claim, srv.c, body.kind,

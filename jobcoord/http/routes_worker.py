@@ -72,7 +72,7 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
     # the rest of the long-poll.
     who, got = await srv.call_as(caller, _first_claim, srv.c, body)
     worker = worker_of(who)
-    woken: bool | Handover = False
+    woken: int | Handover = 0
     # The claim this poll makes, which a submission may make for it in its own transaction
     # while it waits (see routes_jobs.submit).
     claimant = Claimant(worker, body.lease_s, body.kinds, who.tenant)
@@ -113,7 +113,7 @@ def _took(got: dict[str, Any]) -> bool:
 
 async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBody,
                        who: Identity, claimant: Claimant, end: float,
-                       woken: bool | Handover, gone: asyncio.Future[Any] | None,
+                       woken: int | Handover, gone: asyncio.Future[Any] | None,
                        made: dict[str, Any] | None = None) -> Any:
     """One claim of a long-poll (`made`: the first, already made with the token's lookup)
     and, if it took nothing, one wait: the answer, or (woken, gone) to go round again."""
@@ -123,12 +123,12 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
             # A submission's own transaction claimed one job for this poll.
             return handed if body.n is None else {"claimed": [handed], "reason": None,
                                                   "detail": None}
-        woken = True  # the submission's claim for it took nothing: claim as any woken poll
+        woken = woken.wake  # the submission's claim took nothing: claim as a woken poll
     got = made if made is not None else await srv.call(_take, srv.c, worker, body, who.tenant)
     if _took(got):
         return got
     if woken:
-        srv.notify(1)  # the job was not for this worker (or taken): pass the turn on
+        srv.pass_on(woken)  # the job was not for this worker (or taken): pass the turn on
     left = end - time.monotonic()
     # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
     # heartbeat is said at once, the worker must act on it.

@@ -26,9 +26,11 @@ class Handover:
     the submission's own transaction (None when it took nothing: the poll then claims on
     its own, as any woken poll does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wake: int) -> None:
         self.answer: asyncio.Future[dict[str, Any] | None] = (
             asyncio.get_running_loop().create_future())
+        #: The wake-up it is (see Wakeup.pass_on), for a poll that then finds nothing.
+        self.wake = wake
 
     def give(self, answer: dict[str, Any] | None) -> None:
         if not self.answer.done():
@@ -44,8 +46,14 @@ class Wakeup:
     A submission takes the oldest waiter (`take`) and makes its claim in its own
     transaction, or (a delayed job) wakes one waiter (waking all of them would start as many
     claims racing for one job); a waiter that then finds nothing passes the turn on to the
-    next. Everything else that may free work for several (the poller, the reaper, retries)
-    wakes all."""
+    next one that was already waiting when that wake-up began (`pass_on`): a poll that has
+    looked since never gets the turn back, so a job none of them may take ends the chain
+    instead of bouncing it between polls (or a lone poll's turn back to itself) in a loop
+    of claims. Everything else that may free work for several (the poller, the reaper,
+    retries) wakes all.
+
+    A wake-up is a number, larger for each later one (every wait's start takes one too): a
+    woken poll is answered with the number of the wake-up that woke it."""
 
     def __init__(self) -> None:
         self._waiting: collections.deque[asyncio.Future[Any]] = collections.deque()
@@ -57,21 +65,43 @@ class Wakeup:
         #: next waiter takes one at once, so a job committed during a claim is not left for
         #: the poller.
         self._pending = 0
+        #: The wake-up of those single wake-ups: nobody was waiting then.
+        self._pending_wake = 0
+        #: When each waiting long-poll began waiting (a wake-up number).
+        self._since: dict[asyncio.Future[Any], int] = {}
+        self._clock = 0
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
 
     @property
     def waiters(self) -> int:
         return len(self._waiting)
 
     def notify(self, n: int | None = None) -> None:
-        """Wake `n` waiters (None: all)."""
+        """Wake `n` waiters (None: all); single wake-ups that find nobody waiting are kept
+        for the next waiters."""
+        wake = self._tick()
         while self._waiting and (n is None or n > 0):
             future = self._waiting.popleft()
             if not future.done():
-                future.set_result(None)
+                future.set_result(wake)
                 if n is not None:
                     n -= 1
         if n:
             self._pending = min(self._pending + n, 1024)
+            self._pending_wake = wake
+
+    def pass_on(self, wake: int) -> None:
+        """A poll woken by `wake` found nothing it may take: wake the oldest poll that was
+        already waiting when `wake` began (it has not looked since). Never kept for later:
+        every poll that waits now began after the wake-up, so it has looked."""
+        for future in self._waiting:
+            if self._since.get(future, wake) < wake and not future.done():
+                self._waiting.remove(future)
+                future.set_result(wake)
+                return
 
     def take(self) -> tuple[Any, Handover] | None:
         """The oldest waiting long-poll that may be handed a job, woken now with a Handover
@@ -80,37 +110,39 @@ class Wakeup:
         for future in self._waiting:
             claimant = self._claimants.get(future)
             if claimant is not None and not future.done():
-                handover = Handover()
+                handover = Handover(self._tick())
                 future.set_result(handover)
                 self._waiting.remove(future)
                 return claimant, handover
         return None
 
     async def wait(self, timeout: float, claimant: Any = None,
-                   gone: asyncio.Future[Any] | None = None) -> bool | Handover:
-        """True when woken, False when the timeout passed (or `gone` was done first: the
-        client went away). With a `claimant` (the claim the long-poll makes), a submission
-        may take this waiter: it is then woken with a Handover to await."""
+                   gone: asyncio.Future[Any] | None = None) -> int | Handover:
+        """The wake-up's number when woken, 0 when the timeout passed (or `gone` was done
+        first: the client went away). With a `claimant` (the claim the long-poll makes), a
+        submission may take this waiter: it is then woken with a Handover to await."""
         if self._pending:
             self._pending -= 1
-            return True
+            return self._pending_wake
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         self._claimants[future] = claimant
+        self._since[future] = self._tick()
         self.someone_waits.set()
         try:
             if gone is None:
-                return await asyncio.wait_for(future, timeout) or True
+                return await asyncio.wait_for(future, timeout)  # type: ignore[no-any-return]
             await asyncio.wait((future, gone), timeout=timeout,
                                return_when=asyncio.FIRST_COMPLETED)
             if future.done():
-                return future.result() or True
+                return future.result()  # type: ignore[no-any-return]
             future.cancel()  # timed out, or its client went away: never taken now
-            return False
+            return 0
         except TimeoutError:
-            return False
+            return 0
         finally:
             del self._claimants[future]
+            del self._since[future]
             with contextlib.suppress(ValueError):
                 self._waiting.remove(future)
             if not self._waiting:
@@ -153,6 +185,12 @@ class Server:
         if self.wakeup is not None:
             self.wakeup.notify(n)
 
+    def pass_on(self, wake: int) -> None:
+        """A poll woken by `wake` found nothing for it: the next poll that has not looked
+        since gets the turn (see Wakeup.pass_on)."""
+        if self.wakeup is not None:
+            self.wakeup.pass_on(wake)
+
     def take_waiter(self) -> tuple[Any, Handover] | None:
         """The oldest long-poll a submission may hand its job to (see Wakeup.take)."""
         return None if self.wakeup is None else self.wakeup.take()
@@ -171,9 +209,9 @@ class Server:
         """On a thread of its own: hear commits by other processes at once, where the store
         can watch for them (SQLite on Linux: an inotify watch of the -wal file, then `PRAGMA
         data_version`, the idle local worker's waiter), instead of at the poller's next
-        look. Only while a long-poll waits. A change while this server began a group
-        commit of its own is taken for its own (its submissions wake a long-poll
-        themselves) and left to the poller, which stays the authority."""
+        look. Only while a long-poll waits. A change while this server had a group commit
+        of its own is taken for its own (its submissions wake a long-poll themselves) and
+        left to the poller, which stays the authority."""
         group = getattr(self.c.db, "_group", None)
         if group is None:
             return
@@ -183,14 +221,20 @@ class Server:
                 return  # no file notification: the poller is as good
             assert self.wakeup is not None
             someone_waits = self.wakeup.someone_waits
-            own = group.begun
+            own = (group.begun, group.groups)
             while not stop.is_set():
                 if not someone_waits.wait(self.poll_s):
                     continue
                 if not waiter.wait(self.poll_s, stop) or stop.is_set():
                     continue
-                if group.begun != own:
-                    own = group.begun
+                # Ours when a group of ours began or ended since the last change heard, or
+                # is under way (begun, not yet counted as ended): a group that began before
+                # the last look and committed after it is ours too. Taken for a stranger's,
+                # a refused claim's own commit would wake the polls to claim again, and
+                # their claims' commits would wake them again.
+                now = (group.begun, group.groups)
+                if now != own or now[0] != now[1]:
+                    own = now
                     continue
                 loop.call_soon_threadsafe(self._heard)
         finally:
