@@ -5,14 +5,15 @@ its own answer."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import now_us
-from ..errors import InvalidInput, JobcoordError, Refused
+from ..errors import InvalidInput, JobcoordError
 from ..store import statements as sql
+from .answers import checked_item, earlier_in_batch
 from .claim import MAX_BATCH
 from .common import Context, as_bool
 from .fencing import (
@@ -35,7 +36,6 @@ REQUIRED = ("job_id", "worker_id", "epoch")
 Step = Callable[[Connection], Any]
 #: An accepted item's end (end_running's parameters, reason, worker, detail) and answer.
 Accept = Callable[[Connection, Any, Any, int], tuple[dict[str, Any], dict[str, Any]]]
-T = TypeVar("T")
 
 
 def _items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
@@ -65,19 +65,6 @@ def _items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
                                + (f"missing {', '.join(missing)}; " if missing else "")
                                + usage, field="items")
     return out
-
-
-def checked_item(i: int, build: Callable[[], T]) -> T:
-    """Validate one item as the single call would, saying which item was refused."""
-    try:
-        return build()
-    except InvalidInput as e:
-        raise InvalidInput(e.code, f"items[{i}]: {e.message}", item=i, **e.details) from None
-
-
-#: What an accepted report of each kind did to its job, for the refusal of a second report
-#: of the same job later in the batch.
-_DONE = {"complete": "completed", "fail": "failed"}
 
 
 def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
@@ -148,15 +135,6 @@ def _answer(p: Any, got: Any, done: dict[int, str], op: str) -> dict[str, Any]:
     if p.job_id in done:
         got = earlier_in_batch(p.job_id, op, done[p.job_id], code=got.code, **got.details)
     return {"job_id": p.job_id, **got.to_json()}
-
-
-def earlier_in_batch(job_id: int, op: str, is_now: str, /, *, code: str = "job_finished",
-                     **details: Any) -> Refused:
-    """The refusal of a second report of a job this batch already reported on."""
-    details.pop("earlier_in_batch", None)
-    return Refused(code, f"job {job_id} was already {_DONE[op]} earlier in this batch (it "
-                   f"is now {is_now}); only the first report of an attempt counts",
-                   **details, earlier_in_batch=True)
 
 
 def _summary(answers: list[dict[str, Any] | None]) -> dict[str, Any]:

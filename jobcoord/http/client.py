@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from .. import validate as v
-from ..core.batch import checked_item, earlier_in_batch
+from ..core.answers import checked_item, earlier_in_batch
 from ..errors import InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
 from .errors import error_from_response
