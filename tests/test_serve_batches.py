@@ -263,3 +263,16 @@ def test_a_split_group_answers_a_second_item_of_one_job_as_one_group_would(
     again = done["results"][2]
     assert again["error"]["code"] == "job_finished", again
     assert again["error"]["details"].get("earlier_in_batch") is True, again
+
+
+def test_the_remote_client_imports_no_database_or_server_code() -> None:
+    """A worker on another machine loads the client alone: no SQLAlchemy, no FastAPI (the
+    batch answers it shares with the core live in a module without them)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, jobcoord.http.client; "
+         "print(sorted(m for m in ('sqlalchemy', 'fastapi', 'uvicorn', 'alembic') "
+         "if m in sys.modules))"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out
