@@ -107,6 +107,11 @@ def _take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None
                                   tenant=tenant)
 
 
+def _could_take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None) -> bool:
+    """Could this poll's claim take a job now? A read that records nothing."""
+    return bool(coordinator.claimable(worker, kinds=body.kinds, tenant=tenant))
+
+
 def _took(got: dict[str, Any]) -> bool:
     return bool(got["claimed"]) if "claimed" in got else got["job"] is not None
 
@@ -124,9 +129,18 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
             return handed if body.n is None else {"claimed": [handed], "reason": None,
                                                   "detail": None}
         woken = woken.wake  # the submission's claim took nothing: claim as a woken poll
-    got = made if made is not None else await srv.call(_take, srv.c, worker, body, who.tenant)
-    if _took(got):
-        return got
+    if made is None and end - time.monotonic() > 0 and not await srv.call(
+            _could_take, srv.c, worker, body, who.tenant):
+        # Woken (or its own look is due) with nothing it may take: a read said so, where a
+        # claim would have been a refusal to record, a write, for every idle poll each
+        # round. Its first and its last claims are real: they say a gate or a stale
+        # heartbeat.
+        got: dict[str, Any] = {"reason": "no_waiting_jobs"}
+    else:
+        got = made if made is not None else await srv.call(_take, srv.c, worker, body,
+                                                            who.tenant)
+        if _took(got):
+            return got
     if woken:
         srv.pass_on(woken)  # the job was not for this worker (or taken): pass the turn on
     left = end - time.monotonic()
