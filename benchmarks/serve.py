@@ -14,7 +14,8 @@
               from just before the submission is sent (with the submission's own round
               trip, token check and transaction);
   memory      the server's resident memory and thread count idle, then with 200 idle
-              long-polls open at once;
+              long-polls open at once (10 s each), its CPU while they wait, and the refused
+              claims recorded over them (each a write);
   threads     what the server's write path does without HTTP: 8 threads of one process
               sharing one Coordinator, chained claim+complete, with group commit (the writes
               queued at once share one transaction and one fsync) and with groups of one
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -69,6 +71,12 @@ class Server:
                 if key in ("VmRSS", "Threads"):
                     out[key] = int(value.split()[0])
         return out
+
+    def cpu_s(self) -> float:
+        """The server process's CPU time so far (user + system)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -284,7 +292,7 @@ def pickup(scratch: Scratch, n: int, workers: int = 8) -> tuple[list[float], lis
 # --- memory with 200 idle long-polls ------------------------------------------------------------
 
 
-async def _idle_polls(url: str, secrets: list[str], server: Server) -> dict[str, int]:
+async def _idle_polls(url: str, secrets: list[str], server: Server) -> dict[str, Any]:
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=60,
@@ -295,14 +303,32 @@ async def _idle_polls(url: str, secrets: list[str], server: Server) -> dict[str,
         tasks = [asyncio.create_task(client.post(
             "/v1/claims", json={"wait": 10}, headers={"Authorization": f"Bearer {secret}"}))
             for secret in secrets]
-        await asyncio.sleep(4)
-        during = server.status()
+        await asyncio.sleep(2)
+        # The polls' steady state: every one waiting (its first claim made), none ending.
+        cpu0, t0 = server.cpu_s(), time.monotonic()
+        await asyncio.sleep(6)
+        during: dict[str, Any] = {**server.status(),
+                                  "cpu_pct": (server.cpu_s() - cpu0)
+                                  / (time.monotonic() - t0) * 100}
         answers = await asyncio.gather(*tasks)
     assert all(a.status_code == 204 for a in answers), {a.status_code for a in answers}
     return during
 
 
-def memory(scratch: Scratch, n: int = 200) -> dict[str, dict[str, int]]:
+def _refused_claims(path: str) -> int:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("SELECT coalesce(sum(n), 0) FROM claim_refusals").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def memory(scratch: Scratch, n: int = 200) -> dict[str, dict[str, Any]]:
+    """The server's RSS and threads with `n` idle long-polls (10 s each), its CPU while they
+    wait (from 2 s to 8 s), and the refused claims recorded over the polls (each a write;
+    the polls' first and last claims are 2 per poll)."""
     path = scratch.file("memory.db")
     migrated_sqlite(path, "full")
     secrets = _make_tokens(path, [(f"w{i}", "worker", f"w{i}") for i in range(n)])
@@ -313,6 +339,7 @@ def memory(scratch: Scratch, n: int = 200) -> dict[str, dict[str, int]]:
         during = asyncio.run(_idle_polls(server.url, secrets, server))
     finally:
         server.stop()
+    during["refused_claims"] = _refused_claims(path)
     return {"idle": idle, "during": during}
 
 
@@ -405,7 +432,9 @@ def main() -> None:
             print(f"  idle        RSS {m['idle']['VmRSS'] / 1024:6.1f} MiB   threads "
                   f"{m['idle']['Threads']}")
             print(f"  200 polls   RSS {m['during']['VmRSS'] / 1024:6.1f} MiB   threads "
-                  f"{m['during']['Threads']}")
+                  f"{m['during']['Threads']}   server CPU while they wait "
+                  f"{m['during']['cpu_pct']:.1f} % of a core   refused claims recorded "
+                  f"{m['during']['refused_claims']} (first and last: 400)")
         if "threads" in parts:
             import statistics
 

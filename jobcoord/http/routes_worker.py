@@ -129,8 +129,9 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
             return handed if body.n is None else {"claimed": [handed], "reason": None,
                                                   "detail": None}
         woken = woken.wake  # the submission's claim took nothing: claim as a woken poll
-    if made is None and end - time.monotonic() > 0 and not await srv.call(
-            _could_take, srv.c, worker, body, who.tenant):
+    if (made is None and end - time.monotonic() > 0
+            and not await srv.call(_could_take, srv.c, worker, body, who.tenant)
+            and end - time.monotonic() > 0):
         # Woken (or its own look is due) with nothing it may take: a read said so, where a
         # claim would have been a refusal to record, a write, for every idle poll each
         # round. Its first and its last claims are real: they say a gate or a stale
