@@ -385,3 +385,63 @@ def test_a_put_without_the_live_lease_stores_no_bytes(ac: Coordinator, store_dir
         ac.put_artifact(job, "w1", epoch, "a.bin", b"bytes nobody may keep", tenant="bob")
     assert refused.value.code == "job_not_found"
     assert _stored(store_dir) == []
+
+
+def _three_claimed(ac: Coordinator, worker: str = "w1") -> list[tuple[int, int]]:
+    jobs = [ac.enqueue("render", {"n": i})["job_id"] for i in range(3)]
+    ac.heartbeat(worker, readings=IDLE_ON_AC)
+    got = ac.claim_many(worker, 3, lease_s=45)["claimed"]
+    assert [g["job"]["job_id"] for g in got] == jobs
+    return [(g["job"]["job_id"], g["lease"]["epoch"]) for g in got]
+
+
+def _only_ok(ac: Coordinator, tmp_path: Path) -> None:
+    """The kind's validator accepts an artifact whose bytes start with `ok`."""
+    checker = tmp_path / "check.py"
+    checker.write_text("import sys\n"
+                       "sys.exit(0 if open(sys.argv[1], 'rb').read()[:2] == b'ok' else 3)\n")
+    artifact_rules.declare_kind(ac, "render", validator=[sys.executable, str(checker)])
+
+
+def test_complete_many_refuses_only_the_item_whose_artifact_fails_validation(
+        ac: Coordinator, tmp_path: Path) -> None:
+    """One refused completion never refuses the others: an item whose staged artifact fails
+    its kind's validation is that item's `artifact_invalid` (its attempt failed, as a
+    single completion's), and the group's other results are accepted."""
+    _only_ok(ac, tmp_path)
+    (a, ea), (b, eb), (c, ec) = _three_claimed(ac)
+    ac.put_artifact(b, "w1", eb, "bad.bin", b"not ok")
+    ac.put_artifact(c, "w1", ec, "ok.bin", b"ok")
+    got = ac.complete_many([{"job_id": j, "worker_id": "w1", "epoch": e, "result": {"j": j}}
+                            for j, e in ((a, ea), (b, eb), (c, ec))])
+    assert (got["accepted"], got["refused"]) == (2, 1), got
+    assert got["results"][1]["error"]["code"] == "artifact_invalid", got["results"][1]
+    assert [ac.show(j)["job"]["status"] for j in (a, c)] == ["succeeded"] * 2
+    assert ac.show(b)["job"]["status"] == "waiting"  # the failed attempt is retried
+    assert [x["name"] for x in ac.artifacts(c)["artifacts"]] == ["ok.bin"]
+
+
+def test_a_completion_by_another_worker_never_validates_the_owners_artifacts(
+        ac: Coordinator, tmp_path: Path) -> None:
+    """A completion that is not the lease's (another worker, another tenant) is refused by
+    the fence as if its artifacts were not there: the owner's staged artifacts are not
+    hashed, not judged, not rejected, and the owner's attempt is untouched -- alone and in
+    a group, where it is that item's refusal only."""
+    _only_ok(ac, tmp_path)
+    (a, ea), (b, eb), _ = _three_claimed(ac)
+    ac.put_artifact(a, "w1", ea, "bad.bin", b"not ok")
+    ac.heartbeat("w2", readings=IDLE_ON_AC)
+    with pytest.raises(Refused) as caught:
+        ac.complete(a, "w2", ea, {})
+    assert caught.value.code == "not_owner", caught.value.to_json()
+    got = ac.complete_many([{"job_id": a, "worker_id": "w2", "epoch": ea},
+                            {"job_id": b, "worker_id": "w1", "epoch": eb}])
+    assert [r.get("error", {}).get("code") for r in got["results"]] == ["not_owner", None]
+    shown = ac.show(a)
+    assert shown["job"]["status"] == "running", shown["job"]
+    assert "artifact_rejected" not in [e["reason"] for e in shown["events"]]
+    assert [x["state"] for x in rows_of(ac, a)] == ["staged"]
+
+
+def rows_of(c: Coordinator, job_id: int) -> list[dict[str, Any]]:
+    return [{"state": r[2]} for r in rows(c, job_id)]

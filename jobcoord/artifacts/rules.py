@@ -151,8 +151,16 @@ class Plan:
     verified_at: int
 
 
-def _stages(coord: Coordinator, job_id: int, epoch: int) -> tuple[str | None, list[Any]]:
-    def _read(conn: Connection) -> tuple[str | None, list[Any]]:
+def _stages(coord: Coordinator, job_id: int, worker: str, epoch: int, tenant: str | None
+            ) -> tuple[str | None, list[Any]] | None:
+    """The job's kind and the rows the attempt staged, or None when `worker` does not hold
+    the job's lease at `epoch` (of `tenant`, when given): such a completion is refused by
+    the fence in its own transaction, and the owner's stages are none of its business."""
+    def _read(conn: Connection) -> tuple[str | None, list[Any]] | None:
+        holder = coord.db.run(conn, fs.LEASE_HOLDER, {"j": job_id}).first()
+        if (holder is None or holder[0] != worker or holder[1] != epoch
+                or (tenant is not None and holder[2] != tenant)):
+            return None
         kind = coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar()
         rows = coord.db.run(conn, fs.ATTEMPT_STAGES, {"j": job_id, "e": epoch}).all()
         return kind, list(rows)
@@ -195,7 +203,10 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     refused with `artifact_invalid` (exit 4)."""
     if "artifacts" not in coord.features:
         return None
-    kind, rows = _stages(coord, job_id, epoch)
+    staged = _stages(coord, job_id, worker, epoch, tenant)
+    if staged is None:
+        return None  # not this lease's: nothing is hashed or judged, the fence refuses it
+    kind, rows = staged
     if not rows:
         return Plan((), now_us())
     store = store_of(coord)

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import now_us
-from ..errors import InvalidInput, JobcoordError
+from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import statements as sql
 from .answers import checked_item, earlier_in_batch
 from .claim import MAX_BATCH
@@ -25,6 +25,7 @@ from .fencing import (
     failure_parts,
     failure_step,
     judge,
+    with_plan,
 )
 
 #: The fields of one item, required first.
@@ -149,17 +150,33 @@ def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
     complete's answer, or {"job_id": ..., "error": {"code", "message", "details"}} for a
     refused one (recorded as its own `complete_refused` event, as `complete` records it)."""
     checked = _items(items, COMPLETE_FIELDS, REQUIRED)
-    parts = [checked_item(i, lambda it=it: completion_parts(
+    # Every item valid first (bad input refuses the batch and changes nothing); then each
+    # item's staged artifacts are verified, and one that fails is that item's refusal only
+    # (its attempt failed, as a single completion's), never the batch's.
+    bare = [checked_item(i, lambda it=it: completion_parts(
         ctx, it["job_id"], it["worker_id"], it["epoch"], it.get("result"),
-        it.get("provenance"), it.get("tenant"))) for i, it in enumerate(checked)]
+        it.get("provenance"), it.get("tenant"), planned=False))
+        for i, it in enumerate(checked)]
+    parts: dict[int, Completion] = {}
+    refused: dict[int, dict[str, Any]] = {}
+    for i, c in enumerate(bare):
+        try:
+            parts[i] = with_plan(ctx, c)
+        except Refused as e:
+            refused[i] = {"job_id": c.job_id, **e.to_json()}
 
     def accept(_conn: Connection, c: Completion, _owned: Any, now: int
                ) -> tuple[dict[str, Any], dict[str, Any]]:
         return completion_end(c, now), {"job_id": c.job_id, "status": "succeeded",
                                         "epoch": c.epoch, "finished_at": now}
 
-    return _run_all(ctx, parts, "complete", "complete_many",
-                    lambda c: completion_step(ctx, c), accept)
+    if not refused:
+        return _run_all(ctx, list(parts.values()), "complete", "complete_many",
+                        lambda c: completion_step(ctx, c), accept)
+    ran = iter(_run_all(ctx, list(parts.values()), "complete", "complete_many",
+                        lambda c: completion_step(ctx, c), accept)["results"]
+               if parts else ())
+    return _summary([refused[i] if i in refused else next(ran) for i in range(len(bare))])
 
 
 def fail_many(ctx: Context, items: Any) -> dict[str, Any]:

@@ -109,10 +109,11 @@ class Completion(NamedTuple):
 
 
 def completion_parts(ctx: Context, job_id: Any, worker_id: str, epoch: Any, result: Any,
-                     provenance: Mapping[str, Any] | None, tenant: str | None
-                     ) -> Completion:
+                     provenance: Mapping[str, Any] | None, tenant: str | None,
+                     *, planned: bool = True) -> Completion:
     """Validate a completion before any transaction (shared by complete, complete_and_claim
-    and complete_many)."""
+    and complete_many). `planned`: also verify the artifacts the attempt staged (`plan`);
+    complete_many does that for each item once every item is valid (`with_plan`)."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
     _, result_text = v.json_value({} if result is None else result, "result", str_is_text=False,
@@ -122,14 +123,20 @@ def completion_parts(ctx: Context, job_id: Any, worker_id: str, epoch: Any, resu
     prov_text = None if provenance is None else v.json_value(
         dict(provenance) if isinstance(provenance, Mapping) else provenance, "provenance",
         max_bytes=64 * 1024, require_object=True)[1]
-    # Artifacts the attempt staged are re-hashed and validated before the transaction (file
-    # I/O never runs inside one) and linked inside it, with the completion they belong to.
-    plan = None
-    if "artifacts" in ctx.features:
-        from ..artifacts import rules as artifact_rules
+    c = Completion(job_id, worker_id, epoch, tenant, result_text, prov_text, None)
+    return with_plan(ctx, c) if planned else c
 
-        plan = artifact_rules.prepare_completion(ctx, job_id, worker_id, epoch, tenant)
-    return Completion(job_id, worker_id, epoch, tenant, result_text, prov_text, plan)
+
+def with_plan(ctx: Context, c: Completion) -> Completion:
+    """The completion with its plan: the artifacts the attempt staged, re-hashed and
+    validated before the transaction (file I/O never runs inside one), to be linked inside
+    it. Refused `artifact_invalid` (the attempt failed) when one fails its validation."""
+    if "artifacts" not in ctx.features:
+        return c
+    from ..artifacts import rules as artifact_rules
+
+    plan = artifact_rules.prepare_completion(ctx, c.job_id, c.worker_id, c.epoch, c.tenant)
+    return c._replace(plan=plan)
 
 
 def completion_end(c: Completion, now: int) -> dict[str, Any]:
