@@ -276,3 +276,56 @@ def test_the_remote_client_imports_no_database_or_server_code() -> None:
          "print(sorted(m for m in ('sqlalchemy', 'fastapi', 'uvicorn', 'alembic') "
          "if m in sys.modules))"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out
+
+
+def test_a_split_group_with_one_bad_item_saves_nothing_and_names_it_in_the_group(
+        target: Target) -> None:
+    """A group over the body limit is checked item by item as the core checks it before any
+    part is sent: an epoch out of range after 20 good items refuses the whole group (the
+    index is the group's, not a part's), and none of the 20 is accepted."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(20)])
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 20, wait=0)["claimed"]
+        items = [_item(g, "x" * 100_000) for g in got]
+        items.append({**items[0], "epoch": -1})
+        with pytest.raises(JobcoordError) as caught:
+            wa.complete_many(items)
+        assert caught.value.code == "invalid_input", caught.value.to_json()
+        assert caught.value.details.get("item") == 20, caught.value.to_json()
+        with pytest.raises(JobcoordError) as caught:
+            wa.complete_many([items[0]] * 1001)
+        assert caught.value.code == "invalid_input", caught.value.to_json()
+    with Coordinator.open(target) as c:
+        assert {j["status"] for j in c.jobs()["jobs"]} == {"running"}
+
+
+def test_a_completion_at_its_result_and_provenance_limits_fits_one_request(
+        target: Target) -> None:
+    """The body limit has room for a result at the result limit with a provenance at its
+    own (64 KiB) limit: what the core accepts, one request carries."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(2)])
+        limit = c.policy.max_result_bytes
+    result = "x" * (limit - 2)  # stored with its quotes: exactly the limit
+    provenance = {"p": "y" * (64 * 1024 - 8)}  # {"p":"..."}: exactly 64 KiB
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 2, wait=0)["claimed"]
+        one = wa.complete(got[0]["job"]["job_id"], "wa", got[0]["lease"]["epoch"], result,
+                          provenance=provenance)
+        assert one["status"] == "succeeded", one
+        group = wa.complete_many([{**_item(got[1], result), "provenance": provenance}])
+        assert group["accepted"] == 1, group
+
+
+@pytest.mark.parametrize("secret", ["jct_\u00e9", "jct_a\nb", "jct_a b", "jct_\x00"])
+def test_a_token_with_characters_no_token_has_is_invalid_input(secret: str) -> None:
+    with pytest.raises(JobcoordError) as caught:
+        RemoteCoordinator("http://127.0.0.1:9", secret)
+    assert caught.value.code == "invalid_input", caught.value.to_json()

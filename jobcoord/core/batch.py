@@ -13,8 +13,6 @@ from .. import validate as v
 from ..clock import now_us
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import statements as sql
-from .answers import checked_item, earlier_in_batch
-from .claim import MAX_BATCH
 from .common import Context, as_bool
 from .fencing import (
     Completion,
@@ -27,6 +25,7 @@ from .fencing import (
     judge,
     with_plan,
 )
+from .items import MAX_BATCH, checked_item, earlier_in_batch
 
 #: The fields of one item, required first.
 COMPLETE_FIELDS = ("job_id", "worker_id", "epoch", "result", "provenance", "tenant")

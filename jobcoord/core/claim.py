@@ -16,6 +16,7 @@ from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
 from .common import NO_KINDS, Context, as_bool, lease_us, record_event
+from .items import MAX_BATCH
 from .workers import claiming_row, unreadable_detail
 
 T = TypeVar("T")
@@ -221,9 +222,6 @@ def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = 
         "claim_many"))
 
 
-#: The most jobs one claim_many (or complete_many, fail_many) call handles: one write
-#: transaction must stay short, whatever a caller asks for.
-MAX_BATCH = 1000
 
 
 def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_us: int,

@@ -15,6 +15,7 @@ from ..errors import InvalidInput
 from ..policy import Policy
 from ..store import statements as sql
 from ..store.base import Database
+from .items import job_and_epoch
 
 DEFAULT_TENANT = "default"
 NO_KINDS = "give at least one kind, or leave it out to take any kind"
@@ -57,12 +58,9 @@ def lease_us(ctx: Context, lease_s: float | None) -> int:
 def fenced_args(job_id: Any, worker_id: str, epoch: Any, tenant: str | None
                 ) -> tuple[int, str, int, str | None]:
     """The checked arguments every fenced call takes."""
-    return (
-        v.whole(job_id, "job_id", 1, 2**62),
-        v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID),
-        v.whole(epoch, "epoch", 0, 2**31 - 1),
-        v.optional_name(tenant, "tenant"),
-    )
+    job_id, epoch = job_and_epoch(job_id, epoch)
+    return (job_id, v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID), epoch,
+            v.optional_name(tenant, "tenant"))
 
 
 def as_bool(value: Any) -> bool | None:

@@ -16,6 +16,7 @@ from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from .claim import claim_in, past_damaged
 from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_event
+from .items import completion_texts
 
 
 def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epoch: int,
@@ -116,13 +117,7 @@ def completion_parts(ctx: Context, job_id: Any, worker_id: str, epoch: Any, resu
     complete_many does that for each item once every item is valid (`with_plan`)."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
-    _, result_text = v.json_value({} if result is None else result, "result", str_is_text=False,
-                                  max_bytes=ctx.policy.max_result_bytes,
-                                  require_object=False, too_large_code="result_too_large")
-    # json_value refuses a non-object; dict() of one would raise TypeError first.
-    prov_text = None if provenance is None else v.json_value(
-        dict(provenance) if isinstance(provenance, Mapping) else provenance, "provenance",
-        max_bytes=64 * 1024, require_object=True)[1]
+    result_text, prov_text = completion_texts(result, provenance, ctx.policy.max_result_bytes)
     c = Completion(job_id, worker_id, epoch, tenant, result_text, prov_text, None)
     return with_plan(ctx, c) if planned else c
 

@@ -13,12 +13,13 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from starlette.exceptions import HTTPException
 
-from ..core.claim import MAX_BATCH
+from ..core.items import MAX_BATCH, MAX_PROVENANCE_BYTES
 
 #: Longest long-poll a claim may ask for.
 MAX_WAIT_S = 30.0
-#: Room for the JSON around a payload or result at its size limit.
-ENVELOPE_BYTES = 64 * 1024
+#: Room for what comes with a payload or result at its size limit: a completion's
+#: provenance at its own limit, and the JSON around both.
+ENVELOPE_BYTES = MAX_PROVENANCE_BYTES + 64 * 1024
 JOB_ID_MAX = 2**62
 
 

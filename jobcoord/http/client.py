@@ -26,8 +26,13 @@ from typing import Any
 
 import httpx
 
-from .. import validate as v
-from ..core.answers import checked_item, earlier_in_batch
+from ..core.items import (
+    MAX_BATCH,
+    checked_item,
+    completion_texts,
+    earlier_in_batch,
+    job_and_epoch,
+)
 from ..errors import InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
 from .errors import error_from_response
@@ -52,6 +57,10 @@ class RemoteCoordinator:
         token = token.strip()
         if not token:
             raise InvalidInput("invalid_input", "the token file is empty")
+        if not token.isascii() or not token.isprintable() or any(c.isspace() for c in token):
+            # A header cannot carry it (httpx would raise, or split the request).
+            raise InvalidInput("invalid_input", "the token holds characters no token has "
+                               "(only printable ASCII without spaces)")
         self.server = server
         self.claim_wait = claim_wait
         self.timeout = timeout
@@ -216,9 +225,12 @@ class RemoteCoordinator:
         {"results": [...], "accepted", "refused"}, like the Coordinator's. The worker id and
         tenant are the token's (the items' own are not sent). Sent again after a lost
         answer, an accepted item is `already_accepted`. A group over the server's body limit
-        is sent in halves (one item alone is within it, as a single completion is), after
-        every result was checked against the result limit: a group holding one result over
-        it is refused whole, as the core refuses it, and nothing is sent."""
+        is sent in parts (one item alone is within it, as a single completion is), after
+        every item was checked as the core checks it: a group holding one bad item is
+        refused whole, as the core refuses it, and nothing is sent."""
+        if not isinstance(items, list | tuple) or not 1 <= len(items) <= MAX_BATCH:
+            raise InvalidInput("invalid_input", f"items: give a list of 1..{MAX_BATCH} "
+                               "completions", field="items")
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
                  "provenance": (None if it.get("provenance") is None
                                 else dict(it["provenance"]))} for it in items]
@@ -229,9 +241,9 @@ class RemoteCoordinator:
                 raise
         limit = self.policy.max_result_bytes
         for i, it in enumerate(body):
-            checked_item(i, lambda it=it: v.json_value(
-                {} if it["result"] is None else it["result"], "result", str_is_text=False,
-                max_bytes=limit, require_object=False, too_large_code="result_too_large"))
+            checked_item(i, lambda it=it: (job_and_epoch(it["job_id"], it["epoch"]),
+                                           completion_texts(it["result"], it["provenance"],
+                                                            limit)))
         return _one_group(body, self._completions(body))
 
     def _completions(self, body: list[dict[str, Any]]) -> dict[str, Any]:
