@@ -329,3 +329,20 @@ def test_a_token_with_characters_no_token_has_is_invalid_input(secret: str) -> N
     with pytest.raises(JobcoordError) as caught:
         RemoteCoordinator("http://127.0.0.1:9", secret)
     assert caught.value.code == "invalid_input", caught.value.to_json()
+
+
+def test_a_claim_with_n_takes_at_most_32_mib_of_payloads_at_the_payload_limit(
+        target: Target, tmp_path: Any) -> None:
+    """With a 1 MiB payload limit a claim takes at most 32 jobs, whatever `n` asks; the
+    rest wait for the next claim."""
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"max_payload_bytes = {1024 * 1024}\n")
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(40)])
+    with served(target, "--reap-every", "0", env={"JOBCOORD_POLICY": str(policy)}) as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        first = wa.claim_many("wa", 1000, wait=0)["claimed"]
+        second = wa.claim_many("wa", 1000, wait=0)["claimed"]
+    assert (len(first), len(second)) == (32, 8)

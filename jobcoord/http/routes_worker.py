@@ -70,7 +70,7 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
     end = time.monotonic() + body.wait
     # The token's lookup and the poll's first claim: one pool call. The identity holds for
     # the rest of the long-poll.
-    who, got = await srv.call_as(caller, _first_claim, srv.c, body)
+    who, got = await srv.call_as(caller, _first_claim, srv, body)
     worker = worker_of(who)
     woken: int | Handover = 0
     # The claim this poll makes, which a submission may make for it in its own transaction
@@ -92,19 +92,19 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
             gone.cancel()
 
 
-def _first_claim(who: Identity, coordinator: Any, body: ClaimBody
+def _first_claim(who: Identity, srv: Server, body: ClaimBody
                  ) -> tuple[Identity, dict[str, Any]]:
-    return who, _take(coordinator, worker_of(who), body, who.tenant)
+    return who, _take(srv, worker_of(who), body, who.tenant)
 
 
-def _take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None
+def _take(srv: Server, worker: str, body: ClaimBody, tenant: str | None
           ) -> dict[str, Any]:
-    """One claim of a poll: claim's answer, or with `n` claim_many's."""
+    """One claim of a poll: claim's answer, or with `n` claim_many's (of at most the
+    server's `max_claim_batch`)."""
     if body.n is None:
-        return coordinator.claim(worker, lease_s=body.lease_s, kinds=body.kinds,
-                                 tenant=tenant)
-    return coordinator.claim_many(worker, body.n, lease_s=body.lease_s, kinds=body.kinds,
-                                  tenant=tenant)
+        return srv.c.claim(worker, lease_s=body.lease_s, kinds=body.kinds, tenant=tenant)
+    return srv.c.claim_many(worker, min(body.n, srv.max_claim_batch), lease_s=body.lease_s,
+                            kinds=body.kinds, tenant=tenant)
 
 
 def _could_take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None) -> bool:
@@ -138,7 +138,7 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
         # heartbeat.
         got: dict[str, Any] = {"reason": "no_waiting_jobs"}
     else:
-        got = made if made is not None else await srv.call(_take, srv.c, worker, body,
+        got = made if made is not None else await srv.call(_take, srv, worker, body,
                                                             who.tenant)
         if _took(got):
             return got

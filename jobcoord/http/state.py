@@ -36,6 +36,10 @@ class Handover:
         if not self.answer.done():
             self.answer.set_result(answer)
 
+#: The payloads one claim's answer may carry at most, counted at the payload limit: a claim
+#: for 1,000 jobs of 256 KiB each held over 1 GB in the server while it was answered.
+CLAIM_ANSWER_BYTES = 32 * 1024 * 1024
+
 #: The largest artifact upload a server accepts unless told otherwise (`--max-artifact-bytes`).
 DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
 
@@ -162,6 +166,10 @@ class Server:
         self._looking: asyncio.Future[None] | None = None
         limit = max(coordinator.policy.max_payload_bytes, coordinator.policy.max_result_bytes)
         self.max_body = limit + ENVELOPE_BYTES
+        #: The most jobs one claim takes for one request: its answer (every payload, parsed
+        #: and encoded again) stays within CLAIM_ANSWER_BYTES at the payload limit.
+        self.max_claim_batch = max(1, CLAIM_ANSWER_BYTES
+                                   // coordinator.policy.max_payload_bytes)
         self.max_artifact_bytes = max_artifact_bytes
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
