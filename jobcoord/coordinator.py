@@ -216,12 +216,14 @@ class Coordinator:
         return artifact_rules.put_artifact(self, job_id, worker, epoch, name, source,
                                            media_type, **kw)
 
-    def get_artifact(self, job_id: int, name: str, dest: Any) -> dict[str, Any]:
+    def get_artifact(self, job_id: int, name: str, dest: Any, *, force: bool = False
+                     ) -> dict[str, Any]:
         """Copy an accepted artifact to `dest`, verifying its digest (exit 7 on a mismatch or a
-        missing object; nothing is written then)."""
+        missing object; nothing is written then). An existing file is replaced only with
+        `force`; the database's own files, directories, devices and pipes never."""
         from .artifacts import rules as artifact_rules
 
-        return artifact_rules.get_artifact(self, job_id, name, dest)
+        return artifact_rules.get_artifact(self, job_id, name, dest, force=force)
 
     def artifacts(self, job_id: int | None = None, **kw: Any) -> dict[str, Any]:
         """The artifact rows of a job (or of every job), with their states."""

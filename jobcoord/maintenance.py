@@ -291,16 +291,7 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
         )
     source = db.target.sqlite_path
     assert source is not None
-    dest = os.path.abspath(dest)
-    if _is_part_of(dest, source):
-        raise InvalidInput("invalid_input", f"the backup destination {dest} is the database "
-                           "itself or one of the files SQLite keeps beside it (-wal, -shm, "
-                           "-journal); writing there would destroy committed work")
-    if os.path.isdir(dest):
-        raise InvalidInput("invalid_input", f"{dest} is a directory; name the backup file")
-    if os.path.exists(dest) and not force:
-        raise InvalidInput("destination_exists", f"{dest} already exists; pass --force to "
-                           "replace it")
+    dest = writable_destination(dest, force=force, database=source, what="the backup")
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
@@ -310,6 +301,30 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
                                   replace=True, what="backing up")
     return {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
             "quick_check": copy_check, "ok": True}
+
+
+def writable_destination(dest: str | os.PathLike[str], *, force: bool, database: str | None,
+                         what: str) -> str:
+    """The absolute path a command may put a file at (`backup`, `artifact get -o`): never the
+    database or a file SQLite keeps beside it, never a directory or anything but a regular
+    file (a device, a FIFO: --force would have put a regular file in place of /dev/null),
+    and an existing file only with `force`. Bad: InvalidInput (exit 2), nothing written."""
+    dest = os.path.abspath(os.fspath(dest))
+    if database is not None and _is_part_of(dest, database):
+        raise InvalidInput("invalid_input", f"{what} destination {dest} is the database "
+                           "itself or one of the files SQLite keeps beside it (-wal, -shm, "
+                           "-journal); writing there would destroy committed work", dest=dest)
+    if os.path.isdir(dest):
+        raise InvalidInput("invalid_input", f"{dest} is a directory; name the file", dest=dest)
+    if os.path.lexists(dest):
+        if not os.path.isfile(dest):
+            raise InvalidInput("invalid_input", f"{dest} exists and is not a regular file (a "
+                               "device, a pipe, a socket or a broken link); name a file",
+                               dest=dest)
+        if not force:
+            raise InvalidInput("destination_exists", f"{dest} already exists; pass --force "
+                               "to replace it", dest=dest)
+    return dest
 
 
 def sqlite_uri(path: str, mode: str) -> str:

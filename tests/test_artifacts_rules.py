@@ -201,7 +201,7 @@ def test_a_missing_object_is_exit_7_for_get_and_verify(ac: Coordinator, target: 
     dest = tmp_path / "d"
     dest.write_bytes(b"old")
     r = run_cli(target, "--artifacts", store_dir, "artifact", "get", str(job_id), "r.bin",
-                "-o", str(dest), "--json")
+                "-o", str(dest), "--force", "--json")
     assert r.code == 7 and r.json["error"]["code"] == "artifact_missing"
     assert dest.read_bytes() == b"old"
     r = run_cli(target, "--artifacts", store_dir, "artifact", "verify", str(job_id), "--json")
@@ -445,3 +445,39 @@ def test_a_completion_by_another_worker_never_validates_the_owners_artifacts(
 
 def rows_of(c: Coordinator, job_id: int) -> list[dict[str, Any]]:
     return [{"state": r[2]} for r in rows(c, job_id)]
+
+
+def test_artifact_get_never_writes_over_the_database_a_device_or_an_existing_file(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
+    """`artifact get -o` into the live database exited 0 and replaced it with the artifact's
+    bytes; into an existing file, a FIFO or a device it replaced them too. Now: the
+    database and its files, directories, FIFOs and devices are exit 2 with nothing written,
+    whatever --force says; an existing file is replaced only with --force."""
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"hello")
+    ac.complete(job, "w1", epoch, {})
+    refused = [str(tmp_path)]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    refused.append(str(fifo))
+    if target.sqlite_path:
+        refused += [target.sqlite_path, target.sqlite_path + "-wal"]
+    for dest in refused:
+        for force in ((), ("--force",)):
+            r = run_cli(target, "--artifacts", store_dir, "artifact", "get", str(job),
+                        "out.txt", "-o", dest, *force, "--json")
+            assert r.code == 2, (dest, force, r)
+    assert fifo.is_fifo()
+    assert ac.show(job)["job"]["status"] == "succeeded"  # the database is whole
+    existing = tmp_path / "kept.txt"
+    existing.write_bytes(b"mine")
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "get", str(job), "out.txt",
+                "-o", str(existing), "--json")
+    assert r.code == 2 and r.json["error"]["code"] == "destination_exists", r
+    assert existing.read_bytes() == b"mine"
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "get", str(job), "out.txt",
+                "-o", str(existing), "--force", "--json")
+    assert r.code == 0 and existing.read_bytes() == b"hello", r
+    with pytest.raises(InvalidInput):
+        ac.get_artifact(job, "out.txt", existing)
+    assert ac.get_artifact(job, "out.txt", existing, force=True)["size"] == 5

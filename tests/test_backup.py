@@ -160,3 +160,17 @@ def test_backup_refuses_the_databases_own_wal_shm_and_journal_as_destination(
         assert run_cli(sqlite_target, "status", "--json").json["jobs"]["waiting"] == 3
     finally:
         holder.close()
+
+
+def test_backup_force_never_replaces_a_fifo_or_a_device(sqlite_target: Target,
+                                                        tmp_path: Path) -> None:
+    """`backup DEST --force` put a regular file in place of a FIFO (and, run as root, of
+    /dev/null). Anything but a regular file is exit 2 and stays what it was."""
+    Coordinator.open(sqlite_target).close()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    r = run_cli(sqlite_target, "backup", str(fifo), "--force", "--json")
+    assert r.code == 2, r
+    assert fifo.is_fifo()
+    # (Never aimed at a real device here: should the rule break, a test run as root would
+    # replace it.)

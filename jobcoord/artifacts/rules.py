@@ -57,6 +57,7 @@ from jobcoord.core.common import fenced_args, record_event
 from jobcoord.core.fencing import check_owner, reject_event
 from jobcoord.errors import (
     DatabaseBusy,
+    InvalidInput,
     JobcoordError,
     Refused,
 )
@@ -297,12 +298,19 @@ def _accepted(coord: Coordinator, job_id: Any, name: Any) -> Any:
 
 
 def get_artifact(coord: Coordinator, job_id: Any, name: Any,
-                 dest: str | os.PathLike[str]) -> dict[str, Any]:
+                 dest: str | os.PathLike[str], *, force: bool = False) -> dict[str, Any]:
     """Copy an accepted artifact to `dest`, verified: written beside it and renamed only after
     size and digest matched. Missing or corrupt object: DatabaseCorrupt (exit 7), nothing
-    at dest."""
+    at dest. Never over the database or its files, a directory or anything but a regular
+    file; over an existing file only with `force` (InvalidInput, exit 2)."""
+    from ..maintenance import writable_destination
+
     need_feature(coord)
+    if not isinstance(force, bool):
+        raise InvalidInput("invalid_input", "force must be true or false", field="force")
     row = _accepted(coord, job_id, name)
+    dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
+                                what="the artifact's")
     store = store_of(coord)
     store.copy_to(row[4], dest, expected_size=row[5])
     return {**_row(row), "written": os.fspath(dest)}

@@ -51,17 +51,22 @@ def put(s: Any, job_id: str, source: str, worker: str, epoch: str, name: str,
 @click.argument("name")
 @click.option("-o", "--output", "output", default=None, metavar="FILE",
               help="Write here (verified before it gets its name). Default: stdout.")
+@click.option("--force", is_flag=True,
+              help="Replace FILE if it exists (never the database's own files).")
 @json_option
 @click.pass_obj
-def get(s: Any, job_id: str, name: str, output: str | None, as_json: bool) -> None:
+def get(s: Any, job_id: str, name: str, output: str | None, force: bool,
+        as_json: bool) -> None:
     """Copy an accepted artifact out, verifying its size and digest.
 
     With -o, FILE appears only once the bytes matched (exit 7 and nothing written on a
     missing or corrupt object). To stdout the bytes flow as they are read and a mismatch is
-    reported at the end (exit 7): use -o when the bytes must not be acted on unverified."""
+    reported at the end (exit 7): use -o when the bytes must not be acted on unverified.
+    An existing FILE is replaced only with --force; the database's own files, directories,
+    devices and pipes never (exit 2)."""
     c = _coord(s)
     if output is not None:
-        result = c.get_artifact(job_id, name, output)
+        result = c.get_artifact(job_id, name, output, force=force)
         emit(as_json, result, lambda: f"wrote {safe_text(output)} "
                     f"({result['size']} bytes, {result['digest']})")
         return
