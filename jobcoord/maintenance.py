@@ -21,6 +21,7 @@ from urllib.parse import quote
 from sqlalchemy import Column, ColumnElement, Table
 from sqlalchemy.engine import Connection
 
+from . import validate as v
 from .errors import (
     DatabaseCorrupt,
     InvalidInput,
@@ -229,7 +230,6 @@ def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:
 def _unreadable_schedules(db: Database, conn: Connection) -> list[str]:
     """Schedules whose stored payload is not a JSON object or whose cron and zone no longer
     parse (a row changed by hand): each fire would copy the damage into a new job."""
-    import json
 
     from .core.slots import cron_timing
 
@@ -238,7 +238,7 @@ def _unreadable_schedules(db: Database, conn: Connection) -> list[str]:
     bad = []
     for name, payload_json, cron, tz in db.run(conn, rs.SCHEDULE_ROWS).all():
         try:
-            ok = isinstance(json.loads(payload_json), dict)
+            ok = isinstance(v.loads(payload_json), dict)
             if cron is not None:
                 cron_timing(cron, tz)
         except (ValueError, InvalidInput):

@@ -40,6 +40,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import stored
+from . import validate as v
 from .clock import MICROS, now_us
 from .states import FINAL_STATUSES, STATUSES
 from .store import report_statements as rs
@@ -87,7 +88,7 @@ class Latency:
 
     @classmethod
     def from_json(cls, text: str) -> Latency:
-        d = json.loads(text)
+        d = v.loads(text)
         if len(d["buckets"]) != len(LATENCY_BUCKETS) + 1:
             raise ValueError("the stored latency fold has other buckets")
         return cls(list(d["buckets"]), float(d["total"]), int(d["count"]), int(d["without"]))
@@ -133,7 +134,7 @@ def commit_latency_s(event_at_us: int, provenance_json: str | None) -> float | N
     if not provenance_json:
         return None
     try:
-        prov = json.loads(provenance_json)
+        prov = v.loads(provenance_json)
     except ValueError:
         return None
     if not isinstance(prov, dict):

@@ -4,10 +4,10 @@ server next) answers with these."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import validate as v
 from .clock import MICROS, iso
 from .policy import GateDecision, Policy, Readings
 from .validate import CHECKPOINT_DATA, EVENT_DETAIL, stored_json
@@ -15,7 +15,7 @@ from .validate import CHECKPOINT_DATA, EVENT_DETAIL, stored_json
 
 def loads(text: str | None) -> Any:
     """Stored JSON text as a value (None kept)."""
-    return None if text is None else json.loads(text)
+    return None if text is None else v.loads(text)
 
 
 def readings_json(r: Readings) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def _schedule_payload(s: Mapping[str, Any]) -> Any:
     """A schedule's stored payload; not an object (written outside jobcoord): exit 7 naming
     the schedule, as `check` does, never an internal error."""
     try:
-        payload = json.loads(s["payload_json"])
+        payload = v.loads(s["payload_json"])
     except ValueError:
         payload = None
     if type(payload) is not dict:

@@ -17,7 +17,6 @@ becomes unknown and the reason is kept in `sources`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from . import validate as v
 from .errors import InvalidInput
 
 #: Readings the gates use (core.workers.parse_readings).
@@ -235,7 +235,7 @@ def parse_override(text: str | None) -> dict[str, Any]:
     if text is None:
         return {}
     try:
-        value = json.loads(text)
+        value = v.loads(text)
     except ValueError as e:
         raise InvalidInput("invalid_input", f"--readings-override is not valid JSON: {e}"
                            ) from None

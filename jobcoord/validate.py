@@ -248,6 +248,16 @@ EVENT_DETAIL = "job_events.detail"
 _NOT_JSON = object()
 
 
+def loads(text: str | bytes) -> Any:
+    """json.loads of text jobcoord did not just check: nesting deeper than Python's parser
+    reaches is a ValueError, as any other text that is not JSON (RecursionError otherwise:
+    an internal error over a row damaged outside jobcoord, or a `[[[...` typed in)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested deeper than can be read") from None
+
+
 def stored_json(text: str | None, job_id: int, column: str) -> Any:
     """A job's stored JSON column as a value (None kept). Text that is not JSON was written
     outside jobcoord (by hand, a broken restore): DatabaseCorrupt naming the job and the
@@ -255,7 +265,7 @@ def stored_json(text: str | None, job_id: int, column: str) -> Any:
     if text is None:
         return None
     try:
-        value = json.loads(text)
+        value = loads(text)
     except ValueError:
         value = _NOT_JSON
     if value is _NOT_JSON or (column == "payload_json" and type(value) is not dict):

@@ -366,6 +366,48 @@ def test_a_waiting_job_breaking_its_attempts_check_is_set_aside_and_the_queue_ru
     c.close()
 
 
+# --- JSON nested deeper than Python's parser reaches -----------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("column", ["payload_json", "needs_json"])
+def test_a_job_whose_stored_json_is_nested_too_deep_is_set_aside_never_an_internal_error(
+        target: Target, column: str) -> None:
+    """Valid JSON nested 100,000 deep (jobcoord writes at most 64 levels): Python's parser
+    raised RecursionError, exit 1 on every claim (the job stayed first), on show, explain
+    and check. It is text that does not parse, as any other: the claim sets the job aside,
+    reads are exit 7, check names it."""
+    c = Coordinator.open(target)
+    jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(2)]
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    _damage(c, f"UPDATE jobs SET {column} = :deep WHERE job_id = :j", deep=DEEP, j=jobs[0])
+    r = _no_internal_error(target, "claim", "w1")
+    assert r.code == 0 and r.json["job"]["job_id"] == jobs[1], r
+    from sqlalchemy import text
+
+    with c.db.engine.connect() as conn:
+        assert conn.execute(text("SELECT status FROM jobs WHERE job_id = :j"),
+                            {"j": jobs[0]}).scalar() == "dead"
+    for args in (("show", str(jobs[0])), ("explain", str(jobs[0])), ("check",)):
+        r = _no_internal_error(target, *args)
+        assert r.code in (0, 7), (args, r)
+    c.close()
+
+
+def test_a_worker_row_nested_too_deep_is_refused_as_stale_never_an_internal_error(
+        target: Target) -> None:
+    c = Coordinator.open(target)
+    c.enqueue("k", {})
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    _damage(c, "UPDATE workers SET roles_json = :deep", deep=DEEP)
+    r = _no_internal_error(target, "claim", "w1")
+    assert r.code == 3 and r.json["reason"] == "heartbeat_stale", r
+    for args in (("workers",), ("explain", "1"), ("check",), ("metrics",)):
+        _no_internal_error(target, *args)
+    c.close()
+
+
 # --- a waiting job whose epoch is at the end of its range -----------------------------------
 
 

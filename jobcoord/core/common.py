@@ -3,7 +3,6 @@ records, and the checks of a lease length and of a fenced call's arguments."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -69,4 +68,4 @@ def as_bool(value: Any) -> bool | None:
 
 
 def loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else v.loads(text)

@@ -176,7 +176,7 @@ def capacity_of(raw: str | None) -> Capacity:
         return Capacity()
     # A damaged row never gets here: a claim refuses such a worker first
     # (`workers.claiming_row`) and explain lists it stale.
-    readings = json.loads(raw)
+    readings = v.loads(raw)
     gpus = tuple(None if not isinstance(g.get("memory_free_mb"), int | float)
                  else int(g["memory_free_mb"]) for g in readings.get("gpus") or ())
     named: dict[str, int] = {}

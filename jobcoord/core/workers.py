@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
@@ -67,7 +66,7 @@ def parse_worker_json(texts: Sequence[str | None]) -> tuple[str | None, list[Any
         if text is None:
             continue
         try:
-            value = json.loads(text)
+            value = v.loads(text)
         except ValueError:
             return column, values
         if not stored_shape_ok(column, value):

@@ -5,12 +5,12 @@ jobs, a jobs page by keyset with a count that stops at COUNT_CAP)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
 
 from ... import stored
+from ... import validate as v
 from ...clock import MICROS, iso, now_us
 from ...errors import InvalidInput
 from ...states import STATUSES
@@ -160,7 +160,7 @@ def result_field(text: str) -> Any:
     if not text.strip():
         return None
     try:
-        return json.loads(text)
+        return v.loads(text)
     except ValueError as e:
         raise InvalidInput("invalid_input", f"the result is not JSON: {e}") from None
 
