@@ -408,6 +408,46 @@ def test_a_worker_row_nested_too_deep_is_refused_as_stale_never_an_internal_erro
     c.close()
 
 
+# --- a damaged schedule ---------------------------------------------------------------------
+
+SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [
+    ("cron", "UPDATE schedules SET cron = 'not a cron' WHERE name = 'bad'"),
+    ("zero interval", "UPDATE schedules SET cron = NULL, tz = NULL, every_us = 0 "
+                      "WHERE name = 'bad'"),
+    ("neither", "UPDATE schedules SET cron = NULL, tz = NULL, every_us = NULL "
+                "WHERE name = 'bad'"),
+    ("window", "UPDATE schedules SET window_us = 9223372036854775807 WHERE name = 'bad'"),
+])
+
+
+@SCHEDULE_DAMAGE
+def test_a_damaged_schedule_never_stops_the_others_and_ticks_say_it_exit_7(
+        target: Target, what: str, statement: str) -> None:
+    """One schedule row damaged outside jobcoord made every tick fail (exit 1, in every
+    ticker: `reap --every`, `serve`), so no schedule fired. It is passed over and named
+    (`unreadable`, exit 7); the others fire."""
+    from sqlalchemy.exc import IntegrityError
+
+    c = Coordinator.open(target)
+    c.add_schedule("bad", "k", cron="* * * * *")
+    c.add_schedule("good", "g", every="1s")
+    try:
+        _damage(c, statement)
+    except IntegrityError:
+        if target.sqlite_path is None:
+            c.close()
+            pytest.skip("PostgreSQL's CHECK constraints keep this damage out")
+        _with_checks_ignored(target, statement + ";")
+    _damage(c, "UPDATE schedules SET next_slot_at = :t, due_at = :t",
+            t=(int(time.time()) - 30) * 1_000_000)
+    r = _no_internal_error(target, "schedule", "tick")
+    assert r.code == 7, (what, r)
+    assert [u["name"] for u in r.json["unreadable"]] == ["bad"], r.json
+    assert r.json["fired"] >= 1, r.json
+    assert {j["kind"] for j in c.jobs()["jobs"]} == {"g"}
+    c.close()
+
+
 # --- a waiting job whose epoch is at the end of its range -----------------------------------
 
 

@@ -114,7 +114,12 @@ _simple("rm", "Delete schedule NAME (the jobs it fired stay).")
 @json_option
 @click.pass_obj
 def tick(s: Settings, limit: str, as_json: bool) -> None:
-    """Fire what is due now (one job per schedule and slot, whoever else ticks)."""
+    """Fire what is due now (one job per schedule and slot, whoever else ticks). A due
+    schedule whose stored row is damaged is passed over and named (`unreadable`): exit 7
+    once the others were ticked."""
     got = s.coordinator().tick_schedules(limit=limit)
+    bad = got.get("unreadable") or []
     emit(as_json, got, lambda: f"fired {got['fired']}, missed {got['missed']}, skipped "
-         f"{got['skipped']}, queued {got['queued']}")
+         f"{got['skipped']}, queued {got['queued']}" + "".join(
+             f"\nunreadable schedule {safe_text(u['name'])}: {safe_text(u['detail'])}"
+             for u in bad), code=7 if bad else 0)

@@ -325,13 +325,41 @@ class _Tick:
         self.counts["missed"] += older
 
 
+def _damaged(s: Mapping[str, Any], now: int) -> str | None:
+    """Why a due schedule's stored row cannot be ticked, or None: a value of the wrong type
+    or past the calendar, neither a cron nor an interval (or an interval under a second), a
+    cron that does not parse, slots or windows that leave the calendar. Computed before
+    anything is written, from what a tick computes: a damaged row once stopped every
+    schedule (the tick's one transaction failed on it, exit 1, in every ticker)."""
+    from .. import stored
+    from ..schema import schedules
+
+    try:
+        stored.row(schedules, s, f"schedule {str(s['name'])[:60]!r}")
+        timing = _timing_of(s)
+        if timing.every_us is None and timing.cron is None:
+            raise ValueError("it has neither a cron nor an interval")
+        if timing.every_us is not None and timing.every_us < MICROS:
+            raise ValueError(f"its interval {timing.every_us} us is under a second")
+        slots, _, after = timing.due(s["next_slot_at"], now)
+        window = s["window_us"]
+        for slot in (*slots, after):
+            iso(slot)
+            if window is not None:
+                iso(slot + window)
+    except Exception as e:  # whatever the row makes the slot arithmetic raise
+        return f"{type(e).__name__}: {str(e)[:200]} (written outside jobcoord)"
+    return None
+
+
 def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
     """Fire what is due. Cheap when nothing is: one read of the due index, no write lock.
     Times in the answer are microseconds (present.ticked_json makes them ISO text)."""
     limit = v.whole(limit, "limit", 1, 10_000)
 
     def _empty() -> dict[str, Any]:
-        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "schedules": []}
+        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "schedules": [],
+                "unreadable": []}
 
     if ctx.db.read(lambda conn: ctx.db.run(conn, sql.ANY_DUE, {"now": now_us()}).first(),
                    "schedule tick") is None:
@@ -339,9 +367,17 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
 
     def _do(conn: Connection) -> dict[str, Any]:
         out = _empty()  # afresh on a busy retry
+        out["unreadable"] = []
         now = now_us()
         for row in ctx.db.run(conn, sql.DUE_SCHEDULES, {"now": now, "limit": limit}).all():
-            done = _Tick(ctx, conn, _row(row), now).run()
+            s = _row(row)
+            why = _damaged(s, now)
+            if why is not None:
+                # Written outside jobcoord: left as it is, said in every tick's answer, and
+                # never in the way of the schedules after it.
+                out["unreadable"].append({"name": str(s["name"])[:200], "detail": why})
+                continue
+            done = _Tick(ctx, conn, s, now).run()
             for k in ("fired", "missed", "skipped", "queued"):
                 out[k] += done[k]
             out["schedules"].append(done)
