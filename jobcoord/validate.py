@@ -248,6 +248,19 @@ EVENT_DETAIL = "job_events.detail"
 _NOT_JSON = object()
 
 
+def _stored_resources_ok(value: Any) -> bool:
+    """Whether stored needs are what enqueue writes (`resources`: names to whole amounts)."""
+    from .errors import InvalidInput as _Invalid
+
+    if not isinstance(value, dict):
+        return False
+    try:
+        resources(value, "needs")
+    except _Invalid:
+        return False
+    return True
+
+
 def loads(text: str | bytes) -> Any:
     """json.loads of text jobcoord did not just check: nesting deeper than Python's parser
     reaches is a ValueError, as any other text that is not JSON (RecursionError otherwise:
@@ -268,13 +281,17 @@ def stored_json(text: str | None, job_id: int, column: str) -> Any:
         value = loads(text)
     except ValueError:
         value = _NOT_JSON
-    if value is _NOT_JSON or (column == "payload_json" and type(value) is not dict):
+    misshapen = (value is not _NOT_JSON and column == "needs_json"
+                 and not _stored_resources_ok(value))  # a claim's fit would fail on it
+    if (value is _NOT_JSON or misshapen
+            or (column == "payload_json" and type(value) is not dict)):
         # A payload is always stored as an object (enqueue refuses anything else): `5` or
         # `null` there was written outside jobcoord too, and would fail a limit's key lookup
         # or a handler as surely as text that does not parse.
         from .errors import DatabaseCorrupt
 
-        what = "not valid JSON" if value is _NOT_JSON else "not a JSON object"
+        what = ("not valid JSON" if value is _NOT_JSON else
+                "not names with whole amounts" if misshapen else "not a JSON object")
         raise DatabaseCorrupt(
             "job_unreadable", f"job {job_id}: its stored {column} is {what} (written "
             "outside jobcoord); `jobcoord check` lists every such job", job_id=job_id,

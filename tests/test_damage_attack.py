@@ -408,6 +408,41 @@ def test_a_worker_row_nested_too_deep_is_refused_as_stale_never_an_internal_erro
     c.close()
 
 
+# --- needs and capacity of the wrong shape -------------------------------------------------
+
+
+@pytest.mark.parametrize("needs", ['{"slots": "x"}', "[1]", '{"slots": -5}', '"slots=1"'])
+def test_a_waiting_job_whose_needs_are_misshapen_is_set_aside_and_check_names_it(
+        target: Target, needs: str) -> None:
+    """Needs that parse but are not what enqueue writes (names to whole amounts 1..2**40)
+    failed every claim with a TypeError (exit 1; the job stayed first) and `check` said ok.
+    They are damage like text that does not parse: set aside by the claim, named by check."""
+    c = Coordinator.open(target)
+    jobs = [c.enqueue("k", {"i": 0}, needs={"slots": 1})["job_id"],
+            c.enqueue("k2", {"i": 1})["job_id"]]
+    c.heartbeat("w1", readings={**IDLE_ON_AC, "capacity": {"slots": 4}})
+    _damage(c, "UPDATE jobs SET needs_json = :n WHERE job_id = :j", n=needs, j=jobs[0])
+    r = _no_internal_error(target, "check")
+    assert r.code == 7, r
+    r = _no_internal_error(target, "claim", "w1")
+    assert r.code == 0 and r.json["job"]["job_id"] == jobs[1], r
+    c.close()
+
+
+@pytest.mark.parametrize("raw", ['{"capacity": [1]}', '{"gpus": [5]}', '{"gpus": "x"}',
+                                 '{"capacity": {"slots": "x"}}'])
+def test_a_worker_whose_stored_capacity_is_misshapen_is_stale_never_an_internal_error(
+        target: Target, raw: str) -> None:
+    c = Coordinator.open(target)
+    job = c.enqueue("k", {}, needs={"slots": 1})["job_id"]
+    c.heartbeat("w1", readings={**IDLE_ON_AC, "capacity": {"slots": 4}})
+    _damage(c, "UPDATE workers SET heartbeat_raw = :r", r=raw)
+    r = _no_internal_error(target, "claim", "w1")
+    assert r.code == 3 and r.json["reason"] == "heartbeat_stale", r
+    _no_internal_error(target, "explain", str(job))
+    c.close()
+
+
 # --- a damaged schedule ---------------------------------------------------------------------
 
 SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [

@@ -50,9 +50,18 @@ WORKER_JSON_COLUMNS = ("roles_json", "kinds_json", "heartbeat_raw")
 
 def stored_shape_ok(column: str, value: Any) -> bool:
     """Whether a worker column's parsed JSON has the shape a heartbeat writes: roles and
-    kinds a list of names, the readings an object."""
+    kinds a list of names, the readings an object whose GPUs and named capacity (what a
+    claim's fit reads from it) pass the heartbeat's own check."""
     if column == "heartbeat_raw":
-        return isinstance(value, dict)
+        if not isinstance(value, dict):
+            return False
+        if "gpus" not in value and "capacity" not in value:
+            return True  # the other readings are kept in columns of their own
+        try:
+            parse_readings(value)
+        except InvalidInput:
+            return False
+        return True
     return isinstance(value, list) and all(isinstance(x, str) for x in value)
 
 
