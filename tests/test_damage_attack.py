@@ -443,6 +443,24 @@ def test_a_worker_whose_stored_capacity_is_misshapen_is_stale_never_an_internal_
     c.close()
 
 
+def test_a_lease_whose_expiry_holds_text_is_exit_7_for_every_fenced_call(
+        sqlite_target: Target) -> None:
+    """A lease's expires_at holding text (SQLite keeps it) was a TypeError, exit 1, for
+    complete, renew, fail, effect and checkpoint."""
+    c = Coordinator.open(sqlite_target)
+    job = c.enqueue("k", {})["job_id"]
+    c.heartbeat("w", readings=IDLE_ON_AC)
+    epoch = c.claim("w")["lease"]["epoch"]
+    _damage(c, "UPDATE leases SET expires_at = 'soon'")
+    for args in (("complete", str(job), "--worker", "w", "--epoch", str(epoch)),
+                 ("renew", str(job), "--worker", "w", "--epoch", str(epoch)),
+                 ("fail", str(job), "--worker", "w", "--epoch", str(epoch), "--error", "x"),
+                 ("effect", str(job), "--worker", "w", "--epoch", str(epoch))):
+        r = _no_internal_error(sqlite_target, *args)
+        assert r.code == 7 and r.json["error"]["code"] == "value_of_wrong_type", (args, r)
+    c.close()
+
+
 # --- a damaged schedule ---------------------------------------------------------------------
 
 SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import MICROS, iso, now_us, seconds_to_us
-from ..errors import JobcoordError, Refused
+from ..errors import DatabaseCorrupt, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from .claim import claim_in, past_damaged
@@ -55,6 +55,13 @@ def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str,
     if row[9] != worker_id:
         return Refused("not_owner", f"job {job_id} is leased to another worker",
                        job_id=job_id)
+    if type(row[11]) is not int:
+        # SQLite keeps whatever was written: text in the lease's time, by hand.
+        raise DatabaseCorrupt("value_of_wrong_type", f"job {job_id}: its lease's stored "
+                              f"expires_at is {type(row[11]).__name__} {str(row[11])[:40]!r}, "
+                              "not a time (written outside jobcoord); `jobcoord check` names "
+                              "every such column", job_id=job_id, table="leases",
+                              column="expires_at")
     if now >= row[11]:
         return Refused("lease_expired", f"the lease on job {job_id} expired at "
                        f"{iso(row[11])}", job_id=job_id, expired_at=iso(row[11]))
