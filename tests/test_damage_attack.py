@@ -461,6 +461,25 @@ def test_a_lease_whose_expiry_holds_text_is_exit_7_for_every_fenced_call(
     c.close()
 
 
+def test_retry_and_reconcile_of_a_job_whose_attempts_cannot_grow_are_exit_7(
+        target: Target) -> None:
+    """attempts at the column's end (2**31 - 1 on both databases; SQLite keeps more) made
+    retry and reconcile --as waiting an OverflowError (exit 1)."""
+    c = Coordinator.open(target)
+    job = c.enqueue("k", {}, max_attempts=1)["job_id"]
+    c.heartbeat("w", readings=IDLE_ON_AC)
+    epoch = c.claim("w")["lease"]["epoch"]
+    c.fail(job, "w", epoch, "x", permanent=True)
+    big = 9223372036854775807 if target.sqlite_path else 2147483647
+    _damage(c, "UPDATE jobs SET attempts = :a, max_attempts = :a, status = 'unknown' "
+            "WHERE job_id = :j", a=big, j=job)
+    for args in (("retry", str(job)), ("reconcile", str(job), "--as", "waiting",
+                                       "--reason", "checked")):
+        r = _no_internal_error(target, *args)
+        assert r.code == 7 and r.json["error"]["code"] == "value_out_of_range", (args, r)
+    c.close()
+
+
 # --- a damaged schedule ---------------------------------------------------------------------
 
 SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import now_us, seconds_to_us
-from ..errors import InvalidInput, JobcoordError, Refused
+from ..errors import DatabaseCorrupt, InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
@@ -77,7 +77,14 @@ def cancel(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str,
 def back_to_waiting(ctx: Context, conn: Connection, job: dict[str, Any], now: int,
                     reason: str, detail: dict[str, Any]) -> None:
     # Give at least one more attempt, keep every attempt counted (attempts never shrinks).
-    max_attempts = max(job["max_attempts"], job["attempts"] + 1)
+    attempts = job["attempts"]
+    if type(attempts) is not int or attempts >= sql.MAX_EPOCH:
+        # Only a value written outside jobcoord: one more attempt does not fit the column.
+        raise DatabaseCorrupt("value_out_of_range", f"job {job['job_id']}: its stored "
+                              f"attempts {str(attempts)[:40]} leave no room for another "
+                              "(written outside jobcoord)", job_id=job["job_id"],
+                              column="attempts")
+    max_attempts = max(job["max_attempts"], attempts + 1)
     deadline = job["deadline_at"]
     if deadline is not None and deadline <= now:
         deadline = None
