@@ -224,6 +224,12 @@ class JobcoordCollector(Collector):
             # jobcoord) is shown as one without a heartbeat: as `workers` and claims do.
             out["workers"] = [(w, beat if type(beat) is int else None, refusal)
                               for w, beat, refusal in db.run(conn, rs.WORKER_STATES).all()]
+            from .schema import workers
+
+            for w, _beat, _refusal in out["workers"]:
+                # A label of the wrong type (bytes written by hand): exit 7 naming it, as a
+                # job's kind is, never the exporter's TypeError.
+                stored.row(workers, {"worker_id": w}, "a worker")
             out["leases"] = dict(db.run(conn, rs.LEASES_BY_WORKER).all())
             if "artifacts" in self.features:
                 out["artifacts"] = [tuple(r) for r in

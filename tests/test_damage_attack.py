@@ -480,6 +480,16 @@ def test_retry_and_reconcile_of_a_job_whose_attempts_cannot_grow_are_exit_7(
     c.close()
 
 
+def test_metrics_with_a_worker_id_holding_bytes_is_exit_7_naming_it(
+        sqlite_target: Target) -> None:
+    c = Coordinator.open(sqlite_target)
+    c.heartbeat("w", readings=IDLE_ON_AC)
+    _damage(c, "UPDATE workers SET worker_id = CAST('w' AS BLOB)")
+    r = run_cli(sqlite_target, "metrics")
+    assert r.code == 7 and "worker_id" in r.err and "Traceback" not in r.err, r
+    c.close()
+
+
 # --- a damaged schedule ---------------------------------------------------------------------
 
 SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [
