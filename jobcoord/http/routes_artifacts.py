@@ -159,7 +159,8 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
     fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
     os.close(fd)
     try:
-        await srv.call(srv.c.get_artifact, job_id, found["name"], path)
+        # Our own empty temporary file: replaced by the verified copy.
+        await srv.call(srv.c.get_artifact, job_id, found["name"], path, force=True)
     except BaseException:
         os.unlink(path)
         raise
