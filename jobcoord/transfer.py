@@ -59,12 +59,30 @@ def canonical(table: Table, row: Any) -> str:
         elif isinstance(col.type, Boolean):
             out.append(bool(value))
         elif isinstance(col.type, Float):
+            if type(value) not in (int, float):
+                raise _unreadable(table, col.name, value, "not a number")
             out.append(float(value).hex())
         elif isinstance(col.type, Integer):
-            out.append(int(value))
+            if type(value) is not int:
+                raise _unreadable(table, col.name, value, "not a whole number")
+            out.append(value)
         else:
-            out.append(str(value))
+            if type(value) is not str:
+                raise _unreadable(table, col.name, value, "not text")
+            if "\x00" in value:
+                raise _unreadable(table, col.name, value, "text holding NUL, which "
+                                  "PostgreSQL cannot store")
+            out.append(value)
     return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+
+
+def _unreadable(table: Table, column: str, value: Any, what: str) -> DatabaseCorrupt:
+    """A value SQLite kept that no column of the other database can hold (written outside
+    jobcoord): nothing is copied; `check` names such columns."""
+    return DatabaseCorrupt("value_of_wrong_type", f"{table.name}.{column} holds "
+                           f"{type(value).__name__} {str(value)[:40]!r}: {what} (written "
+                           "outside jobcoord); nothing was copied", table=table.name,
+                           column=column)
 
 
 def _ordered(db: Database, table: Table) -> Any:

@@ -494,3 +494,25 @@ def test_a_damaged_source_is_refused_and_nothing_is_copied(src: Target, pg: Targ
     assert r.json["error"]["code"] == "database_corrupt"
     with Coordinator.open(pg) as target:
         assert target.status()["jobs"]["waiting"] == 0
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("created_at", "x"), ("kind", "a\x00b"), ("kind", b"k"), ("priority", 1.5)])
+def test_a_source_value_no_postgresql_column_holds_is_exit_7_and_nothing_is_copied(
+        src: Target, pg: Target, column: str, value: Any) -> None:
+    """Text in a time column, NUL in text, bytes in text, a fraction in a whole number, all
+    kept by SQLite when written by hand: the transfer was exit 1 (a ValueError, or the
+    driver's refusal mid-copy). It is exit 7 naming the table and column, the target empty."""
+    with Coordinator.open(src) as c:
+        c.enqueue("k", {})
+    path = src.sqlite_path
+    assert path
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA ignore_check_constraints = 1")
+        conn.execute(f"UPDATE jobs SET {column} = ?", (value,))
+    r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "value_of_wrong_type", r.json
+    assert r.json["error"]["details"]["column"] == column, r.json
+    with Coordinator.open(pg) as target:
+        assert target.status()["jobs"].get("waiting", 0) == 0
