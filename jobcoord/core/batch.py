@@ -169,9 +169,6 @@ def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
         return completion_end(c, now), {"job_id": c.job_id, "status": "succeeded",
                                         "epoch": c.epoch, "finished_at": now}
 
-    if not refused:
-        return _run_all(ctx, list(parts.values()), "complete", "complete_many",
-                        lambda c: completion_step(ctx, c), accept)
     ran = iter(_run_all(ctx, list(parts.values()), "complete", "complete_many",
                         lambda c: completion_step(ctx, c), accept)["results"]
                if parts else ())
