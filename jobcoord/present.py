@@ -320,6 +320,13 @@ def schedule_json(s: Mapping[str, Any], last: Mapping[str, Any] | None) -> dict[
     from . import schema, stored
 
     stored.row(schema.schedules, s, f"schedule {s['name']}")
+    if s["cron"] is None and s["every_us"] is None:
+        from .errors import DatabaseCorrupt
+
+        raise DatabaseCorrupt(
+            "schedule_unreadable", f"schedule {s['name']}: it has neither a cron nor an "
+            "interval (written outside jobcoord); remove it (`schedule rm`) and add it again",
+            schedule=s["name"], column="cron")
     catchup = s["catchup"] if s["catchup"] != "all" else f"all:{s['catchup_max']}"
     return {
         "name": s["name"], "kind": s["kind"], "tenant": s["tenant"], "role": s["required_role"],
