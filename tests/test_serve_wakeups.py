@@ -77,3 +77,30 @@ def test_a_long_poll_that_cannot_take_the_waiting_job_claims_once_per_wake_not_i
     # The first claim and the last: every wake-up between them (the poller's looks every
     # 0.5 s, the poll's own every two polls) asks with a read whether it could take a job.
     assert all(n <= 2 for n in made.values()), made
+
+
+def test_wake_ups_kept_while_no_poll_waited_do_not_spin_a_later_poll(target: Target) -> None:
+    """Submissions while no poll waits each keep a wake-up for the next poll (a job
+    committed during a claim must not wait for the poller). A poll that arrives after 300 of
+    them has seen those commits in its first claim: it took them all back at once, one
+    claim each round, with a job a limit holds back making every round a refused claim (a
+    write), 1,009 in 3 s. A kept wake-up from before a poll's last look is nothing new."""
+    wa = token(target, "wa", "worker", worker="wa")
+    sub = token(target, "sub", "submitter")
+    with Coordinator.open(target) as c:
+        c.set_limit("lim", 1)
+        c.enqueue("lim", {})
+        c.heartbeat("holder", readings={"memory_used_pct": 10})
+        assert c.claim("holder", kinds=["lim"])["job"] is not None
+        c.enqueue("lim", {})  # held back by the limit: every claim for it is refused
+    with served(target, "--reap-every", "0", "--poll", "1") as s, \
+            s.client(wa) as a, s.client(sub) as b:
+        for _ in range(300):
+            assert b.post("/v1/jobs", json={"kind": "k", "role": "gpu"}).status_code == 201
+        a.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 10}})
+        a.post("/v1/claims", json={"wait": 2}, timeout=30)
+    with Coordinator.open(target) as c:
+        made = _claims_made(c, "wa")
+    # Its first and last claims, and one per look of the poller (every second: the held
+    # job is due) or of its own.
+    assert made <= 6, made

@@ -367,7 +367,6 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
 
     def _do(conn: Connection) -> dict[str, Any]:
         out = _empty()  # afresh on a busy retry
-        out["unreadable"] = []
         now = now_us()
         for row in ctx.db.run(conn, sql.DUE_SCHEDULES, {"now": now, "limit": limit}).all():
             s = _row(row)

@@ -70,6 +70,7 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
     end = time.monotonic() + body.wait
     # The token's lookup and the poll's first claim: one pool call. The identity holds for
     # the rest of the long-poll.
+    looked = srv.wakeup.clock if srv.wakeup is not None else 0
     who, got = await srv.call_as(caller, _first_claim, srv, body)
     worker = worker_of(who)
     woken: int | Handover = 0
@@ -81,7 +82,7 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
     try:
         while True:
             answer = await _claim_round(request, srv, worker, body, who, claimant, end,
-                                        woken, gone, made)
+                                        woken, gone, made, looked)
             made = None
             if isinstance(answer, tuple):
                 woken, gone = answer
@@ -119,9 +120,10 @@ def _took(got: dict[str, Any]) -> bool:
 async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBody,
                        who: Identity, claimant: Claimant, end: float,
                        woken: int | Handover, gone: asyncio.Future[Any] | None,
-                       made: dict[str, Any] | None = None) -> Any:
-    """One claim of a long-poll (`made`: the first, already made with the token's lookup)
-    and, if it took nothing, one wait: the answer, or (woken, gone) to go round again."""
+                       made: dict[str, Any] | None = None, looked: int = 0) -> Any:
+    """One claim of a long-poll (`made`: the first, already made with the token's lookup,
+    which began at wake-up number `looked`) and, if it took nothing, one wait: the answer,
+    or (woken, gone) to go round again."""
     if isinstance(woken, Handover):
         handed = await woken.answer
         if handed is not None:
@@ -129,6 +131,8 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
             return handed if body.n is None else {"claimed": [handed], "reason": None,
                                                   "detail": None}
         woken = woken.wake  # the submission's claim took nothing: claim as a woken poll
+    if made is None and srv.wakeup is not None:
+        looked = srv.wakeup.clock  # this round's look sees every commit woken before it
     if (made is None and end - time.monotonic() > 0
             and not await srv.call(_could_take, srv.c, worker, body, who.tenant)
             and end - time.monotonic() > 0):
@@ -156,7 +160,7 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
         # Done when the client goes away: a poll nobody listens to any more is not
         # handed a job (nobody would hear of it; it would sit leased until reaped).
         gone = asyncio.ensure_future(_disconnected(request))
-    woken = await srv.wakeup.wait(min(left, srv.poll_s * 2), claimant, gone)
+    woken = await srv.wakeup.wait(min(left, srv.poll_s * 2), claimant, gone, looked)
     if not isinstance(woken, Handover) and (
             gone.done() or await request.is_disconnected()):
         return Response(status_code=204)

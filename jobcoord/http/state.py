@@ -65,18 +65,23 @@ class Wakeup:
         self._claimants: dict[asyncio.Future[Any], Any] = {}
         #: Set while a long-poll waits (read by the commit watcher's thread).
         self.someone_waits = threading.Event()
-        #: Single wake-ups that found nobody waiting (every long-poll was busy claiming): the
-        #: next waiter takes one at once, so a job committed during a claim is not left for
-        #: the poller.
-        self._pending = 0
-        #: The wake-up of those single wake-ups: nobody was waiting then.
-        self._pending_wake = 0
+        #: Single wake-ups that found nobody waiting (every long-poll was busy claiming), by
+        #: number: a waiter whose last look began before one takes it at once, so a job
+        #: committed during a claim is not left for the poller. One from before a poll's
+        #: last look is nothing new to it.
+        self._pending: collections.deque[int] = collections.deque(maxlen=1024)
         #: When each waiting long-poll began waiting (a wake-up number).
         self._since: dict[asyncio.Future[Any], int] = {}
         self._clock = 0
 
     def _tick(self) -> int:
         self._clock += 1
+        return self._clock
+
+    @property
+    def clock(self) -> int:
+        """The latest wake-up's number: a poll that looks now sees every commit that one
+        was for."""
         return self._clock
 
     @property
@@ -94,8 +99,7 @@ class Wakeup:
                 if n is not None:
                     n -= 1
         if n:
-            self._pending = min(self._pending + n, 1024)
-            self._pending_wake = wake
+            self._pending.extend([wake] * min(n, 1024))
 
     def pass_on(self, wake: int) -> None:
         """A poll woken by `wake` found nothing it may take: wake the oldest poll that was
@@ -121,13 +125,17 @@ class Wakeup:
         return None
 
     async def wait(self, timeout: float, claimant: Any = None,
-                   gone: asyncio.Future[Any] | None = None) -> int | Handover:
+                   gone: asyncio.Future[Any] | None = None, looked: int = 0
+                   ) -> int | Handover:
         """The wake-up's number when woken, 0 when the timeout passed (or `gone` was done
         first: the client went away). With a `claimant` (the claim the long-poll makes), a
-        submission may take this waiter: it is then woken with a Handover to await."""
-        if self._pending:
-            self._pending -= 1
-            return self._pending_wake
+        submission may take this waiter: it is then woken with a Handover to await.
+        `looked`: the clock when the poll's last look began; a kept single wake-up after it
+        is taken at once, older ones are left (another poll may not have looked since)."""
+        for wake in self._pending:
+            if wake > looked:
+                self._pending.remove(wake)
+                return wake
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(future)
         self._claimants[future] = claimant
