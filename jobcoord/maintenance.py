@@ -281,8 +281,10 @@ def check(db: Database, *, full: bool = False) -> dict[str, Any]:
     return out
 
 
-def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
-    """Copy the live database to `dest` with the online backup API, then check the copy."""
+def backup(db: Database, dest: str, *, force: bool = False, store: str | None = None
+           ) -> dict[str, Any]:
+    """Copy the live database to `dest` with the online backup API, then check the copy.
+    `store`: the artifact store's directory, which the copy never goes into."""
     if not db.is_sqlite:
         raise InvalidInput(
             "unsupported",
@@ -291,7 +293,8 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
         )
     source = db.target.sqlite_path
     assert source is not None
-    dest = writable_destination(dest, force=force, database=source, what="the backup")
+    dest = writable_destination(dest, force=force, database=source, what="the backup",
+                                store=store)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
@@ -304,16 +307,21 @@ def backup(db: Database, dest: str, *, force: bool = False) -> dict[str, Any]:
 
 
 def writable_destination(dest: str | os.PathLike[str], *, force: bool, database: str | None,
-                         what: str) -> str:
+                         what: str, store: str | None = None) -> str:
     """The absolute path a command may put a file at (`backup`, `artifact get -o`): never the
-    database or a file SQLite keeps beside it, never a directory or anything but a regular
-    file (a device, a FIFO: --force would have put a regular file in place of /dev/null),
-    and an existing file only with `force`. Bad: InvalidInput (exit 2), nothing written."""
+    database or a file SQLite keeps beside it, never inside the artifact store (`store`),
+    never a directory or anything but a regular file (a device, a FIFO: --force would have
+    put a regular file in place of /dev/null), and an existing file only with `force`.
+    Bad: InvalidInput (exit 2), nothing written."""
     dest = os.path.abspath(os.fspath(dest))
     if database is not None and _is_part_of(dest, database):
         raise InvalidInput("invalid_input", f"{what} destination {dest} is the database "
                            "itself or one of the files SQLite keeps beside it (-wal, -shm, "
                            "-journal); writing there would destroy committed work", dest=dest)
+    if store is not None and _within(dest, store):
+        raise InvalidInput("invalid_input", f"{what} destination {dest} is inside the "
+                           f"artifact store {store}, whose objects are never replaced",
+                           dest=dest)
     if os.path.isdir(dest):
         raise InvalidInput("invalid_input", f"{dest} is a directory; name the file", dest=dest)
     if os.path.lexists(dest):
@@ -333,10 +341,18 @@ def sqlite_uri(path: str, mode: str) -> str:
     return f"file:{quote(path)}?mode={mode}"
 
 
+def _within(path: str, directory: str) -> bool:
+    """Whether `path` lies inside `directory`, both with every link resolved."""
+    inner, outer = os.path.realpath(path), os.path.realpath(directory)
+    return os.path.commonpath([inner, outer]) == outer
+
+
 def _is_part_of(dest: str, source: str) -> bool:
     """Whether `dest` is the database file or one of its -wal, -shm, -journal files, by name
-    or by identity (a link to one of them)."""
-    parts = [source, *(source + suffix for suffix in _BESIDE)]
+    or by identity (a link to one of them). The files beside it are named after the file
+    SQLite opens: the database reached through a link keeps its -wal beside its target."""
+    parts = [base + suffix for base in dict.fromkeys((source, os.path.realpath(source)))
+             for suffix in ("", *_BESIDE)]
     if dest in parts or os.path.realpath(dest) in {os.path.realpath(p) for p in parts}:
         return True
     for part in parts:  # a hard link to one of them

@@ -481,3 +481,30 @@ def test_artifact_get_never_writes_over_the_database_a_device_or_an_existing_fil
     with pytest.raises(InvalidInput):
         ac.get_artifact(job, "out.txt", existing)
     assert ac.get_artifact(job, "out.txt", existing, force=True)["size"] == 5
+
+
+def test_artifact_get_and_backup_never_write_the_wal_of_a_database_opened_through_a_link(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
+    """Opened as `alias.db` (a link to `real.db`), SQLite keeps `real.db-wal`: the guard
+    built `alias.db-wal` and let `--force` write over the live -wal (committed jobs lost).
+    Nor may a copy go into the artifact store: an object is never replaced."""
+    if not target.sqlite_path:
+        pytest.skip("SQLite files")
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"hello")
+    ac.complete(job, "w1", epoch, {})
+    alias = tmp_path / "alias.db"
+    alias.symlink_to(target.sqlite_path)
+    wal = target.sqlite_path + "-wal"
+    assert os.path.exists(wal)
+    objects = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(store_dir, "objects"))
+               for f in fs]
+    assert objects
+    for dest in (wal, objects[0]):
+        for args in (("artifact", "get", str(job), "out.txt", "-o", dest, "--force"),
+                     ("backup", dest, "--force")):
+            r = run_cli(Target(f"sqlite:///{alias}", str(alias)), "--artifacts", store_dir,
+                        *args, "--json")
+            assert r.code == 2, (dest, args, r)
+    assert ac.show(job)["job"]["status"] == "succeeded"
+    assert ac.verify_artifacts()["ok"]

@@ -81,7 +81,7 @@ def backup(coord: Any, dest: str, force: bool,
         return run(coord.db, dest, force=force)
     store = store_of(coord)
     with gc_lock(store, exclusive=False):
-        result = run(coord.db, dest, force=force)
+        result = run(coord.db, dest, force=force, store=store.root)
         snapshot = result["backup"]
         found = _referenced(snapshot)
         if found is None:  # the feature is installed: the checked snapshot has the table

@@ -309,9 +309,9 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
     if not isinstance(force, bool):
         raise InvalidInput("invalid_input", "force must be true or false", field="force")
     row = _accepted(coord, job_id, name)
-    dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
-                                what="the artifact's")
     store = store_of(coord)
+    dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
+                                what="the artifact's", store=store.root)
     store.copy_to(row[4], dest, expected_size=row[5])
     return {**_row(row), "written": os.fspath(dest)}
 
