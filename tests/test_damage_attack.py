@@ -490,6 +490,62 @@ def test_metrics_with_a_worker_id_holding_bytes_is_exit_7_naming_it(
     c.close()
 
 
+LEASE_DAMAGE = pytest.mark.parametrize("statement", [
+    "UPDATE leases SET epoch = 'x' WHERE job_id = :j",
+    "UPDATE leases SET expires_at = expires_at + 0.5 WHERE job_id = :j",
+    "INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at) "
+    "VALUES (:w, 'ghost', 0, 1, 2)",
+    "UPDATE leases SET expires_at = 'soon' WHERE job_id = :j",
+    "UPDATE leases SET worker_id = X'00ff' WHERE job_id = :j",
+    "UPDATE workers SET worker_id = X'00ff'",
+], ids=["text_epoch", "real_expiry", "lease_on_a_waiting_job", "text_expiry",
+        "lease_worker_bytes", "worker_bytes"])
+
+
+@LEASE_DAMAGE
+def test_a_damaged_lease_never_stops_the_reaper_from_recovering_the_others(
+        sqlite_target: Target, statement: str) -> None:
+    """A lease row written by hand (a text epoch, a fractional expiry, a lease on a waiting
+    job) made every `reap` exit 1 ("changed under its write lock", a TypeError), so no
+    expired lease was recovered. The reaper takes only leases that are their running job's
+    live one, with whole-number times; `check` names the rest."""
+    c = Coordinator.open(sqlite_target)
+    jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(3)]
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    for _ in range(2):
+        c.claim("w1", lease_s=0.2)
+    _damage(c, "PRAGMA foreign_keys = OFF")
+    _damage(c, statement, j=jobs[0], w=jobs[2])
+    time.sleep(0.3)
+    r = _no_internal_error(sqlite_target, "reap")
+    assert r.code == 0, r
+    with c.db.engine.connect() as conn:
+        from sqlalchemy import text
+
+        assert conn.execute(text("SELECT status FROM jobs WHERE job_id = :j"),
+                            {"j": jobs[1]}).scalar() == "waiting"
+    assert _no_internal_error(sqlite_target, "check").code == 7
+    for args in (("show", str(jobs[0])), ("explain", str(jobs[0])), ("workers",)):
+        r = _no_internal_error(sqlite_target, *args)
+        assert r.code in (0, 7), (args, r)
+    c.close()
+
+
+def test_a_serve_whose_reap_fails_still_fires_its_schedules(target: Target) -> None:
+    """The server's timer reaps, then ticks the schedules. A failed reap (here every one, by
+    a fault point) skipped the tick too: no schedule fired while reaping failed."""
+    with Coordinator.open(target) as c:
+        c.add_schedule("often", "s", every="1s")
+    with served(target, "--reap-every", "0.2", env={"JOBCOORD_FAULT": "reap.start:bug"}):
+        deadline = time.monotonic() + 10
+        fired: list[Any] = []
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.2)
+            with Coordinator.open(target) as c:
+                fired = c.jobs()["jobs"]
+    assert fired and {j["kind"] for j in fired} == {"s"}, fired
+
+
 # --- a damaged schedule ---------------------------------------------------------------------
 
 SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [

@@ -50,6 +50,7 @@ def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, A
         stored.row(schema.jobs, job, f"job {job_id}")  # rendered and compared below
         of_job = {"job_id": job_id}
         lease = ctx.db.run(conn, qs.LEASE_OF, of_job).first()
+        _judge_lease(lease, ("worker_id", "epoch", "granted_at", "expires_at"), job_id)
         events = ctx.db.run(conn, qs.EVENTS_OF, of_job).all()
         checkpoints = ctx.db.run(conn, sql.CHECKPOINTS, of_job).all()
         artifacts: list[Any] = []
@@ -91,6 +92,7 @@ def explain(ctx: Context, job_id: int, *, tenant: str | None = None
                 "tenant": tenant}).scalar_one()
             job["constraints"] = limit_rules.diagnose(ctx, conn, job, now, tenant)
         lease = ctx.db.run(conn, qs.LEASE_EXPIRY_OF, {"job_id": job_id}).first()
+        _judge_lease(lease, ("worker_id", "epoch", "expires_at"), job_id)
         return job, ahead, lease, worker_rows(ctx, conn)
 
     job, ahead, lease, rows = ctx.db.read(_do, "explain")
@@ -121,3 +123,10 @@ def status(ctx: Context, *, tenant: str | None = None) -> dict[str, Any]:
     out = ctx.db.read(_do, "status")
     out.update(ctx.db.file_facts())
     return out
+
+
+def _judge_lease(lease: Any, names: tuple[str, ...], job_id: int) -> None:
+    """A job's lease row (its columns `names`, or None) through the typed read boundary: a
+    value written by hand is exit 7 naming it, before it is rendered."""
+    if lease is not None:
+        stored.row(schema.leases, zip(names, lease, strict=True), f"job {job_id}'s lease")

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from .. import faults
 from .. import validate as v
 from ..clock import iso, now_us
 from ..store import schedule_statements as schedule_sql
@@ -23,6 +24,7 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
     limit = v.whole(limit, "limit", 1, 100_000)
 
     def _do(conn: Connection) -> dict[str, Any]:
+        faults.point("reap.start")  # a test makes every reap fail here
         counts = {"expired": 0, "waiting": 0, "dead": 0, "unknown": 0, "cancelled": 0,
                   "deadline_dead": 0}
         jobs: list[dict[str, Any]] = []
@@ -33,6 +35,9 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
         now = now_us()
         for (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline,
              cancel) in expired:
+            if (type(expires) is not int or type(attempts) is not int
+                    or type(worker) is not str):
+                continue  # a value written by hand (SQLite keeps it): `check` names it
             if as_bool(cancel):
                 to_status, why = "cancelled", "cancelled while running"
             elif as_bool(effect):

@@ -143,7 +143,11 @@ def worker_rows(ctx: Context, conn: Connection) -> list[dict[str, Any]]:
     not parse is listed with no roles and no kinds and `unreadable` naming the column (its
     gate says stale): one damaged row must not hide every other worker."""
     out = []
+    from .. import schema, stored
+
     for r in ctx.db.run(conn, sql.ALL_WORKERS).all():
+        # An id of the wrong type (bytes written by hand) names nobody: exit 7 naming it.
+        stored.row(schema.workers, {"worker_id": r[0]}, "a worker")
         damaged, values = parse_worker_json((r[1], r[2], r[11]))
         damaged = damaged or mistyped_column(r[3:8])
         out.append({

@@ -302,12 +302,13 @@ class Server:
                 wait = backoff.next()
                 self.emit({"event": "reap_error" if is_fatal(e) else "reap_skipped",
                            "code": code, "message": message, "retry_in_s": wait})
-                continue
-            backoff.reset()
-            if got["expired"] or got["deadline_dead"]:
-                self.emit({"event": "reaped", **got})
-                if got["waiting"]:
-                    self.notify()
+            else:
+                backoff.reset()
+                if got["expired"] or got["deadline_dead"]:
+                    self.emit({"event": "reaped", **got})
+                    if got["waiting"]:
+                        self.notify()
+            # The schedules' own pass: a failed reap must not stop them from firing.
             await self.tick()
 
     async def tick(self) -> None:

@@ -183,7 +183,10 @@ UPSERT_CHECKPOINT = SQL(lambda insert: _upsert(insert, checkpoints, {
 EXPIRED_LEASES_SELECT = (
     select(L.job_id, L.epoch, L.worker_id, L.expires_at, J.effect_started, J.attempts,
            J.max_attempts, J.deadline_at, J.cancel_requested)
-    .select_from(leases.join(jobs, J.job_id == L.job_id)).where(L.expires_at <= P("now"))
+    .select_from(leases.join(jobs, J.job_id == L.job_id))
+    # Only a lease that is its running job's live one: a lease row written by hand (on a
+    # waiting job, at another epoch) is `check`'s to name, never the reaper's to end.
+    .where(L.expires_at <= P("now"), J.status == const("running"), J.epoch == L.epoch)
     .order_by(L.expires_at).limit(P("limit")))
 EXPIRED_LEASES = SQL(EXPIRED_LEASES_SELECT)
 OVERDUE_WAITING_SELECT = (
