@@ -137,3 +137,54 @@ def test_a_backup_taken_while_a_worker_uploads_is_consistent(
         with Coordinator.open(restored) as c:
             c.artifacts_dir = str(tmp_path / f"rs{i}")
             assert c.verify_artifacts()["ok"]
+
+
+def _good_backup(sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> Path:
+    store = sc.artifacts_dir or ""
+    a, ea = start(sc, "w1")
+    sc.put_artifact(a, "w1", ea, "r.bin", b"hello")
+    sc.complete(a, "w1", ea, {})
+    dest = tmp_path / "b.db"
+    r = cli(sqlite_target, store, "backup", str(dest), "--json")
+    assert r.code == 0, r.err  # type: ignore[attr-defined]
+    return dest
+
+
+def test_a_failed_forced_backup_with_artifacts_keeps_the_last_good_backup(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """The snapshot was put at DEST before the objects were copied; an object failing its
+    re-hash then took the snapshot away, and the last good backup's database with it (its
+    objects stayed, without a database). Now everything is built beside DEST and put in
+    place only once whole: a failure leaves DEST and DEST.artifacts as they were."""
+    store = sc.artifacts_dir or ""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    before = dest.read_bytes()
+    manifest = (tmp_path / "b.db.artifacts" / "manifest.json").read_bytes()
+    for path in Path(store, "objects").rglob("*"):
+        if path.is_file():
+            path.chmod(0o600)
+            path.write_bytes(b"tampered")
+    r = cli(sqlite_target, store, "backup", str(dest), "--force", "--json")
+    assert r.code == 7, r  # type: ignore[attr-defined]
+    assert dest.read_bytes() == before
+    assert (tmp_path / "b.db.artifacts" / "manifest.json").read_bytes() == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.db", "b.db.artifacts",
+                                                           "jobcoord.db", "jobcoord.db-shm",
+                                                           "jobcoord.db-wal", "store"]
+
+
+def test_a_backup_whose_artifact_directory_name_is_taken_by_a_file_is_exit_2(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """DEST.artifacts a regular file: an internal error (NotADirectoryError) that, with
+    --force, had already deleted DEST. Now exit 2 before anything is written."""
+    store = sc.artifacts_dir or ""
+    dest = tmp_path / "d.db"
+    dest.write_bytes(b"old")
+    (tmp_path / "d.db.artifacts").write_bytes(b"not a directory")
+    for args in ((str(dest), "--force"), (str(tmp_path / "e.db"),)):
+        if args[0].endswith("e.db"):
+            (tmp_path / "e.db.artifacts").write_bytes(b"not a directory")
+        r = cli(sqlite_target, store, "backup", *args, "--json")
+        assert r.code == 2, (args, r)
+    assert dest.read_bytes() == b"old"
+    assert not (tmp_path / "e.db").exists()

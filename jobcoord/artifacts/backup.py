@@ -76,55 +76,92 @@ def _fsync_dir(path: str) -> None:
 def backup(coord: Any, dest: str, force: bool,
            run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """`run(db, dest, force=)` is maintenance.backup; with the artifacts feature installed
-    the objects the snapshot references are copied beside it, with a manifest."""
+    the objects the snapshot references are copied beside it, with a manifest.
+
+    Everything is built beside DEST under temporary names and put in place only once whole
+    (the objects' directory first, then the database that names them): a backup that fails
+    at any step leaves DEST and DEST.artifacts as they were."""
     if "artifacts" not in coord.features or not coord.db.is_sqlite:
         return run(coord.db, dest, force=force)
+    from jobcoord.maintenance import writable_destination
+
     store = store_of(coord)
+    dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
+                                what="the backup", store=store.root)
+    final = dest + SUFFIX
+    if os.path.lexists(final):
+        if os.path.islink(final) or not os.path.isdir(final):
+            raise InvalidInput("invalid_input", f"{final} exists and is not a backup's "
+                               "artifact directory; move it away or name another backup",
+                               dest=final)
+        if not force:
+            raise InvalidInput("destination_exists", f"{final} already exists; pass --force "
+                               "to replace the backup", dest=final)
+    token = secrets.token_hex(4)
+    staged = f"{dest}.{token}.tmp"
     with gc_lock(store, exclusive=False):
-        result = run(coord.db, dest, force=force, store=store.root)
-        snapshot = result["backup"]
-        found = _referenced(snapshot)
-        if found is None:  # the feature is installed: the checked snapshot has the table
-            raise DatabaseCorrupt("database_corrupt", f"cannot read the artifact rows of the "
-                                  f"backup {snapshot}", backup=snapshot)
-        referenced, nrows = found
-        final = snapshot + SUFFIX
-        work = f"{snapshot}{SUFFIX}.{secrets.token_hex(4)}.tmp"
-        os.mkdir(work, 0o700)
-        linked = copied = size = 0
+        result = run(coord.db, staged, force=False, store=store.root)
+        work = f"{final}.{token}.tmp"
+        old = f"{final}.{token}.old"
+        moved_old = False
         try:
-            for digest in sorted(referenced):
-                placed = store.link_or_copy_into(work, digest)  # re-hashed in the copy
-                if placed.size != referenced[digest]:
-                    raise DatabaseCorrupt("artifact_corrupt", f"artifact object {digest} is "
-                                          f"{placed.size} bytes, its rows say "
-                                          f"{referenced[digest]}", digest=digest)
-                size += placed.size
-                if os.stat(placed.path).st_nlink > 1:
-                    linked += 1
-                else:
-                    copied += 1
-            manifest = {"format": 1, "database": os.path.basename(snapshot), "rows": nrows,
+            found = _referenced(staged)
+            if found is None:  # the feature is installed: the checked snapshot has the table
+                raise DatabaseCorrupt("database_corrupt", "cannot read the artifact rows of "
+                                      f"the backup {staged}", backup=dest)
+            referenced, nrows = found
+            os.mkdir(work, 0o700)
+            linked, copied, size = _copy_objects(store, work, referenced)
+            manifest = {"format": 1, "database": os.path.basename(dest), "rows": nrows,
                         "objects": {d: referenced[d] for d in sorted(referenced)}}
             with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(work)
+            # In place: the old objects aside, the new ones, then the database naming them.
             if os.path.lexists(final):
-                shutil.rmtree(final)  # the old backup's objects (DEST was replaced: --force)
+                os.rename(final, old)
+                moved_old = True
             os.rename(work, final)
-            _fsync_dir(os.path.dirname(final))
+            os.replace(staged, dest)
+            _fsync_dir(os.path.dirname(dest))
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
+            if moved_old and not os.path.lexists(final):
+                with contextlib.suppress(OSError):
+                    os.rename(old, final)  # the last good backup's objects, back
+                moved_old = False
             # A snapshot without its objects is not a backup: take it away.
             with contextlib.suppress(OSError):
-                os.unlink(snapshot)
+                os.unlink(staged)
             raise
+        finally:
+            if moved_old:
+                shutil.rmtree(old, ignore_errors=True)
+    result.update(backup=dest, size_bytes=os.path.getsize(dest))
     result["artifacts"] = {"directory": final, "objects": len(referenced), "bytes": size,
                            "hard_linked": linked, "copied": copied, "rows": nrows,
                            "verified": True}
     return result
+
+
+def _copy_objects(store: ObjectStore, work: str, referenced: dict[str, int]
+                  ) -> tuple[int, int, int]:
+    """Every referenced object into `work`, re-hashed there: (hard linked, copied, bytes)."""
+    linked = copied = size = 0
+    for digest in sorted(referenced):
+        placed = store.link_or_copy_into(work, digest)  # re-hashed in the copy
+        if placed.size != referenced[digest]:
+            raise DatabaseCorrupt("artifact_corrupt", f"artifact object {digest} is "
+                                  f"{placed.size} bytes, its rows say {referenced[digest]}",
+                                  digest=digest)
+        size += placed.size
+        if os.stat(placed.path).st_nlink > 1:
+            linked += 1
+        else:
+            copied += 1
+    return linked, copied, size
 
 
 def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
