@@ -206,9 +206,8 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
 #: The parameters of a batch's job rows and event rows, in the order each row tuple gives
 #: them (the driver binds by position: no mapping is built per row).
 _JOB_COLUMNS = ("job_id", "payload", "needs", "tenant", "kind", "role", "priority", "now",
-                "run_after", "deadline", "max_attempts", "f")
-_EVENT_COLUMNS = ("job_id", "now", "from_status", "to_status", "reason", "worker", "epoch",
-                  "detail")
+                "run_after", "deadline", "max_attempts")
+_EVENT_COLUMNS = ("job_id", "now", "detail")
 
 
 #: A batch job as checked: its settings (shared by every job with the same ones, see
@@ -243,15 +242,14 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[_Batched], now
                     detail = details[(priority, delay_us, max_attempts)] = v.dumps(shown)
                 found = shared[id(settings)] = (
                     (tenant, kind, role, priority, now, now + delay_us,
-                     None if deadline_in_us is None else now + deadline_in_us, max_attempts,
-                     False),
-                    (now, None, "waiting", "enqueued", None, None, detail))
+                     None if deadline_in_us is None else now + deadline_in_us, max_attempts),
+                    (now, detail))
             job_tail, event_tail = found
         # Concatenated, not unpacked: `(a, *t)` builds a list first and costs more per row.
         jobs.append((job_id, payload_text, needs_text) + job_tail)  # noqa: RUF005
         events.append((job_id,) + event_tail)  # noqa: RUF005
     ctx.db.run_many(conn, sql.INSERT_JOB_AT, jobs, columns=_JOB_COLUMNS)
-    ctx.db.run_many(conn, sql.INSERT_EVENT, events, columns=_EVENT_COLUMNS)
+    ctx.db.run_many(conn, sql.INSERT_ENQUEUED, events, columns=_EVENT_COLUMNS)
     ctx.db.announce_jobs(conn)
     return [{"job_id": job_id, "created": True} for job_id in ids]
 
