@@ -260,3 +260,69 @@ def test_a_job_claimed_by_a_completion_as_the_worker_stops_is_released_at_once(
         shown = c.show(job)
     assert shown["job"]["status"] == "waiting"
     assert shown["events"][-1]["reason"] == "worker_shutdown"
+
+
+def test_a_remote_worker_never_claims_outside_the_tenant_it_was_given(
+        target: Target, tmp_path: Any) -> None:
+    """The claim's tenant is the token's: `--tenant` the token cannot keep (an unbound token,
+    or one bound to another tenant) is refused before anything is claimed, instead of being
+    dropped and every tenant's jobs run."""
+    with Coordinator.open(target) as c:
+        bobs = c.enqueue("work", {}, tenant="bob")["job_id"]
+    unbound = token(target, "wu", "worker", worker="wu")
+    alices = token(target, "wa", "worker", worker="wa", tenant="alice")
+    with served(target, "--reap-every", "0") as s:
+        for secret, tenant in ((unbound, "alice"), (alices, "bob")):
+            proc = start_worker(s.url, secret, str(tmp_path), "t", "--burst", "--wait", "0",
+                                "--tenant", tenant)
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 2, err.decode()[-2000:]
+            assert "tenant" in json.loads(out.decode().splitlines()[-1])["error"]["message"]
+        proc = start_worker(s.url, alices, str(tmp_path), "t", "--burst", "--wait", "0",
+                            "--tenant", "alice")
+        summary, _ = finish(proc, 60)
+        assert summary["claimed"] == 0
+    with Coordinator.open(target) as c:
+        assert c.show(bobs)["job"]["status"] == "waiting"
+
+
+def test_a_remote_worker_keeps_its_batch_flush_and_json_options(
+        target: Target, tmp_path: Any) -> None:
+    """`--no-batch` and `--flush-delay` are the remote worker's as the local one's (they were
+    dropped), and `--json` gives the same last line."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(3)])
+    with served(target, "--reap-every", "0") as s:
+        proc = start_worker(s.url, secret, str(tmp_path), "t", "--burst", "--wait", "0",
+                            "--no-batch", "--flush-delay", "0.2", "--concurrency", "2")
+        summary, err = finish(proc, 60)
+    started = next(e for e in log_events(err) if e.get("event") == "started")
+    assert (started["batch"], started["flush_delay_s"]) == (False, 0.2)
+    assert summary["completed"] == 3
+
+
+def test_a_remote_workers_second_signal_still_prints_one_json_line_and_exits_130(
+        target: Target, tmp_path: Any) -> None:
+    import signal
+    import time
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("slow", {"sleep": 60})["job_id"]
+    with served(target, "--reap-every", "0") as s:
+        proc = start_worker(s.url, secret, str(tmp_path), "t", "--grace", "30", "--wait", "1")
+        deadline = time.monotonic() + 30
+        with Coordinator.open(target) as c:
+            while c.show(job)["job"]["status"] != "running":
+                assert time.monotonic() < deadline, "never claimed"
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    lines = out.decode().splitlines()
+    assert len(lines) == 1, lines
+    got = json.loads(lines[0])
+    assert got["event"] == "exiting_now" and got["running"] == [job]

@@ -174,6 +174,15 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
         if kw["worker_id"] is not None and kw["worker_id"] != who["worker_id"]:
             raise InvalidInput("invalid_input", f"--worker-id {kw['worker_id']!r} differs "
                                f"from the token's worker {who['worker_id']!r}")
+        # The claim's tenant is the token's (the server never takes it from a request): a
+        # --tenant the token does not keep is refused, not dropped (which ran every tenant's
+        # jobs under an unbound token).
+        if kw["tenant"] is not None and kw["tenant"] != who["tenant"]:
+            raise InvalidInput("invalid_input", (
+                f"--tenant {kw['tenant']!r}: the token's claims are "
+                + ("every tenant's; create the worker token with --tenant "
+                   f"{kw['tenant']!r} to claim only that tenant's jobs"
+                   if who["tenant"] is None else f"tenant {who['tenant']!r}'s")))
         # The long-poll does the waiting: after an empty one, ask again almost at once.
         poll = kw["poll"]
         if ctx.get_parameter_source("poll") is click.core.ParameterSource.DEFAULT:
@@ -187,8 +196,8 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
             poll=poll, timeouts=kw["timeouts"], max_results=kw["max_results"],
             readings_override=kw["readings_override"], log_format=kw["log_format"],
             max_jobs=kw["max_jobs"], burst=kw["burst"], database_url=None,
-            policy=remote.policy)
-        summary = Worker(remote, config).run()
+            policy=remote.policy, flush_delay=kw["flush_delay"], batch=kw["batch"])
+        summary = Worker(remote, config, as_json=kw["as_json"]).run()
     finally:
         remote.close()
     _emit(kw["as_json"], summary)

@@ -294,7 +294,8 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         hb = self._first_heartbeat()
         self.log("started", roles=cfg.roles, kinds=self.kinds, concurrency=cfg.concurrency,
-                 lease_s=cfg.lease_s, readings=hb.get("readings"), gates=hb.get("gates"),
+                 lease_s=cfg.lease_s, batch=cfg.batch, flush_delay_s=cfg.flush_delay_s,
+                 tenant=cfg.tenant, readings=hb.get("readings"), gates=hb.get("gates"),
                  sources=hb.get("sources"))
         ticker = threading.Thread(target=self._ticker, name="ticker", daemon=True)
         ticker.start()
