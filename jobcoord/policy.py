@@ -66,9 +66,23 @@ class Policy:
         except tomllib.TOMLDecodeError as e:
             raise InvalidInput("invalid_policy", f"policy {path} is not valid TOML: {e}"
                                ) from None
+        except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib decodes before parsing
+            raise InvalidInput("invalid_policy", f"policy {path} is not UTF-8 text (byte "
+                               f"{e.start}: {e.object[e.start:e.start + 1]!r})") from None
         from .artifacts.settings import settings_from_mapping  # [artifacts]: per-kind rules
         artifacts = settings_from_mapping(data.pop("artifacts", None), path)
-        policy = cls.from_mapping(data.get("policy", data), source=path)
+        if "policy" in data:
+            # The settings are either all at the top or all in [policy]: a key beside the
+            # table (a typo, or a value the table would override) was silently dropped.
+            settings = data.pop("policy")
+            if not isinstance(settings, dict):
+                raise InvalidInput("invalid_policy", f"{path}: policy must be a table "
+                                   f"([policy]), not {type(settings).__name__}")
+            if data:
+                raise InvalidInput("invalid_policy", f"{path}: {', '.join(map(repr, data))} "
+                                   "outside [policy]: put every setting in the table")
+            data = settings
+        policy = cls.from_mapping(data, source=path)
         object.__setattr__(policy, "artifacts", artifacts)
         return policy
 

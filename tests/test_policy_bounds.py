@@ -108,3 +108,30 @@ def test_the_reported_reproductions_are_refused_as_invalid_policy(coord, cli, tm
     assert r.code == 2, r.out + r.err
     assert r.json["error"]["code"] == "invalid_policy"
     assert dump(coord) == before
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    (b"max_memory_pct = 80\n# caf\xe9\n", "UTF-8"),        # a Latin-1 byte in a comment
+    (b"policy = 5\n", "policy"),                           # [policy] must be a table
+    (b'policy = "strict"\n', "policy"),
+    (b"max_memory_pcnt = 1\n[policy]\nmax_memory_pct = 95\n", "max_memory_pcnt"),
+    (b"max_memory_pct = 50\n[policy]\nmax_memory_pct = 95\n", "max_memory_pct"),
+])
+def test_a_policy_file_that_is_not_a_policy_is_invalid_policy_never_a_crash_or_ignored(
+        coord, cli, tmp_path, body, named):
+    """Not UTF-8, a `policy` key that is not a table, and settings outside a `[policy]`
+    table (a typo, or a value the table would silently override) are invalid_policy (exit
+    2) naming what is wrong, with nothing changed; they were exit 1 or silently dropped."""
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    path = tmp_path / "policy.toml"
+    path.write_bytes(body)
+    r = cli("--policy", str(path), "claim", "w1", "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    assert named in r.json["error"]["message"]
+    assert dump(coord) == before
+    with pytest.raises(InvalidInput) as caught:
+        Policy.from_toml(str(path))
+    assert caught.value.code == "invalid_policy"
