@@ -425,3 +425,49 @@ def test_claim_next_takes_only_the_tokens_tenants_next_job(target: Target) -> No
         assert "bob" not in last["detail"]
     with Coordinator.open(target) as c:
         assert c.show(bobs)["job"]["status"] == c.show(default)["job"]["status"] == "waiting"
+
+
+def test_a_worker_token_learns_nothing_of_a_lease_it_never_held(target: Target) -> None:
+    """Every fenced refusal about a (job, epoch) this worker never claimed answers 404 as if
+    the job were absent: a wrong epoch on another worker's live lease (was 409 stale_epoch
+    with the current epoch), a waiting job (409 lease_expired with its status), a job another
+    worker finished (409 job_finished with its status and accepted epoch) or had cancelled.
+    A lease the worker did hold is answered as it is (the worker must learn it lost it)."""
+    secret = token(target, "wa", "worker", tenant="alice", worker="wa")
+    c = Coordinator.open(target)
+    w = World(c)
+    live, live_epoch = w.leased("wb", "alice")
+    waiting = w.waiting("alice")
+    done, done_epoch = w.leased("wb", "alice")
+    c.complete(done, "wb", done_epoch, {})
+    cancelled, cancelled_epoch = w.leased("wb", "alice")
+    c.cancel(cancelled)
+    mine, mine_epoch = w.leased("wa", "alice")
+    c.fail(mine, "wa", mine_epoch, "stopping", reason="worker_shutdown")  # back to waiting
+    cases = [(live, live_epoch + 4), (live, live_epoch - 1), (waiting, 0), (waiting, 1),
+             (done, done_epoch), (done, done_epoch + 1), (cancelled, cancelled_epoch)]
+    failures = []
+    with served(target, "--reap-every", "0") as s, s.client(secret) as client:
+        for op, body in FENCED:
+            for job, epoch in cases:
+                resp = client.post(f"/v1/jobs/{job}/{op}", json={"epoch": epoch, **body})
+                if resp.status_code != 404 or resp.json()["error"] != {
+                        "code": "job_not_found", "message": f"job {job} not found",
+                        "details": {"job_id": job}}:
+                    failures.append(f"{op} job {job} epoch {epoch}: {resp.status_code} "
+                                    f"{resp.text[:200]}")
+            # Its own lease, given back: the refusal it needs to stop.
+            resp = client.post(f"/v1/jobs/{mine}/{op}", json={"epoch": mine_epoch, **body})
+            if resp.status_code != 409 or resp.json()["error"]["code"] != "lease_expired":
+                failures.append(f"{op} own released lease: {resp.status_code} {resp.text}")
+        resp = client.post("/v1/completions", json={"items": [
+            {"job_id": job, "epoch": epoch} for job, epoch in cases]})
+        assert resp.status_code == 200, resp.text
+        for (job, epoch), one in zip(cases, resp.json()["results"], strict=True):
+            if one.get("error", {}).get("code") != "job_not_found" or set(
+                    one["error"].get("details", {})) != {"job_id"}:
+                failures.append(f"completions item job {job} epoch {epoch}: {one}")
+    with Coordinator.open(target) as c2:
+        assert c2.show(live)["lease"]["worker_id"] == "wb"
+        assert c2.show(waiting)["job"]["status"] == "waiting"
+    assert not failures, "\n".join(failures)

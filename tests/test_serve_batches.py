@@ -85,6 +85,9 @@ def test_completions_fence_each_item_and_refuse_what_is_not_this_tokens_lease(
         mine = [c.enqueue("k", {"i": i}, tenant="alice", role="r-wa")["job_id"]
                 for i in range(3)]
         leases = [c.claim("wa", lease_s=300) for _ in mine]
+        # Given back and claimed again: its first lease's epoch is now stale.
+        c.fail(mine[2], "wa", leases[2]["lease"]["epoch"], "stop", reason="worker_shutdown")
+        assert c.claim("wa", lease_s=300)["job"]["job_id"] == mine[2]
         theirs = c.enqueue("k", {}, tenant="alice", role="r-wb")["job_id"]
         their_lease = c.claim("wb", lease_s=300)
         bobs = c.enqueue("k", {}, tenant="bob", role="r-wa")["job_id"]
@@ -93,15 +96,17 @@ def test_completions_fence_each_item_and_refuse_what_is_not_this_tokens_lease(
     with served(target, "--reap-every", "0") as s, \
             RemoteCoordinator(s.url, secret) as wa:
         items = [_item(leases[0], {"n": 0}), _item(leases[1], {"n": 1}),
-                 {**_item(leases[2]), "epoch": leases[2]["lease"]["epoch"] + 1},
+                 _item(leases[2]),
                  {**_item(their_lease), "worker_id": "wa"}, _item(bobs_lease),
                  {"job_id": 10**9, "worker_id": "wa", "epoch": 1},
-                 _item(leases[0], {"n": "again"})]
+                 _item(leases[0], {"n": "again"}),
+                 # An epoch this worker never claimed: as if absent, like another's lease.
+                 {**_item(leases[2]), "epoch": leases[2]["lease"]["epoch"] + 5}]
         got = wa.complete_many(items)
     codes = [r["error"]["code"] if "error" in r else r["status"] for r in got["results"]]
     assert codes == ["succeeded", "succeeded", "stale_epoch", "job_not_found",
-                     "job_not_found", "job_not_found", "job_finished"], got
-    assert (got["accepted"], got["refused"]) == (2, 5)
+                     "job_not_found", "job_not_found", "job_finished", "job_not_found"], got
+    assert (got["accepted"], got["refused"]) == (2, 6)
     assert got["results"][3]["error"]["message"] == f"job {theirs} not found"
     with Coordinator.open(target) as c:
         assert c.show(mine[0])["job"]["result"] == {"n": 0}
@@ -125,12 +130,12 @@ def test_a_completion_group_whose_answer_was_lost_is_answered_as_accepted(
         wa.heartbeat("wa", readings=READINGS)
         got = wa.claim_many("wa", 3, wait=0)["claimed"]
         items = [_item(g, {"i": k}) for k, g in enumerate(got)]
-        items[2]["epoch"] += 1  # stale
+        items[2]["epoch"] += 1  # an epoch it never claimed: refused as if absent
         done = wa.complete_many(items)
     results = done["results"]
     assert [r.get("already_accepted") for r in results[:2]] == [True, True], results
     assert [r["status"] for r in results[:2]] == ["succeeded", "succeeded"]
-    assert results[2]["error"]["code"] == "stale_epoch"
+    assert results[2]["error"]["code"] == "job_not_found"
     with Coordinator.open(target) as c:
         for k, job in enumerate(jobs[:2]):
             shown = c.show(job)

@@ -158,6 +158,6 @@ def test_remote_complete_and_claim_returns_the_coordinators_shape(target: Target
         assert set(both) == {"completed", "next"}
         assert both["completed"]["status"] == "succeeded" and "next" not in both["completed"]
         assert both["next"]["job"]["job_id"] == nxt
-        with pytest.raises(Refused) as refused:  # the same epoch again: already finished
+        with pytest.raises(Refused) as refused:  # an epoch it never claimed: as if absent
             wa.complete_and_claim(nxt, "wa", 7, {})
-        assert refused.value.code == "stale_epoch"
+        assert refused.value.code == "job_not_found"

@@ -120,10 +120,10 @@ def test_completion_answer_lost_after_commit_is_answered_as_accepted(target: Tar
         done = wa.complete(job, "wa", epoch, {"answer": 42})  # times out once, sent again
         assert done["status"] == "succeeded" and done["epoch"] == epoch
         assert done.get("already_accepted") is True
-        # Only that epoch's own worker is told so: anyone else is refused.
+        # Only that epoch's own worker is told so: to anyone else the job is not there.
         with pytest.raises(Refused) as refused:
             wb.complete(job, "wb", epoch, {"answer": 0})
-        assert refused.value.code == "job_finished"
+        assert refused.value.code == "job_not_found"
     with Coordinator.open(target) as c:
         shown = c.show(job)
     assert shown["job"]["result"] == {"answer": 42}

@@ -33,22 +33,41 @@ router = APIRouter(route_class=JSONRoute)
 
 
 async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Caller | Identity,
-                 *args: Any, **kwargs: Any) -> T:
-    """A worker's fenced call as the token's worker id, fenced by the token's tenant (None:
-    an unbound worker token serves every tenant); a Caller is looked up in the same pool
-    call. A job of another tenant, and a live lease of another worker, answer exactly as a
-    missing job: a worker token sees its own leases only."""
+                 epoch: int, *args: Any, **kwargs: Any) -> T:
+    """A worker's fenced call `fn(job_id, worker, epoch, *args, tenant=...)` as the token's
+    worker id, fenced by the token's tenant (None: an unbound worker token serves every
+    tenant); a Caller is looked up in the same pool call. A worker token sees its own leases
+    only: see `_as_absent`."""
     def run(identity: Identity) -> T:
-        return fn(job_id, worker_of(identity), *args, tenant=identity.tenant, **kwargs)
+        worker = worker_of(identity)
+        try:
+            return fn(job_id, worker, epoch, *args, tenant=identity.tenant, **kwargs)
+        except Refused as e:
+            if _as_absent(srv.c, e.code, job_id, epoch, worker):
+                raise Refused("job_not_found", f"job {job_id} not found",
+                              job_id=job_id) from None
+            raise
 
-    try:
-        if isinstance(who, Caller):
-            return await srv.call_as(who, run)
-        return await srv.call(run, who)
-    except Refused as e:
-        if e.code == "not_owner":
-            raise Refused("job_not_found", f"job {job_id} not found", job_id=job_id) from None
-        raise
+    if isinstance(who, Caller):
+        return await srv.call_as(who, run)
+    return await srv.call(run, who)
+
+
+def _as_absent(coordinator: Any, code: str, job_id: int, epoch: int, worker: str) -> bool:
+    """Is this refusal answered as a missing job? A job of another tenant already is; a
+    live lease of another worker is; and any refusal about a (job, epoch) this worker never
+    claimed (a wrong epoch, a waiting job, one another worker finished), whose details would
+    tell it another worker's epoch or the job's status. A lease it held is answered as it
+    is: the worker must learn that it lost it, or that its result was the one accepted."""
+    if code == "job_not_found":
+        return False
+    return code == "not_owner" or not _claimed_by(coordinator, job_id, epoch, worker)
+
+
+def _claimed_by(coordinator: Any, job_id: int, epoch: int, worker: str) -> bool:
+    """Did this worker claim `job_id` at `epoch`? (Read only on a refusal.)"""
+    return any(e["reason"] == "claimed" and e["epoch"] == epoch and e["worker_id"] == worker
+               for e in coordinator.show(job_id)["events"])
 
 
 @router.post("/v1/heartbeat", dependencies=strict)
@@ -228,8 +247,8 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
     answer adds `next`, a claim's answer (`job` and `lease`, or `job: null` with the
     `reason`). A refused completion claims nothing; a completion sent again after its answer
     was lost is `already_accepted` with `next: null`."""
-    return await fenced(srv, lambda j, w, b, tenant: _complete(srv.c, j, w, b, tenant),
-                        job_id, caller, body)
+    return await fenced(srv, lambda j, w, _, b, tenant: _complete(srv.c, j, w, b, tenant),
+                        job_id, caller, body.epoch, body)
 
 
 @router.post("/v1/completions", dependencies=strict)
@@ -258,7 +277,7 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
             if error is None:
                 continue
             code, details = error["code"], error.get("details") or {}
-            if code == "not_owner":
+            if _as_absent(srv.c, code, it.job_id, it.epoch, worker):
                 results[i] = {"job_id": it.job_id, "error": {
                     "code": "job_not_found", "message": f"job {it.job_id} not found",
                     "details": {"job_id": it.job_id}}}
