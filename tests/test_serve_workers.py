@@ -326,3 +326,79 @@ def test_a_remote_workers_second_signal_still_prints_one_json_line_and_exits_130
     assert len(lines) == 1, lines
     got = json.loads(lines[0])
     assert got["event"] == "exiting_now" and got["running"] == [job]
+
+
+def test_a_remote_workers_command_checkpoints_and_marks_its_effect_through_the_server(
+        target: Target, tmp_path: Any) -> None:
+    """A command under a remote worker reaches the coordinator as docs/worker.md shows
+    (`jobcoord checkpoint` / `jobcoord effect` with the JOBCOORD_* variables): the worker
+    gives it the server and its token file, never a database (an unrelated JOBCOORD_URL in
+    the worker's own environment is not passed on). They failed: no database."""
+    import sys
+
+    script = tmp_path / "ck.sh"
+    script.write_text(
+        "#!/bin/sh\ncat >/dev/null\nset -e\n"
+        f"J='{sys.executable} -m jobcoord'\n"
+        '$J checkpoint "$JOBCOORD_JOB_ID" --worker "$JOBCOORD_WORKER" '
+        '--epoch "$JOBCOORD_EPOCH" --name remote --data \'{"remote_id": "R-17"}\' >&2\n'
+        '$J effect "$JOBCOORD_JOB_ID" --worker "$JOBCOORD_WORKER" '
+        '--epoch "$JOBCOORD_EPOCH" >&2\n'
+        'echo "{\\"url\\": \\"${JOBCOORD_URL:-}\\"}"\n')
+    script.chmod(0o755)
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("ck", {}, max_attempts=1)["job_id"]
+    unrelated = tmp_path / "unrelated.db"
+    path = tmp_path / "wa.token"
+    path.write_text(secret + "\n")
+    with served(target, "--reap-every", "0") as s:
+        proc = subprocess.Popen(
+            [*jobcoord_argv(), "worker", "--server", s.url, "--token-file", str(path),
+             "--exec", f"ck={script}", "--burst", "--wait", "0", "--json",
+             "--readings-override", '{"memory_used_pct": 10}'],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "JOBCOORD_URL": f"sqlite:///{unrelated}"})
+        summary, err = finish(proc, 120)
+    assert summary["completed"] == 1, err[-3000:]
+    with Coordinator.open(target) as c:
+        shown = c.show(job)
+    assert shown["job"]["status"] == "succeeded", err[-3000:]
+    assert shown["job"]["result"] == {"url": ""}
+    assert shown["checkpoints"][0]["name"] == "remote"
+    assert shown["checkpoints"][0]["data"] == {"remote_id": "R-17"}
+    assert "effect_started" in [e["reason"] for e in shown["events"]]
+    assert not unrelated.exists()
+
+
+def test_checkpoint_and_effect_through_a_server_refuse_what_the_token_is_not(
+        target: Target, tmp_path: Any) -> None:
+    """--server with a token that is not this worker's: exit 2 naming it, nothing saved; a
+    lease the token does not hold: 404 as over HTTP (exit 4)."""
+    secret = token(target, "wa", "worker", worker="wa")
+    viewer = token(target, "v", "viewer")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wb", readings={"memory_used_pct": 10})
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("wb")["lease"]["epoch"]
+    files = {}
+    for name, value in (("wa", secret), ("v", viewer)):
+        files[name] = tmp_path / f"{name}.token"
+        files[name].write_text(value + "\n")
+    with served(target, "--reap-every", "0") as s:
+        def run(token_file: Any, *args: str) -> tuple[int, dict[str, Any]]:
+            got = subprocess.run(
+                [*jobcoord_argv(), "checkpoint", str(job), "--epoch", str(epoch),
+                 "--name", "n", "--json", "--server", s.url, "--token-file", str(token_file),
+                 *args], capture_output=True, timeout=60, check=False)
+            return got.returncode, json.loads(got.stdout.decode().splitlines()[-1])
+        code, out = run(files["v"], "--worker", "wa")
+        assert code == 2 and "worker token" in out["error"]["message"], out
+        code, out = run(files["wa"], "--worker", "wb")
+        assert code == 2 and "'wb'" in out["error"]["message"], out
+        code, out = run(files["wa"], "--worker", "wa")
+        assert code == 4 and out["error"]["code"] == "job_not_found", out
+        code, out = run(files["wa"], "--worker", "wa", "--epoch", "x")
+        assert code == 2, out
+    with Coordinator.open(target) as c:
+        assert c.show(job)["checkpoints"] == []

@@ -40,7 +40,7 @@ def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condit
 
 class Worker:
     def __init__(self, db: str, log: str, name: str, args: tuple[str, ...],
-                 global_args: tuple[str, ...] = ()):
+                 global_args: tuple[str, ...] = (), env: dict[str, str] | None = None):
         self.name = name
         self.log = log
         argv = [PY, "-m", "jobcoord", "--db", db, *global_args, "worker", "--worker-id", name,
@@ -48,7 +48,8 @@ class Worker:
                 "--reap-every", "0", *args]
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=err,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL,
+                                         env=None if env is None else {**os.environ, **env})
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
         out = []
@@ -91,8 +92,9 @@ def db(sqlite_target: Any) -> Iterator[tuple[str, Coordinator]]:
 def start(db: tuple[str, Coordinator], tmp_path: Any) -> Iterator[Callable[..., Worker]]:
     procs: list[Worker] = []
 
-    def _start(*args: str, name: str = "w1", global_args: tuple[str, ...] = ()) -> Worker:
-        w = Worker(db[0], str(tmp_path / f"{name}.log"), name, args, global_args)
+    def _start(*args: str, name: str = "w1", global_args: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> Worker:
+        w = Worker(db[0], str(tmp_path / f"{name}.log"), name, args, global_args, env)
         procs.append(w)
         return w
 
@@ -491,6 +493,30 @@ def test_checkpointed_remote_id_is_resumed_after_sigkill_not_resubmitted(db, sta
     assert remote_service.submissions(remote) == ["R-1"]  # never submitted twice
     reasons = [e["reason"] for e in c.show(job)["events"]]
     assert reasons == ["enqueued", "claimed", "lease_expired", "claimed", "completed"]
+
+
+def test_a_local_workers_command_calls_back_to_its_database_not_an_inherited_server(
+        db, start, tmp_path):
+    """A server named in the worker's own environment (JOBCOORD_SERVER) is not passed to
+    its commands: their `jobcoord checkpoint` / `effect` reach this worker's database."""
+    _, c = db
+    script = tmp_path / "ck.sh"
+    script.write_text(
+        "#!/bin/sh\ncat >/dev/null\nset -e\n"
+        f"J='{PY} -m jobcoord'\n"
+        '$J checkpoint "$JOBCOORD_JOB_ID" --worker "$JOBCOORD_WORKER" '
+        '--epoch "$JOBCOORD_EPOCH" --name step >&2\n'
+        '$J effect "$JOBCOORD_JOB_ID" --worker "$JOBCOORD_WORKER" '
+        '--epoch "$JOBCOORD_EPOCH" >&2\necho "{}"\n')
+    script.chmod(0o755)
+    job = c.enqueue("ck", {}, max_attempts=1)["job_id"]
+    w = start("--exec", f"ck={script}", "--burst", env={
+        "JOBCOORD_SERVER": "http://127.0.0.1:9", "JOBCOORD_TOKEN_FILE": str(tmp_path / "no")})
+    code, _ = w.finish(60)
+    shown = c.show(job)
+    assert code == 0 and shown["job"]["status"] == "succeeded", read(w.log)
+    assert [cp["name"] for cp in shown["checkpoints"]] == ["step"]
+    assert "effect_started" in [e["reason"] for e in shown["events"]]
 
 
 # --- bad options --------------------------------------------------------------------------------

@@ -161,6 +161,16 @@ def remote_worker_command(local: click.Command) -> click.Command:
                          help=local.help, short_help=local.short_help)
 
 
+def _server_env(server: str, token_file: str, ca_file: str | None) -> dict[str, str]:
+    """What the remote worker's commands get to call back (files by absolute path: a
+    command may run elsewhere than the worker's directory)."""
+    env = {"JOBCOORD_SERVER": server,
+           "JOBCOORD_TOKEN_FILE": os.path.abspath(os.path.expanduser(token_file))}
+    if ca_file:
+        env["JOBCOORD_CA_FILE"] = os.path.abspath(os.path.expanduser(ca_file))
+    return env
+
+
 def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
                 ca_file: str | None, kw: dict[str, Any]) -> None:
     from ..worker import Worker, make_config
@@ -196,11 +206,83 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
             poll=poll, timeouts=kw["timeouts"], max_results=kw["max_results"],
             readings_override=kw["readings_override"], log_format=kw["log_format"],
             max_jobs=kw["max_jobs"], burst=kw["burst"], database_url=None,
-            policy=remote.policy, flush_delay=kw["flush_delay"], batch=kw["batch"])
+            policy=remote.policy, flush_delay=kw["flush_delay"], batch=kw["batch"],
+            server_env=_server_env(server, token_file, ca_file))
         summary = Worker(remote, config, as_json=kw["as_json"]).run()
     finally:
         remote.close()
     _emit(kw["as_json"], summary)
+
+
+#: What a command under a remote worker calls back with (docs/worker.md): the fenced calls
+#: it may make itself, each as the Coordinator method of the same name takes them.
+REMOTE_CALLS: dict[str, Any] = {
+    "checkpoint": lambda r, job, worker, epoch, kw: r.checkpoint(
+        job, worker, epoch, kw["name"], _json_data(kw["data"])),
+    "effect": lambda r, job, worker, epoch, kw: r.mark_effect(job, worker, epoch),
+}
+
+
+def _json_data(raw: str | None) -> Any:
+    from .. import validate as v
+
+    if raw is None:
+        return {}
+    try:
+        return v.loads(raw)
+    except ValueError as e:
+        raise InvalidInput("invalid_input", f"--data is not valid JSON: {e}") from None
+
+
+def remote_fenced_command(local: click.Command, call: Any) -> click.Command:
+    """A fenced command (`checkpoint`, `effect`) with --server/--token-file/--ca-file added,
+    read from JOBCOORD_SERVER, JOBCOORD_TOKEN_FILE and JOBCOORD_CA_FILE too: what a remote
+    worker gives its commands, so they reach the coordinator as a local worker's do through
+    JOBCOORD_URL. Without a server it is the local command, unchanged."""
+    extra = [
+        click.Option(["--server"], envvar="JOBCOORD_SERVER", metavar="URL",
+                     help="Call a `jobcoord serve` at URL instead of a database "
+                          "(JOBCOORD_SERVER)."),
+        click.Option(["--token-file"], envvar="JOBCOORD_TOKEN_FILE", metavar="FILE",
+                     help="With --server: file holding the worker's token "
+                          "(JOBCOORD_TOKEN_FILE)."),
+        click.Option(["--ca-file"], envvar="JOBCOORD_CA_FILE", metavar="PEM",
+                     help="With --server: trust this CA (JOBCOORD_CA_FILE)."),
+    ]
+
+    def callback(**kw: Any) -> Any:
+        server, token_file, ca_file = kw.pop("server"), kw.pop("token_file"), kw.pop("ca_file")
+        if not server:
+            if token_file:
+                raise InvalidInput("invalid_input", "--token-file needs --server")
+            assert local.callback is not None
+            return local.callback(**kw)
+        if not token_file:
+            raise InvalidInput("invalid_input", "--server needs --token-file")
+        from ..core.items import job_and_epoch
+
+        job_id, epoch = job_and_epoch(kw["job_id"], kw["epoch"])
+        remote = remote_coordinator(server, token_file, ca_file=ca_file)
+        try:
+            who = remote.whoami()
+            if who["role"] != "worker":
+                raise InvalidInput("invalid_input", f"the token is a {who['role']} token; "
+                                   f"{local.name} needs a worker token")
+            # The server acts as the token's worker and tenant: a --worker or --tenant it
+            # is not would be silently replaced.
+            if kw["worker"] != who["worker_id"]:
+                raise InvalidInput("invalid_input", f"--worker {kw['worker']!r} differs from "
+                                   f"the token's worker {who['worker_id']!r}")
+            if kw["tenant"] is not None and kw["tenant"] != who["tenant"]:
+                raise InvalidInput("invalid_input", f"--tenant {kw['tenant']!r} differs from "
+                                   f"the token's tenant {who['tenant']!r}")
+            got = call(remote, job_id, who["worker_id"], epoch, kw)
+        finally:
+            remote.close()
+        _emit(kw["as_json"], got)
+
+    return click.Command(local.name, params=[*local.params, *extra], callback=callback,
+                         help=local.help, short_help=local.short_help)
 
 
 def register(cli: click.Group) -> None:
@@ -214,3 +296,7 @@ def register(cli: click.Group) -> None:
     local = cli.commands.get("worker")
     if local is not None:
         cli.add_command(remote_worker_command(local))
+    for name, call in REMOTE_CALLS.items():
+        fenced = cli.commands.get(name)
+        if fenced is not None:
+            cli.add_command(remote_fenced_command(fenced, call))

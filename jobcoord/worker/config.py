@@ -30,6 +30,9 @@ class WorkerConfig:
     log_format: str = "text"
     #: Database URL handed to commands (JOBCOORD_URL).
     database_url: str | None = None
+    #: What a remote worker hands its commands instead (JOBCOORD_SERVER, JOBCOORD_TOKEN_FILE,
+    #: JOBCOORD_CA_FILE), so `jobcoord checkpoint` / `effect` reach the same server.
+    server_env: dict[str, str] = field(default_factory=dict)
     #: Stop after this many jobs were claimed (None: no limit).
     max_jobs: int | None = None
     #: Exit once nothing is running and a claim gets nothing, whatever the reason (no job,
@@ -103,7 +106,8 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
                 timeouts: tuple[str, ...], max_results: tuple[str, ...],
                 readings_override: str | None, log_format: str, max_jobs: Any, burst: bool,
                 database_url: str | None, policy: Any, flush_delay: Any = "0.005",
-                batch: bool = True, tenant: str | None = None) -> WorkerConfig:
+                batch: bool = True, tenant: str | None = None,
+                server_env: dict[str, str] | None = None) -> WorkerConfig:
     """Validate the `jobcoord worker` options into a WorkerConfig (InvalidInput on any
     mistake, before anything runs)."""
     import dataclasses
@@ -149,7 +153,7 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
         grace_s=v.seconds(grace, "grace", 0, 24 * 3600.0),
         kill_grace_s=v.seconds(kill_grace, "kill-grace", 0, 3600.0),
         readings_override=parse_override(readings_override), log_format=log_format,
-        database_url=database_url,
+        database_url=database_url, server_env=dict(server_env or {}),
         max_jobs=None if max_jobs is None else v.integer(max_jobs, "max-jobs", 1, 2**31),
         burst=burst, batch=batch,
         flush_delay_s=v.seconds(flush_delay, "flush-delay", 0, 1.0),

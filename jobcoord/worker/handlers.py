@@ -148,6 +148,10 @@ def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
     return lambda: box.get("out")
 
 
+#: The variables that point a command's `jobcoord checkpoint` / `effect` at a server.
+SERVER_ENV = ("JOBCOORD_SERVER", "JOBCOORD_TOKEN_FILE", "JOBCOORD_CA_FILE")
+
+
 def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
     """The command's environment: the worker's, plus the job's JOBCOORD_* variables."""
     env = dict(os.environ)
@@ -167,8 +171,14 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
     env["JOBCOORD_CHECKPOINTS_FILE"] = path
     if len(text.encode()) <= CHECKPOINTS_ENV_MAX_BYTES:
         env["JOBCOORD_CHECKPOINTS"] = text
+    # Where the command's own `jobcoord` calls go: this worker's database or server, never
+    # one inherited from the worker's environment (another database, or a server beside a
+    # local worker's database).
+    for name in ("JOBCOORD_URL", *SERVER_ENV):
+        env.pop(name, None)
     if run.w.config.database_url:
         env["JOBCOORD_URL"] = run.w.config.database_url
+    env.update(run.w.config.server_env)
     # Files the command leaves here are staged as artifacts before its completion is sent.
     from ..artifacts.rules import make_outdir
 
