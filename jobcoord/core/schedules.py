@@ -333,14 +333,14 @@ def _catchup_max(s: Mapping[str, Any]) -> int:
     return min(int(s["catchup_max"]), MAX_CATCHUP)
 
 
-def _plan(s: Mapping[str, Any], now: int) -> Due | str:
-    """The slots a tick at `now` handles of due schedule `s`: the on-time ones, and the
-    latest late ones that catch-up may fire or that get a row each as missed. Or why its
-    stored row cannot be ticked: a value of the wrong type or past the calendar, neither a
-    cron nor an interval (or an interval under a second), a cron that does not parse, slots
-    or windows that leave the calendar. Computed before anything is written, from what a
-    tick computes: a damaged row once stopped every schedule (the tick's one transaction
-    failed on it, exit 1, in every ticker)."""
+def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str:
+    """The slots a tick at `now` handles of due schedule `s` (from `first`, else its next
+    slot): the on-time ones, and the latest late ones that catch-up may fire or that get a
+    row each as missed. Or why its stored row cannot be ticked: a value of the wrong type
+    or past the calendar, neither a cron nor an interval (or an interval under a second), a
+    cron that does not parse, slots or windows that leave the calendar. Computed before
+    anything is written, from what a tick computes: a damaged row once stopped every
+    schedule (the tick's one transaction failed on it, exit 1, in every ticker)."""
     from .. import stored
     from ..schema import schedules
 
@@ -351,7 +351,7 @@ def _plan(s: Mapping[str, Any], now: int) -> Due | str:
             raise ValueError("it has neither a cron nor an interval")
         if timing.every_us is not None and timing.every_us < MICROS:
             raise ValueError(f"its interval {timing.every_us} us is under a second")
-        due = timing.due(s["next_slot_at"], now,
+        due = timing.due(s["next_slot_at"] if first is None else first, now,
                          since=now - ON_TIME_S * MICROS,
                          older=_catchup_max(s) + MAX_MISSED_ROWS)
         window = s["window_us"]
@@ -362,6 +362,27 @@ def _plan(s: Mapping[str, Any], now: int) -> Due | str:
     except Exception as e:  # whatever the row makes the slot arithmetic raise
         return f"{type(e).__name__}: {str(e)[:200]} (written outside jobcoord)"
     return due
+
+
+def _replan(planned: tuple[dict[str, Any], int, Due | str] | None, s: dict[str, Any],
+            now: int) -> Due | str:
+    """The slots due at `now` (read under the write lock) of schedule row `s`, from those
+    planned before the lock: only the slots that came due since are computed here (none
+    or one, normally). A row that changed meanwhile, or was not planned, is planned
+    afresh."""
+    if planned is None or planned[0] != s or now < planned[1]:  # (or the clock stepped back)
+        return _plan(s, now)
+    due = planned[2]
+    if isinstance(due, str) or due.after > now:
+        return due
+    more = _plan(s, now, due.after)
+    if isinstance(more, str):
+        return more
+    if more.passed == 0:
+        return Due(due.slots + more.slots, due.passed, more.after)
+    passed = None if due.passed is None or more.passed is None else (
+        due.passed + len(due.slots) + more.passed)
+    return Due(more.slots, passed, more.after)
 
 
 def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
@@ -375,16 +396,22 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
         return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "missed_exact": True,
                 "schedules": [], "unreadable": []}
 
-    if ctx.db.read(lambda conn: ctx.db.run(conn, sql.ANY_DUE, {"now": now_us()}).first(),
-                   "schedule tick") is None:
-        return {**_empty(), "at": now_us()}
+    then = now_us()
+    rows = ctx.db.read(lambda conn: [_row(r) for r in ctx.db.run(
+        conn, sql.DUE_TO_PLAN, {"now": then, "limit": limit}).all()], "schedule tick")
+    if not rows:
+        return {**_empty(), "at": then}
+    # The slots are computed here, outside any transaction: it is arithmetic on the rows,
+    # and the write lock (SQLite's, held by one writer at a time) is taken only for the
+    # inserts. The write re-reads each row and uses this plan while the row is unchanged.
+    plans = {s["schedule_id"]: (s, then, _plan(s, then)) for s in rows}
 
     def _do(conn: Connection) -> dict[str, Any]:
         out = _empty()  # afresh on a busy retry
         now = now_us()
         for row in ctx.db.run(conn, sql.DUE_SCHEDULES, {"now": now, "limit": limit}).all():
             s = _row(row)
-            due = _plan(s, now)
+            due = _replan(plans.get(s["schedule_id"]), s, now)
             if isinstance(due, str):
                 # Written outside jobcoord: left as it is, said in every tick's answer, and
                 # never in the way of the schedules after it.
