@@ -73,7 +73,7 @@ def tick_schedules(coordinator: Any) -> dict[str, Any]:
         print(f"jobcoord: schedule tick skipped ({code}): {message}", file=sys.stderr,
               flush=True)
         return {"error": {"code": code, "message": message}}
-    return {k: got[k] for k in ("fired", "missed", "skipped", "queued")}
+    return {k: got[k] for k in ("fired", "missed", "missed_exact", "skipped", "queued")}
 
 
 def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
@@ -125,7 +125,8 @@ def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
                      f"{result['cancelled']} cancelled; {result['deadline_dead']} past "
                      "deadline")
             if any(ticked.get(k) for k in ("fired", "missed", "skipped", "queued")):
-                _out(f"schedules: fired {ticked['fired']}, missed {ticked['missed']}, "
+                _out(f"schedules: fired {ticked['fired']}, missed {ticked['missed']}"
+                     f"{'' if ticked['missed_exact'] else ' or more'}, "
                      f"skipped {ticked['skipped']}, queued {ticked['queued']}")
         stop.wait(interval)
     return EXIT_INTERRUPTED if interrupted.is_set() else 0

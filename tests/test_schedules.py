@@ -326,8 +326,8 @@ def test_a_tick_with_nothing_due_takes_no_write_lock(sqlite_target: Any) -> None
             other.close()
         plan = c.db.read(lambda conn: conn.exec_driver_sql(
             "EXPLAIN QUERY PLAN " + __import__(
-                "jobcoord.store.schedule_statements", fromlist=["ANY_DUE"]).ANY_DUE.sqlite,
-            {"now": 0}).all())
+                "jobcoord.store.schedule_statements", fromlist=["DUE_TO_PLAN"]
+            ).DUE_TO_PLAN.sqlite, {"now": 0, "limit": 100}).all())
         assert "ix_schedules_due_at" in " ".join(str(r) for r in plan)
 
 

@@ -119,7 +119,8 @@ def tick(s: Settings, limit: str, as_json: bool) -> None:
     once the others were ticked."""
     got = s.coordinator().tick_schedules(limit=limit)
     bad = got.get("unreadable") or []
-    emit(as_json, got, lambda: f"fired {got['fired']}, missed {got['missed']}, skipped "
+    emit(as_json, got, lambda: f"fired {got['fired']}, missed {got['missed']}"
+         f"{'' if got['missed_exact'] else ' or more (older slots not counted)'}, skipped "
          f"{got['skipped']}, queued {got['queued']}" + "".join(
              f"\nunreadable schedule {safe_text(u['name'])}: {safe_text(u['detail'])}"
              for u in bad), code=7 if bad else 0)

@@ -24,7 +24,7 @@ from ..clock import MICROS, iso, now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import schedule_statements as sql
 from .common import DEFAULT_TENANT, Context
-from .slots import Timing, cron_timing
+from .slots import Due, Timing, cron_timing
 from .submit import CheckedSpec, JobSpec, check_spec, insert
 
 #: How old a slot may be when a tick finds it and still count as on time (not missed).
@@ -288,45 +288,55 @@ class _Tick:
         self.make_job(fire_id, slot)
         self.counts["fired"] += 1
 
-    def run(self) -> dict[str, Any]:
+    def run(self, due: Due) -> dict[str, Any]:
+        """Handle the slots `_plan` found due (the latest ones up to `now`)."""
         s, now = self.s, self.now
         self.release_queued()
-        slots, passed, after = _timing_of(s).due(s["next_slot_at"], now)
-        on_time = [x for x in slots if now - x < ON_TIME_S * MICROS]
-        late = [x for x in slots if now - x >= ON_TIME_S * MICROS]
+        on_time = [x for x in due.slots if now - x < ON_TIME_S * MICROS]
+        late = [x for x in due.slots if now - x >= ON_TIME_S * MICROS]
         catch_up: list[int] = []
         if s["catchup"] == "latest" and late and not on_time:
             catch_up = late[-1:]
         elif s["catchup"] == "all":
-            catch_up = late[-s["catchup_max"]:]
+            catch_up = late[-_catchup_max(s):]
         chosen = set(catch_up)
         missed = [x for x in late if x not in chosen]
         if missed:
-            self.record_missed(missed, passed)
+            self.record_missed(missed, due.passed)
         for slot in (*catch_up, *on_time):
             self.fire(slot)
-        due = now if self.queued is not None else after
+        after = due.after
+        due_at = now if self.queued is not None else after
         self.ctx.db.run(self.conn, sql.ADVANCE_SCHEDULE, {
-            "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due,
+            "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due_at,
             "queued_slot_at": self.queued, "now": now})
-        return {"schedule": s["name"], **self.counts, "jobs": self.jobs,
-                "next_fire_at": after}
+        return {"schedule": s["name"], **self.counts, "missed_exact": due.passed is not None,
+                "jobs": self.jobs, "next_fire_at": after}
 
-    def record_missed(self, missed: list[int], passed: int) -> None:
+    def record_missed(self, missed: list[int], passed: int | None) -> None:
         """Each missed slot gets its row (the latest MAX_MISSED_ROWS of them); the earliest
-        row counts the older ones it stands for."""
+        row counts the older ones it stands for, or says "many" when they were not counted
+        (a cron after more slots than a tick handles)."""
         rows = missed[-MAX_MISSED_ROWS:]
-        older = len(missed) - len(rows) + max(passed, 0)
+        older = len(missed) - len(rows) + (passed or 0)
         for i, slot in enumerate(rows):
             detail: dict[str, Any] = {"because": "late", "catchup": self.s["catchup"]}
-            if i == 0 and (older or passed < 0):
-                detail["older_missed"] = older if passed >= 0 else "many"
+            if i == 0 and (older or passed is None):
+                detail["older_missed"] = older if passed is not None else "many"
             self.record(slot, "missed", detail)
         self.counts["missed"] += older
 
 
-def _damaged(s: Mapping[str, Any], now: int) -> str | None:
-    """Why a due schedule's stored row cannot be ticked, or None: a value of the wrong type
+def _catchup_max(s: Mapping[str, Any]) -> int:
+    """all:N's N; a row written outside jobcoord with more still fires at most
+    MAX_CATCHUP, so the slots a tick computes stay bounded."""
+    return min(int(s["catchup_max"]), MAX_CATCHUP)
+
+
+def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str:
+    """The slots a tick at `now` handles of due schedule `s` (from `first`, else its next
+    slot): the on-time ones, and the latest late ones that catch-up may fire or that get a
+    row each as missed. Or why its stored row cannot be ticked: a value of the wrong type
     or past the calendar, neither a cron nor an interval (or an interval under a second), a
     cron that does not parse, slots or windows that leave the calendar. Computed before
     anything is written, from what a tick computes: a damaged row once stopped every
@@ -341,44 +351,76 @@ def _damaged(s: Mapping[str, Any], now: int) -> str | None:
             raise ValueError("it has neither a cron nor an interval")
         if timing.every_us is not None and timing.every_us < MICROS:
             raise ValueError(f"its interval {timing.every_us} us is under a second")
-        slots, _, after = timing.due(s["next_slot_at"], now)
+        due = timing.due(s["next_slot_at"] if first is None else first, now,
+                         since=now - ON_TIME_S * MICROS,
+                         older=_catchup_max(s) + MAX_MISSED_ROWS)
         window = s["window_us"]
-        for slot in (*slots, after):
+        for slot in (*due.slots, due.after):
             iso(slot)
             if window is not None:
                 iso(slot + window)
     except Exception as e:  # whatever the row makes the slot arithmetic raise
         return f"{type(e).__name__}: {str(e)[:200]} (written outside jobcoord)"
-    return None
+    return due
+
+
+def _replan(planned: tuple[dict[str, Any], int, Due | str] | None, s: dict[str, Any],
+            now: int) -> Due | str:
+    """The slots due at `now` (read under the write lock) of schedule row `s`, from those
+    planned before the lock: only the slots that came due since are computed here (none
+    or one, normally). A row that changed meanwhile, or was not planned, is planned
+    afresh."""
+    if planned is None or planned[0] != s or now < planned[1]:  # (or the clock stepped back)
+        return _plan(s, now)
+    due = planned[2]
+    if isinstance(due, str) or due.after > now:
+        return due
+    more = _plan(s, now, due.after)
+    if isinstance(more, str):
+        return more
+    if more.passed == 0:
+        return Due(due.slots + more.slots, due.passed, more.after)
+    passed = None if due.passed is None or more.passed is None else (
+        due.passed + len(due.slots) + more.passed)
+    return Due(more.slots, passed, more.after)
 
 
 def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
     """Fire what is due. Cheap when nothing is: one read of the due index, no write lock.
+    `missed` counts the missed slots exactly unless `missed_exact` is false: a cron after
+    more slots than a tick handles, whose older slots are not walked through to count them.
     Times in the answer are microseconds (present.ticked_json makes them ISO text)."""
     limit = v.whole(limit, "limit", 1, 10_000)
 
     def _empty() -> dict[str, Any]:
-        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "schedules": [],
-                "unreadable": []}
+        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "missed_exact": True,
+                "schedules": [], "unreadable": []}
 
-    if ctx.db.read(lambda conn: ctx.db.run(conn, sql.ANY_DUE, {"now": now_us()}).first(),
-                   "schedule tick") is None:
-        return {**_empty(), "at": now_us()}
+    then = now_us()
+    rows = ctx.db.read(lambda conn: [_row(r) for r in ctx.db.run(
+        conn, sql.DUE_TO_PLAN, {"now": then, "limit": limit}).all()], "schedule tick")
+    if not rows:
+        return {**_empty(), "at": then}
+    # The slots are computed here, outside any transaction: it is arithmetic on the rows,
+    # and the write lock (SQLite's, held by one writer at a time) is taken only for the
+    # inserts. The write re-reads each row and uses this plan while the row is unchanged.
+    plans = {s["schedule_id"]: (s, then, _plan(s, then)) for s in rows}
 
     def _do(conn: Connection) -> dict[str, Any]:
         out = _empty()  # afresh on a busy retry
         now = now_us()
         for row in ctx.db.run(conn, sql.DUE_SCHEDULES, {"now": now, "limit": limit}).all():
             s = _row(row)
-            why = _damaged(s, now)
-            if why is not None:
+            due = _replan(plans.get(s["schedule_id"]), s, now)
+            if isinstance(due, str):
                 # Written outside jobcoord: left as it is, said in every tick's answer, and
                 # never in the way of the schedules after it.
-                out["unreadable"].append({"name": str(s["name"])[:200], "detail": why})
+                out["unreadable"].append({"name": str(s["name"])[:200], "detail": due})
                 continue
-            done = _Tick(ctx, conn, s, now).run()
+            done = _Tick(ctx, conn, s, now).run(due)
             for k in ("fired", "missed", "skipped", "queued"):
                 out[k] += done[k]
+            out["missed_exact"] = out["missed_exact"] and done["missed_exact"]
             out["schedules"].append(done)
         out["at"] = now
         return out

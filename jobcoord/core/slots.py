@@ -22,9 +22,6 @@ from ..errors import InvalidInput
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US = timedelta(microseconds=1)
-#: Enumerating more due slots than this in one tick (a minute cron after months asleep)
-#: would hold the write lock for seconds: the rest are counted as missed without a row each.
-MAX_SLOTS_PER_TICK = 100_000
 
 
 def zone(name: object) -> ZoneInfo:
@@ -69,33 +66,85 @@ class Timing:
             nxt = to_us(next(it))
         return nxt
 
-    def due(self, first: int, now: int) -> tuple[list[int], int, int]:
-        """The slots from `first` (itself a slot) up to `now`, ascending, at most
-        `MAX_SLOTS_PER_TICK` of them; how many more were passed over (0 normally; -1: an
-        unknown number, after a cron's list reached the bound); the first slot after `now`.
-        An interval keeps the latest slots; a cron, walked forward, keeps the earliest."""
+    def due(self, first: int, now: int, *, since: int, older: int) -> Due:
+        """The slots from `first` (itself a slot) up to `now` that a tick handles: every one
+        after `since`, and the latest `older` ones at or before it. The cost is those slots,
+        never the length of the gap: a cron is walked back from `now` (months asleep are
+        not walked through), an interval is arithmetic."""
         if first > now:
-            return [], 0, first
+            return Due((), 0, first)
         if self.every_us is not None:
-            last = now - now % self.every_us
-            count = (last - first) // self.every_us + 1
-            start = max(first, last - (MAX_SLOTS_PER_TICK - 1) * self.every_us)
-            slots = list(range(start, last + 1, self.every_us))
-            return slots, count - len(slots), last + self.every_us
+            every = self.every_us
+            count = (now - first) // every + 1  # first, first + every, ... up to now
+            recent = max(0, min(count, count - (since - first) // every - 1))
+            keep = min(count, recent + older)
+            start = first + (count - keep) * every
+            return Due(tuple(range(start, first + count * every, every)), count - keep,
+                       first + count * every)
+        extra = 0
+        while True:
+            start = self._start_of_latest(first, now, since, older + extra)
+            slots, after = self._walk(first, start, now)
+            recent = sum(1 for x in slots if x > since)
+            if start is None or len(slots) - recent >= older:
+                break
+            # The walk back found a slot the walk forward does not (a daylight saving
+            # night in a zone that shifts by half an hour): start further back.
+            extra = 2 * extra + 1
+        keep = min(len(slots), recent + older)
+        passed = None if start is not None else len(slots) - keep
+        return Due(tuple(slots[len(slots) - keep:]), passed, after)
+
+    def _walk(self, first: int, start: int | None, now: int) -> tuple[list[int], int]:
+        """A cron's slots up to `now` from `first` (start None) or after `start`, and the
+        first slot after `now`."""
         assert self.cron is not None
-        tz = zone(self.tz or "UTC")
-        slots = [first]
-        it = CronSim(self.cron, from_us(first, tz))
+        slots = [first] if start is None else []
+        last = first if start is None else start
+        it = CronSim(self.cron, from_us(last, zone(self.tz or "UTC")))
         while True:
             nxt = to_us(next(it))
-            if nxt <= slots[-1]:  # never a slot twice, never backwards (see next_after)
+            if nxt <= last:  # never a slot twice, never backwards (see next_after)
                 continue
             if nxt > now:
-                return slots, 0, nxt
-            if len(slots) >= MAX_SLOTS_PER_TICK:
-                # Months of a minute cron: jump to the present instead of walking it.
-                return slots, -1, self.next_after(now)
+                return slots, nxt
             slots.append(nxt)
+            last = nxt
+
+    def _start_of_latest(self, first: int, now: int, since: int, older: int) -> int | None:
+        """Where a forward walk finds the latest slots: None when they reach back to
+        `first` (walk from it, every slot counted), else a slot older than every one
+        kept, after which the walk starts (the ones before it are not counted).
+
+        Found by cronsim's walk backwards from `now`; the forward walk stays the one
+        definition of the slots (the two can differ by a slot on a daylight saving night in
+        a zone that shifts by half an hour), this only says where it starts."""
+        back = CronSim(self.cron or "", from_us(now + 1, zone(self.tz or "UTC")), reverse=True)
+        seen_older = 0
+        while True:
+            try:
+                slot = to_us(next(back))
+            except StopIteration:  # no slot for decades back
+                return None
+            if slot > now:  # never, said rather than assumed (DST fix-ups step forward)
+                continue
+            if slot <= first:
+                return None
+            if slot <= since:
+                seen_older += 1
+                if seen_older > older:
+                    return slot
+
+
+@dataclass(frozen=True)
+class Due:
+    """What a tick handles of a schedule: `slots`, ascending, the latest up to now; how
+    many slots before them were passed over, or None when they were not counted (a cron
+    after more slots than the tick handles); the first slot after now."""
+
+    slots: tuple[int, ...]
+    passed: int | None
+    after: int
 
 
 def cron_timing(expr: object, tz: object) -> Timing:

@@ -334,7 +334,8 @@ class RemoteCoordinator:
 
     def tick_schedules(self, *, limit: int = 100) -> dict[str, Any]:
         """Schedules tick on the server's timer too: nothing to do here."""
-        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "schedules": []}
+        return {"fired": 0, "missed": 0, "skipped": 0, "queued": 0, "missed_exact": True,
+                "schedules": []}
 
     # -- submitting (for scripts and benchmarks) --
 

@@ -52,8 +52,11 @@ SET_PAUSED = SQL(
             queued_slot_at=P("queued_slot_at"), updated_at=P("now")))
 DELETE_SCHEDULE = SQL(delete(schedules).where(S.schedule_id == P("schedule_id")))
 
-#: Is anything due? The tick's first read, without the write lock.
-ANY_DUE = SQL(select(const(1)).where(S.due_at <= P("now")).limit(const(1)))
+#: What is due: the tick's first read, without the write lock, whose slots it computes
+#: before taking that lock.
+DUE_TO_PLAN = SQL(
+    select(*SCHEDULE_COLUMNS).where(S.due_at <= P("now"))
+    .order_by(S.due_at).limit(P("limit")))
 
 #: Record a handled slot; returns its id, or nothing when that slot was handled already.
 INSERT_FIRE = SQL(

@@ -249,7 +249,9 @@ class Worker:
                 else:
                     if ticked["fired"] or ticked["missed"] or ticked["queued"]:
                         self.log("schedules_ticked", fired=ticked["fired"],
-                                 missed=ticked["missed"], skipped=ticked["skipped"],
+                                 missed=ticked["missed"],
+                                 missed_exact=ticked.get("missed_exact", True),
+                                 skipped=ticked["skipped"],
                                  queued=ticked["queued"])
                         if ticked["fired"]:
                             self.wake.set()
