@@ -59,6 +59,39 @@ def test_running_jobs_declared_needs_are_subtracted_per_gpu(coord, clock):
     assert coord.claim("w1")["job"]["job_id"] == ids[3]
 
 
+def test_a_running_job_that_no_longer_fits_still_counts_against_the_gpu(coord, clock):
+    """Less free memory reported never admits more work: a running job whose declared
+    gpu_mem_mb no longer fits what its GPU reports is still subtracted (going below zero),
+    in the claim and in explain alike."""
+    beat(coord, "w1", gpus=[gpu(10000)])
+    coord.enqueue("train", {}, needs={"gpu_mem_mb": 8000})
+    assert coord.claim("w1")["job"] is not None
+    b = coord.enqueue("train", {}, needs={"gpu_mem_mb": 2000})["job_id"]
+    for free in (9000, 7000, 0):
+        beat(coord, "w1", gpus=[gpu(free)])
+        refused = coord.claim("w1")
+        assert refused["reason"] == "resource_short", (free, refused)
+        assert f"the most any GPU has free is {free - 8000} " in refused["detail"]
+        told = coord.explain(b)
+        assert told["claimable_now"] is False and told["reasons"][0]["code"] == "resource_short"
+
+
+def test_a_running_job_that_fits_no_gpu_is_counted_on_the_one_with_the_most_left(coord, clock):
+    """With several GPUs, a running job that fits none of them is placed on the GPU with the
+    most memory left, whose free memory goes below zero; the other GPUs keep theirs."""
+    beat(coord, "w1", gpus=[gpu(10000), gpu(3000)])
+    coord.enqueue("train", {}, needs={"gpu_mem_mb": 8000})
+    assert coord.claim("w1")["job"] is not None
+    beat(coord, "w1", gpus=[gpu(3000), gpu(5000)])
+    too_big = coord.enqueue("train", {}, needs={"gpu_mem_mb": 3001})["job_id"]
+    refused = coord.claim("w1")
+    assert refused["reason"] == "resource_short"
+    assert "the most any GPU has free is 3000 " in refused["detail"]  # GPU 1: 5000 - 8000
+    fits = coord.enqueue("train", {}, needs={"gpu_mem_mb": 3000})["job_id"]
+    assert coord.claim("w1")["job"]["job_id"] == fits
+    assert coord.explain(too_big)["claimable_now"] is False
+
+
 def test_ram_and_named_capacity_fit_after_running_jobs(coord, clock):
     beat(coord, "w1", memory_available_mb=10000, capacity={"slots": 2})
     a = coord.enqueue("k", {}, needs="ram_mb=6000,slots=1")["job_id"]

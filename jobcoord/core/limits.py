@@ -144,16 +144,19 @@ def short_resource(needs: Mapping[str, int], capacity: Capacity,
     """Which of `needs` does not fit what the worker reported free minus what its running
     jobs declared, in words; None when all fit."""
     # The running jobs' GPU memory is placed first-fit in claim order, as the worker would
-    # have placed them; the candidate then needs one GPU with enough left.
+    # have placed them; the candidate then needs one GPU with enough left. A running job
+    # that fits no GPU (its GPU now reports less free than it declared) is still counted,
+    # on the GPU with the most left, which goes below zero: less memory reported must never
+    # leave room for more work.
     gpus = [g or 0 for g in capacity.gpus]
     used: dict[str, int] = {}
     for job in running:
         for name, amount in job.needs.items():
             if name == GPU_MEMORY:
-                for i, left in enumerate(gpus):
-                    if left >= amount:
-                        gpus[i] = left - amount
-                        break
+                if gpus:
+                    i = next((i for i, left in enumerate(gpus) if left >= amount),
+                             gpus.index(max(gpus)))
+                    gpus[i] -= amount
             else:
                 used[name] = used.get(name, 0) + amount
     for name, amount in needs.items():
