@@ -503,6 +503,8 @@ def test_checkpointed_remote_id_is_resumed_after_sigkill_not_resubmitted(db, sta
     (("--app", "examples.handlers:summarize"), "not a jobcoord.app.App"),
     (("--exec", f"summarize={CMD}", "--timeout", "other=5"), "no handler for kind"),
     (("--exec", f"summarize={CMD}", "--readings-override", '{"cpu": 1}'), "unknown reading"),
+    (("--exec", f"summarize={CMD}", "--readings-override", '{"capacity": {"ram_mb": 1}}'),
+     "memory_available_mb"),
     (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
     (("--exec", f"summarize={CMD}", "--tenant", "two words"), "tenant: 'two words' may use"),
     (("--exec", f"summarize={CMD}", "--tenant", ""), "tenant: must not be empty"),

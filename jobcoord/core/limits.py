@@ -36,9 +36,9 @@ FIRST_READ, PAGE = 8, 2048
 #: jobs are read and judged one by one, as any.
 MAX_SKIPPED = 16
 #: The resource matched against one GPU's free memory (a job does not span GPUs).
-GPU_MEMORY = "gpu_mem_mb"
+GPU_MEMORY = v.GPU_MEMORY
 #: The resource matched against the worker's `memory_available_mb` reading.
-RAM = "ram_mb"
+RAM = v.RAM
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,10 @@ def capacity_of(raw: str | None) -> Capacity:
     if isinstance(readings.get("memory_available_mb"), int):
         named[RAM] = readings["memory_available_mb"]
     for name, amount in (readings.get("capacity") or {}).items():
-        named[name] = int(amount)
+        # A heartbeat stored before such names were refused may still carry one: the
+        # reading it would override is the only source of that amount.
+        if name not in v.MATCHED_ELSEWHERE:
+            named[name] = int(amount)
     return Capacity(gpus, named)
 
 
