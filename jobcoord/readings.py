@@ -246,6 +246,9 @@ def parse_override(text: str | None) -> dict[str, Any]:
         raise InvalidInput("invalid_input", f"--readings-override: unknown reading(s) "
                            f"{', '.join(unknown)}; known: "
                            f"{', '.join((*READING_KEYS, *RESOURCE_KEYS))}")
+    if isinstance(value.get("capacity"), dict) and value["capacity"]:
+        # Refused before the worker starts, not on its every heartbeat.
+        v.capacity(value["capacity"], "--readings-override: capacity")
     return value
 
 

@@ -483,6 +483,32 @@ def resources(value: Any, field: str, *, lo: int = 1) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+#: The resource matched against one GPU's free memory (a job does not span GPUs).
+GPU_MEMORY = "gpu_mem_mb"
+#: The resource matched against the worker's `memory_available_mb` reading.
+RAM = "ram_mb"
+#: The resources a claim matches against readings of their own (core.limits), never against
+#: a heartbeat's named capacity, and where each one's amount comes from.
+MATCHED_ELSEWHERE = {
+    RAM: "the readings' memory_available_mb (the worker's free RAM)",
+    GPU_MEMORY: "each GPU's memory_free_mb in the readings' gpus (a job's gpu_mem_mb fits "
+                "on one GPU)",
+}
+
+
+def capacity(value: Any, field: str) -> dict[str, int]:
+    """A heartbeat's named capacity: `resources` from 0, none of them a name a claim matches
+    against another reading (such an entry would either override that reading or be
+    ignored beside it, and the worker could not tell which)."""
+    named = resources(value, field, lo=0)
+    for name in named:
+        source = MATCHED_ELSEWHERE.get(name)
+        if source is not None:
+            raise _bad(field, f"{name} is not a capacity name: a claim matches {name} "
+                       f"against {source}; report it there")
+    return named
+
+
 def payload_field(value: Any, field: str) -> str:
     """The name of a top-level payload field (a limit's key)."""
     text = utf8_text(value, field, max_len=MAX_NAME)

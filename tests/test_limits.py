@@ -198,3 +198,44 @@ def test_a_tenant_bound_claim_and_explain_name_no_other_tenants_holders(coord, c
     everyone = coord.explain(waiting)
     assert [h["job_id"] for h in everyone["limit"]["holders"]] == [mine, theirs]
     assert f"job {theirs} on bob-box" in str(everyone)
+
+
+#: More held jobs ahead of the eligible one than a claim reads in one statement (2,048), twice
+#: over, so the claim must read on past several of its reads.
+BACKLOG = 4200
+
+
+@pytest.mark.parametrize("held", ["limit", "keyed_limit", "needs", "needs_all_different"])
+def test_a_claim_never_answers_concurrency_limit_or_resource_short_while_an_eligible_job_exists(
+        coord, clock, held: str):
+    """However many held jobs come first in claim order, the claim (and a batch claim) takes
+    the eligible job behind them, and says why nothing fits only once nothing does."""
+    reason = "resource_short" if held.startswith("needs") else "concurrency_limit"
+    coord.heartbeat("w1", readings={**IDLE_ON_AC, "memory_available_mb": 1000})
+    coord.heartbeat("w2", readings={**IDLE_ON_AC, "memory_available_mb": 1000})
+    if reason == "concurrency_limit":
+        coord.set_limit("llm", 1, key="model" if held == "keyed_limit" else None)
+        coord.enqueue("llm", {"model": "m"}, priority=0)
+        assert coord.claim("w1")["job"]["kind"] == "llm"
+    coord.enqueue_many([
+        {"kind": "llm", "payload": {"model": "m", "i": i}, "priority": 0,
+         "needs": ({"ram_mb": 64000 + (i if held == "needs_all_different" else 0)}
+                   if reason == "resource_short" else None)}
+        for i in range(BACKLOG)])
+    behind = coord.enqueue("thumbnail", {}, priority=1)["job_id"]
+    assert coord.explain(behind)["claimable_now"] is True
+    got = coord.claim("w2")
+    assert got["job"] is not None and got["job"]["job_id"] == behind, got
+    batch = [coord.enqueue("thumbnail", {"n": n}, priority=3)["job_id"] for n in range(2)]
+    many = coord.claim_many("w2", 5)
+    assert [g["job"]["job_id"] for g in many["claimed"]] == batch, many["reason"]
+    # A claim bound to kinds reads per kind, one bound to a tenant its tenant's: the same.
+    for bound in ({"kinds": ["llm", "thumbnail"]}, {"tenant": "default"}):
+        last = coord.enqueue("thumbnail", {"n": 9}, priority=3)["job_id"]
+        got = coord.claim("w2", **bound)
+        assert got["job"] is not None and got["job"]["job_id"] == last, (bound, got)
+    # Now nothing else fits: the reason, never another job.
+    refused = coord.claim("w2")
+    assert refused["job"] is None and refused["reason"] == reason
+    assert coord.claim_many("w2", 5)["reason"] == reason
+    assert coord.status()["jobs"]["waiting"] == BACKLOG

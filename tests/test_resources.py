@@ -59,6 +59,39 @@ def test_running_jobs_declared_needs_are_subtracted_per_gpu(coord, clock):
     assert coord.claim("w1")["job"]["job_id"] == ids[3]
 
 
+def test_a_running_job_that_no_longer_fits_still_counts_against_the_gpu(coord, clock):
+    """Less free memory reported never admits more work: a running job whose declared
+    gpu_mem_mb no longer fits what its GPU reports is still subtracted (going below zero),
+    in the claim and in explain alike."""
+    beat(coord, "w1", gpus=[gpu(10000)])
+    coord.enqueue("train", {}, needs={"gpu_mem_mb": 8000})
+    assert coord.claim("w1")["job"] is not None
+    b = coord.enqueue("train", {}, needs={"gpu_mem_mb": 2000})["job_id"]
+    for free in (9000, 7000, 0):
+        beat(coord, "w1", gpus=[gpu(free)])
+        refused = coord.claim("w1")
+        assert refused["reason"] == "resource_short", (free, refused)
+        assert f"the most any GPU has free is {free - 8000} " in refused["detail"]
+        told = coord.explain(b)
+        assert told["claimable_now"] is False and told["reasons"][0]["code"] == "resource_short"
+
+
+def test_a_running_job_that_fits_no_gpu_is_counted_on_the_one_with_the_most_left(coord, clock):
+    """With several GPUs, a running job that fits none of them is placed on the GPU with the
+    most memory left, whose free memory goes below zero; the other GPUs keep theirs."""
+    beat(coord, "w1", gpus=[gpu(10000), gpu(3000)])
+    coord.enqueue("train", {}, needs={"gpu_mem_mb": 8000})
+    assert coord.claim("w1")["job"] is not None
+    beat(coord, "w1", gpus=[gpu(3000), gpu(5000)])
+    too_big = coord.enqueue("train", {}, needs={"gpu_mem_mb": 3001})["job_id"]
+    refused = coord.claim("w1")
+    assert refused["reason"] == "resource_short"
+    assert "the most any GPU has free is 3000 " in refused["detail"]  # GPU 1: 5000 - 8000
+    fits = coord.enqueue("train", {}, needs={"gpu_mem_mb": 3000})["job_id"]
+    assert coord.claim("w1")["job"]["job_id"] == fits
+    assert coord.explain(too_big)["claimable_now"] is False
+
+
 def test_ram_and_named_capacity_fit_after_running_jobs(coord, clock):
     beat(coord, "w1", memory_available_mb=10000, capacity={"slots": 2})
     a = coord.enqueue("k", {}, needs="ram_mb=6000,slots=1")["job_id"]
@@ -136,6 +169,63 @@ def test_bad_resource_readings_are_refused_and_change_nothing(coord, readings):
     with pytest.raises(InvalidInput):
         coord.heartbeat("w1", readings=readings)
     assert dump(coord) == before
+
+
+#: The resources a claim matches against readings of their own, and the reading each
+#: refusal must name.
+MATCHED_ELSEWHERE = [("ram_mb", "memory_available_mb"), ("gpu_mem_mb", "memory_free_mb")]
+
+
+@pytest.mark.parametrize("name, source", MATCHED_ELSEWHERE)
+def test_a_capacity_named_like_a_resource_matched_elsewhere_is_refused(coord, clock, name,
+                                                                       source):
+    """`ram_mb` comes from memory_available_mb and `gpu_mem_mb` from the GPUs' free memory:
+    a named capacity of either name would override (or be ignored beside) that reading."""
+    beat(coord, "w1", memory_available_mb=1000, gpus=[gpu(1000)])
+    job = coord.enqueue("big", {}, needs={name: 64000})["job_id"]
+    before = dump(coord)
+    for capacity in ({name: 999999}, {"slots": 2, name: 999999}):
+        with pytest.raises(InvalidInput) as e:
+            beat(coord, "w1", memory_available_mb=1000, gpus=[gpu(1000)], capacity=capacity)
+        assert e.value.code == "invalid_input"
+        assert name in e.value.message and source in e.value.message, e.value.message
+        assert dump(coord) == before
+    refused = coord.claim("w1")
+    assert refused["job"] is None and refused["reason"] == "resource_short"
+    assert coord.show(job)["job"]["status"] == "waiting"
+
+
+@pytest.mark.parametrize("name, source", MATCHED_ELSEWHERE)
+def test_the_cli_refuses_a_capacity_named_like_a_resource_matched_elsewhere(cli, name, source):
+    for args in (["--capacity", f"{name}=8000"], ["--capacity", f"slots=1,{name}=8000"],
+                 ["--readings", json.dumps({"capacity": {name: 8000}})]):
+        r = cli("heartbeat", "w1", *args, "--json")
+        assert r.code == 2 and r.json["error"]["code"] == "invalid_input", (args, r.out)
+        assert source in r.json["error"]["message"], r.json
+    assert cli("workers", "--json").json["workers"] == []
+
+
+def test_a_heartbeat_stored_with_such_a_capacity_before_the_rule_claims_without_it(coord,
+                                                                                 clock):
+    """A heartbeat an earlier version stored with capacity ram_mb is no damage (the worker
+    still claims, `check` is content), but its ram_mb counts for nothing: the amount comes
+    from memory_available_mb alone."""
+    from tests.sql import sql
+
+    beat(coord, "w1", memory_available_mb=1000)
+    big = coord.enqueue("big", {}, needs={"ram_mb": 64000})["job_id"]
+    small = coord.enqueue("small", {}, needs={"slots": 1})["job_id"]
+    raw = json.dumps({**IDLE_ON_AC, "memory_available_mb": 1000,
+                      "capacity": {"ram_mb": 999999, "slots": 1}})
+    coord.db.write(lambda conn: sql(conn, "UPDATE workers SET heartbeat_raw = :r", {"r": raw}))
+    assert coord.claim("w1")["job"]["job_id"] == small
+    refused = coord.claim("w1")
+    assert refused["reason"] == "resource_short"
+    assert "ram_mb: needs 64000; 1000 left of 1000" in refused["detail"]
+    assert coord.explain(big)["claimable_now"] is False
+    from jobcoord.maintenance import check
+
+    assert check(coord.db)["ok"] is True
 
 
 def test_a_gpu_reading_with_more_memory_free_than_in_total_is_refused(coord):
@@ -248,3 +338,27 @@ def test_needs_and_gpu_readings_go_through_the_server(target) -> None:
             assert got.status_code == 200 and got.json()["job"]["job_id"] == made.json()["job_id"]
     with Coordinator.open(target) as c:
         assert c.status()["jobs"]["waiting"] == 0  # the bad submissions changed nothing
+
+
+def test_the_server_refuses_a_capacity_named_like_a_resource_matched_elsewhere(target) -> None:
+    from tests.serve_procs import served, token
+
+    work = token(target, "w1", "worker", worker="w1")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("big", {}, needs={"ram_mb": 64000})["job_id"]
+    good = {"memory_available_mb": 1000, "gpus": [gpu(1000)]}
+    with served(target, "--reap-every", "0") as s, s.client(work) as w:
+        assert w.post("/v1/heartbeat", json={"readings": good}).status_code == 200
+        with Coordinator.open(target) as c:
+            before = dump(c)
+        for name, source in MATCHED_ELSEWHERE:
+            r = w.post("/v1/heartbeat", json={"readings": {**good, "capacity": {name: 999999}}})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "invalid_input"
+            assert source in r.json()["error"]["message"]
+        with Coordinator.open(target) as c:
+            assert dump(c) == before
+        refused = w.post("/v1/claims", json={"wait": 0})
+        assert refused.status_code == 200 and refused.json()["reason"] == "resource_short"
+    with Coordinator.open(target) as c:
+        assert c.show(job)["job"]["status"] == "waiting"

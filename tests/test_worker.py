@@ -529,6 +529,8 @@ def test_a_local_workers_command_calls_back_to_its_database_not_an_inherited_ser
     (("--app", "examples.handlers:summarize"), "not a jobcoord.app.App"),
     (("--exec", f"summarize={CMD}", "--timeout", "other=5"), "no handler for kind"),
     (("--exec", f"summarize={CMD}", "--readings-override", '{"cpu": 1}'), "unknown reading"),
+    (("--exec", f"summarize={CMD}", "--readings-override", '{"capacity": {"ram_mb": 1}}'),
+     "memory_available_mb"),
     (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
     (("--exec", f"summarize={CMD}", "--tenant", "two words"), "tenant: 'two words' may use"),
     (("--exec", f"summarize={CMD}", "--tenant", ""), "tenant: must not be empty"),

@@ -28,7 +28,8 @@ from .output import dump, emit, json_option, safe_text
 @click.option("--readings", help='JSON, e.g. {"memory_used_pct": 40, "on_battery": false}.')
 @click.option("--capacity", "capacity", multiple=True, metavar="NAME=INT[,NAME=INT]",
               help="Named resources this worker has free (repeatable), matched by name "
-                   "against jobs' --needs.")
+                   "against jobs' --needs (not ram_mb or gpu_mem_mb: those come from the "
+                   "readings' memory_available_mb and gpus).")
 @json_option
 @click.pass_obj
 def heartbeat(s: Settings, worker_id: str, roles: tuple[str, ...], kinds: tuple[str, ...],
@@ -44,7 +45,7 @@ def with_capacity(readings: str | None, capacity: tuple[str, ...]) -> str:
     """--readings with `capacity` set from the --capacity options (both checked)."""
     from .. import validate as v
 
-    named = v.resources(",".join(capacity), "--capacity", lo=0)
+    named = v.capacity(",".join(capacity), "--capacity")
     value: Any = {}
     if readings is not None:
         value, _ = v.json_value(readings, "readings", max_bytes=16 * 1024,

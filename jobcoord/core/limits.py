@@ -28,12 +28,17 @@ from ..store.base import Taken
 from .common import Context
 
 MAX_CONCURRENCY = 100_000
-#: Candidates a claim reads at first, then at most, when it must check each one.
-WINDOWS = (8, 2048)
+#: Candidates a claim that must check each one reads at first (most take one of these), then
+#: in each further read while none it read could be taken.
+FIRST_READ, PAGE = 8, 2048
+#: Groups of held jobs (a kind, a text of needs) a claim's further reads leave out in SQL,
+#: at most this many of each (one statement per count is compiled and kept); past them the
+#: jobs are read and judged one by one, as any.
+MAX_SKIPPED = 16
 #: The resource matched against one GPU's free memory (a job does not span GPUs).
-GPU_MEMORY = "gpu_mem_mb"
+GPU_MEMORY = v.GPU_MEMORY
 #: The resource matched against the worker's `memory_available_mb` reading.
-RAM = "ram_mb"
+RAM = v.RAM
 
 
 @dataclass(frozen=True)
@@ -139,16 +144,19 @@ def short_resource(needs: Mapping[str, int], capacity: Capacity,
     """Which of `needs` does not fit what the worker reported free minus what its running
     jobs declared, in words; None when all fit."""
     # The running jobs' GPU memory is placed first-fit in claim order, as the worker would
-    # have placed them; the candidate then needs one GPU with enough left.
+    # have placed them; the candidate then needs one GPU with enough left. A running job
+    # that fits no GPU (its GPU now reports less free than it declared) is still counted,
+    # on the GPU with the most left, which goes below zero: less memory reported must never
+    # leave room for more work.
     gpus = [g or 0 for g in capacity.gpus]
     used: dict[str, int] = {}
     for job in running:
         for name, amount in job.needs.items():
             if name == GPU_MEMORY:
-                for i, left in enumerate(gpus):
-                    if left >= amount:
-                        gpus[i] = left - amount
-                        break
+                if gpus:
+                    i = next((i for i, left in enumerate(gpus) if left >= amount),
+                             gpus.index(max(gpus)))
+                    gpus[i] -= amount
             else:
                 used[name] = used.get(name, 0) + amount
     for name, amount in needs.items():
@@ -183,7 +191,10 @@ def capacity_of(raw: str | None) -> Capacity:
     if isinstance(readings.get("memory_available_mb"), int):
         named[RAM] = readings["memory_available_mb"]
     for name, amount in (readings.get("capacity") or {}).items():
-        named[name] = int(amount)
+        # A heartbeat stored before such names were refused may still carry one: the
+        # reading it would override is the only source of that amount.
+        if name not in v.MATCHED_ELSEWHERE:
+            named[name] = int(amount)
     return Capacity(gpus, named)
 
 
@@ -252,6 +263,13 @@ class ClaimView:
                                          ).fetchall()]
         return self._capacity, self._running
 
+    def holds_back_kind(self, kind: str) -> bool:
+        """After a `concurrency_limit` verdict on a job of `kind`: whether it holds back
+        every job of the kind in this claim (a limit without a key, or one whose decisions
+        another claim holds), not only those sharing the job's key value."""
+        limit = self.limits.get(kind)
+        return limit is not None and (limit.key_field is None or kind not in self._holders)
+
     def judge(self, cand: Candidate, taken: Sequence[Candidate] = ()) -> Verdict | None:
         """`check` for this candidate with what this claim has read."""
         limit = self.limits.get(cand.kind)
@@ -270,31 +288,75 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
     """The claim's take when candidates must be checked one by one: the first eligible job
     in claim order that `check` lets this worker take. Returns what was taken; when nothing
     was, the first refusal seen (None: there was no candidate at all); and the time of the
-    decision (later than `now` when holding a limit waited for other claims)."""
+    decision (later than `now` when holding a limit waited for other claims).
+
+    Every eligible job is considered, however many held ones come first: a claim says
+    `concurrency_limit` or `resource_short` only when no eligible job fits. It reads the
+    candidates in pages, each after the last row of the one before (an index seek, never
+    a re-read), and leaves out of the next pages in SQL the groups it found held as a whole:
+    a kind whose unkeyed limit is full (or whose decisions another claim holds), and jobs
+    declaring the same needs text as one that did not fit. So the jobs it judges one by one
+    are those of other groups (per-key limits, needs all different); the rows of a held
+    group are skipped in the database's own scan of the claim index."""
     view = ClaimView(ctx, conn, worker_id, now, limited, tenant)
     # This worker's row first, always before any limits row: two claims of one worker never
     # both fit a job into the same free capacity, and the locks are always taken in one
     # order (worker, then one kind waited for, further kinds only if free), so no deadlock.
     ctx.db.hold_worker(conn, worker_id)
     view.now = max(view.now, now_us())
-    stmt, params = sql.candidate_window(roles, kinds, tenant)
-    # Due and within its deadline at the time of the decision, not before the holds.
-    params.update(now=view.now, maxp=max_priority)
-    seen: set[int] = set()
+    # The groups found held as a whole, and the first of them, which the next reads leave out.
+    held_kinds: set[str] = set()
+    short_needs: set[str] = set()
+    skip_kinds: list[str] = []
+    skip_needs: list[str] = []
+    # Values of a keyed limit found full: judged once each.
+    held_keys: set[tuple[str, str | None]] = set()
+    judged = 0
     first: Verdict | None = None
-    rows: list[Any] = []
-    for heads in WINDOWS:
-        params["heads"] = heads
+    after: tuple[int, int, int] | None = None
+    heads = FIRST_READ
+    while True:
+        # A worker that names its kinds reads one index slice per kind: a held kind's slice
+        # is not read again at all.
+        wanted = None if kinds is None else [k for k in kinds if k not in held_kinds]
+        if wanted is not None and not wanted:
+            break
+        skipped = skip_kinds if wanted is None else []
+        stmt, params = sql.candidate_window(roles, wanted, tenant, after=after is not None,
+                                            skip_kinds=len(skipped),
+                                            skip_needs=len(skip_needs))
+        # Due and within its deadline at the time of the decision, not before the holds.
+        params.update(now=view.now, maxp=max_priority, heads=heads)
+        if after is not None:
+            params.update(ap=after[0], ac=after[1], aj=after[2])
+        params.update((f"sk{i}", k) for i, k in enumerate(skipped))
+        params.update((f"sn{i}", n) for i, n in enumerate(skip_needs))
         rows = ctx.db.run(conn, stmt, params).fetchall()
-        for job_id, kind, payload, needs in rows:
-            if job_id in seen:
+        for job_id, kind, payload, needs, _, _ in rows:
+            if kind in held_kinds or needs in short_needs:
                 continue
-            seen.add(job_id)
             cand = Candidate(job_id, kind, v.stored_json(payload, job_id, "payload_json"),
                              _needs(needs, job_id))
+            limit = view.limits.get(kind)
+            key = None if limit is None else (kind, key_of(cand.payload, limit.key_field))
+            if key is not None and key in held_keys:
+                continue
+            judged += 1
             verdict = view.judge(cand)
             if verdict is not None:
                 first = first or verdict
+                if verdict.code == "resource_short":
+                    # Needs are judged against this worker alone, whatever the job's kind:
+                    # every job declaring the same needs falls short the same way.
+                    short_needs.add(needs)
+                    if len(skip_needs) < MAX_SKIPPED:
+                        skip_needs.append(needs)
+                elif view.holds_back_kind(kind):
+                    held_kinds.add(kind)
+                    if len(skip_kinds) < MAX_SKIPPED:
+                        skip_kinds.append(kind)
+                elif key is not None:
+                    held_keys.add(key)
                 continue
             # A test may pause here: between the decision and the take is where two claims
             # deciding at once would both fit into the same slot or capacity.
@@ -303,10 +365,12 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
             job = ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
                                   expires=expires, expires_iso=iso(expires))
             if job is not None:
-                return Taken(len(seen), True, job), None, view.now
+                return Taken(judged, True, job), None, view.now
         if len(rows) < heads:
             break
-    return Taken(len(seen), first is not None or bool(seen), None), first, view.now
+        last = rows[-1]
+        after, heads = (last[4], last[5], last[0]), PAGE
+    return Taken(judged, first is not None or judged > 0, None), first, view.now
 
 
 # --- the operator's limits --------------------------------------------------------------------

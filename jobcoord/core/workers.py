@@ -58,7 +58,9 @@ def stored_shape_ok(column: str, value: Any) -> bool:
         if "gpus" not in value and "capacity" not in value:
             return True  # the other readings are kept in columns of their own
         try:
-            parse_readings(value)
+            # A heartbeat jobcoord stored before capacity names matched against another
+            # reading were refused is not damage (the fit ignores those names).
+            parse_readings(value, received=False)
         except InvalidInput:
             return False
         return True
@@ -182,10 +184,11 @@ READING_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
-def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None, Readings]:
+def parse_readings(readings: Mapping[str, Any] | str | None, *, received: bool = True
+                   ) -> tuple[str | None, Readings]:
     """Validate heartbeat readings. Returns the raw text exactly as received (a mapping is
     serialised once) and the parsed values the gates use. Each reading may be absent, null or
-    "unknown"."""
+    "unknown". `received=False`: readings as stored, which may predate a rule on receipt."""
     if readings is None:
         return None, Readings()
     if isinstance(readings, str):
@@ -207,7 +210,7 @@ def parse_readings(readings: Mapping[str, Any] | str | None) -> tuple[str | None
             continue
         if key in RESOURCE_READINGS:
             # Read again from the raw heartbeat by the claims that need them (core.limits).
-            gpu_temps.extend(capacity_reading(key, val))
+            gpu_temps.extend(capacity_reading(key, val, received))
             continue
         if key == "on_battery":
             if not isinstance(val, bool):
@@ -232,7 +235,7 @@ KNOWN_READINGS = ("memory_used_pct", "temperature_c", "on_battery", "user_idle_s
                   *RESOURCE_READINGS)
 
 
-def capacity_reading(key: str, val: Any) -> list[float]:
+def capacity_reading(key: str, val: Any, received: bool = True) -> list[float]:
     """Check one resource reading; returns the GPU temperatures it carries."""
     if key == "gpus":
         return [g["temperature_c"] for g in v.gpu_readings(val)
@@ -241,7 +244,10 @@ def capacity_reading(key: str, val: Any) -> list[float]:
         if not isinstance(val, dict) or not val:
             raise InvalidInput("invalid_input", "readings: capacity must be an object of "
                                "NAME: INT (e.g. {\"slots\": 4})", field="readings")
-        v.resources(val, "readings: capacity", lo=0)
+        if received:
+            v.capacity(val, "readings: capacity")
+        else:
+            v.resources(val, "readings: capacity", lo=0)
         return []
     v.whole(val, f"readings: {key}", 0, v.MAX_RESOURCE)
     return []

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, delete, or_, select, tuple_
 
 from ..schema import jobs, leases, limits, workers
 from .statements import SQL, WAITING, _upsert, const, probes, role_kind_params, union_of
@@ -55,21 +55,40 @@ WORKER_RAW = SQL(select(W.heartbeat_raw).where(W.worker_id == P("worker")))
 HOLD_WAITING = SQL(select(J.job_id).where(J.job_id == P("job_id"), WAITING)
                    .with_for_update(skip_locked=True))
 
-_WINDOWS: dict[tuple[int, int | None, bool], SQL] = {}
+_WINDOWS: dict[tuple[Any, ...], SQL] = {}
 
 
 def candidate_window(roles: Sequence[str], kinds: Sequence[str] | None,
-                     tenant: str | None = None) -> tuple[SQL, dict[str, Any]]:
+                     tenant: str | None = None, *, after: bool = False, skip_kinds: int = 0,
+                     skip_needs: int = 0) -> tuple[SQL, dict[str, Any]]:
     """The first :heads eligible jobs in claim order (:maxp, :now, :r1.., :k0.., and :tenant
     for a tenant-bound claim) with what a limit and a fit check read of them: job_id, kind,
-    payload_json, needs_json. Reads only; the claim holds the one it takes separately."""
-    shape = (len(roles), None if kinds is None else len(kinds), tenant is not None)
+    payload_json, needs_json, and the claim order's priority and created_at. Reads only; the
+    claim holds the one it takes separately.
+
+    A claim reading on past held jobs narrows the next read: `after`, only the jobs after
+    (:ap, :ac, :aj) in claim order (the last row read; each probe seeks there in its index);
+    `skip_kinds`, none of the kinds :sk0..; `skip_needs`, none whose needs are the text
+    :sn0.. (jobs without needs stay)."""
+    shape = (len(roles), None if kinds is None else len(kinds), tenant is not None, after,
+             skip_kinds, skip_needs)
     stmt = _WINDOWS.get(shape)
     if stmt is None:
+        extra: list[Any] = []
+        if after:
+            extra.append(tuple_(J.priority, J.created_at, J.job_id)
+                         > tuple_(P("ap"), P("ac"), P("aj")))
+        if skip_kinds:
+            extra.append(J.kind.not_in([P(f"sk{i}") for i in range(skip_kinds)]))
+        if skip_needs:
+            extra.append(or_(J.needs_json.is_(None),
+                             J.needs_json.not_in([P(f"sn{i}") for i in range(skip_needs)])))
         heads = union_of(probes(shape[0], shape[1], due_only=True, locked=False,
-                                limit=P("heads"), tenant=shape[2])).subquery("candidates")
+                                limit=P("heads"), tenant=shape[2], extra=extra)
+                         ).subquery("candidates")
         stmt = _WINDOWS[shape] = SQL(
-            select(J.job_id, J.kind, J.payload_json, J.needs_json)
+            select(J.job_id, J.kind, J.payload_json, J.needs_json, heads.c.priority,
+                   heads.c.created_at)
             .select_from(heads.join(jobs, J.job_id == heads.c.job_id))
             .order_by(heads.c.priority, heads.c.created_at, heads.c.job_id)
             .limit(P("heads")))

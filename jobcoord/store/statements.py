@@ -329,18 +329,19 @@ CLAIMABLE = (WAITING, J.priority <= P("maxp"), J.run_after <= P("now"),
 
 
 def probes(n_roles: int, n_kinds: int | None, *, due_only: bool, locked: bool,
-           limit: Any = ONE, tenant: bool = False) -> list[CTE]:
+           limit: Any = ONE, tenant: bool = False, extra: Sequence[Any] = ()) -> list[CTE]:
     """One index probe per (role, kind), each a MATERIALIZED CTE (c<i>_<j>) reading only the
     first `limit` rows of its slice of the partial claim index, however many jobs wait for
     other roles and kinds; role 0 is "no role". `locked` takes each row read with FOR UPDATE
     SKIP LOCKED (only PostgreSQL's compiler writes it). `tenant` keeps only jobs of tenant
-    :tenant, read from the tenant claim indexes (c0007), whose slice starts at that tenant."""
+    :tenant, read from the tenant claim indexes (c0007), whose slice starts at that tenant.
+    `extra`: further conditions on the rows every probe keeps."""
     out = []
     for i in range(n_roles + 1):
         for j in range(1 if n_kinds is None else n_kinds):
             role = const("") if i == 0 else P(f"r{i}")
             by_role = J.required_role.is_(None) if i == 0 else J.required_role == role
-            rest: list[Any] = [J.priority <= P("maxp")]
+            rest: list[Any] = [J.priority <= P("maxp"), *extra]
             if n_kinds is not None:
                 rest.append(J.kind == P(f"k{j}"))
             if due_only:
