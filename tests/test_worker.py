@@ -40,10 +40,13 @@ def wait_for(pred: Callable[[], Any], timeout: float = 15.0, what: str = "condit
 
 class Worker:
     def __init__(self, db: str, log: str, name: str, args: tuple[str, ...],
-                 global_args: tuple[str, ...] = (), env: dict[str, str] | None = None):
+                 global_args: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 where: tuple[str, ...] | None = None):
         self.name = name
         self.log = log
-        argv = [PY, "-m", "jobcoord", "--db", db, *global_args, "worker", "--worker-id", name,
+        # `where`: the database as the CLI names it (`--url URL` for PostgreSQL).
+        where = ("--db", db) if where is None else where
+        argv = [PY, "-m", "jobcoord", *where, *global_args, "worker", "--worker-id", name,
                 "--log-format", "json", "--json", "--heartbeat-every", "0.5", "--poll", "0.05",
                 "--reap-every", "0", *args]
         with open(log, "wb") as err:
@@ -377,11 +380,13 @@ def test_command_outliving_its_lease_is_terminated(db, start, tmp_path):
     pid = int(read(pid_file))
     w.proc.send_signal(signal.SIGSTOP)
     _steal(c, job, lease)
-    assert not gone(pid)  # its own process group: the pause did not touch it
+    # Its own process group, which the pause did not touch; its shim stopped it at the
+    # lease's end all the same, the way the worker would: SIGTERM first.
+    assert gone(pid) and read(pid_file + ".term") == "SIGTERM"
     w.proc.send_signal(signal.SIGCONT)
     w.wait_event("stopped", job_id=job)
-    assert gone(pid)
     assert running(c, job)["worker_id"] == "other"
+    assert not w.events("completed") and not w.events("failed")
 
 
 @pytest.mark.parametrize("handler", ["python", "command"])

@@ -2,6 +2,8 @@
 commands, real signals; SQLite).
 
 - a SIGKILLed worker takes its command handler and the handler's children with it;
+- a SIGSTOPped worker's command handler is stopped by the lease it last renewed, before a
+  replacement can claim the job, while a command under renewals runs as long as it needs;
 - a command's output is validated exactly like `complete --result`;
 - a command is judged by its own exit, even when a detached process holds its stdout;
 - slots are counted by live handler: never more than --concurrency, never two of one job;
@@ -20,8 +22,9 @@ from typing import Any
 
 import pytest
 
+from jobcoord.service import Coordinator
 from tests import test_worker as tw
-from tests.test_worker import APP, PY, gone, read, running, wait_for
+from tests.test_worker import APP, CMD, PY, gone, read, running, wait_for
 
 # The worker fixtures, shared with test_worker.py.
 db = tw.db
@@ -57,6 +60,107 @@ def test_handlers_die_with_their_worker_when_it_is_sigkilled(db, start, tmp_path
     finally:
         for p in pids:
             _kill(p)
+
+
+# --- handlers never outlive the lease -------------------------------------------------------
+
+
+@pytest.fixture
+def both(target: Any, tmp_path: Any) -> Any:
+    """A coordinator and a worker starter on the parametrized backend."""
+    c = Coordinator.open(target)
+    where = (("--db", target.sqlite_path) if target.sqlite_path else ("--url", target.url))
+    procs: list[tw.Worker] = []
+
+    def _start(*args: str, name: str = "w1") -> tw.Worker:
+        w = tw.Worker("", str(tmp_path / f"{name}.log"), name, args, where=where)
+        procs.append(w)
+        return w
+
+    yield c, _start
+    for w in procs:
+        if w.proc.poll() is None:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                w.proc.send_signal(sig)
+            w.proc.wait(10)
+    c.close()
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes (zombies are gone) of process group `pgid`."""
+    members = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, _ppid, pgrp = read(stat).rsplit(") ", 1)[1].split()[:3]
+            if int(pgrp) == pgid and state != "Z":
+                members.append(int(stat.split("/")[2]))
+    return members
+
+
+#: How late after the lease's end the command's group may still be seen: the test's own
+#: polling, not the runtime's (it stops the group a little before the end).
+LEASE_END_SLACK_S = 0.3
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_stopped_workers_command_never_runs_past_the_lease_it_last_renewed(
+        both, tmp_path, ignores_sigterm):
+    c, start = both
+    script = tmp_path / "tick.sh"
+    # A side effect every 50 ms from a child that stays in the command's group. One that
+    # ignores SIGTERM (its children inherit that) goes at SIGKILL, the kill grace later.
+    script.write_text(("trap '' TERM\n" if ignores_sigterm else "")
+                      + 'echo $$ > "$1/cmd.pid"\n'
+                      '(while :; do date +%s.%N >> "$1/ticks"; sleep 0.05; done) &\nwait\n')
+    cmd_pid, ticks = str(tmp_path / "cmd.pid"), str(tmp_path / "ticks")
+    grace = 1.0 if ignores_sigterm else 0.0
+    job = c.enqueue("tick", {})["job_id"]
+    w = start("--exec", f"tick=sh {script} {tmp_path}", "--lease", "3", "--kill-grace",
+              "1" if ignores_sigterm else "5")
+    wait_for(lambda: os.path.exists(ticks) and read(cmd_pid).strip(), 10, "command start")
+    pgid = os.getpgid(int(read(cmd_pid)))
+    time.sleep(1.2)  # past a renewal: the shim must follow renewals, not the first lease
+    w.proc.send_signal(signal.SIGSTOP)  # a hung worker: it can neither renew nor stop it
+    lease = running(c, job)
+    assert lease is not None and lease["epoch"] == 1
+    end = tw._ts(lease["expires_at"])  # the end of the lease it last renewed
+    assert _group(pgid) and end - time.time() > 1.0
+    wait_for(lambda: not _group(pgid), end + grace - time.time() + LEASE_END_SLACK_S,
+             "the command's process group to be stopped by the lease's end")
+    assert time.time() <= end + grace + LEASE_END_SLACK_S
+    # No side effect past the lease (for one ignoring SIGTERM: past its kill grace, which it
+    # had, as when the worker stops a command: SIGKILL came only after it).
+    last = float(read(ticks).split()[-1])
+    assert last <= end + grace
+    if ignores_sigterm:
+        assert last > end
+    # Only now can another worker have the job, and nothing of the first attempt runs.
+    other = tw._steal(c, job, lease)
+    assert not _group(pgid)
+    w.proc.send_signal(signal.SIGCONT)
+    lost = w.wait_event("lease_lost", job_id=job, epoch=1)
+    assert lost["reason"] in ("lease_expired", "stale_epoch")
+    w.wait_event("stopped", job_id=job, epoch=1)
+    assert not w.events("completed") and not w.events("failed")
+    assert running(c, job)["worker_id"] == "other"
+    c.complete(job, "other", other["epoch"], {"by": "other"})
+    shown = c.show(job)
+    assert shown["job"]["result"] == {"by": "other"}
+    assert [(e["worker_id"], e["epoch"]) for e in shown["events"]
+            if e["reason"] == "completed"] == [("other", 2)]
+
+
+def test_a_command_under_renewals_runs_past_several_lease_lengths_and_completes(
+        both, tmp_path):
+    c, start = both
+    job = c.enqueue("summarize", {"sleep": 4, "text": "still going"})["job_id"]
+    w = start("--exec", f"summarize={CMD}", "--lease", "1")
+    done = w.wait_event("completed", timeout=30, job_id=job)
+    assert done["duration_s"] >= 4
+    assert len([e for e in w.events("renewed") if e["job_id"] == job]) >= 8
+    assert not w.events("lease_lost") and not w.events("stopped")
+    shown = c.show(job)
+    assert shown["job"]["status"] == "succeeded" and shown["job"]["epoch"] == 1
 
 
 # --- a command's output is validated like `complete --result` -------------------------------

@@ -26,13 +26,15 @@ class Clock:
         return time.monotonic()
 
     def boot(self) -> float:
-        return _boottime()
+        return boottime()
 
     def wall_us(self) -> int:
         return now_us()
 
 
-def _boottime() -> float:
+def boottime() -> float:
+    """CLOCK_BOOTTIME (else the monotonic clock): one clock for every process of the machine,
+    so a time on it means the same to the worker and to a command's shim."""
     clock_id = getattr(time, "CLOCK_BOOTTIME", None)
     return time.clock_gettime(clock_id) if clock_id is not None else time.monotonic()
 

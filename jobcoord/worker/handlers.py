@@ -1,12 +1,15 @@
 """The two ways to run a handler: a Python callable in a thread, or a command in its own process
-group under a shim that dies with the worker; each returns a poll for its outcome.
+group under a shim that dies with the worker and ends with its lease; each returns a poll for
+its outcome.
 
 Command protocol. The command runs under `_SHIM`, so it and its process group die with the
-worker. The payload is written as JSON to stdin; stdout must be one JSON value, the result
-(empty stdout is `{}`), validated like `complete --result`. The command is judged by its own
-exit; output still held open afterwards by a process outside its group is read for at most
-`OUTPUT_DRAIN_S` and reported. To report provenance, print an envelope instead:
-`{"jobcoord_envelope": 1, "result": ..., "provenance": {...}}`. The environment carries
+worker, and are stopped at the end of the lease the worker last renewed even when the worker
+itself is stopped or hung (`LeaseLine`). The payload is written as JSON to stdin; stdout must
+be one JSON value, the result (empty stdout is `{}`), validated like `complete --result`. The
+command is judged by its own exit; output still held open afterwards by a process outside its
+group is read for at most `OUTPUT_DRAIN_S` and reported. To report provenance, print an
+envelope instead: `{"jobcoord_envelope": 1, "result": ..., "provenance": {...}}`. The
+environment carries
 JOBCOORD_JOB_ID, JOBCOORD_EPOCH, JOBCOORD_WORKER, JOBCOORD_ATTEMPT, JOBCOORD_KIND,
 JOBCOORD_TENANT, JOBCOORD_CHECKPOINTS_FILE (a file holding a JSON object: checkpoint name ->
 data, from earlier attempts), JOBCOORD_CHECKPOINTS (the same JSON, when it is at most 32 KiB)
@@ -23,6 +26,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from .. import validate as v
 from ..app import Cancelled, Context, PermanentError, Result
 from ..errors import InvalidInput
+from .clock import boottime
 
 if TYPE_CHECKING:
     from .run import JobRun
@@ -48,6 +53,12 @@ CHECKPOINTS_ENV_MAX_BYTES = 32 * 1024
 #: is gone; longer means a process outside the group holds the pipe.
 OUTPUT_DRAIN_S = 1.0
 
+#: The shim starts stopping the command this long before the lease's end it was last told
+#: of (at most LEASE_STOP_AHEAD_FRACTION of the lease): the stop is under way before another
+#: worker can claim the job, never after.
+LEASE_STOP_AHEAD_S = 0.25
+LEASE_STOP_AHEAD_FRACTION = 0.1
+
 #: Runs a command handler so that it dies with its worker (Linux). It asks the kernel for
 #: SIGHUP when its parent goes (PR_SET_PDEATHSIG, which survives exec) and then checks that
 #: its parent is still the worker that started it: a worker that died before the prctl is
@@ -56,10 +67,24 @@ OUTPUT_DRAIN_S = 1.0
 #: group. The command itself also gets SIGKILL as its own death signal, in case the shim is
 #: killed. The kernel sends the death signal when the parent *thread* exits too (the job
 #: thread that started the command); the shim then finds its parent still alive and goes on.
+#:
+#: It also ends with the lease. A stopped (SIGSTOP) or hung worker neither renews nor stops
+#: its command, and a dead-worker check cannot see it: the shim is told over its line (a
+#: socket, `LeaseLine`) when the lease ends, at the start and after every renewal, as a time
+#: on the machine's boot clock (shared by every process, so the time the line takes does not
+#: move the end). When that time passes with no later one told, it says `lease_expired` on
+#: the line and stops the whole group the way the worker stops a command whose lease is lost:
+#: SIGTERM, then SIGKILL after the kill grace (argv[3]), itself included. The line reaching
+#: EOF means the worker is gone (it holds its end until the shim has exited): the group is
+#: SIGKILLed then too, which also covers systems without a death signal.
 #: The shim holds none of the command's pipes, and exits with the command's own status.
 _SHIM = r"""
-import ctypes, os, signal, sys
-worker, argv = int(sys.argv[1]), sys.argv[2:]
+import ctypes, os, select, signal, sys, time
+worker, line, grace, argv = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+os.set_inheritable(line, False)  # the command does not hold the worker's line
+boot = getattr(time, "CLOCK_BOOTTIME", None)
+def now():
+    return time.clock_gettime(boot) if boot is not None else time.monotonic()
 try:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):  # not Linux: no death signal, the parent check remains
@@ -77,6 +102,11 @@ signal.signal(signal.SIGINT, lambda *_: None)
 prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
 if os.getppid() != worker:
     orphaned()
+# The command's exit wakes the wait below (SIGCHLD writes to `woken`), as the line does.
+woken, wake = os.pipe()
+os.set_blocking(wake, False)
+signal.set_wakeup_fd(wake, warn_on_full_buffer=False)
+signal.signal(signal.SIGCHLD, lambda *_: None)
 shim = os.getpid()
 pid = os.fork()
 if pid == 0:
@@ -94,7 +124,46 @@ if pid == 0:
 null = os.open(os.devnull, os.O_RDWR)
 for fd in (0, 1, 2):
     os.dup2(null, fd)
-_, status = os.waitpid(pid, 0)
+def wait_for_command(until, fds):
+    # The command's status once it exited; None at `until`, or once one of `fds` is readable.
+    # poll, not select: the line keeps the worker's descriptor number, which may pass 1023.
+    watch = select.poll()
+    for fd in (woken, *fds):
+        watch.register(fd, select.POLLIN)
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        left = None if until is None else until - now()
+        if left is not None and left <= 0:
+            return None
+        ready = [fd for fd, _ in watch.poll(None if left is None else left * 1000)]
+        if woken in ready:
+            os.read(woken, 4096)
+        if line in ready:
+            return None
+end, told = None, b""
+while True:
+    status = wait_for_command(end, [line])
+    if status is not None:
+        break
+    if end is not None and now() >= end:
+        try:
+            os.write(line, b"lease_expired\n")
+        except OSError:
+            pass
+        os.killpg(0, signal.SIGTERM)  # the shim itself ignores it
+        wait_for_command(now() + grace, [])
+        os.killpg(0, signal.SIGKILL)
+    try:
+        got = os.read(line, 4096)
+    except OSError:
+        got = b""
+    if not got:
+        orphaned()
+    *ends, told = (told + got).split(b"\n")
+    if ends:
+        end = float(ends[-1])
 if os.WIFSIGNALED(status):
     signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
     os.kill(shim, os.WTERMSIG(status))
@@ -186,24 +255,74 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
     return env
 
 
-def start_command(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
+class LeaseLine:
+    """The worker's end of its line to a command's shim: it tells the shim when the lease ends,
+    and hears whether the shim stopped the command for it (see _SHIM)."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.ours, self.theirs = socket.socketpair()
+        # A shim that is itself stopped never makes a renewal wait: a line it does not read
+        # fills, and the ends that do not fit are dropped (it keeps the earlier end).
+        self.ours.setblocking(False)
+        self.ahead_s = min(LEASE_STOP_AHEAD_S, lease_s * LEASE_STOP_AHEAD_FRACTION)
+        # Held while the socket is used or closed: a renewal telling the end while the
+        # command's waiter closes the line never writes to a reused descriptor.
+        self._lock = threading.Lock()
+
+    def tell(self, left_s: float) -> None:
+        """The lease ends in `left_s` seconds: the shim stops the command a little before."""
+        text = f"{boottime() + left_s - self.ahead_s:.6f}\n".encode()
+        with self._lock, contextlib.suppress(OSError):
+            self.ours.send(text)
+
+    def expired(self) -> bool:
+        """Whether the shim stopped the command because the lease ended (read once it has
+        exited)."""
+        with self._lock:
+            try:
+                said = self.ours.recv(4096)
+            except OSError:
+                return False
+        return said.startswith(b"lease_expired")
+
+    def close(self) -> None:
+        with self._lock:
+            self.ours.close()
+            self.theirs.close()
+
+
+def start_command(run: JobRun, ctx: Context, lease_left_s: float) -> Callable[[], Outcome | None]:
     """Start the command under the shim in its own process group, feed it the payload, read
-    its output; the poll returns its outcome once it exited (None while it runs)."""
+    its output; the poll returns its outcome once it exited (None while it runs). The lease
+    ends in `lease_left_s` seconds: then the shim stops the command, unless told of a later
+    end (`run.lease_line`)."""
     assert run.spec.command is not None
     limit = run.w.result_limit(run.spec)
     stdin_bytes = json.dumps(run.job["payload"]).encode()
+    line = LeaseLine(run.w.config.lease_s)
+    # Told before the shim starts: it never runs a moment without the lease's end.
+    line.tell(lease_left_s)
     # A new session puts the command and its children in their own process group, so
     # stopping the job stops all of them and a signal to the worker's group misses them.
-    # The command starts under a small shim that dies with this worker (see _SHIM).
-    run.proc = proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()),
-         *run.spec.command],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=command_env(run, ctx), start_new_session=True)
+    # The command starts under a small shim that dies with this worker and ends with the
+    # lease (see _SHIM).
+    try:
+        run.proc = proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()),
+             str(line.theirs.fileno()), repr(run.w.config.kill_grace_s),
+             *run.spec.command],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=command_env(run, ctx), start_new_session=True,
+            pass_fds=(line.theirs.fileno(),))
+    except BaseException:
+        line.close()
+        raise
+    line.theirs.close()  # the shim's alone: its EOF tells the shim this worker is gone
+    run.lease_line = line
     run.w.children.add(proc)
     out = bytearray()
     tail: collections.deque[bytes] = collections.deque()
-    flags = {"too_large": False, "held_open": False}
+    flags = {"too_large": False, "held_open": False, "lease_expired": False}
     stop_reading = threading.Event()
 
     def feed() -> None:
@@ -252,6 +371,8 @@ def start_command(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
         for f in (proc.stdout, proc.stderr):
             with contextlib.suppress(OSError):
                 f.close()  # type: ignore[union-attr]
+        flags["lease_expired"] = line.expired()
+        line.close()
         run.wake.set()
 
     done = threading.Thread(target=waiter, name=f"wait-{run.job_id}", daemon=True)
@@ -265,6 +386,14 @@ def start_command(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:
         held = ("its output was still held open by a process outside its process group "
                 "(detached with setsid or as a daemon; such a process is not tracked), "
                 "so the output may be incomplete")
+        if flags["lease_expired"]:
+            # Its shim saw the lease end: whatever the command did, the job may be someone
+            # else's now. Nothing is reported, as for any lost lease.
+            run.w.log("lease_lost", job_id=run.job_id, epoch=run.epoch,
+                      reason="lease_expired", detail="the command was stopped at the lease's "
+                      "end: no renewal got through in time (renewals failing, or the worker "
+                      "stopped or hung)")
+            return Outcome("lost", code="lease_expired")
         if flags["held_open"]:
             run.w.log("output_held_open", job_id=run.job_id, epoch=run.epoch,
                        detail=f"the command exited ({rc}) but {held}")

@@ -20,7 +20,14 @@ from ..errors import InvalidInput, Refused
 from ..runtime import describe, is_fatal
 from ..validate import MAX_JSON_DEPTH
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
-from .handlers import Outcome, call_python, kill_group, start_command, start_python
+from .handlers import (
+    LeaseLine,
+    Outcome,
+    call_python,
+    kill_group,
+    start_command,
+    start_python,
+)
 from .threads import Task
 
 if TYPE_CHECKING:
@@ -52,6 +59,8 @@ class JobRun:
         self.release_requested = threading.Event()
         self.wake = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
+        #: A command's line to its shim, told the lease's end after every renewal.
+        self.lease_line: LeaseLine | None = None
         #: A Python handler's task (called on this run's own thread, or on one of the
         #: worker's handler threads), alive until the handler has returned.
         self.handler_thread: Task | None = None
@@ -212,7 +221,7 @@ class JobRun:
                     if waiting_logged:
                         log("earlier_handler_returned", job_id=self.job_id, epoch=self.epoch)
                     self.predecessor = None
-                    poll = self._start_handler(ctx)
+                    poll = self._start_handler(ctx, lease_end)
                 elif not waiting_logged:
                     # Never two handlers of one job alive in one worker: hold the lease and
                     # start this one only once the earlier one has returned.
@@ -276,6 +285,9 @@ class JobRun:
                     lease_end = t0 + lease_s
                     next_renew = t0 + renew_every
                     self.expires_at_us = got.get("expires_at_us", self.expires_at_us)
+                    line = self.lease_line
+                    if line is not None:  # the command's shim stops it at the lease's end
+                        line.tell(self._lease_left(lease_end))
                     log("renewed", job_id=self.job_id, epoch=self.epoch,
                         expires_at=got["expires_at"],
                         renew_ms=round((clock.boot() - t0) * 1000, 1))
@@ -314,10 +326,19 @@ class JobRun:
             run = run.predecessor  # None once it had started its handler (now returned)
         return run
 
-    def _start_handler(self, ctx: Context) -> Callable[[], Outcome | None]:
+    def _lease_left(self, lease_end: float) -> float:
+        """Seconds until the lease ends: at its local end (`lease_end`, boot clock) or, if
+        sooner, at its end by the wall clock the coordinator judges by."""
+        clock = self.w.clock
+        left = lease_end - clock.boot()
+        if self.expires_at_us is not None:
+            left = min(left, (self.expires_at_us - clock.wall_us()) / 1e6)
+        return left
+
+    def _start_handler(self, ctx: Context, lease_end: float) -> Callable[[], Outcome | None]:
         try:
-            return (start_command(self, ctx) if self.spec.command is not None
-                    else start_python(self, ctx))
+            return (start_command(self, ctx, self._lease_left(lease_end))
+                    if self.spec.command is not None else start_python(self, ctx))
         except OSError as e:
             outcome = Outcome("failed", error=f"cannot start command: {e}")
             return lambda: outcome
