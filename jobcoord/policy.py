@@ -18,6 +18,10 @@ from typing import Any
 
 from .errors import InvalidInput
 
+#: Largest policy file read (a policy is a few hundred bytes; this bounds what a wrong path
+#: can make a command read).
+MAX_POLICY_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -57,9 +61,18 @@ class Policy:
 
     @classmethod
     def from_toml(cls, path: str) -> Policy:
+        from .small_files import read_small
+
         try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
+            raw, regular = read_small(path, MAX_POLICY_BYTES)
+            if len(raw) > MAX_POLICY_BYTES:
+                raise InvalidInput("invalid_policy", f"policy {path} is larger than "
+                                   f"{MAX_POLICY_BYTES} bytes")
+            if not raw and not regular:
+                # A pipe nobody writes to: not an empty policy the user meant.
+                raise InvalidInput("invalid_policy", f"policy {path} is not a regular file "
+                                   "and gave nothing to read")
+            data = tomllib.loads(raw.decode("utf-8"))
         except OSError as e:
             raise InvalidInput("invalid_policy", f"cannot read policy {path}: {e.strerror}"
                                ) from None

@@ -135,3 +135,27 @@ def test_a_policy_file_that_is_not_a_policy_is_invalid_policy_never_a_crash_or_i
     with pytest.raises(InvalidInput) as caught:
         Policy.from_toml(str(path))
     assert caught.value.code == "invalid_policy"
+
+
+def test_a_policy_fifo_nobody_writes_to_is_invalid_policy_not_a_hang(coord, cli, tmp_path):
+    """open() of a FIFO blocks until a writer comes, perhaps never: the policy is opened
+    without blocking, and a pipe that gives nothing is refused (exit 2). A pipe with a
+    writer (process substitution) is read as a file is."""
+    import os
+    import threading
+
+    fifo = str(tmp_path / "policy.toml")
+    os.mkfifo(fifo)
+    r = cli("--policy", fifo, "status", "--json")
+    assert r.code == 2 and r.json["error"]["code"] == "invalid_policy", r.out + r.err
+
+    def write() -> None:
+        with open(fifo, "w") as f:
+            f.write("max_memory_pct = 70\n")
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        assert Policy.from_toml(fifo).max_memory_pct == 70
+    finally:
+        writer.join(10)

@@ -280,8 +280,10 @@ def test_a_remote_worker_never_claims_outside_the_tenant_it_was_given(
             assert "tenant" in json.loads(out.decode().splitlines()[-1])["error"]["message"]
         proc = start_worker(s.url, alices, str(tmp_path), "t", "--burst", "--wait", "0",
                             "--tenant", "alice")
-        summary, _ = finish(proc, 60)
+        summary, err = finish(proc, 60)
         assert summary["claimed"] == 0
+        started = next(e for e in log_events(err) if e.get("event") == "started")
+        assert started["tenant"] == "alice"
     with Coordinator.open(target) as c:
         assert c.show(bobs)["job"]["status"] == "waiting"
 
@@ -400,5 +402,44 @@ def test_checkpoint_and_effect_through_a_server_refuse_what_the_token_is_not(
         assert code == 4 and out["error"]["code"] == "job_not_found", out
         code, out = run(files["wa"], "--worker", "wa", "--epoch", "x")
         assert code == 2, out
+        # --data is checked as the core checks a local checkpoint's, before it is sent.
+        for data in ('{"a": NaN}', '{"a": 1e999}', '{"a": 1, "a": 2}', "[", "[" * 100 + "]" * 100):
+            code, out = run(files["wa"], "--worker", "wa", "--data", data)
+            assert code == 2 and out["error"]["code"] in (
+                "invalid_input", "checkpoint_too_large"), (data[:20], out)
     with Coordinator.open(target) as c:
         assert c.show(job)["checkpoints"] == []
+
+
+def test_a_token_file_fifo_nobody_writes_to_is_refused_not_a_hang(tmp_path: Any) -> None:
+    fifo = str(tmp_path / "token")
+    os.mkfifo(fifo)
+    for argv in (["checkpoint", "1", "--worker", "w", "--epoch", "1", "--name", "n"],
+                 ["worker", "--exec", "k=true"]):
+        got = subprocess.run([*jobcoord_argv(), *argv, "--server", "http://127.0.0.1:9",
+                              "--token-file", fifo, "--json"],
+                             capture_output=True, timeout=30, check=False)
+        assert got.returncode == 2, got.stderr.decode()[-2000:]
+        assert "token" in json.loads(got.stdout.decode().splitlines()[-1])["error"]["message"]
+
+
+def test_a_database_named_on_the_command_line_wins_over_a_server_in_the_environment(
+        target: Target, tmp_path: Any) -> None:
+    """JOBCOORD_SERVER / JOBCOORD_TOKEN_FILE left in a shell's environment: `jobcoord --db F
+    checkpoint ...` writes to F, as an option always wins over the environment; a token
+    file in the environment without a server is not this command's mistake."""
+    from tests.serve_procs import db_args
+
+    with Coordinator.open(target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 10})
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("w")["lease"]["epoch"]
+    base = {**os.environ, "JOBCOORD_TOKEN_FILE": str(tmp_path / "no-such-token")}
+    for name, env in (("a", {**base, "JOBCOORD_SERVER": "http://127.0.0.1:9"}), ("b", base)):
+        got = subprocess.run(
+            [*jobcoord_argv(), *db_args(target), "checkpoint", str(job), "--worker", "w",
+             "--epoch", str(epoch), "--name", name, "--json"],
+            capture_output=True, timeout=60, check=False, env=env)
+        assert got.returncode == 0, got.stdout.decode() + got.stderr.decode()[-2000:]
+    with Coordinator.open(target) as c:
+        assert [cp["name"] for cp in c.show(job)["checkpoints"]] == ["a", "b"]

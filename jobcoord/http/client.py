@@ -196,8 +196,17 @@ class RemoteCoordinator:
             "roles": list(roles or ()), "kinds": None if kinds is None else list(kinds),
             "readings": readings})
 
+    def _claims_for(self, tenant: str | None) -> None:
+        """A claim's tenant is the token's: one naming another is refused, never dropped
+        (a worker told to claim one tenant's jobs would run every tenant's)."""
+        if tenant is not None and tenant != self.whoami()["tenant"]:
+            raise InvalidInput("invalid_input", f"tenant {tenant!r}: this token claims "
+                               + ("every tenant's jobs" if self.whoami()["tenant"] is None
+                                  else f"tenant {self.whoami()['tenant']!r}'s jobs"))
+
     def claim(self, worker_id: str, *, lease_s: float | None = None, kinds: Any = None,
-              wait: float | None = None) -> dict[str, Any]:
+              wait: float | None = None, tenant: str | None = None) -> dict[str, Any]:
+        self._claims_for(tenant)
         wait = self.claim_wait if wait is None else wait
         got = self._poll({
             "lease_s": lease_s, "kinds": None if kinds is None else list(kinds), "wait": wait},
@@ -208,9 +217,11 @@ class RemoteCoordinator:
         return got
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
-                   kinds: Any = None, wait: float | None = None) -> dict[str, Any]:
+                   kinds: Any = None, wait: float | None = None, tenant: str | None = None
+                   ) -> dict[str, Any]:
         """Up to `n` jobs in one request and one transaction, long-polling like `claim`:
         {"claimed": [claim answers], "reason", "detail"}, like the Coordinator's."""
+        self._claims_for(tenant)
         wait = self.claim_wait if wait is None else wait
         got = self._poll({
             "n": n, "lease_s": lease_s, "kinds": None if kinds is None else list(kinds),

@@ -101,9 +101,10 @@ def token_revoke(s: Any, name: str, as_json: bool) -> None:
 
 
 def read_token_file(path: str) -> str:
+    from ..small_files import read_small
+
     try:
-        with open(os.path.expanduser(path), "rb") as f:
-            data = f.read(MAX_TOKEN_FILE + 1)
+        data, _ = read_small(os.path.expanduser(path), MAX_TOKEN_FILE)
     except OSError as e:
         raise InvalidInput("invalid_input", f"cannot read the token file {path}: "
                            f"{e.strerror}") from None
@@ -207,7 +208,7 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
             readings_override=kw["readings_override"], log_format=kw["log_format"],
             max_jobs=kw["max_jobs"], burst=kw["burst"], database_url=None,
             policy=remote.policy, flush_delay=kw["flush_delay"], batch=kw["batch"],
-            server_env=_server_env(server, token_file, ca_file))
+            tenant=who["tenant"], server_env=_server_env(server, token_file, ca_file))
         summary = Worker(remote, config, as_json=kw["as_json"]).run()
     finally:
         remote.close()
@@ -218,20 +219,31 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
 #: it may make itself, each as the Coordinator method of the same name takes them.
 REMOTE_CALLS: dict[str, Any] = {
     "checkpoint": lambda r, job, worker, epoch, kw: r.checkpoint(
-        job, worker, epoch, kw["name"], _json_data(kw["data"])),
+        job, worker, epoch, kw["name"], _json_data(kw["data"], r.policy.max_payload_bytes)),
     "effect": lambda r, job, worker, epoch, kw: r.mark_effect(job, worker, epoch),
 }
 
 
-def _json_data(raw: str | None) -> Any:
+def _json_data(raw: str | None, max_bytes: int) -> Any:
+    """--data checked here exactly as the core checks a local checkpoint's (NaN, numbers
+    out of range, duplicate keys, depth, size): the JSON sent could not say what is wrong."""
     from .. import validate as v
 
     if raw is None:
         return {}
-    try:
-        return v.loads(raw)
-    except ValueError as e:
-        raise InvalidInput("invalid_input", f"--data is not valid JSON: {e}") from None
+    return v.json_value(raw.encode("utf-8", "surrogateescape"), "data", max_bytes=max_bytes,
+                        require_object=False, too_large_code="checkpoint_too_large")[0]
+
+
+def _database_named_over(ctx: click.Context) -> bool:
+    """A server from the environment (JOBCOORD_SERVER) and a database named on the command
+    line (`--db`, `--url`): the command line wins, as an option always wins over the
+    environment."""
+    env = click.core.ParameterSource.ENVIRONMENT
+    line = click.core.ParameterSource.COMMANDLINE
+    group = ctx.parent
+    return (ctx.get_parameter_source("server") == env and group is not None
+            and line in (group.get_parameter_source("db"), group.get_parameter_source("url")))
 
 
 def remote_fenced_command(local: click.Command, call: Any) -> click.Command:
@@ -252,8 +264,14 @@ def remote_fenced_command(local: click.Command, call: Any) -> click.Command:
 
     def callback(**kw: Any) -> Any:
         server, token_file, ca_file = kw.pop("server"), kw.pop("token_file"), kw.pop("ca_file")
+        ctx = click.get_current_context()
+        if server and _database_named_over(ctx):
+            server = token_file = ca_file = None
         if not server:
-            if token_file:
+            # Only a --token-file given on this command line without a server is a mistake;
+            # one left in the environment is not this command's.
+            if token_file and ctx.get_parameter_source("token_file") != \
+                    click.core.ParameterSource.ENVIRONMENT:
                 raise InvalidInput("invalid_input", "--token-file needs --server")
             assert local.callback is not None
             return local.callback(**kw)
