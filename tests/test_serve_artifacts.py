@@ -6,6 +6,7 @@ uploads change nothing: no row, no stored object."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -241,3 +242,37 @@ def test_without_the_artifacts_feature_uploads_are_refused_and_nothing_is_listed
         assert op.get(f"/v1/jobs/{job}/artifacts").json() == {"artifacts": []}
         assert op.get(f"/v1/jobs/{job}/artifacts/a.bin").status_code == 404
         assert op.get(f"/v1/jobs/{job + 99}/artifacts").status_code == 404
+
+
+def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_failure(
+        s: Setup, tmp_path: Path) -> None:
+    job = s.c.enqueue("report", {"title": "Lost answer"}, tenant="alice")["job_id"]
+    path = tmp_path / "worker token"
+    path.write_text(s.worker + "\n")
+    path.chmod(0o600)
+    # The server commits the completion, then sits on its answer past the client's timeout
+    # and retries (10 s each): the worker's report is sent again, as after a lost answer.
+    env = {**s.env, "JOBCOORD_FAULT": "http.complete.after_commit:sleep=11"}
+    with served(s.target, "--reap-every", "0", env=env) as srv:
+        done = subprocess.run(
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", str(path),
+             "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "120",
+             "--readings-override", '{"memory_used_pct": 10}', "--burst", "--wait", "0",
+             "--json", "--log-format", "json"],
+            capture_output=True, timeout=90, check=False,
+            env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    logged = [json.loads(line) for line in done.stderr.decode().splitlines()
+              if line.startswith("{")]
+    events = [e["event"] for e in logged]
+    assert "report_retry" in events, events  # the answer was lost: the report went again
+    assert "report_refused" not in events, logged
+    summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert summary["completed"] == 1 and summary["lost"] == 0, summary
+    shown = s.c.show(job)
+    assert shown["job"]["status"] == "succeeded"
+    assert shown["job"]["result"] == {"title": "Lost answer"}
+    reasons = [e["reason"] for e in shown["events"]]
+    assert reasons.count("completed") == 1 and "artifact_refused" not in reasons, reasons
+    [a] = s.c.artifacts(job)["artifacts"]
+    assert a["name"] == "report.md" and a["state"] == "accepted"

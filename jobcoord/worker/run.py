@@ -66,6 +66,8 @@ class JobRun:
         self.handler_thread: Task | None = None
         self.checkpoints_file: str | None = None
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
+        #: Its files are staged under the lease: a report sent again sends only the completion.
+        self.artifacts_staged = False
         #: Alive from now until the run has reported and its handler has returned: the slot.
         #: The worker is woken once it is over (never before: a woken claim loop must see
         #: the slot free).
@@ -405,11 +407,17 @@ class JobRun:
         if out.kind == "success":
             prov = w.provenance(self.spec, out.provenance or {}, duration, self.epoch,
                                 self.job.get("attempt"), started_at)
-            if self.artifacts_out is not None:  # the command's files, staged under the lease
+            if self.artifacts_out is not None and not self.artifacts_staged:
+                # The command's files, staged under the lease once. A report sent again (its
+                # completion's answer lost) goes straight to the completion: its answer
+                # (`already_accepted`, or the real refusal) decides. Uploading the same files
+                # again could only be refused once that completion had committed, which
+                # would turn this worker's accepted result into a refusal.
                 from ..artifacts.rules import stage_outdir
 
                 stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
                              self.epoch, tenant)
+                self.artifacts_staged = True
             if w.completer is not None:
                 # Acknowledged only once the group holding this result has committed; its
                 # `completed` line is written with the group's (`Worker._log_completed`).
