@@ -159,3 +159,69 @@ def test_a_policy_fifo_nobody_writes_to_is_invalid_policy_not_a_hang(coord, cli,
         assert Policy.from_toml(fifo).max_memory_pct == 70
     finally:
         writer.join(10)
+
+
+@pytest.mark.parametrize(("body", "named"), [
+    ("artifacts = false\n", "artifacts"),                  # was skipped: `if not data`
+    ("artifacts = []\n", "artifacts"),
+    ('artifacts = "strict"\n', "artifacts"),
+    ("[artifacts]\nkinds = 5\n", "artifacts.kinds"),       # were exit 1, internal_error
+    ('[artifacts]\nkinds = "ab"\n', "artifacts.kinds"),
+    ("[artifacts]\nkinds = true\n", "artifacts.kinds"),
+    ('[artifacts]\nkinds = [["render", {max_bytes = 5}]]\n', "artifacts.kinds"),  # was dict()
+    ("[artifacts.kinds]\nrender = 5\n", "artifacts.kinds.render"),
+    ('[artifacts]\nvalidator = "check \\" unterminated"\n', "artifacts.validator"),
+    ("[artifacts]\nvalidator = 5\n", "artifacts.validator"),
+    ('[artifacts]\nvalidator = {check = "x"}\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = ["check", 5]\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = ""\n', "artifacts.validator"),
+    ("[artifacts]\nmedia_types = 5\n", "artifacts.media_types"),
+    ('[artifacts]\nmedia_types = "application/pdf"\n', "artifacts.media_types"),
+    ('[artifacts]\nmedia_types = {"application/pdf" = 1}\n', "artifacts.media_types"),
+    ('[artifacts]\nmax_bytes = "5"\n', "artifacts.max_bytes"),
+    ("[artifacts]\nmax_bytes = -1\n", "artifacts.max_bytes"),
+    ("[artifacts]\nmax_bytes = 5.0\n", "artifacts.max_bytes"),
+    ("[artifacts]\nmax_bytes = true\n", "artifacts.max_bytes"),
+    ('[artifacts.kinds.render]\nmax_bytes = "5"\n', "artifacts.kinds.render.max_bytes"),
+    ("[artifacts.kinds.render]\nmedia_types = 5\n", "artifacts.kinds.render.media_types"),
+    ('[artifacts.kinds.render]\nvalidator = "check \'x"\n', "artifacts.kinds.render.validator"),
+    ("[artifacts.kinds.render]\nmax_byte = 5\n", "artifacts.kinds.render.max_byte"),
+    ("[artifacts]\nmax_byte = 5\n", "artifacts.max_byte"),
+])
+def test_a_badly_typed_artifacts_setting_is_invalid_policy_naming_its_key(
+        coord, cli, tmp_path, body, named):
+    """Every `[artifacts]` value is checked for its type and shape: a wrong one is
+    invalid_policy (exit 2) naming its key path, with nothing changed; some were exit 1
+    (internal_error) and some were accepted or skipped silently."""
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    path = _policy_file(tmp_path, body)
+    r = cli("--policy", path, "claim", "w1", "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    assert named in r.json["error"]["message"]
+    assert dump(coord) == before
+    with pytest.raises(InvalidInput) as caught:
+        Policy.from_toml(path)
+    assert caught.value.code == "invalid_policy"
+    assert named in caught.value.message
+
+
+def test_a_well_typed_artifacts_table_is_still_accepted(tmp_path):
+    path = _policy_file(tmp_path, (
+        "[artifacts]\nmax_bytes = 100\nvalidator = [\"check\", \"--strict\"]\n"
+        "[artifacts.kinds.render]\nmedia_types = [\"application/pdf\", \"image/png\"]\n"
+        "validator = \"python 'check pdf.py'\"\n[artifacts.kinds.log]\nmax_bytes = 0\n"
+        "[artifacts.kinds.any]\n"))
+    settings = Policy.from_toml(path).artifacts
+    assert settings.default.max_bytes == 100
+    assert settings.default.validator == ("check", "--strict")
+    render = settings.for_kind("render")
+    assert render.max_bytes == 100
+    assert render.media_types == ("application/pdf", "image/png")
+    assert render.validator == ("python", "check pdf.py")
+    assert settings.for_kind("log").max_bytes == 0
+    assert settings.for_kind("any") == settings.default
+    assert Policy.from_toml(_policy_file(tmp_path, "max_memory_pct = 80\n")).artifacts \
+        .rules == {}

@@ -59,50 +59,77 @@ class ArtifactSettings:
 
 
 def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = None,
-              where: str = "artifacts") -> KindRule:
-    """A validated KindRule (InvalidInput `invalid_policy` naming `where` otherwise)."""
-    def bad(why: str) -> InvalidInput:
-        return InvalidInput("invalid_policy", f"{where}: {why}")
+              where: str = "artifacts", path: str = "") -> KindRule:
+    """A validated KindRule (InvalidInput `invalid_policy` naming `where` and the key, as
+    `path` + key, otherwise)."""
+    def bad(key: str, value: Any, why: str) -> InvalidInput:
+        return InvalidInput("invalid_policy",
+                            f"{where}: {path}{key} = {ascii(value)[:80]}: {why}")
 
     if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
                                   or not 0 <= max_bytes <= 2**62):
-        raise bad("max_bytes must be a whole number of bytes, 0..2**62")
+        raise bad("max_bytes", max_bytes, "must be a whole number of bytes, 0..2**62")
     if media_types is not None:
-        if isinstance(media_types, str) or not all(isinstance(m, str) and _MEDIA.fullmatch(m)
-                                                   for m in media_types):
-            raise bad("media_types must be a list of media types like 'application/pdf'")
+        # A list only: a string or a table would be iterated character by character or
+        # key by key, and a number not at all.
+        if isinstance(media_types, str) or not isinstance(media_types, Sequence) or not all(
+                isinstance(m, str) and _MEDIA.fullmatch(m) for m in media_types):
+            raise bad("media_types", media_types,
+                      "must be a list of media types like 'application/pdf'")
         media_types = tuple(media_types)
     if validator is not None:
+        original = validator
         if isinstance(validator, str):
-            validator = shlex.split(validator)
-        if not validator or not all(isinstance(a, str) and "\0" not in a for a in validator):
-            raise bad("validator must be a command (a string or a list of arguments)")
+            try:
+                validator = shlex.split(validator)
+            except ValueError as e:  # an unclosed quote or a trailing backslash
+                raise bad("validator", original,
+                          f"cannot be split into arguments ({e})") from None
+        if not isinstance(validator, Sequence) or not validator or not all(
+                isinstance(a, str) and "\0" not in a for a in validator):
+            raise bad("validator", original,
+                      "must be a command (a string or a list of arguments)")
         validator = tuple(validator)
     return KindRule(max_bytes, media_types, validator)
 
 
-def settings_from_mapping(data: Mapping[str, Any] | None, source: str = "policy"
-                          ) -> ArtifactSettings:
-    """The `[artifacts]` table of a policy file: defaults, and `[artifacts.kinds.<kind>]`."""
+def settings_from_mapping(data: Any, source: str = "policy") -> ArtifactSettings:
+    """The `[artifacts]` table of a policy file (None: the file has none): defaults, and
+    `[artifacts.kinds.<kind>]`. Every value is checked for its type and shape, so a wrong
+    one is `invalid_policy` naming its key path, never a crash or silently skipped."""
     out = ArtifactSettings()
-    if not data:
+    if data is None:
         return out
-    if not isinstance(data, Mapping):
-        raise InvalidInput("invalid_policy", f"{source}: [artifacts] must be a table")
-    keys = {"max_bytes", "media_types", "validator"}
+    if not isinstance(data, Mapping):  # `artifacts = false` or `[]` too: never ignored
+        raise InvalidInput("invalid_policy", f"{source}: artifacts must be a table "
+                           f"([artifacts]), not {type(data).__name__}")
+    keys = ("max_bytes", "media_types", "validator")
     for key in data:
-        if key not in keys | {"kinds"}:
-            raise InvalidInput("invalid_policy", f"{source}: unknown setting artifacts.{key}")
+        if key not in (*keys, "kinds"):
+            raise InvalidInput("invalid_policy", f"{source}: unknown setting artifacts.{key} "
+                               f"(artifacts takes {', '.join((*keys, 'kinds'))})")
     out.default = kind_rule(data.get("max_bytes"), data.get("media_types"),
-                            data.get("validator"), f"{source}: artifacts")
-    for kind, rule in dict(data.get("kinds") or {}).items():
-        if not isinstance(rule, Mapping) or set(rule) - keys:
-            raise InvalidInput("invalid_policy", f"{source}: artifacts.kinds.{kind} takes "
-                               f"{', '.join(sorted(keys))}")
+                            data.get("validator"), source, "artifacts.")
+    kinds = data.get("kinds", {})
+    # A table only: a list of pairs went through dict() and was accepted.
+    if not isinstance(kinds, Mapping):
+        raise InvalidInput("invalid_policy", f"{source}: artifacts.kinds must be a table "
+                           f"([artifacts.kinds.<kind>]), not {type(kinds).__name__}")
+    for kind, rule in kinds.items():
+        if not isinstance(rule, Mapping):
+            raise InvalidInput("invalid_policy", f"{source}: artifacts.kinds.{kind} must be "
+                               f"a table ([artifacts.kinds.{kind}]), not "
+                               f"{type(rule).__name__}")
+        for key in rule:
+            if key not in keys:
+                raise InvalidInput("invalid_policy", f"{source}: unknown setting "
+                                   f"artifacts.kinds.{kind}.{key} (a kind takes "
+                                   f"{', '.join(keys)})")
         merged = {"max_bytes": out.default.max_bytes, "media_types": out.default.media_types,
                   "validator": out.default.validator, **rule}
         out.rules[str(kind)] = kind_rule(merged["max_bytes"], merged["media_types"],
-                                         merged["validator"], f"{source}: artifacts.kinds.{kind}")
+                                         merged["validator"], source,
+                                         f"artifacts.kinds.{kind}.")
     return out
 
 
