@@ -13,6 +13,7 @@ is slot + window, so it ends `dead` with reason `window_missed` if it never ran 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +39,14 @@ MAX_MISSED_ROWS = 100
 #: operator, and may yet turn out to have run).
 LIVE = ("waiting", "running", "unknown")
 MAX_EVERY_S = 366 * 86400
+#: The most slots one write transaction of a tick handles, each a `schedule_fires` row and
+#: at most one job: a tick with more (a long gap, many schedules, `all:N`) writes them in
+#: further transactions, so SQLite's write lock is never held for more than this many.
+MAX_TICK_SLOTS = 1000
+#: The pause between two write transactions of one tick on SQLite: a process waiting for
+#: the write lock polls it at least every 100 ms (SQLite's busy handler), and would find
+#: it taken again at once without one.
+TICK_YIELD_S = 0.1
 
 
 def _catchup(value: object) -> tuple[str, int]:
@@ -213,6 +222,7 @@ class _Tick:
         self.counts = {"fired": 0, "missed": 0, "skipped": 0, "queued": 0}
         self.jobs: list[int] = []
         self.queued = s["queued_slot_at"]
+        self.handled = 0  # slots handled: a row each (a released held slot: its job)
 
     def record(self, slot: int, outcome: str, detail: Mapping[str, Any] | None = None
                ) -> int | None:
@@ -288,10 +298,14 @@ class _Tick:
         self.make_job(fire_id, slot)
         self.counts["fired"] += 1
 
-    def run(self, due: Due) -> dict[str, Any]:
-        """Handle the slots `_plan` found due (the latest ones up to `now`)."""
+    def run(self, due: Due, room: int) -> tuple[dict[str, Any], Due | None]:
+        """Handle the slots `_plan` found due (the latest ones up to `now`), at most `room`
+        of them (a held slot this releases counts as one). Returns what was done and, when
+        slots are left over, the rest as a Due of their own: the row's next slot is then the
+        first of them and it stays due, so whoever ticks next handles exactly those."""
         s, now = self.s, self.now
         self.release_queued()
+        room -= len(self.jobs)
         on_time = [x for x in due.slots if now - x < ON_TIME_S * MICROS]
         late = [x for x in due.slots if now - x >= ON_TIME_S * MICROS]
         catch_up: list[int] = []
@@ -301,24 +315,33 @@ class _Tick:
             catch_up = late[-_catchup_max(s):]
         chosen = set(catch_up)
         missed = [x for x in late if x not in chosen]
-        if missed:
-            self.record_missed(missed, due.passed)
-        for slot in (*catch_up, *on_time):
+        rows = missed[-MAX_MISSED_ROWS:]
+        # In slot order: the missed rows, then catch-up, then on time. Catch-up takes the
+        # latest late slots, so the policy applied again to what is left of this list
+        # (after a crash, by any ticker) chooses the same slots.
+        todo = (*rows, *catch_up, *on_time)
+        now_todo, rest = todo[:max(room, 0)], todo[max(room, 0):]
+        self.handled = len(self.jobs) + len(now_todo)
+        if rows and now_todo:
+            self.record_missed(rows[:len(now_todo)], len(missed) - len(rows), due.passed)
+        for slot in now_todo[len(rows):]:
             self.fire(slot)
-        after = due.after
-        due_at = now if self.queued is not None else after
+        after = rest[0] if rest else due.after
+        due_at = now if self.queued is not None or rest else after
         self.ctx.db.run(self.conn, sql.ADVANCE_SCHEDULE, {
             "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due_at,
             "queued_slot_at": self.queued, "now": now})
-        return {"schedule": s["name"], **self.counts, "missed_exact": due.passed is not None,
-                "jobs": self.jobs, "next_fire_at": after}
+        return ({"schedule": s["name"], **self.counts, "missed_exact": due.passed is not None,
+                 "jobs": self.jobs, "next_fire_at": due.after},
+                Due(rest, 0, due.after) if rest else None)
 
-    def record_missed(self, missed: list[int], passed: int | None) -> None:
+    def record_missed(self, rows: list[int] | tuple[int, ...], uncounted: int,
+                      passed: int | None) -> None:
         """Each missed slot gets its row (the latest MAX_MISSED_ROWS of them); the earliest
-        row counts the older ones it stands for, or says "many" when they were not counted
-        (a cron after more slots than a tick handles)."""
-        rows = missed[-MAX_MISSED_ROWS:]
-        older = len(missed) - len(rows) + (passed or 0)
+        row counts the older ones it stands for (`uncounted` of them plus the `passed`
+        over), or says "many" when they were not counted (a cron after more slots than a
+        tick handles)."""
+        older = uncounted + (passed or 0)
         for i, slot in enumerate(rows):
             detail: dict[str, Any] = {"because": "late", "catchup": self.s["catchup"]}
             if i == 0 and (older or passed is None):
@@ -386,7 +409,9 @@ def _replan(planned: tuple[dict[str, Any], int, Due | str] | None, s: dict[str, 
 
 
 def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
-    """Fire what is due. Cheap when nothing is: one read of the due index, no write lock.
+    """Fire what is due, in write transactions of at most MAX_TICK_SLOTS slots each, every
+    one leaving the schedules' rows consistent with what it committed. Cheap when nothing
+    is due: one read of the due index, no write lock.
     `missed` counts the missed slots exactly unless `missed_exact` is false: a cron after
     more slots than a tick handles, whose older slots are not walked through to count them.
     Times in the answer are microseconds (present.ticked_json makes them ISO text)."""
@@ -404,25 +429,80 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
     # The slots are computed here, outside any transaction: it is arithmetic on the rows,
     # and the write lock (SQLite's, held by one writer at a time) is taken only for the
     # inserts. The write re-reads each row and uses this plan while the row is unchanged.
-    plans = {s["schedule_id"]: (s, then, _plan(s, then)) for s in rows}
+    plans: dict[int, tuple[dict[str, Any], int, Due | str]] = {
+        s["schedule_id"]: (s, then, _plan(s, then)) for s in rows}
+    done: set[int] = set()  # handled in full by an earlier write of this tick (or unreadable)
 
-    def _do(conn: Connection) -> dict[str, Any]:
-        out = _empty()  # afresh on a busy retry
-        now = now_us()
-        for row in ctx.db.run(conn, sql.DUE_SCHEDULES, {"now": now, "limit": limit}).all():
+    def _do(conn: Connection) -> tuple[int, list[Any], dict[int, Any], set[int], bool]:
+        # Only local state here: a busy retry runs this afresh, and the tick's own state
+        # changes once the write has committed.
+        now, room, more = now_us(), MAX_TICK_SLOTS, False
+        results: list[Any] = []
+        rest_plans: dict[int, Any] = {}
+        finished: set[int] = set()
+        for row in ctx.db.run(conn, sql.DUE_SCHEDULES,
+                              {"now": now, "limit": limit + len(done)}).all():
             s = _row(row)
-            due = _replan(plans.get(s["schedule_id"]), s, now)
+            sid = s["schedule_id"]
+            if sid in done:  # still due: a held queue_one slot, or a slot due since
+                continue
+            if len(done) + len(finished) >= limit:
+                break
+            if room < 2:  # a held slot it releases and one slot, at least
+                more = True
+                break
+            due = _replan(plans.get(sid), s, now)
             if isinstance(due, str):
                 # Written outside jobcoord: left as it is, said in every tick's answer, and
                 # never in the way of the schedules after it.
-                out["unreadable"].append({"name": str(s["name"])[:200], "detail": due})
+                results.append({"name": str(s["name"])[:200], "detail": due})
+                finished.add(sid)
                 continue
-            done = _Tick(ctx, conn, s, now).run(due)
-            for k in ("fired", "missed", "skipped", "queued"):
-                out[k] += done[k]
-            out["missed_exact"] = out["missed_exact"] and done["missed_exact"]
-            out["schedules"].append(done)
-        out["at"] = now
-        return out
+            t = _Tick(ctx, conn, s, now)
+            got, rest = t.run(due, room)
+            room -= t.handled
+            results.append(got)
+            if rest is None:
+                finished.add(sid)
+                continue
+            # The row as this write leaves it, so the next write uses the rest of the plan
+            # (no slot computed under the lock) unless someone changed the row meanwhile.
+            left = {**s, "next_slot_at": rest.slots[0], "due_at": now,
+                    "queued_slot_at": t.queued, "updated_at": now}
+            rest_plans[sid] = (left, now, rest)
+            more = True
+            break
+        return now, results, rest_plans, finished, more
 
-    return ctx.db.write(_do, "schedule tick")
+    out = _empty()
+    out["at"] = None
+    by_name: dict[str, dict[str, Any]] = {}
+    while True:
+        now, results, rest_plans, finished, more = ctx.db.write(_do, "schedule tick")
+        plans.update(rest_plans)
+        done.update(finished)
+        out["at"] = now if out["at"] is None else out["at"]
+        for got in results:
+            if "detail" in got:
+                out["unreadable"].append(got)
+                continue
+            for k in ("fired", "missed", "skipped", "queued"):
+                out[k] += got[k]
+            out["missed_exact"] = out["missed_exact"] and got["missed_exact"]
+            seen = by_name.get(got["schedule"])
+            if seen is None:
+                by_name[got["schedule"]] = got
+                out["schedules"].append(got)
+                continue
+            for k in ("fired", "missed", "skipped", "queued"):
+                seen[k] += got[k]
+            seen["missed_exact"] = seen["missed_exact"] and got["missed_exact"]
+            seen["jobs"] = seen["jobs"] + got["jobs"]
+            seen["next_fire_at"] = got["next_fire_at"]
+        if not more:
+            return out
+        # Each write committed its slots with the rows advanced: a crash here neither loses
+        # nor repeats a slot, the next tick handles the rest.
+        faults.point("schedule.tick.between_writes")
+        if ctx.db.is_sqlite:
+            time.sleep(TICK_YIELD_S)
