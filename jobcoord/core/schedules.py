@@ -13,7 +13,6 @@ is slot + window, so it ends `dead` with reason `window_missed` if it never ran 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,10 +42,6 @@ MAX_EVERY_S = 366 * 86400
 #: at most one job: a tick with more (a long gap, many schedules, `all:N`) writes them in
 #: further transactions, so SQLite's write lock is never held for more than this many.
 MAX_TICK_SLOTS = 1000
-#: The pause between two write transactions of one tick on SQLite: a process waiting for
-#: the write lock polls it at least every 100 ms (SQLite's busy handler), and would find
-#: it taken again at once without one.
-TICK_YIELD_S = 0.1
 
 
 def _catchup(value: object) -> tuple[str, int]:
@@ -504,5 +499,4 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
         # Each write committed its slots with the rows advanced: a crash here neither loses
         # nor repeats a slot, the next tick handles the rest.
         faults.point("schedule.tick.between_writes")
-        if ctx.db.is_sqlite:
-            time.sleep(TICK_YIELD_S)
+        ctx.db.let_writers_in()

@@ -408,6 +408,10 @@ class Database:
         """Run a select of rows this transaction is about to delete, holding them."""
         raise NotImplementedError
 
+    def let_writers_in(self) -> None:
+        """Between two write transactions of one long task (a tick firing many slots): give
+        writers waiting for the write lock their turn. Nothing where writers wait on rows."""
+
     def announce_jobs(self, conn: Connection) -> None:
         """A hint, delivered when this transaction commits, that jobs became claimable
         (enqueued, back to waiting). Waiting workers use it to claim at once instead of at

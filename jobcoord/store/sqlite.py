@@ -367,6 +367,13 @@ class SqliteDatabase(Database):
     folds_transitions = False
     events_settle_s = 0.0
 
+    #: How long `let_writers_in` pauses: a process waiting for the write lock retries it at
+    #: least every 100 ms (SQLite's busy handler), and would find it taken again at once.
+    LET_WRITERS_IN_S = 0.1
+
+    def let_writers_in(self) -> None:
+        time.sleep(self.LET_WRITERS_IN_S)
+
     def __init__(self, target: Target, engine: Engine, **kw: Any) -> None:
         super().__init__(target, engine, **kw)
         self._driver_errors = (DBAPIError, PoolTimeout, sqlite3.Error)
