@@ -67,6 +67,68 @@ def test_claimable_reads_without_recording_anything(coord: Coordinator) -> None:
     assert dump(coord) == before
 
 
+def test_claimable_is_false_while_limits_or_unfit_needs_hold_every_waiting_job(
+        coord: Coordinator) -> None:
+    """A job a limit holds, or whose needs do not fit, is not one the worker could take:
+    the look says no, exactly as the claim would refuse, and records nothing."""
+    for w in ("w1", "w2"):
+        coord.heartbeat(w, readings=IDLE_ON_AC)
+    coord.set_limit("llm", 1)
+    coord.enqueue("llm", {"n": 1})
+    coord.enqueue("llm", {"n": 2})
+    assert coord.claim("w1")["job"] is not None
+    before = dump(coord)
+    assert coord.claimable("w2") is False
+    assert dump(coord) == before
+    assert coord.claim("w2")["reason"] == "concurrency_limit"  # the claim agrees
+    coord.set_limit("embed", 1, key="model")
+    coord.enqueue("embed", {"model": "a"})
+    assert coord.claimable("w2") is True
+    assert coord.claim("w2")["job"]["payload"] == {"model": "a"}
+    coord.enqueue("embed", {"model": "a"})
+    assert coord.claimable("w2") is False  # the key's slot is held
+    coord.enqueue("embed", {"model": "b"})
+    assert coord.claimable("w2") is True  # another key's is free
+    assert coord.claim("w2")["job"]["payload"] == {"model": "b"}
+    coord.enqueue("render", {}, needs={"gpu_mem_mb": 12000})  # no GPU reported
+    assert coord.claimable("w2") is False
+    assert coord.claim("w2")["reason"] in ("concurrency_limit", "resource_short")
+    coord.heartbeat("w2", readings=IDLE_ON_AC | {"memory_available_mb": 100})
+    coord.enqueue("render", {}, needs={"ram_mb": 10})
+    assert coord.claimable("w2") is True
+    assert coord.claim("w2")["job"]["kind"] == "render"
+
+
+def test_idle_workers_do_not_answer_each_others_refusals_while_a_limit_holds_the_queue(
+        target: Target, tmp_path: Path) -> None:
+    """Every refused claim is a commit, and every commit wakes the idle workers (on SQLite,
+    any change of the file). With the only waiting job held by a limit, a look that
+    ignored the limit would send each woken worker into a refused claim, waking the
+    others: two idle workers refusing each other without end, a core's worth of CPU."""
+    with Coordinator.open(target) as coord:
+        coord.set_limit("summarize", 1)
+        coord.heartbeat("holder", readings=IDLE_ON_AC)
+        coord.enqueue("summarize", {"text": "held"})
+        coord.enqueue("summarize", {"text": "waits"})
+        assert coord.claim("holder", lease_s=600)["job"] is not None
+        logs = [tmp_path / f"w{i}.log" for i in range(2)]
+        procs = [_worker(target, log, "--poll", "30", worker_id=f"idle{i}")
+                 for i, log in enumerate(logs)]
+        try:
+            for log in logs:
+                wait_for(lambda log=log: b"waiting_for" in log.read_bytes(), 30,
+                         "the workers to go idle")
+            time.sleep(0.5)
+            before = _refusals(coord, "idle%")
+            time.sleep(2.0)
+            assert _refusals(coord, "idle%") == before
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(30)
+
+
 def test_idle_workers_woken_by_other_commits_do_not_claim_in_answer(
         target: Target, tmp_path: Path) -> None:
     """Every refused claim is counted (a write): an idle worker woken by another's commit
@@ -90,11 +152,12 @@ def test_idle_workers_woken_by_other_commits_do_not_claim_in_answer(
             proc.wait(30)
 
 
-def _refusals(coord: Coordinator) -> int:
+def _refusals(coord: Coordinator, workers: str = "idle") -> int:
+    """Refused claims counted for the workers whose id is LIKE `workers`."""
     from jobcoord.store.statements import SQL
 
-    stmt = SQL("SELECT COALESCE(SUM(n), 0) FROM claim_refusals WHERE worker_id = 'idle'")
-    return int(coord.db.read(lambda conn: coord.db.run(conn, stmt).scalar()))
+    stmt = SQL("SELECT COALESCE(SUM(n), 0) FROM claim_refusals WHERE worker_id LIKE :w")
+    return int(coord.db.read(lambda conn: coord.db.run(conn, stmt, {"w": workers}).scalar()))
 
 
 def test_a_repeated_refusal_is_recorded_again_after_five_seconds_and_a_new_one_at_once(
@@ -114,11 +177,12 @@ def test_a_repeated_refusal_is_recorded_again_after_five_seconds_and_a_new_one_a
         "reason": "memory_gate", "detail": coord.claim("w1")["detail"], "at": iso_at(6)}
 
 
-def _worker(target: Target, log: Path, *args: str) -> subprocess.Popen[bytes]:
+def _worker(target: Target, log: Path, *args: str, worker_id: str = "idle"
+            ) -> subprocess.Popen[bytes]:
     where = (["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url])
     with open(log, "wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "jobcoord", *where, "worker", "--worker-id", "idle",
+            [sys.executable, "-m", "jobcoord", *where, "worker", "--worker-id", worker_id,
              "--app", "examples.handlers:app", "--log-format", "json",
              "--heartbeat-every", "10", "--reap-every", "0", *args],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)

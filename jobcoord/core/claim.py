@@ -375,6 +375,12 @@ def claimable(ctx: Context, worker_id: str, kinds: Sequence[str] | None = None, 
         gates = evaluate(ctx.policy, Readings(row[3], row[4], as_bool(row[5]), row[6]))
         if gates.blocks_all:
             return False
+        if row[7] or row[8]:
+            # A limit exists or a waiting job declares needs: a waiting job may be one the
+            # claim would refuse, so walk the candidates as the claim does.
+            return limit_rules.fits_any(ctx, conn, worker_id, roles, wanted, now=now,
+                                        max_priority=gates.max_priority,
+                                        limited=bool(row[7]), tenant=tenant)
         stmt, params = ctx.db.candidate_sql(roles, wanted, due_only=True, locked=False,
                                             tenant=tenant)
         params.update(now=now, maxp=gates.max_priority)

@@ -13,7 +13,7 @@ many jobs calls it per job with the jobs it already took in that batch.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -211,9 +211,12 @@ class ClaimView:
     and its running jobs' needs."""
 
     def __init__(self, ctx: Context, conn: Connection, worker_id: str, now: int,
-                 limited: bool, tenant: str | None = None) -> None:
+                 limited: bool, tenant: str | None = None, *, locking: bool = True) -> None:
         self.ctx, self.conn, self.worker_id, self.now = ctx, conn, worker_id, now
         self.tenant = tenant
+        #: False for a look that takes nothing (`fits_any`): no row is held, the holders
+        #: are read as they stand.
+        self.locking = locking
         self.limits: dict[str, Limit] = {}
         if limited:
             self.limits = {r[0]: stored_limit(r)
@@ -229,12 +232,13 @@ class ClaimView:
         never wait for each other's kinds (no deadlock)."""
         if kind in self._holders:
             return True
-        if not self.ctx.db.hold_limit(self.conn, kind, wait=not self._held):
-            return False
-        self._held = True
-        # The hold may have waited for other claims: the time the holders' leases are
-        # judged live at is read after it, never before.
-        self.now = max(self.now, now_us())
+        if self.locking:
+            if not self.ctx.db.hold_limit(self.conn, kind, wait=not self._held):
+                return False
+            self._held = True
+            # The hold may have waited for other claims: the time the holders' leases are
+            # judged live at is read after it, never before.
+            self.now = max(self.now, now_us())
         # Read after the hold: on PostgreSQL this statement sees every lease committed by
         # the claims that held the kind before, and every end committed so far.
         self._holders[kind] = [
@@ -288,7 +292,44 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
     """The claim's take when candidates must be checked one by one: the first eligible job
     in claim order that `check` lets this worker take. Returns what was taken; when nothing
     was, the first refusal seen (None: there was no candidate at all); and the time of the
-    decision (later than `now` when holding a limit waited for other claims).
+    decision (later than `now` when holding a limit waited for other claims)."""
+    view = ClaimView(ctx, conn, worker_id, now, limited, tenant)
+    # This worker's row first, always before any limits row: two claims of one worker never
+    # both fit a job into the same free capacity, and the locks are always taken in one
+    # order (worker, then one kind waited for, further kinds only if free), so no deadlock.
+    ctx.db.hold_worker(conn, worker_id)
+    view.now = max(view.now, now_us())
+
+    def take(job_id: int) -> tuple[Any, ...] | None:
+        # A test may pause here: between the decision and the take is where two claims
+        # deciding at once would both fit into the same slot or capacity.
+        faults.point("checked.before_take")
+        expires = view.now + lease_us
+        return ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
+                               expires=expires, expires_iso=iso(expires))
+
+    taken, first = _first_fit(view, roles, kinds, max_priority, take)
+    return taken, first, view.now
+
+
+def fits_any(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
+             kinds: Sequence[str] | None, *, now: int, max_priority: int, limited: bool,
+             tenant: str | None = None) -> bool:
+    """Whether a claim that checks each candidate would find one to take now: the same
+    walk as `take_checked`, reading only (no row held, nothing taken). What an idle
+    worker's look asks when limits or needs may hold every waiting job: a plain "is a job
+    waiting" would say yes, and each idle worker's refused claim, a commit, would wake the
+    others into refusing in turn."""
+    view = ClaimView(ctx, conn, worker_id, now, limited, tenant, locking=False)
+    taken, _ = _first_fit(view, roles, kinds, max_priority, lambda job_id: (job_id,))
+    return taken.job is not None
+
+
+def _first_fit(view: ClaimView, roles: Sequence[str], kinds: Sequence[str] | None,
+               max_priority: int, take: Callable[[int], tuple[Any, ...] | None]
+               ) -> tuple[Taken, Verdict | None]:
+    """Walk the candidates in claim order and `take` the first that `check` lets this
+    worker have (a take answering None: another claim had it, walk on).
 
     Every eligible job is considered, however many held ones come first: a claim says
     `concurrency_limit` or `resource_short` only when no eligible job fits. It reads the
@@ -298,12 +339,7 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
     declaring the same needs text as one that did not fit. So the jobs it judges one by one
     are those of other groups (per-key limits, needs all different); the rows of a held
     group are skipped in the database's own scan of the claim index."""
-    view = ClaimView(ctx, conn, worker_id, now, limited, tenant)
-    # This worker's row first, always before any limits row: two claims of one worker never
-    # both fit a job into the same free capacity, and the locks are always taken in one
-    # order (worker, then one kind waited for, further kinds only if free), so no deadlock.
-    ctx.db.hold_worker(conn, worker_id)
-    view.now = max(view.now, now_us())
+    ctx, conn = view.ctx, view.conn
     # The groups found held as a whole, and the first of them, which the next reads leave out.
     held_kinds: set[str] = set()
     short_needs: set[str] = set()
@@ -322,7 +358,8 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
         if wanted is not None and not wanted:
             break
         skipped = skip_kinds if wanted is None else []
-        stmt, params = sql.candidate_window(roles, wanted, tenant, after=after is not None,
+        stmt, params = sql.candidate_window(roles, wanted, view.tenant,
+                                            after=after is not None,
                                             skip_kinds=len(skipped),
                                             skip_needs=len(skip_needs))
         # Due and within its deadline at the time of the decision, not before the holds.
@@ -358,19 +395,14 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
                 elif key is not None:
                     held_keys.add(key)
                 continue
-            # A test may pause here: between the decision and the take is where two claims
-            # deciding at once would both fit into the same slot or capacity.
-            faults.point("checked.before_take")
-            expires = view.now + lease_us
-            job = ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
-                                  expires=expires, expires_iso=iso(expires))
+            job = take(job_id)
             if job is not None:
-                return Taken(judged, True, job), None, view.now
+                return Taken(judged, True, job), None
         if len(rows) < heads:
             break
         last = rows[-1]
         after, heads = (last[4], last[5], last[0]), PAGE
-    return Taken(judged, first is not None or judged > 0, None), first, view.now
+    return Taken(judged, first is not None or judged > 0, None), first
 
 
 # --- the operator's limits --------------------------------------------------------------------
