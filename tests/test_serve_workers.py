@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
+from jobcoord import tokens
 from jobcoord.db import Target
+from jobcoord.errors import InvalidInput, JobcoordError
+from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
 from tests.serve_procs import jobcoord_argv, served, token
 from tests.sql import sql
@@ -286,6 +289,34 @@ def test_a_remote_worker_never_claims_outside_the_tenant_it_was_given(
         assert started["tenant"] == "alice"
     with Coordinator.open(target) as c:
         assert c.show(bobs)["job"]["status"] == "waiting"
+
+
+def test_a_remote_claims_tenant_is_checked_against_the_token_which_a_revocation_still_ends(
+        target: Target) -> None:
+    """RemoteCoordinator.claim and claim_many with a tenant the token does not claim for are
+    refused before anything is sent, naming the token's tenant; the identity kept for that
+    check never stands in for the token: once revoked, the next claim is refused (401)."""
+    with Coordinator.open(target) as c:
+        job = c.enqueue("work", {}, tenant="alice")["job_id"]
+    alices = token(target, "wa", "worker", worker="wa", tenant="alice")
+    unbound = token(target, "wu", "worker", worker="wu")
+    with served(target, "--reap-every", "0") as s, RemoteCoordinator(s.url, alices) as wa, \
+            RemoteCoordinator(s.url, unbound) as wu:
+        wa.heartbeat("wa", readings={"memory_used_pct": 10})
+        for claim in (lambda: wa.claim("wa", tenant="bob", wait=0),
+                      lambda: wa.claim_many("wa", 2, tenant="bob", wait=0)):
+            with pytest.raises(InvalidInput, match="this token claims tenant 'alice''s jobs"):
+                claim()
+        with pytest.raises(InvalidInput, match="this token claims every tenant's jobs"):
+            wu.claim("wu", tenant="alice", wait=0)
+        with Coordinator.open(target) as c:
+            assert c.show(job)["job"]["status"] == "waiting"
+            tokens.revoke(c.db, "wa")
+        with pytest.raises(JobcoordError) as refused:
+            wa.claim("wa", tenant="alice", wait=0)
+        assert refused.value.code == "unauthorized"
+    with Coordinator.open(target) as c:
+        assert c.show(job)["job"]["status"] == "waiting"
 
 
 def test_a_remote_worker_keeps_its_batch_flush_and_json_options(
