@@ -17,16 +17,13 @@ from jobcoord.db import Target
 from jobcoord.errors import InvalidInput, JobcoordError
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
-from tests.serve_procs import jobcoord_argv, served, token
+from tests.serve_procs import jobcoord_argv, served, token, token_file
 from tests.sql import sql
 
 
 def start_worker(url: str, secret: str, tmp: str, name: str, *extra: str
                  ) -> subprocess.Popen[bytes]:
-    path = os.path.join(tmp, f"{name}.token")
-    with open(path, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(path, 0o600)
+    path = token_file(tmp, f"{name}.token", secret)
     argv = [*jobcoord_argv(), "worker", "--server", url, "--token-file", path,
             "--app", "tests.serve_app:app", "--readings-override", '{"memory_used_pct": 10}',
             "--log-format", "json", "--json", *extra]
@@ -383,11 +380,10 @@ def test_a_remote_workers_command_checkpoints_and_marks_its_effect_through_the_s
     with Coordinator.open(target) as c:
         job = c.enqueue("ck", {}, max_attempts=1)["job_id"]
     unrelated = tmp_path / "unrelated.db"
-    path = tmp_path / "wa.token"
-    path.write_text(secret + "\n")
+    path = token_file(tmp_path, "wa.token", secret)
     with served(target, "--reap-every", "0") as s:
         proc = subprocess.Popen(
-            [*jobcoord_argv(), "worker", "--server", s.url, "--token-file", str(path),
+            [*jobcoord_argv(), "worker", "--server", s.url, "--token-file", path,
              "--exec", f"ck={script}", "--burst", "--wait", "0", "--json",
              "--readings-override", '{"memory_used_pct": 10}'],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -414,15 +410,13 @@ def test_checkpoint_and_effect_through_a_server_refuse_what_the_token_is_not(
         c.heartbeat("wb", readings={"memory_used_pct": 10})
         job = c.enqueue("k", {})["job_id"]
         epoch = c.claim("wb")["lease"]["epoch"]
-    files = {}
-    for name, value in (("wa", secret), ("v", viewer)):
-        files[name] = tmp_path / f"{name}.token"
-        files[name].write_text(value + "\n")
+    files = {name: token_file(tmp_path, f"{name}.token", value)
+             for name, value in (("wa", secret), ("v", viewer))}
     with served(target, "--reap-every", "0") as s:
-        def run(token_file: Any, *args: str) -> tuple[int, dict[str, Any]]:
+        def run(token_path: str, *args: str) -> tuple[int, dict[str, Any]]:
             got = subprocess.run(
                 [*jobcoord_argv(), "checkpoint", str(job), "--epoch", str(epoch),
-                 "--name", "n", "--json", "--server", s.url, "--token-file", str(token_file),
+                 "--name", "n", "--json", "--server", s.url, "--token-file", token_path,
                  *args], capture_output=True, timeout=60, check=False)
             return got.returncode, json.loads(got.stdout.decode().splitlines()[-1])
         code, out = run(files["v"], "--worker", "wa")
