@@ -331,6 +331,18 @@ class Coordinator:
         """A job with its lease, full event history, checkpoints and provenance."""
         return present.show_json(queries.show(self, job_id, tenant=tenant))
 
+    def claimed_by(self, job_id: int, worker_id: str, epoch: int, *,
+                   tenant: str | None = None) -> bool:
+        """Whether this worker claimed the job at `epoch` (a job of `tenant` only, when
+        given): one indexed read, not the job's history."""
+        return queries.event_by(self, job_id, worker_id, epoch, "claimed", tenant=tenant)
+
+    def completed_by(self, job_id: int, worker_id: str, epoch: int, *,
+                     tenant: str | None = None) -> bool:
+        """Whether the accepted completion of the job at `epoch` was this worker's (a job of
+        `tenant` only, when given): one indexed read, not the job's history."""
+        return queries.event_by(self, job_id, worker_id, epoch, "completed", tenant=tenant)
+
     def workers(self) -> dict[str, Any]:
         """Every worker, its roles, heartbeat age and readings, and whether the gates would
         let it claim now."""

@@ -45,6 +45,16 @@ def token(target: Target, name: str, role: str, tenant: str | None = None,
         return str(tokens.create(c.db, name, role, tenant=tenant, worker=worker)["token"])
 
 
+def token_file(directory: str | os.PathLike[str], name: str, secret: str) -> str:
+    """A token's secret written to `directory`/`name`, readable by its owner only, as a
+    worker's `--token-file` reads it: the file's path."""
+    path = os.path.join(directory, name)
+    with open(path, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
 def tokens_for(target: Target, specs: list[tuple[str, str, str | None, str | None]]
                ) -> list[str]:
     """Many tokens through one connection: (name, role, tenant, worker) each."""

@@ -19,7 +19,7 @@ import pytest
 
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
-from tests.serve_procs import jobcoord_argv, served, token
+from tests.serve_procs import jobcoord_argv, served, token, token_file
 from tests.test_artifacts_rules import install
 
 BYTES = b"# report\n" + bytes(range(256)) * 64
@@ -208,12 +208,10 @@ def test_a_corrupted_object_is_never_served(s: Setup) -> None:
 def test_a_remote_worker_uploads_what_its_command_left_in_artifacts_out(
         s: Setup, tmp_path: Path) -> None:
     job = s.c.enqueue("report", {"title": "Remote"}, tenant="alice")["job_id"]
-    path = tmp_path / "worker token"
-    path.write_text(s.worker + "\n")
-    path.chmod(0o600)
+    path = token_file(tmp_path, "worker token", s.worker)
     with served(s.target, "--reap-every", "0", env=s.env) as srv:
         done = subprocess.run(
-            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", str(path),
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
              "--exec", f"report={sys.executable} examples/report_cmd.py",
              "--readings-override", '{"memory_used_pct": 10}', "--burst", "--json"],
             capture_output=True, timeout=60, check=False,
@@ -247,15 +245,13 @@ def test_without_the_artifacts_feature_uploads_are_refused_and_nothing_is_listed
 def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_failure(
         s: Setup, tmp_path: Path) -> None:
     job = s.c.enqueue("report", {"title": "Lost answer"}, tenant="alice")["job_id"]
-    path = tmp_path / "worker token"
-    path.write_text(s.worker + "\n")
-    path.chmod(0o600)
+    path = token_file(tmp_path, "worker token", s.worker)
     # The server commits the completion, then sits on its answer past the client's timeout
     # and retries (10 s each): the worker's report is sent again, as after a lost answer.
     env = {**s.env, "JOBCOORD_FAULT": "http.complete.after_commit:sleep=11"}
     with served(s.target, "--reap-every", "0", env=env) as srv:
         done = subprocess.run(
-            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", str(path),
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
              "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "120",
              "--readings-override", '{"memory_used_pct": 10}', "--burst", "--wait", "0",
              "--json", "--log-format", "json"],

@@ -12,18 +12,18 @@ from typing import Any
 
 import pytest
 
+from jobcoord import tokens
 from jobcoord.db import Target
+from jobcoord.errors import InvalidInput, JobcoordError
+from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
-from tests.serve_procs import jobcoord_argv, served, token
+from tests.serve_procs import jobcoord_argv, served, token, token_file
 from tests.sql import sql
 
 
 def start_worker(url: str, secret: str, tmp: str, name: str, *extra: str
                  ) -> subprocess.Popen[bytes]:
-    path = os.path.join(tmp, f"{name}.token")
-    with open(path, "w") as f:
-        f.write(secret + "\n")
-    os.chmod(path, 0o600)
+    path = token_file(tmp, f"{name}.token", secret)
     argv = [*jobcoord_argv(), "worker", "--server", url, "--token-file", path,
             "--app", "tests.serve_app:app", "--readings-override", '{"memory_used_pct": 10}',
             "--log-format", "json", "--json", *extra]
@@ -288,6 +288,34 @@ def test_a_remote_worker_never_claims_outside_the_tenant_it_was_given(
         assert c.show(bobs)["job"]["status"] == "waiting"
 
 
+def test_a_remote_claims_tenant_is_checked_against_the_token_which_a_revocation_still_ends(
+        target: Target) -> None:
+    """RemoteCoordinator.claim and claim_many with a tenant the token does not claim for are
+    refused before anything is sent, naming the token's tenant; the identity kept for that
+    check never stands in for the token: once revoked, the next claim is refused (401)."""
+    with Coordinator.open(target) as c:
+        job = c.enqueue("work", {}, tenant="alice")["job_id"]
+    alices = token(target, "wa", "worker", worker="wa", tenant="alice")
+    unbound = token(target, "wu", "worker", worker="wu")
+    with served(target, "--reap-every", "0") as s, RemoteCoordinator(s.url, alices) as wa, \
+            RemoteCoordinator(s.url, unbound) as wu:
+        wa.heartbeat("wa", readings={"memory_used_pct": 10})
+        for claim in (lambda: wa.claim("wa", tenant="bob", wait=0),
+                      lambda: wa.claim_many("wa", 2, tenant="bob", wait=0)):
+            with pytest.raises(InvalidInput, match="this token claims tenant 'alice''s jobs"):
+                claim()
+        with pytest.raises(InvalidInput, match="this token claims every tenant's jobs"):
+            wu.claim("wu", tenant="alice", wait=0)
+        with Coordinator.open(target) as c:
+            assert c.show(job)["job"]["status"] == "waiting"
+            tokens.revoke(c.db, "wa")
+        with pytest.raises(JobcoordError) as refused:
+            wa.claim("wa", tenant="alice", wait=0)
+        assert refused.value.code == "unauthorized"
+    with Coordinator.open(target) as c:
+        assert c.show(job)["job"]["status"] == "waiting"
+
+
 def test_a_remote_worker_keeps_its_batch_flush_and_json_options(
         target: Target, tmp_path: Any) -> None:
     """`--no-batch` and `--flush-delay` are the remote worker's as the local one's (they were
@@ -352,11 +380,10 @@ def test_a_remote_workers_command_checkpoints_and_marks_its_effect_through_the_s
     with Coordinator.open(target) as c:
         job = c.enqueue("ck", {}, max_attempts=1)["job_id"]
     unrelated = tmp_path / "unrelated.db"
-    path = tmp_path / "wa.token"
-    path.write_text(secret + "\n")
+    path = token_file(tmp_path, "wa.token", secret)
     with served(target, "--reap-every", "0") as s:
         proc = subprocess.Popen(
-            [*jobcoord_argv(), "worker", "--server", s.url, "--token-file", str(path),
+            [*jobcoord_argv(), "worker", "--server", s.url, "--token-file", path,
              "--exec", f"ck={script}", "--burst", "--wait", "0", "--json",
              "--readings-override", '{"memory_used_pct": 10}'],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -383,15 +410,13 @@ def test_checkpoint_and_effect_through_a_server_refuse_what_the_token_is_not(
         c.heartbeat("wb", readings={"memory_used_pct": 10})
         job = c.enqueue("k", {})["job_id"]
         epoch = c.claim("wb")["lease"]["epoch"]
-    files = {}
-    for name, value in (("wa", secret), ("v", viewer)):
-        files[name] = tmp_path / f"{name}.token"
-        files[name].write_text(value + "\n")
+    files = {name: token_file(tmp_path, f"{name}.token", value)
+             for name, value in (("wa", secret), ("v", viewer))}
     with served(target, "--reap-every", "0") as s:
-        def run(token_file: Any, *args: str) -> tuple[int, dict[str, Any]]:
+        def run(token_path: str, *args: str) -> tuple[int, dict[str, Any]]:
             got = subprocess.run(
                 [*jobcoord_argv(), "checkpoint", str(job), "--epoch", str(epoch),
-                 "--name", "n", "--json", "--server", s.url, "--token-file", str(token_file),
+                 "--name", "n", "--json", "--server", s.url, "--token-file", token_path,
                  *args], capture_output=True, timeout=60, check=False)
             return got.returncode, json.loads(got.stdout.decode().splitlines()[-1])
         code, out = run(files["v"], "--worker", "wa")

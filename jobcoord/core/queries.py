@@ -1,5 +1,5 @@
-"""Reads: jobs, show, workers, explain and status, as plain rows and numbers (present.py
-gives them their JSON shapes)."""
+"""Reads: jobs, show, an attempt's event, workers, explain and status, as plain rows and
+numbers (present.py gives them their JSON shapes)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..store import query_statements as qs
 from ..store import statements as sql
 from . import limits as limit_rules
 from .admin import load_job
-from .common import Context
+from .common import Context, fenced_args
 from .workers import worker_gate, worker_rows
 
 
@@ -60,6 +60,20 @@ def show(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str, A
                 "artifacts": artifacts}
 
     return ctx.db.read(_do, "show")
+
+
+def event_by(ctx: Context, job_id: int, worker_id: str, epoch: int, reason: str, *,
+             tenant: str | None = None) -> bool:
+    """Whether `worker_id`'s event `reason` ("claimed", "completed", ...) at `epoch` is among
+    the events of `job_id` (a job of `tenant` only, when given): one read of that job's
+    events through their index, none of them handed back. No such job has none."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
+    reason = v.name(reason, "reason")
+    stmt = qs.event_by(tenant is not None)
+    params = {"job_id": job_id, "worker": worker_id, "epoch": epoch, "reason": reason,
+              "tenant": tenant}
+    return ctx.db.read(lambda conn: ctx.db.run(conn, stmt, params).first() is not None,
+                       "event_by")
 
 
 def workers(ctx: Context) -> list[tuple[dict[str, Any], Any, float | None]]:

@@ -199,10 +199,13 @@ class RemoteCoordinator:
     def _claims_for(self, tenant: str | None) -> None:
         """A claim's tenant is the token's: one naming another is refused, never dropped
         (a worker told to claim one tenant's jobs would run every tenant's)."""
-        if tenant is not None and tenant != self.whoami()["tenant"]:
+        if tenant is None:
+            return
+        own = self.whoami()["tenant"]  # the token's, fixed while it lives
+        if tenant != own:
             raise InvalidInput("invalid_input", f"tenant {tenant!r}: this token claims "
-                               + ("every tenant's jobs" if self.whoami()["tenant"] is None
-                                  else f"tenant {self.whoami()['tenant']!r}'s jobs"))
+                               + ("every tenant's jobs" if own is None
+                                  else f"tenant {own!r}'s jobs"))
 
     def claim(self, worker_id: str, *, lease_s: float | None = None, kinds: Any = None,
               wait: float | None = None, tenant: str | None = None) -> dict[str, Any]:

@@ -43,7 +43,7 @@ async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Caller | I
         try:
             return fn(job_id, worker, epoch, *args, tenant=identity.tenant, **kwargs)
         except Refused as e:
-            if _as_absent(srv.c, e.code, job_id, epoch, worker):
+            if _as_absent(srv.c, e.code, job_id, epoch, worker, identity.tenant):
                 raise Refused("job_not_found", f"job {job_id} not found",
                               job_id=job_id) from None
             raise
@@ -53,21 +53,18 @@ async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Caller | I
     return await srv.call(run, who)
 
 
-def _as_absent(coordinator: Any, code: str, job_id: int, epoch: int, worker: str) -> bool:
+def _as_absent(coordinator: Any, code: str, job_id: int, epoch: int, worker: str,
+               tenant: str | None) -> bool:
     """Is this refusal answered as a missing job? A job of another tenant already is; a
     live lease of another worker is; and any refusal about a (job, epoch) this worker never
     claimed (a wrong epoch, a waiting job, one another worker finished), whose details would
     tell it another worker's epoch or the job's status. A lease it held is answered as it
-    is: the worker must learn that it lost it, or that its result was the one accepted."""
+    is: the worker must learn that it lost it, or that its result was the one accepted.
+    (Its claim is read only on a refusal: one indexed read, not the job's history.)"""
     if code == "job_not_found":
         return False
-    return code == "not_owner" or not _claimed_by(coordinator, job_id, epoch, worker)
-
-
-def _claimed_by(coordinator: Any, job_id: int, epoch: int, worker: str) -> bool:
-    """Did this worker claim `job_id` at `epoch`? (Read only on a refusal.)"""
-    return any(e["reason"] == "claimed" and e["epoch"] == epoch and e["worker_id"] == worker
-               for e in coordinator.show(job_id)["events"])
+    return code == "not_owner" or not coordinator.claimed_by(job_id, worker, epoch,
+                                                             tenant=tenant)
 
 
 @router.post("/v1/heartbeat", dependencies=strict)
@@ -216,7 +213,7 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
     except Refused as e:
         if (e.code == "job_finished" and e.details.get("status") == "succeeded"
                 and e.details.get("accepted_epoch") == body.epoch
-                and _completed_by(coordinator, job_id, body.epoch, worker)):
+                and coordinator.completed_by(job_id, worker, body.epoch, tenant=tenant)):
             # The same completion sent again (its answer was lost): it was accepted. A
             # next job claimed with the lost answer is nobody's until its lease ends and
             # the reaper offers it again; this answer claims none (`next` null).
@@ -229,13 +226,6 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
     # A test makes the answer to a committed completion get lost here.
     faults.point("http.complete.after_commit")
     return got
-
-
-def _completed_by(coordinator: Any, job_id: int, epoch: int, worker: str) -> bool:
-    """Was the accepted completion of `job_id` at `epoch` this worker's?"""
-    events = coordinator.show(job_id)["events"]
-    return any(e["reason"] == "completed" and e["epoch"] == epoch and e["worker_id"] == worker
-               for e in events)
 
 
 @router.post("/v1/jobs/{job_id}/complete", dependencies=strict)
@@ -277,14 +267,14 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
             if error is None:
                 continue
             code, details = error["code"], error.get("details") or {}
-            if _as_absent(srv.c, code, it.job_id, it.epoch, worker):
+            if _as_absent(srv.c, code, it.job_id, it.epoch, worker, who.tenant):
                 results[i] = {"job_id": it.job_id, "error": {
                     "code": "job_not_found", "message": f"job {it.job_id} not found",
                     "details": {"job_id": it.job_id}}}
             elif (not earlier and code == "job_finished"
                   and details.get("status") == "succeeded"
                   and details.get("accepted_epoch") == it.epoch
-                  and _completed_by(srv.c, it.job_id, it.epoch, worker)):
+                  and srv.c.completed_by(it.job_id, worker, it.epoch, tenant=who.tenant)):
                 # Sent again after its answer was lost: it was accepted (as `complete`).
                 results[i] = {"job_id": it.job_id, "status": "succeeded",
                               "epoch": it.epoch, "already_accepted": True}

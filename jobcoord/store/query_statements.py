@@ -1,5 +1,6 @@
-"""The statements of the core's reads -- jobs, show, explain, status, and a job's whole row --
-built from `schema.py`'s tables like every other, one per shape of filters."""
+"""The statements of the core's reads -- jobs, show, explain, status, a job's whole row, and
+whether one attempt's event was recorded -- built from `schema.py`'s tables like every other,
+one per shape of filters."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 
 from ..schema import TENANT_ROLE, TENANTED, artifacts, job_events, jobs, leases, workers
-from .statements import SQL, WAITING, P, const
+from .statements import ONE, SQL, WAITING, P, const
 
 J, L, E, A = jobs.c, leases.c, job_events.c, artifacts.c
 
@@ -87,3 +88,17 @@ def status_counts(by_tenant: bool) -> tuple[SQL, SQL]:
         return query.where(J.tenant == P("tenant")) if by_tenant else query
     return (_shaped(("by_status", by_tenant), by_status), _shaped(("held", by_tenant), held))
 
+
+def event_by(by_tenant: bool) -> SQL:
+    """A row when the event :reason of :worker at :epoch was recorded on job :job_id (of
+    :tenant when asked), else none: found among that job's events through
+    ix_job_events_job_id_event_id, none of them handed back."""
+    def build() -> Any:
+        query = select(E.event_id).where(
+            E.job_id == P("job_id"), E.reason == P("reason"), E.epoch == P("epoch"),
+            E.worker_id == P("worker"))
+        if by_tenant:
+            query = query.join_from(job_events, jobs, J.job_id == E.job_id).where(
+                J.tenant == P("tenant"))
+        return query.limit(ONE)
+    return _shaped(("event_by", by_tenant), build)
