@@ -371,3 +371,124 @@ def test_a_damaged_event_detail_is_exit_7_on_show_and_listed_by_check(target: Ta
     assert again["job_id"] == job
     assert c.claim("w1")["job"]["job_id"] == job
     c.close()
+
+
+# --- a lease row left on a waiting job ------------------------------------------------------
+#
+# The job's status is what counts: a lease row on a job that is waiting (left by a crash of an
+# older version, or written by hand) is nobody's lease. `check` reports it
+# (`lease_on_job_not_running`); the claim that takes the job replaces it in its own
+# transaction, at an epoch above both the job's and the stray row's, so a process holding
+# either is fenced out. Before, its insert of the new lease hit the one-lease-per-job key and
+# every claim failed (exit 1): one row stopped the whole queue.
+
+STRAY_CALLS = ["claim", "claim_many", "complete_and_claim", "enqueue_and_claim",
+               "claim_limited", "claim_many_limited"]
+
+
+def _stray_lease(c: Coordinator, job: int, epoch: Any) -> None:
+    import time
+
+    from sqlalchemy import text as sql_text
+
+    now = int(time.time() * 1_000_000)
+    with c.db.engine.begin() as conn:  # live-looking: it expires in an hour
+        conn.execute(sql_text(
+            "INSERT INTO leases (job_id, worker_id, epoch, granted_at, expires_at) "
+            "VALUES (:j, 'ghost', :e, :now, :later)"),
+            {"j": job, "e": epoch, "now": now, "later": now + 3600 * 1_000_000})
+
+
+@pytest.mark.parametrize("stray_epoch", [0, 7, 2**31 - 1], ids=["below", "above", "max"])
+@pytest.mark.parametrize("call", STRAY_CALLS)
+def test_a_stray_lease_on_a_waiting_job_is_replaced_by_the_claim_that_takes_the_job(
+        target: Target, call: str, stray_epoch: int) -> None:
+    from jobcoord.core.handover import Claimant, enqueue_and_claim
+    from jobcoord.errors import Refused
+    from jobcoord.maintenance import check
+
+    c = Coordinator.open(target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    if call.endswith("_limited"):
+        c.set_limit("k", 5)  # the claim checks each candidate against the limit
+    stray = c.enqueue("k", {"i": "stray"}, priority=1)["job_id"]
+    after = c.enqueue("k", {"i": "after"}, priority=2)["job_id"]
+    # The job has a history: claimed once at epoch 1, released, waiting again.
+    assert c.claim("w1")["job"]["job_id"] == stray
+    c.fail(stray, "w1", 1, "shutting down", reason="worker_shutdown")
+    running = None
+    if call == "complete_and_claim":
+        running = c.enqueue("k", {"i": "first"}, priority=0)["job_id"]
+        assert c.claim("w1")["job"]["job_id"] == running
+    _stray_lease(c, stray, stray_epoch)
+    found = {v["invariant"]: v["job_ids"] for v in check(c.db)["violations"]}
+    assert found.get("lease_on_job_not_running") == [stray], found
+
+    if call in ("claim", "claim_limited"):
+        got = [c.claim("w1")]
+    elif call in ("claim_many", "claim_many_limited"):
+        got = c.claim_many("w1", 5)["claimed"]
+        assert [g["job"]["job_id"] for g in got] == [stray, after], got
+    elif call == "complete_and_claim":
+        assert running is not None
+        both = c.complete_and_claim(running, "w1", 1, {"ok": True})
+        assert both["completed"]["status"] == "succeeded"
+        got = [both["next"]]
+    else:
+        handed = enqueue_and_claim(c, "k", {"i": "new"}, priority=3,
+                                   claimant=Claimant("w1"))
+        got = [handed["claimed"]]
+    assert got[0] is not None and got[0]["job"]["job_id"] == stray, got
+    epoch = got[0]["lease"]["epoch"]
+    # Above the job's epoch (1) and above the stray row's, unless that one is an epoch no
+    # claim can give (the schema's largest): then above the job's.
+    assert epoch == (max(1, stray_epoch) if stray_epoch < 2**31 - 1 else 1) + 1, got
+
+    shown = c.show(stray)
+    assert shown["job"]["status"] == "running" and shown["job"]["epoch"] == epoch
+    assert (shown["lease"]["worker_id"], shown["lease"]["epoch"]) == ("w1", epoch)
+    assert check(c.db)["ok"], check(c.db)
+    # Whoever held the stray row, or the job's earlier epoch, is fenced out.
+    for who, their_epoch in (("ghost", stray_epoch), ("w1", 1), ("ghost", epoch)):
+        with pytest.raises(Refused):
+            c.complete(stray, who, their_epoch, {"late": True})
+    done = c.complete(stray, "w1", epoch, {"ok": True})
+    assert done["status"] == "succeeded"
+    claimed = [e for e in c.show(stray)["events"] if e["reason"] == "claimed"]
+    assert [e["epoch"] for e in claimed] == [1, epoch]
+    c.close()
+
+
+def test_a_stray_lease_never_stops_the_claim_command(target: Target) -> None:
+    c = Coordinator.open(target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    jobs = [c.enqueue("k", {"i": i})["job_id"] for i in range(2)]
+    _stray_lease(c, jobs[0], 3)
+    assert run_cli(target, "check", "--json").code == 7
+    for job in jobs:
+        r = run_cli(target, "claim", "w1", "--json")
+        assert r.code == 0 and r.json["job"]["job_id"] == job, r
+    assert r.json["lease"]["epoch"] == 1
+    assert c.show(jobs[0])["job"]["epoch"] == 4
+    assert run_cli(target, "check", "--json").code == 0
+    c.close()
+
+
+@pytest.mark.parametrize("stored", ["'x'", "2.5", "-3"], ids=["text", "real", "negative"])
+def test_a_stray_lease_whose_epoch_is_not_a_whole_epoch_never_makes_one(
+        sqlite_target: Target, stored: str) -> None:
+    """SQLite keeps any value in the stray row's epoch: the claim's epoch stays a whole
+    number above the job's (and above the row's whole part)."""
+    from sqlalchemy import text as sql_text
+
+    c = Coordinator.open(sqlite_target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    job = c.enqueue("k", {})["job_id"]
+    _stray_lease(c, job, 0)
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text(f"UPDATE leases SET epoch = {stored}"))
+    got = c.claim("w1")
+    assert got["job"]["job_id"] == job
+    assert got["lease"]["epoch"] == (3 if stored == "2.5" else 1), got
+    assert type(c.show(job)["job"]["epoch"]) is int
+    c.close()

@@ -266,3 +266,67 @@ def test_loops_survive_a_real_postgresql_restart(private_pg, loops, tmp_path):
         assert r.stop() == 0 and w.stop() == 0
     finally:
         c.close()
+
+
+def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_target):
+    """A --burst worker runs the queue dry for a script: its claims failing for `give_up_s`
+    with nothing of its own running, it stops with the error (exit 6) instead of waiting for
+    a database that may never come back. A worker without --burst keeps trying."""
+    import io
+
+    from jobcoord.app import App
+    from jobcoord.errors import StorageUnavailable
+    from jobcoord.worker.config import WorkerConfig
+    from jobcoord.worker.log import Log
+    from jobcoord.worker.loop import Worker
+
+    app = App()
+
+    @app.handler("summarize")
+    def summarize(_payload, _ctx):
+        return {}
+
+    class Unreachable:
+        """The coordinator with its claims failing as an unreachable database's do."""
+
+        def __init__(self, c):
+            self._c = c
+            self.claims = 0
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+        def _down(self, *_a, **_kw):
+            self.claims += 1
+            raise StorageUnavailable("database_unavailable", "connection refused")
+
+        claim = claim_many = _down
+
+    def worker(c, burst):
+        cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[],
+                           reap_s=0.0, poll_s=0.05, burst=burst, give_up_s=1.0,
+                           readings_override={"memory_used_pct": 10})
+        log = io.StringIO()
+        return Worker(Unreachable(c), cfg, Log("w1", "json", log)), log
+
+    with Coordinator.open(sqlite_target) as c:
+        w, log = worker(c, burst=True)
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailable) as gave_up:
+            w.run()
+        took = time.monotonic() - t0
+        assert 1.0 <= took < 5.0, took
+        assert gave_up.value.exit_code == 6 and "--burst" in gave_up.value.message
+        events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+        assert events.count("claim_error") >= 2 and events[-1] == "giving_up", events
+
+        w, log = worker(c, burst=False)
+        runner = threading.Thread(target=w.run, daemon=True)
+        runner.start()
+        time.sleep(2.0)
+        assert runner.is_alive()
+        w.stopping.set()
+        w.wake.set()
+        runner.join(20)
+        assert not runner.is_alive()
+        assert "giving_up" not in log.getvalue()

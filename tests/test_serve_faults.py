@@ -175,3 +175,161 @@ def test_serve_and_remote_worker_survive_a_real_postgresql_restart(
             worker.send_signal(signal.SIGTERM)
             worker.communicate(timeout=60)
         assert worker.returncode == 0
+
+
+# -- a --burst worker whose server is gone --------------------------------------------------
+#
+# A burst worker runs the queue dry for a script and exits: it must not hang on a server that
+# is not there. It gives up once its claims have failed for the remote client's retry budget
+# (10 s, `RemoteCoordinator.retry_s`) with nothing of its own running, and exits 6 (storage
+# unavailable) with the error. A worker without --burst keeps trying, at most every 15 s.
+
+#: The give-up bound (10 s) plus room for a slow machine: the worker must be gone by then.
+BURST_EXIT_BOUND_S = 25.0
+
+
+def _wait_exit(proc: Any, bound: float) -> tuple[float, str, str]:
+    """Wait up to `bound` seconds for `proc`: (seconds it took, stdout, stderr). A worker still
+    running then is killed and the test fails."""
+    import subprocess
+
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(f"still running after {bound:g}s: {err.decode()[-2000:]}"
+                             ) from None
+    return time.monotonic() - t0, out.decode(), err.decode()
+
+
+def _error_line(out: str) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads(out.strip().splitlines()[-1])["error"])
+
+
+def test_a_burst_worker_with_nothing_listening_exits_6_within_a_bound(tmp_path: Any) -> None:
+    from tests.test_loops import _free_port
+
+    port = _free_port()  # bound once and closed: nothing listens there
+    proc = start_worker(f"http://127.0.0.1:{port}", "no-such-token", str(tmp_path), "wa",
+                        "--burst")
+    took, out, err = _wait_exit(proc, BURST_EXIT_BOUND_S)
+    assert proc.returncode == 6, (proc.returncode, err[-2000:])
+    assert _error_line(out)["code"] == "server_unreachable", out
+    assert took < BURST_EXIT_BOUND_S
+
+
+def test_a_burst_worker_whose_server_is_killed_while_it_waits_exits_6_within_a_bound(
+        target: Target, tmp_path: Any) -> None:
+    from tests.test_serve_workers import log_events
+
+    secret = token(target, "wa", "worker", worker="wa")
+    s = Served(target, "--reap-every", "0").start()
+    proc = start_worker(s.url, secret, str(tmp_path), "wa", "--burst", "--wait", "20")
+    try:
+        # Started and in its long-poll (nothing to claim, the poll waits up to 20 s).
+        with Coordinator.open(target) as c:
+            wait_for(lambda: any(w["worker_id"] == "wa" for w in c.workers()["workers"]),
+                     timeout=30)
+        time.sleep(1.0)
+        assert proc.poll() is None
+        s.kill()  # SIGKILL: nothing listens on the port any more
+        took, out, err = _wait_exit(proc, BURST_EXIT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+        s.stop()
+    assert proc.returncode == 6, (proc.returncode, err[-2000:])
+    error = _error_line(out)
+    assert error["code"] == "server_unreachable" and "--burst" in error["message"], error
+    assert took < BURST_EXIT_BOUND_S, took
+    events = [e["event"] for e in log_events(err)]
+    assert events.count("giving_up") == 1, events
+    assert "claim_error" in events[:events.index("giving_up")], events
+    assert "claim_error" not in events[events.index("giving_up"):], events
+
+
+def test_a_burst_worker_whose_server_dies_mid_job_stops_the_job_at_its_lease_end_and_exits_6(
+        target: Target, tmp_path: Any) -> None:
+    """A job of its own is kept until its lease ends (the server may come back and take the
+    result until then); then the handler is stopped, and the worker gives up as above. The
+    renewal in flight when the server died is itself retried for up to 10 s, so the lease's
+    end is noticed that late at most."""
+    from tests.test_serve_workers import log_events
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("slow", {"sleep": 60})["job_id"]
+    s = Served(target, "--reap-every", "0").start()
+    proc = start_worker(s.url, secret, str(tmp_path), "wa", "--burst", "--lease", "3")
+    try:
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(job)["job"]["status"] == "running", timeout=30)
+        s.kill()
+        took, out, err = _wait_exit(proc, 3 + 10 + BURST_EXIT_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+        s.stop()
+    assert proc.returncode == 6, (proc.returncode, err[-2000:])
+    assert _error_line(out)["code"] == "server_unreachable", out
+    assert took < 3 + 10 + BURST_EXIT_BOUND_S, took
+    events = log_events(err)
+    names = [e["event"] for e in events]
+    assert names.count("giving_up") == 1 and "claimed" not in names[1 + names.index(
+        "claimed"):], names
+    assert names.index("lease_lost") < names.index("giving_up"), names
+    assert "claim_error" not in names[names.index("giving_up"):], names
+
+
+def _cpu_s(pid: int) -> float:
+    """User plus system CPU time of a process so far (Linux /proc)."""
+    import os
+
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_worker_without_burst_keeps_trying_quietly_and_resumes_when_the_server_returns(
+        target: Target, tmp_path: Any) -> None:
+    from tests.test_serve_workers import log_events
+
+    secret = token(target, "wa", "worker", worker="wa")
+    first = Served(target, "--reap-every", "0").start()
+    port = first.port
+    proc = start_worker(first.url, secret, str(tmp_path), "wa", "--wait", "5")
+    second = None
+    try:
+        with Coordinator.open(target) as c:
+            wait_for(lambda: any(w["worker_id"] == "wa" for w in c.workers()["workers"]),
+                     timeout=30)
+        first.kill()
+        cpu0 = _cpu_s(proc.pid)
+        time.sleep(15.0)  # longer than a burst worker's bound: this one stays
+        assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+        assert _cpu_s(proc.pid) - cpu0 < 2.0, "the worker spins while the server is gone"
+        second = Served(target, "--reap-every", "0", port=port).start()
+        with Coordinator.open(target) as c:
+            job = c.enqueue("work", {"i": 1})["job_id"]
+            wait_for(lambda: c.show(job)["job"]["status"] == "succeeded", timeout=60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+        first.stop()
+        if second is not None:
+            second.stop()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    events = log_events(err.decode())
+    errors = [e for e in events if e["event"] == "claim_error"]
+    # Each retry says how long the outage has lasted, the waits double (at most 15 s), and
+    # the outage's end is said once.
+    assert 3 <= len(errors) <= 20, len(errors)
+    assert errors[-1]["failing_s"] >= 10 and errors[-1]["retry_in_s"] <= 15
+    back = [e for e in events if e["event"] == "claim_recovered"]
+    assert len(back) == 1 and back[0]["failed_s"] >= 15 and back[0]["errors"] == len(errors)

@@ -208,7 +208,10 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
             readings_override=kw["readings_override"], log_format=kw["log_format"],
             max_jobs=kw["max_jobs"], burst=kw["burst"], database_url=None,
             policy=remote.policy, flush_delay=kw["flush_delay"], batch=kw["batch"],
-            tenant=who["tenant"], server_env=_server_env(server, token_file, ca_file))
+            tenant=who["tenant"], server_env=_server_env(server, token_file, ca_file),
+            # A --burst worker whose server is gone gives up after the client's own
+            # retry budget, as its first call (whoami, above) did.
+            give_up_s=remote.retry_s)
         summary = Worker(remote, config, as_json=kw["as_json"]).run()
     finally:
         remote.close()

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ARRAY, BigInteger, Text, any_, cast, false, func, insert, select, true
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from ..schema import job_events, jobs, leases, metadata
 from . import statements as s
@@ -70,10 +71,10 @@ def _claim_statement(n_roles: int, n_kinds: int | None, tenant: bool) -> Any:
 def _lease_and_event(taken: Any) -> tuple[Any, Any]:
     """The lease and the `claimed` event of each job a claim statement takes (`taken`, a
     CTE of the updated job rows), as two CTEs of that same statement."""
-    leased = insert(leases).from_select(
+    leased = s.replacing_stray_lease(pg_insert(leases).from_select(
         ["job_id", "worker_id", "epoch", "granted_at", "expires_at"],
         select(taken.c.job_id, s.P("worker"), taken.c.epoch, s.P("now"), s.P("expires"))
-    ).cte("leased")
+    )).cte("leased")
     detail = (s.const('{"attempt":') + cast(taken.c.attempts, Text)
               + s.const(',"expires_at":') + s.P("expires_json") + s.const("}"))
     claimed = insert(job_events).from_select(

@@ -12,7 +12,11 @@ from typing import Any
 from sqlalchemy import (
     CTE,
     CheckConstraint,
+    Integer,
+    and_,
     bindparam,
+    case,
+    cast,
     column,
     delete,
     exists,
@@ -148,8 +152,23 @@ COUNT_REFUSAL = SQL(lambda insert: (
 #: What a claim returns of the job it took, in this order.
 TAKEN_COLUMNS = (J.job_id, J.kind, J.priority, J.payload_json, J.attempts, J.max_attempts,
                  J.epoch, J.tenant)
+#: The largest epoch both databases keep (PostgreSQL's integer column). Only a job written
+#: outside jobcoord gets near it: each claim adds one.
+MAX_EPOCH = 2**31 - 1
+#: A lease row on a waiting job is damage (a crash of an older version, a hand edit): the
+#: job's status says nobody holds it. The claim that takes the job replaces the row (the
+#: lease inserts below) and gives an epoch above the row's too, so a process holding the row's
+#: epoch is fenced out even where the job's own epoch was set back. How far the row's epoch,
+#: as a whole number (SQLite keeps any value), is above the job's; 0 without a row, for an
+#: epoch not above the job's, and for one no claim can give (MAX_EPOCH and past it).
+_stray_epoch = cast(L.epoch, Integer)
+_PAST_STRAY_LEASE = (
+    select(case((and_(_stray_epoch > J.epoch, _stray_epoch < const(MAX_EPOCH)),
+                 _stray_epoch - J.epoch), else_=ZERO))
+    .where(L.job_id == J.job_id).scalar_subquery())
 #: A claim's take of a waiting job (without which job: the stores say).
-_TAKE_VALUES = {"status": const("running"), "epoch": J.epoch + ONE,
+_TAKE_VALUES = {"status": const("running"),
+                "epoch": J.epoch + ONE + func.coalesce(_PAST_STRAY_LEASE, ZERO),
                 "attempts": J.attempts + ONE, "effect_started": P("f"), "updated_at": P("now")}
 TAKE_JOB_UPDATE = update(jobs).where(WAITING).values(**_TAKE_VALUES).returning(*TAKEN_COLUMNS)
 #: A batch claim's take of several waiting jobs: the claim's columns and the creation time,
@@ -157,9 +176,21 @@ TAKE_JOB_UPDATE = update(jobs).where(WAITING).values(**_TAKE_VALUES).returning(*
 TAKE_MANY_UPDATE = (update(jobs).where(WAITING).values(**_TAKE_VALUES)
                     .returning(*TAKEN_COLUMNS, J.created_at))
 TAKE_JOB = SQL(TAKE_JOB_UPDATE.where(J.job_id == P("job_id")))
-INSERT_LEASE = SQL(insert(leases).values(
+
+
+def replacing_stray_lease(stmt: Any) -> Any:
+    """A claim's insert of leases (`stmt`, made with the dialect's own `insert`) that
+    replaces a lease row the job already has: a claim takes only a waiting job, whose row
+    can only be damage (see _PAST_STRAY_LEASE), and it must not fail every claim."""
+    return stmt.on_conflict_do_update(
+        index_elements=[L.job_id],
+        set_={c: stmt.excluded[c] for c in ("worker_id", "epoch", "granted_at",
+                                            "expires_at")})
+
+
+INSERT_LEASE = SQL(lambda insert: replacing_stray_lease(insert(leases).values(
     job_id=P("job_id"), worker_id=P("worker"), epoch=P("epoch"), granted_at=P("now"),
-    expires_at=P("expires")))
+    expires_at=P("expires"))))
 CHECKPOINTS = SQL(
     select(C.name, C.data_json, C.epoch, C.worker_id, C.updated_at)
     .where(C.job_id == P("job_id")).order_by(C.name))
@@ -227,9 +258,6 @@ JOB_CHECKS = tuple((ck.name, literal_column(f"NOT ({ck.sqltext})")) for ck in so
 WAITING_BREAKING_CHECKS = SQL(
     select(J.job_id, J.epoch, *(broken for _, broken in JOB_CHECKS))
     .where(WAITING, or_(*(broken for _, broken in JOB_CHECKS))).limit(P("n")))
-#: The largest epoch both databases keep (PostgreSQL's integer column). Only a job written
-#: outside jobcoord gets near it: each claim adds one.
-MAX_EPOCH = 2**31 - 1
 #: Waiting jobs whose epoch cannot grow (at most :n): the job and its epoch.
 WAITING_AT_MAX_EPOCH = SQL(
     select(J.job_id, J.epoch).where(WAITING, J.epoch >= P("max_epoch")).limit(P("n")))

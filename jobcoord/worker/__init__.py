@@ -25,9 +25,11 @@ runs whose group just committed to end) so each claim and each group stays large
 
 Every loop survives errors that can heal (a database restart, a lost connection, a locked or
 unwritable file) with a log line and bounded backoff; `runtime.is_fatal` names the ones that
-stop the worker. Local lease timing runs on CLOCK_BOOTTIME (it counts a suspend), the wall
-clock is checked against the lease's `expires_at`, and a gap between the clocks (a resume)
-makes the worker stop or renew at once and heartbeat at once. The clocks are one `Clock`
+stop the worker. A `burst` worker whose claims keep failing gives up after `give_up_s` (10 s)
+once nothing of its own runs, with the error's exit code. Local lease timing runs on
+CLOCK_BOOTTIME (it counts a suspend), the wall clock is checked against the lease's
+`expires_at`, and a gap between the clocks (a resume) makes the worker stop or renew at once
+and heartbeat at once. The clocks are one `Clock`
 object, so a test can move them.
 
 Handlers (a Python callable in a thread, or a command in its own process group) run outside

@@ -10,6 +10,11 @@ from typing import Any
 from ..app import HandlerSpec
 from ..errors import InvalidInput
 
+#: How long a --burst worker's claims may fail (the coordinator unreachable, busy, restarting)
+#: before it gives up and exits with the error's code, once nothing of its own is running.
+#: The same 10 s a remote worker's single call retries for (`http.client.DEFAULT_RETRY_S`).
+GIVE_UP_S = 10.0
+
 
 @dataclass
 class WorkerConfig:
@@ -38,6 +43,10 @@ class WorkerConfig:
     #: Exit once nothing is running and a claim gets nothing, whatever the reason (no job,
     #: or a gate): a script running the queue dry must not hang on a busy machine.
     burst: bool = False
+    #: With `burst`: give up once claims have failed this long without one getting through
+    #: and nothing of this worker's is running, and exit with the last error's code (a
+    #: server gone: 6). Without `burst` the worker keeps trying.
+    give_up_s: float = GIVE_UP_S
     #: Claim up to the free slots per call and accept results in groups (complete_many).
     batch: bool = True
     #: Longest a finished job's result waits for its group to fill before it is flushed.
@@ -107,7 +116,8 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
                 readings_override: str | None, log_format: str, max_jobs: Any, burst: bool,
                 database_url: str | None, policy: Any, flush_delay: Any = "0.005",
                 batch: bool = True, tenant: str | None = None,
-                server_env: dict[str, str] | None = None) -> WorkerConfig:
+                server_env: dict[str, str] | None = None,
+                give_up_s: float = GIVE_UP_S) -> WorkerConfig:
     """Validate the `jobcoord worker` options into a WorkerConfig (InvalidInput on any
     mistake, before anything runs)."""
     import dataclasses
@@ -155,7 +165,7 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
         readings_override=parse_override(readings_override), log_format=log_format,
         database_url=database_url, server_env=dict(server_env or {}),
         max_jobs=None if max_jobs is None else v.integer(max_jobs, "max-jobs", 1, 2**31),
-        burst=burst, batch=batch,
+        burst=burst, give_up_s=give_up_s, batch=batch,
         flush_delay_s=v.seconds(flush_delay, "flush-delay", 0, 1.0),
         tenant=v.optional_name(tenant, "tenant"),
     )

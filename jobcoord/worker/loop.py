@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import __version__
 from ..app import HandlerSpec
-from ..errors import InvalidInput, Refused
+from ..errors import InvalidInput, JobcoordError, Refused
 from ..readings import current_readings
 from ..runtime import Backoff, describe, is_fatal
 from ..store.base import ChangeWaiter
@@ -305,6 +305,10 @@ class Worker:
         #: When the claim loop began gathering free slots (boot clock), None when not.
         gather_from: float | None = None
         backoff = Backoff(cfg.poll_s)
+        #: When claims began failing (boot clock; None while they get through), and how
+        #: many have failed since: an outage is logged as it goes and once when it ends.
+        failing_since: float | None = None
+        failures = 0
         try:
             while not self.stopping.is_set():
                 self._collect()
@@ -348,10 +352,27 @@ class Worker:
                     if is_fatal(e) or isinstance(e, Refused):
                         raise
                     code, message = describe(e)
+                    now = self.clock.boot()
+                    if failing_since is None:
+                        failing_since = now
+                    failures += 1
+                    failing = now - failing_since
+                    if cfg.burst and not live and failing >= cfg.give_up_s:
+                        # Nothing of its own runs and nothing gets through: a burst worker
+                        # exits with the error instead of waiting for a coordinator that may
+                        # never come back.
+                        raise self._give_up(e, failing) from None
                     wait = backoff.next()
-                    self.log("claim_error", error=code, detail=message, retry_in_s=wait)
+                    if cfg.burst:  # the last try falls on the bound, not a backoff later
+                        wait = min(wait, max(0.05, failing_since + cfg.give_up_s - now))
+                    self.log("claim_error", error=code, detail=message,
+                             failing_s=round(failing, 3), retry_in_s=round(wait, 3))
                     self._pause(wait)
                     continue
+                if failing_since is not None:
+                    self.log("claim_recovered", failed_s=round(
+                        self.clock.boot() - failing_since, 3), errors=failures)
+                    failing_since, failures = None, 0
                 backoff.reset()
                 if not got["claimed"]:
                     # Keyed on the reason only: the detail carries live readings (memory 86.1%,
@@ -470,16 +491,37 @@ class Worker:
             self.log("report_error", job_id=job["job_id"], epoch=lease["epoch"],
                      outcome="released", error=code, detail=message)
 
+    def _give_up(self, e: BaseException, failing: float) -> BaseException:
+        """A --burst worker's end when its coordinator stays out of reach: the log says so,
+        and the error (its exit code: 6 for a server or database that cannot be reached, 5
+        for one still busy) says how long it was tried."""
+        code, message = describe(e)
+        self.log("giving_up", error=code, detail=message, failing_s=round(failing, 3),
+                 give_up_s=self.config.give_up_s)
+        if isinstance(e, JobcoordError):
+            e.message = (f"{e.message} (nothing got through for {failing:.1f}s; a --burst "
+                         f"worker gives up after {self.config.give_up_s:g}s)")
+            e.args = (e.message,)
+        return e
+
     def _first_heartbeat(self) -> dict[str, Any]:
         """The first heartbeat, retried like every later one while the database cannot be
-        reached (a worker started during a database restart waits for it)."""
+        reached (a worker started during a database restart waits for it; a --burst worker
+        for at most `give_up_s`)."""
         backoff = Backoff(self.config.poll_s)
+        failing_since: float | None = None
         while True:
+            t0 = self.clock.boot()
             try:
                 return self.heartbeat()
             except Exception as e:
                 if is_fatal(e) or isinstance(e, Refused) or self.stopping.is_set():
                     raise
+                if failing_since is None:
+                    failing_since = t0
+                failing = self.clock.boot() - failing_since
+                if self.config.burst and failing >= self.config.give_up_s:
+                    raise self._give_up(e, failing) from None
                 code, message = describe(e)
                 wait = backoff.next()
                 self.log("heartbeat_error", error=code, detail=message, retry_in_s=wait)
