@@ -76,6 +76,13 @@ class BoundedCalls:
 
         return call
 
+    def within(self, seconds: float, name: str, *args: Any, **kwargs: Any) -> Any:
+        """The call, waited for at most `seconds` (concurrent.futures.TimeoutError past
+        them; the call itself goes on in its thread and its answer is dropped): for a call
+        whose answer is worth nothing after a deadline, a renewal past its lease's end."""
+        future = self._pool.submit(getattr(self._c, name), *args, **kwargs)
+        return future.result(timeout=max(0.0, seconds))
+
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -3,6 +3,7 @@ budget, the clocks), and report its outcome with the epoch."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -268,8 +269,19 @@ class JobRun:
             if now >= next_renew:
                 t0 = clock.boot()
                 try:
-                    got = w.calls.renew(self.job_id, cfg.worker_id, self.epoch, lease_s=lease_s,
-                                     tenant=self.job.get("tenant"))
+                    # Waited for only until the lease's end: a call to a server that hears
+                    # nothing (a partition) has its own timeout and retries, longer than a
+                    # short lease, and the handler must not run on past it meanwhile.
+                    got = w.calls.within(lease_end - t0, "renew", self.job_id, cfg.worker_id,
+                                         self.epoch, lease_s=lease_s,
+                                         tenant=self.job.get("tenant"))
+                except concurrent.futures.TimeoutError:
+                    log("lease_lost", job_id=self.job_id, epoch=self.epoch,
+                        reason="lease_expired", detail="no renewal got through in time (the "
+                        "last one is still unanswered)")
+                    self._stop_handler(ctx, "lease_expired")
+                    result = Outcome("lost", code="lease_expired")
+                    break
                 except Refused as e:
                     log("lease_lost", job_id=self.job_id, epoch=self.epoch, reason=e.code,
                         detail=e.message)
