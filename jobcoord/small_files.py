@@ -17,11 +17,13 @@ import stat
 import time
 
 
-def read_small(path: str, limit: int, wait_s: float = 5.0) -> tuple[bytes, bool]:
+def read_small(path: str, limit: int, wait_s: float = 5.0, *, regular_only: bool = False
+               ) -> tuple[bytes, bool]:
     """At most `limit` + 1 bytes of `path` (the caller refuses more), and whether it is a
     regular file. OSError as open() raises it (IsADirectoryError for a directory), and
     TimeoutError when a file that is not a regular one was not read to its end within
-    `wait_s`."""
+    `wait_s`. With `regular_only`, a file that is not a regular one is refused unread
+    (OSError): one that is read again by its path (a certificate) cannot be a pipe."""
     deadline = time.monotonic() + wait_s
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
@@ -29,6 +31,8 @@ def read_small(path: str, limit: int, wait_s: float = 5.0) -> tuple[bytes, bool]
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         regular = stat.S_ISREG(mode)
+        if regular_only and not regular:
+            raise OSError(errno.EINVAL, "not a regular file", path)
         chunks: list[bytes] = []
         left = limit + 1
         while left > 0:
@@ -53,3 +57,31 @@ def read_small(path: str, limit: int, wait_s: float = 5.0) -> tuple[bytes, bool]
         return b"".join(chunks), regular
     finally:
         os.close(fd)
+
+
+#: Largest certificate or key file read (a chain of a few certificates is some KiB).
+MAX_PEM_FILE = 1 << 20
+
+
+def read_pem(path: str, option: str, *, key: bool = False) -> bytes:
+    """The PEM text of the certificate (or, with `key`, the private key) file `path` given
+    as `option`, checked before anything uses it: a regular file (the TLS library and a
+    remote worker's commands read it again by its path, which a pipe would not give twice),
+    at most MAX_PEM_FILE bytes, holding a PEM block of its kind. InvalidInput naming the
+    option and the file otherwise."""
+    from .errors import InvalidInput
+
+    try:
+        data, _ = read_small(path, MAX_PEM_FILE, regular_only=True)
+    except OSError as e:
+        raise InvalidInput("invalid_input", f"{option} {path}: cannot read it: "
+                           f"{e.strerror}") from None
+    if len(data) > MAX_PEM_FILE:
+        raise InvalidInput("invalid_input", f"{option} {path}: larger than {MAX_PEM_FILE} "
+                           "bytes, not a certificate or key file")
+    marker = b"PRIVATE KEY-----" if key else b"-----BEGIN CERTIFICATE-----"
+    if b"-----BEGIN" not in data or marker not in data:
+        what = "private key" if key else "certificate"
+        raise InvalidInput("invalid_input", f"{option} {path}: not PEM {what} (no "
+                           f"{marker.decode()!r} line)")
+    return data
