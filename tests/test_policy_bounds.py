@@ -161,6 +161,36 @@ def test_a_policy_fifo_nobody_writes_to_is_invalid_policy_not_a_hang(coord, cli,
         writer.join(10)
 
 
+@pytest.mark.parametrize("written", [b"", b"max_memory_pct = 7"], ids=["silent", "part"])
+def test_a_policy_fifo_whose_writer_stays_open_is_invalid_policy_not_a_hang(
+        tmp_path, written):
+    """A writer that opened the FIFO and writes nothing, or part of the policy, and keeps it
+    open: the whole read is bounded (5 s), then the policy is refused naming the file."""
+    import json
+    import os
+    import subprocess
+    import time
+
+    from tests.serve_procs import jobcoord_argv
+
+    fifo = str(tmp_path / "policy #1 100%.toml")
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)  # a writer that stays, as long as the test does
+    try:
+        os.write(writer, written)
+        start = time.monotonic()
+        got = subprocess.run([*jobcoord_argv(), "--db", str(tmp_path / "q.db"), "--policy",
+                              fifo, "status", "--json"], capture_output=True, timeout=60,
+                             check=False)
+        took = time.monotonic() - start
+    finally:
+        os.close(writer)
+    assert got.returncode == 2, got.stderr.decode()[-2000:]
+    error = json.loads(got.stdout.decode().splitlines()[-1])["error"]
+    assert error["code"] == "invalid_policy" and fifo in error["message"], error
+    assert took < 15, took
+
+
 @pytest.mark.parametrize(("body", "named"), [
     ("artifacts = false\n", "artifacts"),                  # was skipped: `if not data`
     ("artifacts = []\n", "artifacts"),

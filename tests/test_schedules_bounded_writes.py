@@ -6,11 +6,13 @@ it handled with exactly one job, the rest firing on the next tick."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +24,9 @@ from jobcoord import faults
 from jobcoord.core import schedules as schedule_rules
 from jobcoord.db import Target
 from jobcoord.faults import FaultBug
-from jobcoord.schema import jobs, schedule_fires
+from jobcoord.schema import jobs, schedule_fires, schedules
 from jobcoord.service import Coordinator
+from tests.conftest import fresh_pg, fresh_sqlite
 from tests.test_schedules_gap import ADDED, ON_TIME, TICK, _Steps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -154,3 +157,87 @@ def test_a_tick_that_dies_between_two_writes_leaves_one_job_per_slot_and_the_res
     slots = coord.db.read(lambda conn: conn.execute(
         select(F.slot_at).where(F.outcome == "fired")).scalars().all())
     assert len(set(slots)) == 1000 + len(ON_TIME)
+
+
+DAY_BEFORE, DAY_AFTER = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"
+
+
+def _six_every_second(c: Coordinator) -> None:
+    """Six schedules with 1,000 catch-up slots each and 300 on time a day later: each one
+    takes more than one write transaction of a tick."""
+    with freeze_time(DAY_BEFORE):
+        for i in range(6):
+            c.add_schedule(f"s{i}", "k", every="1s", catchup="all:1000")
+
+
+def _handled(c: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
+    """Each schedule's handled slots: (slot, outcome, made a job, detail)."""
+    S, F = schedules.c, schedule_fires.c
+    rows = c.db.read(lambda conn: conn.execute(
+        select(S.name, F.slot_at, F.outcome, F.job_id, F.detail)
+        .join(schedule_fires, F.schedule_id == S.schedule_id)
+        .order_by(S.name, F.slot_at)).all())
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    for name, slot, outcome, job, detail in rows:
+        out.setdefault(name, []).append((slot, outcome, job is not None, detail))
+    return out
+
+
+def _rows(c: Coordinator) -> dict[str, tuple[Any, ...]]:
+    S = schedules.c
+    return {r[0]: tuple(r[1:]) for r in c.db.read(lambda conn: conn.execute(
+        select(S.name, S.next_slot_at, S.due_at, S.queued_slot_at, S.updated_at)).all())}
+
+
+@contextlib.contextmanager
+def _another_database(target: Target, request: pytest.FixtureRequest, tmp_path: Any
+                      ) -> Iterator[Target]:
+    if target.sqlite_path:
+        yield fresh_sqlite(request.getfixturevalue("sqlite_template"), str(tmp_path),
+                           "reference.db")
+    else:
+        with fresh_pg(request.getfixturevalue("pg_template")) as other:
+            yield other
+
+
+def test_a_tick_split_across_writes_handles_at_most_limit_schedules(
+        target: Target, coord: Coordinator, request: pytest.FixtureRequest, tmp_path: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`schedule tick --limit N` handles at most N schedules, each counted once however many
+    write transactions it takes, and the schedules it does not reach are left untouched for
+    the next tick: what each handled is what one unsplit tick (no bound on the slots of a
+    write) handles, nothing lost or repeated. It handled every due schedule, half each."""
+    _six_every_second(coord)
+    before = _rows(coord)
+    with freeze_time(DAY_AFTER):
+        got = coord.tick_schedules(limit=2)
+    names = [s["schedule"] for s in got["schedules"]]
+    assert len(names) == 2 and sorted(_handled(coord)) == sorted(names), names
+    after = _rows(coord)
+    assert {n: after[n] for n in before if n not in names} == {
+        n: before[n] for n in before if n not in names}
+    with _another_database(target, request, tmp_path) as other, \
+            Coordinator.open(other) as reference:
+        _six_every_second(reference)
+        bounded = schedule_rules.MAX_TICK_SLOTS
+        monkeypatch.setattr(schedule_rules, "MAX_TICK_SLOTS", 10**9)
+        with freeze_time(DAY_AFTER):
+            whole = reference.tick_schedules(limit=100)
+        monkeypatch.setattr(schedule_rules, "MAX_TICK_SLOTS", bounded)
+        expected = _handled(reference)
+        expected_rows = _rows(reference)
+    answers = {s["schedule"]: {k: v for k, v in s.items() if k != "jobs"}
+               for s in whole["schedules"]}
+    for s in got["schedules"]:
+        assert len(s["jobs"]) == s["fired"] > 1000
+        assert {k: v for k, v in s.items() if k != "jobs"} == answers[s["schedule"]]
+    assert {n: _handled(coord)[n] for n in names} == {n: expected[n] for n in names}
+    # Two more ticks handle the other four, two each; then nothing is due.
+    with freeze_time(DAY_AFTER):
+        assert len(coord.tick_schedules(limit=2)["schedules"]) == 2
+        assert len(coord.tick_schedules(limit=2)["schedules"]) == 2
+        assert coord.tick_schedules(limit=2)["schedules"] == []
+    assert _handled(coord) == expected
+    assert {n: r[:3] for n, r in _rows(coord).items()} == {
+        n: r[:3] for n, r in expected_rows.items()}
+    _one_job_per_fired_slot(coord)

@@ -448,6 +448,32 @@ def test_a_token_file_fifo_nobody_writes_to_is_refused_not_a_hang(tmp_path: Any)
         assert "token" in json.loads(got.stdout.decode().splitlines()[-1])["error"]["message"]
 
 
+@pytest.mark.parametrize("written", [b"", b"jct_part"], ids=["silent", "part"])
+def test_a_token_file_fifo_whose_writer_stays_open_is_refused_not_a_hang(
+        tmp_path: Any, written: bytes) -> None:
+    """A writer that opened the FIFO and writes nothing, or part of a token, and keeps it
+    open: the whole read is bounded (5 s), then exit 2 naming the token file."""
+    import time
+
+    fifo = str(tmp_path / "token #1 100%")
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR)  # a writer that stays, as long as the test does
+    try:
+        os.write(writer, written)
+        for argv in (["checkpoint", "1", "--worker", "w", "--epoch", "1", "--name", "n"],
+                     ["worker", "--exec", "k=true"]):
+            start = time.monotonic()
+            got = subprocess.run([*jobcoord_argv(), *argv, "--server", "http://127.0.0.1:9",
+                                  "--token-file", fifo, "--json"],
+                                 capture_output=True, timeout=60, check=False)
+            assert time.monotonic() - start < 15
+            assert got.returncode == 2, got.stderr.decode()[-2000:]
+            error = json.loads(got.stdout.decode().splitlines()[-1])["error"]
+            assert error["code"] == "invalid_input" and fifo in error["message"], error
+    finally:
+        os.close(writer)
+
+
 def test_a_database_named_on_the_command_line_wins_over_a_server_in_the_environment(
         target: Target, tmp_path: Any) -> None:
     """JOBCOORD_SERVER / JOBCOORD_TOKEN_FILE left in a shell's environment: `jobcoord --db F

@@ -110,7 +110,9 @@ _simple("rm", "Delete schedule NAME (the jobs it fired stay).")
 
 
 @schedule.command("tick")
-@click.option("--limit", default="100", help="Schedules handled at most in this tick.")
+@click.option("--limit", default="100",
+              help="Schedules handled at most in this tick (each counted once, however many "
+                   "write transactions its slots take; the rest wait for the next tick).")
 @json_option
 @click.pass_obj
 def tick(s: Settings, limit: str, as_json: bool) -> None:

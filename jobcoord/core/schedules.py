@@ -405,8 +405,10 @@ def _replan(planned: tuple[dict[str, Any], int, Due | str] | None, s: dict[str, 
 
 def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
     """Fire what is due, in write transactions of at most MAX_TICK_SLOTS slots each, every
-    one leaving the schedules' rows consistent with what it committed. Cheap when nothing
-    is due: one read of the due index, no write lock.
+    one leaving the schedules' rows consistent with what it committed. At most `limit`
+    schedules are handled, each counted once: one a write left half done is gone on with
+    first in the next write, before the tick begins any other. Cheap when nothing is due:
+    one read of the due index, no write lock.
     `missed` counts the missed slots exactly unless `missed_exact` is false: a cron after
     more slots than a tick handles, whose older slots are not walked through to count them.
     Times in the answer are microseconds (present.ticked_json makes them ISO text)."""
@@ -427,25 +429,37 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
     plans: dict[int, tuple[dict[str, Any], int, Due | str]] = {
         s["schedule_id"]: (s, then, _plan(s, then)) for s in rows}
     done: set[int] = set()  # handled in full by an earlier write of this tick (or unreadable)
+    # The schedules this tick has begun, each counted once against `limit` however many
+    # writes it takes; the one an earlier write left half done (`split`, at most one: a
+    # write ends where it splits a schedule) is gone on with first in the next write.
+    begun: set[int] = set()
+    split: int | None = None
 
-    def _do(conn: Connection) -> tuple[int, list[Any], dict[int, Any], set[int], bool]:
+    def _do(conn: Connection
+            ) -> tuple[int, list[Any], dict[int, Any], set[int], set[int], int | None, bool]:
         # Only local state here: a busy retry runs this afresh, and the tick's own state
         # changes once the write has committed.
         now, room, more = now_us(), MAX_TICK_SLOTS, False
         results: list[Any] = []
         rest_plans: dict[int, Any] = {}
         finished: set[int] = set()
-        for row in ctx.db.run(conn, sql.DUE_SCHEDULES,
-                              {"now": now, "limit": limit + len(done)}).all():
+        started: set[int] = set()
+        left_split: int | None = None
+        first = [] if split is None else ctx.db.run(
+            conn, sql.DUE_SCHEDULE_BY_ID, {"schedule_id": split, "now": now}).all()
+        due_rows = ctx.db.run(conn, sql.DUE_SCHEDULES,
+                              {"now": now, "limit": limit + len(begun)}).all()
+        for row in (*first, *due_rows):
             s = _row(row)
             sid = s["schedule_id"]
-            if sid in done:  # still due: a held queue_one slot, or a slot due since
-                continue
-            if len(done) + len(finished) >= limit:
+            if sid in done or sid in finished:  # still due: a held queue_one slot, or a slot
+                continue                        # due since
+            if sid not in begun and sid not in started and len(begun | started) >= limit:
                 break
             if room < 2:  # a held slot it releases and one slot, at least
                 more = True
                 break
+            started.add(sid)
             due = _replan(plans.get(sid), s, now)
             if isinstance(due, str):
                 # Written outside jobcoord: left as it is, said in every tick's answer, and
@@ -465,17 +479,20 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
             left = {**s, "next_slot_at": rest.slots[0], "due_at": now,
                     "queued_slot_at": t.queued, "updated_at": now}
             rest_plans[sid] = (left, now, rest)
+            left_split = sid
             more = True
             break
-        return now, results, rest_plans, finished, more
+        return now, results, rest_plans, finished, started, left_split, more
 
     out = _empty()
     out["at"] = None
     by_name: dict[str, dict[str, Any]] = {}
     while True:
-        now, results, rest_plans, finished, more = ctx.db.write(_do, "schedule tick")
+        now, results, rest_plans, finished, started, split, more = ctx.db.write(
+            _do, "schedule tick")
         plans.update(rest_plans)
         done.update(finished)
+        begun.update(started)
         out["at"] = now if out["at"] is None else out["at"]
         for got in results:
             if "detail" in got:

@@ -27,8 +27,8 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
               help="Address to listen on. Anything but loopback needs TLS or --insecure-http.")
 @click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
               help="Port (0: any free port; the `listening` line says which).")
-@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM certificate.")
-@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@click.option("--tls-cert", metavar="PEM", help="PEM certificate (chain), a regular file.")
+@click.option("--tls-key", metavar="PEM", help="PEM private key (unencrypted), a regular file.")
 @click.option("--insecure-http", is_flag=True,
               help="Allow plain HTTP on a non-loopback address (prints a warning).")
 @click.option("--reap-every", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
@@ -47,9 +47,12 @@ def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
           max_artifact_bytes: int, as_json: bool) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) over this database, and reap expired
     leases on a timer. Ctrl-C stops it (exit 130)."""
-    from .server import check_bind, run_server
+    from .server import check_bind, check_tls_files, run_server
 
     check_bind(host, tls_cert, tls_key, insecure_http)  # before opening anything
+    if tls_cert is not None and tls_key is not None:
+        tls_cert, tls_key = os.path.expanduser(tls_cert), os.path.expanduser(tls_key)
+        check_tls_files(tls_cert, tls_key)
     run_server(s.coordinator(), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                insecure_http=insecure_http, reap_every=reap_every, poll_s=poll,
                threads=threads, as_json=as_json, max_artifact_bytes=max_artifact_bytes)
@@ -127,8 +130,24 @@ def remote_coordinator(server: str, token_file: str, *, claim_wait: float = 20.0
     Coordinator."""
     from .client import RemoteCoordinator
 
-    return RemoteCoordinator(server, read_token_file(token_file), claim_wait=claim_wait,
-                             verify=ca_file if ca_file else True)
+    secret = read_token_file(token_file)
+    return RemoteCoordinator(server, secret, claim_wait=claim_wait,
+                             verify=trusting(ca_file) if ca_file else True)
+
+
+def trusting(ca_file: str) -> Any:
+    """An SSL context trusting the CA certificates of `--ca-file`, from the bytes checked
+    (small_files.read_pem): the file is read once, here."""
+    import ssl
+
+    from ..small_files import read_pem
+
+    data = read_pem(os.path.expanduser(ca_file), "--ca-file")
+    try:
+        return ssl.create_default_context(cadata=data.decode("latin-1"))
+    except (ssl.SSLError, ValueError) as e:
+        raise InvalidInput("invalid_input", f"--ca-file {ca_file}: not a CA certificate "
+                           f"that loads: {getattr(e, 'reason', None) or e}") from None
 
 
 def remote_worker_command(local: click.Command) -> click.Command:

@@ -39,6 +39,30 @@ def check_bind(host: str, tls_cert: str | None, tls_key: str | None,
             "(--insecure-http)")
 
 
+def check_tls_files(tls_cert: str, tls_key: str) -> None:
+    """`--tls-cert` and `--tls-key` are PEM files (small_files.read_pem) that load together,
+    checked before the server opens anything; InvalidInput naming the file otherwise. An
+    encrypted key is refused, not asked a pass phrase for on the terminal."""
+    import ssl
+
+    from ..small_files import read_pem
+
+    read_pem(tls_cert, "--tls-cert")
+    read_pem(tls_key, "--tls-key", key=True)
+
+    def no_pass_phrase() -> str:
+        raise InvalidInput("invalid_input", f"--tls-key {tls_key}: encrypted; serve takes "
+                           "an unencrypted key")
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(tls_cert, tls_key,
+                                                                no_pass_phrase)
+    except ssl.SSLError as e:
+        raise InvalidInput("invalid_input", f"--tls-cert {tls_cert} with --tls-key "
+                           f"{tls_key}: they do not load as a certificate and its key "
+                           f"({e.reason or e})") from None
+
+
 def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
     """One line per event on stdout: JSON Lines with --json, text otherwise."""
     def emit(event: dict[str, Any]) -> None:

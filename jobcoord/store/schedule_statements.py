@@ -42,6 +42,11 @@ ALL_SCHEDULES = SQL(select(*SCHEDULE_COLUMNS).order_by(S.name))
 DUE_SCHEDULES = SQL(
     select(*SCHEDULE_COLUMNS).where(S.due_at <= P("now"))
     .order_by(S.due_at).limit(P("limit")).with_for_update(skip_locked=True))
+#: The schedule a tick's earlier write left half done, if it is still due: its next write
+#: goes on with it before any other schedule.
+DUE_SCHEDULE_BY_ID = SQL(
+    select(*SCHEDULE_COLUMNS).where(S.schedule_id == P("schedule_id"), S.due_at <= P("now"))
+    .with_for_update(skip_locked=True))
 ADVANCE_SCHEDULE = SQL(
     update(schedules).where(S.schedule_id == P("schedule_id"))
     .values(next_slot_at=P("next_slot_at"), due_at=P("due_at"),
