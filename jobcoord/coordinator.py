@@ -122,12 +122,14 @@ class Coordinator:
                                                              readings=readings, kinds=kinds))
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
-              kinds: Sequence[str] | None = None, tenant: str | None = None
-              ) -> dict[str, Any]:
+              kinds: Sequence[str] | None = None, tenant: str | None = None,
+              worker_view: bool = False) -> dict[str, Any]:
         """Give this worker the first eligible waiting job (of `tenant` only, when given),
-        under a new lease and epoch (the rules: `core.claim.claim`)."""
+        under a new lease and epoch (the rules: `core.claim.claim`; `worker_view`: a
+        refusal names no other worker's lease)."""
         return present.claimed_json(claim_rules.claim(self, worker_id, lease_s=lease_s,
-                                                      kinds=kinds, tenant=tenant))
+                                                      kinds=kinds, tenant=tenant,
+                                                      worker_view=worker_view))
 
     def claimable(self, worker_id: str, *, kinds: Sequence[str] | None = None,
                   tenant: str | None = None) -> bool:
@@ -136,14 +138,14 @@ class Coordinator:
         return claim_rules.claimable(self, worker_id, kinds, tenant=tenant)
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
-                   kinds: Sequence[str] | None = None, tenant: str | None = None
-                   ) -> dict[str, Any]:
+                   kinds: Sequence[str] | None = None, tenant: str | None = None,
+                   worker_view: bool = False) -> dict[str, Any]:
         """Give this worker up to `n` (1..1000) eligible jobs (of `tenant` only, when given)
         in one write transaction, in claim order, each under its own lease, epoch and event
         (the rules: `core.claim.claim_many`)."""
         return present.claimed_many_json(
             claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds,
-                                   tenant=tenant))
+                                   tenant=tenant, worker_view=worker_view))
 
     def complete_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Many completions (each: job_id, worker_id, epoch, result; optionally provenance,
@@ -168,12 +170,13 @@ class Coordinator:
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Mapping[str, Any] | None = None,
                            tenant: str | None = None, lease_s: float | None = None,
-                           kinds: Sequence[str] | None = None) -> dict[str, Any]:
+                           kinds: Sequence[str] | None = None, worker_view: bool = False
+                           ) -> dict[str, Any]:
         """Complete this worker's job and claim its next one in the same write transaction
         (the rules: `core.fencing.complete_and_claim`)."""
         return present.completed_and_claimed_json(fencing.complete_and_claim(
             self, job_id, worker_id, epoch, result, provenance=provenance, tenant=tenant,
-            lease_s=lease_s, kinds=kinds))
+            lease_s=lease_s, kinds=kinds, worker_view=worker_view))
 
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
              permanent: bool = False, reason: str = "failed", tenant: str | None = None,

@@ -194,13 +194,15 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
                        result: Any = None,
                        *, provenance: Mapping[str, Any] | None = None,
                        tenant: str | None = None, lease_s: float | None = None,
-                       kinds: Sequence[str] | None = None) -> dict[str, Any]:
+                       kinds: Sequence[str] | None = None, worker_view: bool = False
+                       ) -> dict[str, Any]:
     """Complete this worker's job and claim its next one in the same write transaction:
     one commit per job in steady state instead of two.
 
     The completion is judged exactly like `complete` (same refusals, same events); a
     refused completion raises its refusal and claims nothing. After an accepted
-    completion the claim follows every rule of `claim` (heartbeat, gates, order).
+    completion the claim follows every rule of `claim` (heartbeat, gates, order;
+    `worker_view` as there).
     Returns {"completed": <complete's answer>, "next": <claim's answer>}."""
     finish, worker_id = completion(ctx, job_id, worker_id, epoch, result, provenance,
                                    tenant)
@@ -213,7 +215,8 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
             return done
         # The next claim is bound to the same tenant the completion was fenced by.
         return {"completed": done,
-                "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now, tenant)}
+                "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now, tenant,
+                                 worker_view)}
 
     # A damaged next job rolls the whole transaction back, completion included: the retry
     # after setting it aside judges the completion again from scratch.

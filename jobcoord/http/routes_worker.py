@@ -117,11 +117,13 @@ def _first_claim(who: Identity, srv: Server, body: ClaimBody
 def _take(srv: Server, worker: str, body: ClaimBody, tenant: str | None
           ) -> dict[str, Any]:
     """One claim of a poll: claim's answer, or with `n` claim_many's (of at most the
-    server's `max_claim_batch`)."""
+    server's `max_claim_batch`). A worker token sees its own leases only: a refusal names
+    no other worker's (`worker_view`)."""
     if body.n is None:
-        return srv.c.claim(worker, lease_s=body.lease_s, kinds=body.kinds, tenant=tenant)
+        return srv.c.claim(worker, lease_s=body.lease_s, kinds=body.kinds, tenant=tenant,
+                           worker_view=True)
     return srv.c.claim_many(worker, min(body.n, srv.max_claim_batch), lease_s=body.lease_s,
-                            kinds=body.kinds, tenant=tenant)
+                            kinds=body.kinds, tenant=tenant, worker_view=True)
 
 
 def _could_take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None) -> bool:
@@ -205,7 +207,7 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
         if body.claim_next:
             both = coordinator.complete_and_claim(
                 job_id, worker, body.epoch, body.result, provenance=body.provenance,
-                tenant=tenant, lease_s=body.lease_s)
+                tenant=tenant, lease_s=body.lease_s, worker_view=True)
             got = {**both["completed"], "next": both["next"]}
         else:
             got = coordinator.complete(job_id, worker, body.epoch, body.result,
