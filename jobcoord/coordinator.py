@@ -346,6 +346,16 @@ class Coordinator:
         `tenant` only, when given): one indexed read, not the job's history."""
         return queries.event_by(self, job_id, worker_id, epoch, "completed", tenant=tenant)
 
+    def failed_by(self, job_id: int, worker_id: str, epoch: int, *, reason: str, error: str,
+                  permanent: bool = False, tenant: str | None = None
+                  ) -> dict[str, Any] | None:
+        """The failure this worker reported for the job at `epoch` (with `reason`, `error`
+        and `permanent`), when it was the one recorded (a job of `tenant` only, when given):
+        {"status" it took the job to, "attempt"}, else None (the rules:
+        `core.queries.failure_by`)."""
+        return queries.failure_by(self, job_id, worker_id, epoch, reason, error,
+                                  permanent=permanent, tenant=tenant)
+
     def workers(self) -> dict[str, Any]:
         """Every worker, its roles, heartbeat age and readings, and whether the gates would
         let it claim now."""

@@ -13,6 +13,7 @@ from .. import validate as v
 from ..clock import MICROS, iso, now_us, seconds_to_us
 from ..errors import DatabaseCorrupt, JobcoordError, Refused
 from ..states import FINAL_STATUSES
+from ..store import query_statements as qs
 from ..store import statements as sql
 from .claim import claim_in, past_damaged
 from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_event
@@ -245,6 +246,10 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
     return ctx.db.write(step, "fail")
 
 
+#: Why a permanent failure's job is dead (its event's `dead_because`).
+PERMANENT = "permanent failure"
+
+
 class Failure(NamedTuple):
     """A failure report checked before any transaction."""
 
@@ -288,7 +293,7 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     if release:
         backoff_us = 0
     if f.permanent:
-        to_status, why = "dead", "permanent failure"
+        to_status, why = "dead", PERMANENT
     elif effect:
         to_status, why = "unknown", "an external effect had started"
     elif release and (deadline is None or now < deadline):
@@ -325,6 +330,32 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     return end, out
 
 
+#: Where an accepted failure report takes its job (`failure_end`).
+FAILURE_ENDS = ("waiting", "dead", "unknown")
+
+
+def recorded_failure(ctx: Context, conn: Connection, f: Failure) -> dict[str, Any] | None:
+    """Was this very report (worker, epoch, reason, error, permanent) the failure recorded
+    for its job? {"status": where it took the job, "attempt"}, else None. What a report sent
+    again after its answer was lost is told (`already_accepted`), and why its refusal is not
+    recorded again as new evidence. Read through the job's events at that epoch; a detail
+    that does not parse is not this report."""
+    stmt = qs.ends_by(f.tenant is not None)
+    params = {"job_id": f.job_id, "worker": f.worker_id, "epoch": f.epoch,
+              "reason": f.reason, "tenant": f.tenant}
+    for to_status, detail in ctx.db.run(conn, stmt, params).all():
+        if to_status not in FAILURE_ENDS or not isinstance(detail, str):
+            continue
+        try:
+            recorded = json.loads(detail)
+        except ValueError:
+            continue
+        if (isinstance(recorded, dict) and recorded.get("error") == f.error
+                and (recorded.get("dead_because") == PERMANENT) == f.permanent):
+            return {"status": to_status, "attempt": recorded.get("attempt")}
+    return None
+
+
 def failure(ctx: Context, job_id: Any, worker_id: Any, epoch: Any, error: Any, *,
             permanent: Any = False, reason: Any = "failed", tenant: Any = None,
             effect_not_applied: Any = False
@@ -343,7 +374,8 @@ def failure_step(ctx: Context, f: Failure
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         owned, now = check_owner(ctx, conn, f.job_id, f.worker_id, f.epoch, f.tenant, "fail")
         if isinstance(owned, JobcoordError):
-            reject_event(ctx, conn, owned, f.job_id, f.worker_id, f.epoch, now, "fail")
+            if not repeated(ctx, conn, owned, f):
+                reject_event(ctx, conn, owned, f.job_id, f.worker_id, f.epoch, now, "fail")
             return owned
         end, out = failure_end(ctx, conn, f, owned, now)
         end_running(ctx, conn, f.job_id, f.epoch, now, end["to_status"], f.reason,
@@ -352,6 +384,13 @@ def failure_step(ctx: Context, f: Failure
         return out
 
     return _do
+
+
+def repeated(ctx: Context, conn: Connection, refusal: JobcoordError, f: Failure) -> bool:
+    """Is this refused report the recorded failure sent again (its answer lost)? It is no
+    new evidence: no `fail_refused` event is recorded for it."""
+    return (refusal.code not in ("job_not_found", "job_cancelled")
+            and recorded_failure(ctx, conn, f) is not None)
 
 
 def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,

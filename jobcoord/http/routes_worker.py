@@ -289,11 +289,35 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
     return await srv.call_as(caller, run)
 
 
+def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: str | None
+          ) -> dict[str, Any]:
+    """The failure report; sent again after its answer was lost, it is answered as accepted
+    (`already_accepted`, with the status it took the job to) when this worker's report of
+    that epoch (its reason, error and `permanent`) was the failure recorded."""
+    try:
+        return coordinator.fail(job_id, worker, body.epoch, body.error,
+                                permanent=body.permanent, reason=body.reason, tenant=tenant)
+    except Refused as e:
+        if e.code == "job_not_found":
+            raise
+        recorded = coordinator.failed_by(job_id, worker, body.epoch, reason=body.reason,
+                                         error=body.error, permanent=body.permanent,
+                                         tenant=tenant)
+        if recorded is None:
+            raise
+        return {"job_id": job_id, "status": recorded["status"], "epoch": body.epoch,
+                "attempt": recorded["attempt"], "already_accepted": True}
+
+
 @router.post("/v1/jobs/{job_id}/fail", dependencies=strict)
 async def fail(job_id: JobId, body: FailBody, caller: WorkerCaller, srv: Srv
                ) -> dict[str, Any]:
-    got = await fenced(srv, srv.c.fail, job_id, caller, body.epoch, body.error,
-                       permanent=body.permanent, reason=body.reason)
+    """Report this attempt's failure (`epoch` fences it); a report sent again after its
+    answer was lost is `already_accepted`."""
+    got = await fenced(srv, lambda j, w, _, b, tenant: _fail(srv.c, j, w, b, tenant),
+                       job_id, caller, body.epoch, body)
+    if got.get("already_accepted"):
+        return got
     if got["status"] == "waiting":
         srv.notify()
     return got

@@ -102,3 +102,18 @@ def event_by(by_tenant: bool) -> SQL:
                 J.tenant == P("tenant"))
         return query.limit(ONE)
     return _shaped(("event_by", by_tenant), build)
+
+
+def ends_by(by_tenant: bool) -> SQL:
+    """The status and detail of each end of job :job_id's running attempt at :epoch that
+    :worker recorded with the event :reason (of :tenant when asked): read through
+    ix_job_events_job_id_event_id, in the order recorded."""
+    def build() -> Any:
+        query = select(E.to_status, E.detail).where(
+            E.job_id == P("job_id"), E.reason == P("reason"), E.epoch == P("epoch"),
+            E.worker_id == P("worker"), E.from_status == const("running"))
+        if by_tenant:
+            query = query.join_from(job_events, jobs, J.job_id == E.job_id).where(
+                J.tenant == P("tenant"))
+        return query.order_by(E.event_id)
+    return _shaped(("ends_by", by_tenant), build)
