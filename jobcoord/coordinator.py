@@ -346,6 +346,14 @@ class Coordinator:
         `tenant` only, when given): one indexed read, not the job's history."""
         return queries.event_by(self, job_id, worker_id, epoch, "completed", tenant=tenant)
 
+    def claimed_next(self, job_id: int, worker_id: str, epoch: int, *,
+                     tenant: str | None = None) -> dict[str, Any] | None:
+        """The job this worker's chained completion of the job at `epoch` claimed, as that
+        claim answered it, while nothing has touched it since (a job of `tenant` only, when
+        given); else None (the rules: `core.fencing.claimed_next`)."""
+        got = fencing.claimed_next(self, job_id, worker_id, epoch, tenant=tenant)
+        return None if got is None else present.claimed_json(got)
+
     def failed_by(self, job_id: int, worker_id: str, epoch: int, *, reason: str, error: str,
                   permanent: bool = False, tenant: str | None = None
                   ) -> dict[str, Any] | None:

@@ -216,13 +216,15 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
         if (e.code == "job_finished" and e.details.get("status") == "succeeded"
                 and e.details.get("accepted_epoch") == body.epoch
                 and coordinator.completed_by(job_id, worker, body.epoch, tenant=tenant)):
-            # The same completion sent again (its answer was lost): it was accepted. A
-            # next job claimed with the lost answer is nobody's until its lease ends and
-            # the reaper offers it again; this answer claims none (`next` null).
+            # The same completion sent again (its answer was lost): it was accepted. The
+            # next job the lost answer claimed is handed back while nothing touched it
+            # since (same job, epoch and lease); else `next` is null and this answer
+            # claims none (a lease that ran out is the reaper's).
             again: dict[str, Any] = {"job_id": job_id, "status": "succeeded",
                                      "epoch": body.epoch, "already_accepted": True}
             if body.claim_next:
-                again["next"] = None
+                again["next"] = coordinator.claimed_next(job_id, worker, body.epoch,
+                                                         tenant=tenant)
             return again
         raise
     # A test makes the answer to a committed completion get lost here.
@@ -238,7 +240,8 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
     would (the token's tenant, the kinds of the worker's last heartbeat, `lease_s`): the
     answer adds `next`, a claim's answer (`job` and `lease`, or `job: null` with the
     `reason`). A refused completion claims nothing; a completion sent again after its answer
-    was lost is `already_accepted` with `next: null`."""
+    was lost is `already_accepted`, its `next` the job the lost answer claimed while nothing
+    touched it since, else null."""
     return await fenced(srv, lambda j, w, _, b, tenant: _complete(srv.c, j, w, b, tenant),
                         job_id, caller, body.epoch, body)
 
