@@ -122,12 +122,14 @@ class Coordinator:
                                                              readings=readings, kinds=kinds))
 
     def claim(self, worker_id: str, *, lease_s: float | None = None,
-              kinds: Sequence[str] | None = None, tenant: str | None = None
-              ) -> dict[str, Any]:
+              kinds: Sequence[str] | None = None, tenant: str | None = None,
+              worker_view: bool = False) -> dict[str, Any]:
         """Give this worker the first eligible waiting job (of `tenant` only, when given),
-        under a new lease and epoch (the rules: `core.claim.claim`)."""
+        under a new lease and epoch (the rules: `core.claim.claim`; `worker_view`: a
+        refusal names no other worker's lease)."""
         return present.claimed_json(claim_rules.claim(self, worker_id, lease_s=lease_s,
-                                                      kinds=kinds, tenant=tenant))
+                                                      kinds=kinds, tenant=tenant,
+                                                      worker_view=worker_view))
 
     def claimable(self, worker_id: str, *, kinds: Sequence[str] | None = None,
                   tenant: str | None = None) -> bool:
@@ -136,14 +138,14 @@ class Coordinator:
         return claim_rules.claimable(self, worker_id, kinds, tenant=tenant)
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
-                   kinds: Sequence[str] | None = None, tenant: str | None = None
-                   ) -> dict[str, Any]:
+                   kinds: Sequence[str] | None = None, tenant: str | None = None,
+                   worker_view: bool = False) -> dict[str, Any]:
         """Give this worker up to `n` (1..1000) eligible jobs (of `tenant` only, when given)
         in one write transaction, in claim order, each under its own lease, epoch and event
         (the rules: `core.claim.claim_many`)."""
         return present.claimed_many_json(
             claim_rules.claim_many(self, worker_id, n, lease_s=lease_s, kinds=kinds,
-                                   tenant=tenant))
+                                   tenant=tenant, worker_view=worker_view))
 
     def complete_many(self, items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         """Many completions (each: job_id, worker_id, epoch, result; optionally provenance,
@@ -168,12 +170,13 @@ class Coordinator:
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Mapping[str, Any] | None = None,
                            tenant: str | None = None, lease_s: float | None = None,
-                           kinds: Sequence[str] | None = None) -> dict[str, Any]:
+                           kinds: Sequence[str] | None = None, worker_view: bool = False
+                           ) -> dict[str, Any]:
         """Complete this worker's job and claim its next one in the same write transaction
         (the rules: `core.fencing.complete_and_claim`)."""
         return present.completed_and_claimed_json(fencing.complete_and_claim(
             self, job_id, worker_id, epoch, result, provenance=provenance, tenant=tenant,
-            lease_s=lease_s, kinds=kinds))
+            lease_s=lease_s, kinds=kinds, worker_view=worker_view))
 
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
              permanent: bool = False, reason: str = "failed", tenant: str | None = None,
@@ -342,6 +345,24 @@ class Coordinator:
         """Whether the accepted completion of the job at `epoch` was this worker's (a job of
         `tenant` only, when given): one indexed read, not the job's history."""
         return queries.event_by(self, job_id, worker_id, epoch, "completed", tenant=tenant)
+
+    def claimed_next(self, job_id: int, worker_id: str, epoch: int, *,
+                     tenant: str | None = None) -> dict[str, Any] | None:
+        """The job this worker's chained completion of the job at `epoch` claimed, as that
+        claim answered it, while nothing has touched it since (a job of `tenant` only, when
+        given); else None (the rules: `core.fencing.claimed_next`)."""
+        got = fencing.claimed_next(self, job_id, worker_id, epoch, tenant=tenant)
+        return None if got is None else present.claimed_json(got)
+
+    def failed_by(self, job_id: int, worker_id: str, epoch: int, *, reason: str, error: str,
+                  permanent: bool = False, tenant: str | None = None
+                  ) -> dict[str, Any] | None:
+        """The failure this worker reported for the job at `epoch` (with `reason`, `error`
+        and `permanent`), when it was the one recorded (a job of `tenant` only, when given):
+        {"status" it took the job to, "attempt"}, else None (the rules:
+        `core.queries.failure_by`)."""
+        return queries.failure_by(self, job_id, worker_id, epoch, reason, error,
+                                  permanent=permanent, tenant=tenant)
 
     def workers(self) -> dict[str, Any]:
         """Every worker, its roles, heartbeat age and readings, and whether the gates would

@@ -20,3 +20,8 @@ def slow(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
     ctx.checkpoint("started", {"i": payload.get("i")})
     ctx.sleep(float(payload.get("sleep", 1.0)))
     return {"i": payload.get("i"), "epoch": ctx.epoch}
+
+
+@app.handler("boom")
+def boom(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    raise RuntimeError(f"boom {payload.get('i')}")

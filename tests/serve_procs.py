@@ -14,6 +14,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -156,3 +157,74 @@ def wait_for(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> Any:
         if time.monotonic() > end:
             raise AssertionError("condition not met in time")
         time.sleep(every)
+
+
+class DroppingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the server that forwards every request and, for
+    `drops` of the requests whose line names `needle` (every `every`th one), reads the
+    server's answer and closes the client's connection instead of passing it on: the answer
+    is lost after the server has committed, as on a network cut."""
+
+    def __init__(self, upstream_port: int, needle: bytes, drops: int = 1, every: int = 1):
+        import socket
+
+        self.upstream_port = upstream_port
+        self.needle = needle
+        self.drops = drops
+        self.every = every
+        self.seen = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            state = {"drop": False}
+            threading.Thread(target=self._up, args=(client, upstream, state),
+                             daemon=True).start()
+            threading.Thread(target=self._down, args=(upstream, client, state),
+                             daemon=True).start()
+
+    def _up(self, client: Any, upstream: Any, state: dict[str, bool]) -> None:
+        try:
+            while chunk := client.recv(65536):
+                if chunk.startswith((b"POST ", b"GET ", b"PUT ")):
+                    line = chunk.split(b"\r\n", 1)[0]
+                    with self.lock:
+                        hit = self.needle in line
+                        self.seen += hit
+                        state["drop"] = (hit and self.seen % self.every == 0
+                                         and self.dropped < self.drops)
+                        self.dropped += state["drop"]
+                upstream.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                upstream.shutdown(2)
+
+    def _down(self, upstream: Any, client: Any, state: dict[str, bool]) -> None:
+        try:
+            while chunk := upstream.recv(65536):
+                if state["drop"]:
+                    break  # the answer came: lose it
+                client.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (client, upstream):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(2)
+                sock.close()
+
+    def close(self) -> None:
+        self.listener.close()

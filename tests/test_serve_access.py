@@ -471,3 +471,58 @@ def test_a_worker_token_learns_nothing_of_a_lease_it_never_held(target: Target) 
         assert c2.show(live)["lease"]["worker_id"] == "wb"
         assert c2.show(waiting)["job"]["status"] == "waiting"
     assert not failures, "\n".join(failures)
+
+
+def test_a_worker_tokens_claim_refused_by_a_limit_names_no_other_workers_holder(
+        target: Target) -> None:
+    """A full concurrency limit: a worker token's claim (alone, with `n`, chained after a
+    completion) is told the limit is full, never which job and worker hold it when that is
+    another worker's lease (the fenced calls about that job answer 404: a worker sees its own
+    leases only), whether the token is unbound or bound to the holder's own tenant. Its own
+    holder is named. The Python API, a trusted local caller, keeps the full detail."""
+    import re
+
+    unbound = token(target, "wu", "worker", worker="wu")
+    same_tenant = token(target, "wt", "worker", tenant="alice", worker="wt")
+    holder = token(target, "wh", "worker", worker="wh")
+    with Coordinator.open(target) as c:
+        c.set_limit("lim", 1)
+        for w in ("wu", "wt", "wh", "w1"):
+            c.heartbeat(w, roles=[f"r-{w}"], readings={"memory_used_pct": 5})
+        held = c.enqueue("lim", {}, tenant="alice", role="r-w1")["job_id"]
+        assert c.claim("w1", lease_s=600)["job"]["job_id"] == held
+        chained = {w: c.enqueue("other", {}, tenant="alice", role=f"r-{w}")["job_id"]
+                   for w in ("wu", "wt")}
+        for w, job in chained.items():
+            assert c.claim(w, lease_s=600, tenant="alice" if w == "wt" else None
+                           )["job"]["job_id"] == job
+        for w in ("wu", "wt", "w1"):
+            c.enqueue("lim", {}, tenant="alice", role=f"r-{w}")
+        own = c.enqueue("lim", {}, tenant="alice", role="r-wh")["job_id"]
+        c.enqueue("lim", {}, tenant="alice", role="r-wh")  # waits behind the limit
+        # The holder's own view: the limit is full with its own job.
+        c.set_limit("lim", 2)
+        assert c.claim("wh", lease_s=600)["job"]["job_id"] == own
+        trusted = c.claim("wu", kinds=["lim"])
+    assert trusted["reason"] == "concurrency_limit" and "on w1" in trusted["detail"], trusted
+    named = re.compile(rf"\bjob ({held}|{own})\b|\bw1\b|\bwh\b")
+    failures = []
+    with served(target, "--reap-every", "0") as s:
+        for secret, w in ((unbound, "wu"), (same_tenant, "wt")):
+            with s.client(secret) as http:
+                answers = {
+                    "claim": http.post("/v1/claims", json={"kinds": ["lim"]}).json(),
+                    "claim n": http.post("/v1/claims", json={"kinds": ["lim"], "n": 3}).json(),
+                    "claim_next": http.post(f"/v1/jobs/{chained[w]}/complete", json={
+                        "epoch": 1, "claim_next": True}).json()["next"]}
+                for what, got in answers.items():
+                    if got.get("reason") != "concurrency_limit" or named.search(
+                            json.dumps(got)):
+                        failures.append(f"{w} {what}: {got}")
+        with s.client(holder) as http:
+            got = http.post("/v1/claims", json={"kinds": ["lim"]}).json()
+            assert got["reason"] == "concurrency_limit", got
+            # Its own holder is named; the other worker's is not.
+            assert f"job {own} on wh" in got["detail"] and "w1" not in got["detail"], got
+            assert not re.search(rf"\bjob {held}\b", got["detail"]), got
+    assert not failures, "\n".join(failures)

@@ -123,7 +123,7 @@ def test_claim_next_bad_input_is_400_and_changes_nothing(target: Target) -> None
         assert c.show(waiting)["job"]["status"] == "waiting"
 
 
-def test_a_lost_chained_answer_sent_again_is_accepted_and_claims_nothing_more(
+def test_a_lost_chained_answer_sent_again_is_accepted_with_the_job_it_claimed(
         target: Target) -> None:
     secret = token(target, "wa", "worker", worker="wa")
     with Coordinator.open(target) as c:
@@ -137,12 +137,14 @@ def test_a_lost_chained_answer_sent_again_is_accepted_and_claims_nothing_more(
         epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
         both = wa.complete_and_claim(job, "wa", epoch, {"x": 1})  # times out, sent again
         assert both["completed"]["already_accepted"] is True
-        assert both["next"]["job"] is None
+        # The job the lost answer claimed, handed back under that claim's lease.
+        assert both["next"]["job"]["job_id"] == orphan
+        assert both["next"]["lease"]["epoch"] == 1
     with Coordinator.open(target) as c:
         assert c.show(job)["job"]["status"] == "succeeded"
-        # The lost answer's job is leased to nobody who heard of it (the reaper's, later);
-        # the re-sent completion claimed no second one.
-        assert c.show(orphan)["job"]["status"] == "running"
+        assert c.show(orphan)["lease"]["worker_id"] == "wa"
+        assert c.show(orphan)["lease"]["expires_at"] == both["next"]["lease"]["expires_at"]
+        # The re-sent completion claimed no second one.
         assert c.show(third)["job"]["status"] == "waiting"
 
 

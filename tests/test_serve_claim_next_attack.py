@@ -5,7 +5,6 @@ input of the wrong types, gates, and concurrent chained completions by one token
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import threading
@@ -13,10 +12,13 @@ import time
 from collections import Counter
 from typing import Any
 
+import httpx
+import pytest
+
 from jobcoord.db import Target
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
-from tests.serve_procs import Served, served, token, wait_for
+from tests.serve_procs import DroppingProxy, Served, served, token, wait_for
 from tests.sql import sql
 
 READINGS = {"memory_used_pct": 5}
@@ -135,12 +137,12 @@ def test_a_five_thousand_digit_number_in_a_body_is_invalid_input(target: Target)
 # -- lost answers -----------------------------------------------------------------------------
 
 
-def test_the_job_a_lost_chained_answer_claimed_is_reaped_and_runs_again_once(
+def test_a_lost_chained_answer_resent_after_the_next_lease_ended_claims_nothing(
         target: Target) -> None:
-    """The answer to a chained completion is lost after the commit; the completion sent
-    again is `already_accepted` with nothing claimed. The job the lost answer claimed is
-    reaped when its lease ends and runs again: every (job, epoch) claimed once, every job
-    accepted once."""
+    """The answer to a chained completion is lost after the commit and the completion is
+    sent again only after the lease of the job it claimed has ended: `already_accepted`
+    with nothing claimed (a lease that ran out is not handed back). That job is reaped and
+    runs again: every (job, epoch) claimed once, every job accepted once."""
     secret = token(target, "wa", "worker", worker="wa")
     with Coordinator.open(target) as c:
         job = c.enqueue("a", {})["job_id"]
@@ -151,7 +153,8 @@ def test_the_job_a_lost_chained_answer_claimed_is_reaped_and_runs_again_once(
             RemoteCoordinator(s.url, secret, timeout=10.0, retry_s=15) as patient:
         wa.heartbeat("wa", readings=READINGS)
         epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
-        both = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
+        # Sent again after the 1 s timeout: past the next job's 0.3 s lease.
+        both = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=0.3)
         assert both["completed"]["already_accepted"] is True and both["next"]["job"] is None
         with Coordinator.open(target) as c:
             wait_for(lambda: c.show(orphan)["job"]["status"] == "waiting", timeout=20)
@@ -172,8 +175,9 @@ def test_the_job_a_lost_chained_answer_claimed_is_reaped_and_runs_again_once(
 def test_server_killed_after_a_chained_commit_answers_the_resent_completion_as_accepted(
         target: Target) -> None:
     """SIGKILL of the server between a chained completion's commit and its answer; a new
-    server on the same port: the client's re-sent completion is `already_accepted`, claims
-    nothing, and the job the dead answer claimed is reaped and runs again."""
+    server on the same port: the client's re-sent completion is `already_accepted` and is
+    handed the job the dead answer claimed (same epoch, same lease: the database says so,
+    not the dead server), which it completes; nothing else is claimed."""
     secret = token(target, "wa", "worker", worker="wa")
     with Coordinator.open(target) as c:
         job = c.enqueue("a", {})["job_id"]
@@ -190,7 +194,8 @@ def test_server_killed_after_a_chained_commit_answers_the_resent_completion_as_a
 
             def chained() -> None:
                 try:
-                    got["both"] = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
+                    got["both"] = wa.complete_and_claim(job, "wa", epoch, {"x": 1},
+                                                        lease_s=60)
                 except Exception as e:  # reported below
                     got["error"] = e
 
@@ -202,11 +207,13 @@ def test_server_killed_after_a_chained_commit_answers_the_resent_completion_as_a
             second = Served(target, "--reap-every", "0.2", port=first.port).start()
             thread.join(60)
             assert not thread.is_alive()
-        assert "error" not in got, got
-        assert got["both"]["completed"]["already_accepted"] is True
-        assert got["both"]["next"]["job"] is None
+            assert "error" not in got, got
+            assert got["both"]["completed"]["already_accepted"] is True
+            nxt = got["both"]["next"]
+            assert nxt["job"]["job_id"] == orphan and nxt["lease"]["epoch"] == 1, nxt
+            done = wa.complete(orphan, "wa", 1, {"x": 2})
+            assert done["status"] == "succeeded" and not done.get("already_accepted")
         with Coordinator.open(target) as c:
-            wait_for(lambda: c.show(orphan)["job"]["status"] == "waiting", timeout=20)
             assert _untouched(c, third)
             _once_each(c)
             claims, _ = _claims_and_completions(c)
@@ -505,86 +512,18 @@ def test_a_tenant_bound_chained_claim_refused_by_a_limit_names_no_other_tenants_
 # -- a proxy that drops the answer ------------------------------------------------------------
 
 
-class DroppingProxy:
-    """A TCP proxy on 127.0.0.1 in front of the server that forwards every request and, for
-    `drops` of the requests whose line names `needle` (every `every`th one), reads the
-    server's answer and closes the client's connection instead of passing it on: the answer
-    is lost after the server has committed, as on a network cut."""
-
-    def __init__(self, upstream_port: int, needle: bytes, drops: int = 1, every: int = 1):
-        import socket
-
-        self.upstream_port = upstream_port
-        self.needle = needle
-        self.drops = drops
-        self.every = every
-        self.seen = 0
-        self.dropped = 0
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import socket
-
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            state = {"drop": False}
-            threading.Thread(target=self._up, args=(client, upstream, state),
-                             daemon=True).start()
-            threading.Thread(target=self._down, args=(upstream, client, state),
-                             daemon=True).start()
-
-    def _up(self, client: Any, upstream: Any, state: dict[str, bool]) -> None:
-        try:
-            while chunk := client.recv(65536):
-                if chunk.startswith((b"POST ", b"GET ", b"PUT ")):
-                    line = chunk.split(b"\r\n", 1)[0]
-                    with self.lock:
-                        hit = self.needle in line
-                        self.seen += hit
-                        state["drop"] = (hit and self.seen % self.every == 0
-                                         and self.dropped < self.drops)
-                        self.dropped += state["drop"]
-                upstream.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            with contextlib.suppress(OSError):
-                upstream.shutdown(2)
-
-    def _down(self, upstream: Any, client: Any, state: dict[str, bool]) -> None:
-        try:
-            while chunk := upstream.recv(65536):
-                if state["drop"]:
-                    break  # the answer came: lose it
-                client.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for sock in (client, upstream):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(2)
-                sock.close()
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-def test_a_chained_answer_dropped_on_the_wire_is_resent_and_accepted_once(
+def test_a_chained_answer_dropped_on_the_wire_hands_the_resent_completion_its_next_job(
         target: Target) -> None:
     """No fault point: a proxy cuts the connection as the chained completion's answer
-    arrives. The client sends the completion again at once: `already_accepted`, nothing
-    claimed; the job the lost answer claimed is reaped and claimed again under epoch 2."""
+    arrives. The client sends the completion again at once: `already_accepted`, and `next`
+    is the job the lost answer claimed, with the same epoch and lease (renewable), not a
+    job leased to nobody until the reaper ends it. With max_attempts=1 that job runs and
+    succeeds (it used to end dead without having run); nothing else is claimed, no
+    (job, epoch) twice."""
     secret = token(target, "wa", "worker", worker="wa")
     with Coordinator.open(target) as c:
         job = c.enqueue("a", {})["job_id"]
-        orphan = c.enqueue("a", {})["job_id"]
+        orphan = c.enqueue("a", {}, max_attempts=1)["job_id"]
         third = c.enqueue("a", {})["job_id"]
     with served(target, "--reap-every", "0.2") as s:
         proxy = DroppingProxy(s.port, b"/complete")
@@ -593,21 +532,72 @@ def test_a_chained_answer_dropped_on_the_wire_is_resent_and_accepted_once(
                                    retry_s=15) as wa:
                 wa.heartbeat("wa", readings=READINGS)
                 epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
-                both = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=1.0)
+                both = wa.complete_and_claim(job, "wa", epoch, {"x": 1}, lease_s=30)
                 assert proxy.dropped == 1
                 assert both["completed"]["already_accepted"] is True
-                assert both["next"]["job"] is None
+                nxt = both["next"]
+                assert nxt["job"]["job_id"] == orphan and nxt["lease"]["epoch"] == 1, nxt
+                assert nxt["job"]["attempt"] == 1 and nxt["lease"]["worker_id"] == "wa"
                 with Coordinator.open(target) as c:
+                    lease = c.show(orphan)["lease"]
                     assert _untouched(c, third)
-                    wait_for(lambda: c.show(orphan)["job"]["status"] == "waiting",
-                             timeout=20)
-                again = wa.claim("wa", wait=5)
-                assert again["job"]["job_id"] == orphan and again["lease"]["epoch"] == 2
+                assert nxt["lease"]["expires_at"] == lease["expires_at"], (nxt, lease)
+                assert wa.renew(orphan, "wa", 1, lease_s=30)["epoch"] == 1
+                done = wa.complete(orphan, "wa", 1, {"x": 2})
+                assert done["status"] == "succeeded" and not done.get("already_accepted")
         finally:
             proxy.close()
     with Coordinator.open(target) as c:
         _once_each(c)
         assert [e["reason"] for e in c.show(job)["events"]].count("completed") == 1
+        shown = c.show(orphan)
+        assert shown["job"]["status"] == "succeeded" and shown["job"]["attempts"] == 1
+        assert "lease_expired" not in [e["reason"] for e in shown["events"]]
+
+
+def test_a_resent_chained_completion_hands_back_only_a_next_job_nobody_touched(
+        target: Target) -> None:
+    """The job a lost chained answer claimed is handed back only while it is exactly as that
+    claim left it: not once this worker renewed it (it knew of it: handing it back would
+    start it twice), not past its lease, not to another worker (404 as if absent). Then the
+    re-sent completion is `already_accepted` with `next: null`, as before."""
+    secret = token(target, "wa", "worker", worker="wa")
+    other = token(target, "wb", "worker", worker="wb")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa", readings=READINGS)
+        jobs = [c.enqueue("a", {})["job_id"] for _ in range(5)]
+    first, renewed, second, expired, third = jobs
+    body = {"epoch": 1, "claim_next": True, "result": {}}
+    with served(target, "--reap-every", "0") as s:
+        proxy = DroppingProxy(s.port, b"/complete", drops=2)
+        lossy = httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}",
+                             headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+        with lossy, s.client(secret) as wa, s.client(other) as wb:
+            assert wa.post("/v1/claims", json={"lease_s": 60}).json()["job"]["job_id"] == first
+            # Renewed by this worker before the completion is sent again.
+            with pytest.raises(httpx.TransportError):
+                lossy.post(f"/v1/jobs/{first}/complete", json={**body, "lease_s": 60})
+            assert wa.post(f"/v1/jobs/{renewed}/renew",
+                           json={"epoch": 1, "lease_s": 60}).status_code == 200
+            again = wa.post(f"/v1/jobs/{first}/complete", json={**body, "lease_s": 60})
+            assert again.status_code == 200, again.text
+            assert again.json()["already_accepted"] is True and again.json()["next"] is None
+            # Another worker sending it: as if absent.
+            resp = wb.post(f"/v1/jobs/{first}/complete", json={**body, "lease_s": 60})
+            assert resp.status_code == 404, resp.text
+            assert wa.post(f"/v1/jobs/{renewed}/complete", json={"epoch": 1}).status_code == 200
+            # Past the next job's lease.
+            assert wa.post("/v1/claims", json={"lease_s": 60}).json()["job"]["job_id"] == second
+            with pytest.raises(httpx.TransportError):
+                lossy.post(f"/v1/jobs/{second}/complete", json={**body, "lease_s": 0.2})
+            time.sleep(0.4)
+            again = wa.post(f"/v1/jobs/{second}/complete", json={**body, "lease_s": 0.2})
+            assert again.status_code == 200, again.text
+            assert again.json()["already_accepted"] is True and again.json()["next"] is None
+    with Coordinator.open(target) as c:
+        assert c.show(expired)["lease"]["epoch"] == 1  # expired, not reaped (reaper off)
+        assert _untouched(c, third)
+        _once_each(c)
 
 
 def test_a_lease_shorter_than_a_microsecond_is_invalid_input_not_an_internal_error(
@@ -702,17 +692,20 @@ def test_a_remote_worker_behind_a_proxy_losing_completion_answers_runs_every_job
         target: Target, tmp_path: Any) -> None:
     """A real `jobcoord worker` chaining through a proxy that cuts every third completion's
     answer (six times): every job succeeds, each accepted once, no (job, epoch) claimed
-    twice, nothing left leased; the jobs the lost answers claimed were reaped and run."""
+    twice, nothing left leased. The job each lost answer claimed is handed back to the
+    completion sent again and run at once under that lease: none is reaped, and with one
+    attempt each none ends dead without having run."""
     from tests.test_serve_workers import finish, ledger_violations, start_worker
 
     n = 30
     with Coordinator.open(target) as c:
-        c.enqueue_many([{"kind": "work", "payload": {"i": i}} for i in range(n)])
+        c.enqueue_many([{"kind": "work", "payload": {"i": i}, "max_attempts": 1}
+                        for i in range(n)])
     secret = token(target, "wa", "worker", worker="wa")
     with served(target, "--reap-every", "0.2") as s:
         proxy = DroppingProxy(s.port, b"/complete", drops=6, every=3)
         proc = start_worker(f"http://127.0.0.1:{proxy.port}", secret, str(tmp_path), "wa",
-                            "--lease", "1.5", "--wait", "1")
+                            "--lease", "10", "--wait", "1")
         try:
             with Coordinator.open(target) as c:
                 wait_for(lambda: c.status()["jobs"].get("succeeded", 0) == n, timeout=180,
@@ -730,7 +723,7 @@ def test_a_remote_worker_behind_a_proxy_losing_completion_answers_runs_every_job
         assert not ledger_violations(c, n), ledger_violations(c, n)
         reaped = c.db.read(lambda conn: sql(
             conn, "SELECT COUNT(*) FROM job_events WHERE reason = 'lease_expired'").scalar())
-    assert reaped >= 1  # at least one lost answer had claimed a job
+    assert reaped == 0  # every job a lost answer claimed was handed back and run
 
 
 def test_the_worker_routes_beside_it_take_their_own_json_types_too(target: Target) -> None:

@@ -16,9 +16,9 @@ from jobcoord.db import Target
 from jobcoord.errors import Refused
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
-from tests.serve_procs import Served, served, token, wait_for
+from tests.serve_procs import DroppingProxy, Served, served, token, wait_for
 from tests.test_loops import private_pg
-from tests.test_serve_workers import ledger_violations, start_worker
+from tests.test_serve_workers import finish, ledger_violations, start_worker
 
 __all__ = ["private_pg"]  # the throwaway-cluster fixture, used below
 
@@ -128,6 +128,76 @@ def test_completion_answer_lost_after_commit_is_answered_as_accepted(target: Tar
         shown = c.show(job)
     assert shown["job"]["result"] == {"answer": 42}
     assert [e["reason"] for e in shown["events"]].count("completed") == 1
+
+
+@pytest.mark.parametrize("max_attempts", [3, 1])
+def test_failure_answer_lost_after_commit_is_answered_as_accepted(
+        target: Target, max_attempts: int) -> None:
+    """A failure report whose answer a proxy cut after the commit: the client sends it again
+    and is told its failure was the one recorded (`already_accepted`, with the status it
+    took the job to: waiting for a retry, or dead on its last attempt), not 409
+    `lease_expired` / `job_finished`; the job has one failure and no refused report. Any
+    other report of that epoch keeps its refusal, and another worker is told nothing."""
+    secret = token(target, "wa", "worker", worker="wa")
+    other = token(target, "wb", "worker", worker="wb")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("work", {}, max_attempts=max_attempts)["job_id"]
+    status = "waiting" if max_attempts > 1 else "dead"
+    with served(target, "--reap-every", "0") as s:
+        proxy = DroppingProxy(s.port, b"/fail")
+        try:
+            with RemoteCoordinator(f"http://127.0.0.1:{proxy.port}", secret, timeout=10,
+                                   retry_s=15) as wa, \
+                    RemoteCoordinator(s.url, other, timeout=5.0, retry_s=1) as wb:
+                wa.heartbeat("wa", readings={"memory_used_pct": 10})
+                epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
+                got = wa.fail(job, "wa", epoch, "boom")  # its answer lost, sent again
+                assert proxy.dropped == 1
+                assert got["already_accepted"] is True, got
+                assert got["status"] == status and got["job_id"] == job, got
+                assert got["epoch"] == epoch and got["attempt"] == 1, got
+                with Coordinator.open(target) as c:
+                    shown = c.show(job)
+                reasons = [e["reason"] for e in shown["events"]]
+                assert shown["job"]["status"] == status and shown["job"]["attempts"] == 1
+                assert reasons.count("failed") == 1 and "fail_refused" not in reasons, reasons
+                # Another report of that epoch (another error, a permanent one) was not the
+                # one recorded: refused as it was before.
+                for error, permanent in (("another error", False), ("boom", True)):
+                    with pytest.raises(Refused) as refused:
+                        wa.fail(job, "wa", epoch, error, permanent=permanent)
+                    assert refused.value.code in ("lease_expired", "job_finished")
+                # Only that epoch's own worker is told so: to anyone else the job is not there.
+                with pytest.raises(Refused) as refused:
+                    wb.fail(job, "wb", epoch, "boom")
+                assert refused.value.code == "job_not_found"
+        finally:
+            proxy.close()
+
+
+def test_a_remote_workers_failure_whose_answer_is_lost_is_counted_failed_not_lost(
+        target: Target, tmp_path: Any) -> None:
+    """A real `jobcoord worker` whose failure report's answer is cut after the commit: the
+    report sent again is accepted, the worker logs `failed` and counts it failed (not
+    `report_refused`, not lost)."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("boom", {"i": 1}, max_attempts=1)["job_id"]
+    with served(target, "--reap-every", "0") as s:
+        proxy = DroppingProxy(s.port, b"/fail")
+        try:
+            summary, err = finish(start_worker(f"http://127.0.0.1:{proxy.port}", secret,
+                                               str(tmp_path), "wa", "--burst", "--wait", "1"),
+                                  120)
+        finally:
+            proxy.close()
+    assert proxy.dropped == 1
+    assert summary["failed"] == 1 and summary["lost"] == 0, (summary, err[-2000:])
+    assert "report_refused" not in err, err[-2000:]
+    with Coordinator.open(target) as c:
+        shown = c.show(job)
+    reasons = [e["reason"] for e in shown["events"]]
+    assert shown["job"]["status"] == "dead" and "fail_refused" not in reasons, reasons
 
 
 def test_serve_and_remote_worker_survive_a_real_postgresql_restart(

@@ -23,6 +23,7 @@ from .fencing import (
     failure_parts,
     failure_step,
     judge,
+    repeated,
     with_plan,
 )
 from .items import MAX_BATCH, checked_item, earlier_in_batch
@@ -100,7 +101,8 @@ def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
             row = rows.get(p.job_id)
             owned = judge(ctx, conn, row, p.job_id, p.worker_id, p.epoch, p.tenant, op, now)
             if isinstance(owned, JobcoordError):
-                if owned.code not in ("job_not_found", "job_cancelled"):
+                if owned.code not in ("job_not_found", "job_cancelled") and not (
+                        op == "fail" and repeated(ctx, conn, owned, p)):
                     events.append({
                         "job_id": p.job_id, "now": now, "from_status": row[0],
                         "to_status": row[0], "reason": f"{op}_refused",

@@ -23,10 +23,13 @@ T = TypeVar("T")
 
 
 def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
-          kinds: Sequence[str] | None = None, tenant: str | None = None) -> dict[str, Any]:
+          kinds: Sequence[str] | None = None, tenant: str | None = None,
+          worker_view: bool = False) -> dict[str, Any]:
     """Give this worker the first eligible waiting job, under a new lease and epoch. With a
     `tenant`, only that tenant's jobs are eligible (a tenant-bound worker never sees another
-    tenant's job, nor the default tenant's); without one, every tenant's.
+    tenant's job, nor the default tenant's); without one, every tenant's. `worker_view`: a
+    refusal names the holders of this worker's leases only, never another worker's (what a
+    worker token is told through the server; a trusted local caller is told every one).
 
     Returns {"job": {...}, "lease": {...}}, or {"job": None, "reason": CODE, "detail"}
     when nothing can be claimed (the refusal is also recorded on the worker)."""
@@ -35,7 +38,8 @@ def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
     tenant = v.optional_name(tenant, "tenant")
     return past_damaged(ctx, lambda: ctx.db.write(
-        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us(), tenant),
+        lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us(), tenant,
+                              worker_view),
         "claim"))
 
 
@@ -184,8 +188,8 @@ def refuse(ctx: Context, conn: Connection, worker_id: str, now: int, code: str, 
 
 
 def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
-             kinds: Sequence[str] | None, now: int, tenant: str | None = None
-             ) -> dict[str, Any]:
+             kinds: Sequence[str] | None, now: int, tenant: str | None = None,
+             worker_view: bool = False) -> dict[str, Any]:
     """The claim inside an open write transaction (also the second half of
     complete_and_claim)."""
     admitted = admit(ctx, conn, worker_id, kinds, now)
@@ -193,7 +197,7 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
         return admitted
     roles, kinds, gates, flags = admitted
     got, verdict = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now, [],
-                            tenant=tenant, flags=flags)
+                            tenant=tenant, flags=flags, worker_view=worker_view)
     if got is None:
         code, detail = ((verdict.code, verdict.detail) if verdict is not None
                         else why_nothing(ctx, conn, roles, kinds, gates, now, tenant))
@@ -202,11 +206,11 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
 
 
 def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = None,
-               kinds: Sequence[str] | None = None, tenant: str | None = None
-               ) -> dict[str, Any]:
+               kinds: Sequence[str] | None = None, tenant: str | None = None,
+               worker_view: bool = False) -> dict[str, Any]:
     """Give this worker up to `n` eligible waiting jobs in one write transaction, in claim
     order, each under its own lease, epoch and `claimed` event. With a `tenant`, only that
-    tenant's jobs are eligible, as for `claim`.
+    tenant's jobs are eligible, and `worker_view` names holders, as for `claim`.
 
     Returns {"claimed": [<claim's answer>, ...], "reason": None, "detail": None}; when
     nothing could be taken, "claimed" is empty and reason/detail say why, as `claim` does
@@ -218,15 +222,15 @@ def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = 
     tenant = v.optional_name(tenant, "tenant")
     return past_damaged(ctx, lambda: ctx.db.write(
         lambda conn: claim_many_in(ctx, conn, worker_id, count, lease, kind_filter, now_us(),
-                                   tenant),
+                                   tenant, worker_view),
         "claim_many"))
 
 
 
 
 def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_us: int,
-                  kinds: Sequence[str] | None, now: int, tenant: str | None = None
-                  ) -> dict[str, Any]:
+                  kinds: Sequence[str] | None, now: int, tenant: str | None = None,
+                  worker_view: bool = False) -> dict[str, Any]:
     """claim_many inside an open write transaction: the worker is admitted once (heartbeat,
     gates). Without limits and without waiting jobs that declare needs, the store takes the
     first `n` eligible jobs as one set (`take_many`); otherwise the single claim's
@@ -246,7 +250,8 @@ def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_
     else:
         while len(taken) < n:
             got, verdict = take_one(ctx, conn, worker_id, roles, kinds, gates, lease_us, now,
-                                    taken, n, tenant=tenant, flags=flags)
+                                    taken, n, tenant=tenant, flags=flags,
+                                    worker_view=worker_view)
             if got is None:  # a step that takes nothing (or a rule that refuses) ends it
                 break
             taken.append(got)
@@ -297,13 +302,15 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
 def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
              kinds: Sequence[str] | None, gates: GateDecision, lease_us: int, now: int,
              taken: Sequence[dict[str, Any]], batch: int = 1, *, tenant: str | None = None,
-             flags: tuple[bool, bool] = (False, False)) -> tuple[dict[str, Any] | None, Any]:
+             flags: tuple[bool, bool] = (False, False), worker_view: bool = False
+             ) -> tuple[dict[str, Any] | None, Any]:
     """The per-candidate step every claim runs: the first eligible job taken under a new
     lease and epoch, or None when none can be taken (with the limit's verdict when a limit
     or a resource refused). `flags`: whether limits exist and whether waiting jobs declare
     needs (from the worker's row). `taken` holds this transaction's
     earlier answers (a batch's), for rules that count what a worker already holds; `batch`
-    is how many the transaction means to take; with a `tenant`, only its jobs."""
+    is how many the transaction means to take; with a `tenant`, only its jobs;
+    `worker_view`: a limit's refusal names this worker's holders only."""
     expires = now + lease_us
     verdict = None
     if flags[0] or flags[1]:
@@ -312,7 +319,8 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
         # transaction, so the limits count them. Otherwise the store's one-step take.
         got, verdict, now = limit_rules.take_checked(
             ctx, conn, worker_id, roles, kinds, now=now, lease_us=lease_us,
-            max_priority=gates.max_priority, limited=flags[0], tenant=tenant)
+            max_priority=gates.max_priority, limited=flags[0], tenant=tenant,
+            worker_view=worker_view)
         expires = now + lease_us
     else:
         got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now,

@@ -13,8 +13,9 @@ from .. import validate as v
 from ..clock import MICROS, iso, now_us, seconds_to_us
 from ..errors import DatabaseCorrupt, JobcoordError, Refused
 from ..states import FINAL_STATUSES
+from ..store import query_statements as qs
 from ..store import statements as sql
-from .claim import claim_in, past_damaged
+from .claim import answer, claim_in, past_damaged
 from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_event
 from .items import completion_texts
 
@@ -194,13 +195,15 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
                        result: Any = None,
                        *, provenance: Mapping[str, Any] | None = None,
                        tenant: str | None = None, lease_s: float | None = None,
-                       kinds: Sequence[str] | None = None) -> dict[str, Any]:
+                       kinds: Sequence[str] | None = None, worker_view: bool = False
+                       ) -> dict[str, Any]:
     """Complete this worker's job and claim its next one in the same write transaction:
     one commit per job in steady state instead of two.
 
     The completion is judged exactly like `complete` (same refusals, same events); a
     refused completion raises its refusal and claims nothing. After an accepted
-    completion the claim follows every rule of `claim` (heartbeat, gates, order).
+    completion the claim follows every rule of `claim` (heartbeat, gates, order;
+    `worker_view` as there).
     Returns {"completed": <complete's answer>, "next": <claim's answer>}."""
     finish, worker_id = completion(ctx, job_id, worker_id, epoch, result, provenance,
                                    tenant)
@@ -212,12 +215,84 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
         if isinstance(done, JobcoordError):
             return done
         # The next claim is bound to the same tenant the completion was fenced by.
-        return {"completed": done,
-                "next": claim_in(ctx, conn, worker_id, lease, kind_filter, now, tenant)}
+        nxt = claim_in(ctx, conn, worker_id, lease, kind_filter, now, tenant, worker_view)
+        if nxt["job"] is not None:
+            note_next(ctx, conn, done["job_id"], done["epoch"], worker_id, nxt)
+        return {"completed": done, "next": nxt}
 
     # A damaged next job rolls the whole transaction back, completion included: the retry
     # after setting it aside judges the completion again from scratch.
     return past_damaged(ctx, lambda: ctx.db.write(_do, "complete_and_claim"))
+
+
+def note_next(ctx: Context, conn: Connection, job_id: int, epoch: int, worker_id: str,
+              nxt: Mapping[str, Any]) -> None:
+    """Name, in the detail of the accepted completion's event, the `claimed` event of the
+    job its transaction claimed next ({"next_claim": <event id>}): how the completion sent
+    again after its answer was lost finds that job (`claimed_next`). The event's id, not the
+    job's: the completed job's readers may be of another tenant than the next job."""
+    claimed = ctx.db.run(conn, qs.event_by(False), {
+        "job_id": nxt["job"]["job_id"], "worker": worker_id, "epoch": nxt["lease"]["epoch"],
+        "reason": "claimed", "tenant": None}).scalar()
+    ctx.db.run(conn, sql.NOTE_COMPLETED, {"job_id": job_id, "epoch": epoch,
+                                          "worker": worker_id,
+                                          "detail": v.dumps({"next_claim": claimed})})
+
+
+def claimed_next(ctx: Context, job_id: Any, worker_id: Any, epoch: Any, *,
+                 tenant: Any = None) -> dict[str, Any] | None:
+    """The job this worker's chained completion of `job_id` at `epoch` claimed (in its
+    transaction: `complete_and_claim`), as that claim answered it ({"job", "lease"}), while
+    it is exactly as the claim left it: running at that epoch under this worker's lease, the
+    lease unexpired and never renewed, no event, checkpoint or artifact of the attempt since
+    (no call of the worker touched it: the answer naming it was never heard). Else None.
+    What a chained completion sent again after its answer was lost is handed back: the same
+    job, epoch and lease, instead of a job leased to nobody until the reaper ends it (an
+    attempt used without a run). A read: nothing is written."""
+    job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
+
+    def _do(conn: Connection) -> dict[str, Any] | None:
+        now = now_us()
+        ends = ctx.db.run(conn, qs.ends_by(tenant is not None), {
+            "job_id": job_id, "worker": worker_id, "epoch": epoch, "reason": "completed",
+            "tenant": tenant}).all()
+        claimed = _json_object(ends[0][1]).get("next_claim") if ends else None
+        if type(claimed) is not int:
+            return None
+        event = ctx.db.run(conn, qs.EVENT_ROW, {"event_id": claimed}).first()
+        if event is None or event[2] != "claimed" or event[3] != worker_id:
+            return None
+        nxt, at, nxt_epoch = event[0], event[1], event[4]
+        job = ctx.db.run(conn, qs.CLAIM_ANSWER_ROW, {"job_id": nxt}).first()
+        lease = ctx.db.run(conn, qs.LEASE_OF, {"job_id": nxt}).first()
+        if (job is None or job[8] != "running" or job[6] != nxt_epoch
+                or (tenant is not None and job[7] != tenant) or lease is None
+                or tuple(lease[:3]) != (worker_id, nxt_epoch, at)
+                or type(lease[3]) is not int or lease[3] <= now
+                or iso(lease[3]) != _json_object(event[5]).get("expires_at")):
+            return None  # ended, reaped, claimed again, renewed, or past its lease
+        if ctx.db.run(conn, qs.EVENT_AFTER, {"job_id": nxt, "event_id": claimed}).first():
+            return None  # an effect, or any other event of the attempt since
+        if any(r[2] == nxt_epoch for r in ctx.db.run(conn, sql.CHECKPOINTS, {"job_id": nxt})):
+            return None
+        if "artifacts" in ctx.features and any(
+                r[6] == nxt_epoch for r in ctx.db.run(conn, qs.ARTIFACTS_OF, {"job_id": nxt})):
+            return None
+        return answer(ctx, conn, worker_id, tuple(job[:8]), lease[3])
+
+    return ctx.db.read(_do, "claimed_next")
+
+
+def _json_object(text: Any) -> dict[str, Any]:
+    """An event's detail as stored, when it is a JSON object; else {} (written outside
+    jobcoord, or none)."""
+    if not isinstance(text, str):
+        return {}
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return {}
+    return got if isinstance(got, dict) else {}
 
 
 def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
@@ -240,6 +315,10 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
     step = failure(ctx, job_id, worker_id, epoch, error, permanent=permanent, reason=reason,
                    tenant=tenant, effect_not_applied=effect_not_applied)
     return ctx.db.write(step, "fail")
+
+
+#: Why a permanent failure's job is dead (its event's `dead_because`).
+PERMANENT = "permanent failure"
 
 
 class Failure(NamedTuple):
@@ -285,7 +364,7 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     if release:
         backoff_us = 0
     if f.permanent:
-        to_status, why = "dead", "permanent failure"
+        to_status, why = "dead", PERMANENT
     elif effect:
         to_status, why = "unknown", "an external effect had started"
     elif release and (deadline is None or now < deadline):
@@ -322,6 +401,28 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     return end, out
 
 
+#: Where an accepted failure report takes its job (`failure_end`).
+FAILURE_ENDS = ("waiting", "dead", "unknown")
+
+
+def recorded_failure(ctx: Context, conn: Connection, f: Failure) -> dict[str, Any] | None:
+    """Was this very report (worker, epoch, reason, error, permanent) the failure recorded
+    for its job? {"status": where it took the job, "attempt"}, else None. What a report sent
+    again after its answer was lost is told (`already_accepted`), and why its refusal is not
+    recorded again as new evidence. Read through the job's events at that epoch; a detail
+    that does not parse is not this report."""
+    stmt = qs.ends_by(f.tenant is not None)
+    params = {"job_id": f.job_id, "worker": f.worker_id, "epoch": f.epoch,
+              "reason": f.reason, "tenant": f.tenant}
+    for to_status, detail in ctx.db.run(conn, stmt, params).all():
+        recorded = _json_object(detail)
+        if (to_status in FAILURE_ENDS and "error" in recorded
+                and recorded["error"] == f.error
+                and (recorded.get("dead_because") == PERMANENT) == f.permanent):
+            return {"status": to_status, "attempt": recorded.get("attempt")}
+    return None
+
+
 def failure(ctx: Context, job_id: Any, worker_id: Any, epoch: Any, error: Any, *,
             permanent: Any = False, reason: Any = "failed", tenant: Any = None,
             effect_not_applied: Any = False
@@ -340,7 +441,8 @@ def failure_step(ctx: Context, f: Failure
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         owned, now = check_owner(ctx, conn, f.job_id, f.worker_id, f.epoch, f.tenant, "fail")
         if isinstance(owned, JobcoordError):
-            reject_event(ctx, conn, owned, f.job_id, f.worker_id, f.epoch, now, "fail")
+            if not repeated(ctx, conn, owned, f):
+                reject_event(ctx, conn, owned, f.job_id, f.worker_id, f.epoch, now, "fail")
             return owned
         end, out = failure_end(ctx, conn, f, owned, now)
         end_running(ctx, conn, f.job_id, f.epoch, now, end["to_status"], f.reason,
@@ -349,6 +451,13 @@ def failure_step(ctx: Context, f: Failure
         return out
 
     return _do
+
+
+def repeated(ctx: Context, conn: Connection, refusal: JobcoordError, f: Failure) -> bool:
+    """Is this refused report the recorded failure sent again (its answer lost)? It is no
+    new evidence: no `fail_refused` event is recorded for it."""
+    return (refusal.code not in ("job_not_found", "job_cancelled")
+            and recorded_failure(ctx, conn, f) is not None)
 
 
 def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,

@@ -71,10 +71,13 @@ class Candidate:
     tenant: str | None = None
 
 
-def visible(holder: Candidate, viewer: str | None) -> bool:
+def visible(holder: Candidate, viewer: str | None, own: str | None = None) -> bool:
     """Whether a caller bound to tenant `viewer` (None: every tenant) may be told which job
-    and worker hold a slot: another tenant's are counted, never named."""
-    return viewer is None or holder.tenant is None or holder.tenant == viewer
+    and worker hold a slot: another tenant's are counted, never named. `own`: the worker of
+    a caller that sees its own leases only (a worker token through the server); another
+    worker's are counted, never named (None: a trusted caller, told every worker's)."""
+    return ((viewer is None or holder.tenant is None or holder.tenant == viewer)
+            and (own is None or holder.worker_id is None or holder.worker_id == own))
 
 
 @dataclass(frozen=True)
@@ -111,24 +114,28 @@ def _shown_key(limit: Limit, key: str | None) -> str:
 
 def check(candidate: Candidate, limit: Limit | None, holders: Sequence[Candidate],
           capacity: Capacity | None, held: Sequence[Candidate],
-          taken: Sequence[Candidate] = (), viewer: str | None = None) -> Verdict | None:
+          taken: Sequence[Candidate] = (), viewer: str | None = None,
+          own: str | None = None) -> Verdict | None:
     """None when `candidate` may be taken, else why not. `holders`: live leases of the
     candidate's kind (any worker); `capacity`: what this worker reported free (None: no
     needs to match); `held`: this worker's running jobs that declared needs; `taken`: jobs
     taken earlier in the same batch by this worker (they hold slots and resources too);
-    `viewer`: the caller's tenant, whose holders alone the detail names."""
+    `viewer`: the caller's tenant, whose holders alone the detail names; `own`: the
+    caller's worker, when it sees its own leases only (`visible`)."""
     if limit is not None:
         key = key_of(candidate.payload, limit.key_field)
         same = [h for h in (*holders, *(t for t in taken if t.kind == candidate.kind))
                 if limit.key_field is None or key_of(h.payload, limit.key_field) == key]
         if len(same) >= limit.concurrency:
-            named = [h for h in same if visible(h, viewer)]
+            named = [h for h in same if visible(h, viewer, own)]
             hidden = len(same) - len(named)
             who = ", ".join(f"job {h.job_id}" + (f" on {h.worker_id}" if h.worker_id else "")
                             for h in named[:10]) + (" ..." if len(named) > 10 else "")
             if hidden:
+                whose = ("another worker" if hidden == 1 else "other workers"
+                         ) if own is not None else "another tenant"
                 who += (", " if named else "") + (
-                    f"{hidden} job{'s' if hidden > 1 else ''} of another tenant")
+                    f"{hidden} job{'s' if hidden > 1 else ''} of {whose}")
             return Verdict("concurrency_limit",
                            f"kind {candidate.kind}{_shown_key(limit, key)} allows "
                            f"{limit.concurrency} at once; held by {who}", tuple(same))
@@ -211,9 +218,12 @@ class ClaimView:
     and its running jobs' needs."""
 
     def __init__(self, ctx: Context, conn: Connection, worker_id: str, now: int,
-                 limited: bool, tenant: str | None = None, *, locking: bool = True) -> None:
+                 limited: bool, tenant: str | None = None, *, locking: bool = True,
+                 worker_view: bool = False) -> None:
         self.ctx, self.conn, self.worker_id, self.now = ctx, conn, worker_id, now
         self.tenant = tenant
+        #: The worker whose holders alone a refusal names (`visible`), or None: every one.
+        self.own = worker_id if worker_view else None
         #: False for a look that takes nothing (`fits_any`): no row is held, the holders
         #: are read as they stand.
         self.locking = locking
@@ -282,18 +292,19 @@ class ClaimView:
                            "claim is deciding on it right now")
         capacity, running = self.capacity() if cand.needs else (None, [])
         return check(cand, limit, self.holders(cand.kind), capacity, running, taken,
-                     viewer=self.tenant)
+                     viewer=self.tenant, own=self.own)
 
 
 def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],
                  kinds: Sequence[str] | None, *, now: int, lease_us: int, max_priority: int,
-                 limited: bool, tenant: str | None = None
+                 limited: bool, tenant: str | None = None, worker_view: bool = False
                  ) -> tuple[Taken, Verdict | None, int]:
     """The claim's take when candidates must be checked one by one: the first eligible job
     in claim order that `check` lets this worker take. Returns what was taken; when nothing
     was, the first refusal seen (None: there was no candidate at all); and the time of the
-    decision (later than `now` when holding a limit waited for other claims)."""
-    view = ClaimView(ctx, conn, worker_id, now, limited, tenant)
+    decision (later than `now` when holding a limit waited for other claims).
+    `worker_view`: the refusal names this worker's holders only (`visible`)."""
+    view = ClaimView(ctx, conn, worker_id, now, limited, tenant, worker_view=worker_view)
     # This worker's row first, always before any limits row: two claims of one worker never
     # both fit a job into the same free capacity, and the locks are always taken in one
     # order (worker, then one kind waited for, further kinds only if free), so no deadlock.

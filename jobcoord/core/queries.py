@@ -17,6 +17,7 @@ from ..store import statements as sql
 from . import limits as limit_rules
 from .admin import load_job
 from .common import Context, fenced_args
+from .fencing import failure_parts, recorded_failure
 from .workers import worker_gate, worker_rows
 
 
@@ -74,6 +75,17 @@ def event_by(ctx: Context, job_id: int, worker_id: str, epoch: int, reason: str,
               "tenant": tenant}
     return ctx.db.read(lambda conn: ctx.db.run(conn, stmt, params).first() is not None,
                        "event_by")
+
+
+def failure_by(ctx: Context, job_id: int, worker_id: str, epoch: int, reason: str,
+               error: str, *, permanent: bool = False, tenant: str | None = None
+               ) -> dict[str, Any] | None:
+    """The failure `worker_id` reported for `job_id` at `epoch` (with `reason`, `error` and
+    `permanent`), when it was the one recorded (a job of `tenant` only, when given):
+    {"status": where it took the job, "attempt"}; else None (`fencing.recorded_failure`)."""
+    f = failure_parts(job_id, worker_id, epoch, error, permanent=permanent, reason=reason,
+                      tenant=tenant)
+    return ctx.db.read(lambda conn: recorded_failure(ctx, conn, f), "failure_by")
 
 
 def workers(ctx: Context) -> list[tuple[dict[str, Any], Any, float | None]]:

@@ -293,7 +293,9 @@ class RemoteCoordinator:
         {"completed": <complete's answer>, "next": <claim's answer>}, like the Coordinator's.
         The next job is of the token's tenant and the kinds of this worker's heartbeat
         (`kinds` is not sent). Sent again after a lost answer, the completion is
-        `already_accepted` and `next` is a refusal: the worker claims the usual way."""
+        `already_accepted` and `next` is the job the lost answer claimed (same epoch and
+        lease) while nothing touched it since; else a refusal: the worker claims the usual
+        way."""
         got = self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
                          {"epoch": epoch, "result": result, "claim_next": True,
                           "lease_s": lease_s,
@@ -301,7 +303,7 @@ class RemoteCoordinator:
         nxt = got.pop("next", None)
         if nxt is None:
             nxt = {"job": None, "reason": "already_accepted",
-                   "detail": "the completion was accepted earlier; nothing was claimed"}
+                   "detail": "the completion was accepted earlier; nothing more was claimed"}
         return {"completed": got, "next": nxt}
 
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,

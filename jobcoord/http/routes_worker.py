@@ -117,11 +117,13 @@ def _first_claim(who: Identity, srv: Server, body: ClaimBody
 def _take(srv: Server, worker: str, body: ClaimBody, tenant: str | None
           ) -> dict[str, Any]:
     """One claim of a poll: claim's answer, or with `n` claim_many's (of at most the
-    server's `max_claim_batch`)."""
+    server's `max_claim_batch`). A worker token sees its own leases only: a refusal names
+    no other worker's (`worker_view`)."""
     if body.n is None:
-        return srv.c.claim(worker, lease_s=body.lease_s, kinds=body.kinds, tenant=tenant)
+        return srv.c.claim(worker, lease_s=body.lease_s, kinds=body.kinds, tenant=tenant,
+                           worker_view=True)
     return srv.c.claim_many(worker, min(body.n, srv.max_claim_batch), lease_s=body.lease_s,
-                            kinds=body.kinds, tenant=tenant)
+                            kinds=body.kinds, tenant=tenant, worker_view=True)
 
 
 def _could_take(coordinator: Any, worker: str, body: ClaimBody, tenant: str | None) -> bool:
@@ -205,7 +207,7 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
         if body.claim_next:
             both = coordinator.complete_and_claim(
                 job_id, worker, body.epoch, body.result, provenance=body.provenance,
-                tenant=tenant, lease_s=body.lease_s)
+                tenant=tenant, lease_s=body.lease_s, worker_view=True)
             got = {**both["completed"], "next": both["next"]}
         else:
             got = coordinator.complete(job_id, worker, body.epoch, body.result,
@@ -214,13 +216,15 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
         if (e.code == "job_finished" and e.details.get("status") == "succeeded"
                 and e.details.get("accepted_epoch") == body.epoch
                 and coordinator.completed_by(job_id, worker, body.epoch, tenant=tenant)):
-            # The same completion sent again (its answer was lost): it was accepted. A
-            # next job claimed with the lost answer is nobody's until its lease ends and
-            # the reaper offers it again; this answer claims none (`next` null).
+            # The same completion sent again (its answer was lost): it was accepted. The
+            # next job the lost answer claimed is handed back while nothing touched it
+            # since (same job, epoch and lease); else `next` is null and this answer
+            # claims none (a lease that ran out is the reaper's).
             again: dict[str, Any] = {"job_id": job_id, "status": "succeeded",
                                      "epoch": body.epoch, "already_accepted": True}
             if body.claim_next:
-                again["next"] = None
+                again["next"] = coordinator.claimed_next(job_id, worker, body.epoch,
+                                                         tenant=tenant)
             return again
         raise
     # A test makes the answer to a committed completion get lost here.
@@ -236,7 +240,8 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
     would (the token's tenant, the kinds of the worker's last heartbeat, `lease_s`): the
     answer adds `next`, a claim's answer (`job` and `lease`, or `job: null` with the
     `reason`). A refused completion claims nothing; a completion sent again after its answer
-    was lost is `already_accepted` with `next: null`."""
+    was lost is `already_accepted`, its `next` the job the lost answer claimed while nothing
+    touched it since, else null."""
     return await fenced(srv, lambda j, w, _, b, tenant: _complete(srv.c, j, w, b, tenant),
                         job_id, caller, body.epoch, body)
 
@@ -287,11 +292,35 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
     return await srv.call_as(caller, run)
 
 
+def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: str | None
+          ) -> dict[str, Any]:
+    """The failure report; sent again after its answer was lost, it is answered as accepted
+    (`already_accepted`, with the status it took the job to) when this worker's report of
+    that epoch (its reason, error and `permanent`) was the failure recorded."""
+    try:
+        return coordinator.fail(job_id, worker, body.epoch, body.error,
+                                permanent=body.permanent, reason=body.reason, tenant=tenant)
+    except Refused as e:
+        if e.code == "job_not_found":
+            raise
+        recorded = coordinator.failed_by(job_id, worker, body.epoch, reason=body.reason,
+                                         error=body.error, permanent=body.permanent,
+                                         tenant=tenant)
+        if recorded is None:
+            raise
+        return {"job_id": job_id, "status": recorded["status"], "epoch": body.epoch,
+                "attempt": recorded["attempt"], "already_accepted": True}
+
+
 @router.post("/v1/jobs/{job_id}/fail", dependencies=strict)
 async def fail(job_id: JobId, body: FailBody, caller: WorkerCaller, srv: Srv
                ) -> dict[str, Any]:
-    got = await fenced(srv, srv.c.fail, job_id, caller, body.epoch, body.error,
-                       permanent=body.permanent, reason=body.reason)
+    """Report this attempt's failure (`epoch` fences it); a report sent again after its
+    answer was lost is `already_accepted`."""
+    got = await fenced(srv, lambda j, w, _, b, tenant: _fail(srv.c, j, w, b, tenant),
+                       job_id, caller, body.epoch, body)
+    if got.get("already_accepted"):
+        return got
     if got["status"] == "waiting":
         srv.notify()
     return got

@@ -29,6 +29,16 @@ LEASE_OF = SQL(select(L.worker_id, L.epoch, L.granted_at, L.expires_at)
 LEASE_EXPIRY_OF = SQL(select(L.worker_id, L.epoch, L.expires_at).where(L.job_id == P("job_id")))
 EVENTS_OF = SQL(select(E.event_id, E.at, E.from_status, E.to_status, E.reason, E.worker_id,
                        E.epoch, E.detail).where(E.job_id == P("job_id")).order_by(E.event_id))
+#: One event (:event_id): its job, time, reason, worker, epoch and detail.
+EVENT_ROW = SQL(select(E.job_id, E.at, E.reason, E.worker_id, E.epoch, E.detail)
+                .where(E.event_id == P("event_id")))
+#: A row when job :job_id has an event recorded after :event_id.
+EVENT_AFTER = SQL(select(E.event_id).where(E.job_id == P("job_id"), E.event_id > P("event_id"))
+                  .limit(ONE))
+#: What a claim's answer says of job :job_id (`core.claim.answer`'s columns), then its status.
+CLAIM_ANSWER_ROW = SQL(select(J.job_id, J.kind, J.priority, J.payload_json, J.attempts,
+                              J.max_attempts, J.epoch, J.tenant, J.status)
+                       .where(J.job_id == P("job_id")))
 ARTIFACTS_OF = SQL(select(A.name, A.location, A.digest, A.size, A.media_type, A.state, A.epoch)
                    .where(A.job_id == P("job_id")).order_by(A.name, A.epoch))
 WORKER_COUNT = SQL(select(func.count()).select_from(workers))
@@ -102,3 +112,18 @@ def event_by(by_tenant: bool) -> SQL:
                 J.tenant == P("tenant"))
         return query.limit(ONE)
     return _shaped(("event_by", by_tenant), build)
+
+
+def ends_by(by_tenant: bool) -> SQL:
+    """The status and detail of each end of job :job_id's running attempt at :epoch that
+    :worker recorded with the event :reason (of :tenant when asked): read through
+    ix_job_events_job_id_event_id, in the order recorded."""
+    def build() -> Any:
+        query = select(E.to_status, E.detail).where(
+            E.job_id == P("job_id"), E.reason == P("reason"), E.epoch == P("epoch"),
+            E.worker_id == P("worker"), E.from_status == const("running"))
+        if by_tenant:
+            query = query.join_from(job_events, jobs, J.job_id == E.job_id).where(
+                J.tenant == P("tenant"))
+        return query.order_by(E.event_id)
+    return _shaped(("ends_by", by_tenant), build)

@@ -214,6 +214,11 @@ DROP_LEASE = SQL(DROP_LEASE_DELETE)
 RENEW = SQL(update(leases).where(
     L.job_id == P("job_id"), L.epoch == P("epoch"), L.worker_id == P("worker"),
     L.expires_at > P("now")).values(expires_at=P("expires")))
+#: The detail of :worker's `completed` event of :job_id at :epoch (a chained completion's
+#: names the `claimed` event of the job it claimed next).
+NOTE_COMPLETED = SQL(update(job_events).where(
+    E.job_id == P("job_id"), E.reason == const("completed"), E.epoch == P("epoch"),
+    E.worker_id == P("worker")).values(detail=P("detail")))
 MARK_EFFECT = SQL(update(jobs).where(*RUNNING_AT_EPOCH)
                   .values(effect_started=P("t"), updated_at=P("now")))
 UPSERT_CHECKPOINT = SQL(lambda insert: _upsert(insert, checkpoints, {

@@ -69,6 +69,9 @@ class JobRun:
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
         #: Its files are staged under the lease: a report sent again sends only the completion.
         self.artifacts_staged = False
+        #: When this run's chained completion was first sent (boot clock): a report sent
+        #: again may be handed the job the first one claimed, whose lease began after it.
+        self.chain_sent: float | None = None
         #: Alive from now until the run has reported and its handler has returned: the slot.
         #: The worker is woken once it is over (never before: a woken claim loop must see
         #: the slot free).
@@ -439,7 +442,9 @@ class JobRun:
                                      note=(base, t0))
                 return
             if w.wants_next():
-                sent = w.clock.boot()  # the next lease cannot have started before this
+                if self.chain_sent is None:
+                    self.chain_sent = w.clock.boot()
+                sent = self.chain_sent  # the next lease cannot have started before this
                 both = w.calls.complete_and_claim(
                     self.job_id, cfg.worker_id, self.epoch, out.result, provenance=prov,
                     tenant=tenant, lease_s=cfg.lease_s, kinds=w.kinds)
