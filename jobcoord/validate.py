@@ -192,6 +192,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _depth(value: Any, limit: int) -> int:
+    """How deep a value's objects and arrays nest, counted up to `limit` + 1: one level for
+    each, none for a number, string, boolean or null in them (`{"a": 1}` is one level), as
+    the opening brackets of its text count them."""
+    containers = (dict, list, tuple)
+    if not isinstance(value, containers):
+        return 0
     stack = [(value, 1)]
     deepest = 0
     while stack:
@@ -199,10 +205,8 @@ def _depth(value: Any, limit: int) -> int:
         deepest = max(deepest, d)
         if d > limit:
             return d
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, d + 1) for v in item)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, d + 1) for c in children if isinstance(c, containers))
     return deepest
 
 
