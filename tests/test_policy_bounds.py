@@ -188,6 +188,13 @@ def test_a_policy_fifo_nobody_writes_to_is_invalid_policy_not_a_hang(coord, cli,
     ('[artifacts.kinds.render]\nvalidator = "check \'x"\n', "artifacts.kinds.render.validator"),
     ("[artifacts.kinds.render]\nmax_byte = 5\n", "artifacts.kinds.render.max_byte"),
     ("[artifacts]\nmax_byte = 5\n", "artifacts.max_byte"),
+    # A command without a program: every artifact of the kind would fail validator_failed.
+    ('[artifacts]\nvalidator = [""]\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = []\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = ["", "--strict"]\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = ["  "]\n', "artifacts.validator"),
+    ("[artifacts]\nvalidator = '\"\" --strict'\n", "artifacts.validator"),
+    ('[artifacts.kinds.render]\nvalidator = [""]\n', "artifacts.kinds.render.validator"),
 ])
 def test_a_badly_typed_artifacts_setting_is_invalid_policy_naming_its_key(
         coord, cli, tmp_path, body, named):
@@ -226,6 +233,18 @@ def test_a_well_typed_artifacts_table_is_still_accepted(tmp_path):
     assert settings.for_kind("any") == settings.default
     assert Policy.from_toml(_policy_file(tmp_path, "max_memory_pct = 80\n")).artifacts \
         .rules == {}
+
+
+def test_a_validator_without_a_program_is_refused_when_declared_in_python_too():
+    """`declare_kind` builds its rule with the same function the policy file's goes through."""
+    from jobcoord.artifacts.settings import kind_rule
+
+    for validator in ([""], ["", "x"], '"" x', ["\t"]):
+        with pytest.raises(InvalidInput) as caught:
+            kind_rule(validator=validator, where="kind 'render'")
+        assert caught.value.code == "invalid_policy" and "validator" in caught.value.message
+    # An empty argument after the program is an argument.
+    assert kind_rule(validator=["check", ""]).validator == ("check", "")
 
 
 #: Valid TOML nested deeper than the TOML reader can follow: a top-level value, a value

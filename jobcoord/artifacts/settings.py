@@ -90,6 +90,10 @@ def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = N
                 isinstance(a, str) and "\0" not in a for a in validator):
             raise bad("validator", original,
                       "must be a command (a string or a list of arguments)")
+        if not validator[0].strip():
+            # Nothing to run: every artifact of the kind would fail `validator_failed`.
+            raise bad("validator", original, "names no program (its first argument is "
+                      "empty)")
         validator = tuple(validator)
     return KindRule(max_bytes, media_types, validator)
 
