@@ -82,6 +82,16 @@ class Policy:
         except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib decodes before parsing
             raise InvalidInput("invalid_policy", f"policy {path} is not UTF-8 text (byte "
                                f"{e.start}: {e.object[e.start:e.start + 1]!r})") from None
+        except RecursionError:
+            # Valid TOML by its grammar, nested deeper than its reader recurses.
+            raise _too_deep(path) from None
+        try:
+            return cls._from_data(data, path)
+        except RecursionError:  # a value nested hundreds deep, walked by a check
+            raise _too_deep(path) from None
+
+    @classmethod
+    def _from_data(cls, data: dict[str, Any], path: str) -> Policy:
         from .artifacts.settings import settings_from_mapping  # [artifacts]: per-kind rules
         artifacts = settings_from_mapping(data.pop("artifacts", None), path)
         if "policy" in data:
@@ -127,6 +137,11 @@ class Policy:
         """Deterministic backoff after the n-th failed attempt (n >= 1)."""
         exponent = min(max(failed_attempts, 1) - 1, 30)  # clamp before multiplying
         return min(self.retry_max_s, self.retry_base_s * 2.0**exponent)
+
+
+def _too_deep(path: str) -> InvalidInput:
+    return InvalidInput("invalid_policy", f"policy {path} is nested too deep to read (a "
+                        "policy's tables and lists nest a few levels)")
 
 
 _DAY_S = 86400.0

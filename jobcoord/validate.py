@@ -37,6 +37,14 @@ def _bad(field: str, message: str) -> InvalidInput:
     return InvalidInput("invalid_input", f"{field}: {message}", field=field)
 
 
+def _too_deep(field: str, envelope: int) -> InvalidInput:
+    """The refusal of a value nested deeper than MAX_JSON_DEPTH; of a request body whose JSON
+    values sit `envelope` levels down in it, nested deeper than that plus its own levels."""
+    if not envelope:
+        return _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    return _bad(field, f"holds a value nested deeper than {MAX_JSON_DEPTH} levels")
+
+
 def utf8_text(value: Any, field: str, *, max_len: int = MAX_TEXT, allow_empty: bool = False
               ) -> str:
     if not isinstance(value, str):
@@ -192,6 +200,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _depth(value: Any, limit: int) -> int:
+    """How deep a value's objects and arrays nest, counted up to `limit` + 1: one level for
+    each, none for a number, string, boolean or null in them (`{"a": 1}` is one level), as
+    the opening brackets of its text count them."""
+    containers = (dict, list, tuple)
+    if not isinstance(value, containers):
+        return 0
     stack = [(value, 1)]
     deepest = 0
     while stack:
@@ -199,10 +213,8 @@ def _depth(value: Any, limit: int) -> int:
         deepest = max(deepest, d)
         if d > limit:
             return d
-        if isinstance(item, dict):
-            stack.extend((v, d + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, d + 1) for v in item)
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, d + 1) for c in children if isinstance(c, containers))
     return deepest
 
 
@@ -300,8 +312,8 @@ def stored_json(text: str | None, job_id: int, column: str) -> Any:
 
 
 def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
-               too_large_code: str = "payload_too_large", str_is_text: bool = True
-               ) -> tuple[Any, str]:
+               too_large_code: str = "payload_too_large", str_is_text: bool = True,
+               envelope: int = 0) -> tuple[Any, str]:
     """Parse (or accept) a JSON value strictly; return it and its stored text.
 
     Bytes are always JSON text. A `str` is JSON text too, unless `str_is_text` is False: then
@@ -309,7 +321,8 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
 
     Refused: invalid JSON, NaN/Infinity, numbers out of float range, duplicate keys, nesting
     deeper than 64, lone surrogates, and anything over max_bytes (with a hint to keep large
-    data as an artifact)."""
+    data as an artifact). `envelope`: the text is a request body whose JSON values sit that
+    many levels down in it; the body may nest 64 levels more, and no further."""
     is_text = isinstance(raw, bytes) or (isinstance(raw, str) and str_is_text)
     if isinstance(raw, bytes):
         if len(raw) > max_bytes:
@@ -333,20 +346,22 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
         except ValueError as e:
             raise _bad(field, f"is not valid JSON ({e})") from None
         except RecursionError:
-            raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
+            raise _too_deep(field, envelope) from None
     else:
         value = raw
     if require_object and not isinstance(value, dict):
         raise _bad(field, "must be a JSON object ({...})")
-    return value, stored_text(value, field, max_bytes=max_bytes, too_large_code=too_large_code)
+    return value, stored_text(value, field, max_bytes=max_bytes, too_large_code=too_large_code,
+                              envelope=envelope)
 
 
 def stored_text(value: Any, field: str, *, max_bytes: int,
                 too_large_code: str = "payload_too_large",
-                encode: Callable[[Any], str] = dumps) -> str:
+                encode: Callable[[Any], str] = dumps, envelope: int = 0) -> str:
     """A parsed (or given) JSON value's stored text, refused as `json_value` refuses it: a
     value that cannot be written as JSON, nesting deeper than 64, a lone surrogate, more
-    than max_bytes. `encode` is `dumps` or a batch's `encoder()`."""
+    than max_bytes. `encode` is `dumps` or a batch's `encoder()`; `envelope` as for
+    `json_value`."""
     try:
         text = encode(value)
         # An ASCII text's length is its size in bytes (isascii() reads a flag, no scan).
@@ -358,12 +373,12 @@ def stored_text(value: Any, field: str, *, max_bytes: int,
             raise _bad(field, f"holds a number with more than {MAX_INT_DIGITS} digits") from None
         raise _bad(field, f"cannot be stored as JSON ({e})") from None
     except RecursionError:
-        raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise _too_deep(field, envelope) from None
     # Every level of nesting writes one opening bracket, so a text with no more brackets than
     # the limit cannot be too deep: only such texts need the walk (most payloads are flat).
-    if (text.count("{") + text.count("[") > MAX_JSON_DEPTH
-            and _depth(value, MAX_JSON_DEPTH) > MAX_JSON_DEPTH):
-        raise _bad(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    limit = MAX_JSON_DEPTH + envelope
+    if text.count("{") + text.count("[") > limit and _depth(value, limit) > limit:
+        raise _too_deep(field, envelope)
     if size > max_bytes:
         raise too_large(field, size, max_bytes, too_large_code)
     return text

@@ -178,6 +178,41 @@ def test_payloads_nested_deeper_than_64_levels_are_refused(coord, cli, depth, ok
         assert "nested deeper than 64" in r.json["error"]["message"]
 
 
+def beside(depth: int, leaf: Any) -> dict[str, Any]:
+    """A payload whose objects nest `depth` levels, `leaf` in the innermost, with an empty
+    list beside them: more brackets than levels."""
+    value: Any = leaf
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return {"pad": [], "a": value}
+
+
+@pytest.mark.parametrize("leaf", [1, "text", None, True])
+@pytest.mark.parametrize("depth,ok", [(64, True), (65, False)])
+def test_a_value_is_as_deep_as_its_brackets_nest_whatever_else_it_holds(coord, depth, ok,
+                                                                        leaf):
+    """A number, string or null in the innermost object is no level of its own, whether or
+    not the value holds more brackets than levels: the same depth, the same verdict."""
+    coord.heartbeat("w1")
+    job = coord.enqueue("embed", {})["job_id"]
+    epoch = coord.claim("w1")["lease"]["epoch"]
+    value = beside(depth, leaf)
+    if ok:
+        coord.checkpoint(job, "w1", epoch, "step", value)
+        coord.complete(job, "w1", epoch, value)
+        assert coord.show(job)["job"]["result"] == value
+        assert coord.show(coord.enqueue("embed", value)["job_id"])["job"]["payload"] == value
+        return
+    before = dump(coord)
+    for call in (lambda: coord.enqueue("embed", value),
+                 lambda: coord.checkpoint(job, "w1", epoch, "step", value),
+                 lambda: coord.complete(job, "w1", epoch, value)):
+        with pytest.raises(InvalidInput) as caught:
+            call()
+        assert "nested deeper than 64 levels" in caught.value.message
+    assert dump(coord) == before
+
+
 def test_brackets_inside_strings_do_not_count_as_nesting(coord):
     payload = {"text": "{[" * 200, "list": [[1], {"b": "]}" * 100}]}
     job = coord.enqueue("embed", payload)

@@ -5,6 +5,7 @@ naming the key), so no value can reach a time computation that overflows."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -217,6 +218,13 @@ def test_a_policy_fifo_whose_writer_stays_open_is_invalid_policy_not_a_hang(
     ('[artifacts.kinds.render]\nvalidator = "check \'x"\n', "artifacts.kinds.render.validator"),
     ("[artifacts.kinds.render]\nmax_byte = 5\n", "artifacts.kinds.render.max_byte"),
     ("[artifacts]\nmax_byte = 5\n", "artifacts.max_byte"),
+    # A command without a program: every artifact of the kind would fail validator_failed.
+    ('[artifacts]\nvalidator = [""]\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = []\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = ["", "--strict"]\n', "artifacts.validator"),
+    ('[artifacts]\nvalidator = ["  "]\n', "artifacts.validator"),
+    ("[artifacts]\nvalidator = '\"\" --strict'\n", "artifacts.validator"),
+    ('[artifacts.kinds.render]\nvalidator = [""]\n', "artifacts.kinds.render.validator"),
 ])
 def test_a_badly_typed_artifacts_setting_is_invalid_policy_naming_its_key(
         coord, cli, tmp_path, body, named):
@@ -255,3 +263,55 @@ def test_a_well_typed_artifacts_table_is_still_accepted(tmp_path):
     assert settings.for_kind("any") == settings.default
     assert Policy.from_toml(_policy_file(tmp_path, "max_memory_pct = 80\n")).artifacts \
         .rules == {}
+
+
+def test_a_validator_without_a_program_is_refused_when_declared_in_python_too():
+    """`declare_kind` builds its rule with the same function the policy file's goes through."""
+    from jobcoord.artifacts.settings import kind_rule
+
+    for validator in ([""], ["", "x"], '"" x', ["\t"]):
+        with pytest.raises(InvalidInput) as caught:
+            kind_rule(validator=validator, where="kind 'render'")
+        assert caught.value.code == "invalid_policy" and "validator" in caught.value.message
+    # An empty argument after the program is an argument.
+    assert kind_rule(validator=["check", ""]).validator == ("check", "")
+
+
+#: Valid TOML nested deeper than the TOML reader can follow: a top-level value, a value
+#: inside [artifacts], a validator inside a kind's table.
+DEEP_POLICIES = {
+    "top-level value": "max_memory_pct = " + "[" * 500 + "]" * 500 + "\n",
+    "artifacts value": "[artifacts]\nmax_bytes = " + "{a=" * 500 + "1" + "}" * 500 + "\n",
+    "kind validator": "[artifacts.kinds.render]\nvalidator = " + "[" * 5000 + "]" * 5000 + "\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEEP_POLICIES))
+def test_a_policy_nested_too_deep_to_read_is_invalid_policy_never_an_internal_error(
+        coord, cli, tmp_path, name):
+    """A policy nests a few levels; one nested hundreds deep exhausted the TOML reader's
+    recursion: exit 1 internal_error. It is invalid_policy (exit 2) naming the file, with
+    nothing changed, through --policy and JOBCOORD_POLICY alike."""
+    import os
+    import subprocess
+
+    from tests.serve_procs import db_args, jobcoord_argv
+
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    path = _policy_file(tmp_path, DEEP_POLICIES[name])
+    with pytest.raises(InvalidInput) as caught:
+        Policy.from_toml(path)
+    assert caught.value.code == "invalid_policy"
+    assert "nested too deep" in caught.value.message and path in caught.value.message
+    r = cli("--policy", path, "claim", "w1", "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    for args, env in ((["--policy", path], {}), ([], {"JOBCOORD_POLICY": path})):
+        done = subprocess.run(
+            [*jobcoord_argv(), *db_args(coord.db.target), *args, "claim", "w1", "--json"],
+            capture_output=True, timeout=60, check=False, env={**os.environ, **env})
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert json.loads(done.stdout)["error"]["code"] == "invalid_policy", done.stdout
+    assert dump(coord) == before

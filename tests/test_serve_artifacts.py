@@ -19,7 +19,7 @@ import pytest
 
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
-from tests.serve_procs import jobcoord_argv, served, token, token_file
+from tests.serve_procs import db_args, jobcoord_argv, served, token, token_file
 from tests.test_artifacts_rules import install
 
 BYTES = b"# report\n" + bytes(range(256)) * 64
@@ -272,3 +272,81 @@ def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_f
     assert reasons.count("completed") == 1 and "artifact_refused" not in reasons, reasons
     [a] = s.c.artifacts(job)["artifacts"]
     assert a["name"] == "report.md" and a["state"] == "accepted"
+
+
+DRAW_APP = '''
+from jobcoord.app import App
+
+app = App()
+
+
+@app.handler("draw", timeout=60)
+def draw(payload, ctx):
+    ctx.artifact("chart.png", b"\\x89PNG\\r\\n\\x1a\\n")
+    ctx.artifact("layout.data", b"{}", media_type="application/vnd.example.layout+json")
+    return {"drawn": True}
+'''
+
+RENDER_CMD = '''
+import json, os, sys
+sys.stdin.read()
+with open(os.path.join(os.environ["JOBCOORD_ARTIFACTS_OUT"], "report.pdf"), "wb") as f:
+    f.write(b"%PDF-1.4\\n%%EOF\\n")
+print(json.dumps({"pages": 1}))
+'''
+
+
+def test_a_remote_worker_stages_artifacts_with_the_media_types_a_local_worker_would(
+        s: Setup, tmp_path: Path) -> None:
+    # Only the media types a local worker gives these artifacts are allowed: a command's file
+    # (guessed from its name), a handler's guessed one and a handler's declared one.
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[artifacts.kinds.render]\nmedia_types = ["application/pdf"]\n'
+                      '[artifacts.kinds.draw]\nmedia_types = ["image/png", '
+                      '"application/vnd.example.layout+json"]\n')
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "drawapp.py").write_text(DRAW_APP)
+    (code / "render_cmd.py").write_text(RENDER_CMD)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JOBCOORD_ARTIFACTS", "JOBCOORD_POLICY")}
+    env["PYTHONPATH"] = os.pathsep.join([str(code), *filter(None, [env.get("PYTHONPATH")])])
+    handlers = ["--app", "drawapp:app",
+                "--exec", f"render={sys.executable} {code / 'render_cmd.py'}",
+                "--readings-override", '{"memory_used_pct": 10}', "--burst", "--json"]
+
+    def jobs() -> dict[str, int]:
+        return {kind: s.c.enqueue(kind, {}, tenant="alice", max_attempts=1)["job_id"]
+                for kind in ("render", "draw")}
+
+    local = jobs()
+    done = subprocess.run(
+        [*jobcoord_argv(), *db_args(s.target), "--policy", str(policy), "worker",
+         "--worker-id", "wl", *handlers],
+        capture_output=True, timeout=60, check=False, env={**env, **s.env})
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    remote = jobs()
+    path = token_file(tmp_path, "worker token", s.worker)
+    with served(s.target, "--reap-every", "0",
+                env={**s.env, "JOBCOORD_POLICY": str(policy)}) as srv, \
+            srv.client(s.viewer) as viewer:
+        done = subprocess.run(
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
+             *handlers], capture_output=True, timeout=60, check=False, env=env)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        stored = {}
+        for where, ids in (("local", local), ("remote", remote)):
+            for kind, job in ids.items():
+                shown = s.c.show(job)["job"]
+                assert shown["status"] == "succeeded", (where, shown["last_error"])
+                found = s.c.artifacts(job)["artifacts"]
+                stored[where, kind] = {a["name"]: a["media_type"] for a in found}
+                for a in found:
+                    down = viewer.get(f"/v1/jobs/{job}/artifacts/{a['name']}")
+                    assert down.status_code == 200, down.text
+                    assert down.headers["content-type"].split(";")[0] == a["media_type"]
+    assert stored["local", "render"] == {"report.pdf": "application/pdf"}
+    assert stored["local", "draw"] == {
+        "chart.png": "image/png", "layout.data": "application/vnd.example.layout+json"}
+    assert stored["remote", "render"] == stored["local", "render"]
+    assert stored["remote", "draw"] == stored["local", "draw"]

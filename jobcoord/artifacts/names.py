@@ -1,10 +1,12 @@
-"""Artifact names and digests: what a valid name is, and the `sha256:<hex>` spelling of a
-content address."""
+"""Artifact names, media types and digests: what a valid name is, the media type an artifact
+is stored with, and the `sha256:<hex>` spelling of a content address."""
 
 from __future__ import annotations
 
+import mimetypes
 import re
 import unicodedata
+from typing import Any
 
 from jobcoord.errors import InvalidInput
 
@@ -13,6 +15,23 @@ MAX_NAME_BYTES = 255
 
 #: The 64 lowercase hex digits of a SHA-256.
 HEX_DIGITS = re.compile(r"[0-9a-f]{64}")
+
+DEFAULT_MEDIA_TYPE = "application/octet-stream"
+#: A media type as an artifact row and a kind's rule spell it: type/subtype.
+MEDIA_TYPE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}")
+
+
+def media_type_of(media_type: Any, name: str) -> str:
+    """The media type an artifact named `name` is stored with: the one declared, else the one
+    guessed from the name, else application/octet-stream. Every way of staging (the CLI, a
+    local worker, a remote worker's upload) decides it here."""
+    if media_type is None:
+        return mimetypes.guess_type(name, strict=False)[0] or DEFAULT_MEDIA_TYPE
+    if not isinstance(media_type, str) or not MEDIA_TYPE.fullmatch(media_type):
+        raise InvalidInput("invalid_media_type", f"not a media type: {ascii(media_type)[:80]} "
+                           "(expected type/subtype, e.g. application/pdf)")
+    return media_type
 
 
 def parse_digest(digest: object) -> str:

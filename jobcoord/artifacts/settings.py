@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import mimetypes
 import os
-import re
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as before
+    DEFAULT_MEDIA_TYPE,
+    MEDIA_TYPE,
+    media_type_of,
+)
 from jobcoord.artifacts.objects import ObjectStore, parse_digest
 from jobcoord.errors import DatabaseBusy, InvalidInput, SchemaMismatch
 
@@ -22,10 +25,8 @@ if TYPE_CHECKING:
     from jobcoord.store import Database
 
 ENV_STORE = "JOBCOORD_ARTIFACTS"
-DEFAULT_MEDIA_TYPE = "application/octet-stream"
 #: How long gc waits for uploads that are committing their rows (seconds).
 GC_LOCK_WAIT_S = 60.0
-_MEDIA = re.compile(r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,99}")
 
 
 # --- validation rules per kind --------------------------------------------------------------
@@ -73,7 +74,7 @@ def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = N
         # A list only: a string or a table would be iterated character by character or
         # key by key, and a number not at all.
         if isinstance(media_types, str) or not isinstance(media_types, Sequence) or not all(
-                isinstance(m, str) and _MEDIA.fullmatch(m) for m in media_types):
+                isinstance(m, str) and MEDIA_TYPE.fullmatch(m) for m in media_types):
             raise bad("media_types", media_types,
                       "must be a list of media types like 'application/pdf'")
         media_types = tuple(media_types)
@@ -89,6 +90,10 @@ def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = N
                 isinstance(a, str) and "\0" not in a for a in validator):
             raise bad("validator", original,
                       "must be a command (a string or a list of arguments)")
+        if not validator[0].strip():
+            # Nothing to run: every artifact of the kind would fail `validator_failed`.
+            raise bad("validator", original, "names no program (its first argument is "
+                      "empty)")
         validator = tuple(validator)
     return KindRule(max_bytes, media_types, validator)
 
@@ -182,15 +187,6 @@ def need_feature(coord: Coordinator) -> None:
 def location_of(digest: str) -> str:
     h = parse_digest(digest)
     return f"objects/sha256/{h[:2]}/{h[2:4]}/{h}"
-
-
-def media_type_of(media_type: Any, name: str) -> str:
-    if media_type is None:
-        return mimetypes.guess_type(name, strict=False)[0] or DEFAULT_MEDIA_TYPE
-    if not isinstance(media_type, str) or not _MEDIA.fullmatch(media_type):
-        raise InvalidInput("invalid_media_type", f"not a media type: {ascii(media_type)[:80]} "
-                           "(expected type/subtype, e.g. application/pdf)")
-    return media_type
 
 
 @contextlib.contextmanager

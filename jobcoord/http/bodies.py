@@ -6,7 +6,7 @@ Python cannot read as JSON with the JSON error."""
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
@@ -25,6 +25,10 @@ JOB_ID_MAX = 2**62
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    #: How many levels down the body holds its JSON values (a payload, a result, a
+    #: provenance, checkpoint data, readings), 0 if it holds none: the body may nest that
+    #: many levels more than a value may (validate.MAX_JSON_DEPTH), and no more.
+    VALUES_AT: ClassVar[int] = 0
 
 
 #: A number of seconds: a JSON number, never a string ("30") or a boolean (true would be a
@@ -39,6 +43,7 @@ Whole = Annotated[int, Strict()]
 
 
 class SubmitBody(_Body):
+    VALUES_AT: ClassVar[int] = 1  # payload and needs
     kind: str
     payload: dict[str, Any] | None = None
     priority: Whole | Annotated[str, Strict()] | None = None
@@ -51,6 +56,7 @@ class SubmitBody(_Body):
 
 
 class HeartbeatBody(_Body):
+    VALUES_AT: ClassVar[int] = 1  # readings
     roles: list[str] = Field(default_factory=list, max_length=64)
     kinds: list[str] | None = Field(default=None, max_length=1024)
     readings: dict[str, Any] | None = None
@@ -74,6 +80,7 @@ class RenewBody(EpochBody):
 
 
 class CompleteBody(EpochBody):
+    VALUES_AT: ClassVar[int] = 1  # result and provenance
     result: Any = None
     provenance: dict[str, Any] | None = None
     claim_next: Flag = Field(default=False, description=(
@@ -97,6 +104,7 @@ class CompletionItem(EpochBody):
 
 
 class CompletionsBody(_Body):
+    VALUES_AT: ClassVar[int] = 3  # items[i].result and items[i].provenance
     items: list[CompletionItem] = Field(min_length=1, max_length=MAX_BATCH)
 
 
@@ -107,11 +115,13 @@ class FailBody(EpochBody):
 
 
 class CheckpointBody(EpochBody):
+    VALUES_AT: ClassVar[int] = 1  # data
     name: str
     data: Any = None
 
 
 class ReconcileBody(_Body):
+    VALUES_AT: ClassVar[int] = 1  # result
     as_status: Literal["succeeded", "waiting", "dead"] = Field(alias="as")
     reason: str
     result: Any = None

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from ..artifacts.names import media_type_of, validate_name
 from ..core.items import (
     MAX_BATCH,
     checked_item,
@@ -327,13 +328,15 @@ class RemoteCoordinator:
                      ) -> dict[str, Any]:
         """Upload an artifact of this attempt (a path, bytes or a binary file object): hashed
         here first, streamed to the server, which hashes it again and stores nothing unless
-        the digests agree. Sent again, like every fenced call, after a network error."""
+        the digests agree. Sent again, like every fenced call, after a network error.
+
+        The media type is decided here as a local stage decides it (declared, else guessed
+        from the name) and sent as `media_type`: the body's Content-Type only labels bytes."""
+        name = validate_name(name)
+        params: dict[str, Any] = {"epoch": epoch, "media_type": media_type_of(media_type, name)}
         with _spooled(source) as (chunks, digest, size):
-            params: dict[str, Any] = {"epoch": epoch}
-            if media_type is not None:
-                params["media_type"] = media_type
             path = (f"/v1/jobs/{int(job_id)}/artifacts/"
-                    f"{urllib.parse.quote(str(name), safe='')}")
+                    f"{urllib.parse.quote(name, safe='')}")
             resp = self._request("PUT", path, params=params, content=chunks, headers={
                 "X-Content-Digest": digest, "Content-Type": "application/octet-stream",
                 "Content-Length": str(size)}, timeout=max(self.timeout, 60.0))

@@ -13,7 +13,7 @@ from .. import tokens
 from .. import validate as v
 from ..errors import InvalidInput
 from ..tokens import Identity
-from .bodies import JOB_ID_MAX
+from .bodies import JOB_ID_MAX, _Body
 from .errors import Forbidden, Unauthorized
 from .state import Server
 
@@ -116,19 +116,26 @@ async def refusal_first(request: Request, srv: Server) -> Unauthorized | Forbidd
     return None
 
 
-async def strict_json(request: Request, srv: Srv) -> None:
-    """Parse the raw body strictly (NaN, Infinity, duplicate keys, deep nesting are refused),
-    the same checks the Coordinator applies to payloads."""
-    raw = await request.body()
-    if raw:
-        try:
-            v.json_value(raw, "body", max_bytes=srv.max_body, require_object=True,
-                         too_large_code="body_too_large")
-        except InvalidInput:
-            refused = await refusal_first(request, srv)
-            if refused is not None:
-                raise refused from None
-            raise
+def strict(body: type[_Body]) -> list[Any]:
+    """A route's check of its raw body, parsed strictly (NaN, Infinity, duplicate keys, deep
+    nesting are refused), the same checks the Coordinator applies to payloads: the body may
+    nest `body.VALUES_AT` levels more than a value, so every value the Coordinator takes
+    passes, and one level more is refused here as there."""
+    envelope = body.VALUES_AT
+
+    async def strict_json(request: Request, srv: Srv) -> None:
+        raw = await request.body()
+        if raw:
+            try:
+                v.json_value(raw, "body", max_bytes=srv.max_body, require_object=True,
+                             too_large_code="body_too_large", envelope=envelope)
+            except InvalidInput:
+                refused = await refusal_first(request, srv)
+                if refused is not None:
+                    raise refused from None
+                raise
+
+    return [Depends(strict_json)]
 
 
 Anyone = Annotated[Identity, role(*EVERYONE)]
@@ -140,7 +147,6 @@ Operator = Annotated[Identity, role(*OPERATORS)]
 SubmitterCaller = Annotated[Caller, caller(*SUBMITTERS)]
 WorkerCaller = Annotated[Caller, caller(*WORKERS)]
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX)]
-strict = [Depends(strict_json)]
 
 
 def scope(who: Identity) -> str | None:

@@ -33,7 +33,7 @@ async def whoami(who: Anyone, srv: Srv) -> dict[str, Any]:
             "worker_id": who.worker_id, "policy": dataclasses.asdict(srv.c.policy)}
 
 
-@router.post("/v1/jobs", status_code=201, dependencies=strict,
+@router.post("/v1/jobs", status_code=201, dependencies=strict(SubmitBody),
              responses={200: {"description": "the same Idempotency-Key and payload: the "
                                              "existing job"}})
 async def submit(body: SubmitBody, response: Response, caller: SubmitterCaller, srv: Srv,

@@ -24,7 +24,7 @@ async def retry(job_id: JobId, who: Operator, srv: Srv) -> dict[str, Any]:
     return got
 
 
-@router.post("/v1/jobs/{job_id}/reconcile", dependencies=strict)
+@router.post("/v1/jobs/{job_id}/reconcile", dependencies=strict(ReconcileBody))
 async def reconcile(job_id: JobId, body: ReconcileBody, who: Operator, srv: Srv
                     ) -> dict[str, Any]:
     got = await srv.call(srv.c.reconcile, job_id, body.as_status, body.reason,
@@ -33,7 +33,7 @@ async def reconcile(job_id: JobId, body: ReconcileBody, who: Operator, srv: Srv
     return got
 
 
-@router.post("/v1/prune", dependencies=strict)
+@router.post("/v1/prune", dependencies=strict(PruneBody))
 async def prune(body: PruneBody, who: Operator, srv: Srv) -> dict[str, Any]:
     return await srv.call(srv.c.prune, body.older_than, statuses=body.statuses,
                           tenant=scope(who), dry_run=body.dry_run)

@@ -67,7 +67,7 @@ def _as_absent(coordinator: Any, code: str, job_id: int, epoch: int, worker: str
                                                              tenant=tenant)
 
 
-@router.post("/v1/heartbeat", dependencies=strict)
+@router.post("/v1/heartbeat", dependencies=strict(HeartbeatBody))
 async def heartbeat(body: HeartbeatBody, caller: WorkerCaller, srv: Srv) -> dict[str, Any]:
     return await srv.call_as(caller, lambda who: srv.c.heartbeat(
         worker_of(who), roles=body.roles, readings=body.readings, kinds=body.kinds))
@@ -78,7 +78,7 @@ async def heartbeat(body: HeartbeatBody, caller: WorkerCaller, srv: Srv) -> dict
 _KEEP_WAITING = ("no_waiting_jobs", "no_matching_role", "concurrency_limit", "resource_short")
 
 
-@router.post("/v1/claims", dependencies=strict,
+@router.post("/v1/claims", dependencies=strict(ClaimBody),
              responses={204: {"description": "nothing eligible within `wait` seconds"}})
 async def claim(request: Request, caller: WorkerCaller, srv: Srv,
                 body: ClaimBody | None = None) -> Any:
@@ -192,7 +192,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-@router.post("/v1/jobs/{job_id}/renew", dependencies=strict)
+@router.post("/v1/jobs/{job_id}/renew", dependencies=strict(RenewBody))
 async def renew(job_id: JobId, body: RenewBody, caller: WorkerCaller, srv: Srv
                 ) -> dict[str, Any]:
     return await fenced(srv, srv.c.renew, job_id, caller, body.epoch, lease_s=body.lease_s)
@@ -232,7 +232,7 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
     return got
 
 
-@router.post("/v1/jobs/{job_id}/complete", dependencies=strict)
+@router.post("/v1/jobs/{job_id}/complete", dependencies=strict(CompleteBody))
 async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv: Srv
                    ) -> dict[str, Any]:
     """Accept this attempt's result (`epoch` fences it). With `claim_next: true` the same
@@ -246,7 +246,7 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
                         job_id, caller, body.epoch, body)
 
 
-@router.post("/v1/completions", dependencies=strict)
+@router.post("/v1/completions", dependencies=strict(CompletionsBody))
 async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
                       ) -> dict[str, Any]:
     """Accept many results in one transaction (complete_many), each fenced by its own
@@ -312,7 +312,7 @@ def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: st
                 "attempt": recorded["attempt"], "already_accepted": True}
 
 
-@router.post("/v1/jobs/{job_id}/fail", dependencies=strict)
+@router.post("/v1/jobs/{job_id}/fail", dependencies=strict(FailBody))
 async def fail(job_id: JobId, body: FailBody, caller: WorkerCaller, srv: Srv
                ) -> dict[str, Any]:
     """Report this attempt's failure (`epoch` fences it); a report sent again after its
@@ -326,13 +326,13 @@ async def fail(job_id: JobId, body: FailBody, caller: WorkerCaller, srv: Srv
     return got
 
 
-@router.post("/v1/jobs/{job_id}/effect", dependencies=strict)
+@router.post("/v1/jobs/{job_id}/effect", dependencies=strict(EpochBody))
 async def effect(job_id: JobId, body: EpochBody, caller: WorkerCaller, srv: Srv
                  ) -> dict[str, Any]:
     return await fenced(srv, srv.c.mark_effect, job_id, caller, body.epoch)
 
 
-@router.post("/v1/jobs/{job_id}/checkpoint", dependencies=strict)
+@router.post("/v1/jobs/{job_id}/checkpoint", dependencies=strict(CheckpointBody))
 async def checkpoint(job_id: JobId, body: CheckpointBody, caller: WorkerCaller, srv: Srv
                      ) -> dict[str, Any]:
     return await fenced(srv, srv.c.checkpoint, job_id, caller, body.epoch, body.name,
