@@ -258,6 +258,14 @@ def test_serve_and_remote_worker_survive_a_real_postgresql_restart(
 BURST_EXIT_BOUND_S = 25.0
 
 
+def _stop(proc: Any, server: Served) -> None:
+    """After a test: the worker killed if it still runs, and the server stopped."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate(timeout=30)
+    server.stop()
+
+
 def _wait_exit(proc: Any, bound: float) -> tuple[float, str, str]:
     """Wait up to `bound` seconds for `proc`: (seconds it took, stdout, stderr). A worker still
     running then is killed and the test fails."""
@@ -309,10 +317,7 @@ def test_a_burst_worker_whose_server_is_killed_while_it_waits_exits_6_within_a_b
         s.kill()  # SIGKILL: nothing listens on the port any more
         took, out, err = _wait_exit(proc, BURST_EXIT_BOUND_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-        s.stop()
+        _stop(proc, s)
     assert proc.returncode == 6, (proc.returncode, err[-2000:])
     error = _error_line(out)
     assert error["code"] == "server_unreachable" and "--burst" in error["message"], error
@@ -340,10 +345,7 @@ def test_a_burst_worker_whose_server_dies_mid_job_stops_the_job_at_its_lease_end
         s.kill()
         took, out, err = _wait_exit(proc, 3 + 10 + BURST_EXIT_BOUND_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-        s.stop()
+        _stop(proc, s)
     assert proc.returncode == 6, (proc.returncode, err[-2000:])
     assert _error_line(out)["code"] == "server_unreachable", out
     assert took < 3 + 10 + BURST_EXIT_BOUND_S, took
@@ -427,10 +429,7 @@ def test_a_remote_handler_is_stopped_at_its_lease_end_while_a_renewal_hangs_in_a
         proc.send_signal(signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate(timeout=30)
-        s.stop()
+        _stop(proc, s)
     events = log_events(err.decode())
 
     def at(e: dict[str, Any]) -> float:
