@@ -231,12 +231,9 @@ def note_next(ctx: Context, conn: Connection, job_id: int, epoch: int, worker_id
     job its transaction claimed next ({"next_claim": <event id>}): how the completion sent
     again after its answer was lost finds that job (`claimed_next`). The event's id, not the
     job's: the completed job's readers may be of another tenant than the next job."""
-    claimed = ctx.db.run(conn, qs.event_by(False), {
-        "job_id": nxt["job"]["job_id"], "worker": worker_id, "epoch": nxt["lease"]["epoch"],
-        "reason": "claimed", "tenant": None}).scalar()
-    ctx.db.run(conn, sql.NOTE_COMPLETED, {"job_id": job_id, "epoch": epoch,
-                                          "worker": worker_id,
-                                          "detail": v.dumps({"next_claim": claimed})})
+    ctx.db.run(conn, sql.NOTE_COMPLETED, {
+        "job_id": job_id, "epoch": epoch, "worker": worker_id,
+        "next_job": nxt["job"]["job_id"], "next_epoch": nxt["lease"]["epoch"]})
 
 
 def claimed_next(ctx: Context, job_id: Any, worker_id: Any, epoch: Any, *,
