@@ -292,13 +292,15 @@ def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_tar
         def __init__(self, c):
             self._c = c
             self.claims = 0
+            # One error object raised again and again, as a client keeping its last error.
+            self.error = StorageUnavailable("database_unavailable", "connection refused")
 
         def __getattr__(self, name):
             return getattr(self._c, name)
 
         def _down(self, *_a, **_kw):
             self.claims += 1
-            raise StorageUnavailable("database_unavailable", "connection refused")
+            raise self.error
 
         claim = claim_many = _down
 
@@ -311,12 +313,16 @@ def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_tar
 
     with Coordinator.open(sqlite_target) as c:
         w, log = worker(c, burst=True)
+        down = w.coordinator
         t0 = time.monotonic()
         with pytest.raises(StorageUnavailable) as gave_up:
             w.run()
         took = time.monotonic() - t0
         assert 1.0 <= took < 5.0, took
         assert gave_up.value.exit_code == 6 and "--burst" in gave_up.value.message
+        assert gave_up.value.code == "database_unavailable"
+        # The worker's own error says it gave up; the error it caught is left as it was.
+        assert gave_up.value is not down.error and down.error.message == "connection refused"
         events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
         assert events.count("claim_error") >= 2 and events[-1] == "giving_up", events
 

@@ -53,6 +53,45 @@ ENDING_WAIT_S = 0.05
 CLAIM_GATHER_S = 0.005
 
 
+class Outage:
+    """One stretch of failed calls to the coordinator (boot clock): when it began, how many
+    calls failed, and when a --burst worker has tried long enough (`give_up_s`). Logged as
+    it goes and once when a call gets through again."""
+
+    def __init__(self, give_up_s: float):
+        self.give_up_s = give_up_s
+        self.since: float | None = None  # None while calls get through
+        self.errors = 0
+
+    def failed(self, now: float) -> float:
+        """A call failed at `now`; how long calls have been failing."""
+        if self.since is None:
+            self.since = now
+        self.errors += 1
+        return now - self.since
+
+    def failing(self, now: float) -> float:
+        return 0.0 if self.since is None else now - self.since
+
+    def over(self, now: float) -> bool:
+        """Failing for `give_up_s` or longer."""
+        return self.since is not None and now - self.since >= self.give_up_s
+
+    def next_try(self, wait: float, now: float) -> float:
+        """`wait`, or less so that the last try falls on the bound, not a backoff later."""
+        if self.since is None:
+            return wait
+        return min(wait, max(0.05, self.since + self.give_up_s - now))
+
+    def end(self, now: float) -> tuple[float, int] | None:
+        """A call got through: (seconds failed, errors) of the outage it ends, or None."""
+        if self.since is None:
+            return None
+        ended = (now - self.since, self.errors)
+        self.since, self.errors = None, 0
+        return ended
+
+
 class BoundedCalls:
     """The Coordinator's methods, run on a small fixed set of long-lived threads, so one
     worker makes at most `threads` database calls at once whatever its concurrency.
@@ -312,10 +351,7 @@ class Worker:
         #: When the claim loop began gathering free slots (boot clock), None when not.
         gather_from: float | None = None
         backoff = Backoff(cfg.poll_s)
-        #: When claims began failing (boot clock; None while they get through), and how
-        #: many have failed since: an outage is logged as it goes and once when it ends.
-        failing_since: float | None = None
-        failures = 0
+        outage = Outage(cfg.give_up_s)
         try:
             while not self.stopping.is_set():
                 self._collect()
@@ -360,26 +396,22 @@ class Worker:
                         raise
                     code, message = describe(e)
                     now = self.clock.boot()
-                    if failing_since is None:
-                        failing_since = now
-                    failures += 1
-                    failing = now - failing_since
-                    if cfg.burst and not live and failing >= cfg.give_up_s:
+                    failing = outage.failed(now)
+                    if cfg.burst and not live and outage.over(now):
                         # Nothing of its own runs and nothing gets through: a burst worker
                         # exits with the error instead of waiting for a coordinator that may
                         # never come back.
                         raise self._give_up(e, failing) from None
                     wait = backoff.next()
-                    if cfg.burst:  # the last try falls on the bound, not a backoff later
-                        wait = min(wait, max(0.05, failing_since + cfg.give_up_s - now))
+                    if cfg.burst:
+                        wait = outage.next_try(wait, now)
                     self.log("claim_error", error=code, detail=message,
                              failing_s=round(failing, 3), retry_in_s=round(wait, 3))
                     self._pause(wait)
                     continue
-                if failing_since is not None:
-                    self.log("claim_recovered", failed_s=round(
-                        self.clock.boot() - failing_since, 3), errors=failures)
-                    failing_since, failures = None, 0
+                ended = outage.end(self.clock.boot())
+                if ended is not None:
+                    self.log("claim_recovered", failed_s=round(ended[0], 3), errors=ended[1])
                 backoff.reset()
                 if not got["claimed"]:
                     # Keyed on the reason only: the detail carries live readings (memory 86.1%,
@@ -505,18 +537,20 @@ class Worker:
         code, message = describe(e)
         self.log("giving_up", error=code, detail=message, failing_s=round(failing, 3),
                  give_up_s=self.config.give_up_s)
-        if isinstance(e, JobcoordError):
-            e.message = (f"{e.message} (nothing got through for {failing:.1f}s; a --burst "
-                         f"worker gives up after {self.config.give_up_s:g}s)")
-            e.args = (e.message,)
-        return e
+        if not isinstance(e, JobcoordError):
+            return e
+        # A new error of the same class and code: the caught one may be held elsewhere (a
+        # client's last error), and its message must stay what happened to that call.
+        return type(e)(e.code, f"{e.message} (nothing got through for {failing:.1f}s; a "
+                       f"--burst worker gives up after {self.config.give_up_s:g}s)",
+                       **e.details)
 
     def _first_heartbeat(self) -> dict[str, Any]:
         """The first heartbeat, retried like every later one while the database cannot be
         reached (a worker started during a database restart waits for it; a --burst worker
         for at most `give_up_s`)."""
         backoff = Backoff(self.config.poll_s)
-        failing_since: float | None = None
+        outage = Outage(self.config.give_up_s)
         while True:
             t0 = self.clock.boot()
             try:
@@ -524,11 +558,10 @@ class Worker:
             except Exception as e:
                 if is_fatal(e) or isinstance(e, Refused) or self.stopping.is_set():
                     raise
-                if failing_since is None:
-                    failing_since = t0
-                failing = self.clock.boot() - failing_since
-                if self.config.burst and failing >= self.config.give_up_s:
-                    raise self._give_up(e, failing) from None
+                outage.failed(t0)
+                now = self.clock.boot()
+                if self.config.burst and outage.over(now):
+                    raise self._give_up(e, outage.failing(now)) from None
                 code, message = describe(e)
                 wait = backoff.next()
                 self.log("heartbeat_error", error=code, detail=message, retry_in_s=wait)
