@@ -203,6 +203,36 @@ def test_a_refused_second_completion_keeps_the_first_result_and_records_the_atte
     assert [e["reason"] for e in shown["events"]][-1] == "complete_refused"
 
 
+def _resend(coord: Coordinator, how: str, job_id: int, worker: str, epoch: int,
+            result: Any) -> str:
+    """Send one completion through `how`; the refusal's code."""
+    if how == "complete_many":
+        got = coord.complete_many([{"job_id": job_id, "worker_id": worker, "epoch": epoch,
+                                    "result": result}])["results"][0]
+        return str(got["error"]["code"])
+    with pytest.raises(Refused) as refused:
+        getattr(coord, how)(job_id, worker, epoch, result)
+    return refused.value.code
+
+
+@pytest.mark.parametrize("how", ["complete", "complete_and_claim", "complete_many"])
+def test_the_accepted_completion_sent_again_is_refused_without_a_new_event(
+        coord: Coordinator, clock: Any, how: str) -> None:
+    """The same worker's same result at the accepted epoch (its answer was lost) is no new
+    evidence, as a failure report sent again is not: refused as finished, nothing recorded.
+    Another result, or another worker, is still recorded as a refused attempt."""
+    job_id, worker, epoch, _ = _finished(coord, clock)
+    before = [e["reason"] for e in coord.show(job_id)["events"]]
+    assert _resend(coord, how, job_id, worker, epoch, {"first": True}) == "job_finished"
+    assert [e["reason"] for e in coord.show(job_id)["events"]] == before
+    coord.heartbeat("w2", readings=IDLE_ON_AC)
+    for who, result in ((worker, {"second": True}), ("w2", {"first": True})):
+        assert _resend(coord, how, job_id, who, epoch, result) == "job_finished"
+        last = coord.show(job_id)["events"][-1]
+        assert (last["reason"], last["worker_id"]) == ("complete_refused", who)
+    assert coord.show(job_id)["job"]["result"] == {"first": True}
+
+
 @pytest.mark.parametrize(("args", "kwargs"), [
     ((), {"lease_s": -1}),
     ((), {"lease_s": float("nan")}),

@@ -128,6 +128,9 @@ def test_completion_answer_lost_after_commit_is_answered_as_accepted(target: Tar
         shown = c.show(job)
     assert shown["job"]["result"] == {"answer": 42}
     assert [e["reason"] for e in shown["events"]].count("completed") == 1
+    # The completion sent again is no new evidence: no refused attempt recorded for it.
+    assert ("complete_refused", "wa") not in [(e["reason"], e["worker_id"])
+                                              for e in shown["events"]]
 
 
 @pytest.mark.parametrize("max_attempts", [3, 1])

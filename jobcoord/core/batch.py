@@ -24,6 +24,7 @@ from .fencing import (
     failure_step,
     judge,
     repeated,
+    sent_again,
     with_plan,
 )
 from .items import MAX_BATCH, checked_item, earlier_in_batch
@@ -101,8 +102,14 @@ def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
             row = rows.get(p.job_id)
             owned = judge(ctx, conn, row, p.job_id, p.worker_id, p.epoch, p.tenant, op, now)
             if isinstance(owned, JobcoordError):
-                if owned.code not in ("job_not_found", "job_cancelled") and not (
-                        op == "fail" and repeated(ctx, conn, owned, p)):
+                recorded = owned.code not in ("job_not_found", "job_cancelled")
+                if recorded and p.job_id not in done:
+                    # One accepted before this batch and sent again (its answer lost) is
+                    # no new evidence; a report this batch made earlier is recorded, as
+                    # the single calls one after the other would have recorded it.
+                    recorded = not (repeated(ctx, conn, owned, p) if op == "fail"
+                                    else sent_again(ctx, conn, owned, p, row[8]))
+                if recorded:
                     events.append({
                         "job_id": p.job_id, "now": now, "from_status": row[0],
                         "to_status": row[0], "reason": f"{op}_refused",

@@ -169,7 +169,8 @@ def completion_step(ctx: Context, c: Completion
     def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
         owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, c.tenant, "complete")
         if isinstance(owned, JobcoordError):
-            reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
+            if not sent_again(ctx, conn, owned, c):
+                reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
             return owned, now
         if c.plan:
             from ..artifacts import rules as artifact_rules
@@ -181,6 +182,23 @@ def completion_step(ctx: Context, c: Completion
                 "finished_at": now}, now
 
     return finish
+
+
+def sent_again(ctx: Context, conn: Connection, refusal: JobcoordError, c: Completion,
+               stored_result: Any = ...) -> bool:
+    """Is this refused completion the accepted one sent again (its answer lost): the job
+    succeeded at its epoch, by this worker's `completed` event, with this very result? No new
+    evidence then: no `complete_refused` is recorded (as for a failure report sent again).
+    `stored_result`: the job's result column when the caller has read it."""
+    details = refusal.details
+    if (refusal.code != "job_finished" or details.get("status") != "succeeded"
+            or details.get("accepted_epoch") != c.epoch):
+        return False
+    if stored_result is ...:
+        stored_result = ctx.db.run(conn, sql.JOB_RESULT, {"job_id": c.job_id}).scalar()
+    return stored_result == c.result and ctx.db.run(conn, qs.event_by(False), {
+        "job_id": c.job_id, "worker": c.worker_id, "epoch": c.epoch, "reason": "completed",
+        "tenant": None}).first() is not None
 
 
 def complete(ctx: Context, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
