@@ -119,8 +119,10 @@ class BoundedCalls:
         """The call, waited for at most `seconds` (concurrent.futures.TimeoutError past
         them; the call itself goes on in its thread and its answer is dropped): for a call
         whose answer is worth nothing after a deadline, a renewal past its lease's end."""
+        if seconds <= 0:  # nothing sent: its answer could only come too late
+            raise concurrent.futures.TimeoutError
         future = self._pool.submit(getattr(self._c, name), *args, **kwargs)
-        return future.result(timeout=max(0.0, seconds))
+        return future.result(timeout=seconds)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

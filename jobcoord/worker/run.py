@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 #: The lease is renewed after this fraction of its length has passed (every lease/3), so two
 #: renewals can fail (a busy database, a slow disk) before the lease runs out.
 RENEW_FRACTION = 1.0 / 3.0
+#: Between tries of a renewal that failed (busy, unreachable) while no handler runs.
+RETRY_S = 0.25
 
 
 class JobRun:
@@ -116,6 +118,8 @@ class JobRun:
 
     def _main(self) -> None:
         try:
+            if not self._lease_confirmed():
+                return
             if (self.spec.command is None and self.predecessor is None
                     and self.w.watch is not None):
                 self._run_inline()
@@ -133,6 +137,51 @@ class JobRun:
                     os.unlink(self.checkpoints_file)
             if self.artifacts_out is not None:
                 shutil.rmtree(self.artifacts_out, ignore_errors=True)
+
+    def _lease_confirmed(self) -> bool:
+        """Whether the lease can be kept by the usual renewals. A claim answered later than
+        its first renewal would be due (a stalled server answering a long-poll on resuming,
+        a slow database) may by the local count, from when the claim was sent, have little
+        or no lease left, while the coordinator's lease began only when it answered: the
+        lease is renewed before any handler starts, and the coordinator decides. Nothing
+        runs meanwhile, so the renewal is waited for up to a lease (the coordinator's lease,
+        begun before its answer arrived, ends before then); refused, or never answered, the
+        job is not run and nothing is reported (it has moved on, or its lease ends)."""
+        w, clock, cfg = self.w, self.w.clock, self.w.config
+        start = clock.boot()
+        if start < self.claim_started + cfg.lease_s * RENEW_FRACTION:
+            return True
+        end = start + cfg.lease_s
+        while True:
+            t0 = clock.boot()
+            try:
+                got = w.calls.within(end - t0, "renew", self.job_id, cfg.worker_id,
+                                     self.epoch, lease_s=cfg.lease_s,
+                                     tenant=self.job.get("tenant"))
+            except concurrent.futures.TimeoutError:
+                code, message = "lease_expired", "no renewal confirmed the late claim's lease"
+            except Refused as e:
+                code, message = e.code, e.message
+            except Exception as e:
+                code, message = describe(e)
+                if not is_fatal(e) and clock.boot() + RETRY_S < end:
+                    w.log("renew_error", job_id=self.job_id, epoch=self.epoch, error=code,
+                          detail=message)
+                    time.sleep(RETRY_S)
+                    continue
+            else:
+                w.log("lease_confirmed", job_id=self.job_id, epoch=self.epoch,
+                      expires_at=got["expires_at"],
+                      claim_s=round(start - self.claim_started, 3))
+                self.claim_started = t0  # the lease now runs from this renewal
+                self.expires_at_us = got.get("expires_at_us", self.expires_at_us)
+                return True
+            w.log("lease_lost", job_id=self.job_id, epoch=self.epoch, reason=code,
+                  detail=message)
+            self.outcome = "lost"
+            w.count("lost")
+            self.reported = True
+            return False
 
     def _context(self) -> Context:
         w = self.w
