@@ -5,8 +5,10 @@ real HTTP."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -444,3 +446,106 @@ def test_a_remote_handler_is_stopped_at_its_lease_end_while_a_renewal_hangs_in_a
     # Renewals are timed from before they are sent: the lease ends at most 3 s after the
     # last one logged; the keeper looks at least every 0.25 s or so.
     assert lost[0] - max(r for r in renewed if r < lost[0]) < 3.0 + 1.0, events
+
+
+def test_a_claim_answered_after_its_local_lease_end_runs_its_job_once_the_lease_is_confirmed(
+        target: Target, tmp_path: Any) -> None:
+    """A long-polling claim held by a stalled server (SIGSTOPped longer than a lease) is
+    answered once the server resumes: the job was leased by the server just then, but by
+    the worker's count from when the claim was sent the lease is over. The worker renews
+    before starting the handler (the coordinator decides, not the local count), and the
+    job runs once: never dropped to be reaped with its only attempt used unrun."""
+    from tests.test_serve_workers import log_events
+
+    secret = token(target, "wa", "worker", worker="wa")
+    s = Served(target, "--reap-every", "1").start()
+    proc = start_worker(s.url, secret, str(tmp_path), "wa", "--lease", "4", "--wait", "2")
+    try:
+        wait_for(lambda: s.proc.poll() is None and _claims_waiting(s), timeout=30)
+        time.sleep(1.0)  # the worker's long-poll is in flight
+        s.signal(signal.SIGSTOP)
+        try:
+            time.sleep(0.3)
+            with Coordinator.open(target) as c:  # beside the stopped server, not through it
+                job = c.enqueue("slow", {"i": 1, "sleep": 0.5}, max_attempts=1)["job_id"]
+            time.sleep(6.0)  # longer than the lease
+        finally:
+            s.signal(signal.SIGCONT)
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(job)["job"]["status"] in ("succeeded", "dead"), timeout=30)
+            shown = c.show(job)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        _stop(proc, s)
+    events = log_events(err.decode())
+    assert shown["job"]["status"] == "succeeded", (shown, [e["event"] for e in events])
+    assert shown["job"]["attempts"] == 1 and shown["job"]["result"]["epoch"] == 1
+    names = [e["event"] for e in events]
+    assert "lease_confirmed" in names and "lease_lost" not in names, "\n".join(
+        str(e) for e in events)
+
+
+def _claims_waiting(s: Served) -> bool:
+    """The worker has heartbeated (and so begun to claim) through this server."""
+    with Coordinator.open(s.target) as c:
+        return bool(c.workers()["workers"])
+
+
+@contextlib.contextmanager
+def _write_lock(target: Target) -> Iterator[None]:
+    """Another process's lock on the database for as long as the block runs: SQLite's write
+    lock, or PostgreSQL's exclusive lock on the workers table (every heartbeat and claim
+    waits for it)."""
+    if target.sqlite_path is not None:
+        import sqlite3
+
+        blocker = sqlite3.connect(target.sqlite_path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            blocker.execute("COMMIT")
+            blocker.close()
+        return
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(target.url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("LOCK TABLE workers IN ACCESS EXCLUSIVE MODE"))
+            try:
+                yield
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def test_a_locked_database_is_answered_503_within_a_clients_timeout_and_a_burst_worker_exits_5(
+        target: Target, tmp_path: Any) -> None:
+    """The server's wait for a locked database is bounded below a remote client's timeout
+    (10 s): the client hears `database_locked` (503, Retry-After) and a --burst worker exits
+    5 as a local one does, not 6 for a server it could not reach; a request whose client has
+    long given up does not hold a server thread for half a minute."""
+    from tests.test_serve_workers import log_events
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s, _write_lock(target):
+        t0 = time.monotonic()
+        raw = httpx.post(f"{s.url}/v1/heartbeat", json={}, timeout=60,
+                         headers={"Authorization": f"Bearer {secret}"})
+        took = time.monotonic() - t0
+        assert raw.status_code == 503, raw.text
+        assert raw.json()["error"]["code"] == "database_locked" and raw.headers["Retry-After"]
+        assert took < 8.0, took
+        proc = start_worker(s.url, secret, str(tmp_path), "wa", "--burst")
+        try:
+            _took, out, err = _wait_exit(proc, 90)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate(timeout=30)
+    assert proc.returncode == 5, (proc.returncode, err[-2000:])
+    assert _error_line(out)["code"] == "database_locked", out
+    assert "giving_up" in [e["event"] for e in log_events(err)]
