@@ -459,6 +459,29 @@ def test_a_stray_lease_on_a_waiting_job_is_replaced_by_the_claim_that_takes_the_
     c.close()
 
 
+@pytest.mark.parametrize("end", ["cancel", "deadline"])
+def test_a_waiting_job_that_ends_takes_its_stray_lease_with_it(target: Target, clock: Any,
+                                                               end: str) -> None:
+    """A waiting job ended by a cancel or by its deadline leaves no lease behind: a final
+    job is never claimed again, so no later claim would replace the row, and `status` and
+    `check` would report a lease on it for good."""
+    from jobcoord.maintenance import check
+
+    c = Coordinator.open(target)
+    job = c.enqueue("k", {}, deadline_s=60 if end == "deadline" else None)["job_id"]
+    _stray_lease(c, job, 7)
+    if end == "cancel":
+        assert c.cancel(job)["status"] == "cancelled"
+    else:
+        clock.tick(120)
+        assert c.reap()["deadline_dead"] == 1
+    shown = c.show(job)
+    assert shown["job"]["status"] in ("cancelled", "dead") and shown["lease"] is None
+    assert c.status()["active_leases"] == 0, c.status()
+    assert check(c.db)["ok"], check(c.db)
+    c.close()
+
+
 def test_a_stray_lease_never_stops_the_claim_command(target: Target) -> None:
     c = Coordinator.open(target)
     c.heartbeat("w1", readings=IDLE_ON_AC)

@@ -56,6 +56,7 @@ def cancel(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str,
             ctx.db.run(conn, sql.SET_STATUS, {
                 "job_id": job["job_id"], "epoch": epoch, "from_status": "waiting",
                 "to_status": "cancelled", "now": now, "finished": now, "error": None})
+            ctx.db.run(conn, sql.DROP_ANY_LEASE, {"job_id": job["job_id"]})
             record_event(ctx, conn, job["job_id"], now, "waiting", "cancelled", "cancelled")
             return {"job_id": job["job_id"], "status": "cancelled"}
         if status == "running":

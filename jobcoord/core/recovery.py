@@ -75,6 +75,7 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
                 "to_status": "dead", "now": now, "finished": now, "error": error}).rowcount
             if swept != 1:  # claimed meanwhile: no transition, so no event
                 continue
+            ctx.db.run(conn, sql.DROP_ANY_LEASE, {"job_id": job_id})  # a stray row
             record_event(ctx, conn, job_id, now, "waiting", "dead", reason, detail=detail)
             counts["deadline_dead"] += 1
             jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})

@@ -212,6 +212,9 @@ GRANT_ATTEMPT = SQL(update(jobs).where(J.job_id == P("job_id"))
                     .values(max_attempts=P("max_attempts")))
 DROP_LEASE_DELETE = delete(leases).where(L.job_id == P("job_id"), L.epoch == P("epoch"))
 DROP_LEASE = SQL(DROP_LEASE_DELETE)
+#: Any lease row of a job, whatever its epoch: a waiting job's stray row (left by a crash of
+#: an older version, or written by hand) goes when the job ends, never to be claimed again.
+DROP_ANY_LEASE = SQL(delete(leases).where(L.job_id == P("job_id")))
 RENEW = SQL(update(leases).where(
     L.job_id == P("job_id"), L.epoch == P("epoch"), L.worker_id == P("worker"),
     L.expires_at > P("now")).values(expires_at=P("expires")))
