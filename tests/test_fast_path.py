@@ -203,6 +203,31 @@ def test_a_refused_second_completion_keeps_the_first_result_and_records_the_atte
     assert [e["reason"] for e in shown["events"]][-1] == "complete_refused"
 
 
+@pytest.mark.parametrize("ended_by", ["fail", "release"])
+def test_a_report_on_an_attempt_that_already_ended_says_so_not_that_it_was_reaped(
+        coord: Coordinator, clock: Any, ended_by: str) -> None:
+    """This worker's own failure (or release) ended the attempt: a later report of that
+    epoch is refused as lease_expired, told that the attempt ended, never that a lease
+    expired and was reaped (which sends an operator looking for a clock or reaper fault)."""
+    job_id, epoch = claimed(coord)
+    if ended_by == "fail":
+        coord.fail(job_id, "w1", epoch, "boom")
+    else:
+        coord.fail(job_id, "w1", epoch, "stopping", reason="worker_shutdown")
+    reports = {
+        "fail": lambda: coord.fail(job_id, "w1", epoch, "another"),
+        "complete": lambda: coord.complete(job_id, "w1", epoch, {"late": True}),
+        "renew": lambda: coord.renew(job_id, "w1", epoch),
+    }
+    for name, report in reports.items():
+        with pytest.raises(Refused) as refused:
+            report()
+        assert refused.value.code == "lease_expired", name
+        message = refused.value.message
+        assert "reaped" not in message and "has ended" in message, (name, message)
+        assert "waiting" in message, (name, message)
+
+
 def _resend(coord: Coordinator, how: str, job_id: int, worker: str, epoch: int,
             result: Any) -> str:
     """Send one completion through `how`; the refusal's code."""

@@ -51,8 +51,11 @@ def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str,
         return Refused("stale_epoch", f"epoch {epoch} is stale: job {job_id} is at epoch "
                        f"{job_epoch}", job_id=job_id, current_epoch=job_epoch)
     if status != "running" or row[9] is None:
-        return Refused("lease_expired", f"the lease on job {job_id} expired and was "
-                       f"reaped; the job is {status}", job_id=job_id, status=status)
+        # Ended by a failure, a release or the reaper: the row cannot tell which, so the
+        # message names none (this worker's own failure is not "expired and reaped").
+        return Refused("lease_expired", f"the attempt at epoch {epoch} of job {job_id} has "
+                       f"ended and its lease is gone; the job is {status}", job_id=job_id,
+                       status=status)
     if row[9] != worker_id:
         return Refused("not_owner", f"job {job_id} is leased to another worker",
                        job_id=job_id)
