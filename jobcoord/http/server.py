@@ -84,6 +84,13 @@ def _terminated(_signum: int, _frame: Any) -> None:
     raise _Terminated
 
 
+#: How long a request's transaction is tried again while the database stays locked before
+#: the answer is 503 `database_locked`: below a remote client's own timeout (10 s), so the
+#: client hears why (and a --burst worker exits 5, as a local one) instead of timing out,
+#: and a request its client has given up on holds a server thread no longer than this.
+REQUEST_BUSY_BUDGET_S = 4.0
+
+
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
                threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30) -> None:
@@ -95,6 +102,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     if warning:
         print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
     emit = printer(as_json)
+    coordinator.db.busy_budget = REQUEST_BUSY_BUDGET_S
     app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
                      emit=emit, max_artifact_bytes=max_artifact_bytes)
     scheme = "https" if tls_cert else "http"

@@ -165,6 +165,9 @@ class Database:
         self.engine = engine
         self.busy_retries = busy_retries
         self.busy_timeout = busy_timeout
+        #: When set, no busy transaction is tried again once this many seconds have gone
+        #: since its first try (the server's bound: below its clients' own timeout).
+        self.busy_budget: float | None = None
         self.stats = Stats()
         self._local = threading.local()
         self._stats_lock = threading.Lock()
@@ -529,6 +532,7 @@ class Database:
                 raise result
             return result
         attempt = 0
+        first = time.monotonic()
         while True:
             attempt += 1
             started = time.monotonic()
@@ -539,7 +543,9 @@ class Database:
                 busy = isinstance(err, DatabaseBusy)
                 if busy:
                     self._count_busy(err, started)
-                if busy and attempt < self.busy_retries:
+                budget = self.busy_budget
+                if busy and attempt < self.busy_retries and (
+                        budget is None or time.monotonic() - first < budget):
                     with self._stats_lock:
                         self.stats.busy_retries += 1
                     # Jitter so that retrying processes do not collide again in lockstep.
