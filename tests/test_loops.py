@@ -336,3 +336,60 @@ def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_tar
         runner.join(20)
         assert not runner.is_alive()
         assert "giving_up" not in log.getvalue()
+
+
+def test_a_heartbeat_that_fails_after_the_worker_has_stopped_is_not_logged(sqlite_target):
+    """A heartbeat still in flight when the worker stops fails once its coordinator is
+    closed (a remote client: "the client has been closed"): that failure is the stop itself,
+    not an error worth a `heartbeat_error` line after `stopped_worker`."""
+    import io
+
+    from jobcoord.app import App
+    from jobcoord.worker.config import WorkerConfig
+    from jobcoord.worker.log import Log
+    from jobcoord.worker.loop import Worker
+
+    app = App()
+
+    @app.handler("summarize")
+    def summarize(_payload, _ctx):
+        return {}
+
+    class Closing:
+        """The coordinator whose second heartbeat hangs until it is closed, then fails."""
+
+        def __init__(self, c):
+            self._c = c
+            self.beats = 0
+            self.hanging = threading.Event()
+            self.closed = threading.Event()
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+        def heartbeat(self, *args, **kwargs):
+            self.beats += 1
+            if self.beats == 1:
+                return self._c.heartbeat(*args, **kwargs)
+            self.hanging.set()
+            self.closed.wait(30)
+            raise RuntimeError("Cannot send a request, as the client has been closed.")
+
+    with Coordinator.open(sqlite_target) as c:
+        closing = Closing(c)
+        cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[],
+                           reap_s=0.0, poll_s=0.05, heartbeat_s=0.1,
+                           readings_override={"memory_used_pct": 10})
+        log = io.StringIO()
+        w = Worker(closing, cfg, Log("w1", "json", log))
+        runner = threading.Thread(target=w.run, daemon=True)
+        runner.start()
+        assert closing.hanging.wait(20)
+        w.stopping.set()
+        w.wake.set()
+        runner.join(20)
+        assert not runner.is_alive()
+        closing.closed.set()  # the command closes its coordinator after run() returns
+        time.sleep(0.5)
+    events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+    assert events[-1] == "stopped_worker" and "heartbeat_error" not in events, events

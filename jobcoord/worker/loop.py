@@ -170,6 +170,9 @@ class Worker:
         self.host = socket.gethostname()
         #: An error no retry can heal, seen by the ticker: the worker stops and raises it.
         self.fatal: BaseException | None = None
+        #: run() has returned: a timer call still in flight fails as its coordinator closes
+        #: (that is the stop, not an error to log after `stopped_worker`).
+        self.stopped = False
         #: Claims up to the free slots in one call and completions in groups, when the
         #: coordinator offers batches (both do: over HTTP one request per claim or group).
         #: A remote worker with one slot chains instead: its completion claims the next
@@ -250,6 +253,8 @@ class Worker:
                                  readings=readings, kinds=self.kinds) | {"sources": sources}
 
     def _timer_error(self, what: str, e: BaseException) -> None:
+        if self.stopped:
+            return
         code, message = describe(e)
         self.log(f"{what}_error", error=code, detail=message)
         if is_fatal(e):
@@ -453,6 +458,7 @@ class Worker:
                    "released": self.counts["released"], "lost": self.counts["lost"],
                    "gate_refused": self.counts["gate_refused"], "reaped": self.counts["reaped"]}
         self.log("stopped_worker", **summary)
+        self.stopped = True
         return summary
 
     def _claim(self, free: int) -> dict[str, Any]:
