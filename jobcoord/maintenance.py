@@ -295,6 +295,17 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     assert source is not None
     dest = writable_destination(dest, force=force, database=source, what="the backup",
                                 store=store)
+    for suffix in _BESIDE:
+        # The log of the database that was at DEST (its process killed, or still running):
+        # the next open would replay it onto the backup's pages, a silent mix of the two.
+        if os.path.lexists(dest + suffix):
+            raise InvalidInput(
+                "destination_not_standalone",
+                f"{dest}{suffix} lies beside {dest}: the file is a database whose log is "
+                "still there (a process using it was killed, or still runs), and replacing "
+                "the file alone would mix that log into the backup. Stop whatever uses "
+                f"{dest} and move it away with the files beside it, or back up to a new path",
+                dest=dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")

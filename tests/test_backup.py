@@ -64,6 +64,34 @@ def test_backup_from_a_damaged_database_leaves_no_damaged_copy_behind(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first.db", "jobcoord.db"]
 
 
+def test_backup_force_refuses_a_destination_with_a_wal_beside_it(sqlite_target: Target,
+                                                                  tmp_path: Path) -> None:
+    """A database file whose -wal (and -shm) lie beside it, left by a process killed with
+    SIGKILL or still open in another: replacing the file alone lets the next open replay the
+    old database's log onto the backup's pages (a silent mix of both, or the old database
+    back). Refused, exit 2, every file left as it was."""
+    with Coordinator.open(sqlite_target) as c:
+        c.enqueue("from_source", {})
+    dest = tmp_path / "old.db"
+    code = (
+        "import os, sys\n"
+        "from jobcoord.service import Coordinator\n"
+        f"c = Coordinator.open({str(dest)!r}, migrate=True)\n"
+        "c.enqueue_many([{'kind': 'old_bulk', 'payload': {'i': i}} for i in range(200)])\n"
+        "os.kill(os.getpid(), 9)\n")
+    subprocess.run([sys.executable, "-c", code], check=False, timeout=60)
+    wal = Path(f"{dest}-wal")
+    assert wal.exists()
+    before = {p.name: digest(p) for p in tmp_path.iterdir()}
+    r = run_cli(sqlite_target, "backup", str(dest), "--force", "--json")
+    assert r.code == 2, (r.out, r.err)
+    assert r.json["error"]["code"] == "destination_not_standalone", r.json
+    assert f"{dest}-wal" in r.json["error"]["message"]
+    assert {p.name: digest(p) for p in tmp_path.iterdir()} == before
+    with Coordinator.open(str(dest)) as old:  # still the old database, whole
+        assert old.status()["jobs"]["waiting"] == 200, old.status()
+
+
 def test_backup_refuses_to_overwrite_without_force(sqlite_target: Target, tmp_path: Path
                                                    ) -> None:
     dest = tmp_path / "backup.db"
