@@ -495,8 +495,8 @@ def _claims_waiting(s: Served) -> bool:
 @contextlib.contextmanager
 def _write_lock(target: Target) -> Iterator[None]:
     """Another process's lock on the database for as long as the block runs: SQLite's write
-    lock, or PostgreSQL's exclusive lock on the workers table (every heartbeat and claim
-    waits for it)."""
+    lock, or PostgreSQL's exclusive locks on the workers and jobs tables (every heartbeat,
+    claim and submission waits for them)."""
     if target.sqlite_path is not None:
         import sqlite3
 
@@ -513,7 +513,7 @@ def _write_lock(target: Target) -> Iterator[None]:
     engine = create_engine(target.url)
     try:
         with engine.connect() as conn:
-            conn.execute(text("LOCK TABLE workers IN ACCESS EXCLUSIVE MODE"))
+            conn.execute(text("LOCK TABLE workers, jobs IN ACCESS EXCLUSIVE MODE"))
             try:
                 yield
             finally:
@@ -528,17 +528,33 @@ def test_a_locked_database_is_answered_503_within_a_clients_timeout_and_a_burst_
     (10 s): the client hears `database_locked` (503, Retry-After) and a --burst worker exits
     5 as a local one does, not 6 for a server it could not reach; a request whose client has
     long given up does not hold a server thread for half a minute."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tests.test_serve_workers import log_events
 
     secret = token(target, "wa", "worker", worker="wa")
-    with served(target, "--reap-every", "0") as s, _write_lock(target):
+    sub = token(target, "sub", "submitter")
+
+    def write(i: int) -> tuple[int, str, float]:
         t0 = time.monotonic()
-        raw = httpx.post(f"{s.url}/v1/heartbeat", json={}, timeout=60,
-                         headers={"Authorization": f"Bearer {secret}"})
-        took = time.monotonic() - t0
-        assert raw.status_code == 503, raw.text
-        assert raw.json()["error"]["code"] == "database_locked" and raw.headers["Retry-After"]
-        assert took < 8.0, took
+        if i % 2:
+            raw = httpx.post(f"{s.url}/v1/heartbeat", json={}, timeout=60,
+                             headers={"Authorization": f"Bearer {secret}"})
+        else:
+            raw = httpx.post(f"{s.url}/v1/jobs", json={"kind": "work", "payload": {}},
+                             timeout=60, headers={"Authorization": f"Bearer {sub}"})
+        code = raw.json()["error"]["code"] if raw.status_code == 503 else raw.text
+        assert raw.status_code != 503 or raw.headers["Retry-After"]
+        return raw.status_code, code, time.monotonic() - t0
+
+    # The reaper's own writes wait on the lock too: requests queued behind them as well.
+    with served(target, "--reap-every", "1") as s, _write_lock(target):
+        time.sleep(1.5)
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(write, range(6)))
+        for status, code, took in answers:
+            assert (status, code) == (503, "database_locked"), answers
+            assert took < 8.0, answers
         proc = start_worker(s.url, secret, str(tmp_path), "wa", "--burst")
         try:
             _took, out, err = _wait_exit(proc, 90)

@@ -84,11 +84,14 @@ def _terminated(_signum: int, _frame: Any) -> None:
     raise _Terminated
 
 
-#: How long a request's transaction is tried again while the database stays locked before
-#: the answer is 503 `database_locked`: below a remote client's own timeout (10 s), so the
-#: client hears why (and a --burst worker exits 5, as a local one) instead of timing out,
-#: and a request its client has given up on holds a server thread no longer than this.
-REQUEST_BUSY_BUDGET_S = 4.0
+#: How long a request waits for a locked database: each try at most REQUEST_BUSY_TRY_S (the
+#: --busy-timeout, when shorter), tried again only within REQUEST_BUSY_BUDGET_S of its first
+#: try; then the answer is 503 `database_locked`. A write queued behind another's try (SQLite
+#: commits the server's writes in groups) waits for that try too. In all well below a remote
+#: client's own timeout (10 s), so the client hears why (and a --burst worker exits 5, as a
+#: local one) instead of timing out, and a request its client gave up on frees its thread.
+REQUEST_BUSY_TRY_S = 1.5
+REQUEST_BUSY_BUDGET_S = 3.0
 
 
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
