@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from . import present
+from . import validate as v
 from .clock import iso, now_us
 from .core import admin, batch, fencing, queries, recovery, submit
 from .core import claim as claim_rules
@@ -364,10 +365,12 @@ class Coordinator:
         return queries.failure_by(self, job_id, worker_id, epoch, reason, error,
                                   permanent=permanent, tenant=tenant)
 
-    def workers(self) -> dict[str, Any]:
+    def workers(self, *, tenant: str | None = None) -> dict[str, Any]:
         """Every worker, its roles, heartbeat age and readings, and whether the gates would
-        let it claim now."""
-        return {"workers": [present.worker_json(w, gate, age)
+        let it claim now. Seen by a view bound to `tenant`: each last refusal without its
+        detail, which may name another tenant's kinds, jobs and the workers holding them."""
+        tenant = v.optional_name(tenant, "tenant")
+        return {"workers": [present.worker_json(w, gate, age, detail=tenant is None)
                             for w, gate, age in queries.workers(self)]}
 
     def set_limit(self, kind: str, concurrency: int, *, key: str | None = None

@@ -267,16 +267,18 @@ def show_json(got: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def worker_json(w: Mapping[str, Any], gate: GateDecision, age: float | None
-                ) -> dict[str, Any]:
-    """One worker of `workers`, with what its gates allow now."""
+def worker_json(w: Mapping[str, Any], gate: GateDecision, age: float | None, *,
+                detail: bool = True) -> dict[str, Any]:
+    """One worker of `workers`, with what its gates allow now; without `detail`, its last
+    refusal's reason and time only (the detail may name any tenant's jobs)."""
     return {
         "worker_id": w["worker_id"], "roles": w["roles"], "kinds": w["kinds"],
         "heartbeat_age_s": None if age is None else round(age, 3),
         "heartbeat_at": iso(w["heartbeat_at"]), "heartbeat_raw": w["heartbeat_raw"],
         "readings": readings_json(w["readings"]), "gates": gates_json(gate),
         "last_refusal": None if w["last_refusal"] is None else {
-            "reason": w["last_refusal"], "detail": w["last_refusal_detail"],
+            "reason": w["last_refusal"],
+            "detail": w["last_refusal_detail"] if detail else None,
             "at": iso(w["last_refusal_at"])},
     }
 

@@ -526,3 +526,45 @@ def test_a_worker_tokens_claim_refused_by_a_limit_names_no_other_workers_holder(
             assert f"job {own} on wh" in got["detail"] and "w1" not in got["detail"], got
             assert not re.search(rf"\bjob {held}\b", got["detail"]), got
     assert not failures, "\n".join(failures)
+
+
+def test_a_tenant_bound_view_of_workers_shows_no_refusal_detail_naming_another_tenant(
+        target: Target) -> None:
+    """Workers are shared, their last refusal is not: its detail names kinds, jobs and the
+    workers holding them, of any tenant ("kind bob-secret held by job 1 on w1"). A view bound
+    to a tenant (an operator token through GET /v1/workers, a viewer on the dashboard's
+    Workers page) sees the refusal's reason and time, not its detail; an unbound operator
+    and the Python API see it whole."""
+    import httpx
+
+    bound_op = token(target, "opa", "operator", tenant="alice")
+    bound_viewer = token(target, "va", "viewer", tenant="alice")
+    unbound_op = token(target, "op", "operator")
+    with Coordinator.open(target) as c:
+        c.set_limit("bob-secret-kind", 1)
+        for i in (1, 2):
+            c.enqueue("bob-secret-kind", {"n": i}, tenant="bob")
+        for w in ("w1", "w2"):
+            c.heartbeat(w, readings={"memory_used_pct": 5})
+        held = c.claim("w1")["job"]["job_id"]
+        refused = c.claim("w2")
+        assert refused["reason"] == "concurrency_limit"
+        local = {w["worker_id"]: w for w in c.workers()["workers"]}
+    assert "bob-secret-kind" in local["w2"]["last_refusal"]["detail"]
+    secret_words = ("bob-secret-kind", f"job {held}", "on w1")
+    with served(target, "--reap-every", "0") as s:
+        with s.client(bound_op) as http:
+            bound = {w["worker_id"]: w for w in http.get("/v1/workers").json()["workers"]}
+        with s.client(unbound_op) as http:
+            unbound = {w["worker_id"]: w for w in http.get("/v1/workers").json()["workers"]}
+        ui = httpx.Client(base_url=s.url, timeout=30)
+        ui.cookies.update(ui.post("/ui/login", data={"token": bound_viewer}).cookies)
+        page = ui.get("/ui/workers")
+        ui.close()
+    assert bound["w2"]["last_refusal"]["reason"] == "concurrency_limit", bound["w2"]
+    assert bound["w2"]["last_refusal"]["detail"] is None, bound["w2"]
+    assert not any(word in json.dumps(bound) for word in secret_words), bound
+    assert "bob-secret-kind" in unbound["w2"]["last_refusal"]["detail"], unbound["w2"]
+    assert page.status_code == 200 and "concurrency_limit" in page.text, page.text[:500]
+    assert not any(word in page.text for word in secret_words), page.text
+    assert "None" not in page.text.split("Last refusal:")[1].split("</p>")[0], page.text

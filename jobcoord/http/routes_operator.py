@@ -41,4 +41,4 @@ async def prune(body: PruneBody, who: Operator, srv: Srv) -> dict[str, Any]:
 
 @router.get("/v1/workers")
 async def workers(who: Operator, srv: Srv) -> dict[str, Any]:
-    return await srv.call(srv.c.workers)
+    return await srv.call(srv.c.workers, tenant=scope(who))

@@ -143,7 +143,7 @@ class Dashboard:
         async def workers(request: Request) -> Response:
             async def go(who: Viewer) -> Response:
                 srv = request.app.state.server
-                got = await srv.call(srv.c.workers)
+                got = await srv.call(srv.c.workers, tenant=who.scope)
                 leases = await srv.call(reads.leases, srv.c.db, who.scope)
                 return d.page("workers.html", who=who, title="Workers", nav="workers",
                               workers=worker_views(got["workers"], leases,
