@@ -295,17 +295,16 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     assert source is not None
     dest = writable_destination(dest, force=force, database=source, what="the backup",
                                 store=store)
-    for suffix in _BESIDE:
-        # The log of the database that was at DEST (its process killed, or still running):
-        # the next open would replay it onto the backup's pages, a silent mix of the two.
-        if os.path.lexists(dest + suffix):
-            raise InvalidInput(
-                "destination_not_standalone",
-                f"{dest}{suffix} lies beside {dest}: the file is a database whose log is "
-                "still there (a process using it was killed, or still runs), and replacing "
-                "the file alone would mix that log into the backup. Stop whatever uses "
-                f"{dest} and move it away with the files beside it, or back up to a new path",
-                dest=dest)
+    # The log of the database that was at DEST (its process killed, or still running): the
+    # next open would replay it onto the backup's pages, a silent mix of the two.
+    log = _beside(dest)
+    if log is not None:
+        raise InvalidInput(
+            "destination_not_standalone",
+            f"{log} lies beside {dest}: the file is a database whose log is still there (a "
+            "process using it was killed, or still runs), and replacing the file alone would "
+            f"mix that log into the backup. Stop whatever uses {dest} and move it away with "
+            "the files beside it, or back up to a new path", dest=dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
@@ -400,6 +399,12 @@ def _unlink(path: str) -> None:
 _BESIDE = ("-wal", "-shm", "-journal")
 
 
+def _beside(path: str) -> str | None:
+    """The first of the files SQLite keeps beside a database (-wal, -shm, -journal) that
+    exists beside `path`, or None: a file with one of them is not a database by itself."""
+    return next((path + s for s in _BESIDE if os.path.lexists(path + s)), None)
+
+
 def restore(backup_path: str, target: Target) -> dict[str, Any]:
     """Make a new database at `target` from a backup file, once the backup is proven whole.
 
@@ -425,13 +430,13 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
         raise InvalidInput("invalid_input", f"{source} is a directory; name the backup file")
     if not os.path.isfile(source):
         raise InvalidInput("invalid_input", f"no backup file at {source}")
-    for suffix in _BESIDE:
-        if os.path.exists(source + suffix):
-            raise InvalidInput(
-                "backup_not_standalone",
-                f"{source}{suffix} lies beside the backup, so the file alone is not the whole "
-                "database: it looks like a copy of a live database's files, which may be torn. "
-                "Restore from a file written by `jobcoord backup`")
+    log = _beside(source)
+    if log is not None:
+        raise InvalidInput(
+            "backup_not_standalone",
+            f"{log} lies beside the backup, so the file alone is not the whole database: it "
+            "looks like a copy of a live database's files, which may be torn. Restore from a "
+            "file written by `jobcoord backup`")
     for path in (dest, *(dest + suffix for suffix in _BESIDE)):
         if os.path.lexists(path):
             raise InvalidInput(
