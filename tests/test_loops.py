@@ -393,3 +393,76 @@ def test_a_heartbeat_that_fails_after_the_worker_has_stopped_is_not_logged(sqlit
         time.sleep(0.5)
     events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
     assert events[-1] == "stopped_worker" and "heartbeat_error" not in events, events
+
+
+def test_a_late_claim_is_released_unrun_when_the_worker_stops_while_its_lease_is_confirmed(
+        sqlite_target):
+    """A claim answered late is renewed before its handler starts; the worker told to stop
+    (SIGTERM) meanwhile hands the job back without ever calling the handler, and without
+    waiting out the renewal: a handler started then would run beside the job's next attempt
+    (the release has already made it claimable)."""
+    import io
+    import signal
+
+    from jobcoord.app import App
+    from jobcoord.worker.config import WorkerConfig
+    from jobcoord.worker.log import Log
+    from jobcoord.worker.loop import Worker
+
+    app = App()
+    called = []
+
+    @app.handler("summarize")
+    def summarize(_payload, _ctx):
+        called.append(time.monotonic())
+        time.sleep(2)
+        return {}
+
+    class Late:
+        """Claims answered with under a third of the lease left; the first renewal held."""
+
+        def __init__(self, c):
+            self._c = c
+            self.renewing = threading.Event()
+            self.hold = threading.Event()
+
+        def __getattr__(self, name):
+            return getattr(self._c, name)
+
+        def claim_many(self, *args, **kwargs):
+            got = self._c.claim_many(*args, **kwargs)
+            if got["claimed"]:
+                time.sleep(2.2)  # the answer arrives late: 0.8 s of a 3 s lease left
+            return got
+
+        def renew(self, *args, **kwargs):
+            self.renewing.set()
+            self.hold.wait(30)
+            return self._c.renew(*args, **kwargs)
+
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("summarize", {}, max_attempts=1)["job_id"]
+        late = Late(c)
+        cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[],
+                           reap_s=0.0, poll_s=0.05, lease_s=3.0, grace_s=0.5,
+                           readings_override={"memory_used_pct": 10})
+        log = io.StringIO()
+        w = Worker(late, cfg, Log("w1", "json", log))
+        runner = threading.Thread(target=w.run, daemon=True)
+        runner.start()
+        try:
+            assert late.renewing.wait(20), log.getvalue()
+            t0 = time.monotonic()
+            w._on_signal(signal.SIGTERM, None)
+            runner.join(10)
+            took = time.monotonic() - t0
+        finally:
+            late.hold.set()
+        assert not runner.is_alive()
+        time.sleep(0.5)  # the held renewal answers now: it must change nothing
+        shown = c.show(job)
+    events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+    assert called == [], events
+    assert shown["job"]["status"] == "waiting" and shown["lease"] is None, (shown, events)
+    assert "released" in events and "lease_confirmed" not in events, events
+    assert took < 4.0, (took, events)

@@ -313,6 +313,7 @@ def test_handler_that_outlives_its_lease_is_stopped_and_reports_nothing(db, star
     job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
     w = start(*APP, "--lease", "1")
     lease = wait_for(lambda: running(c, job), 10, "claim")
+    wait_for(lambda: os.path.exists(marker + ".started"), 10, "handler start")
     w.proc.send_signal(signal.SIGSTOP)  # a GC pause, a suspended laptop
     other = _steal(c, job, lease)
     w.proc.send_signal(signal.SIGCONT)
@@ -339,6 +340,7 @@ def test_lease_expired_but_not_yet_reaped_still_stops_the_handler(db, start, tmp
     job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
     w = start(*APP, "--lease", "1")
     lease = wait_for(lambda: running(c, job), 10, "claim")
+    wait_for(lambda: os.path.exists(marker + ".started"), 10, "handler start")
     w.proc.send_signal(signal.SIGSTOP)
     wait_for(lambda: time.time() > _ts(lease["expires_at"]) + 0.05, 10, "lease expiry")
     w.proc.send_signal(signal.SIGCONT)  # nobody has reaped: the expiry alone refuses it

@@ -115,6 +115,10 @@ class BoundedCalls:
 
         return call
 
+    def submit(self, name: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        """The call started on the pool; its future, to be waited for in pieces."""
+        return self._pool.submit(getattr(self._c, name), *args, **kwargs)
+
     def within(self, seconds: float, name: str, *args: Any, **kwargs: Any) -> Any:
         """The call, waited for at most `seconds` (concurrent.futures.TimeoutError past
         them; the call itself goes on in its thread and its answer is dropped): for a call

@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 RENEW_FRACTION = 1.0 / 3.0
 #: Between tries of a renewal that failed (busy, unreachable) while no handler runs.
 RETRY_S = 0.25
+#: How often a late claim's pending renewal looks whether the worker was told to stop.
+CONFIRM_LOOK_S = 0.1
 
 
 class JobRun:
@@ -118,7 +120,17 @@ class JobRun:
 
     def _main(self) -> None:
         try:
-            if not self._lease_confirmed():
+            lease_end = self._lease_confirmed()
+            if lease_end is None:
+                return
+            if self.release_requested.is_set():
+                # Told to stop before its handler started: the job goes back unrun. A
+                # handler started now would run on beside the job's next attempt once the
+                # release has made it claimable (a Python thread cannot be stopped).
+                self._report(Outcome("released", error="worker shutting down before the "
+                                     "job started: released to be retried"), 0.0, None,
+                             lease_end)
+                self.reported = True
                 return
             if (self.spec.command is None and self.predecessor is None
                     and self.w.watch is not None):
@@ -138,26 +150,37 @@ class JobRun:
             if self.artifacts_out is not None:
                 shutil.rmtree(self.artifacts_out, ignore_errors=True)
 
-    def _lease_confirmed(self) -> bool:
-        """Whether the lease can be kept by the usual renewals. A claim answered later than
-        its first renewal would be due (a stalled server answering a long-poll on resuming,
-        a slow database) may by the local count, from when the claim was sent, have little
-        or no lease left, while the coordinator's lease began only when it answered: the
-        lease is renewed before any handler starts, and the coordinator decides. Nothing
-        runs meanwhile, so the renewal is waited for up to a lease (the coordinator's lease,
-        begun before its answer arrived, ends before then); refused, or never answered, the
-        job is not run and nothing is reported (it has moved on, or its lease ends)."""
+    def _lease_confirmed(self) -> float | None:
+        """The lease's local end (boot clock) when the lease can be kept by the usual
+        renewals, None when it is lost. A claim answered with less than a renewal's interval
+        (a third) of its lease left by the local count, from when the claim was sent (a
+        stalled server answering a long-poll on resuming, a slow database), while the
+        coordinator's lease began only when it answered: the lease is renewed before any
+        handler starts, and the coordinator decides. Nothing runs meanwhile, so the renewal
+        is waited for up to a lease (the coordinator's lease, begun before its answer
+        arrived, ends before then), unless the worker is told to stop: then the release
+        decides, at once. Refused, or never answered, the job is not run and nothing is
+        reported (it has moved on, or its lease ends)."""
         w, clock, cfg = self.w, self.w.clock, self.w.config
         start = clock.boot()
-        if start < self.claim_started + cfg.lease_s * RENEW_FRACTION:
-            return True
+        if start < self.claim_started + cfg.lease_s * (1 - RENEW_FRACTION):
+            # At least a renewal's interval left: the handler starts, the renewal follows.
+            return self.claim_started + cfg.lease_s
         end = start + cfg.lease_s
         while True:
             t0 = clock.boot()
+            renewal = w.calls.submit("renew", self.job_id, cfg.worker_id, self.epoch,
+                                     lease_s=cfg.lease_s, tenant=self.job.get("tenant"))
             try:
-                got = w.calls.within(end - t0, "renew", self.job_id, cfg.worker_id,
-                                     self.epoch, lease_s=cfg.lease_s,
-                                     tenant=self.job.get("tenant"))
+                while True:
+                    if self.release_requested.is_set():
+                        return end  # the release is sent now; this answer is moot
+                    left = end - clock.boot()
+                    if left <= 0:
+                        raise concurrent.futures.TimeoutError
+                    with contextlib.suppress(concurrent.futures.TimeoutError):
+                        got = renewal.result(timeout=min(left, CONFIRM_LOOK_S))
+                        break
             except concurrent.futures.TimeoutError:
                 code, message = "lease_expired", "no renewal confirmed the late claim's lease"
             except Refused as e:
@@ -167,7 +190,7 @@ class JobRun:
                 if not is_fatal(e) and clock.boot() + RETRY_S < end:
                     w.log("renew_error", job_id=self.job_id, epoch=self.epoch, error=code,
                           detail=message)
-                    time.sleep(RETRY_S)
+                    self.release_requested.wait(RETRY_S)
                     continue
             else:
                 w.log("lease_confirmed", job_id=self.job_id, epoch=self.epoch,
@@ -175,13 +198,13 @@ class JobRun:
                       claim_s=round(start - self.claim_started, 3))
                 self.claim_started = t0  # the lease now runs from this renewal
                 self.expires_at_us = got.get("expires_at_us", self.expires_at_us)
-                return True
+                return t0 + cfg.lease_s
             w.log("lease_lost", job_id=self.job_id, epoch=self.epoch, reason=code,
                   detail=message)
             self.outcome = "lost"
             w.count("lost")
             self.reported = True
-            return False
+            return None
 
     def _context(self) -> Context:
         w = self.w
