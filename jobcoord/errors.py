@@ -137,4 +137,5 @@ HTTP_TOO_LARGE_CODES = frozenset({"artifact_too_large"})
 #: Retry-After seconds of the answers that are worth retrying.
 HTTP_RETRY_AFTER_S: dict[type[JobcoordError], int] = {DatabaseBusy: 1, StorageUnavailable: 5}
 #: Codes a 503 answer carries that mean "busy" (retry soon) rather than "unavailable".
-BUSY_CODES = frozenset({"database_locked", "connections_exhausted", "database_busy"})
+BUSY_CODES = frozenset({"database_locked", "connections_exhausted", "database_busy",
+                        "server_busy"})

@@ -380,6 +380,26 @@ def test_token_create_shows_the_secret_once_and_stores_only_its_hash(target: Tar
     assert missing.returncode == 4
 
 
+def test_token_create_without_json_prints_only_the_secret_on_stdout(target: Target,
+                                                                    tmp_path: Any) -> None:
+    """`token create NAME --role R > F` makes a token file `--token-file F` reads and
+    `Bearer $(cat F)` sends: the notice that it is shown once goes to stderr."""
+    from jobcoord.http.commands import read_token_file
+
+    argv = [*jobcoord_argv(), *db_args(target), "token", "create", "ci", "--role",
+            "submitter"]
+    made = subprocess.run(argv, capture_output=True, check=False)
+    assert made.returncode == 0, made.stderr
+    out = made.stdout.decode()
+    assert out.count("\n") == 1 and out.startswith("jct_"), out
+    assert "shown only once" in made.stderr.decode()
+    path = tmp_path / "tok"
+    path.write_bytes(made.stdout)
+    secret = read_token_file(str(path))
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        assert http.get("/v1/jobs").status_code == 200
+
+
 def test_a_tenant_bound_worker_token_claims_only_its_tenants_jobs(target: Target) -> None:
     alice = token(target, "wa", "worker", tenant="alice", worker="wa")
     unbound = token(target, "wu", "worker", worker="wu")

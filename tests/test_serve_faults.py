@@ -565,3 +565,32 @@ def test_a_locked_database_is_answered_503_within_a_clients_timeout_and_a_burst_
     assert proc.returncode == 5, (proc.returncode, err[-2000:])
     assert _error_line(out)["code"] == "database_locked", out
     assert "giving_up" in [e["event"] for e in log_events(err)]
+
+
+def test_requests_queued_for_a_server_thread_are_answered_503_within_their_budget(
+        target: Target) -> None:
+    """The 3 s a request may spend on a locked database counts from when the request asked
+    for a server thread, not from its first try: with more writes than threads (8), a write
+    that waited for a thread is not given a fresh budget of its own (24 writes: the slowest
+    took 15 s, past a client's 10 s timeout). One that waited its whole budget in the queue
+    is answered `server_busy` without a try."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sub = token(target, "sub", "submitter")
+
+    def write(_i: int) -> tuple[int, str, float]:
+        t0 = time.monotonic()
+        raw = httpx.post(f"{s.url}/v1/jobs", json={"kind": "work", "payload": {}},
+                         timeout=60, headers={"Authorization": f"Bearer {sub}"})
+        code = raw.json()["error"]["code"] if raw.status_code == 503 else raw.text
+        assert raw.status_code != 503 or raw.headers["Retry-After"]
+        return raw.status_code, code, time.monotonic() - t0
+
+    with served(target) as s, _write_lock(target):
+        with ThreadPoolExecutor(24) as pool:
+            answers = list(pool.map(write, range(24)))
+    assert {(status, code) for status, code, _ in answers} <= {
+        (503, "database_locked"), (503, "server_busy")}, answers
+    assert max(took for _, _, took in answers) < 6.0, sorted(a[2] for a in answers)
+    with Coordinator.open(target) as c:
+        assert c.jobs()["jobs"] == []

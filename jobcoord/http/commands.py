@@ -79,8 +79,11 @@ def token_create(s: Any, name: str, role: str, tenant: str | None, worker_id: st
     from .. import tokens
 
     got = tokens.create(s.coordinator().db, name, role, tenant=tenant, worker=worker_id)
-    _emit(as_json, got, f"{got['token']}\n(token {name!r}, role {role}: shown only once; "
-          "store it in a file readable only by you)")
+    _emit(as_json, got, got["token"])
+    if not as_json:
+        # On stderr: stdout redirected to a file must make a token file of that one line.
+        click.echo(f"(token {name!r}, role {role}: shown only once; store it in a file "
+                   "readable only by you)", err=True)
 
 
 @token.command("ls")

@@ -48,6 +48,8 @@ OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 SYNCHRONOUS_LEVELS = ("full", "normal")
 DEFAULT_BUSY_TIMEOUT = 5.0
 DEFAULT_RETRIES = 4  # attempts in all, when the busy timeout runs out anyway
+#: The least a try with a deadline near waits for the write lock (`Database.try_wait`).
+MIN_TRY_WAIT_S = 0.25
 
 @dataclass
 class Stats:
@@ -166,7 +168,8 @@ class Database:
         self.busy_retries = busy_retries
         self.busy_timeout = busy_timeout
         #: When set, no busy transaction is tried again once this many seconds have gone
-        #: since its first try (the server's bound: below its clients' own timeout).
+        #: since its first try, or since the thread's `deadline` began (the server's bound:
+        #: below its clients' own timeout).
         self.busy_budget: float | None = None
         self.stats = Stats()
         self._local = threading.local()
@@ -503,6 +506,29 @@ class Database:
         finally:
             local.direct = outer
 
+    @contextlib.contextmanager
+    def deadline(self, at: float) -> Iterator[None]:
+        """While the block runs, this thread's busy transactions are not tried again after
+        `time.monotonic()` reaches `at`, and a try waits for the lock no longer than what is
+        left (see `try_wait`). The server sets it from when a request asked for a thread, so
+        time spent queued for one counts against the request's budget."""
+        local = self._local
+        outer = getattr(local, "deadline", None)
+        local.deadline = at if outer is None else min(outer, at)
+        try:
+            yield
+        finally:
+            local.deadline = outer
+
+    def try_wait(self) -> float:
+        """How long this thread's next try may wait for the write lock: the busy timeout, or
+        less when its deadline is near (never under MIN_TRY_WAIT_S: a healthy group commit
+        takes milliseconds, and giving up sooner would refuse a write that could run)."""
+        until = getattr(self._local, "deadline", None)
+        if until is None:
+            return self.busy_timeout
+        return min(self.busy_timeout, max(until - time.monotonic(), MIN_TRY_WAIT_S))
+
     def _count_busy(self, err: JobcoordError, started: float) -> None:
         name = err.details.get("sqlite_error") or err.details.get("sqlstate") or "?"
         with self._stats_lock:
@@ -531,8 +557,15 @@ class Database:
             if isinstance(result, JobcoordError):
                 raise result
             return result
+        if self.busy_budget is not None and getattr(self._local, "deadline", None) is None:
+            with self.deadline(time.monotonic() + self.busy_budget):
+                return self._tries(fn, where, write)
+        return self._tries(fn, where, write)
+
+    def _tries(self, fn: Callable[[Connection], T], where: str, write: bool) -> T:
+        """`fn` in a transaction, tried again while the database is busy: at most
+        `busy_retries` tries, none begun after this thread's deadline."""
         attempt = 0
-        first = time.monotonic()
         while True:
             attempt += 1
             started = time.monotonic()
@@ -543,9 +576,9 @@ class Database:
                 busy = isinstance(err, DatabaseBusy)
                 if busy:
                     self._count_busy(err, started)
-                budget = self.busy_budget
+                until = getattr(self._local, "deadline", None)
                 if busy and attempt < self.busy_retries and (
-                        budget is None or time.monotonic() - first < budget):
+                        until is None or time.monotonic() < until):
                     with self._stats_lock:
                         self.stats.busy_retries += 1
                     # Jitter so that retrying processes do not collide again in lockstep.

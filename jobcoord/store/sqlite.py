@@ -400,7 +400,7 @@ class SqliteDatabase(Database):
         # next group begins the instant the previous one commits. Left to SQLite, they would
         # poll the write lock in its busy handler's sleeps (1, 2, 5, ... 100 ms), each with a
         # commit of its own.
-        return self._group.run(fn, self.busy_timeout, self._commit_group)
+        return self._group.run(fn, self.try_wait(), self._commit_group)
 
     def _commit_group(self, batch: list[_Call]) -> None:
         """Run `batch` in one write transaction and set each call's outcome. Alone, a call
