@@ -35,6 +35,12 @@ class Coordinator:
     artifacts_dir: str | None = None
 
     def __init__(self, db: Database, policy: Policy | None = None, *, verify: bool = True):
+        if not isinstance(db, Database):
+            raise InvalidInput("invalid_input", "Coordinator(db) takes an open Database; "
+                               "open a path, URL or Target with Coordinator.open(...)")
+        if policy is not None and not isinstance(policy, Policy):
+            raise InvalidInput("invalid_input", "policy: give a Policy (Policy.from_toml(path) "
+                               "reads a policy file)")
         self.db = db
         self.policy = policy or Policy()
         self.features: set[str] = set()

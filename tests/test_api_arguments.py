@@ -285,3 +285,17 @@ def test_a_value_that_contains_itself_is_invalid_input_everywhere(coord: Coordin
     with pytest.raises(InvalidInput):
         coord.complete(job["job_id"], "w1", 1, cyclic)
     assert dump(coord) == before
+
+
+@pytest.mark.parametrize("db", ["q.db", None, 3, object()])
+def test_a_coordinator_built_from_anything_but_a_database_is_invalid_input(db: Any) -> None:
+    """Coordinator(x) takes an open Database; a path, Target or anything else is told to use
+    Coordinator.open, not met with an AttributeError from deep inside."""
+    with pytest.raises(InvalidInput, match=r"Coordinator\.open"):
+        Coordinator(db)
+
+
+def test_a_coordinator_given_a_policy_that_is_not_a_policy_is_invalid_input(
+        coord: Coordinator) -> None:
+    with pytest.raises(InvalidInput, match="policy"):
+        Coordinator(coord.db, {"retry_base_s": 5}, verify=False)  # type: ignore[arg-type]
