@@ -586,9 +586,8 @@ def test_requests_queued_for_a_server_thread_are_answered_503_within_their_budge
         assert raw.status_code != 503 or raw.headers["Retry-After"]
         return raw.status_code, code, time.monotonic() - t0
 
-    with served(target) as s, _write_lock(target):
-        with ThreadPoolExecutor(24) as pool:
-            answers = list(pool.map(write, range(24)))
+    with served(target) as s, _write_lock(target), ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(write, range(24)))
     assert {(status, code) for status, code, _ in answers} <= {
         (503, "database_locked"), (503, "server_busy")}, answers
     assert max(took for _, _, took in answers) < 6.0, sorted(a[2] for a in answers)
