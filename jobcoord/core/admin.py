@@ -14,7 +14,7 @@ from ..errors import DatabaseCorrupt, InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
-from .common import Context, as_bool, record_event
+from .common import Context, as_bool, end_waiting, record_event
 
 
 def load_job(ctx: Context, conn: Connection, job_id: int, tenant: str | None
@@ -53,11 +53,7 @@ def cancel(ctx: Context, job_id: int, *, tenant: str | None = None) -> dict[str,
     def _do(conn: Connection, job: dict[str, Any], now: int) -> Any:
         status, epoch = job["status"], job["epoch"]
         if status == "waiting":
-            ctx.db.run(conn, sql.SET_STATUS, {
-                "job_id": job["job_id"], "epoch": epoch, "from_status": "waiting",
-                "to_status": "cancelled", "now": now, "finished": now, "error": None})
-            ctx.db.run(conn, sql.DROP_ANY_LEASE, {"job_id": job["job_id"]})
-            record_event(ctx, conn, job["job_id"], now, "waiting", "cancelled", "cancelled")
+            end_waiting(ctx, conn, job["job_id"], epoch, now, "cancelled", "cancelled")
             return {"job_id": job["job_id"], "status": "cancelled"}
         if status == "running":
             if not as_bool(job["cancel_requested"]):

@@ -41,6 +41,24 @@ def record_event(ctx: Context, conn: Connection, job_id: int, now: int,
     })
 
 
+def end_waiting(ctx: Context, conn: Connection, job_id: int, epoch: int, now: int,
+                to_status: str, reason: str, *, error: str | None = None,
+                detail: Mapping[str, Any] | None = None) -> bool:
+    """Move a waiting job to a final status (cancelled, or dead by its deadline) and record
+    the event; False, with nothing changed, when it is no longer waiting at `epoch` (claimed
+    meanwhile). A final job is never claimed again, so any lease row it still has (one
+    written outside jobcoord) goes with it: left, `status` would count it active and `check`
+    would fail for good."""
+    ended = ctx.db.run(conn, sql.SET_STATUS, {
+        "job_id": job_id, "epoch": epoch, "from_status": "waiting", "to_status": to_status,
+        "now": now, "finished": now, "error": error}).rowcount
+    if ended != 1:
+        return False
+    ctx.db.run(conn, sql.DROP_ANY_LEASE, {"job_id": job_id})
+    record_event(ctx, conn, job_id, now, "waiting", to_status, reason, detail=detail)
+    return True
+
+
 def lease_us(ctx: Context, lease_s: float | None) -> int:
     """A lease length in microseconds: the policy's default, or `lease_s` within its bound."""
     value = ctx.policy.default_lease_s if lease_s is None else lease_s

@@ -11,8 +11,7 @@ from .. import faults
 from .. import validate as v
 from ..clock import iso, now_us
 from ..store import schedule_statements as schedule_sql
-from ..store import statements as sql
-from .common import Context, as_bool, record_event
+from .common import Context, as_bool, end_waiting
 from .fencing import end_running
 
 
@@ -70,13 +69,9 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
                 error = (f"the window of schedule {fire[0]}'s slot {iso(fire[1])} closed at "
                          f"{iso(fire[1] + fire[2])} before the job could run")
                 detail = {"schedule": fire[0], "slot": iso(fire[1])}
-            swept = ctx.db.run(conn, sql.SET_STATUS, {
-                "job_id": job_id, "epoch": epoch, "from_status": "waiting",
-                "to_status": "dead", "now": now, "finished": now, "error": error}).rowcount
-            if swept != 1:  # claimed meanwhile: no transition, so no event
-                continue
-            ctx.db.run(conn, sql.DROP_ANY_LEASE, {"job_id": job_id})  # a stray row
-            record_event(ctx, conn, job_id, now, "waiting", "dead", reason, detail=detail)
+            if not end_waiting(ctx, conn, job_id, epoch, now, "dead", reason, error=error,
+                               detail=detail):
+                continue  # claimed meanwhile: no transition, so no event
             counts["deadline_dead"] += 1
             jobs.append({"job_id": job_id, "epoch": epoch, "to": "dead"})
         return {**counts, "jobs": jobs, "at": now}
