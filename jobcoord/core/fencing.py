@@ -27,12 +27,21 @@ def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epo
     decision was made at: read once the job row is locked, so a call that waited for the
     lock (a busy SQLite file, a PostgreSQL row lock) is judged when it writes, not when it
     started (rule 3), and its event is never older than the one it waited for."""
+    owned, now, _row = fence(ctx, conn, job_id, worker_id, epoch, tenant, op)
+    return owned, now
+
+
+def fence(ctx: Context, conn: Connection, job_id: int, worker_id: str, epoch: int,
+          tenant: str | None, op: str
+          ) -> tuple[tuple[Any, ...] | JobcoordError, int, Any]:
+    """`check_owner` with the fence row it read (None: no such job), for a caller that
+    looks further into a refusal (`sent_again`)."""
     # The store holds the job row until commit (PostgreSQL: FOR UPDATE OF j; SQLite's
     # BEGIN IMMEDIATE already excludes every writer), so a concurrent reaper, completer or
     # operator is waited for and the row read is the version it committed.
     row = ctx.db.read_owned(conn, job_id)
     now = now_us()
-    return judge(ctx, conn, row, job_id, worker_id, epoch, tenant, op, now), now
+    return judge(ctx, conn, row, job_id, worker_id, epoch, tenant, op, now), now, row
 
 
 def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str, epoch: int,
@@ -170,9 +179,9 @@ def completion_step(ctx: Context, c: Completion
     job_id, worker_id, epoch = c.job_id, c.worker_id, c.epoch
 
     def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
-        owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, c.tenant, "complete")
+        owned, now, row = fence(ctx, conn, job_id, worker_id, epoch, c.tenant, "complete")
         if isinstance(owned, JobcoordError):
-            if not sent_again(ctx, conn, owned, c):
+            if not sent_again(ctx, conn, owned, c, None if row is None else row[8]):
                 reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
             return owned, now
         if c.plan:
@@ -188,17 +197,15 @@ def completion_step(ctx: Context, c: Completion
 
 
 def sent_again(ctx: Context, conn: Connection, refusal: JobcoordError, c: Completion,
-               stored_result: Any = ...) -> bool:
+               stored_result: Any) -> bool:
     """Is this refused completion the accepted one sent again (its answer lost): the job
     succeeded at its epoch, by this worker's `completed` event, with this very result? No new
     evidence then: no `complete_refused` is recorded (as for a failure report sent again).
-    `stored_result`: the job's result column when the caller has read it."""
+    `stored_result`: the job's result column, from its fence row."""
     details = refusal.details
     if (refusal.code != "job_finished" or details.get("status") != "succeeded"
             or details.get("accepted_epoch") != c.epoch):
         return False
-    if stored_result is ...:
-        stored_result = ctx.db.run(conn, sql.JOB_RESULT, {"job_id": c.job_id}).scalar()
     return stored_result == c.result and ctx.db.run(conn, qs.event_by(False), {
         "job_id": c.job_id, "worker": c.worker_id, "epoch": c.epoch, "reason": "completed",
         "tenant": None}).first() is not None

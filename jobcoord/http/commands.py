@@ -47,14 +47,13 @@ def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
           max_artifact_bytes: int, as_json: bool) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) over this database, and reap expired
     leases on a timer. Ctrl-C stops it (exit 130)."""
-    from .server import REQUEST_BUSY_TRY_S, check_bind, check_tls_files, run_server
+    from .server import check_bind, check_tls_files, open_for_requests, run_server
 
     check_bind(host, tls_cert, tls_key, insecure_http)  # before opening anything
     if tls_cert is not None and tls_key is not None:
         tls_cert, tls_key = os.path.expanduser(tls_cert), os.path.expanduser(tls_key)
         check_tls_files(tls_cert, tls_key)
-    s.busy_timeout = min(s.busy_timeout, REQUEST_BUSY_TRY_S)  # before the database opens
-    run_server(s.coordinator(), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
+    run_server(open_for_requests(s), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                insecure_http=insecure_http, reap_every=reap_every, poll_s=poll,
                threads=threads, as_json=as_json, max_artifact_bytes=max_artifact_bytes)
 

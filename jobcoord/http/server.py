@@ -94,6 +94,15 @@ REQUEST_BUSY_TRY_S = 1.5
 REQUEST_BUSY_BUDGET_S = 3.0
 
 
+def open_for_requests(settings: Any) -> Any:
+    """The CLI settings' Coordinator, opened with the server's bounds on a locked database:
+    each try's wait (the busy timeout, taken when the database opens) and the budget."""
+    settings.busy_timeout = min(settings.busy_timeout, REQUEST_BUSY_TRY_S)
+    coordinator = settings.coordinator()
+    coordinator.db.busy_budget = REQUEST_BUSY_BUDGET_S
+    return coordinator
+
+
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
                threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30) -> None:
@@ -105,7 +114,6 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     if warning:
         print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
     emit = printer(as_json)
-    coordinator.db.busy_budget = REQUEST_BUSY_BUDGET_S
     app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
                      emit=emit, max_artifact_bytes=max_artifact_bytes)
     scheme = "https" if tls_cert else "http"

@@ -262,7 +262,6 @@ SETTLE_UNKNOWN = SQL(
     .values(status=P("to_status"), result_json=func.coalesce(P("result"), J.result_json),
             finished_at=P("now"), updated_at=P("now")))
 JOB_STATUS = SQL(select(J.status).where(J.job_id == P("job_id")))
-JOB_RESULT = SQL(select(J.result_json).where(J.job_id == P("job_id")))
 #: A job's JSON columns as stored, with its status and epoch (a damaged job set aside).
 JOB_JSON = SQL(select(J.status, J.epoch, J.payload_json, J.needs_json)
                .where(J.job_id == P("job_id")))

@@ -172,15 +172,9 @@ class JobRun:
             renewal = w.calls.submit("renew", self.job_id, cfg.worker_id, self.epoch,
                                      lease_s=cfg.lease_s, tenant=self.job.get("tenant"))
             try:
-                while True:
-                    if self.release_requested.is_set():
-                        return end  # the release is sent now; this answer is moot
-                    left = end - clock.boot()
-                    if left <= 0:
-                        raise concurrent.futures.TimeoutError
-                    with contextlib.suppress(concurrent.futures.TimeoutError):
-                        got = renewal.result(timeout=min(left, CONFIRM_LOOK_S))
-                        break
+                got = self._answer_unless_stopped(renewal, end)
+                if got is None:
+                    return end  # told to stop: the release is sent now; this answer is moot
             except concurrent.futures.TimeoutError:
                 code, message = "lease_expired", "no renewal confirmed the late claim's lease"
             except Refused as e:
@@ -205,6 +199,20 @@ class JobRun:
             w.count("lost")
             self.reported = True
             return None
+
+    def _answer_unless_stopped(self, call: concurrent.futures.Future[Any], end: float
+                               ) -> Any:
+        """`call`'s answer, waited for until the boot clock reaches `end` (TimeoutError) in
+        pieces of CONFIRM_LOOK_S, so that a stop asked meanwhile is seen at once: then None.
+        The call's own error is raised."""
+        clock = self.w.clock
+        while not self.release_requested.is_set():
+            left = end - clock.boot()
+            if left <= 0:
+                raise concurrent.futures.TimeoutError
+            with contextlib.suppress(concurrent.futures.TimeoutError):
+                return call.result(timeout=min(left, CONFIRM_LOOK_S))
+        return None
 
     def _context(self) -> Context:
         w = self.w
