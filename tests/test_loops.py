@@ -8,6 +8,7 @@ restarted: the restart test starts its own throwaway cluster and always stops it
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -268,35 +269,59 @@ def test_loops_survive_a_real_postgresql_restart(private_pg, loops, tmp_path):
         c.close()
 
 
-def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_target):
-    """A --burst worker runs the queue dry for a script: its claims failing for `give_up_s`
-    with nothing of its own running, it stops with the error (exit 6) instead of waiting for
-    a database that may never come back. A worker without --burst keeps trying."""
-    import io
+class Wrapped:
+    """A Coordinator with some of its calls replaced by a test; the rest pass through."""
 
+    def __init__(self, c: Coordinator) -> None:
+        self._c = c
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._c, name)
+
+
+def in_process_worker(coordinator: Any, handler: Any = None, **config: Any
+                      ) -> tuple[Any, io.StringIO]:
+    """A worker `w1` of one `summarize` handler (a no-op unless given) on `coordinator`,
+    run in this process, and the buffer its JSON log lines go to."""
     from jobcoord.app import App
-    from jobcoord.errors import StorageUnavailable
     from jobcoord.worker.config import WorkerConfig
     from jobcoord.worker.log import Log
     from jobcoord.worker.loop import Worker
 
     app = App()
+    app.handler("summarize")(handler or (lambda _payload, _ctx: {}))
+    cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[], reap_s=0.0,
+                       poll_s=0.05, readings_override={"memory_used_pct": 10}, **config)
+    log = io.StringIO()
+    return Worker(coordinator, cfg, Log("w1", "json", log)), log
 
-    @app.handler("summarize")
-    def summarize(_payload, _ctx):
-        return {}
 
-    class Unreachable:
+def logged_events(log: io.StringIO) -> list[str]:
+    return [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+
+
+def stop_worker(w: Any, runner: threading.Thread) -> None:
+    """Stop a worker running on `runner` as its loop would be stopped, and wait for it."""
+    w.stopping.set()
+    w.wake.set()
+    runner.join(20)
+    assert not runner.is_alive()
+
+
+def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_target):
+    """A --burst worker runs the queue dry for a script: its claims failing for `give_up_s`
+    with nothing of its own running, it stops with the error (exit 6) instead of waiting for
+    a database that may never come back. A worker without --burst keeps trying."""
+    from jobcoord.errors import StorageUnavailable
+
+    class Unreachable(Wrapped):
         """The coordinator with its claims failing as an unreachable database's do."""
 
         def __init__(self, c):
-            self._c = c
+            super().__init__(c)
             self.claims = 0
             # One error object raised again and again, as a client keeping its last error.
             self.error = StorageUnavailable("database_unavailable", "connection refused")
-
-        def __getattr__(self, name):
-            return getattr(self._c, name)
 
         def _down(self, *_a, **_kw):
             self.claims += 1
@@ -305,11 +330,7 @@ def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_tar
         claim = claim_many = _down
 
     def worker(c, burst):
-        cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[],
-                           reap_s=0.0, poll_s=0.05, burst=burst, give_up_s=1.0,
-                           readings_override={"memory_used_pct": 10})
-        log = io.StringIO()
-        return Worker(Unreachable(c), cfg, Log("w1", "json", log)), log
+        return in_process_worker(Unreachable(c), burst=burst, give_up_s=1.0)
 
     with Coordinator.open(sqlite_target) as c:
         w, log = worker(c, burst=True)
@@ -323,7 +344,7 @@ def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_tar
         assert gave_up.value.code == "database_unavailable"
         # The worker's own error says it gave up; the error it caught is left as it was.
         assert gave_up.value is not down.error and down.error.message == "connection refused"
-        events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+        events = logged_events(log)
         assert events.count("claim_error") >= 2 and events[-1] == "giving_up", events
 
         w, log = worker(c, burst=False)
@@ -331,10 +352,7 @@ def test_a_burst_worker_gives_up_on_a_database_that_stays_unavailable(sqlite_tar
         runner.start()
         time.sleep(2.0)
         assert runner.is_alive()
-        w.stopping.set()
-        w.wake.set()
-        runner.join(20)
-        assert not runner.is_alive()
+        stop_worker(w, runner)
         assert "giving_up" not in log.getvalue()
 
 
@@ -342,30 +360,14 @@ def test_a_heartbeat_that_fails_after_the_worker_has_stopped_is_not_logged(sqlit
     """A heartbeat still in flight when the worker stops fails once its coordinator is
     closed (a remote client: "the client has been closed"): that failure is the stop itself,
     not an error worth a `heartbeat_error` line after `stopped_worker`."""
-    import io
-
-    from jobcoord.app import App
-    from jobcoord.worker.config import WorkerConfig
-    from jobcoord.worker.log import Log
-    from jobcoord.worker.loop import Worker
-
-    app = App()
-
-    @app.handler("summarize")
-    def summarize(_payload, _ctx):
-        return {}
-
-    class Closing:
+    class Closing(Wrapped):
         """The coordinator whose second heartbeat hangs until it is closed, then fails."""
 
         def __init__(self, c):
-            self._c = c
+            super().__init__(c)
             self.beats = 0
             self.hanging = threading.Event()
             self.closed = threading.Event()
-
-        def __getattr__(self, name):
-            return getattr(self._c, name)
 
         def heartbeat(self, *args, **kwargs):
             self.beats += 1
@@ -377,21 +379,14 @@ def test_a_heartbeat_that_fails_after_the_worker_has_stopped_is_not_logged(sqlit
 
     with Coordinator.open(sqlite_target) as c:
         closing = Closing(c)
-        cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[],
-                           reap_s=0.0, poll_s=0.05, heartbeat_s=0.1,
-                           readings_override={"memory_used_pct": 10})
-        log = io.StringIO()
-        w = Worker(closing, cfg, Log("w1", "json", log))
+        w, log = in_process_worker(closing, heartbeat_s=0.1)
         runner = threading.Thread(target=w.run, daemon=True)
         runner.start()
         assert closing.hanging.wait(20)
-        w.stopping.set()
-        w.wake.set()
-        runner.join(20)
-        assert not runner.is_alive()
+        stop_worker(w, runner)
         closing.closed.set()  # the command closes its coordinator after run() returns
         time.sleep(0.5)
-    events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+    events = logged_events(log)
     assert events[-1] == "stopped_worker" and "heartbeat_error" not in events, events
 
 
@@ -401,33 +396,20 @@ def test_a_late_claim_is_released_unrun_when_the_worker_stops_while_its_lease_is
     (SIGTERM) meanwhile hands the job back without ever calling the handler, and without
     waiting out the renewal: a handler started then would run beside the job's next attempt
     (the release has already made it claimable)."""
-    import io
-    import signal
-
-    from jobcoord.app import App
-    from jobcoord.worker.config import WorkerConfig
-    from jobcoord.worker.log import Log
-    from jobcoord.worker.loop import Worker
-
-    app = App()
     called = []
 
-    @app.handler("summarize")
     def summarize(_payload, _ctx):
         called.append(time.monotonic())
         time.sleep(2)
         return {}
 
-    class Late:
+    class Late(Wrapped):
         """Claims answered with under a third of the lease left; the first renewal held."""
 
         def __init__(self, c):
-            self._c = c
+            super().__init__(c)
             self.renewing = threading.Event()
             self.hold = threading.Event()
-
-        def __getattr__(self, name):
-            return getattr(self._c, name)
 
         def claim_many(self, *args, **kwargs):
             got = self._c.claim_many(*args, **kwargs)
@@ -443,11 +425,7 @@ def test_a_late_claim_is_released_unrun_when_the_worker_stops_while_its_lease_is
     with Coordinator.open(sqlite_target) as c:
         job = c.enqueue("summarize", {}, max_attempts=1)["job_id"]
         late = Late(c)
-        cfg = WorkerConfig(worker_id="w1", handlers=dict(app.handlers), roles=[],
-                           reap_s=0.0, poll_s=0.05, lease_s=3.0, grace_s=0.5,
-                           readings_override={"memory_used_pct": 10})
-        log = io.StringIO()
-        w = Worker(late, cfg, Log("w1", "json", log))
+        w, log = in_process_worker(late, summarize, lease_s=3.0, grace_s=0.5)
         runner = threading.Thread(target=w.run, daemon=True)
         runner.start()
         try:
@@ -461,7 +439,7 @@ def test_a_late_claim_is_released_unrun_when_the_worker_stops_while_its_lease_is
         assert not runner.is_alive()
         time.sleep(0.5)  # the held renewal answers now: it must change nothing
         shown = c.show(job)
-    events = [json.loads(line)["event"] for line in log.getvalue().splitlines()]
+    events = logged_events(log)
     assert called == [], events
     assert shown["job"]["status"] == "waiting" and shown["lease"] is None, (shown, events)
     assert "released" in events and "lease_confirmed" not in events, events
