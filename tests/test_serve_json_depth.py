@@ -42,53 +42,48 @@ SHAPES = {"chain": chain, "padded": padded}
 
 
 class Case:
-    """One endpoint's JSON value: sent over HTTP, and given to the Python API."""
+    """One endpoint's JSON value: POSTed over HTTP by `who` to `path` ({job} filled in) in
+    the body `body(job, epoch, value)`, and given to the Python API by `api`."""
 
-    def __init__(self, name: str, needs: str,
-                 http: Callable[[dict[str, httpx.Client], int, int, Any], httpx.Response],
+    def __init__(self, name: str, needs: str, who: str, path: str,
+                 body: Callable[[int, int, Any], dict[str, Any]],
                  api: Callable[[Coordinator, int, int, Any], Any]):
-        self.name, self.needs, self.http, self.api = name, needs, http, api
+        self.name, self.needs, self.api, self.body = name, needs, api, body
+        self.who, self.path = who, path
+
+    def http(self, h: dict[str, httpx.Client], job: int, epoch: int, value: Any
+             ) -> httpx.Response:
+        return h[self.who].post(self.path.format(job=job), json=self.body(job, epoch, value))
 
 
 CASES = [
-    Case("submit payload", "nothing",
-         lambda h, job, epoch, value: h["sub"].post(
-             "/v1/jobs", json={"kind": "deep", "payload": value}),
+    Case("submit payload", "nothing", "sub", "/v1/jobs",
+         lambda job, epoch, value: {"kind": "deep", "payload": value},
          lambda c, job, epoch, value: c.enqueue("deep", value)),
-    Case("complete result", "lease",
-         lambda h, job, epoch, value: h["worker"].post(
-             f"/v1/jobs/{job}/complete", json={"epoch": epoch, "result": value}),
+    Case("complete result", "lease", "worker", "/v1/jobs/{job}/complete",
+         lambda job, epoch, value: {"epoch": epoch, "result": value},
          lambda c, job, epoch, value: c.complete(job, "wa", epoch, value)),
-    Case("complete provenance", "lease",
-         lambda h, job, epoch, value: h["worker"].post(
-             f"/v1/jobs/{job}/complete", json={"epoch": epoch, "provenance": value}),
+    Case("complete provenance", "lease", "worker", "/v1/jobs/{job}/complete",
+         lambda job, epoch, value: {"epoch": epoch, "provenance": value},
          lambda c, job, epoch, value: c.complete(job, "wa", epoch, provenance=value)),
-    Case("complete with claim_next", "lease",
-         lambda h, job, epoch, value: h["worker"].post(
-             f"/v1/jobs/{job}/complete",
-             json={"epoch": epoch, "result": value, "claim_next": True}),
+    Case("complete with claim_next", "lease", "worker", "/v1/jobs/{job}/complete",
+         lambda job, epoch, value: {"epoch": epoch, "result": value, "claim_next": True},
          lambda c, job, epoch, value: c.complete_and_claim(job, "wa", epoch, value)),
-    Case("completions result", "lease",
-         lambda h, job, epoch, value: h["worker"].post(
-             "/v1/completions", json={"items": [{"job_id": job, "epoch": epoch,
-                                                 "result": value}]}),
-         lambda c, job, epoch, value: c.complete_many(
-             [{"job_id": job, "worker_id": "wa", "epoch": epoch, "result": value}])),
-    Case("completions provenance", "lease",
-         lambda h, job, epoch, value: h["worker"].post(
-             "/v1/completions", json={"items": [{"job_id": job, "epoch": epoch,
-                                                 "provenance": value}]}),
-         lambda c, job, epoch, value: c.complete_many(
-             [{"job_id": job, "worker_id": "wa", "epoch": epoch, "provenance": value}])),
-    Case("checkpoint data", "lease",
-         lambda h, job, epoch, value: h["worker"].post(
-             f"/v1/jobs/{job}/checkpoint", json={"epoch": epoch, "name": "n", "data": value}),
+    Case("checkpoint data", "lease", "worker", "/v1/jobs/{job}/checkpoint",
+         lambda job, epoch, value: {"epoch": epoch, "name": "n", "data": value},
          lambda c, job, epoch, value: c.checkpoint(job, "wa", epoch, "n", value)),
-    Case("reconcile result", "unknown",
-         lambda h, job, epoch, value: h["op"].post(
-             f"/v1/jobs/{job}/reconcile",
-             json={"as": "succeeded", "reason": "checked", "result": value}),
+    Case("reconcile result", "unknown", "op", "/v1/jobs/{job}/reconcile",
+         lambda job, epoch, value: {"as": "succeeded", "reason": "checked", "result": value},
          lambda c, job, epoch, value: c.reconcile(job, "succeeded", "checked", result=value)),
+]
+# A batch of completions carries its values one level down, in an item.
+CASES += [
+    Case(f"completions {field}", "lease", "worker", "/v1/completions",
+         lambda job, epoch, value, field=field: {"items": [{"job_id": job, "epoch": epoch,
+                                                       field: value}]},
+         lambda c, job, epoch, value, field=field: c.complete_many(
+             [{"job_id": job, "worker_id": "wa", "epoch": epoch, field: value}]))
+    for field in ("result", "provenance")
 ]
 
 
