@@ -126,13 +126,30 @@ def test_completion_answer_lost_after_commit_is_answered_as_accepted(target: Tar
         with pytest.raises(Refused) as refused:
             wb.complete(job, "wb", epoch, {"answer": 0})
         assert refused.value.code == "job_not_found"
+        # Another result of that epoch was not the one accepted: refused, alone, chained or
+        # in a group, as the core refuses it (and records it).
+        with pytest.raises(Refused) as refused:
+            wa.complete(job, "wa", epoch, {"answer": 43})
+        assert refused.value.code == "job_finished"
+        with pytest.raises(Refused) as refused:
+            wa.complete_and_claim(job, "wa", epoch, {"answer": 43})
+        assert refused.value.code == "job_finished"
+        group = wa.complete_many([{"job_id": job, "worker_id": "wa", "epoch": epoch,
+                                   "result": {"answer": 43}}])
+        assert group["refused"] == 1, group
+        assert group["results"][0]["error"]["code"] == "job_finished", group
+        # The accepted one sent in a group is still answered as accepted.
+        group = wa.complete_many([{"job_id": job, "worker_id": "wa", "epoch": epoch,
+                                   "result": {"answer": 42}}])
+        assert group["results"][0].get("already_accepted") is True, group
     with Coordinator.open(target) as c:
         shown = c.show(job)
     assert shown["job"]["result"] == {"answer": 42}
     assert [e["reason"] for e in shown["events"]].count("completed") == 1
-    # The completion sent again is no new evidence: no refused attempt recorded for it.
-    assert ("complete_refused", "wa") not in [(e["reason"], e["worker_id"])
-                                              for e in shown["events"]]
+    # The completion sent again is no new evidence: no refused attempt recorded for it; the
+    # three with another result are.
+    assert [(e["reason"], e["worker_id"]) for e in shown["events"]].count(
+        ("complete_refused", "wa")) == 3
 
 
 @pytest.mark.parametrize("max_attempts", [3, 1])

@@ -24,6 +24,7 @@ from .fencing import (
     failure_step,
     judge,
     repeated,
+    said_sent_again,
     sent_again,
     with_plan,
 )
@@ -107,8 +108,10 @@ def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
                     # One accepted before this batch and sent again (its answer lost) is
                     # no new evidence; a report this batch made earlier is recorded, as
                     # the single calls one after the other would have recorded it.
-                    recorded = not (repeated(ctx, conn, owned, p) if op == "fail"
-                                    else sent_again(ctx, conn, owned, p, row[8]))
+                    if op == "fail":
+                        recorded = not repeated(ctx, conn, owned, p)
+                    elif sent_again(ctx, conn, owned, p, row[8]):
+                        owned, recorded = said_sent_again(owned), False
                 if recorded:
                     events.append({
                         "job_id": p.job_id, "now": now, "from_status": row[0],

@@ -181,8 +181,9 @@ def completion_step(ctx: Context, c: Completion
     def finish(conn: Connection) -> tuple[dict[str, Any] | JobcoordError, int]:
         owned, now, row = fence(ctx, conn, job_id, worker_id, epoch, c.tenant, "complete")
         if isinstance(owned, JobcoordError):
-            if not sent_again(ctx, conn, owned, c, None if row is None else row[8]):
-                reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
+            if sent_again(ctx, conn, owned, c, None if row is None else row[8]):
+                return said_sent_again(owned), now
+            reject_event(ctx, conn, owned, job_id, worker_id, epoch, now, "complete")
             return owned, now
         if c.plan:
             from ..artifacts import rules as artifact_rules
@@ -209,6 +210,13 @@ def sent_again(ctx: Context, conn: Connection, refusal: JobcoordError, c: Comple
     return stored_result == c.result and ctx.db.run(conn, qs.event_by(False), {
         "job_id": c.job_id, "worker": c.worker_id, "epoch": c.epoch, "reason": "completed",
         "tenant": None}).first() is not None
+
+
+def said_sent_again(refusal: JobcoordError) -> Refused:
+    """The refusal of the accepted completion sent again, saying so (`same_as_accepted`):
+    a client whose answer was lost learns that this very result stands (the server answers
+    it `already_accepted`); another result of that epoch is refused without it."""
+    return Refused(refusal.code, refusal.message, **refusal.details, same_as_accepted=True)
 
 
 def complete(ctx: Context, job_id: int, worker_id: str, epoch: int, result: Any = None, *,

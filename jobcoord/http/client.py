@@ -419,13 +419,15 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
 
 def _one_group(body: list[dict[str, Any]], got: dict[str, Any]) -> dict[str, Any]:
     """The answers of a group sent in parts, as one group would have them: a later item of
-    a job accepted earlier in the group was the server's `already_accepted` (its part came
-    after the first was committed); in one group it is the refusal of a second report."""
+    a job accepted earlier in the group was answered by the server as a report on a
+    finished job (`already_accepted` when its result was the same, its part coming after
+    the first was committed; else `job_finished`); in one group it is the refusal of a
+    second report of the job."""
     accepted: dict[int, dict[str, Any]] = {}
     results = got["results"]
     for i, (it, one) in enumerate(zip(body, results, strict=True)):
         earlier = accepted.get(it["job_id"])
-        if earlier is not None and one.get("already_accepted"):
+        if earlier is not None:
             results[i] = {"job_id": it["job_id"], **earlier_in_batch(
                 it["job_id"], "complete", earlier["status"], job_id=it["job_id"],
                 status=earlier["status"], accepted_epoch=earlier["epoch"]).to_json()}

@@ -213,9 +213,7 @@ def _complete(coordinator: Any, job_id: int, worker: str, body: CompleteBody,
             got = coordinator.complete(job_id, worker, body.epoch, body.result,
                                        provenance=body.provenance, tenant=tenant)
     except Refused as e:
-        if (e.code == "job_finished" and e.details.get("status") == "succeeded"
-                and e.details.get("accepted_epoch") == body.epoch
-                and coordinator.completed_by(job_id, worker, body.epoch, tenant=tenant)):
+        if e.details.get("same_as_accepted"):
             # The same completion sent again (its answer was lost): it was accepted. The
             # next job the lost answer claimed is handed back while nothing touched it
             # since (same job, epoch and lease); else `next` is null and this answer
@@ -262,13 +260,8 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
              "result": it.result, "provenance": it.provenance, "tenant": who.tenant}
             for it in body.items])
         results = got["results"]
-        seen: set[int] = set()
         for i, (it, one) in enumerate(zip(body.items, results, strict=True)):
             error = one.get("error")
-            # A job earlier in this group was answered there: a second item for it is the
-            # core's refusal, never `already_accepted`.
-            earlier = it.job_id in seen
-            seen.add(it.job_id)
             if error is None:
                 continue
             code, details = error["code"], error.get("details") or {}
@@ -276,11 +269,9 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
                 results[i] = {"job_id": it.job_id, "error": {
                     "code": "job_not_found", "message": f"job {it.job_id} not found",
                     "details": {"job_id": it.job_id}}}
-            elif (not earlier and code == "job_finished"
-                  and details.get("status") == "succeeded"
-                  and details.get("accepted_epoch") == it.epoch
-                  and srv.c.completed_by(it.job_id, worker, it.epoch, tenant=who.tenant)):
-                # Sent again after its answer was lost: it was accepted (as `complete`).
+            elif details.get("same_as_accepted"):
+                # Sent again after its answer was lost: it was accepted (as `complete`; a
+                # second item of one job in this group is the core's refusal, never this).
                 results[i] = {"job_id": it.job_id, "status": "succeeded",
                               "epoch": it.epoch, "already_accepted": True}
         if got["accepted"]:
