@@ -350,3 +350,64 @@ def test_a_remote_worker_stages_artifacts_with_the_media_types_a_local_worker_wo
         "chart.png": "image/png", "layout.data": "application/vnd.example.layout+json"}
     assert stored["remote", "render"] == stored["local", "render"]
     assert stored["remote", "draw"] == stored["local", "draw"]
+
+
+def _stalled_upload(url: str, secret: str, job: int, epoch: int, name: str) -> Any:
+    """A socket that began an upload of 1 MB and then sends nothing."""
+    import socket
+
+    host, port = url.rsplit("//", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(f"PUT /v1/jobs/{job}/artifacts/{name}?epoch={epoch} HTTP/1.1\r\n"
+                 f"Host: x\r\nAuthorization: Bearer {secret}\r\n"
+                 f"X-Content-Digest: sha256:{'0' * 64}\r\nContent-Length: 1000000\r\n\r\nx"
+                 .encode())
+    return sock
+
+
+def _whole_answer(sock: Any) -> str:
+    """The server's answer on `sock`: its head and its Content-Length of body."""
+    sock.settimeout(15)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
+
+
+def test_stalled_uploads_take_no_thread_from_database_calls(s: Setup) -> None:
+    """Uploads that stop sending (more of them than the server has database threads) hold
+    no thread a claim, a renewal or a health check needs: any worker token could otherwise
+    stop the server for every tenant. Each stalled upload is refused once it has sent nothing
+    for --upload-idle seconds, and leaves nothing in the store."""
+    import time
+
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", "--threads", "2", "--upload-idle", "3",
+                env=s.env) as srv, srv.client(s.worker) as http:
+        socks = [_stalled_upload(srv.url, s.worker, job, epoch, f"f{i}") for i in range(4)]
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            assert httpx.get(f"{srv.url}/healthz", timeout=10).status_code == 200
+            assert http.post(f"/v1/jobs/{job}/renew", json={"epoch": epoch},
+                             timeout=10).status_code == 200
+            assert time.monotonic() - t0 < 2.0
+            answers = [_whole_answer(sock) for sock in socks]
+        finally:
+            for sock in socks:
+                sock.close()
+    for answer in answers:
+        assert answer.startswith("HTTP/1.1 400"), answer
+        assert "upload_incomplete" in answer, answer
+    assert s.objects() == [] and s.rows(job) == []

@@ -23,16 +23,18 @@ from .bodies import ERRORS
 from .dashboard import mount as mount_dashboard
 from .deps import refusal_first
 from .limits import BodyLimit, CatchBugs, error_response
-from .state import DEFAULT_MAX_ARTIFACT_BYTES, Server, Wakeup
+from .state import DEFAULT_MAX_ARTIFACT_BYTES, DEFAULT_UPLOAD_IDLE_S, Server, Wakeup
 
 
 def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
                reap_every: float = 5.0,
                emit: Callable[[dict[str, Any]], None] | None = None,
-               max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES) -> FastAPI:
+               max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+               upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S) -> FastAPI:
     """The API over `coordinator`. `reap_every` 0 turns the reaper timer off."""
     srv = Server(coordinator, pool_size=pool_size, poll_s=poll_s, reap_every=reap_every,
-                 emit=emit, max_artifact_bytes=max_artifact_bytes)
+                 emit=emit, max_artifact_bytes=max_artifact_bytes,
+                 upload_idle_s=upload_idle_s)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -53,6 +55,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
                 task.cancel()
             srv.notify()
             srv.pool.shutdown(wait=False, cancel_futures=True)
+            srv.transfers.shutdown(wait=False, cancel_futures=True)
             watcher.join(1.0)
 
     app = FastAPI(title="jobcoord", version=__version__, lifespan=lifespan,

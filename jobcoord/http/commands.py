@@ -37,6 +37,10 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
               help="How often long-polls look for jobs committed by other processes.")
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Database calls run on this many threads.")
+@click.option("--upload-idle", default=30.0, show_default=True,
+              type=click.FloatRange(0.1, 3600),
+              help="An artifact upload that sends nothing for this many seconds is refused "
+                   "(upload_incomplete), nothing stored.")
 @click.option("--max-artifact-bytes", default=1 << 30, show_default=True,
               type=click.IntRange(0, 2**62),
               help="Largest artifact upload accepted (a kind's own limit applies too).")
@@ -44,7 +48,7 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
 @click.pass_obj
 def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | None,
           insecure_http: bool, reap_every: float, poll: float, threads: int,
-          max_artifact_bytes: int, as_json: bool) -> None:
+          upload_idle: float, max_artifact_bytes: int, as_json: bool) -> None:
     """Serve the HTTP API (OpenAPI at /openapi.json) over this database, and reap expired
     leases on a timer. Ctrl-C stops it (exit 130)."""
     from .server import check_bind, check_tls_files, open_for_requests, run_server
@@ -55,7 +59,8 @@ def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
         check_tls_files(tls_cert, tls_key)
     run_server(open_for_requests(s), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                insecure_http=insecure_http, reap_every=reap_every, poll_s=poll,
-               threads=threads, as_json=as_json, max_artifact_bytes=max_artifact_bytes)
+               threads=threads, as_json=as_json, max_artifact_bytes=max_artifact_bytes,
+               upload_idle_s=upload_idle)
 
 
 @click.group()

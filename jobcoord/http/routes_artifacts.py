@@ -5,6 +5,7 @@ Every rule is jobcoord.artifacts.rules': names, fencing, limits, verification.""
 
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
+import concurrent.futures
 import hashlib
 import io
 import os
@@ -22,7 +23,7 @@ from ..errors import InvalidInput, Refused
 from ..tokens import Identity
 from .bodies import JSONRoute, error_responses
 from .deps import JobId, Reader, Srv, WorkerId, scope
-from .routes_worker import fenced
+from .routes_worker import fenced_step
 from .state import Server
 
 router = APIRouter(route_class=JSONRoute)
@@ -37,11 +38,12 @@ class BodyStream(io.RawIOBase):
     loop. Counts the bytes against the upload limit as they come."""
 
     def __init__(self, chunks: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop,
-                 limit: int):
+                 limit: int, idle_s: float):
         super().__init__()
         self._chunks = chunks
         self._loop = loop
         self._limit = limit
+        self._idle_s = idle_s
         self._pending = memoryview(b"")
         self._done = False
         self.seen = 0
@@ -63,7 +65,13 @@ class BodyStream(io.RawIOBase):
         while not self._pending:
             if self._done:
                 return 0
-            chunk = asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
+            waiting = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
+            try:
+                chunk = waiting.result(timeout=self._idle_s)
+            except concurrent.futures.TimeoutError:
+                waiting.cancel()
+                raise InvalidInput("upload_incomplete", f"the upload sent nothing for "
+                                   f"{self._idle_s:g} s; nothing was stored") from None
             if chunk is None:
                 self._done = True
                 return 0
@@ -114,9 +122,11 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
                       "database: run `jobcoord migrate --with artifacts`")
     if media_type is None and content_type and not content_type.startswith(_UNLABELLED):
         media_type = content_type.split(";")[0].strip()
-    body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes)
-    return await fenced(srv, srv.c.put_artifact, job_id, who, epoch, name, body, media_type,
-                        expected_digest=expected, max_bytes=srv.max_artifact_bytes)
+    body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes,
+                      srv.upload_idle_s)
+    return await srv.transfer(fenced_step(
+        srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
+        expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)
 
 
 @router.get("/v1/jobs/{job_id}/artifacts")
@@ -160,7 +170,7 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
     os.close(fd)
     try:
         # Our own empty temporary file: replaced by the verified copy.
-        await srv.call(srv.c.get_artifact, job_id, found["name"], path, force=True)
+        await srv.transfer(srv.c.get_artifact, job_id, found["name"], path, force=True)
     except BaseException:
         os.unlink(path)
         raise

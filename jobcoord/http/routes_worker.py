@@ -38,6 +38,15 @@ async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Caller | I
     worker id, fenced by the token's tenant (None: an unbound worker token serves every
     tenant); a Caller is looked up in the same pool call. A worker token sees its own leases
     only: see `_as_absent`."""
+    run = fenced_step(srv, fn, job_id, epoch, *args, **kwargs)
+    if isinstance(who, Caller):
+        return await srv.call_as(who, run)
+    return await srv.call(run, who)
+
+
+def fenced_step(srv: Server, fn: Callable[..., T], job_id: int, epoch: int, *args: Any,
+                **kwargs: Any) -> Callable[[Identity], T]:
+    """What `fenced` runs on a thread, given the caller's identity."""
     def run(identity: Identity) -> T:
         worker = worker_of(identity)
         try:
@@ -47,10 +56,7 @@ async def fenced(srv: Server, fn: Callable[..., T], job_id: int, who: Caller | I
                 raise Refused("job_not_found", f"job {job_id} not found",
                               job_id=job_id) from None
             raise
-
-    if isinstance(who, Caller):
-        return await srv.call_as(who, run)
-    return await srv.call(run, who)
+    return run
 
 
 def _as_absent(coordinator: Any, code: str, job_id: int, epoch: int, worker: str,

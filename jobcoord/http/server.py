@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidInput
+from .state import DEFAULT_UPLOAD_IDLE_S
 
 
 def is_loopback(host: str) -> bool:
@@ -105,7 +106,8 @@ def open_for_requests(settings: Any) -> Any:
 
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
-               threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30) -> None:
+               threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30,
+               upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S) -> None:
     import uvicorn
 
     from .app import create_app
@@ -115,7 +117,8 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
         print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
     emit = printer(as_json)
     app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
-                     emit=emit, max_artifact_bytes=max_artifact_bytes)
+                     emit=emit, max_artifact_bytes=max_artifact_bytes,
+                     upload_idle_s=upload_idle_s)
     scheme = "https" if tls_cert else "http"
 
     class _Server(uvicorn.Server):

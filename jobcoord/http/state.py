@@ -43,6 +43,8 @@ CLAIM_ANSWER_BYTES = 32 * 1024 * 1024
 
 #: The largest artifact upload a server accepts unless told otherwise (`--max-artifact-bytes`).
 DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
+#: Seconds an artifact upload may send nothing before it is refused (`serve --upload-idle`).
+DEFAULT_UPLOAD_IDLE_S = 30.0
 
 
 class Wakeup:
@@ -165,9 +167,15 @@ class Wakeup:
 class Server:
     def __init__(self, coordinator: Any, *, pool_size: int, poll_s: float, reap_every: float,
                  emit: Callable[[dict[str, Any]], None] | None,
-                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES):
+                 max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
+                 upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S):
         self.c = coordinator
         self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "jobcoord-http-db")
+        #: An artifact's bytes move at the client's pace, or not at all (a stalled upload):
+        #: on threads of their own, never on one a claim or a renewal waits for.
+        self.transfers = concurrent.futures.ThreadPoolExecutor(pool_size,
+                                                               "jobcoord-http-transfer")
+        self.upload_idle_s = upload_idle_s
         self.poll_s = poll_s
         self.reap_every = reap_every
         self.emit = emit or (lambda _event: None)
@@ -222,6 +230,14 @@ class Server:
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, self._budgeted(run))
+
+    async def transfer(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`fn` on the transfer threads (an upload streamed in, a download staged out),
+        without a request's busy budget: it may take as long as its bytes take, and each of
+        its transactions has a budget of its own (`busy_budget`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.transfers,
+                                          functools.partial(fn, *args, **kwargs))
 
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
