@@ -194,6 +194,20 @@ def test_command_worker_completes_fails_with_stderr_tail_and_exit_65_is_permanen
     assert dead["status"] == "dead" and "exit code 65" in dead["last_error"]
 
 
+@pytest.mark.parametrize("sig", [9, 15, 11])
+def test_a_command_killed_by_a_signal_is_reported_as_killed_by_that_signal(db, start, sig):
+    """A command the OOM killer ends (SIGKILL) is said to be killed by signal 9, as any
+    signal's end is, never "exit code 1" (which it looked like when the process that runs
+    it could not pass SIGKILL on)."""
+    _, c = db
+    job = c.enqueue("summarize", {}, max_attempts=1)["job_id"]
+    w = start("--exec", f"summarize=sh -c 'cat >/dev/null; kill -{sig} $$'", "--burst")
+    code, summary = w.finish()
+    assert code == 0, summary
+    error = c.show(job)["job"]["last_error"]
+    assert f"killed by signal {sig}" in error, error
+
+
 def test_exception_is_retried_and_permanent_error_goes_dead(db, start):
     _, c = db
     flaky = c.enqueue("flaky", {})["job_id"]
@@ -541,6 +555,8 @@ def test_a_local_workers_command_calls_back_to_its_database_not_an_inherited_ser
     (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
     (("--exec", f"summarize={CMD}", "--tenant", "two words"), "tenant: 'two words' may use"),
     (("--exec", f"summarize={CMD}", "--tenant", ""), "tenant: must not be empty"),
+    (("--exec", "summarize=''"), "empty command"),
+    (("--exec", "summarize=\"\" --flag"), "empty command"),
 ])
 def test_bad_worker_options_exit_2_and_change_nothing(db, sqlite_target, args, needle):
     _, c = db

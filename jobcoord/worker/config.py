@@ -71,6 +71,10 @@ def parse_exec(items: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]
             argv = tuple(shlex.split(command))
         except ValueError as e:
             raise InvalidInput("invalid_input", f"--exec {kind}: {e}") from None
+        if not argv or not argv[0]:
+            # `k=''`: no program to run; every job of the kind would fail, one by one.
+            raise InvalidInput("invalid_input", f"--exec {kind}: an empty command (the "
+                               f"program's name is empty in {command!r})")
         if kind in out:
             raise InvalidInput("invalid_input", f"--exec: kind {kind!r} given twice")
         out[kind] = argv

@@ -165,7 +165,10 @@ while True:
     if ends:
         end = float(ends[-1])
 if os.WIFSIGNALED(status):
-    signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+    # Die of the command's signal, so the worker reads it. SIGKILL's disposition cannot be
+    # set (EINVAL): left uncaught, that error made an OOM kill read as "exit code 1".
+    if os.WTERMSIG(status) != signal.SIGKILL:
+        signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
     os.kill(shim, os.WTERMSIG(status))
 os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 """
