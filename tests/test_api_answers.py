@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from jobcoord.errors import Refused
+from jobcoord.errors import InvalidInput, Refused
 from jobcoord.service import Coordinator, JobSpec
 from tests.conftest import dump
 from tests.sql import sql
@@ -122,6 +122,26 @@ def test_open_accepts_a_url_positionally(target):
         plain = spelled.replace("postgresql+psycopg://", "postgres://")
         with Coordinator.open(plain) as c:
             assert c.status()["jobs"]["waiting"] == 1
+
+
+@pytest.mark.parametrize("url", ["sqlite:///{d}/q.db?mode=ro", "sqlite:///{d}/q?x.db",
+                                 "sqlite:///{d}/q.db?bogus=1&immutable=1"])
+def test_a_sqlite_url_with_a_query_is_refused_not_cut(tmp_path, url):
+    """`?mode=ro` gave a writable database without a word, and an unquoted `?` in a file's
+    name named another file: a SQLite URL's query is refused (exit 2), nothing created."""
+    from tests.conftest import run_cli
+
+    url = url.format(d=tmp_path)
+    with pytest.raises(InvalidInput, match="%3F"):
+        Coordinator.open(url, migrate=True)
+    run = run_cli(None, "--url", url, "migrate", "--json")
+    assert run.code == 2, run.err
+    assert os.listdir(tmp_path) == []
+    # Quoted, the `?` is part of the file's name.
+    quoted = f"sqlite:///{tmp_path}/q%3Fx.db"
+    with Coordinator.open(quoted, migrate=True) as c:
+        assert c.db.target.sqlite_path == f"{tmp_path}/q?x.db"
+    assert "q?x.db" in os.listdir(tmp_path)
 
 
 def test_open_with_migrate_creates_the_schema_in_an_empty_directory(tmp_path):

@@ -55,6 +55,12 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise InvalidInput("invalid_input", "a SQLite URL must name a file")
+        if parsed.query or "?" in url:
+            # Cut off, `?mode=ro` would open a writable database without a word, and a `?`
+            # in a file's name would name another file.
+            raise InvalidInput("invalid_input", f"a SQLite URL takes no query ({url!r}): "
+                               "jobcoord opens the file with its own settings; write a `?` "
+                               "in the file's name as %3F")
         return Target(url=url, sqlite_path=os.path.abspath(parsed.database))
     if backend == "postgresql":
         if parsed.drivername in ("postgresql", "postgres"):
