@@ -436,6 +436,26 @@ def test_checkpoint_and_effect_through_a_server_refuse_what_the_token_is_not(
         assert c.show(job)["checkpoints"] == []
 
 
+@pytest.mark.parametrize("suffix, needle", [
+    ("?x=1", "query"), ("#top", "query"), ("/v1", "base address"), ("/v1/", "base address"),
+    (":99999", "port"), ("", "token")])
+def test_a_server_url_that_cannot_be_the_servers_base_is_exit_2(
+        tmp_path: Any, suffix: str, needle: str) -> None:
+    """`--server` with a query crashed the worker (exit 1, TypeError), and one ending in /v1
+    was exit 4 with only "Not Found": each is exit 2 naming what is wrong, before any call.
+    (The last case, a good URL, checks the token next.)"""
+    path = tmp_path / "token"
+    path.write_text("jct_x y\n")
+    for argv in (["checkpoint", "1", "--worker", "w", "--epoch", "1", "--name", "n"],
+                 ["worker", "--exec", "k=true"]):
+        got = subprocess.run([*jobcoord_argv(), *argv, "--server", f"http://127.0.0.1:9{suffix}",
+                              "--token-file", str(path), "--json"],
+                             capture_output=True, timeout=30, check=False)
+        assert got.returncode == 2, got.stderr.decode()[-2000:]
+        message = json.loads(got.stdout.decode().splitlines()[-1])["error"]["message"]
+        assert needle in message, message
+
+
 def test_a_token_file_fifo_nobody_writes_to_is_refused_not_a_hang(tmp_path: Any) -> None:
     fifo = str(tmp_path / "token")
     os.mkfifo(fifo)

@@ -43,6 +43,33 @@ from .errors import error_from_response
 DEFAULT_RETRY_S = 10.0
 
 
+def server_base(server: Any) -> str:
+    """`--server URL` checked as a server's base address (scheme, host, optional port and
+    path prefix) and without its trailing slash; the API's paths are appended to it, so a
+    query, a fragment or a trailing /v1 would make every call go astray (InvalidInput)."""
+    from urllib.parse import urlsplit
+
+    if not isinstance(server, str) or not server.startswith(("http://", "https://")):
+        raise InvalidInput("invalid_input", f"--server must be an http:// or https:// URL, "
+                           f"got {server!r}")
+    parts = urlsplit(server)
+    if parts.query or parts.fragment or "?" in server or "#" in server:
+        raise InvalidInput("invalid_input", f"--server {server!r}: the server's address "
+                           "takes no query (?) or fragment (#)")
+    try:
+        parts.port  # noqa: B018 - raises on a port that is not a number in range
+    except ValueError:
+        raise InvalidInput("invalid_input", f"--server {server!r}: not a valid port") from None
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        raise InvalidInput("invalid_input", f"--server {server!r}: name the server's host "
+                           "(and no user or password: the token says who you are)")
+    base = server.rstrip("/")
+    if base.endswith("/v1"):
+        raise InvalidInput("invalid_input", f"--server {server!r}: give the server's base "
+                           f"address, without /v1 ({base[:-3]!r})")
+    return base
+
+
 class RemoteCoordinator:
     #: The worker runtime completes and claims the next job in one request when it would
     #: claim next anyway (one round trip and one commit per job instead of two).
@@ -51,10 +78,7 @@ class RemoteCoordinator:
     def __init__(self, server: str, token: str, *, claim_wait: float = 20.0,
                  timeout: float = 10.0, retry_s: float = DEFAULT_RETRY_S,
                  verify: Any = True):
-        server = server.rstrip("/")
-        if not server.startswith(("http://", "https://")):
-            raise InvalidInput("invalid_input", f"--server must be an http:// or https:// URL, "
-                               f"got {server!r}")
+        server = server_base(server)
         token = token.strip()
         if not token:
             raise InvalidInput("invalid_input", "the token file is empty")

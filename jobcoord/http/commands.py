@@ -136,8 +136,9 @@ def remote_coordinator(server: str, token_file: str, *, claim_wait: float = 20.0
                        ca_file: str | None = None) -> Any:
     """`--server URL --token-file F` -> the object the worker runtime calls instead of a
     Coordinator."""
-    from .client import RemoteCoordinator
+    from .client import RemoteCoordinator, server_base
 
+    server_base(server)  # before the token file: a wrong address is said first
     secret = read_token_file(token_file)
     return RemoteCoordinator(server, secret, claim_wait=claim_wait,
                              verify=trusting(ca_file) if ca_file else True)
