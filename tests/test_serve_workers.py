@@ -212,6 +212,23 @@ def test_sigterm_stops_a_remote_workers_chained_claims(target: Target, tmp_path:
     assert summary["claimed"] == summary["completed"] + summary["released"]
 
 
+def test_a_remote_burst_worker_leaves_an_empty_queue_without_waiting_out_a_long_poll(
+        target: Target, tmp_path: Any) -> None:
+    """--burst leaves once a claim gets nothing: through a server its claims do not
+    long-poll unless --wait is given (it waited the default 20 s before leaving)."""
+    import time
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.enqueue("work", {})
+    with served(target, "--reap-every", "0") as s:
+        t0 = time.monotonic()
+        summary, _ = finish(start_worker(s.url, secret, str(tmp_path), "wa", "--burst"), 60)
+        took = time.monotonic() - t0
+    assert summary["claimed"] == 1 and summary["completed"] == 1, summary
+    assert took < 10.0, took
+
+
 def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) -> None:
     import subprocess as sp
 

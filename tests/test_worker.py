@@ -725,6 +725,22 @@ def test_burst_worker_exits_when_the_gate_refuses_instead_of_hanging(db, start):
     assert c.show(job)["job"]["status"] == "waiting"
 
 
+def test_a_burst_worker_reaps_expired_leases_before_it_finds_the_queue_empty(db, start):
+    """A worker killed mid-job leaves its lease; a burst worker run to empty the queue
+    recovers that job (reaps, then claims it) instead of exiting with it `running` until
+    someone runs `jobcoord reap`."""
+    _, c = db
+    job = c.enqueue("summarize", {"text": "x"})["job_id"]
+    c.heartbeat("dead-worker", readings={"memory_used_pct": 10})
+    assert c.claim("dead-worker", lease_s=0.5)["job"]["job_id"] == job
+    time.sleep(0.8)
+    w = start(*APP, "--burst", "--reap-every", "5")  # its timer would first reap in 5 s
+    code, summary = w.finish()
+    assert code == 0 and summary["claimed"] == 1 and summary["reaped"] == 1, summary
+    shown = c.show(job)["job"]
+    assert shown["status"] == "succeeded" and shown["attempts"] == 2, shown
+
+
 @pytest.mark.parametrize("size, in_env", [(100, True), (200_000, False)])
 def test_commands_get_every_checkpoint_in_a_file_and_small_ones_in_the_environment(
         db, start, size, in_env):

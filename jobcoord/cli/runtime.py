@@ -42,9 +42,10 @@ from .output import emit, json_option
               show_default=True, help="Decision log on stderr.")
 @click.option("--max-jobs", metavar="N", help="Exit after claiming this many jobs.")
 @click.option("--burst", is_flag=True,
-              help="Exit once nothing is running and a claim gets nothing (no job, or gated); "
-                   "exit with the error after claims failed for 10 s (server or database "
-                   "out of reach: 6).")
+              help="Exit once nothing is running and a claim gets nothing (no job, or gated; "
+                   "expired leases are reaped once first, and their jobs claimed); exit with "
+                   "the error after claims failed for 10 s (server or database out of "
+                   "reach: 6).")
 @click.option("--flush-delay", default="0.005", show_default=True, metavar="SECONDS",
               help="Longest a finished job's result waits to be accepted with others in one "
                    "transaction (0..1; a lease near its end is flushed at once).")

@@ -15,6 +15,9 @@ from ..errors import InvalidInput
 #: Largest token file read (a token is 47 characters).
 MAX_TOKEN_FILE = 4096
 
+#: How long a remote worker's claim long-polls unless told (`--wait`).
+DEFAULT_CLAIM_WAIT_S = 20.0
+
 
 def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> None:
     from ..cli import emit
@@ -132,7 +135,8 @@ def read_token_file(path: str) -> str:
     return text
 
 
-def remote_coordinator(server: str, token_file: str, *, claim_wait: float = 20.0,
+def remote_coordinator(server: str, token_file: str, *,
+                       claim_wait: float = DEFAULT_CLAIM_WAIT_S,
                        ca_file: str | None = None) -> Any:
     """`--server URL --token-file F` -> the object the worker runtime calls instead of a
     Coordinator."""
@@ -167,9 +171,9 @@ def remote_worker_command(local: click.Command) -> click.Command:
                      help="Run against a `jobcoord serve` at URL instead of a database."),
         click.Option(["--token-file"], metavar="FILE",
                      help="File holding this worker's token (with --server)."),
-        click.Option(["--wait"], default=20.0, show_default=True,
-                     type=click.FloatRange(0, 30),
-                     help="With --server: long-poll a claim this long."),
+        click.Option(["--wait"], default=None, type=click.FloatRange(0, 30),
+                     help="With --server: long-poll a claim this long (default 20 s; 0 with "
+                          "--burst, which leaves once a claim gets nothing)."),
         click.Option(["--ca-file"], metavar="PEM",
                      help="With --server: trust this CA (a self-signed server certificate)."),
     ]
@@ -177,6 +181,9 @@ def remote_worker_command(local: click.Command) -> click.Command:
     def callback(**kw: Any) -> Any:
         server, token_file = kw.pop("server"), kw.pop("token_file")
         wait, ca_file = kw.pop("wait"), kw.pop("ca_file")
+        if wait is None:
+            # A burst worker leaves on an empty claim: a long-poll would only delay that.
+            wait = 0.0 if kw.get("burst") else DEFAULT_CLAIM_WAIT_S
         if server is None:
             if token_file is not None:
                 raise InvalidInput("invalid_input", "--token-file needs --server")

@@ -267,6 +267,23 @@ class Worker:
             self.stopping.set()
             self.wake.set()
 
+    def _reap_before_leaving(self) -> bool:
+        """A burst worker about to leave an empty queue reaps once first (when it reaps at
+        all): its reaper timer may not have run yet, and a job whose worker died would stay
+        `running` until someone reaps. True when that put jobs back to waiting."""
+        if not self.config.reap_s:
+            return False  # a remote worker: its server reaps
+        try:
+            got = self.calls.reap(limit=100)
+        except Exception as e:  # leaving anyway: the next worker or reaper will see it
+            self._timer_error("reap", e)
+            return False
+        if not (got["expired"] or got["deadline_dead"]):
+            return False
+        self.log("reaped", expired=got["expired"], jobs=got["jobs"])
+        self.count("reaped", got["expired"] + got["deadline_dead"])
+        return bool(got["waiting"])
+
     def _ticker(self) -> None:
         cfg = self.config
         mono = self.clock.mono
@@ -436,6 +453,8 @@ class Worker:
                                  detail=got["detail"])
                         last_refusal = refusal
                     if cfg.burst and not live:
+                        if self._reap_before_leaving():
+                            continue  # jobs of dead workers are waiting again: claim them
                         break
                     self._idle(cfg.poll_s)
                     continue
