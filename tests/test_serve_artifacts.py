@@ -411,3 +411,30 @@ def test_stalled_uploads_take_no_thread_from_database_calls(s: Setup) -> None:
         assert answer.startswith("HTTP/1.1 400"), answer
         assert "upload_incomplete" in answer, answer
     assert s.objects() == [] and s.rows(job) == []
+
+
+def test_a_stalled_upload_is_answered_503_when_the_server_stops(s: Setup) -> None:
+    """SIGTERM with an upload waiting for bytes: it is refused at once (503
+    `server_stopping`, to be sent again), nothing stored, no traceback; it was cut after the
+    grace with a plain-text 500 and a traceback."""
+    import signal
+    import time
+
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv:
+        sock = _stalled_upload(srv.url, s.worker, job, epoch, "f")
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            srv.signal(signal.SIGTERM)
+            answer = _whole_answer(sock)
+            took = time.monotonic() - t0
+        finally:
+            sock.close()
+        assert srv.proc is not None
+        _out, err = srv.proc.communicate(timeout=30)
+        assert srv.proc.returncode == 0
+    assert answer.startswith("HTTP/1.1 503") and "server_stopping" in answer, answer
+    assert took < 2.0, took
+    assert b"Traceback" not in err, err.decode()[-3000:]
+    assert s.objects() == [] and s.rows(job) == []

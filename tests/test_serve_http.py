@@ -265,6 +265,46 @@ def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: 
         s.stop()
 
 
+def test_sigterm_answers_waiting_long_polls_204_at_once_with_no_traceback(
+        sqlite_target: Target) -> None:
+    """Long-polls waiting when serve is stopped get their "nothing" answer (204) as the stop
+    begins; they were cut after the 5 s grace with a plain-text 500 each, and a traceback
+    per poll in the log."""
+    import threading
+    import time
+
+    wa = token(sqlite_target, "wa", "worker", worker="wa")
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    answers: list[tuple[int, str, float]] = []
+
+    def poll() -> None:
+        with httpx.Client(base_url=s.url, timeout=60,
+                          headers={"Authorization": f"Bearer {wa}"}) as http:
+            got = http.post("/v1/claims", json={"kinds": ["nothing"], "wait": 30})
+            answers.append((got.status_code, got.text, time.monotonic()))
+
+    try:
+        assert s.proc is not None
+        with s.client(wa) as http:
+            assert http.post("/v1/heartbeat", json={"readings": {"memory_used_pct": 5}}
+                             ).status_code == 200
+        polls = [threading.Thread(target=poll) for _ in range(5)]
+        for t in polls:
+            t.start()
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        s.signal(signal.SIGTERM)
+        for t in polls:
+            t.join(30)
+        out, err = s.proc.communicate(timeout=30)
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0
+    assert [a[0] for a in answers] == [204] * 5, answers
+    assert max(a[2] for a in answers) - stopped_at < 2.0, answers
+    assert b"Traceback" not in err, err.decode()[-3000:]
+
+
 def test_a_bug_is_a_json_500_and_the_connection_keeps_serving(sqlite_target: Target) -> None:
     wa = token(sqlite_target, "wa", "worker", worker="wa")
     with Coordinator.open(sqlite_target) as c:

@@ -10,6 +10,8 @@ import hashlib
 import io
 import os
 import tempfile
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -19,7 +21,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from ..artifacts.objects import parse_digest, validate_name
-from ..errors import InvalidInput, Refused
+from ..errors import InvalidInput, Refused, StorageUnavailable
 from ..tokens import Identity
 from .bodies import JSONRoute, error_responses
 from .deps import JobId, Reader, Srv, WorkerId, scope
@@ -28,6 +30,8 @@ from .state import Server
 
 router = APIRouter(route_class=JSONRoute)
 
+#: How often an upload waiting for bytes looks whether the server is stopping.
+STOP_LOOK_S = 0.25
 #: Media types that say nothing about an upload's bytes (curl's default label for a body).
 _UNLABELLED = ("application/x-www-form-urlencoded", "multipart/form-data")
 
@@ -38,12 +42,13 @@ class BodyStream(io.RawIOBase):
     loop. Counts the bytes against the upload limit as they come."""
 
     def __init__(self, chunks: AsyncIterator[bytes], loop: asyncio.AbstractEventLoop,
-                 limit: int, idle_s: float):
+                 limit: int, idle_s: float, stopping: threading.Event):
         super().__init__()
         self._chunks = chunks
         self._loop = loop
         self._limit = limit
         self._idle_s = idle_s
+        self._stopping = stopping
         self._pending = memoryview(b"")
         self._done = False
         self.seen = 0
@@ -61,17 +66,29 @@ class BodyStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def _wait_for_chunk(self) -> bytes | None:
+        """The next chunk, waited for at most the idle time, and given up at once when the
+        server begins to stop (its answer then comes before the grace runs out)."""
+        waiting = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
+        give_up = time.monotonic() + self._idle_s
+        while True:
+            try:
+                return waiting.result(timeout=min(STOP_LOOK_S, self._idle_s))
+            except concurrent.futures.TimeoutError:
+                if self._stopping.is_set():
+                    waiting.cancel()
+                    raise StorageUnavailable("server_stopping", "the server is stopping; "
+                                             "nothing was stored, send it again") from None
+                if time.monotonic() >= give_up:
+                    waiting.cancel()
+                    raise InvalidInput("upload_incomplete", f"the upload sent nothing for "
+                                       f"{self._idle_s:g} s; nothing was stored") from None
+
     def readinto(self, buf: Any) -> int:
         while not self._pending:
             if self._done:
                 return 0
-            waiting = asyncio.run_coroutine_threadsafe(self._next(), self._loop)
-            try:
-                chunk = waiting.result(timeout=self._idle_s)
-            except concurrent.futures.TimeoutError:
-                waiting.cancel()
-                raise InvalidInput("upload_incomplete", f"the upload sent nothing for "
-                                   f"{self._idle_s:g} s; nothing was stored") from None
+            chunk = self._wait_for_chunk()
             if chunk is None:
                 self._done = True
                 return 0
@@ -123,7 +140,7 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
     if media_type is None and content_type and not content_type.startswith(_UNLABELLED):
         media_type = content_type.split(";")[0].strip()
     body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes,
-                      srv.upload_idle_s)
+                      srv.upload_idle_s, srv.stopping)
     return await srv.transfer(fenced_step(
         srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
         expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)

@@ -175,7 +175,7 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
     left = end - time.monotonic()
     # Keep waiting only while the answer is "nothing for you yet": a gate or a stale
     # heartbeat is said at once, the worker must act on it.
-    if left <= 0 or got["reason"] not in _KEEP_WAITING:
+    if left <= 0 or srv.stopping.is_set() or got["reason"] not in _KEEP_WAITING:
         if body.wait > 0 and got["reason"] in _KEEP_WAITING:
             return Response(status_code=204)
         return got
@@ -186,7 +186,7 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
         gone = asyncio.ensure_future(_disconnected(request))
     woken = await srv.wakeup.wait(min(left, srv.poll_s * 2), claimant, gone, looked)
     if not isinstance(woken, Handover) and (
-            gone.done() or await request.is_disconnected()):
+            srv.stopping.is_set() or gone.done() or await request.is_disconnected()):
         return Response(status_code=204)
     return woken, gone
 

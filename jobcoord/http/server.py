@@ -122,6 +122,12 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     scheme = "https" if tls_cert else "http"
 
     class _Server(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # Long-polls and stalled uploads answer now, before uvicorn waits out its grace
+            # for them (and then cancels them: a plain-text 500 and a traceback each).
+            app.state.server.stop_waits()
+            await super().shutdown(sockets)
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:

@@ -176,6 +176,9 @@ class Server:
         self.transfers = concurrent.futures.ThreadPoolExecutor(pool_size,
                                                                "jobcoord-http-transfer")
         self.upload_idle_s = upload_idle_s
+        #: Set when the server begins to stop: long-polls answer "nothing" (204) at once and
+        #: uploads still streaming are refused (503), instead of being cut after the grace.
+        self.stopping = threading.Event()
         self.poll_s = poll_s
         self.reap_every = reap_every
         self.emit = emit or (lambda _event: None)
@@ -242,6 +245,12 @@ class Server:
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
             self.wakeup.notify(n)
+
+    def stop_waits(self) -> None:
+        """The server begins to stop: every long-poll is woken to answer 204 and uploads
+        waiting for bytes give up (see `stopping`)."""
+        self.stopping.set()
+        self.notify()
 
     def pass_on(self, wake: int) -> None:
         """A poll woken by `wake` found nothing for it: the next poll that has not looked
