@@ -438,3 +438,60 @@ def test_a_stalled_upload_is_answered_503_when_the_server_stops(s: Setup) -> Non
     assert took < 2.0, took
     assert b"Traceback" not in err, err.decode()[-3000:]
     assert s.objects() == [] and s.rows(job) == []
+
+
+def test_downloads_stalled_by_their_readers_hold_at_most_twice_the_upload_limit(
+        s: Setup, tmp_path: Path) -> None:
+    """Each download is copied out of the store, verified, and sent from that copy, which
+    stays until it is sent: readers that never read held a full copy each (20 of a 64 MiB
+    artifact, 1.25 GiB of temporary files). The copies in flight hold at most twice
+    --max-artifact-bytes; a download past that is 503 `server_busy` (Retry-After), and any
+    one download is always served."""
+    import socket
+    import time
+
+    size = 24 << 20
+    data = os.urandom(size)
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
+    s.c.complete(job, "wa", epoch, tenant="alice")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**s.env, "TMPDIR": str(temp)}
+    with served(s.target, "--reap-every", "0", "--max-artifact-bytes", str(size),
+                env=env) as srv:
+        host, port = srv.url.rsplit("//", 1)[1].split(":")
+        socks = []
+        try:
+            for _ in range(4):
+                sock = socket.create_connection((host, int(port)))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
+                             f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
+                socks.append(sock)
+                time.sleep(0.5)
+            staged = sum(f.stat().st_size for f in temp.iterdir())
+            with srv.client(s.viewer) as viewer:
+                busy = viewer.get(f"/v1/jobs/{job}/artifacts/big.bin")
+        finally:
+            for sock in socks:
+                sock.close()
+        assert staged <= 2 * size, staged
+        assert busy.status_code == 503, busy.status_code
+        assert busy.json()["error"]["code"] == "server_busy" and busy.headers["Retry-After"]
+        # Once the stalled readers are gone, downloads are served again.
+        with srv.client(s.viewer) as viewer:
+            got = wait_until(lambda: viewer.get(f"/v1/jobs/{job}/artifacts/big.bin"))
+        assert got.content == data
+    assert list(temp.iterdir()) == []
+
+
+def wait_until(get: Any, timeout: float = 20.0) -> Any:
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        got = get()
+        if got.status_code == 200 or time.monotonic() > end:
+            return got
+        time.sleep(0.2)

@@ -6,6 +6,7 @@ Every rule is jobcoord.artifacts.rules': names, fencing, limits, verification.""
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
 import concurrent.futures
+import contextlib
 import hashlib
 import io
 import os
@@ -183,15 +184,26 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
 
     Copied out verified (size and digest) first, then streamed from the copy and removed:
     a corrupt or missing object is a 503 before any byte, never served."""
-    fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
-    os.close(fd)
+    release = srv.reserve_staging(found["size"])
+    try:
+        fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
+        os.close(fd)
+    except BaseException:
+        release()
+        raise
+
+    def discard() -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        release()
+
     try:
         # Our own empty temporary file: replaced by the verified copy.
         await srv.transfer(srv.c.get_artifact, job_id, found["name"], path, force=True)
     except BaseException:
-        os.unlink(path)
+        discard()
         raise
     etag = hashlib.sha256(found["digest"].encode()).hexdigest()[:32]
     return FileResponse(path, media_type=found["media_type"] or "application/octet-stream",
-                        filename=found["name"], background=BackgroundTask(os.unlink, path),
+                        filename=found["name"], background=BackgroundTask(discard),
                         headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})

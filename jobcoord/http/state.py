@@ -179,6 +179,11 @@ class Server:
         #: Set when the server begins to stop: long-polls answer "nothing" (204) at once and
         #: uploads still streaming are refused (503), instead of being cut after the grace.
         self.stopping = threading.Event()
+        #: Bytes of downloads' verified copies not yet sent (their readers may never read),
+        #: held to twice the upload limit; see `staging`.
+        self.staged_bytes = 0
+        self.staging_limit = 2 * max_artifact_bytes
+        self._staging_lock = threading.Lock()
         self.poll_s = poll_s
         self.reap_every = reap_every
         self.emit = emit or (lambda _event: None)
@@ -245,6 +250,25 @@ class Server:
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
             self.wakeup.notify(n)
+
+    def reserve_staging(self, size: int) -> Callable[[], None]:
+        """Room for a download's verified copy of `size` bytes, and the function that gives
+        it back once the copy is gone. Past `staging_limit` (unless nothing else is held:
+        one download is always served) it is DatabaseBusy `server_busy`, a 503 to retry."""
+        with self._staging_lock:
+            if self.staged_bytes and self.staged_bytes + size > self.staging_limit:
+                raise DatabaseBusy("server_busy", f"downloads still being sent hold "
+                                   f"{self.staged_bytes} bytes of verified copies; try again")
+            self.staged_bytes += size
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._staging_lock:
+                if not released:
+                    released = True
+                    self.staged_bytes -= size
+        return release
 
     def stop_waits(self) -> None:
         """The server begins to stop: every long-poll is woken to answer 204 and uploads
