@@ -93,6 +93,9 @@ class Coordinator:
             raise
 
     def close(self) -> None:
+        """Close the connections for good: a later call is InvalidInput `coordinator_closed`
+        (it quietly opened new connections, which nothing would close)."""
+        self.db.closed = True
         self.db.close()
 
     def __enter__(self) -> Coordinator:

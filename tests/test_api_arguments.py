@@ -299,3 +299,16 @@ def test_a_coordinator_given_a_policy_that_is_not_a_policy_is_invalid_input(
         coord: Coordinator) -> None:
     with pytest.raises(InvalidInput, match="policy"):
         Coordinator(coord.db, {"retry_base_s": 5}, verify=False)  # type: ignore[arg-type]
+
+
+def test_a_closed_coordinator_refuses_every_call_instead_of_reopening(target: Any) -> None:
+    c = Coordinator.open(target)
+    c.enqueue("k", {})
+    c.close()
+    for call in (lambda: c.enqueue("k", {}), lambda: c.status(), lambda: c.reap()):
+        with pytest.raises(InvalidInput) as closed:
+            call()
+        assert closed.value.code == "coordinator_closed"
+    c.close()  # closing again is harmless
+    with Coordinator.open(target) as again:
+        assert again.status()["jobs"]["waiting"] == 1

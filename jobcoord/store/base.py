@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 from sqlalchemy.engine import Connection, Engine
 
 from .. import faults
-from ..errors import DatabaseBusy, JobcoordError
+from ..errors import DatabaseBusy, InvalidInput, JobcoordError
 from . import statements
 from .driver_errors import classify
 from .sources import ChangeWaiter, ConnectionSource, Result
@@ -171,6 +171,8 @@ class Database:
         #: since its first try, or since the thread's `deadline` began (the server's bound:
         #: below its clients' own timeout).
         self.busy_budget: float | None = None
+        #: Set by Coordinator.close: no transaction begins after it.
+        self.closed = False
         self.stats = Stats()
         self._local = threading.local()
         self._stats_lock = threading.Lock()
@@ -546,6 +548,9 @@ class Database:
         return result
 
     def _transaction(self, fn: Callable[[Connection], T], where: str, *, write: bool) -> T:
+        if self.closed:
+            raise InvalidInput("coordinator_closed", f"this Coordinator was closed ({where}); "
+                               "open another")
         outer = getattr(self._local, "conn", None)
         if outer is not None:
             # Nested in a transaction of this thread: join it. A write inside a read cannot
