@@ -296,7 +296,7 @@ def test_sigterm_answers_waiting_long_polls_204_at_once_with_no_traceback(
         s.signal(signal.SIGTERM)
         for t in polls:
             t.join(30)
-        out, err = s.proc.communicate(timeout=30)
+        _out, err = s.proc.communicate(timeout=30)
     finally:
         s.stop()
     assert s.proc.returncode == 0
