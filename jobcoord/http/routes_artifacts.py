@@ -104,6 +104,22 @@ class BodyStream(io.RawIOBase):
         return n
 
 
+def utf8_name(request: Request, name: str) -> str:
+    """The name from the path, refused when its percent-escapes are not UTF-8: the server
+    decodes them with U+FFFD for each bad byte, so `a%FFb` and `a%FEb` would both be stored
+    as one name `a\ufffdb`."""
+    from urllib.parse import unquote_to_bytes
+
+    raw = request.scope.get("raw_path")
+    if raw is not None:
+        try:
+            unquote_to_bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidInput("invalid_artifact_name", "invalid artifact name: its "
+                               "percent-escapes are not UTF-8") from None
+    return name
+
+
 @router.put(
     "/v1/jobs/{job_id}/artifacts/{name:path}",
     responses={**error_responses(
@@ -126,7 +142,7 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
     parameter; the server hashes the bytes as they arrive and stores nothing on a
     mismatch. The media type is `media_type`, else Content-Type, else guessed from the
     name."""
-    validate_name(name)  # before any byte is read: the CLI's own name rule
+    validate_name(utf8_name(request, name))  # before any byte is read: the CLI's own rule
     if digest is not None and x_content_digest is not None and digest != x_content_digest:
         raise InvalidInput("invalid_digest", "the X-Content-Digest header and the digest "
                            "parameter disagree")
@@ -167,9 +183,10 @@ async def _accepted(srv: Server, job_id: int, who: Identity) -> dict[str, Any]:
                                     "(X-Content-Digest) before the first byte is sent",
                      "content": {"application/octet-stream": {
                          "schema": {"type": "string", "format": "binary"}}}}})
-async def download(job_id: JobId, name: str, who: Reader, srv: Srv) -> FileResponse:
+async def download(request: Request, job_id: JobId, name: str, who: Reader, srv: Srv
+                   ) -> FileResponse:
     """Download an accepted artifact of a job this token may see."""
-    name = validate_name(name)
+    name = validate_name(utf8_name(request, name))
     listed = await _accepted(srv, job_id, who)
     found = next((a for a in listed["artifacts"] if a["name"] == name), None)
     if found is None:
