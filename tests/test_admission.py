@@ -391,3 +391,23 @@ def test_concurrent_submissions_with_one_key_create_one_job(coord, target):
             else:
                 assert answer == "idempotency_conflict", answer
         assert sum(1 for _, a in answers if isinstance(a, dict) and a["created"]) == 1
+
+
+def test_status_counts_the_leases_that_expired_and_wait_for_the_reaper(coord, cli):
+    """A lease past its end is still held (until the reaper ends it) and counted as such,
+    and said apart: `expired_leases`, of the tenant when asked."""
+    import time
+
+    coord.enqueue("k", {}, tenant="A")
+    coord.enqueue("k", {}, tenant="B")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    assert coord.claim("w1", lease_s=0.3, tenant="A")["job"]["tenant"] == "A"
+    assert coord.claim("w1", lease_s=300, tenant="B")["job"]["tenant"] == "B"
+    fresh = cli("status", "--json").json
+    assert (fresh["active_leases"], fresh["expired_leases"]) == (2, 0)
+    time.sleep(0.4)
+    late = cli("status", "--json").json
+    assert (late["active_leases"], late["expired_leases"]) == (2, 1)
+    assert cli("status", "--tenant", "B", "--json").json["expired_leases"] == 0
+    coord.reap()
+    assert cli("status", "--json").json["expired_leases"] == 0

@@ -138,9 +138,11 @@ def status(ctx: Context, *, tenant: str | None = None) -> dict[str, Any]:
         scope = {"tenant": tenant}
         for st, n in ctx.db.run(conn, by_status, scope).all():
             counts[st] = n
+        leased, expired = ctx.db.run(conn, held, {**scope, "now": now_us()}).one()
         out: dict[str, Any] = {
             "workers": ctx.db.run(conn, qs.WORKER_COUNT).scalar_one(),
-            "active_leases": ctx.db.run(conn, held, scope).scalar_one(), "jobs": counts,
+            # Expired ones are counted too: a lease is held until the reaper ends it.
+            "active_leases": leased, "expired_leases": int(expired), "jobs": counts,
             "tenant": tenant, "revisions": sorted(current_revisions(ctx.db, conn)),
             "features": sorted(ctx.features)}
         out.update(ctx.db.storage_facts(conn))  # the database's name first, then its facts

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import case, func, select, text
 
 from ..schema import TENANT_ROLE, TENANTED, artifacts, job_events, jobs, leases, workers
 from .statements import ONE, SQL, WAITING, P, const
@@ -88,13 +88,16 @@ def jobs_ahead(role: bool, by_tenant: bool) -> SQL:
 
 
 def status_counts(by_tenant: bool) -> tuple[SQL, SQL]:
-    """(jobs by status, leases held), of :tenant when asked."""
+    """(jobs by status, (leases held, of them expired at :now)), of :tenant when asked."""
     def by_status() -> Any:
         query = select(J.status, func.count()).group_by(J.status)
         return query.where(J.tenant == P("tenant")) if by_tenant else query
 
     def held() -> Any:
-        query = select(func.count()).select_from(leases.join(jobs, J.job_id == L.job_id))
+        expired = func.coalesce(func.sum(case((L.expires_at <= P("now"), const(1)),
+                                              else_=const(0))), const(0))
+        query = select(func.count(), expired).select_from(
+            leases.join(jobs, J.job_id == L.job_id))
         return query.where(J.tenant == P("tenant")) if by_tenant else query
     return (_shaped(("by_status", by_tenant), by_status), _shaped(("held", by_tenant), held))
 
