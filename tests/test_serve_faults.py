@@ -589,8 +589,9 @@ def test_requests_queued_for_a_server_thread_are_answered_503_within_their_budge
     """The 3 s a request may spend on a locked database counts from when the request asked
     for a server thread, not from its first try: with more writes than threads (8), a write
     that waited for a thread is not given a fresh budget of its own (24 writes: the slowest
-    took 15 s, past a client's 10 s timeout). One that waited its whole budget in the queue
-    is answered `server_busy` without a try."""
+    took 15 s, past a client's 10 s timeout; about 5 s now, bounded below the timeout with
+    room for a loaded machine). One that waited its whole budget in the queue is answered
+    `server_busy` without a try."""
     from concurrent.futures import ThreadPoolExecutor
 
     sub = token(target, "sub", "submitter")
@@ -607,6 +608,6 @@ def test_requests_queued_for_a_server_thread_are_answered_503_within_their_budge
         answers = list(pool.map(write, range(24)))
     assert {(status, code) for status, code, _ in answers} <= {
         (503, "database_locked"), (503, "server_busy")}, answers
-    assert max(took for _, _, took in answers) < 6.0, sorted(a[2] for a in answers)
+    assert max(took for _, _, took in answers) < 8.0, sorted(a[2] for a in answers)
     with Coordinator.open(target) as c:
         assert c.jobs()["jobs"] == []
