@@ -5,7 +5,8 @@
               each as two calls per job (complete, then claim), chained (the completion
               claims the next job: `claim_next`, `complete_and_claim`) and in batches
               (claim_many / complete_many of up to --batch jobs), and the ratios (target
-              >= 0.5x), like for like and the remote worker's way vs the API's two calls;
+              >= 0.5x), like for like and the remote worker's way vs the API's two calls,
+              and the server's CPU per job over HTTP;
   pickup      latency from a submission to the handler's start with 8 idle workers
               long-polling (8 processes), each job submitted over HTTP while all 8 wait
               (target p50 <= 5 ms, p99 <= 50 ms on loopback). Measured twice: from the
@@ -205,12 +206,17 @@ def throughput(scratch: Scratch, jobs: int, procs: int = 4, batch: int = 8
         secrets = _make_tokens(http_db, [(f"w{i}", "worker", f"w{i}") for i in range(procs)])
         server = Server(http_db, "--reap-every", "0")
         try:
+            cpu = server.cpu_s()
             http_s, http = run_processes(_http_worker_dispatch, procs,
                                          (server.url, secrets, mode, batch))
+            cpu = server.cpu_s() - cpu
         finally:
             server.stop()
         assert sum(r["done"] for r in http) == jobs
         out[f"http_{mode}"] = jobs / http_s
+        # The server's CPU per job: steadier than the ratio on a shared machine, where the
+        # API's fsync-bound rate swings with other processes' disk writes.
+        out[f"cpu_{mode}"] = cpu / jobs
     return out
 
 
@@ -457,7 +463,8 @@ def _print_throughput(t: dict[str, float], jobs: int, batch: int) -> None:
         print(f"  {what}")
         print(f"    Python API  {t[f'api_{name}']:8.0f} jobs/s")
         print(f"    HTTP        {t[f'http_{name}']:8.0f} jobs/s   ratio "
-              f"{t[f'http_{name}'] / t[f'api_{name}']:.2f}x")
+              f"{t[f'http_{name}'] / t[f'api_{name}']:.2f}x   server CPU "
+              f"{ms(t[f'cpu_{name}'])} ms per job")
     print(f"  target >= 0.5x: chained like for like "
           f"{t['http_chained'] / t['api_chained']:.2f}x; batches like for like "
           f"{t['http_batch'] / t['api_batch']:.2f}x; the remote worker's way with several "
