@@ -92,6 +92,18 @@ class Coordinator:
             db.close()
             raise
 
+    def has_feature(self, name: str) -> bool:
+        """Is the optional schema feature `name` installed? The features are read when the
+        Coordinator opens; one missing then is looked for again (one read), so a
+        `migrate --with` run beside a long-lived process (a server, a worker) takes effect
+        without a restart."""
+        if name not in self.features:
+            from .migrate import verify_schema
+
+            # In place: the core reads the same set.
+            self.features |= verify_schema(self.db)
+        return name in self.features
+
     def close(self) -> None:
         """Close the connections for good: a later call is InvalidInput `coordinator_closed`
         (it quietly opened new connections, which nothing would close)."""

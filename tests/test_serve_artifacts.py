@@ -242,6 +242,28 @@ def test_without_the_artifacts_feature_uploads_are_refused_and_nothing_is_listed
         assert op.get(f"/v1/jobs/{job + 99}/artifacts").status_code == 404
 
 
+def test_artifacts_installed_while_the_server_runs_are_taken_without_a_restart(
+        target: Target, tmp_path: Path) -> None:
+    """`migrate --with artifacts` beside a running server: its next upload is taken (it
+    answered feature_missing, telling the operator to run the migrate just run, until a
+    restart); so does a Coordinator opened before it."""
+    secret = token(target, "wa", "worker", tenant="alice", worker="wa")
+    env = {"JOBCOORD_ARTIFACTS": str(tmp_path / "store")}
+    with Coordinator.open(target) as c:
+        c.artifacts_dir = env["JOBCOORD_ARTIFACTS"]
+        c.heartbeat("wa", readings={"memory_used_pct": 5})
+        job = c.enqueue("report", {}, tenant="alice")["job_id"]
+        epoch = c.claim("wa", tenant="alice")["lease"]["epoch"]
+        with served(target, "--reap-every", "0", env=env) as srv, srv.client(secret) as w:
+            got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+            assert got.status_code == 409 and got.json()["error"]["code"] == "feature_missing"
+            install(target)
+            got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+            assert got.status_code == 200, got.text
+        staged = c.put_artifact(job, "wa", epoch, "b.bin", BYTES, tenant="alice")
+        assert staged["state"] == "staged"
+
+
 def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_failure(
         s: Setup, tmp_path: Path) -> None:
     job = s.c.enqueue("report", {"title": "Lost answer"}, tenant="alice")["job_id"]

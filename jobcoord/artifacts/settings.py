@@ -179,7 +179,7 @@ def store_of(coord: Coordinator) -> ObjectStore:
 
 
 def need_feature(coord: Coordinator) -> None:
-    if "artifacts" not in coord.features:
+    if not coord.has_feature("artifacts"):
         raise SchemaMismatch("feature_missing", "artifact storage is not installed in this "
                              "database: run `jobcoord migrate --with artifacts`")
 
