@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
@@ -248,6 +249,24 @@ def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_listening_url_of_an_ipv6_address_is_a_url_a_worker_can_use(
+        sqlite_target: Target) -> None:
+    """`serve --host ::1` said `http://::1:PORT`, which is no URL (`--server` refused it):
+    the address is written in brackets."""
+    import socket
+
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    with served(sqlite_target, "--host", "::1", "--reap-every", "0") as s:
+        assert s.url.startswith("http://[::1]:"), s.url
+        assert httpx.get(f"{s.url}/healthz", timeout=10).status_code == 200
+        from jobcoord.http.client import server_base
+
+        assert server_base(s.url) == s.url
 
 
 def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: Target

@@ -455,7 +455,8 @@ def test_checkpoint_and_effect_through_a_server_refuse_what_the_token_is_not(
 
 @pytest.mark.parametrize("suffix, needle", [
     ("?x=1", "query"), ("#top", "query"), ("/v1", "base address"), ("/v1/", "base address"),
-    (":99999", "port"), ("", "token")])
+    (":99999", "not a valid URL"), ("", "token"), ("HTTP://[::1", "not a valid URL"),
+    ("X:0", "(0)")])
 def test_a_server_url_that_cannot_be_the_servers_base_is_exit_2(
         tmp_path: Any, suffix: str, needle: str) -> None:
     """`--server` with a query crashed the worker (exit 1, TypeError), and one ending in /v1
@@ -465,7 +466,9 @@ def test_a_server_url_that_cannot_be_the_servers_base_is_exit_2(
     path.write_text("jct_x y\n")
     for argv in (["checkpoint", "1", "--worker", "w", "--epoch", "1", "--name", "n"],
                  ["worker", "--exec", "k=true"]):
-        got = subprocess.run([*jobcoord_argv(), *argv, "--server", f"http://127.0.0.1:9{suffix}",
+        url = suffix if suffix.startswith("HTTP") else f"http://127.0.0.1:9{suffix}"
+        url = "http://127.0.0.1:0" if suffix == "X:0" else url
+        got = subprocess.run([*jobcoord_argv(), *argv, "--server", url,
                               "--token-file", str(path), "--json"],
                              capture_output=True, timeout=30, check=False)
         assert got.returncode == 2, got.stderr.decode()[-2000:]

@@ -49,17 +49,20 @@ def server_base(server: Any) -> str:
     query, a fragment or a trailing /v1 would make every call go astray (InvalidInput)."""
     from urllib.parse import urlsplit
 
-    if not isinstance(server, str) or not server.startswith(("http://", "https://")):
+    if not isinstance(server, str) or not server.lower().startswith(("http://", "https://")):
         raise InvalidInput("invalid_input", f"--server must be an http:// or https:// URL, "
                            f"got {server!r}")
-    parts = urlsplit(server)
+    try:
+        parts = urlsplit(server)
+        port = parts.port
+    except ValueError as e:  # an unclosed IPv6 bracket, a port out of range or not a number
+        raise InvalidInput("invalid_input", f"--server {server!r}: not a valid URL "
+                           f"({e})") from None
     if parts.query or parts.fragment or "?" in server or "#" in server:
         raise InvalidInput("invalid_input", f"--server {server!r}: the server's address "
                            "takes no query (?) or fragment (#)")
-    try:
-        parts.port  # noqa: B018 - raises on a port that is not a number in range
-    except ValueError:
-        raise InvalidInput("invalid_input", f"--server {server!r}: not a valid port") from None
+    if port == 0:
+        raise InvalidInput("invalid_input", f"--server {server!r}: not a valid port (0)")
     if not parts.hostname or parts.username is not None or parts.password is not None:
         raise InvalidInput("invalid_input", f"--server {server!r}: name the server's host "
                            "(and no user or password: the token says who you are)")

@@ -132,7 +132,9 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
             await super().startup(sockets)
             if self.started:
                 bound = self.servers[0].sockets[0].getsockname()
-                emit({"event": "listening", "url": f"{scheme}://{host}:{bound[1]}",
+                # An IPv6 address is written in brackets in a URL.
+                shown = f"[{host}]" if ":" in host else host
+                emit({"event": "listening", "url": f"{scheme}://{shown}:{bound[1]}",
                       "port": bound[1], "reap_every_s": reap_every,
                       "dialect": coordinator.db.dialect})
 
