@@ -492,7 +492,9 @@ def test_downloads_stalled_by_their_readers_hold_at_most_twice_the_upload_limit(
                              f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
                 socks.append(sock)
                 time.sleep(0.5)
-            staged = sum(f.stat().st_size for f in temp.iterdir())
+            staged = sum(f.stat().st_size for f in temp.rglob("*") if f.is_file())
+            # Each copy in a directory only this user may enter: the bytes are the tenant's.
+            assert {oct(d.stat().st_mode & 0o777) for d in temp.iterdir()} == {"0o700"}
             with srv.client(s.viewer) as viewer:
                 busy = viewer.get(f"/v1/jobs/{job}/artifacts/big.bin")
         finally:
@@ -517,3 +519,37 @@ def wait_until(get: Any, timeout: float = 20.0) -> Any:
         if got.status_code == 200 or time.monotonic() > end:
             return got
         time.sleep(0.2)
+
+
+def test_a_stop_with_a_stalled_download_leaves_no_copy_and_no_traceback(
+        s: Setup, tmp_path: Path) -> None:
+    """A reader that stopped reading is cut when the server's stop has waited its grace: its
+    verified copy is removed then too (it stayed in the temporary directory for good), and
+    the cut is no traceback in the log."""
+    import signal
+    import socket
+    import time
+
+    data = os.urandom(16 << 20)
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
+    s.c.complete(job, "wa", epoch, tenant="alice")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    with served(s.target, "--reap-every", "0", env={**s.env, "TMPDIR": str(temp)}) as srv:
+        host, port = srv.url.rsplit("//", 1)[1].split(":")
+        sock = socket.create_connection((host, int(port)))
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
+                         f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
+            time.sleep(1.0)
+            assert list(temp.iterdir()), "the download was not in flight"
+            srv.signal(signal.SIGTERM)
+            assert srv.proc is not None
+            _out, err = srv.proc.communicate(timeout=30)
+        finally:
+            sock.close()
+        assert srv.proc.returncode == 0
+    assert list(temp.iterdir()) == []
+    assert b"Traceback" not in err, err.decode()[-3000:]

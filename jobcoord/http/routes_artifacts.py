@@ -6,19 +6,18 @@ Every rule is jobcoord.artifacts.rules': names, fencing, limits, verification.""
 # No `from __future__ import annotations`: FastAPI reads the route signatures at run time.
 import asyncio
 import concurrent.futures
-import contextlib
 import hashlib
 import io
 import os
+import shutil
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse
-from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from ..artifacts.objects import parse_digest, validate_name
@@ -197,32 +196,52 @@ async def download(request: Request, job_id: JobId, name: str, who: Reader, srv:
     return await artifact_file(srv, job_id, found)
 
 
+class StagedFile(FileResponse):
+    """A download's verified copy sent as the answer, and removed (its room in the staging
+    budget given back) once the sending ends, however it ends: sent, the client gone, or a
+    reader that stopped reading cut by the server's stop. That cut is uvicorn cancelling the
+    response when its grace is over: it ends the answer quietly, not as a traceback."""
+
+    def __init__(self, path: str, discard: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self._discard = discard
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except asyncio.CancelledError:
+            return
+        finally:
+            self._discard()
+
+
 async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> FileResponse:
     """The accepted artifact `found` (an entry of the job's artifact list) as the answer of a
     download; the API's route and the dashboard's both answer with it.
 
     Copied out verified (size and digest) first, then streamed from the copy and removed:
-    a corrupt or missing object is a 503 before any byte, never served."""
+    a corrupt or missing object is a 503 before any byte, never served. The copy is made in
+    a directory of its own that only this process's user may enter (the object's bytes are
+    the tenant's)."""
     release = srv.reserve_staging(found["size"])
     try:
-        fd, path = tempfile.mkstemp(prefix="jobcoord-artifact-")
-        os.close(fd)
+        directory = tempfile.mkdtemp(prefix="jobcoord-download-")
     except BaseException:
         release()
         raise
+    path = os.path.join(directory, "artifact")
 
     def discard() -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        shutil.rmtree(directory, ignore_errors=True)
         release()
 
     try:
-        # Our own empty temporary file: replaced by the verified copy.
-        await srv.transfer(srv.c.get_artifact, job_id, found["name"], path, force=True)
+        await srv.transfer(srv.c.get_artifact, job_id, found["name"], path)
     except BaseException:
         discard()
         raise
     etag = hashlib.sha256(found["digest"].encode()).hexdigest()[:32]
-    return FileResponse(path, media_type=found["media_type"] or "application/octet-stream",
-                        filename=found["name"], background=BackgroundTask(discard),
-                        headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})
+    return StagedFile(path, discard,
+                      media_type=found["media_type"] or "application/octet-stream",
+                      filename=found["name"],
+                      headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})
