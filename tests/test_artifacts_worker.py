@@ -48,3 +48,24 @@ def test_a_handler_returns_an_artifact_linked_to_its_result(db: Any, start: Any,
     # The command's artifacts directory is gone with the attempt (directories other tests'
     # workers left or remove meanwhile are not this attempt's).
     assert set(glob.glob(pattern)) - before == set()
+
+
+def test_a_command_whose_artifacts_take_longer_than_its_lease_to_stage_keeps_its_lease(
+        db: Any, start: Any, sqlite_target: Any) -> None:
+    """The files a command left are staged after it exits, before the completion: a slow
+    upload (a large file, a slow network to the server) took the rest of the lease with no
+    renewal, and the accepted result of a job that had run to its end was refused
+    `lease_expired` and the job ran again. The lease is renewed while they are staged."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    job = c.enqueue("report", {"title": "Slow"})["job_id"]
+    # Each file's staging waits 4 s; the lease is 3 s (renewed every second).
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "3", "--burst",
+              env={"JOBCOORD_FAULT": "artifacts.stage.file:sleep=4"})
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 1, summary
+    shown = c.show(job)
+    assert shown["job"]["status"] == "succeeded" and shown["job"]["attempts"] == 1, shown["job"]
+    assert [a["state"] for a in c.artifacts(job)["artifacts"]] == ["accepted"]
+    assert w.events("renewed"), "no renewal while the files were staged"

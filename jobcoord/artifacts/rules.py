@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jobcoord import faults
 from jobcoord.artifacts.objects import ObjectStore, Source, parse_digest, validate_name
 from jobcoord.artifacts.retention import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_GRACE_S,
@@ -365,6 +366,8 @@ def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, ep
     staged = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         if entry.is_file(follow_symlinks=False):
+            # A test makes each file's staging slow here (a large file, a slow network).
+            faults.point("artifacts.stage.file")
             staged.append(coord.put_artifact(job_id, worker, epoch, entry.name, entry.path,
                                              None, tenant=tenant))
     return staged

@@ -300,6 +300,7 @@ class JobRun:
             gaps = GapWatch(clock)
         waiting_logged = False
         result: Outcome | None = None
+        handler_done: float | None = None  # when the handler ended, if its files are staged
         while result is None:
             if poll is None:
                 earlier = self._earlier_alive()
@@ -317,7 +318,11 @@ class JobRun:
             if poll is not None:
                 result = poll()
                 if result is not None:
-                    break
+                    staging = None if handler_done is not None else self._staging(result)
+                    if staging is None:
+                        break
+                    # The command's files are staged under the lease, kept renewed meanwhile.
+                    handler_done, poll, result = clock.boot(), staging, None
             gap = gaps.check()
             now = clock.boot()
             if gap:
@@ -336,7 +341,7 @@ class JobRun:
                 self._stop_handler(ctx, ctx.cancel_reason or "cancelled")
                 result = Outcome("lost", code=ctx.cancel_reason)
                 break
-            if now >= deadline:
+            if now >= deadline and handler_done is None:
                 self._stop_handler(ctx, "timeout")
                 why = (f"wall-clock budget of {self.spec.timeout_s:g}s exceeded"
                        if poll is not None else
@@ -397,7 +402,7 @@ class JobRun:
             wait = min(next_renew, deadline, lease_end) - clock.boot()
             self.wake.wait(max(0.0, min(wait, LOOP_MAX_WAIT_S)))
             self.wake.clear()
-        duration = clock.boot() - started
+        duration = (clock.boot() if handler_done is None else handler_done) - started
         if result.kind == "success" and ctx.cancelled:
             result = Outcome("lost", code=ctx.cancel_reason)
         self._report(result, duration, started_at, lease_end)
@@ -413,6 +418,39 @@ class JobRun:
             handler.join()
             log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
                 late_s=round(time.monotonic() - t0, 3))
+
+    def _staging(self, result: Outcome) -> Callable[[], Outcome | None] | None:
+        """A command's success that left files to stage: their staging, begun on a thread
+        of its own, as the poll the lease loop waits on, renewing the lease meanwhile (an
+        upload may take longer than what is left of the lease: a large file, a slow network
+        to the server); it answers `result` once they are staged. None when there is
+        nothing to stage. A staging that fails is left to the report, which stages them
+        again and says what went wrong, as it always has."""
+        out = self.artifacts_out
+        if result.kind != "success" or out is None or self.artifacts_staged:
+            return None
+        with contextlib.suppress(OSError), os.scandir(out) as entries:
+            if not any(True for _ in entries):
+                return None
+        w, cfg = self.w, self.w.config
+        done = threading.Event()
+
+        def stage() -> None:
+            from ..artifacts.rules import stage_outdir
+
+            try:
+                stage_outdir(w.calls, out, self.job_id, cfg.worker_id, self.epoch,
+                             self.job.get("tenant"))
+                self.artifacts_staged = True
+            except Exception:  # the report stages them again and says why
+                pass
+            finally:
+                done.set()
+                self.wake.set()
+
+        threading.Thread(target=stage, name=f"jobcoord-stage-{self.job_id}",
+                         daemon=True).start()
+        return lambda: result if done.is_set() else None
 
     def _earlier_alive(self) -> JobRun | None:
         """The nearest earlier run of this job in this worker that is still alive (None:
