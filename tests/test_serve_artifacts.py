@@ -553,3 +553,33 @@ def test_a_stop_with_a_stalled_download_leaves_no_copy_and_no_traceback(
         assert srv.proc.returncode == 0
     assert list(temp.iterdir()) == []
     assert b"Traceback" not in err, err.decode()[-3000:]
+
+
+def test_one_workers_stalled_uploads_cannot_hold_back_another_workers_upload(
+        s: Setup) -> None:
+    """A worker has at most --threads uploads in flight (a quarter of the transfer threads):
+    past that its next upload is 503 `server_busy` at once, and another worker's upload goes
+    through however many the first has stalled (it waited behind them, and a remote worker
+    lost its lease)."""
+    import time
+
+    other = token(s.target, "wb", "worker", tenant="alice", worker="wb")
+    job, epoch = s.leased()
+    job_b, epoch_b = s.leased(worker="wb")
+    with served(s.target, "--reap-every", "0", "--threads", "1", env=s.env) as srv, \
+            srv.client(s.worker) as wa, srv.client(other) as wb:
+        sock = _stalled_upload(srv.url, s.worker, job, epoch, "stalled")
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            busy = put(wa, job, "second.bin", BYTES, epoch,
+                       **{"X-Content-Digest": digest(BYTES)})
+            took = time.monotonic() - t0
+            fine = put(wb, job_b, "b.bin", BYTES, epoch_b,
+                       **{"X-Content-Digest": digest(BYTES)})
+        finally:
+            sock.close()
+    assert busy.status_code == 503 and busy.json()["error"]["code"] == "server_busy", busy.text
+    assert busy.headers["Retry-After"] and took < 2.0, took
+    assert fine.status_code == 200, fine.text
+    assert [a["name"] for a in s.rows(job_b)] == ["b.bin"] and s.rows(job) == []

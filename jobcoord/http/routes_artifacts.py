@@ -24,7 +24,7 @@ from ..artifacts.objects import parse_digest, validate_name
 from ..errors import InvalidInput, Refused, StorageUnavailable
 from ..tokens import Identity
 from .bodies import JSONRoute, error_responses
-from .deps import JobId, Reader, Srv, WorkerId, scope
+from .deps import JobId, Reader, Srv, WorkerId, scope, worker_of
 from .routes_worker import fenced_step
 from .state import Server
 
@@ -158,9 +158,10 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
         media_type = content_type.split(";")[0].strip()
     body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes,
                       srv.upload_idle_s, srv.stopping)
-    return await srv.transfer(fenced_step(
-        srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
-        expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)
+    with srv.upload_slot(worker_of(who)):  # on the event loop: no lock needed
+        return await srv.transfer(fenced_step(
+            srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
+            expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)
 
 
 @router.get("/v1/jobs/{job_id}/artifacts")

@@ -10,7 +10,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import DatabaseBusy, JobcoordError
@@ -45,6 +45,8 @@ CLAIM_ANSWER_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
 #: Seconds an artifact upload may send nothing before it is refused (`serve --upload-idle`).
 DEFAULT_UPLOAD_IDLE_S = 30.0
+#: Transfer threads (uploads, downloads' copies) for each database thread (`--threads`).
+TRANSFER_THREADS_PER_THREAD = 4
 
 
 class Wakeup:
@@ -172,9 +174,13 @@ class Server:
         self.c = coordinator
         self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "jobcoord-http-db")
         #: An artifact's bytes move at the client's pace, or not at all (a stalled upload):
-        #: on threads of their own, never on one a claim or a renewal waits for.
-        self.transfers = concurrent.futures.ThreadPoolExecutor(pool_size,
-                                                               "jobcoord-http-transfer")
+        #: on threads of their own, never on one a claim or a renewal waits for. A worker
+        #: has at most `pool_size` uploads in flight (`upload_slot`), a quarter of them: one
+        #: token's stalled uploads cannot hold every other worker's upload back.
+        self.transfers = concurrent.futures.ThreadPoolExecutor(
+            TRANSFER_THREADS_PER_THREAD * pool_size, "jobcoord-http-transfer")
+        self.uploads_per_worker = pool_size
+        self._uploads: dict[str, int] = {}
         self.upload_idle_s = upload_idle_s
         #: Set when the server begins to stop: long-polls answer "nothing" (204) at once and
         #: uploads still streaming are refused (503), instead of being cut after the grace.
@@ -250,6 +256,23 @@ class Server:
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
             self.wakeup.notify(n)
+
+    @contextlib.contextmanager
+    def upload_slot(self, worker: str) -> Iterator[None]:
+        """One of this worker's uploads in flight, while the block runs; past
+        `uploads_per_worker` it is DatabaseBusy `server_busy` (a 503 its client retries)."""
+        if self._uploads.get(worker, 0) >= self.uploads_per_worker:
+            raise DatabaseBusy("server_busy", f"worker {worker} already has "
+                               f"{self.uploads_per_worker} uploads in flight; try again")
+        self._uploads[worker] = self._uploads.get(worker, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._uploads[worker] - 1
+            if left:
+                self._uploads[worker] = left
+            else:
+                del self._uploads[worker]
 
     def reserve_staging(self, size: int) -> Callable[[], None]:
         """Room for a download's verified copy of `size` bytes, and the function that gives
