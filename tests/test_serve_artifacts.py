@@ -497,6 +497,15 @@ def test_downloads_stalled_by_their_readers_hold_at_most_twice_the_upload_limit(
             assert {oct(d.stat().st_mode & 0o777) for d in temp.iterdir()} == {"0o700"}
             with srv.client(s.viewer) as viewer:
                 busy = viewer.get(f"/v1/jobs/{job}/artifacts/big.bin")
+            # The dashboard's download is held to the same bound, and says when to retry.
+            from tests.test_dashboard_pages import login
+
+            page, _ = login(srv.url, s.viewer)
+            try:
+                busy_page = page.get(f"/ui/jobs/{job}/artifacts/big.bin")
+            finally:
+                page.close()
+            assert busy_page.status_code == 503 and busy_page.headers["Retry-After"]
         finally:
             for sock in socks:
                 sock.close()

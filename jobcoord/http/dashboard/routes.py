@@ -61,9 +61,11 @@ class Dashboard:
             try:
                 return await fn(who)
             except JobcoordError as e:
-                from ..errors import status_of
+                from ..errors import headers_of, status_of
 
-                return d.error(e.message, status_of(e), who, e.code)
+                page = d.error(e.message, status_of(e), who, e.code)
+                page.headers.update(headers_of(e))  # Retry-After, as the API says it
+                return page
 
         @r.get("/")
         async def root() -> Response:
