@@ -244,7 +244,7 @@ class RemoteCoordinator:
             wait)
         if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"job": None, "reason": "no_waiting_jobs",
-                    "detail": f"nothing eligible within {wait:g}s"}
+                    "detail": f"nothing eligible when the poll (of up to {wait:g}s) ended"}
         return got
 
     def claim_many(self, worker_id: str, n: int, *, lease_s: float | None = None,
@@ -259,7 +259,7 @@ class RemoteCoordinator:
             "wait": wait}, wait)
         if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"claimed": [], "reason": "no_waiting_jobs",
-                    "detail": f"nothing eligible within {wait:g}s"}
+                    "detail": f"nothing eligible when the poll (of up to {wait:g}s) ended"}
         return got
 
     def complete_many(self, items: list[dict[str, Any]]) -> dict[str, Any]:
