@@ -172,6 +172,7 @@ class Server:
                  max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
                  upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S):
         self.c = coordinator
+        self.pool_size = pool_size
         self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "jobcoord-http-db")
         #: An artifact's bytes move at the client's pace, or not at all (a stalled upload):
         #: on threads of their own, never on one a claim or a renewal waits for. A worker
@@ -186,7 +187,7 @@ class Server:
         #: uploads still streaming are refused (503), instead of being cut after the grace.
         self.stopping = threading.Event()
         #: Bytes of downloads' verified copies not yet sent (their readers may never read),
-        #: held to twice the upload limit; see `staging`.
+        #: held to twice the upload limit; see `reserve_staging`.
         self.staged_bytes = 0
         self.staging_limit = 2 * max_artifact_bytes
         self._staging_lock = threading.Lock()
@@ -215,7 +216,7 @@ class Server:
         if budget is None:
             return work
         asked = time.monotonic()
-        threads = self.pool._max_workers
+        threads = self.pool_size
 
         def run() -> T:
             if time.monotonic() - asked >= budget:
