@@ -30,7 +30,7 @@ def test_a_handler_returns_an_artifact_linked_to_its_result(db: Any, start: Any,
     install(sqlite_target)
     c.features.add("artifacts")  # this coordinator opened before the feature was added
     job = c.enqueue("report", {"title": "Quarterly"})["job_id"]
-    pattern = os.path.join(tempfile.gettempdir(), f"jobcoord-{job}-artifacts-*")
+    pattern = os.path.join(tempfile.gettempdir(), f"jobcoord-w*-{job}-artifacts-*")
     before = set(glob.glob(pattern))  # other tests' killed workers may have left some
     args = (("--app", "examples.report_app:app") if handler == "python"
             else ("--exec", f"report={PY} examples/report_cmd.py"))
@@ -69,3 +69,32 @@ def test_a_command_whose_artifacts_take_longer_than_its_lease_to_stage_keeps_its
     assert shown["job"]["status"] == "succeeded" and shown["job"]["attempts"] == 1, shown["job"]
     assert [a["state"] for a in c.artifacts(job)["artifacts"]] == ["accepted"]
     assert w.events("renewed"), "no renewal while the files were staged"
+
+
+def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_directory(
+        db: Any, start: Any, tmp_path: Path) -> None:
+    """A worker SIGKILLed while its command ran (or its files were staged) left the
+    command's artifacts directory and checkpoints file for good (hundreds of MB). A worker
+    starting removes those of this user whose worker process is gone, and nothing else."""
+    import subprocess
+    import sys
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, check=True, text=True).stdout.strip()
+    dead_dir = temp / f"jobcoord-w{gone}-7-artifacts-abc"
+    dead_dir.mkdir()
+    (dead_dir / "big.bin").write_bytes(b"x" * 1000)
+    dead_file = temp / f"jobcoord-w{gone}-7-xyz.json"
+    dead_file.write_text("{}")
+    alive = temp / f"jobcoord-w{os.getpid()}-8-artifacts-def"  # this test's process: alive
+    alive.mkdir()
+    other = temp / "jobcoord-report.txt"  # not a worker's
+    other.write_text("keep")
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
+              env={"TMPDIR": str(temp)})
+    code, summary = w.finish()
+    assert code == 0, summary
+    assert sorted(p.name for p in temp.iterdir()) == sorted([alive.name, other.name])
+    assert w.events("swept_orphans")[0]["removed"] == 2

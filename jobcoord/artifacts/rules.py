@@ -351,10 +351,11 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
 
 
 def make_outdir(job_id: int) -> str:
-    """The directory a command handler writes its artifacts into ($JOBCOORD_ARTIFACTS_OUT)."""
+    """The directory a command handler writes its artifacts into ($JOBCOORD_ARTIFACTS_OUT),
+    named for the worker process that owns it (see worker.handlers.sweep_orphans)."""
     import tempfile
 
-    return tempfile.mkdtemp(prefix=f"jobcoord-{job_id}-artifacts-")
+    return tempfile.mkdtemp(prefix=f"jobcoord-w{os.getpid()}-{job_id}-artifacts-")
 
 
 def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, epoch: int,

@@ -24,7 +24,9 @@ import collections
 import contextlib
 import json
 import os
+import re
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -236,7 +238,8 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
     text = json.dumps(ctx.checkpoints)
     # The file always holds every checkpoint; the variable is a convenience kept small,
     # because one environment string cannot exceed 128 KiB on Linux (exec fails: E2BIG).
-    fd, path = tempfile.mkstemp(prefix=f"jobcoord-{run.job_id}-", suffix=".json")
+    fd, path = tempfile.mkstemp(prefix=f"jobcoord-w{os.getpid()}-{run.job_id}-",
+                                suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     run.checkpoints_file = path
@@ -467,3 +470,41 @@ def read_pipes(sinks: dict[int, Callable[[bytes], None]], stop: threading.Event)
 def kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+#: A command's files and checkpoints in the temporary directory, named for the worker
+#: process that owns them: jobcoord-w<pid>-<job>-artifacts-<random>/, -<random>.json.
+_OWNED = re.compile(r"jobcoord-w(\d+)-\d+-(artifacts-)?")
+
+
+def sweep_orphans(directory: str | None = None) -> int:
+    """Remove the commands' files and checkpoints that a worker process killed outright
+    (SIGKILL, the OOM killer) left in the temporary directory: those of this user whose
+    owner process is gone. Its runs removed them as they ended; nothing else would, and a
+    command's artifacts may be gigabytes. Returns how many were removed."""
+    directory = directory or tempfile.gettempdir()
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        owned = _OWNED.match(entry.name)
+        if owned is None:
+            continue
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            os.kill(int(owned.group(1)), 0)
+            continue  # its worker is alive (or the pid was reused: left, the safe way)
+        except ProcessLookupError:
+            pass
+        except (OSError, OverflowError):
+            continue  # another user's process, or a name no worker made
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+        removed += 1
+    return removed

@@ -373,6 +373,11 @@ class Worker:
                  lease_s=cfg.lease_s, batch=cfg.batch, flush_delay_s=cfg.flush_delay_s,
                  tenant=cfg.tenant, readings=hb.get("readings"), gates=hb.get("gates"),
                  sources=hb.get("sources"))
+        from .handlers import sweep_orphans
+
+        swept = sweep_orphans()
+        if swept:
+            self.log("swept_orphans", removed=swept)
         ticker = threading.Thread(target=self._ticker, name="ticker", daemon=True)
         ticker.start()
         last_refusal: str | None = None
