@@ -62,7 +62,7 @@ def test_a_command_whose_artifacts_take_longer_than_its_lease_to_stage_keeps_its
     job = c.enqueue("report", {"title": "Slow"})["job_id"]
     # Each file's staging waits 4 s; the lease is 3 s (renewed every second).
     w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "3", "--burst",
-              env={"JOBCOORD_FAULT": "artifacts.stage.file:sleep=4"})
+              env={"JOBCOORD_FAULT": "artifacts.put:sleep=4"})
     code, summary = w.finish()
     assert code == 0 and summary["completed"] == 1, summary
     shown = c.show(job)
@@ -98,3 +98,21 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
     assert code == 0, summary
     assert sorted(p.name for p in temp.iterdir()) == sorted([alive.name, other.name])
     assert w.events("swept_orphans")[0]["removed"] == 2
+
+
+def test_slow_uploads_never_hold_back_the_renewals_of_the_workers_jobs(
+        db: Any, start: Any, sqlite_target: Any) -> None:
+    """A worker's database calls run on a few threads (a bound on its connections); its
+    uploads ran there too, so four jobs' slow uploads held every renewal back and each
+    lease was lost. Uploads run on threads of their own."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    jobs = [c.enqueue("report", {"title": f"t{i}"})["job_id"] for i in range(4)]
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "3",
+              "--concurrency", "4", "--burst", env={"JOBCOORD_FAULT": "artifacts.put:sleep=4"})
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 4, summary
+    for job in jobs:
+        shown = c.show(job)["job"]
+        assert shown["status"] == "succeeded" and shown["attempts"] == 1, shown

@@ -93,6 +93,8 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     object for gc. `expected_digest`: bytes hashing to anything else are refused
     (`artifact_invalid`), nothing stored. `max_bytes`: a limit of the caller's (an upload's),
     on top of the kind's."""
+    # A test makes a staging slow here (a large file, a slow disk or network).
+    faults.point("artifacts.put")
     need_feature(coord)
     job_id, worker, epoch, tenant = fenced_args(job_id, worker, epoch, tenant)
     name = validate_name(name)
@@ -367,8 +369,6 @@ def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, ep
     staged = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         if entry.is_file(follow_symlinks=False):
-            # A test makes each file's staging slow here (a large file, a slow network).
-            faults.point("artifacts.stage.file")
             staged.append(coord.put_artifact(job_id, worker, epoch, entry.name, entry.path,
                                              None, tenant=tenant))
     return staged

@@ -92,6 +92,10 @@ class Outage:
         return ended
 
 
+#: The Coordinator's calls that move an artifact's bytes (BoundedCalls runs them apart).
+TRANSFER_CALLS = frozenset({"put_artifact", "get_artifact"})
+
+
 class BoundedCalls:
     """The Coordinator's methods, run on a small fixed set of long-lived threads, so one
     worker makes at most `threads` database calls at once whatever its concurrency.
@@ -103,21 +107,30 @@ class BoundedCalls:
     once, from every worker, against PostgreSQL's `max_connections` and the coordinator's
     pool, or queue that many writers behind SQLite's one write lock."""
 
-    def __init__(self, coordinator: Any, threads: int = 2):
+    def __init__(self, coordinator: Any, threads: int = 2, transfer_threads: int = 2):
         self._c = coordinator
         self._pool = concurrent.futures.ThreadPoolExecutor(threads, "jobcoord-db")
+        #: Calls that move an artifact's bytes, at the pace of a disk or a network, run on
+        #: threads of their own: queued on the others, a large upload held the renewals of
+        #: every job of the worker back until their leases were lost.
+        self._transfers = concurrent.futures.ThreadPoolExecutor(transfer_threads,
+                                                                "jobcoord-transfer")
+
+    def _pool_for(self, name: str) -> concurrent.futures.ThreadPoolExecutor:
+        return self._transfers if name in TRANSFER_CALLS else self._pool
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         method = getattr(self._c, name)
+        pool = self._pool_for(name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self._pool.submit(method, *args, **kwargs).result()
+            return pool.submit(method, *args, **kwargs).result()
 
         return call
 
     def submit(self, name: str, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
         """The call started on the pool; its future, to be waited for in pieces."""
-        return self._pool.submit(getattr(self._c, name), *args, **kwargs)
+        return self._pool_for(name).submit(getattr(self._c, name), *args, **kwargs)
 
     def within(self, seconds: float, name: str, *args: Any, **kwargs: Any) -> Any:
         """The call, waited for at most `seconds` (concurrent.futures.TimeoutError past
@@ -125,11 +138,12 @@ class BoundedCalls:
         whose answer is worth nothing after a deadline, a renewal past its lease's end."""
         if seconds <= 0:  # nothing sent: its answer could only come too late
             raise concurrent.futures.TimeoutError
-        future = self._pool.submit(getattr(self._c, name), *args, **kwargs)
+        future = self._pool_for(name).submit(getattr(self._c, name), *args, **kwargs)
         return future.result(timeout=seconds)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._transfers.shutdown(wait=False, cancel_futures=True)
 
 
 class Worker:
