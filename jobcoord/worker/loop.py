@@ -287,16 +287,22 @@ class Worker:
         `running` until someone reaps. True when that put jobs back to waiting."""
         if not self.config.reap_s:
             return False  # a remote worker: its server reaps
+        return self._reap_once() > 0
+
+    def _reap_once(self) -> int:
+        """One reaper pass (the timer's and a leaving burst worker's): logs and counts what
+        it reaped and returns how many jobs it put back to waiting. An error is logged, not
+        raised: the timer must outlive any error that can heal, and a leaving worker leaves
+        anyway (the next worker or reaper will see the jobs)."""
         try:
             got = self.calls.reap(limit=100)
-        except Exception as e:  # leaving anyway: the next worker or reaper will see it
+        except Exception as e:
             self._timer_error("reap", e)
-            return False
-        if not (got["expired"] or got["deadline_dead"]):
-            return False
-        self.log("reaped", expired=got["expired"], jobs=got["jobs"])
-        self.count("reaped", got["expired"] + got["deadline_dead"])
-        return bool(got["waiting"])
+            return 0
+        if got["expired"] or got["deadline_dead"]:
+            self.log("reaped", expired=got["expired"], jobs=got["jobs"])
+            self.count("reaped", got["expired"] + got["deadline_dead"])
+        return int(got["waiting"])
 
     def _ticker(self) -> None:
         cfg = self.config
@@ -321,14 +327,7 @@ class Worker:
                     next_hb = now + min(cfg.heartbeat_s, 1.0)
             if now >= next_reap:
                 next_reap = now + cfg.reap_s
-                try:
-                    got = self.calls.reap(limit=100)
-                except Exception as e:  # the timer must outlive any error that can heal
-                    self._timer_error("reap", e)
-                else:
-                    if got["expired"] or got["deadline_dead"]:
-                        self.log("reaped", expired=got["expired"], jobs=got["jobs"])
-                        self.count("reaped", got["expired"] + got["deadline_dead"])
+                self._reap_once()
                 # Schedules tick on the reaper's timer: any number of workers may tick.
                 try:
                     ticked = self.calls.tick_schedules()
