@@ -7,6 +7,7 @@ their JSON shapes by `jobcoord.present`. Every answer is a plain dict ready for 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,10 @@ from .errors import InvalidInput
 from .policy import Policy
 from .store.base import Database, Target, resolve_target
 
+#: How long a feature found missing is taken as missing before the schema is read again: a
+#: server answering each request for a missing feature would otherwise read it each time.
+FEATURE_LOOK_S = 2.0
+
 
 class Coordinator:
     """The public Python API: one method per operation, each one short transaction (prune:
@@ -44,6 +49,7 @@ class Coordinator:
         self.db = db
         self.policy = policy or Policy()
         self.features: set[str] = set()
+        self._missing_seen: dict[str, float] = {}  # feature -> when last found missing
         if verify:
             from .migrate import verify_schema
 
@@ -96,13 +102,20 @@ class Coordinator:
         """Is the optional schema feature `name` installed? The features are read when the
         Coordinator opens; one missing then is looked for again (one read), so a
         `migrate --with` run beside a long-lived process (a server, a worker) takes effect
-        without a restart."""
-        if name not in self.features:
-            from .migrate import verify_schema
+        without a restart: within FEATURE_LOOK_S of the last look that missed it."""
+        if name in self.features:
+            return True
+        seen = self._missing_seen.get(name)
+        if seen is not None and time.monotonic() - seen < FEATURE_LOOK_S:
+            return False
+        from .migrate import verify_schema
 
-            # In place: the core reads the same set.
-            self.features |= verify_schema(self.db)
-        return name in self.features
+        # In place: the core reads the same set.
+        self.features |= verify_schema(self.db)
+        if name in self.features:
+            return True
+        self._missing_seen[name] = time.monotonic()
+        return False
 
     def close(self) -> None:
         """Close the connections for good: a later call is InvalidInput `coordinator_closed`

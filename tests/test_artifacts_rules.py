@@ -298,6 +298,38 @@ def test_without_the_feature_artifact_commands_say_how_to_install_it(coord: Coor
     assert "migrate --with artifacts" in str(caught.value)
 
 
+def test_a_feature_found_missing_is_read_again_only_after_the_look_interval(
+        target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server asks for a missing feature on each artifact request: one schema read per
+    FEATURE_LOOK_S, not one per request; an install is taken at the next look."""
+    from jobcoord import coordinator as facade
+    from jobcoord import migrate as migrate_module
+
+    reads = []
+    real = migrate_module.verify_schema
+
+    def counted(db: Database) -> set[str]:
+        reads.append(1)
+        return real(db)
+
+    now = [1000.0]
+    monkeypatch.setattr(migrate_module, "verify_schema", counted)
+    monkeypatch.setattr(facade.time, "monotonic", lambda: now[0])
+    c = Coordinator.open(target)
+    try:
+        assert reads == [1]  # the open's own read
+        assert not any(c.has_feature("artifacts") for _ in range(50))
+        assert len(reads) == 2  # the first miss looks again; the next 49 do not
+        install(target)
+        now[0] += facade.FEATURE_LOOK_S - 0.01
+        assert not c.has_feature("artifacts") and len(reads) == 2
+        now[0] += 0.02
+        assert c.has_feature("artifacts") and len(reads) == 3
+        assert c.has_feature("artifacts") and len(reads) == 3  # found: never read again
+    finally:
+        c.close()
+
+
 # --- validation per kind --------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from jobcoord.coordinator import FEATURE_LOOK_S
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.serve_procs import db_args, jobcoord_argv, served, token, token_file
@@ -258,7 +260,14 @@ def test_artifacts_installed_while_the_server_runs_are_taken_without_a_restart(
             got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
             assert got.status_code == 409 and got.json()["error"]["code"] == "feature_missing"
             install(target)
-            got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+            # Taken at the server's next look for the feature (FEATURE_LOOK_S after the miss).
+            deadline = time.monotonic() + FEATURE_LOOK_S + 5
+            while True:
+                got = put(w, job, "a.bin", BYTES, epoch,
+                          **{"X-Content-Digest": digest(BYTES)})
+                if got.status_code != 409 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             assert got.status_code == 200, got.text
         staged = c.put_artifact(job, "wa", epoch, "b.bin", BYTES, tenant="alice")
         assert staged["state"] == "staged"
