@@ -13,6 +13,7 @@ puts on their path (tests/fault_site/), which calls `install` and `set_deferred_
     install("completed.after_update:sleep=3")    sleep 3 seconds there
     install("a:kill,b:sleep=1")                  several points at once
     install("http.complete.after_commit:bug")    raise an unexpected error there (a bug)
+    install("artifacts.put:bug=2")               ... only on the second pass through it
 
 `set_deferred_writes(True)` makes write transactions on SQLite start with a plain (deferred)
 BEGIN instead of BEGIN IMMEDIATE, so the contention tests can prove that they would catch that
@@ -26,6 +27,7 @@ import signal
 import time
 
 _ACTIONS: dict[str, tuple[str, float]] = {}
+_PASSES: dict[str, int] = {}  # passes through each point armed with `bug=N`
 
 
 class FaultBug(RuntimeError):
@@ -44,9 +46,11 @@ def _parse(spec: str) -> dict[str, tuple[str, float]]:
             actions[name] = ("sleep", float(action.removeprefix("sleep=")))
         elif action == "bug":
             actions[name] = ("bug", 0.0)
+        elif action.startswith("bug=") and action.removeprefix("bug=").isdigit():
+            actions[name] = ("bug_on", float(action.removeprefix("bug=")))
         else:
-            raise ValueError(f"fault spec: cannot read {item!r} (use NAME:kill, NAME:bug or "
-                             "NAME:sleep=SECONDS)")
+            raise ValueError(f"fault spec: cannot read {item!r} (use NAME:kill, NAME:bug, "
+                             "NAME:bug=PASS or NAME:sleep=SECONDS)")
     return actions
 
 
@@ -54,6 +58,7 @@ def install(spec: str) -> None:
     """Arm the fault points named in `spec` (replacing any armed before); "" disarms all."""
     global _ACTIONS
     _ACTIONS = _parse(spec)
+    _PASSES.clear()
 
 
 def set_deferred_writes(flag: bool) -> None:
@@ -70,6 +75,11 @@ def point(name: str) -> None:
     if action is None:
         return
     kind, seconds = action
+    if kind == "bug_on":
+        _PASSES[name] = _PASSES.get(name, 0) + 1
+        if _PASSES[name] == int(seconds):
+            raise FaultBug(f"fault point {name}: an unexpected error on pass {_PASSES[name]}")
+        return
     if kind == "sleep":
         time.sleep(seconds)
     elif kind == "bug":

@@ -71,6 +71,32 @@ def test_a_command_whose_artifacts_take_longer_than_its_lease_to_stage_keeps_its
     assert w.events("renewed"), "no renewal while the files were staged"
 
 
+def test_a_staging_that_fails_half_way_stages_only_the_rest_in_the_report(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """The staging beside the lease loop failed on its second file; the report stages what
+    is left and says so. The first file, already staged, is not uploaded again."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    job = c.enqueue("three", {})["job_id"]
+    cmd = tmp_path / "three.py"
+    cmd.write_text("import os, pathlib\n"
+                   "out = pathlib.Path(os.environ['JOBCOORD_ARTIFACTS_OUT'])\n"
+                   "for n in 'abc':\n    (out / f'{n}.txt').write_text(n * 100)\n"
+                   "print('{}')\n")
+    w = start("--exec", f"three={PY} {cmd}", "--burst",
+              env={"JOBCOORD_FAULT": "artifacts.put:bug=2"})
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 1, summary
+    staged = [e["detail"]["name"] for e in c.show(job)["events"]
+              if e["reason"] == "artifact_staged"]
+    assert staged == ["a.txt", "b.txt", "c.txt"], staged
+    assert sorted(a["name"] for a in c.artifacts(job)["artifacts"]) == ["a.txt", "b.txt",
+                                                                       "c.txt"]
+    [failed] = w.events("artifacts_stage_error")
+    assert failed["job_id"] == job and failed["staged"] == 1, failed
+
+
 def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_directory(
         db: Any, start: Any, tmp_path: Path) -> None:
     """A worker SIGKILLed while its command ran (or its files were staged) left the

@@ -361,16 +361,20 @@ def make_outdir(job_id: int) -> str:
 
 
 def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, epoch: int,
-                 tenant: str | None) -> list[dict[str, Any]]:
+                 tenant: str | None, *, done: set[str] | None = None) -> list[dict[str, Any]]:
     """Stage every regular file a command left in its artifacts directory (name = file name;
-    sub-directories and links are not followed), before the worker reports the completion."""
+    sub-directories and links are not followed), before the worker reports the completion.
+    `done`: the names already staged (skipped), to which each name staged here is added, so
+    a staging that failed part way is taken up again where it stopped."""
     if not directory or not os.path.isdir(directory):
         return []
     staged = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if entry.is_file(follow_symlinks=False):
+        if entry.is_file(follow_symlinks=False) and (done is None or entry.name not in done):
             staged.append(coord.put_artifact(job_id, worker, epoch, entry.name, entry.path,
                                              None, tenant=tenant))
+            if done is not None:
+                done.add(entry.name)
     return staged
 
 

@@ -73,6 +73,7 @@ class JobRun:
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
         #: Its files are staged under the lease: a report sent again sends only the completion.
         self.artifacts_staged = False
+        self.artifacts_done: set[str] = set()  # file names staged so far (never twice)
         #: When this run's chained completion was first sent (boot clock): a report sent
         #: again may be handed the job the first one claimed, whose lease began after it.
         self.chain_sent: float | None = None
@@ -424,8 +425,8 @@ class JobRun:
         of its own, as the poll the lease loop waits on, renewing the lease meanwhile (an
         upload may take longer than what is left of the lease: a large file, a slow network
         to the server); it answers `result` once they are staged. None when there is
-        nothing to stage. A staging that fails is left to the report, which stages them
-        again and says what went wrong, as it always has."""
+        nothing to stage. A staging that fails is logged and left to the report, which
+        stages the files not staged yet and says what went wrong if it fails too."""
         out = self.artifacts_out
         if result.kind != "success" or out is None or self.artifacts_staged:
             return None
@@ -440,10 +441,12 @@ class JobRun:
 
             try:
                 stage_outdir(w.calls, out, self.job_id, cfg.worker_id, self.epoch,
-                             self.job.get("tenant"))
+                             self.job.get("tenant"), done=self.artifacts_done)
                 self.artifacts_staged = True
-            except Exception:  # the report stages them again and says why
-                pass
+            except Exception as e:  # the report stages the rest, and says why if it fails
+                code, message = describe(e)
+                w.log("artifacts_stage_error", job_id=self.job_id, epoch=self.epoch,
+                      error=code, detail=message, staged=len(self.artifacts_done))
             finally:
                 done.set()
                 self.wake.set()
@@ -549,7 +552,7 @@ class JobRun:
                 from ..artifacts.rules import stage_outdir
 
                 stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
-                             self.epoch, tenant)
+                             self.epoch, tenant, done=self.artifacts_done)
                 self.artifacts_staged = True
             if w.completer is not None:
                 # Acknowledged only once the group holding this result has committed; its
