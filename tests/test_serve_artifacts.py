@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -445,6 +446,51 @@ def test_stalled_uploads_take_no_thread_from_database_calls(s: Setup) -> None:
     assert refused == [("HTTP/1.1 400 Bad Request", True, False)] * 2 + [
         ("HTTP/1.1 503 Service Unavailable", False, True)] * 2, answers
     assert s.objects() == [] and s.rows(job) == []
+
+
+@pytest.mark.parametrize("route", ["complete", "completions"])
+def test_a_completions_artifact_checks_take_no_thread_from_database_calls(
+        s: Setup, tmp_path: Path, route: str) -> None:
+    """A completion re-hashes its staged artifacts and runs its kind's validator before its
+    transaction. On the server's database threads, a slow one (a large file, a slow
+    validator) held back every other call: with --threads 1 another worker's renewal
+    waited for it, and with large artifacts leases were lost. They run on the transfer
+    threads."""
+    checker = tmp_path / "slow check.py"
+    checker.write_text("import time\ntime.sleep(4)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[artifacts.kinds.report]\n"
+                      f"validator = [{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    other = token(s.target, "wb", "worker", tenant="alice", worker="wb")
+    job, epoch = s.leased()
+    other_job, other_epoch = s.leased("wb")
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    with served(s.target, "--reap-every", "0", "--threads", "1", env=env) as srv, \
+            srv.client(s.worker) as w, srv.client(other) as wb:
+        got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+        assert got.status_code == 200, got.text
+        done: list[httpx.Response] = []
+        if route == "complete":
+            sent = lambda: done.append(w.post(f"/v1/jobs/{job}/complete",  # noqa: E731
+                                              json={"epoch": epoch, "result": {}},
+                                              timeout=30))
+        else:
+            sent = lambda: done.append(w.post("/v1/completions", json={  # noqa: E731
+                "items": [{"job_id": job, "epoch": epoch, "result": {}}]}, timeout=30))
+        completing = threading.Thread(target=sent)
+        completing.start()
+        time.sleep(1.0)  # the validator is running
+        t0 = time.monotonic()
+        renewed = wb.post(f"/v1/jobs/{other_job}/renew", json={"epoch": other_epoch},
+                          timeout=30)
+        waited = time.monotonic() - t0
+        completing.join(30)
+        assert renewed.status_code == 200, renewed.text
+        assert waited < 1.5, f"the renewal waited {waited:.1f} s for the validator"
+        [answer] = done
+        assert answer.status_code == 200, answer.text
+    assert s.c.show(job)["job"]["status"] == "succeeded"
+    assert [a["state"] for a in s.rows(job)] == ["accepted"]
 
 
 def test_a_stalled_upload_is_answered_503_when_the_server_stops(s: Setup) -> None:

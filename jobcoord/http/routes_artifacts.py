@@ -159,9 +159,11 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
     body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes,
                       srv.upload_idle_s, srv.stopping)
     with srv.upload_slot(worker_of(who)):  # on the event loop: no lock needed
-        return await srv.transfer(fenced_step(
+        staged = await srv.transfer(fenced_step(
             srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
             expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)
+    srv.note_upload(job_id, epoch)  # its completion checks the bytes: see `uploaded_first`
+    return staged
 
 
 @router.get("/v1/jobs/{job_id}/artifacts")

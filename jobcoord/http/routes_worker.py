@@ -246,8 +246,9 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
     `reason`). A refused completion claims nothing; a completion sent again after its answer
     was lost is `already_accepted`, its `next` the job the lost answer claimed while nothing
     touched it since, else null."""
-    return await fenced(srv, lambda j, w, _, b, tenant: _complete(srv.c, j, w, b, tenant),
-                        job_id, caller, body.epoch, body)
+    step = fenced_step(srv, lambda j, w, _, b, tenant: _complete(srv.c, j, w, b, tenant),
+                       job_id, body.epoch, body)
+    return await uploaded_first(srv, caller, step, [(job_id, body.epoch)])
 
 
 @router.post("/v1/completions", dependencies=strict(CompletionsBody))
@@ -286,7 +287,29 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
         accepted = sum("error" not in one for one in results)
         return {"results": results, "accepted": accepted, "refused": len(results) - accepted}
 
-    return await srv.call_as(caller, run)
+    return await uploaded_first(srv, caller, run, [(it.job_id, it.epoch) for it in body.items])
+
+
+async def uploaded_first(srv: Server, caller: Caller, run: Callable[[Identity], T],
+                         attempts: list[tuple[int, int]]) -> T:
+    """A completion's `run`: on the transfer threads when one of its attempts had an
+    artifact uploaded here (its completion re-hashes the bytes and runs the kind's
+    validator before its transaction, which takes as long as they take: on a database
+    thread, every other call would wait behind it), else on the database threads."""
+    if not any(srv.has_uploads(*attempt) for attempt in attempts):
+        return await srv.call_as(caller, run)
+    try:
+        got = await srv.transfer_as(caller, run)
+    except Refused:
+        _forget(srv, attempts)  # decided; a busy database's answer is sent again: kept
+        raise
+    _forget(srv, attempts)
+    return got
+
+
+def _forget(srv: Server, attempts: list[tuple[int, int]]) -> None:
+    for attempt in attempts:
+        srv.forget_uploads(*attempt)
 
 
 def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: str | None
