@@ -121,7 +121,7 @@ def test_an_upload_whose_bytes_do_not_match_its_digest_is_422_and_stores_nothing
 
 
 @pytest.mark.parametrize("name", ["%2E%2E", "..%2Fescape", "a%2Fb", "x%00y", "%2E",
-                                  "a%5Cb", "%7F", "a%FFb", "%C0%AE%C0%AE"])
+                                  "a%5Cb", "%7F", "a%FFb", "%C0%AE%C0%AE", "a%0Ab", "%0D%0A"])
 def test_artifact_names_are_refused_like_the_clis_put(s: Setup, name: str) -> None:
     job, epoch = s.leased()
     with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:

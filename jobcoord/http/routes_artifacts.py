@@ -18,6 +18,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import FileResponse
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import ClientDisconnect
 
 from ..artifacts.objects import parse_digest, validate_name
@@ -29,6 +30,16 @@ from .routes_worker import fenced_step
 from .state import Server
 
 router = APIRouter(route_class=JSONRoute)
+
+
+class AnyNameConvertor(PathConvertor):
+    """The rest of the path, newlines too: Starlette's `path` (`.*`) stops at one, and
+    a name holding `%0A` was 404 instead of the name rule's 400."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("artifact_name", AnyNameConvertor())
 
 #: How often an upload waiting for bytes looks whether the server is stopping.
 STOP_LOOK_S = 0.25
@@ -120,7 +131,7 @@ def utf8_name(request: Request, name: str) -> str:
 
 
 @router.put(
-    "/v1/jobs/{job_id}/artifacts/{name:path}",
+    "/v1/jobs/{job_id}/artifacts/{name:artifact_name}",
     responses={**error_responses(
         (413, "larger than the server's upload limit or the kind's artifact limit"),
         (422, "artifact_invalid: the bytes do not hash to the expected digest; nothing was "
@@ -182,7 +193,7 @@ async def _accepted(srv: Server, job_id: int, who: Identity) -> dict[str, Any]:
 
 
 @router.get(
-    "/v1/jobs/{job_id}/artifacts/{name:path}", response_class=FileResponse,
+    "/v1/jobs/{job_id}/artifacts/{name:artifact_name}", response_class=FileResponse,
     responses={200: {"description": "the artifact's bytes, verified against its digest "
                                     "(X-Content-Digest) before the first byte is sent",
                      "content": {"application/octet-stream": {
