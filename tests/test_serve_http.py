@@ -216,6 +216,12 @@ def test_bad_input_on_every_endpoint_is_4xx_json_and_changes_nothing(target: Tar
                 resp = clients["submitter"].get(f"/v1/jobs/{bad}")
                 if resp.status_code not in (400, 404) or "error" not in resp.json():
                     failures.append(f"/v1/jobs/{bad}: {resp.status_code}")
+            # A query parameter given twice: which one counts is nobody's guess.
+            for role, method, path in (("submitter", "GET", "/v1/jobs?limit=1&limit=500"),
+                                       ("worker", "POST", f"/v1/jobs/{job}/renew?x=1&x=2")):
+                resp = clients[role].request(method, path, json={"epoch": 1})
+                if resp.status_code != 400 or resp.json()["error"]["code"] != "invalid_input":
+                    failures.append(f"{method} {path}: {resp.status_code} {resp.text[:150]}")
             for client in clients.values():
                 client.close()
         assert not failures, "\n".join(failures)

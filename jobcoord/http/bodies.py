@@ -161,6 +161,18 @@ ERRORS = error_responses(
 )
 
 
+def once_each(request: Request) -> None:
+    """InvalidInput unless each query parameter is given at most once: of `?limit=1&limit=500`
+    the framework would take the last, and which one a client meant is nobody's guess."""
+    keys = [key for key, _ in request.query_params.multi_items()]
+    if len(keys) != len(set(keys)):
+        from ..errors import InvalidInput
+
+        twice = next(key for key in keys if keys.count(key) > 1)
+        raise InvalidInput("invalid_input", f"query parameter {twice[:80]!r} is given more "
+                           "than once")
+
+
 class JSONRoute(APIRoute):
     """A route whose body Python's JSON reader refuses with something other than a syntax
     error (an integer of more than 4300 digits, nesting past the recursion limit) answers
@@ -173,6 +185,8 @@ class JSONRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
+            if request.scope.get("query_string"):
+                once_each(request)
             try:
                 return await handler(request)
             except HTTPException as e:
