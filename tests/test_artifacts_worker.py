@@ -71,6 +71,31 @@ def test_a_command_whose_artifacts_take_longer_than_its_lease_to_stage_keeps_its
     assert w.events("renewed"), "no renewal while the files were staged"
 
 
+def test_a_completions_artifact_checks_longer_than_the_lease_keep_the_lease(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """A completion re-hashes the attempt's artifacts and runs the kind's validator before
+    its transaction, after the worker's lease loop has ended: a validator (or a re-hash)
+    longer than the lease let the worker's own reaper take the job back, the completion was
+    refused `lease_expired`, and the job ran again until it was dead. The coordinator keeps
+    the lease while it checks."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    checker = tmp_path / "slow check.py"
+    checker.write_text("import time\ntime.sleep(5)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"[artifacts.kinds.report]\nvalidator = [{PY!r}, {str(checker)!r}]\n"
+                      .replace("'", '"'))
+    job = c.enqueue("report", {"title": "Checked slowly"})["job_id"]
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "3", "--burst",
+              "--reap-every", "0.5", env={"JOBCOORD_POLICY": str(policy)})
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 1, summary
+    shown = c.show(job)
+    assert shown["job"]["status"] == "succeeded" and shown["job"]["attempts"] == 1, shown["job"]
+    assert [a["state"] for a in c.artifacts(job)["artifacts"]] == ["accepted"]
+
+
 def test_a_staging_that_fails_half_way_stages_only_the_rest_in_the_report(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """The staging beside the lease loop failed on its second file; the report stages what

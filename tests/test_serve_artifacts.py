@@ -22,7 +22,14 @@ import pytest
 from jobcoord.coordinator import FEATURE_LOOK_S
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
-from tests.serve_procs import db_args, jobcoord_argv, served, token, token_file
+from tests.serve_procs import (
+    DroppingProxy,
+    db_args,
+    jobcoord_argv,
+    served,
+    token,
+    token_file,
+)
 from tests.test_artifacts_rules import install
 
 BYTES = b"# report\n" + bytes(range(256)) * 64
@@ -274,26 +281,64 @@ def test_artifacts_installed_while_the_server_runs_are_taken_without_a_restart(
         assert staged["state"] == "staged"
 
 
-def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_failure(
+def test_a_remote_completions_artifact_checks_longer_than_lease_and_timeout_succeed(
         s: Setup, tmp_path: Path) -> None:
-    job = s.c.enqueue("report", {"title": "Lost answer"}, tenant="alice")["job_id"]
+    """The server checks an attempt's uploaded artifacts (re-hash, the kind's validator)
+    before it answers the completion. A validator longer than the lease let the server's
+    reaper take the job back (refused `lease_expired`, run again until dead); one longer
+    than the client's 10 s timeout was sent again (checked again) and then reported as an
+    error. The server keeps the lease while it checks, and the worker waits for them."""
+    checker = tmp_path / "slow check.py"
+    checker.write_text("import time\ntime.sleep(12)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[artifacts.kinds.report]\n"
+                      f"validator = [{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    job = s.c.enqueue("report", {"title": "Checked slowly"}, tenant="alice")["job_id"]
     path = token_file(tmp_path, "worker token", s.worker)
-    # The server commits the completion, then sits on its answer past the client's timeout
-    # and retries (10 s each): the worker's report is sent again, as after a lost answer.
-    env = {**s.env, "JOBCOORD_FAULT": "http.complete.after_commit:sleep=11"}
-    with served(s.target, "--reap-every", "0", env=env) as srv:
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    with served(s.target, "--reap-every", "0.5", env=env) as srv:
         done = subprocess.run(
             [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
-             "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "120",
+             "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "3",
              "--readings-override", '{"memory_used_pct": 10}', "--burst", "--wait", "0",
              "--json", "--log-format", "json"],
             capture_output=True, timeout=90, check=False,
             env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
         assert done.returncode == 0, done.stderr.decode()[-2000:]
+    events = [json.loads(line)["event"] for line in done.stderr.decode().splitlines()
+              if line.startswith("{")]
+    assert "report_retry" not in events and "report_error" not in events, events
+    summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert summary["completed"] == 1 and summary["lost"] == 0, summary
+    shown = s.c.show(job)
+    assert shown["job"]["status"] == "succeeded" and shown["job"]["attempts"] == 1, shown["job"]
+    assert [a["state"] for a in s.rows(job)] == ["accepted"]
+
+
+def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_failure(
+        s: Setup, tmp_path: Path) -> None:
+    job = s.c.enqueue("report", {"title": "Lost answer"}, tenant="alice")["job_id"]
+    path = token_file(tmp_path, "worker token", s.worker)
+    # The server commits the completion and its answer is lost on the way (a network cut):
+    # the worker's report is sent again.
+    with served(s.target, "--reap-every", "0", env=s.env) as srv:
+        proxy = DroppingProxy(srv.port, b"/complete")
+        try:
+            done = subprocess.run(
+                [*jobcoord_argv(), "worker", "--server", f"http://127.0.0.1:{proxy.port}",
+                 "--token-file", path,
+                 "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "120",
+                 "--readings-override", '{"memory_used_pct": 10}', "--burst", "--wait", "0",
+                 "--json", "--log-format", "json"],
+                capture_output=True, timeout=90, check=False,
+                env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
+        finally:
+            proxy.close()
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
     logged = [json.loads(line) for line in done.stderr.decode().splitlines()
               if line.startswith("{")]
     events = [e["event"] for e in logged]
-    assert "report_retry" in events, events  # the answer was lost: the report went again
+    assert proxy.dropped == 1 and proxy.seen >= 2, (proxy.dropped, proxy.seen)  # sent again
     assert "report_refused" not in events, logged
     summary = json.loads(done.stdout.decode().strip().splitlines()[-1])
     assert summary["completed"] == 1 and summary["lost"] == 0, summary

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -156,19 +157,53 @@ class Plan:
 
 
 def _stages(coord: Coordinator, job_id: int, worker: str, epoch: int, tenant: str | None
-            ) -> tuple[str | None, list[Any]] | None:
-    """The job's kind and the rows the attempt staged, or None when `worker` does not hold
-    the job's lease at `epoch` (of `tenant`, when given): such a completion is refused by
-    the fence in its own transaction, and the owner's stages are none of its business."""
-    def _read(conn: Connection) -> tuple[str | None, list[Any]] | None:
+            ) -> tuple[str | None, list[Any], float] | None:
+    """The job's kind, the rows the attempt staged and the seconds left of its lease, or
+    None when `worker` does not hold the job's lease at `epoch` (of `tenant`, when given):
+    such a completion is refused by the fence in its own transaction, and the owner's
+    stages are none of its business."""
+    def _read(conn: Connection) -> tuple[str | None, list[Any], float] | None:
         holder = coord.db.run(conn, fs.LEASE_HOLDER, {"j": job_id}).first()
         if (holder is None or holder[0] != worker or holder[1] != epoch
                 or (tenant is not None and holder[2] != tenant)):
             return None
         kind = coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar()
         rows = coord.db.run(conn, fs.ATTEMPT_STAGES, {"j": job_id, "e": epoch}).all()
-        return kind, list(rows)
+        return kind, list(rows), (holder[3] - now_us()) / 1e6
     return coord.db.read(_read, "reading staged artifacts")
+
+
+@contextlib.contextmanager
+def _lease_kept(coord: Coordinator, job_id: int, worker: str, epoch: int,
+                tenant: str | None, left_s: float) -> Iterator[None]:
+    """The attempt's lease renewed while the block runs. A completion's checks (re-hashing
+    large files, a kind's validator: up to VALIDATOR_TIMEOUT_S each) run after the
+    worker's lease loop has ended; a lease shorter than them ran out meanwhile, the
+    completion was refused `lease_expired` and the job ran again, each attempt alike. The
+    lease is renewed by what it had left when the checks began (at least a second), a
+    third of that apart; if this process dies, the renewals stop and the lease ends as
+    any other. A refused renewal ends the keeping: the completion's fence decides."""
+    from jobcoord.core import fencing
+
+    lease_s = max(left_s, 1.0)
+    done = threading.Event()
+
+    def keep() -> None:
+        while not done.wait(lease_s / 3):
+            try:
+                fencing.renew(coord, job_id, worker, epoch, lease_s=lease_s, tenant=tenant)
+            except Refused:
+                return
+            except Exception:  # a busy database: the next renewal may get through
+                continue
+
+    keeper = threading.Thread(target=keep, name=f"jobcoord-checks-{job_id}", daemon=True)
+    keeper.start()
+    try:
+        yield
+    finally:
+        done.set()
+        keeper.join()
 
 
 def _validate(store: ObjectStore, rule: KindRule, row: Any) -> tuple[str | None, str]:
@@ -210,12 +245,13 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     staged = _stages(coord, job_id, worker, epoch, tenant)
     if staged is None:
         return None  # not this lease's: nothing is hashed or judged, the fence refuses it
-    kind, rows = staged
+    kind, rows, left_s = staged
     if not rows:
         return Plan((), now_us())
     store = store_of(coord)
     rule = settings_of(coord).for_kind(kind or "")
-    verdicts = [(row, *_validate(store, rule, row)) for row in rows]
+    with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):
+        verdicts = [(row, *_validate(store, rule, row)) for row in rows]
     bad = [(row, reason, why) for row, reason, why in verdicts if reason]
     if not bad:
         return Plan(tuple((r[0], r[1], r[2], r[3]) for r in rows), now_us())

@@ -41,6 +41,9 @@ from .errors import error_from_response
 #: How long a call keeps retrying network errors before it says the server is unreachable;
 #: the worker runtime then retries on its own schedule while the lease may still be its own.
 DEFAULT_RETRY_S = 10.0
+#: How long a completion of an attempt with uploaded artifacts waits for its answer: the
+#: server checks them first (a validator may take up to 300 s), keeping the lease meanwhile.
+CHECKS_TIMEOUT_S = 900.0
 
 
 def server_base(server: Any) -> str:
@@ -110,6 +113,9 @@ class RemoteCoordinator:
         self._policy: Policy | None = None
         self._identity: dict[str, Any] | None = None
         self._lock = threading.Lock()
+        #: The attempts (job, epoch) this client uploaded artifacts for: their completion
+        #: waits for the server's checks of them (`CHECKS_TIMEOUT_S`).
+        self._uploaded: set[tuple[int, int]] = set()
 
     # -- plumbing --
 
@@ -276,8 +282,9 @@ class RemoteCoordinator:
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
                  "provenance": (None if it.get("provenance") is None
                                 else dict(it["provenance"]))} for it in items]
+        timeout = self._checks_timeout([(it["job_id"], it["epoch"]) for it in body])
         try:
-            return self._call("POST", "/v1/completions", {"items": body})
+            return self._call("POST", "/v1/completions", {"items": body}, timeout=timeout)
         except JobcoordError as e:
             if e.code != "body_too_large" or len(body) < 2:
                 raise
@@ -286,16 +293,18 @@ class RemoteCoordinator:
             checked_item(i, lambda it=it: (job_and_epoch(it["job_id"], it["epoch"]),
                                            completion_texts(it["result"], it["provenance"],
                                                             limit)))
-        return _one_group(body, self._completions(body))
+        return _one_group(body, self._completions(body, timeout))
 
-    def _completions(self, body: list[dict[str, Any]]) -> dict[str, Any]:
+    def _completions(self, body: list[dict[str, Any]], timeout: float | None
+                     ) -> dict[str, Any]:
         try:
-            return self._call("POST", "/v1/completions", {"items": body})
+            return self._call("POST", "/v1/completions", {"items": body}, timeout=timeout)
         except JobcoordError as e:
             if e.code != "body_too_large" or len(body) < 2:
                 raise
         half = len(body) // 2
-        first, second = self._completions(body[:half]), self._completions(body[half:])
+        first = self._completions(body[:half], timeout)
+        second = self._completions(body[half:], timeout)
         results = first["results"] + second["results"]
         accepted = first["accepted"] + second["accepted"]
         return {"results": results, "accepted": accepted, "refused": len(results) - accepted}
@@ -311,7 +320,8 @@ class RemoteCoordinator:
         # epoch's result was the one it kept: never a false failure.
         return self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
                           {"epoch": epoch, "result": result,
-                           "provenance": None if provenance is None else dict(provenance)})
+                           "provenance": None if provenance is None else dict(provenance)},
+                          timeout=self._checks_timeout([(job_id, epoch)]))
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Any = None, tenant: str | None = None,
@@ -327,7 +337,8 @@ class RemoteCoordinator:
         got = self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
                          {"epoch": epoch, "result": result, "claim_next": True,
                           "lease_s": lease_s,
-                          "provenance": None if provenance is None else dict(provenance)})
+                          "provenance": None if provenance is None else dict(provenance)},
+                         timeout=self._checks_timeout([(job_id, epoch)]))
         nxt = got.pop("next", None)
         if nxt is None:
             nxt = {"job": None, "reason": "already_accepted",
@@ -371,7 +382,28 @@ class RemoteCoordinator:
             "application/json") else None
         if resp.status_code >= 400:
             raise error_from_response(resp.status_code, data)
+        with self._lock:
+            if len(self._uploaded) >= 10_000:  # attempts that never completed (leases lost)
+                self._uploaded.clear()
+            self._uploaded.add((int(job_id), int(epoch)))
         return dict(data or {})
+
+    def _checks_timeout(self, attempts: list[tuple[Any, Any]]) -> float | None:
+        """A completion's timeout: the server re-hashes the artifacts an attempt uploaded
+        and runs its kind's validator before answering (keeping the lease meanwhile), which
+        may take far longer than a call; waited for, not timed out and sent again (each
+        try would check them all again). None: the client's own timeout."""
+        with self._lock:
+            found = False
+            for job_id, epoch in attempts:
+                try:
+                    key = (int(job_id), int(epoch))
+                except (TypeError, ValueError):
+                    continue  # the server refuses it
+                if key in self._uploaded:
+                    self._uploaded.discard(key)
+                    found = True
+        return max(self.timeout, CHECKS_TIMEOUT_S) if found else None
 
     def reap(self, *, limit: int = 1000) -> dict[str, Any]:
         """Reaping is the server's job (it runs the reaper on a timer): nothing to do here."""

@@ -54,7 +54,7 @@ ATTEMPT_OVER = ~exists(select(const(1)).select_from(leases).where(
 
 JOB_KIND = SQL(select(J.kind).where(J.job_id == P("j")))
 #: Who holds the job's lease, at which epoch, and the job's tenant (no row: no lease).
-LEASE_HOLDER = SQL(select(L.worker_id, L.epoch, J.tenant)
+LEASE_HOLDER = SQL(select(L.worker_id, L.epoch, J.tenant, L.expires_at)
                    .select_from(jobs.join(leases, L.job_id == J.job_id))
                    .where(J.job_id == P("j")))
 RESTAGE = SQL(update(artifacts).where(A.job_id == P("j"), A.epoch == P("e"), A.name == P("n"))
