@@ -695,3 +695,44 @@ def test_one_workers_stalled_uploads_cannot_hold_back_another_workers_upload(
     assert busy.headers["Retry-After"] and took < 2.0, took
     assert fine.status_code == 200, fine.text
     assert [a["name"] for a in s.rows(job_b)] == ["b.bin"] and s.rows(job) == []
+
+
+def test_with_every_transfer_thread_stalled_uploads_and_downloads_are_503_at_once(
+        s: Setup) -> None:
+    """Four workers, each within its own cap, stall four uploads: every transfer thread of
+    a `--threads 1` server waits for their bytes. Another worker's upload and any download
+    waited behind them with no end and no answer; they are 503 `server_busy` at once (the
+    client retries), and go through once a thread is free."""
+    import time
+
+    secrets, leased = [], []
+    for i in range(5):
+        name = f"w{i}"
+        secrets.append(token(s.target, name, "worker", tenant="alice", worker=name))
+        s.c.heartbeat(name, readings={"memory_used_pct": 5})
+        leased.append(s.leased(worker=name))
+    done_job, done_epoch = s.leased()
+    s.c.put_artifact(done_job, "wa", done_epoch, "ready.bin", BYTES, tenant="alice")
+    s.c.complete(done_job, "wa", done_epoch, {}, tenant="alice")
+    with served(s.target, "--reap-every", "0", "--threads", "1", env=s.env) as srv, \
+            srv.client(secrets[4]) as late, srv.client(s.viewer) as viewer:
+        socks = [_stalled_upload(srv.url, secrets[i], *leased[i], "stalled")
+                 for i in range(4)]
+        try:
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            busy = put(late, leased[4][0], "late.bin", BYTES, leased[4][1],
+                       **{"X-Content-Digest": digest(BYTES)})
+            fetched = viewer.get(f"/v1/jobs/{done_job}/artifacts/ready.bin", timeout=5)
+            took = time.monotonic() - t0
+        finally:
+            for sock in socks:
+                sock.close()
+        time.sleep(0.5)
+        fine = put(late, leased[4][0], "late.bin", BYTES, leased[4][1],
+                   **{"X-Content-Digest": digest(BYTES)})
+    for answer in (busy, fetched):
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"]["code"] == "server_busy" and answer.headers["Retry-After"]
+    assert took < 2.0, took
+    assert fine.status_code == 200, fine.text

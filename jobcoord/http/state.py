@@ -180,8 +180,11 @@ class Server:
         #: on threads of their own, never on one a claim or a renewal waits for. A worker
         #: has at most `pool_size` uploads in flight (`upload_slot`), a quarter of them: one
         #: token's stalled uploads cannot hold every other worker's upload back.
+        self.transfer_threads = TRANSFER_THREADS_PER_THREAD * pool_size
         self.transfers = concurrent.futures.ThreadPoolExecutor(
-            TRANSFER_THREADS_PER_THREAD * pool_size, "jobcoord-http-transfer")
+            self.transfer_threads, "jobcoord-http-transfer")
+        #: Transfers holding or waiting for a transfer thread (counted on the event loop).
+        self.transfers_busy = 0
         self.uploads_per_worker = pool_size
         self._uploads: dict[str, int] = {}
         #: The attempts (job, epoch) this server took an upload for, newest last: their
@@ -258,10 +261,20 @@ class Server:
     async def transfer(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """`fn` on the transfer threads (an upload streamed in, a download staged out),
         without a request's busy budget: it may take as long as its bytes take, and each of
-        its transactions has a budget of its own (`busy_budget`)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.transfers,
-                                          functools.partial(fn, *args, **kwargs))
+        its transactions has a budget of its own (`busy_budget`). With every transfer
+        thread taken (uploads whose clients send slowly, each worker within its own cap),
+        DatabaseBusy `server_busy` at once, a 503 clients retry: queued, it waited for
+        them with no end and no answer."""
+        if self.transfers_busy >= self.transfer_threads:
+            raise DatabaseBusy("server_busy", f"all {self.transfer_threads} transfer threads "
+                               "are moving artifacts' bytes; try again")
+        self.transfers_busy += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.transfers,
+                                              functools.partial(fn, *args, **kwargs))
+        finally:
+            self.transfers_busy -= 1
 
     async def transfer_as(self, caller: Caller, fn: Callable[..., T], *args: Any,
                           **kwargs: Any) -> T:
