@@ -122,11 +122,46 @@ def test_a_staging_that_fails_half_way_stages_only_the_rest_in_the_report(
     assert failed["job_id"] == job and failed["staged"] == 1, failed
 
 
+def test_a_running_commands_files_are_held_against_any_sweep(
+        db: Any, start: Any, tmp_path: Path) -> None:
+    """While a command runs, its worker holds a lock on its artifacts directory and its
+    checkpoints file: a sweep of another PID namespace, where the worker's PID means
+    nothing, finds them held and leaves them."""
+    import fcntl
+    import time
+
+    _, c = db
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    c.enqueue("slow", {})
+    w = start("--exec", f"slow={PY} -c 'import time; time.sleep(4)'", "--burst",
+              env={"TMPDIR": str(temp)})
+    deadline = time.monotonic() + 15
+    while len(list(temp.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    entries = sorted(temp.iterdir())
+    assert len(entries) == 2, entries
+    for entry in entries:
+        fd = os.open(entry, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 1, summary
+    assert list(temp.iterdir()) == []
+
+
 def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_directory(
         db: Any, start: Any, tmp_path: Path) -> None:
     """A worker SIGKILLed while its command ran (or its files were staged) left the
     command's artifacts directory and checkpoints file for good (hundreds of MB). A worker
-    starting removes those of this user whose worker process is gone, and nothing else."""
+    starting removes those of this user that no live worker holds, and nothing else: not a
+    live worker's whose PID means nothing here (another PID namespace sharing the
+    directory: it removed those, and their job succeeded without its artifacts), nor a
+    user's own files that merely look like a worker's (it removed a whole directory)."""
+    import fcntl
     import subprocess
     import sys
 
@@ -134,21 +169,40 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
     temp.mkdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, check=True, text=True).stdout.strip()
-    dead_dir = temp / f"jobcoord-w{gone}-7-artifacts-abc"
-    dead_dir.mkdir()
-    (dead_dir / "big.bin").write_bytes(b"x" * 1000)
-    dead_file = temp / f"jobcoord-w{gone}-7-xyz.json"
-    dead_file.write_text("{}")
-    alive = temp / f"jobcoord-w{os.getpid()}-8-artifacts-def"  # this test's process: alive
-    alive.mkdir()
-    other = temp / "jobcoord-report.txt"  # not a worker's
-    other.write_text("keep")
-    w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
-              env={"TMPDIR": str(temp)})
-    code, summary = w.finish()
+
+    def made(name: str, is_dir: bool, mode: int | None = None) -> Path:
+        path = temp / name
+        if is_dir:
+            path.mkdir()
+            (path / "big.bin").write_bytes(b"x" * 1000)
+        else:
+            path.write_text("{}")
+        path.chmod(mode if mode is not None else (0o700 if is_dir else 0o600))
+        return path
+
+    made(f"jobcoord-w{gone}-7-artifacts-abc_1234", True)  # a killed worker's: removed
+    made(f"jobcoord-w{gone}-7-xyz12345.json", False)  # removed
+    alive = made(f"jobcoord-w{os.getpid()}-8-artifacts-def12345", True)  # this process's
+    # A live worker of another PID namespace: its PID is gone here, its lock is not.
+    elsewhere = made(f"jobcoord-w{gone}-9-artifacts-ghi12345", True)
+    held = os.open(elsewhere, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    kept = [alive, elsewhere,
+            temp / "jobcoord-report.txt",  # not a worker's
+            made(f"jobcoord-w{gone}-1-my-thesis", True),  # a user's, named alike
+            made(f"jobcoord-w{gone}-2-artifacts-jkl12345", True, 0o755),  # not mkdtemp's
+            made(f"jobcoord-w{gone}-3-mno12345.json", False, 0o644)]  # not mkstemp's
+    kept[2].write_text("keep")
+    try:
+        w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
+                  env={"TMPDIR": str(temp)})
+        code, summary = w.finish()
+    finally:
+        os.close(held)
     assert code == 0, summary
-    assert sorted(p.name for p in temp.iterdir()) == sorted([alive.name, other.name])
+    assert sorted(p.name for p in temp.iterdir()) == sorted(p.name for p in kept)
     assert w.events("swept_orphans")[0]["removed"] == 2
+
 
 
 def test_slow_uploads_never_hold_back_the_renewals_of_the_workers_jobs(

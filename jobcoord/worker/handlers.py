@@ -26,7 +26,6 @@ import json
 import os
 import re
 import selectors
-import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from .. import validate as v
 from ..app import Cancelled, Context, PermanentError, Result
 from ..errors import InvalidInput
+from ..leftovers import RANDOM, hold, sweep
 from .clock import boottime
 
 if TYPE_CHECKING:
@@ -243,6 +243,7 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     run.checkpoints_file = path
+    _held(run, path)
     env["JOBCOORD_CHECKPOINTS_FILE"] = path
     if len(text.encode()) <= CHECKPOINTS_ENV_MAX_BYTES:
         env["JOBCOORD_CHECKPOINTS"] = text
@@ -258,7 +259,16 @@ def command_env(run: JobRun, ctx: Context) -> dict[str, str]:
     from ..artifacts.rules import make_outdir
 
     run.artifacts_out = env["JOBCOORD_ARTIFACTS_OUT"] = make_outdir(run.job_id)
+    _held(run, run.artifacts_out)
     return env
+
+
+def _held(run: JobRun, path: str) -> None:
+    """Hold `path` while the run lives: a starting worker's sweep leaves it alone, in
+    whatever PID namespace it runs (released when the run ends: `JobRun.held`)."""
+    fd = hold(path)
+    if fd is not None:
+        run.held.append(fd)
 
 
 class LeaseLine:
@@ -472,39 +482,28 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
-#: A command's files and checkpoints in the temporary directory, named for the worker
-#: process that owns them: jobcoord-w<pid>-<job>-artifacts-<random>/, -<random>.json.
-_OWNED = re.compile(r"jobcoord-w(\d+)-\d+-(artifacts-)?")
+#: The command files of a worker run, named for the worker process that owns them:
+#: jobcoord-w<pid>-<job>-artifacts-<random>/ and jobcoord-w<pid>-<job>-<random>.json.
+_OWNED = re.compile(
+    rf"jobcoord-w(?P<pid>\d+)-\d+-(?:(?P<dir>artifacts-){RANDOM}|{RANDOM}\.json)")
+
+
+def _pid_alive(found: re.Match[str]) -> bool:
+    """Whether the named worker's PID is alive here (or not ours to judge): files of a
+    worker that held no lock on them (an older version) are left while it may live."""
+    try:
+        os.kill(int(found.group("pid")), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # another user's process, or a PID no process can have
+    return True  # alive, or the PID was reused: left, the safe way
 
 
 def sweep_orphans(directory: str | None = None) -> int:
     """Remove the commands' files and checkpoints that a worker process killed outright
-    (SIGKILL, the OOM killer) left in the temporary directory: those of this user whose
-    owner process is gone. Its runs removed them as they ended; nothing else would, and a
-    command's artifacts may be gigabytes. Returns how many were removed."""
-    directory = directory or tempfile.gettempdir()
-    removed = 0
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return 0
-    for entry in entries:
-        owned = _OWNED.match(entry.name)
-        if owned is None:
-            continue
-        try:
-            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
-                continue
-            os.kill(int(owned.group(1)), 0)
-            continue  # its worker is alive (or the pid was reused: left, the safe way)
-        except ProcessLookupError:
-            pass
-        except (OSError, OverflowError):
-            continue  # another user's process, or a name no worker made
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.path)
-        removed += 1
-    return removed
+    (SIGKILL, the OOM killer) left in the temporary directory: those of this user that no
+    live worker holds (see jobcoord.leftovers). Its runs removed them as they ended;
+    nothing else would, and a command's artifacts may be gigabytes. Returns how many were
+    removed."""
+    return sweep(directory or tempfile.gettempdir(), _OWNED, _pid_alive)

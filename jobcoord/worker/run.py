@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..app import Context, HandlerSpec
 from ..clock import iso
 from ..errors import InvalidInput, Refused
+from ..leftovers import release
 from ..runtime import describe, is_fatal
 from ..validate import MAX_JSON_DEPTH
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
@@ -70,6 +71,8 @@ class JobRun:
         #: worker's handler threads), alive until the handler has returned.
         self.handler_thread: Task | None = None
         self.checkpoints_file: str | None = None
+        #: Descriptors holding this run's command files (jobcoord.leftovers.hold).
+        self.held: list[int] = []
         self.artifacts_out: str | None = None  # a command handler's artifacts directory
         #: Its files are staged under the lease: a report sent again sends only the completion.
         self.artifacts_staged = False
@@ -150,6 +153,7 @@ class JobRun:
                     os.unlink(self.checkpoints_file)
             if self.artifacts_out is not None:
                 shutil.rmtree(self.artifacts_out, ignore_errors=True)
+            release(self.held)
 
     def _lease_confirmed(self) -> float | None:
         """The lease's local end (boot clock) when the lease can be kept by the usual
