@@ -667,6 +667,53 @@ def test_a_stop_with_a_stalled_download_leaves_no_copy_and_no_traceback(
     assert b"Traceback" not in err, err.decode()[-3000:]
 
 
+def test_a_server_killed_mid_download_has_its_copy_removed_by_the_next_start(
+        s: Setup, tmp_path: Path) -> None:
+    """SIGKILL of the server while a download's verified copy is in flight left the copy
+    (up to the artifact's size) in the temporary directory for good. The next server
+    removes the copies no live server holds, and only those: not another live server's."""
+    import signal
+    import socket
+    import time
+
+    data = os.urandom(4 << 20)
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
+    s.c.complete(job, "wa", epoch, tenant="alice")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**s.env, "TMPDIR": str(temp)}
+
+    def stalled_download(srv: Any) -> Any:
+        host, port = srv.url.rsplit("//", 1)[1].split(":")
+        sock = socket.create_connection((host, int(port)))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
+        return sock
+
+    with served(s.target, "--reap-every", "0", env=env) as killed:
+        sock = stalled_download(killed)
+        try:
+            time.sleep(1.0)
+            [left] = list(temp.iterdir())
+            killed.signal(signal.SIGKILL)
+            assert killed.proc is not None
+            killed.proc.wait(10)
+        finally:
+            sock.close()
+    with served(s.target, "--reap-every", "0", env=env) as live:
+        sock = stalled_download(live)
+        try:
+            time.sleep(1.0)
+            [held] = list(temp.iterdir())
+            assert held != left
+            with served(s.target, "--reap-every", "0", env=env):
+                assert list(temp.iterdir()) == [held]  # the live server's copy is kept
+        finally:
+            sock.close()
+
+
 def test_one_workers_stalled_uploads_cannot_hold_back_another_workers_upload(
         s: Setup) -> None:
     """A worker has at most --threads uploads in flight (a quarter of the transfer threads):

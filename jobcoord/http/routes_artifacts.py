@@ -9,6 +9,7 @@ import concurrent.futures
 import hashlib
 import io
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -21,6 +22,7 @@ from fastapi.responses import FileResponse
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import ClientDisconnect
 
+from .. import leftovers
 from ..artifacts.objects import parse_digest, validate_name
 from ..errors import InvalidInput, Refused, StorageUnavailable
 from ..tokens import Identity
@@ -40,6 +42,17 @@ class AnyNameConvertor(PathConvertor):
 
 
 register_url_convertor("artifact_name", AnyNameConvertor())
+
+#: Downloads' verified copies: a directory each in the temporary directory.
+DOWNLOAD_PREFIX = "jobcoord-download-"
+_COPY = re.compile(rf"{DOWNLOAD_PREFIX}(?P<dir>){leftovers.RANDOM}")
+
+
+def sweep_download_copies() -> int:
+    """Remove the downloads' copies a server killed outright left (up to twice
+    --max-artifact-bytes each time): those no live server holds. How many."""
+    return leftovers.sweep(tempfile.gettempdir(), _COPY)
+
 
 #: How often an upload waiting for bytes looks whether the server is stopping.
 STOP_LOOK_S = 0.25
@@ -239,14 +252,18 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
     the tenant's)."""
     release = srv.reserve_staging(found["size"])
     try:
-        directory = tempfile.mkdtemp(prefix="jobcoord-download-")
+        directory = tempfile.mkdtemp(prefix=DOWNLOAD_PREFIX)
     except BaseException:
         release()
         raise
+    # Held while it lives: a server starting beside this one (the same temporary
+    # directory) leaves it; one killed outright has its copy removed by the next start.
+    held = [fd] if (fd := leftovers.hold(directory)) is not None else []
     path = os.path.join(directory, "artifact")
 
     def discard() -> None:
         shutil.rmtree(directory, ignore_errors=True)
+        leftovers.release(held)
         release()
 
     try:

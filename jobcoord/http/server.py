@@ -116,6 +116,9 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     if warning:
         print(f"jobcoord: warning: {warning}", file=sys.stderr, flush=True)
     emit = printer(as_json)
+    from .routes_artifacts import sweep_download_copies
+
+    swept = sweep_download_copies()  # said after `listening`, the first line scripts read
     app = create_app(coordinator, pool_size=threads, poll_s=poll_s, reap_every=reap_every,
                      emit=emit, max_artifact_bytes=max_artifact_bytes,
                      upload_idle_s=upload_idle_s)
@@ -137,6 +140,8 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                 emit({"event": "listening", "url": f"{scheme}://{shown}:{bound[1]}",
                       "port": bound[1], "reap_every_s": reap_every,
                       "dialect": coordinator.db.dialect})
+                if swept:
+                    emit({"event": "swept_orphans", "removed": swept})
 
     config = uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
