@@ -147,6 +147,9 @@ def test_sigkill_during_an_upload_leaves_no_row_no_object_and_gc_cleans_the_temp
     assert ac.gc_artifacts(grace_s=3600)["temp_files_removed"] == 0  # young: maybe in flight
     (temp,) = os.listdir(store.tmp_dir)
     age(os.path.join(store.tmp_dir, temp), 2 * 3600)
+    dry = ac.gc_artifacts(grace_s=3600, dry_run=True)  # says what it would remove: 0 was said
+    assert dry["temp_files_removed"] == 1 and dry["temp_bytes_removed"] > 8 * MiB, dry
+    assert os.listdir(store.tmp_dir) == [temp]
     assert ac.gc_artifacts(grace_s=3600)["temp_files_removed"] == 1
     assert os.listdir(store.tmp_dir) == []
 

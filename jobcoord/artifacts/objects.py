@@ -331,9 +331,10 @@ class ObjectStore:
         fsync_dir(os.path.dirname(path))
         return True
 
-    def clean_temp(self, older_than_s: float) -> dict[str, int]:
+    def clean_temp(self, older_than_s: float, *, dry_run: bool = False) -> dict[str, int]:
         """Remove temporary files left by interrupted uploads: only those last written more
-        than `older_than_s` seconds ago and not locked by a live upload."""
+        than `older_than_s` seconds ago and not locked by a live upload. `dry_run`: count
+        what would be removed, remove nothing."""
         if isinstance(older_than_s, bool) or not older_than_s >= 0:
             raise InvalidInput("invalid_input",
                                f"the grace must be >= 0 seconds, not {older_than_s!r}")
@@ -371,7 +372,8 @@ class ObjectStore:
                     continue
                 if same:
                     try:
-                        os.unlink(entry.path)
+                        if not dry_run:
+                            os.unlink(entry.path)
                     except FileNotFoundError:
                         continue
                     counts["removed"] += 1

@@ -76,8 +76,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                 store.remove(digest)
             removed.append(digest)
             freed += size
-    temp = ({"removed": 0, "bytes_removed": 0} if dry_run
-            else store.clean_temp(max(grace_s, TEMP_MIN_AGE_S)))
+    temp = store.clean_temp(max(grace_s, TEMP_MIN_AGE_S), dry_run=dry_run)
     return {"dry_run": dry_run, "stages_ended": ended, "objects_removed": len(removed),
             "bytes_removed": freed, "kept_young": kept_young, "referenced": len(live),
             "removed": removed, "temp_files_removed": temp["removed"],
