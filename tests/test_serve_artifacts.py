@@ -622,6 +622,51 @@ def test_downloads_stalled_by_their_readers_hold_at_most_twice_the_upload_limit(
     assert list(temp.iterdir()) == []
 
 
+def test_a_reader_that_reads_nothing_for_the_idle_limit_is_cut_and_its_copy_removed(
+        s: Setup, tmp_path: Path) -> None:
+    """Two readers that stopped reading held the whole budget of copies in flight until
+    they went away, however long: every other reader of a large artifact got 503 meanwhile.
+    A download whose reader takes nothing for --upload-idle seconds is cut, its copy
+    removed and its room given back."""
+    import signal
+    import socket
+    import time
+
+    size = 8 << 20
+    data = os.urandom(size)
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
+    s.c.complete(job, "wa", epoch, tenant="alice")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**s.env, "TMPDIR": str(temp)}
+    with served(s.target, "--reap-every", "0", "--max-artifact-bytes", str(size),
+                "--upload-idle", "2", env=env) as srv:
+        host, port = srv.url.rsplit("//", 1)[1].split(":")
+        socks = []
+        try:
+            for _ in range(2):
+                sock = socket.create_connection((host, int(port)))
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
+                             f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
+                socks.append(sock)
+            time.sleep(1.0)
+            with srv.client(s.viewer) as viewer:
+                assert viewer.get(f"/v1/jobs/{job}/artifacts/big.bin").status_code == 503
+                time.sleep(3.0)  # the idle limit passes: both readers are cut
+                assert list(temp.iterdir()) == []
+                got = viewer.get(f"/v1/jobs/{job}/artifacts/big.bin")
+            assert got.status_code == 200 and got.content == data
+        finally:
+            for sock in socks:
+                sock.close()
+        srv.signal(signal.SIGTERM)
+        assert srv.proc is not None
+        _out, err = srv.proc.communicate(timeout=30)
+    assert b"Traceback" not in err, err.decode()[-3000:]
+
+
 def wait_until(get: Any, timeout: float = 20.0) -> Any:
     import time
 

@@ -225,19 +225,36 @@ async def download(request: Request, job_id: JobId, name: str, who: Reader, srv:
 
 class StagedFile(FileResponse):
     """A download's verified copy sent as the answer, and removed (its room in the staging
-    budget given back) once the sending ends, however it ends: sent, the client gone, or a
-    reader that stopped reading cut by the server's stop. That cut is uvicorn cancelling the
-    response when its grace is over: it ends the answer quietly, not as a traceback."""
+    budget given back) once the sending ends, however it ends: sent, the client gone, a
+    reader that took nothing for `idle_s` seconds cut (two stalled readers held the whole
+    budget, and every other large download was 503, for as long as they stayed), or a
+    reader cut by the server's stop. A cut ends the answer quietly, not as a traceback."""
 
-    def __init__(self, path: str, discard: Callable[[], None], **kwargs: Any) -> None:
+    def __init__(self, path: str, discard: Callable[[], None], idle_s: float,
+                 **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self._discard = discard
+        self._idle_s = idle_s
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        moved = time.monotonic()
+
+        async def sent(message: Any) -> None:
+            nonlocal moved
+            await send(message)  # waits while the reader's window is full
+            moved = time.monotonic()
+
+        sending = asyncio.ensure_future(super().__call__(scope, receive, sent))
         try:
-            await super().__call__(scope, receive, send)
+            while not sending.done():
+                await asyncio.wait({sending}, timeout=max(STOP_LOOK_S, self._idle_s / 4))
+                if not sending.done() and time.monotonic() - moved > self._idle_s:
+                    sending.cancel()  # the reader took nothing for the idle limit
+                    break
+            if sending.done() and not sending.cancelled():
+                sending.result()
         except asyncio.CancelledError:
-            return
+            sending.cancel()  # the server's stop
         finally:
             self._discard()
 
@@ -272,7 +289,7 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
         discard()
         raise
     etag = hashlib.sha256(found["digest"].encode()).hexdigest()[:32]
-    return StagedFile(path, discard,
+    return StagedFile(path, discard, srv.upload_idle_s,
                       media_type=found["media_type"] or "application/octet-stream",
                       filename=found["name"],
                       headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})
