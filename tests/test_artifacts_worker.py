@@ -96,6 +96,30 @@ def test_a_completions_artifact_checks_longer_than_the_lease_keep_the_lease(
     assert [a["state"] for a in c.artifacts(job)["artifacts"]] == ["accepted"]
 
 
+def test_a_commands_file_the_store_refuses_fails_the_attempt_permanently_naming_it(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """A file no artifact may be (a newline in its name, or over the kind's size) is the
+    command's output refused, as a result `complete` would refuse: the same command leaves
+    it again, so the attempt fails permanently (it was retried, uploading it each time),
+    and the error names the file, not a temporary path removed right after."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    job = c.enqueue("bad", {}, max_attempts=3)["job_id"]
+    cmd = tmp_path / "bad.py"
+    cmd.write_text("import os, pathlib\n"
+                   "out = pathlib.Path(os.environ['JOBCOORD_ARTIFACTS_OUT'])\n"
+                   "(out / 'line\\nbreak.txt').write_text('x')\n"
+                   "print('{}')\n")
+    w = start("--exec", f"bad={PY} {cmd}", "--burst")
+    code, summary = w.finish()
+    assert code == 0, summary
+    shown = c.show(job)["job"]
+    assert shown["status"] == "dead" and shown["attempts"] == 1, shown
+    assert "line\\nbreak.txt" in shown["last_error"], shown["last_error"]
+    assert "jobcoord-w" not in shown["last_error"], shown["last_error"]
+
+
 def test_a_staging_that_fails_half_way_stages_only_the_rest_in_the_report(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """The staging beside the lease loop failed on its second file; the report stages what

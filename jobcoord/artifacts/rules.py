@@ -407,8 +407,16 @@ def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, ep
     staged = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         if entry.is_file(follow_symlinks=False) and (done is None or entry.name not in done):
-            staged.append(coord.put_artifact(job_id, worker, epoch, entry.name, entry.path,
-                                             None, tenant=tenant))
+            try:
+                staged.append(coord.put_artifact(job_id, worker, epoch, entry.name,
+                                                 entry.path, None, tenant=tenant))
+            except InvalidInput as e:
+                # A file no artifact may be (its name, its size): said by its name, not by
+                # a temporary path removed right after; the worker fails the attempt for
+                # good (`command_file`), as for output `complete` would refuse.
+                raise InvalidInput(e.code, e.message.replace(entry.path, ascii(entry.name)),
+                                   **{**e.details, "command_file": ascii(entry.name)}
+                                   ) from None
             if done is not None:
                 done.add(entry.name)
     return staged

@@ -520,6 +520,11 @@ class JobRun:
             except InvalidInput as e:
                 if out.kind != "success":
                     raise
+                if e.details.get("command_file") is not None:
+                    # A file the command left that no artifact may be: it leaves it again.
+                    out = Outcome("invalid_output",
+                                  error=f"the command's file was refused: {e.message}")
+                    continue
                 # The coordinator refused the result itself (too deep, bad text): the
                 # attempt failed like a handler exception would.
                 out = Outcome("invalid", error=f"the result was refused: {e.message}")
