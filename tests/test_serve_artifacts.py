@@ -315,6 +315,30 @@ def test_a_remote_completions_artifact_checks_longer_than_lease_and_timeout_succ
     assert [a["state"] for a in s.rows(job)] == ["accepted"]
 
 
+def test_a_remote_commands_file_over_the_upload_limit_fails_the_attempt_for_good(
+        s: Setup, tmp_path: Path) -> None:
+    """The server refuses a command's file over --max-artifact-bytes (413): the same
+    command leaves it again, so the attempt fails permanently (it was retried, uploading
+    up to the limit each time), the error naming the file."""
+    job = s.c.enqueue("big", {}, tenant="alice", max_attempts=3)["job_id"]
+    cmd = tmp_path / "big.py"
+    cmd.write_text("import os, pathlib\n"
+                   "out = pathlib.Path(os.environ['JOBCOORD_ARTIFACTS_OUT'])\n"
+                   "(out / 'huge.bin').write_bytes(b'x' * 5000)\nprint('{}')\n")
+    path = token_file(tmp_path, "worker token", s.worker)
+    with served(s.target, "--reap-every", "0", "--max-artifact-bytes", "1000",
+                env=s.env) as srv:
+        done = subprocess.run(
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
+             "--exec", f"big={sys.executable} {cmd}", "--burst", "--wait", "0",
+             "--readings-override", '{"memory_used_pct": 10}', "--json"],
+            capture_output=True, timeout=90, check=False)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    shown = s.c.show(job)["job"]
+    assert shown["status"] == "dead" and shown["attempts"] == 1, shown
+    assert "huge.bin" in shown["last_error"] and "jobcoord-w" not in shown["last_error"], shown
+
+
 def test_a_re_sent_report_never_turns_an_accepted_result_with_artifacts_into_a_failure(
         s: Setup, tmp_path: Path) -> None:
     job = s.c.enqueue("report", {"title": "Lost answer"}, tenant="alice")["job_id"]

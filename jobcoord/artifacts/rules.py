@@ -396,6 +396,10 @@ def make_outdir(job_id: int) -> str:
     return tempfile.mkdtemp(prefix=f"jobcoord-w{os.getpid()}-{job_id}-artifacts-")
 
 
+#: What refuses a command's file for what it is, not for how it was sent.
+REFUSED_FILES = frozenset({"invalid_artifact_name", "artifact_too_large"})
+
+
 def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, epoch: int,
                  tenant: str | None, *, done: set[str] | None = None) -> list[dict[str, Any]]:
     """Stage every regular file a command left in its artifacts directory (name = file name;
@@ -411,12 +415,17 @@ def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, ep
                 staged.append(coord.put_artifact(job_id, worker, epoch, entry.name,
                                                  entry.path, None, tenant=tenant))
             except InvalidInput as e:
-                # A file no artifact may be (its name, its size): said by its name, not by
-                # a temporary path removed right after; the worker fails the attempt for
-                # good (`command_file`), as for output `complete` would refuse.
-                raise InvalidInput(e.code, e.message.replace(entry.path, ascii(entry.name)),
-                                   **{**e.details, "command_file": ascii(entry.name)}
-                                   ) from None
+                # Said by the file's name, not by a temporary path removed right after. A
+                # file no artifact may be (its name, its size: the same command leaves it
+                # again) is marked `command_file`: the worker fails the attempt for good,
+                # as for output `complete` would refuse. Others (an upload cut on the way)
+                # stay retryable.
+                marked = ({"command_file": ascii(entry.name)} if e.code in REFUSED_FILES
+                          else {})
+                said = e.message.replace(entry.path, ascii(entry.name))
+                if ascii(entry.name) not in said:
+                    said = f"{entry.name!a}: {said}"
+                raise InvalidInput(e.code, said, **{**e.details, **marked}) from None
             if done is not None:
                 done.add(entry.name)
     return staged
