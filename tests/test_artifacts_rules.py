@@ -372,6 +372,23 @@ def test_a_validator_command_that_refuses_fails_the_completion(ac: Coordinator,
     assert [a["name"] for a in ac.artifacts(good)["artifacts"]] == ["a.pdf"]
 
 
+@pytest.mark.parametrize("validator, evidence", [
+    (["sh", "-c", "sleep 30"], "did not finish within 1 s"),
+    (["/no such/validator"], "could not run"),
+])
+def test_a_validator_past_its_time_limit_or_that_cannot_start_fails_validator_failed(
+        ac: Coordinator, monkeypatch: pytest.MonkeyPatch, validator: list[str],
+        evidence: str) -> None:
+    monkeypatch.setattr(artifact_rules, "VALIDATOR_TIMEOUT_S", 1.0)
+    artifact_rules.declare_kind(ac, "render", validator=validator)
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "a.pdf", b"%PDF ok")
+    with pytest.raises(Refused) as caught:
+        ac.complete(job, "w1", epoch, {})
+    [found] = caught.value.details["artifacts"]
+    assert found["reason"] == "validator_failed" and evidence in found["evidence"], found
+
+
 def test_artifact_rules_from_the_policy_file(target: Target, store_dir: str,
                                              tmp_path: Path) -> None:
     install(target)

@@ -3,6 +3,7 @@ handler through files in $JOBCOORD_ARTIFACTS_OUT. Real worker processes, SQLite.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import tempfile
@@ -118,6 +119,46 @@ def test_a_commands_file_the_store_refuses_fails_the_attempt_permanently_naming_
     assert shown["status"] == "dead" and shown["attempts"] == 1, shown
     assert "line\\nbreak.txt" in shown["last_error"], shown["last_error"]
     assert "jobcoord-w" not in shown["last_error"], shown["last_error"]
+
+
+def test_a_validator_and_its_children_die_with_a_worker_killed_during_the_checks(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """A kind's validator runs while the completion checks the artifacts. A worker
+    SIGKILLed meanwhile left it (and what it started) running on, re-parented to init,
+    for as long as it cared to run."""
+    import signal
+    import time
+
+    from tests.test_worker import gone
+
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    pids = tmp_path / "pids"
+    checker = tmp_path / "check.sh"
+    checker.write_text(f"sleep 120 &\necho $$ $! > '{pids}'\nwait\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[artifacts.kinds.report]\nvalidator = ["sh", "{checker}"]\n')
+    c.enqueue("report", {"title": "Checked"})
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
+              env={"JOBCOORD_POLICY": str(policy)})
+    deadline = time.monotonic() + 20
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline, "the validator did not start"
+        time.sleep(0.05)
+    assert w.proc is not None
+    w.proc.send_signal(signal.SIGKILL)
+    w.proc.wait(10)
+    left = [int(p) for p in pids.read_text().split()]
+    deadline = time.monotonic() + 5
+    while not all(gone(p) for p in left) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert all(gone(p) for p in left), left
+    finally:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_staging_that_fails_half_way_stages_only_the_rest_in_the_report(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -220,16 +219,25 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any) -> tuple[str | None,
         return static, (f"{size} bytes, over {rule.max_bytes}" if static == "artifact_too_large"
                         else f"{media_type} is not one of {', '.join(rule.media_types or ())}")
     if rule.validator:
+        # Guarded: it and what it starts die with this process (a worker or a server
+        # killed during the checks left them running), and are stopped at the time limit.
+        from jobcoord.worker.handlers import CANNOT_START, run_guarded
+
         try:
-            done = subprocess.run([*rule.validator, store.path_of(digest)], capture_output=True,
-                                  timeout=VALIDATOR_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                                  env={**os.environ, "JOBCOORD_ARTIFACT_NAME": name,
-                                       "JOBCOORD_ARTIFACT_MEDIA_TYPE": media_type})
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            code, said_bytes = run_guarded(
+                [*rule.validator, store.path_of(digest)], VALIDATOR_TIMEOUT_S,
+                {**os.environ, "JOBCOORD_ARTIFACT_NAME": name,
+                 "JOBCOORD_ARTIFACT_MEDIA_TYPE": media_type})
+        except OSError as exc:
             return "validator_failed", f"the validator could not run: {exc}"
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).decode("utf-8", "replace").strip()[-500:]
-            return "validator_refused", f"the validator exited {done.returncode}: {said}"
+        said = said_bytes.decode("utf-8", "replace").strip()[-500:]
+        if code is None:
+            return "validator_failed", (f"the validator did not finish within "
+                                        f"{VALIDATOR_TIMEOUT_S:g} s: stopped")
+        if code == 127 and CANNOT_START in said_bytes:
+            return "validator_failed", f"the validator could not run: {said}"
+        if code != 0:
+            return "validator_refused", f"the validator exited {code}: {said}"
     return None, "ok"
 
 

@@ -307,6 +307,42 @@ class LeaseLine:
             self.theirs.close()
 
 
+#: What the shim says on stderr when the program cannot start (it then exits 127).
+CANNOT_START = b"cannot start command"
+
+
+def run_guarded(argv: list[str], timeout_s: float, env: Mapping[str, str],
+                grace_s: float = 2.0) -> tuple[int | None, bytes]:
+    """Run `argv` to its end under the shim (see _SHIM), in a process group of its own:
+    it and everything it started die with this process however this process dies (a
+    plain subprocess outlived a SIGKILLed worker, re-parented to init), and are stopped
+    (SIGTERM, then SIGKILL after `grace_s`) after `timeout_s`. Returns its exit status,
+    None when it was stopped at the time limit, and the last 2000 bytes of its output."""
+    line = LeaseLine(timeout_s)
+    line.tell(timeout_s)
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()),
+                 str(line.theirs.fileno()), repr(grace_s), *argv],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, env=dict(env),
+                start_new_session=True, pass_fds=(line.theirs.fileno(),))
+        except BaseException:
+            line.close()
+            raise
+        line.theirs.close()  # the shim's alone: its EOF tells the shim this process is gone
+        try:
+            proc.wait()
+        finally:
+            kill_group(proc, signal.SIGKILL)  # what it left behind in its group goes too
+            stopped = line.expired()
+            line.close()
+        size = out.seek(0, os.SEEK_END)
+        out.seek(max(0, size - 2000))
+        said = out.read()
+    return (None if stopped else proc.returncode), said
+
+
 def start_command(run: JobRun, ctx: Context, lease_left_s: float) -> Callable[[], Outcome | None]:
     """Start the command under the shim in its own process group, feed it the payload, read
     its output; the poll returns its outcome once it exited (None while it runs). The lease
