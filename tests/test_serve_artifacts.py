@@ -466,6 +466,27 @@ def _stalled_upload(url: str, secret: str, job: int, epoch: int, name: str) -> A
     return sock
 
 
+def _accepted_big(s: Setup, size: int) -> tuple[int, bytes]:
+    """A job of tenant alice with an accepted artifact `big.bin` of `size` random bytes."""
+    data = os.urandom(size)
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
+    s.c.complete(job, "wa", epoch, tenant="alice")
+    return job, data
+
+
+def _stalled_download(url: str, secret: str, job: int) -> Any:
+    """A socket that asked for the job's `big.bin` and then reads nothing (a 4 KiB window)."""
+    import socket
+
+    host, port = url.rsplit("//", 1)[1].split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
+                 f"Authorization: Bearer {secret}\r\n\r\n".encode())
+    return sock
+
+
 def _whole_answer(sock: Any) -> str:
     """The server's answer on `sock`: its head and its Content-Length of body."""
     sock.settimeout(15)
@@ -596,28 +617,19 @@ def test_downloads_stalled_by_their_readers_hold_at_most_twice_the_upload_limit(
     artifact, 1.25 GiB of temporary files). The copies in flight hold at most twice
     --max-artifact-bytes; a download past that is 503 `server_busy` (Retry-After), and any
     one download is always served."""
-    import socket
     import time
 
     size = 24 << 20
-    data = os.urandom(size)
-    job, epoch = s.leased()
-    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
-    s.c.complete(job, "wa", epoch, tenant="alice")
+    job, data = _accepted_big(s, size)
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**s.env, "TMPDIR": str(temp)}
     with served(s.target, "--reap-every", "0", "--max-artifact-bytes", str(size),
                 env=env) as srv:
-        host, port = srv.url.rsplit("//", 1)[1].split(":")
         socks = []
         try:
             for _ in range(4):
-                sock = socket.create_connection((host, int(port)))
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
-                             f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
-                socks.append(sock)
+                socks.append(_stalled_download(srv.url, s.viewer, job))
                 time.sleep(0.5)
             staged = sum(f.stat().st_size for f in temp.rglob("*") if f.is_file())
             # Each copy in a directory only this user may enter: the bytes are the tenant's.
@@ -653,28 +665,19 @@ def test_a_reader_that_reads_nothing_for_the_idle_limit_is_cut_and_its_copy_remo
     A download whose reader takes nothing for --upload-idle seconds is cut, its copy
     removed and its room given back."""
     import signal
-    import socket
     import time
 
     size = 8 << 20
-    data = os.urandom(size)
-    job, epoch = s.leased()
-    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
-    s.c.complete(job, "wa", epoch, tenant="alice")
+    job, data = _accepted_big(s, size)
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**s.env, "TMPDIR": str(temp)}
     with served(s.target, "--reap-every", "0", "--max-artifact-bytes", str(size),
                 "--upload-idle", "2", env=env) as srv:
-        host, port = srv.url.rsplit("//", 1)[1].split(":")
         socks = []
         try:
             for _ in range(2):
-                sock = socket.create_connection((host, int(port)))
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
-                             f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
-                socks.append(sock)
+                socks.append(_stalled_download(srv.url, s.viewer, job))
             time.sleep(1.0)
             with srv.client(s.viewer) as viewer:
                 assert viewer.get(f"/v1/jobs/{job}/artifacts/big.bin").status_code == 503
@@ -708,22 +711,14 @@ def test_a_stop_with_a_stalled_download_leaves_no_copy_and_no_traceback(
     verified copy is removed then too (it stayed in the temporary directory for good), and
     the cut is no traceback in the log."""
     import signal
-    import socket
     import time
 
-    data = os.urandom(16 << 20)
-    job, epoch = s.leased()
-    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
-    s.c.complete(job, "wa", epoch, tenant="alice")
+    job, _ = _accepted_big(s, 16 << 20)
     temp = tmp_path / "temp"
     temp.mkdir()
     with served(s.target, "--reap-every", "0", env={**s.env, "TMPDIR": str(temp)}) as srv:
-        host, port = srv.url.rsplit("//", 1)[1].split(":")
-        sock = socket.create_connection((host, int(port)))
+        sock = _stalled_download(srv.url, s.viewer, job)
         try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
-                         f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
             time.sleep(1.0)
             assert list(temp.iterdir()), "the download was not in flight"
             srv.signal(signal.SIGTERM)
@@ -742,27 +737,15 @@ def test_a_server_killed_mid_download_has_its_copy_removed_by_the_next_start(
     (up to the artifact's size) in the temporary directory for good. The next server
     removes the copies no live server holds, and only those: not another live server's."""
     import signal
-    import socket
     import time
 
-    data = os.urandom(4 << 20)
-    job, epoch = s.leased()
-    s.c.put_artifact(job, "wa", epoch, "big.bin", data, tenant="alice")
-    s.c.complete(job, "wa", epoch, tenant="alice")
+    job, _ = _accepted_big(s, 4 << 20)
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**s.env, "TMPDIR": str(temp)}
 
-    def stalled_download(srv: Any) -> Any:
-        host, port = srv.url.rsplit("//", 1)[1].split(":")
-        sock = socket.create_connection((host, int(port)))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.sendall(f"GET /v1/jobs/{job}/artifacts/big.bin HTTP/1.1\r\nHost: x\r\n"
-                     f"Authorization: Bearer {s.viewer}\r\n\r\n".encode())
-        return sock
-
     with served(s.target, "--reap-every", "0", env=env) as killed:
-        sock = stalled_download(killed)
+        sock = _stalled_download(killed.url, s.viewer, job)
         try:
             time.sleep(1.0)
             [left] = list(temp.iterdir())
@@ -772,7 +755,7 @@ def test_a_server_killed_mid_download_has_its_copy_removed_by_the_next_start(
         finally:
             sock.close()
     with served(s.target, "--reap-every", "0", env=env) as live:
-        sock = stalled_download(live)
+        sock = _stalled_download(live.url, s.viewer, job)
         try:
             time.sleep(1.0)
             [held] = list(temp.iterdir())
