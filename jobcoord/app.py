@@ -128,6 +128,8 @@ class Context:
         self._stop = threading.Event()
         self._reason: str | None = None
         self.effect_started = False
+        #: Artifacts this attempt staged through `artifact` (its completion checks them).
+        self.artifacts_staged = 0
 
     # -- cancellation (set by the worker) --
 
@@ -190,9 +192,11 @@ class Context:
     def artifact(self, name: str, source: Any, media_type: str | None = None) -> dict[str, Any]:
         """Stage an artifact (a path, bytes or a binary file object) under this attempt's
         lease; it becomes part of the result when this attempt's completion is accepted."""
-        return self._fenced("artifact_staged", lambda: self._coordinator.put_artifact(
+        staged = self._fenced("artifact_staged", lambda: self._coordinator.put_artifact(
             self.job_id, self.worker_id, self.epoch, name, source, media_type,
             tenant=self.tenant))
+        self.artifacts_staged += 1
+        return staged
 
 
 def load_app(spec: str) -> App:

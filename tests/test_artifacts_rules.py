@@ -372,6 +372,24 @@ def test_a_validator_command_that_refuses_fails_the_completion(ac: Coordinator,
     assert [a["name"] for a in ac.artifacts(good)["artifacts"]] == ["a.pdf"]
 
 
+def test_a_group_completions_leases_are_all_kept_while_one_items_artifacts_are_checked(
+        ac: Coordinator, tmp_path: Path) -> None:
+    """complete_many checks its items' artifacts one after another, before its transaction:
+    an item without artifacts waited for another's slow validator with its lease unrenewed,
+    and was refused `lease_expired` although it was reported in time."""
+    checker = tmp_path / "slow.py"
+    checker.write_text("import time\ntime.sleep(3)\n")
+    artifact_rules.declare_kind(ac, "render", validator=[sys.executable, str(checker)])
+    checked, e1 = start(ac, lease_s=2)
+    plain, e2 = start(ac, kind="plain", lease_s=2)
+    ac.put_artifact(checked, "w1", e1, "a.pdf", b"%PDF ok")
+    got = ac.complete_many([{"job_id": plain, "worker_id": "w1", "epoch": e2, "result": {}},
+                            {"job_id": checked, "worker_id": "w1", "epoch": e1,
+                             "result": {}}])
+    assert got["accepted"] == 2, got
+    assert ac.show(plain)["job"]["status"] == "succeeded"
+
+
 @pytest.mark.parametrize("validator, evidence", [
     (["sh", "-c", "sleep 30"], "did not finish within 1 s"),
     (["/no such/validator"], "could not run"),

@@ -121,6 +121,33 @@ def test_a_commands_file_the_store_refuses_fails_the_attempt_permanently_naming_
     assert "jobcoord-w" not in shown["last_error"], shown["last_error"]
 
 
+def test_a_batched_workers_other_completions_keep_their_leases_during_artifact_checks(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """A batched worker completes in groups: a job without artifacts, done while another
+    job's completion checked its artifacts (a validator longer than the lease), waited for
+    those checks with its lease unrenewed; it ran out, the reaper took the job, and its
+    result was refused (a job of one attempt ended dead although it had succeeded)."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    checker = tmp_path / "slow check.py"
+    checker.write_text("import time\ntime.sleep(6)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"[artifacts.kinds.report]\nvalidator = [{PY!r}, {str(checker)!r}]\n"
+                      .replace("'", '"'))
+    checked = c.enqueue("report", {"title": "Checked slowly"})["job_id"]
+    quick = c.enqueue("quick", {}, max_attempts=1)["job_id"]
+    w = start("--exec", f"report={PY} examples/report_cmd.py",
+              "--exec", f"quick={PY} -c 'import time; time.sleep(1); print(1)'",
+              "--concurrency", "2", "--lease", "3", "--burst", "--reap-every", "0.5",
+              env={"JOBCOORD_POLICY": str(policy)})
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 2, summary
+    for job in (checked, quick):
+        shown = c.show(job)["job"]
+        assert shown["status"] == "succeeded" and shown["attempts"] == 1, shown
+
+
 def test_a_validator_and_its_children_die_with_a_worker_killed_during_the_checks(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """A kind's validator runs while the completion checks the artifacts. A worker

@@ -21,6 +21,7 @@ artifact_accepted, artifact_rejected).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -172,29 +173,50 @@ def _stages(coord: Coordinator, job_id: int, worker: str, epoch: int, tenant: st
     return coord.db.read(_read, "reading staged artifacts")
 
 
+#: The attempts (job, worker, epoch, tenant) of a group completion (complete_many) whose
+#: checks are being made, one after another: while one's run, every one of them waits, so
+#: every one's lease is kept (`_lease_kept`).
+_GROUP: contextvars.ContextVar[tuple[tuple[int, str, int, str | None], ...]] = \
+    contextvars.ContextVar("jobcoord_completion_group", default=())
+
+
+@contextlib.contextmanager
+def completion_group(attempts: Sequence[tuple[int, str, int, str | None]]) -> Iterator[None]:
+    """The block makes the checks of these attempts' completions, which wait together."""
+    token = _GROUP.set(tuple(attempts))
+    try:
+        yield
+    finally:
+        _GROUP.reset(token)
+
+
 @contextlib.contextmanager
 def _lease_kept(coord: Coordinator, job_id: int, worker: str, epoch: int,
                 tenant: str | None, left_s: float) -> Iterator[None]:
-    """The attempt's lease renewed while the block runs. A completion's checks (re-hashing
-    large files, a kind's validator: up to VALIDATOR_TIMEOUT_S each) run after the
-    worker's lease loop has ended; a lease shorter than them ran out meanwhile, the
-    completion was refused `lease_expired` and the job ran again, each attempt alike. The
-    lease is renewed by what it had left when the checks began (at least a second), a
-    third of that apart; if this process dies, the renewals stop and the lease ends as
-    any other. A refused renewal ends the keeping: the completion's fence decides."""
+    """The attempt's lease (and those of its group: `completion_group`) renewed while the
+    block runs. A completion's checks (re-hashing large files, a kind's validator: up to
+    VALIDATOR_TIMEOUT_S each) run after the worker's lease loop has ended; a lease shorter
+    than them ran out meanwhile, the completion was refused `lease_expired` and the job ran
+    again, each attempt alike. The leases are renewed by what this one had left when the
+    checks began (at least a second; a renewal never shortens a lease), a third of that
+    apart; if this process dies, the renewals stop and the leases end as any other. A
+    refused renewal ends that lease's keeping: its completion's fence decides."""
     from jobcoord.core import fencing
 
     lease_s = max(left_s, 1.0)
+    kept = dict.fromkeys([(job_id, worker, epoch, tenant), *_GROUP.get()])
     done = threading.Event()
 
     def keep() -> None:
-        while not done.wait(lease_s / 3):
-            try:
-                fencing.renew(coord, job_id, worker, epoch, lease_s=lease_s, tenant=tenant)
-            except Refused:
-                return
-            except Exception:  # a busy database: the next renewal may get through
-                continue
+        while kept and not done.wait(lease_s / 3):
+            for attempt in list(kept):
+                try:
+                    fencing.renew(coord, attempt[0], attempt[1], attempt[2],
+                                  lease_s=lease_s, tenant=attempt[3])
+                except Refused:
+                    kept.pop(attempt, None)
+                except Exception:  # a busy database: the next renewal may get through
+                    continue
 
     keeper = threading.Thread(target=keep, name=f"jobcoord-checks-{job_id}", daemon=True)
     keeper.start()

@@ -77,6 +77,7 @@ class JobRun:
         #: Its files are staged under the lease: a report sent again sends only the completion.
         self.artifacts_staged = False
         self.artifacts_done: set[str] = set()  # file names staged so far (never twice)
+        self.ctx: Context | None = None  # the handler's context, once made
         #: When this run's chained completion was first sent (boot clock): a report sent
         #: again may be handed the job the first one claimed, whose lease began after it.
         self.chain_sent: float | None = None
@@ -222,10 +223,17 @@ class JobRun:
     def _context(self) -> Context:
         w = self.w
         checkpoints = {c["name"]: c["data"] for c in self.job.get("checkpoints") or []}
-        return Context(job_id=self.job_id, epoch=self.epoch,
-                       attempt=self.job.get("attempt", 1), kind=self.spec.kind,
-                       worker_id=w.config.worker_id, checkpoints=checkpoints,
-                       coordinator=w.calls, tenant=self.job.get("tenant"), log=w.log)
+        self.ctx = Context(job_id=self.job_id, epoch=self.epoch,
+                           attempt=self.job.get("attempt", 1), kind=self.spec.kind,
+                           worker_id=w.config.worker_id, checkpoints=checkpoints,
+                           coordinator=w.calls, tenant=self.job.get("tenant"), log=w.log)
+        return self.ctx
+
+    def _has_artifacts(self) -> bool:
+        """Whether this attempt staged artifacts: its completion checks them first, which
+        may take minutes (a kind's validator)."""
+        return bool(self.artifacts_done) or (self.ctx is not None
+                                             and self.ctx.artifacts_staged > 0)
 
     def _run_inline(self) -> None:
         """A Python handler called on this run's own thread, without a hand-off to a handler
@@ -563,7 +571,9 @@ class JobRun:
                 stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
                              self.epoch, tenant, done=self.artifacts_done)
                 self.artifacts_staged = True
-            if w.completer is not None:
+            if w.completer is not None and not self._has_artifacts():
+                # (One with artifacts completes on its own: its checks would hold every
+                # later group, whose leases nobody renews, behind them.)
                 # Acknowledged only once the group holding this result has committed; its
                 # `completed` line is written with the group's (`Worker._log_completed`).
                 w.completer.complete({"job_id": self.job_id, "worker_id": cfg.worker_id,
