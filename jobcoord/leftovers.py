@@ -18,10 +18,13 @@ import os
 import re
 import shutil
 import stat
+import time
 from collections.abc import Callable
 
 #: The random part of a tempfile.mkdtemp / mkstemp name.
 RANDOM = r"[a-z0-9_]{8}"
+#: An unheld entry this young whose owner is alive may not be locked yet: left.
+YOUNG_S = 60.0
 
 
 def hold(path: str) -> int | None:
@@ -51,11 +54,14 @@ def sweep(directory: str, pattern: re.Pattern[str],
           alive: Callable[[re.Match[str]], bool] = lambda _m: False) -> int:
     """Remove the entries of `directory` whose whole name matches `pattern` (its group
     `dir` matched: a directory of mode 0700, else a regular file of mode 0600, as
-    tempfile makes them), owned by this user, that no live process holds (`hold`) and
-    whose owner `alive` does not vouch for (an owner that held nothing: an older
-    version). A user's own file that merely looks like one is left: its name, type or
-    mode differs. Returns how many were removed."""
+    tempfile makes them), owned by this user, that no live process holds (`hold`). The
+    lock decides, not a PID (a killed container worker's PID 1 is always alive on the
+    host): only an entry younger than YOUNG_S whose owner `alive` vouches for is left
+    unheld (made a moment before its owner took the lock). A user's own file that merely
+    looks like one is left: its name, type or mode differs. Returns how many were
+    removed."""
     removed = 0
+    now = time.time()
     try:
         entries = list(os.scandir(directory))
     except OSError:
@@ -70,7 +76,7 @@ def sweep(directory: str, pattern: re.Pattern[str],
             kind_ok = stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)
             if (st.st_uid != os.getuid() or not kind_ok
                     or stat.S_IMODE(st.st_mode) != (0o700 if is_dir else 0o600)
-                    or alive(found)):
+                    or (now - st.st_mtime < YOUNG_S and alive(found))):
                 continue
         except (OSError, ValueError, OverflowError):
             continue

@@ -256,6 +256,7 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
     import fcntl
     import subprocess
     import sys
+    import time
 
     temp = tmp_path / "temp"
     temp.mkdir()
@@ -274,7 +275,10 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
 
     made(f"jobcoord-w{gone}-7-artifacts-abc_1234", True)  # a killed worker's: removed
     made(f"jobcoord-w{gone}-7-xyz12345.json", False)  # removed
-    alive = made(f"jobcoord-w{os.getpid()}-8-artifacts-def12345", True)  # this process's
+    alive = made(f"jobcoord-w{os.getpid()}-8-artifacts-def12345", True)  # young: kept
+    # Unheld for minutes, its PID alive (a killed container worker's PID 1 is): removed.
+    stale = made(f"jobcoord-w{os.getpid()}-10-artifacts-pqr12345", True)
+    os.utime(stale, (time.time() - 120, time.time() - 120))
     # A live worker of another PID namespace: its PID is gone here, its lock is not.
     elsewhere = made(f"jobcoord-w{gone}-9-artifacts-ghi12345", True)
     held = os.open(elsewhere, os.O_RDONLY)
@@ -293,7 +297,7 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
         os.close(held)
     assert code == 0, summary
     assert sorted(p.name for p in temp.iterdir()) == sorted(p.name for p in kept)
-    assert w.events("swept_orphans")[0]["removed"] == 2
+    assert w.events("swept_orphans")[0]["removed"] == 3
 
 
 

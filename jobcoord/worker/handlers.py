@@ -525,8 +525,8 @@ _OWNED = re.compile(
 
 
 def _pid_alive(found: re.Match[str]) -> bool:
-    """Whether the named worker's PID is alive here (or not ours to judge): files of a
-    worker that held no lock on them (an older version) are left while it may live."""
+    """Whether the named worker's PID is alive here (or not ours to judge): a young entry
+    of a live worker may not be locked yet."""
     try:
         os.kill(int(found.group("pid")), 0)
     except ProcessLookupError:
