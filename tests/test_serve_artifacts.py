@@ -583,6 +583,53 @@ def test_a_completions_artifact_checks_take_no_thread_from_database_calls(
     assert [a["state"] for a in s.rows(job)] == ["accepted"]
 
 
+def test_more_completions_checking_artifacts_than_transfer_threads_wait_for_one(
+        s: Setup, tmp_path: Path) -> None:
+    """Five completions whose validator runs 4 s, against the four transfer threads of a
+    `--threads 1` server: the fifth ran on the database thread, and another worker's
+    renewal waited for its validator (503 `server_busy`, then its lease was lost). It waits
+    for a transfer thread instead; every one is accepted."""
+    checker = tmp_path / "slow check.py"
+    checker.write_text("import time\ntime.sleep(4)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[artifacts.kinds.report]\n"
+                      f"validator = [{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    workers = []
+    for i in range(6):
+        name = f"w{i}"
+        secret = token(s.target, name, "worker", tenant="alice", worker=name)
+        s.c.heartbeat(name, readings={"memory_used_pct": 5})
+        workers.append((secret, *s.leased(worker=name)))
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    with served(s.target, "--reap-every", "0", "--threads", "1", env=env) as srv:
+        clients = [srv.client(secret) for secret, _, _ in workers]
+        try:
+            for http, (_, job, epoch) in zip(clients[:5], workers[:5], strict=True):
+                got = put(http, job, "a.bin", BYTES, epoch,
+                          **{"X-Content-Digest": digest(BYTES)})
+                assert got.status_code == 200, got.text
+            answers: list[httpx.Response] = []
+            sending = [threading.Thread(target=lambda h=http, j=job, e=epoch: answers.append(
+                h.post(f"/v1/jobs/{j}/complete", json={"epoch": e, "result": {}},
+                       timeout=60))) for http, (_, job, epoch) in zip(clients[:5], workers[:5],
+                                                                       strict=True)]
+            for thread in sending:
+                thread.start()
+            time.sleep(1.0)  # five validators asked for, four running
+            _, other_job, other_epoch = workers[5]
+            t0 = time.monotonic()
+            renewed = clients[5].post(f"/v1/jobs/{other_job}/renew",
+                                      json={"epoch": other_epoch}, timeout=30)
+            waited = time.monotonic() - t0
+            for thread in sending:
+                thread.join(60)
+        finally:
+            for http in clients:
+                http.close()
+    assert renewed.status_code == 200 and waited < 1.5, (renewed.text, waited)
+    assert sorted(a.status_code for a in answers) == [200] * 5, [a.text for a in answers]
+
+
 def test_a_stalled_upload_is_answered_503_when_the_server_stops(s: Setup) -> None:
     """SIGTERM with an upload waiting for bytes: it is refused at once (503
     `server_stopping`, to be sent again), nothing stored, no traceback; it was cut after the

@@ -296,10 +296,10 @@ async def uploaded_first(srv: Server, caller: Caller, run: Callable[[Identity], 
     artifact uploaded here (its completion re-hashes the bytes and runs the kind's
     validator before its transaction, which takes as long as they take: on a database
     thread, every other call would wait behind it), else on the database threads."""
-    if (not any(srv.has_uploads(*attempt) for attempt in attempts)
-            or srv.transfers_busy >= srv.transfer_threads):
-        # (every transfer thread taken: on the database threads rather than refused)
+    if not any(srv.has_uploads(*attempt) for attempt in attempts):
         return await srv.call_as(caller, run)
+    # Queued for a transfer thread when every one is taken: never on a database thread,
+    # where its checks would hold renewals back (its own lease is kept while they run).
     try:
         got = await srv.transfer_as(caller, run)
     except Refused:

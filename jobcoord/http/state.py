@@ -258,14 +258,16 @@ class Server:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, self._budgeted(run))
 
-    async def transfer(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def transfer(self, fn: Callable[..., T], *args: Any, queue: bool = False,
+                       **kwargs: Any) -> T:
         """`fn` on the transfer threads (an upload streamed in, a download staged out),
         without a request's busy budget: it may take as long as its bytes take, and each of
         its transactions has a budget of its own (`busy_budget`). With every transfer
         thread taken (uploads whose clients send slowly, each worker within its own cap),
         DatabaseBusy `server_busy` at once, a 503 clients retry: queued, it waited for
-        them with no end and no answer."""
-        if self.transfers_busy >= self.transfer_threads:
+        them with no end and no answer. `queue`: wait for a thread instead (a completion
+        whose checks must not run on a database thread)."""
+        if self.transfers_busy >= self.transfer_threads and not queue:
             raise DatabaseBusy("server_busy", f"all {self.transfer_threads} transfer threads "
                                "are moving artifacts' bytes; try again")
         self.transfers_busy += 1
@@ -278,13 +280,14 @@ class Server:
 
     async def transfer_as(self, caller: Caller, fn: Callable[..., T], *args: Any,
                           **kwargs: Any) -> T:
-        """`call_as` on the transfer threads: the token's lookup and `fn` in one hop."""
+        """`call_as` on the transfer threads: the token's lookup and `fn` in one hop;
+        queued for a thread when every one is taken."""
         db = self.c.db
 
         def run() -> T:
             return fn(caller.identify(db), *args, **kwargs)
 
-        return await self.transfer(run)
+        return await self.transfer(run, queue=True)
 
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
