@@ -709,8 +709,8 @@ def test_a_reader_that_reads_nothing_for_the_idle_limit_is_cut_and_its_copy_remo
         s: Setup, tmp_path: Path) -> None:
     """Two readers that stopped reading held the whole budget of copies in flight until
     they went away, however long: every other reader of a large artifact got 503 meanwhile.
-    A download whose reader takes nothing for --upload-idle seconds is cut, its copy
-    removed and its room given back."""
+    A download whose reader takes nothing for four times --upload-idle seconds is cut, its
+    copy removed and its room given back."""
     import signal
     import time
 
@@ -720,15 +720,15 @@ def test_a_reader_that_reads_nothing_for_the_idle_limit_is_cut_and_its_copy_remo
     temp.mkdir()
     env = {**s.env, "TMPDIR": str(temp)}
     with served(s.target, "--reap-every", "0", "--max-artifact-bytes", str(size),
-                "--upload-idle", "2", env=env) as srv:
+                "--upload-idle", "0.5", env=env) as srv:
         socks = []
         try:
             for _ in range(2):
                 socks.append(_stalled_download(srv.url, s.viewer, job))
-            time.sleep(1.0)
+            time.sleep(0.5)
             with srv.client(s.viewer) as viewer:
                 assert viewer.get(f"/v1/jobs/{job}/artifacts/big.bin").status_code == 503
-                time.sleep(3.0)  # the idle limit passes: both readers are cut
+                time.sleep(3.0)  # the idle limit (2 s) passes: both readers are cut
                 assert list(temp.iterdir()) == []
                 got = viewer.get(f"/v1/jobs/{job}/artifacts/big.bin")
             assert got.status_code == 200 and got.content == data

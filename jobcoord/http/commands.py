@@ -44,7 +44,7 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
               type=click.FloatRange(0.1, 3600),
               help="An artifact upload that sends nothing for this many seconds is refused "
                    "(upload_incomplete), nothing stored; a download whose reader takes "
-                   "nothing for as long is cut.")
+                   "nothing for four times as long is cut.")
 @click.option("--max-artifact-bytes", default=1 << 30, show_default=True,
               type=click.IntRange(0, 2**62),
               help="Largest artifact upload accepted (a kind's own limit applies too).")

@@ -43,6 +43,12 @@ class AnyNameConvertor(PathConvertor):
 
 register_url_convertor("artifact_name", AnyNameConvertor())
 
+#: A download is cut when its reader took nothing for this many times --upload-idle. Only
+#: a whole send that waits counts as nothing taken, and the kernel wakes a sender only
+#: once about a third of its socket's buffer (up to some 4 MB) has drained: a steady
+#: reader slower than about 1.4 MB per limit looks idle. Four times the upload's limit
+#: (2 min by default) cuts only readers slower than about 12 KB/s.
+DOWNLOAD_IDLE_FACTOR = 4
 #: Downloads' verified copies: a directory each in the temporary directory.
 DOWNLOAD_PREFIX = "jobcoord-download-"
 _COPY = re.compile(rf"{DOWNLOAD_PREFIX}(?P<dir>){leftovers.RANDOM}")
@@ -289,7 +295,7 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
         discard()
         raise
     etag = hashlib.sha256(found["digest"].encode()).hexdigest()[:32]
-    return StagedFile(path, discard, srv.upload_idle_s,
+    return StagedFile(path, discard, DOWNLOAD_IDLE_FACTOR * srv.upload_idle_s,
                       media_type=found["media_type"] or "application/octet-stream",
                       filename=found["name"],
                       headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})
