@@ -72,7 +72,7 @@ def sweep(directory: str, pattern: re.Pattern[str],
             continue
         try:
             st = entry.stat(follow_symlinks=False)
-            is_dir = found.group("dir") is not None
+            is_dir = found.groupdict().get("dir") is not None
             kind_ok = stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)
             if (st.st_uid != os.getuid() or not kind_ok
                     or stat.S_IMODE(st.st_mode) != (0o700 if is_dir else 0o600)

@@ -289,15 +289,26 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
             made(f"jobcoord-w{gone}-2-artifacts-jkl12345", True, 0o755),  # not mkdtemp's
             made(f"jobcoord-w{gone}-3-mno12345.json", False, 0o644)]  # not mkstemp's
     kept[2].write_text("keep")
+    # A remote worker's spooled upload: removed when unheld for minutes; kept when young
+    # (its worker may not have locked it yet) or held.
+    spooled = made("jobcoord-upload-stu12345", False)
+    os.utime(spooled, (time.time() - 120, time.time() - 120))
+    kept.append(made("jobcoord-upload-vwx12345", False))
+    spooling = made("jobcoord-upload-yz012345", False)
+    os.utime(spooling, (time.time() - 120, time.time() - 120))
+    kept.append(spooling)
+    held_spool = os.open(spooling, os.O_RDONLY)
+    fcntl.flock(held_spool, fcntl.LOCK_EX)
     try:
         w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
                   env={"TMPDIR": str(temp)})
         code, summary = w.finish()
     finally:
         os.close(held)
+        os.close(held_spool)
     assert code == 0, summary
     assert sorted(p.name for p in temp.iterdir()) == sorted(p.name for p in kept)
-    assert w.events("swept_orphans")[0]["removed"] == 3
+    assert w.events("swept_orphans")[0]["removed"] == 4
 
 
 
@@ -317,3 +328,25 @@ def test_slow_uploads_never_hold_back_the_renewals_of_the_workers_jobs(
     for job in jobs:
         shown = c.show(job)["job"]
         assert shown["status"] == "succeeded" and shown["attempts"] == 1, shown
+
+
+def test_a_remote_workers_spooled_upload_is_held_while_it_lives(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upload from a stream is spooled to a temporary file: held while the upload lives
+    (a starting worker's sweep leaves it), removed after."""
+    import fcntl
+    import io
+
+    from jobcoord.http import client
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with client._spooled(io.BytesIO(b"x" * 10)) as (_chunks, _digest, size):
+        [spool] = list(tmp_path.iterdir())
+        assert size == 10 and spool.name.startswith(client.SPOOL_PREFIX)
+        fd = os.open(spool, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    assert list(tmp_path.iterdir()) == []

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from .. import leftovers
 from ..artifacts.names import media_type_of, validate_name
 from ..core.items import (
     MAX_BATCH,
@@ -41,6 +42,8 @@ from .errors import error_from_response
 #: How long a call keeps retrying network errors before it says the server is unreachable;
 #: the worker runtime then retries on its own schedule while the lease may still be its own.
 DEFAULT_RETRY_S = 10.0
+#: An upload from a stream is spooled to a temporary file named so (it may be sent twice).
+SPOOL_PREFIX = "jobcoord-upload-"
 #: How long a completion of an attempt with uploaded artifacts waits for its answer: the
 #: server checks them first (a validator may take up to 300 s), keeping the lease meanwhile.
 CHECKS_TIMEOUT_S = 900.0
@@ -465,7 +468,10 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
     if not hasattr(source, "read"):
         raise InvalidInput("invalid_input", f"cannot upload a {type(source).__name__}: give a "
                            "path, bytes or a binary file object")
-    fd, path = tempfile.mkstemp(prefix="jobcoord-upload-")
+    fd, path = tempfile.mkstemp(prefix=SPOOL_PREFIX)
+    # Held while it lives: a process killed mid-upload leaves it, and the next worker's
+    # start removes it (worker.handlers.sweep_orphans); never a live one's.
+    held = [h] if (h := leftovers.hold(path)) is not None else []
     try:
         with os.fdopen(fd, "wb") as out:
             while block := source.read(CHUNK):
@@ -474,6 +480,7 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
         yield from_file(path), digest, size
     finally:
         os.unlink(path)
+        leftovers.release(held)
 
 
 def _one_group(body: list[dict[str, Any]], got: dict[str, Any]) -> dict[str, Any]:

@@ -536,10 +536,17 @@ def _pid_alive(found: re.Match[str]) -> bool:
     return True  # alive, or the PID was reused: left, the safe way
 
 
+#: A remote worker's upload spooled from a stream (jobcoord.http.client._spooled).
+_SPOOLED = re.compile(rf"jobcoord-upload-{RANDOM}")
+
+
 def sweep_orphans(directory: str | None = None) -> int:
-    """Remove the commands' files and checkpoints that a worker process killed outright
-    (SIGKILL, the OOM killer) left in the temporary directory: those of this user that no
-    live worker holds (see jobcoord.leftovers). Its runs removed them as they ended;
-    nothing else would, and a command's artifacts may be gigabytes. Returns how many were
-    removed."""
-    return sweep(directory or tempfile.gettempdir(), _OWNED, _pid_alive)
+    """Remove the commands' files and checkpoints, and the spooled uploads, that a worker
+    process killed outright (SIGKILL, the OOM killer) left in the temporary directory:
+    those of this user that no live worker holds (see jobcoord.leftovers). Its runs
+    removed them as they ended; nothing else would, and a command's artifacts may be
+    gigabytes. Returns how many were removed."""
+    directory = directory or tempfile.gettempdir()
+    # A young unheld spool may be one a live worker has not locked yet: left.
+    return (sweep(directory, _OWNED, _pid_alive)
+            + sweep(directory, _SPOOLED, lambda _found: True))
