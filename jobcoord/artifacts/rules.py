@@ -173,6 +173,12 @@ def _stages(coord: Coordinator, job_id: int, worker: str, epoch: int, tenant: st
     return coord.db.read(_read, "reading staged artifacts")
 
 
+#: The least a lease is renewed by while its completion's checks run: a lease nearly over
+#: when they begin is not held by renewals a fraction of a second apart (a busy machine
+#: delays one past its end).
+KEEP_MIN_S = 5.0
+#: The first renewal comes at most this long after the checks begin.
+KEEP_FIRST_S = 0.25
 #: The attempts (job, worker, epoch, tenant) of a group completion (complete_many) whose
 #: checks are being made, one after another: while one's run, every one of them waits, so
 #: every one's lease is kept (`_lease_kept`).
@@ -198,17 +204,20 @@ def _lease_kept(coord: Coordinator, job_id: int, worker: str, epoch: int,
     VALIDATOR_TIMEOUT_S each) run after the worker's lease loop has ended; a lease shorter
     than them ran out meanwhile, the completion was refused `lease_expired` and the job ran
     again, each attempt alike. The leases are renewed by what this one had left when the
-    checks began (at least a second; a renewal never shortens a lease), a third of that
-    apart; if this process dies, the renewals stop and the leases end as any other. A
-    refused renewal ends that lease's keeping: its completion's fence decides."""
+    checks began, at least KEEP_MIN_S (a renewal never shortens a lease), a third of
+    that apart, the first soon (KEEP_FIRST_S); if this process dies, the
+    renewals stop and the leases end as any other. A refused renewal ends that lease's
+    keeping: its completion's fence decides."""
     from jobcoord.core import fencing
 
-    lease_s = max(left_s, 1.0)
+    lease_s = max(left_s, KEEP_MIN_S)
     kept = dict.fromkeys([(job_id, worker, epoch, tenant), *_GROUP.get()])
     done = threading.Event()
 
     def keep() -> None:
-        while kept and not done.wait(lease_s / 3):
+        wait = min(max(0.05, left_s / 3), KEEP_FIRST_S)  # (a group's may have less left)
+        while kept and not done.wait(wait):
+            wait = lease_s / 3
             for attempt in list(kept):
                 try:
                     fencing.renew(coord, attempt[0], attempt[1], attempt[2],
