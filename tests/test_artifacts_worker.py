@@ -226,7 +226,7 @@ def test_a_running_commands_files_are_held_against_any_sweep(
     temp = tmp_path / "temp"
     temp.mkdir()
     c.enqueue("slow", {})
-    w = start("--exec", f"slow={PY} -c 'import time; time.sleep(4)'", "--burst",
+    w = start("--exec", f"slow={PY} -c 'import time; time.sleep(8)'", "--burst",
               env={"TMPDIR": str(temp)})
     deadline = time.monotonic() + 15
     while len(list(temp.iterdir())) < 2 and time.monotonic() < deadline:
