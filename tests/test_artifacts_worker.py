@@ -121,6 +121,25 @@ def test_a_commands_file_the_store_refuses_fails_the_attempt_permanently_naming_
     assert "jobcoord-w" not in shown["last_error"], shown["last_error"]
 
 
+def test_a_commands_files_on_a_database_without_artifact_storage_fail_the_attempt_at_once(
+        db: Any, start: Any) -> None:
+    """A command left files, and this database has no artifact storage: its staging was
+    refused `feature_missing`, the report gave up, and the job stayed leased until its lease
+    ran out, each attempt the same until it was dead, nothing saying why. Nothing but the
+    operator's `migrate --with artifacts` heals it: the attempt fails for good at once,
+    saying so (`retry` runs it again once migrated)."""
+    _, c = db
+    assert "artifacts" not in c.features
+    job = c.enqueue("report", {"title": "Nowhere to keep it"}, max_attempts=3)["job_id"]
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "60", "--burst")
+    code, summary = w.finish()
+    assert code == 0, summary
+    shown = c.show(job)["job"]
+    assert shown["status"] == "dead" and shown["attempts"] == 1, shown
+    assert "migrate --with artifacts" in shown["last_error"], shown["last_error"]
+    assert [e["reason"] for e in c.show(job)["events"]][-1] == "failed"
+
+
 def test_a_batched_workers_other_completions_keep_their_leases_during_artifact_checks(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """A batched worker completes in groups: a job without artifacts, done while another

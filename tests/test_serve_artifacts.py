@@ -252,6 +252,29 @@ def test_without_the_artifacts_feature_uploads_are_refused_and_nothing_is_listed
         assert op.get(f"/v1/jobs/{job + 99}/artifacts").status_code == 404
 
 
+def test_a_remote_commands_files_without_artifact_storage_fail_the_attempt_at_once(
+        target: Target, tmp_path: Path) -> None:
+    """The server answers a command's upload `feature_missing` (no artifact storage in its
+    database): the job stayed leased until its lease ran out, each attempt the same until
+    it was dead. The attempt fails for good at once, saying what heals it."""
+    path = token_file(tmp_path, "worker token",
+                      token(target, "wa", "worker", tenant="alice", worker="wa"))
+    with Coordinator.open(target) as c:
+        job = c.enqueue("report", {"title": "Nowhere"}, tenant="alice",
+                        max_attempts=3)["job_id"]
+        with served(target, "--reap-every", "0") as srv:
+            done = subprocess.run(
+                [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
+                 "--exec", f"report={sys.executable} examples/report_cmd.py",
+                 "--lease", "60", "--burst", "--wait", "0",
+                 "--readings-override", '{"memory_used_pct": 10}', "--json"],
+                capture_output=True, timeout=90, check=False)
+            assert done.returncode == 0, done.stderr.decode()[-2000:]
+        shown = c.show(job)["job"]
+    assert shown["status"] == "dead" and shown["attempts"] == 1, shown
+    assert "migrate --with artifacts" in shown["last_error"], shown["last_error"]
+
+
 def test_artifacts_installed_while_the_server_runs_are_taken_without_a_restart(
         target: Target, tmp_path: Path) -> None:
     """`migrate --with artifacts` beside a running server: its next upload is taken (it

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..app import Context, HandlerSpec
 from ..clock import iso
-from ..errors import InvalidInput, Refused
+from ..errors import InvalidInput, JobcoordError, Refused
 from ..leftovers import release
 from ..runtime import describe, is_fatal
 from ..validate import MAX_JSON_DEPTH
@@ -525,6 +525,11 @@ class JobRun:
             try:
                 self._deliver(out, base, duration, started_at, tenant, t0, lease_end)
                 return
+            except NoArtifactStore as e:
+                # Only the operator's migrate heals it: every attempt would run the command
+                # to its end and fail the same way (it waited out its lease, then did).
+                out = Outcome("permanent", error=str(e))
+                continue
             except InvalidInput as e:
                 if out.kind != "success":
                     raise
@@ -568,8 +573,13 @@ class JobRun:
                 # would turn this worker's accepted result into a refusal.
                 from ..artifacts.rules import stage_outdir
 
-                stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
-                             self.epoch, tenant, done=self.artifacts_done)
+                try:
+                    stage_outdir(w.calls, self.artifacts_out, self.job_id, cfg.worker_id,
+                                 self.epoch, tenant, done=self.artifacts_done)
+                except JobcoordError as e:
+                    if e.code != "feature_missing":
+                        raise
+                    raise NoArtifactStore(NO_STORE_ERROR) from e
                 self.artifacts_staged = True
             if w.completer is not None and not self._has_artifacts():
                 # (One with artifacts completes on its own: its checks would hold every
@@ -617,6 +627,15 @@ class JobRun:
             error=error[:500], report_ms=elapsed_ms(t0))
         w.count(event)
 
+
+
+NO_STORE_ERROR = ("the command left files in $JOBCOORD_ARTIFACTS_OUT but this database has "
+                  "no artifact storage: run `jobcoord migrate --with artifacts`, then "
+                  "`jobcoord retry` this job")
+
+
+class NoArtifactStore(Exception):
+    """A command's files cannot be staged: the database has no artifact storage."""
 
 
 #: Longest error text kept per attempt (the coordinator's own limit is larger).
