@@ -4,6 +4,7 @@ verified reads, validation per kind, through the Python API and the CLI. Both da
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,17 @@ def install(target: Target) -> None:
         migrate(db, add={"artifacts"})
     finally:
         db.close()
+
+
+def slow_validator_policy(tmp_path: Path, seconds: float, kind: str = "report") -> Path:
+    """A policy file whose `kind` has a validator that sleeps `seconds` and accepts: the
+    completion checks of its artifacts take that long (JOBCOORD_POLICY names it)."""
+    checker = tmp_path / "slow check.py"  # a space: the validator's argv is a list
+    checker.write_text(f"import time\ntime.sleep({seconds})\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"[artifacts.kinds.{kind}]\nvalidator = "
+                      f"[{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    return policy
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests import test_worker as tw
-from tests.test_artifacts_rules import install
+from tests.test_artifacts_rules import install, slow_validator_policy
 from tests.test_worker import PY
 
 db = tw.db
@@ -82,11 +82,7 @@ def test_a_completions_artifact_checks_longer_than_the_lease_keep_the_lease(
     _, c = db
     install(sqlite_target)
     c.features.add("artifacts")
-    checker = tmp_path / "slow check.py"
-    checker.write_text("import time\ntime.sleep(5)\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f"[artifacts.kinds.report]\nvalidator = [{PY!r}, {str(checker)!r}]\n"
-                      .replace("'", '"'))
+    policy = slow_validator_policy(tmp_path, 5)
     job = c.enqueue("report", {"title": "Checked slowly"})["job_id"]
     w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "3", "--burst",
               "--reap-every", "0.5", env={"JOBCOORD_POLICY": str(policy)})
@@ -149,11 +145,7 @@ def test_a_batched_workers_other_completions_keep_their_leases_during_artifact_c
     _, c = db
     install(sqlite_target)
     c.features.add("artifacts")
-    checker = tmp_path / "slow check.py"
-    checker.write_text("import time\ntime.sleep(6)\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f"[artifacts.kinds.report]\nvalidator = [{PY!r}, {str(checker)!r}]\n"
-                      .replace("'", '"'))
+    policy = slow_validator_policy(tmp_path, 6)
     checked = c.enqueue("report", {"title": "Checked slowly"})["job_id"]
     quick = c.enqueue("quick", {}, max_attempts=1)["job_id"]
     w = start("--exec", f"report={PY} examples/report_cmd.py",

@@ -30,7 +30,7 @@ from tests.serve_procs import (
     token,
     token_file,
 )
-from tests.test_artifacts_rules import install
+from tests.test_artifacts_rules import install, slow_validator_policy
 
 BYTES = b"# report\n" + bytes(range(256)) * 64
 
@@ -311,11 +311,7 @@ def test_a_remote_completions_artifact_checks_longer_than_lease_and_timeout_succ
     reaper take the job back (refused `lease_expired`, run again until dead); one longer
     than the client's 10 s timeout was sent again (checked again) and then reported as an
     error. The server keeps the lease while it checks, and the worker waits for them."""
-    checker = tmp_path / "slow check.py"
-    checker.write_text("import time\ntime.sleep(12)\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text("[artifacts.kinds.report]\n"
-                      f"validator = [{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    policy = slow_validator_policy(tmp_path, 12)
     job = s.c.enqueue("report", {"title": "Checked slowly"}, tenant="alice")["job_id"]
     path = token_file(tmp_path, "worker token", s.worker)
     env = {**s.env, "JOBCOORD_POLICY": str(policy)}
@@ -561,27 +557,32 @@ def test_stalled_uploads_take_no_thread_from_database_calls(s: Setup) -> None:
     assert s.objects() == [] and s.rows(job) == []
 
 
+@pytest.mark.parametrize("staged", ["here", "before_a_restart"])
 @pytest.mark.parametrize("route", ["complete", "completions"])
 def test_a_completions_artifact_checks_take_no_thread_from_database_calls(
-        s: Setup, tmp_path: Path, route: str) -> None:
+        s: Setup, tmp_path: Path, route: str, staged: str) -> None:
     """A completion re-hashes its staged artifacts and runs its kind's validator before its
     transaction. On the server's database threads, a slow one (a large file, a slow
     validator) held back every other call: with --threads 1 another worker's renewal
     waited for it, and with large artifacts leases were lost. They run on the transfer
-    threads."""
-    checker = tmp_path / "slow check.py"
-    checker.write_text("import time\ntime.sleep(4)\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text("[artifacts.kinds.report]\n"
-                      f"validator = [{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    threads, also when the upload went through the server before it restarted (it only
+    remembered its own uploads)."""
+    policy = slow_validator_policy(tmp_path, 4)
     other = token(s.target, "wb", "worker", tenant="alice", worker="wb")
     job, epoch = s.leased()
     other_job, other_epoch = s.leased("wb")
     env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    if staged == "before_a_restart":
+        with served(s.target, "--reap-every", "0", env=env) as srv, \
+                srv.client(s.worker) as w:
+            got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+            assert got.status_code == 200, got.text
     with served(s.target, "--reap-every", "0", "--threads", "1", env=env) as srv, \
             srv.client(s.worker) as w, srv.client(other) as wb:
-        got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
-        assert got.status_code == 200, got.text
+        if staged == "here":
+            got = put(w, job, "a.bin", BYTES, epoch,
+                      **{"X-Content-Digest": digest(BYTES)})
+            assert got.status_code == 200, got.text
         done: list[httpx.Response] = []
         if route == "complete":
             sent = lambda: done.append(w.post(f"/v1/jobs/{job}/complete",  # noqa: E731
@@ -612,11 +613,7 @@ def test_more_completions_checking_artifacts_than_transfer_threads_wait_for_one(
     `--threads 1` server: the fifth ran on the database thread, and another worker's
     renewal waited for its validator (503 `server_busy`, then its lease was lost). It waits
     for a transfer thread instead; every one is accepted."""
-    checker = tmp_path / "slow check.py"
-    checker.write_text("import time\ntime.sleep(4)\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text("[artifacts.kinds.report]\n"
-                      f"validator = [{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    policy = slow_validator_policy(tmp_path, 4)
     workers = []
     for i in range(6):
         name = f"w{i}"

@@ -186,6 +186,26 @@ _GROUP: contextvars.ContextVar[tuple[tuple[int, str, int, str | None], ...]] = \
     contextvars.ContextVar("jobcoord_completion_group", default=())
 
 
+class ChecksElsewhere(Exception):
+    """Raised by a completion made inside `checks_elsewhere()` that has artifacts to check,
+    before any check: its caller makes it again where long checks hold nothing back."""
+
+
+_ELSEWHERE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "jobcoord_checks_elsewhere", default=False)
+
+
+@contextlib.contextmanager
+def checks_elsewhere() -> Iterator[None]:
+    """Completions made in the block do no artifact checks: one that has some raises
+    ChecksElsewhere (the server's database threads, which every other call shares)."""
+    token = _ELSEWHERE.set(True)
+    try:
+        yield
+    finally:
+        _ELSEWHERE.reset(token)
+
+
 @contextlib.contextmanager
 def completion_group(attempts: Sequence[tuple[int, str, int, str | None]]) -> Iterator[None]:
     """The block makes the checks of these attempts' completions, which wait together."""
@@ -287,6 +307,8 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     kind, rows, left_s = staged
     if not rows:
         return Plan((), now_us())
+    if _ELSEWHERE.get():
+        raise ChecksElsewhere
     store = store_of(coord)
     rule = settings_of(coord).for_kind(kind or "")
     with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):

@@ -192,7 +192,6 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
         staged = await srv.transfer(fenced_step(
             srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
             expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)
-    srv.note_upload(job_id, epoch)  # its completion checks the bytes: see `uploaded_first`
     return staged
 
 

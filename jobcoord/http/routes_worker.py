@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request, Response
 
 from .. import faults
+from ..artifacts.rules import ChecksElsewhere, checks_elsewhere
 from ..core.handover import Claimant
 from ..errors import Refused
 from ..tokens import Identity
@@ -248,7 +249,7 @@ async def complete(job_id: JobId, body: CompleteBody, caller: WorkerCaller, srv:
     touched it since, else null."""
     step = fenced_step(srv, lambda j, w, _, b, tenant: _complete(srv.c, j, w, b, tenant),
                        job_id, body.epoch, body)
-    return await uploaded_first(srv, caller, step, [(job_id, body.epoch)])
+    return await uploaded_first(srv, caller, step)
 
 
 @router.post("/v1/completions", dependencies=strict(CompletionsBody))
@@ -287,31 +288,25 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
         accepted = sum("error" not in one for one in results)
         return {"results": results, "accepted": accepted, "refused": len(results) - accepted}
 
-    return await uploaded_first(srv, caller, run, [(it.job_id, it.epoch) for it in body.items])
+    return await uploaded_first(srv, caller, run)
 
 
-async def uploaded_first(srv: Server, caller: Caller, run: Callable[[Identity], T],
-                         attempts: list[tuple[int, int]]) -> T:
-    """A completion's `run`: on the transfer threads when one of its attempts had an
-    artifact uploaded here (its completion re-hashes the bytes and runs the kind's
-    validator before its transaction, which takes as long as they take: on a database
-    thread, every other call would wait behind it), else on the database threads."""
-    if not any(srv.has_uploads(*attempt) for attempt in attempts):
-        return await srv.call_as(caller, run)
-    # Queued for a transfer thread when every one is taken: never on a database thread,
-    # where its checks would hold renewals back (its own lease is kept while they run).
+async def uploaded_first(srv: Server, caller: Caller, run: Callable[[Identity], T]) -> T:
+    """A completion's `run`, on the database threads unless one of its attempts staged
+    artifacts: its completion re-hashes the bytes and runs the kind's validator before its
+    transaction, which takes as long as they take (on a database thread, every other call
+    would wait behind it). The core finds the staged rows (one read) and hands such a
+    completion back before any check; it runs again on the transfer threads, queued for
+    one when every one is taken (its own lease is kept while its checks run). The database
+    decides, not the server's memory: an upload before a restart counts too."""
+    def first(who: Identity) -> T:
+        with checks_elsewhere():
+            return run(who)
+
     try:
-        got = await srv.transfer_as(caller, run)
-    except Refused:
-        _forget(srv, attempts)  # decided; a busy database's answer is sent again: kept
-        raise
-    _forget(srv, attempts)
-    return got
-
-
-def _forget(srv: Server, attempts: list[tuple[int, int]]) -> None:
-    for attempt in attempts:
-        srv.forget_uploads(*attempt)
+        return await srv.call_as(caller, first)
+    except ChecksElsewhere:
+        return await srv.transfer_as(caller, run)
 
 
 def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: str | None

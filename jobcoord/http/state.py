@@ -47,8 +47,6 @@ DEFAULT_MAX_ARTIFACT_BYTES = 1 << 30
 DEFAULT_UPLOAD_IDLE_S = 30.0
 #: Transfer threads (uploads, downloads' copies) for each database thread (`--threads`).
 TRANSFER_THREADS_PER_THREAD = 4
-#: How many attempts with uploads a server remembers (`Server.note_upload`).
-UPLOADED_ATTEMPTS_KEPT = 10_000
 
 
 class Wakeup:
@@ -187,13 +185,6 @@ class Server:
         self.transfers_busy = 0
         self.uploads_per_worker = pool_size
         self._uploads: dict[str, int] = {}
-        #: The attempts (job, epoch) this server took an upload for, newest last: their
-        #: completion re-hashes and validates the artifacts, as long as their bytes and a
-        #: validator take, so it runs on the transfer threads. One forgotten (past the
-        #: bound, or a restart) completes on the database threads as any other: slower
-        #: for the others, never wrong.
-        self._uploaded: collections.OrderedDict[tuple[int, int], None] = \
-            collections.OrderedDict()
         self.upload_idle_s = upload_idle_s
         #: Set when the server begins to stop: long-polls answer "nothing" (204) at once and
         #: uploads still streaming are refused (503), instead of being cut after the grace.
@@ -309,19 +300,6 @@ class Server:
                 self._uploads[worker] = left
             else:
                 del self._uploads[worker]
-
-    def note_upload(self, job_id: int, epoch: int) -> None:
-        """An upload for this attempt was staged (called on the event loop: no lock)."""
-        self._uploaded[(job_id, epoch)] = None
-        self._uploaded.move_to_end((job_id, epoch))
-        while len(self._uploaded) > UPLOADED_ATTEMPTS_KEPT:
-            self._uploaded.popitem(last=False)
-
-    def has_uploads(self, job_id: int, epoch: int) -> bool:
-        return (job_id, epoch) in self._uploaded
-
-    def forget_uploads(self, job_id: int, epoch: int) -> None:
-        self._uploaded.pop((job_id, epoch), None)
 
     def reserve_staging(self, size: int) -> Callable[[], None]:
         """Room for a download's verified copy of `size` bytes, and the function that gives
