@@ -21,9 +21,12 @@ import pytest
 
 from jobcoord.coordinator import FEATURE_LOOK_S
 from jobcoord.db import Target
+from jobcoord.errors import StorageUnavailable
+from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
 from tests.serve_procs import (
     DroppingProxy,
+    Served,
     db_args,
     jobcoord_argv,
     served,
@@ -555,6 +558,34 @@ def test_stalled_uploads_take_no_thread_from_database_calls(s: Setup) -> None:
     assert refused == [("HTTP/1.1 400 Bad Request", True, False)] * 2 + [
         ("HTTP/1.1 503 Service Unavailable", False, True)] * 2, answers
     assert s.objects() == [] and s.rows(job) == []
+
+
+def test_a_completion_sent_again_after_the_server_was_unreachable_still_waits_for_its_checks(
+        s: Setup, tmp_path: Path) -> None:
+    """A remote client waits for the server's artifact checks (longer than a call's
+    timeout) on a completion of an attempt it uploaded for, but only on the first send:
+    sent again after the server could not be reached (a restart), it timed out while the
+    server checked (and was sent again, each try checking everything again). It waits on
+    every send until the completion is answered."""
+    policy = slow_validator_policy(tmp_path, 3)
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    job, epoch = s.leased()
+    first = Served(s.target, "--reap-every", "0", env=env).start()
+    try:
+        with RemoteCoordinator(first.url, s.worker, timeout=1.0, retry_s=1.0) as r:
+            r.put_artifact(job, "wa", epoch, "a.bin", BYTES)
+            first.stop()
+            with pytest.raises(StorageUnavailable):
+                r.complete(job, "wa", epoch, {"n": 1})
+            again = Served(s.target, "--reap-every", "0", env=env, port=first.port).start()
+            try:
+                got = r.complete(job, "wa", epoch, {"n": 1})
+            finally:
+                again.stop()
+    finally:
+        first.stop()
+    assert got["status"] == "succeeded", got
+    assert [a["state"] for a in s.rows(job)] == ["accepted"]
 
 
 @pytest.mark.parametrize("staged", ["here", "before_a_restart"])

@@ -35,7 +35,7 @@ from ..core.items import (
     earlier_in_batch,
     job_and_epoch,
 )
-from ..errors import InvalidInput, JobcoordError, StorageUnavailable
+from ..errors import DatabaseBusy, InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
 from .errors import error_from_response
 
@@ -285,18 +285,19 @@ class RemoteCoordinator:
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
                  "provenance": (None if it.get("provenance") is None
                                 else dict(it["provenance"]))} for it in items]
-        timeout = self._checks_timeout([(it["job_id"], it["epoch"]) for it in body])
-        try:
-            return self._call("POST", "/v1/completions", {"items": body}, timeout=timeout)
-        except JobcoordError as e:
-            if e.code != "body_too_large" or len(body) < 2:
-                raise
-        limit = self.policy.max_result_bytes
-        for i, it in enumerate(body):
-            checked_item(i, lambda it=it: (job_and_epoch(it["job_id"], it["epoch"]),
-                                           completion_texts(it["result"], it["provenance"],
-                                                            limit)))
-        return _one_group(body, self._completions(body, timeout))
+        with self._checks_timeout([(it["job_id"], it["epoch"]) for it in body]) as timeout:
+            try:
+                return self._call("POST", "/v1/completions", {"items": body},
+                                  timeout=timeout)
+            except JobcoordError as e:
+                if e.code != "body_too_large" or len(body) < 2:
+                    raise
+            limit = self.policy.max_result_bytes
+            for i, it in enumerate(body):
+                checked_item(i, lambda it=it: (job_and_epoch(it["job_id"], it["epoch"]),
+                                               completion_texts(it["result"], it["provenance"],
+                                                                limit)))
+            return _one_group(body, self._completions(body, timeout))
 
     def _completions(self, body: list[dict[str, Any]], timeout: float | None
                      ) -> dict[str, Any]:
@@ -321,10 +322,11 @@ class RemoteCoordinator:
                  provenance: Any = None, tenant: str | None = None) -> dict[str, Any]:
         # Sent again after a lost answer, the server says `already_accepted` when this very
         # epoch's result was the one it kept: never a false failure.
-        return self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
-                          {"epoch": epoch, "result": result,
-                           "provenance": None if provenance is None else dict(provenance)},
-                          timeout=self._checks_timeout([(job_id, epoch)]))
+        with self._checks_timeout([(job_id, epoch)]) as timeout:
+            return self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
+                              {"epoch": epoch, "result": result,
+                               "provenance": None if provenance is None else dict(provenance)},
+                              timeout=timeout)
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Any = None, tenant: str | None = None,
@@ -337,11 +339,12 @@ class RemoteCoordinator:
         `already_accepted` and `next` is the job the lost answer claimed (same epoch and
         lease) while nothing touched it since; else a refusal: the worker claims the usual
         way."""
-        got = self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
-                         {"epoch": epoch, "result": result, "claim_next": True,
-                          "lease_s": lease_s,
-                          "provenance": None if provenance is None else dict(provenance)},
-                         timeout=self._checks_timeout([(job_id, epoch)]))
+        with self._checks_timeout([(job_id, epoch)]) as timeout:
+            got = self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
+                             {"epoch": epoch, "result": result, "claim_next": True,
+                              "lease_s": lease_s,
+                              "provenance": None if provenance is None else dict(provenance)},
+                             timeout=timeout)
         nxt = got.pop("next", None)
         if nxt is None:
             nxt = {"job": None, "reason": "already_accepted",
@@ -391,22 +394,32 @@ class RemoteCoordinator:
             self._uploaded.add((int(job_id), int(epoch)))
         return dict(data or {})
 
-    def _checks_timeout(self, attempts: list[tuple[Any, Any]]) -> float | None:
-        """A completion's timeout: the server re-hashes the artifacts an attempt uploaded
-        and runs its kind's validator before answering (keeping the lease meanwhile), which
-        may take far longer than a call; waited for, not timed out and sent again (each
-        try would check them all again). None: the client's own timeout."""
+    @contextlib.contextmanager
+    def _checks_timeout(self, attempts: list[tuple[Any, Any]]) -> Iterator[float | None]:
+        """A completion's timeout, for the block that sends it: the server re-hashes the
+        artifacts an attempt uploaded and runs its kind's validator before answering
+        (keeping the lease meanwhile), which may take far longer than a call; waited for,
+        not timed out and sent again (each try would check them all again). None: the
+        client's own timeout. The attempts are forgotten once the server answered; a
+        completion it could not take (unreachable, busy) is sent again and waits again."""
+        keys = set()
+        for job_id, epoch in attempts:
+            with contextlib.suppress(TypeError, ValueError):  # (the server refuses those)
+                keys.add((int(job_id), int(epoch)))
         with self._lock:
-            found = False
-            for job_id, epoch in attempts:
-                try:
-                    key = (int(job_id), int(epoch))
-                except (TypeError, ValueError):
-                    continue  # the server refuses it
-                if key in self._uploaded:
-                    self._uploaded.discard(key)
-                    found = True
-        return max(self.timeout, CHECKS_TIMEOUT_S) if found else None
+            found = not keys.isdisjoint(self._uploaded)
+        try:
+            yield max(self.timeout, CHECKS_TIMEOUT_S) if found else None
+        except (StorageUnavailable, DatabaseBusy):
+            raise
+        except BaseException:
+            self._forget(keys)
+            raise
+        self._forget(keys)
+
+    def _forget(self, keys: set[tuple[int, int]]) -> None:
+        with self._lock:
+            self._uploaded -= keys
 
     def reap(self, *, limit: int = 1000) -> dict[str, Any]:
         """Reaping is the server's job (it runs the reaper on a timer): nothing to do here."""
