@@ -56,9 +56,10 @@ class Setup:
         self.c.heartbeat("wa", readings={"memory_used_pct": 5})
         self.c.heartbeat("wb", readings={"memory_used_pct": 5})
 
-    def leased(self, worker: str = "wa", tenant: str = "alice") -> tuple[int, int]:
+    def leased(self, worker: str = "wa", tenant: str = "alice", lease_s: float = 300
+               ) -> tuple[int, int]:
         job = self.c.enqueue("report", {}, tenant=tenant)["job_id"]
-        got = self.c.claim(worker, lease_s=300, tenant=tenant)
+        got = self.c.claim(worker, lease_s=lease_s, tenant=tenant)
         assert got["job"]["job_id"] == job
         return job, got["lease"]["epoch"]
 
@@ -638,19 +639,21 @@ def test_a_completions_artifact_checks_take_no_thread_from_database_calls(
     assert [a["state"] for a in s.rows(job)] == ["accepted"]
 
 
+@pytest.mark.parametrize("lease_s", [300, 3])
 def test_more_completions_checking_artifacts_than_transfer_threads_wait_for_one(
-        s: Setup, tmp_path: Path) -> None:
+        s: Setup, tmp_path: Path, lease_s: float) -> None:
     """Five completions whose validator runs 4 s, against the four transfer threads of a
     `--threads 1` server: the fifth ran on the database thread, and another worker's
     renewal waited for its validator (503 `server_busy`, then its lease was lost). It waits
-    for a transfer thread instead; every one is accepted."""
+    for a transfer thread instead; every one is accepted. Its lease is kept while it waits
+    (one of 3 s ran out in the queue, and the completion was refused `lease_expired`)."""
     policy = slow_validator_policy(tmp_path, 4)
     workers = []
     for i in range(6):
         name = f"w{i}"
         secret = token(s.target, name, "worker", tenant="alice", worker=name)
         s.c.heartbeat(name, readings={"memory_used_pct": 5})
-        workers.append((secret, *s.leased(worker=name)))
+        workers.append((secret, *s.leased(worker=name, lease_s=lease_s if i < 5 else 300)))
     env = {**s.env, "JOBCOORD_POLICY": str(policy)}
     with served(s.target, "--reap-every", "0", "--threads", "1", env=env) as srv:
         clients = [srv.client(secret) for secret, _, _ in workers]

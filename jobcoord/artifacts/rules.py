@@ -188,7 +188,14 @@ _GROUP: contextvars.ContextVar[tuple[tuple[int, str, int, str | None], ...]] = \
 
 class ChecksElsewhere(Exception):
     """Raised by a completion made inside `checks_elsewhere()` that has artifacts to check,
-    before any check: its caller makes it again where long checks hold nothing back."""
+    before any check: its caller makes it again where long checks hold nothing back,
+    keeping the leases of its `attempts` (job, worker, epoch, tenant) meanwhile
+    (`leases_kept`, with `left_s`, what the completion's lease had left)."""
+
+    def __init__(self, attempts: Sequence[tuple[int, str, int, str | None]], left_s: float):
+        super().__init__("this completion's artifacts are checked elsewhere")
+        self.attempts = tuple(attempts)
+        self.left_s = left_s
 
 
 _ELSEWHERE: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -216,22 +223,29 @@ def completion_group(attempts: Sequence[tuple[int, str, int, str | None]]) -> It
         _GROUP.reset(token)
 
 
-@contextlib.contextmanager
 def _lease_kept(coord: Coordinator, job_id: int, worker: str, epoch: int,
-                tenant: str | None, left_s: float) -> Iterator[None]:
+                tenant: str | None, left_s: float) -> contextlib.AbstractContextManager[None]:
     """The attempt's lease (and those of its group: `completion_group`) renewed while the
-    block runs. A completion's checks (re-hashing large files, a kind's validator: up to
+    block runs (`leases_kept`)."""
+    return leases_kept(coord, [(job_id, worker, epoch, tenant), *_GROUP.get()], left_s)
+
+
+@contextlib.contextmanager
+def leases_kept(coord: Coordinator, attempts: Sequence[tuple[int, str, int, str | None]],
+                left_s: float) -> Iterator[None]:
+    """These attempts' leases (job, worker, epoch, tenant) renewed while the block runs.
+    A completion's checks (re-hashing large files, a kind's validator: up to
     VALIDATOR_TIMEOUT_S each) run after the worker's lease loop has ended; a lease shorter
     than them ran out meanwhile, the completion was refused `lease_expired` and the job ran
-    again, each attempt alike. The leases are renewed by what this one had left when the
-    checks began, at least KEEP_MIN_S (a renewal never shortens a lease), a third of
-    that apart, the first soon (KEEP_FIRST_S); if this process dies, the
+    again, each attempt alike. The leases are renewed by `left_s` (what the completion's
+    lease had left when the checks began), at least KEEP_MIN_S (a renewal never shortens a
+    lease), a third of that apart, the first soon (KEEP_FIRST_S); if this process dies, the
     renewals stop and the leases end as any other. A refused renewal ends that lease's
     keeping: its completion's fence decides."""
     from jobcoord.core import fencing
 
     lease_s = max(left_s, KEEP_MIN_S)
-    kept = dict.fromkeys([(job_id, worker, epoch, tenant), *_GROUP.get()])
+    kept = dict.fromkeys(attempts)
     done = threading.Event()
 
     def keep() -> None:
@@ -247,7 +261,8 @@ def _lease_kept(coord: Coordinator, job_id: int, worker: str, epoch: int,
                 except Exception:  # a busy database: the next renewal may get through
                     continue
 
-    keeper = threading.Thread(target=keep, name=f"jobcoord-checks-{job_id}", daemon=True)
+    keeper = threading.Thread(target=keep, name=f"jobcoord-checks-{attempts[0][0]}",
+                              daemon=True)
     keeper.start()
     try:
         yield
@@ -308,7 +323,7 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     if not rows:
         return Plan((), now_us())
     if _ELSEWHERE.get():
-        raise ChecksElsewhere
+        raise ChecksElsewhere([(job_id, worker, epoch, tenant), *_GROUP.get()], left_s)
     store = store_of(coord)
     rule = settings_of(coord).for_kind(kind or "")
     with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request, Response
 
 from .. import faults
-from ..artifacts.rules import ChecksElsewhere, checks_elsewhere
+from ..artifacts.rules import ChecksElsewhere, checks_elsewhere, leases_kept
 from ..core.handover import Claimant
 from ..errors import Refused
 from ..tokens import Identity
@@ -305,8 +305,17 @@ async def uploaded_first(srv: Server, caller: Caller, run: Callable[[Identity], 
 
     try:
         return await srv.call_as(caller, first)
-    except ChecksElsewhere:
-        return await srv.transfer_as(caller, run)
+    except ChecksElsewhere as moved:
+        # Kept while it waits for a transfer thread too: every one may be checking other
+        # completions' artifacts for minutes. (Its checks keep them again once they begin.)
+        keeping = leases_kept(srv.c, moved.attempts, moved.left_s)
+        keeping.__enter__()
+        try:
+            return await srv.transfer_as(caller, run)
+        finally:
+            # Off the event loop: it waits for a renewal in flight (a busy database).
+            await asyncio.get_running_loop().run_in_executor(
+                None, keeping.__exit__, None, None, None)
 
 
 def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: str | None
