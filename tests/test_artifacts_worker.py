@@ -136,6 +136,28 @@ def test_a_commands_files_on_a_database_without_artifact_storage_fail_the_attemp
     assert [e["reason"] for e in c.show(job)["events"]][-1] == "failed"
 
 
+def test_a_completion_refused_by_the_validator_is_counted_and_logged_as_a_failed_attempt(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """The kind's validator refused the artifact: the coordinator failed the attempt
+    (`artifact_invalid`), but the worker logged a refused report and counted the job
+    `lost`, as if another worker had it now."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[artifacts.kinds.report]\nvalidator = ["{PY}", "-c", '
+                      '"import sys; sys.exit(3)"]\n')
+    job = c.enqueue("report", {"title": "Refused"}, max_attempts=1)["job_id"]
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
+              env={"JOBCOORD_POLICY": str(policy)})
+    code, summary = w.finish()
+    assert code == 0, summary
+    assert summary["failed"] == 1 and summary["lost"] == 0, summary
+    [failed] = w.events("failed")
+    assert failed["reason"] == "artifact_invalid" and failed["job_id"] == job, failed
+    assert c.show(job)["job"]["status"] == "dead"
+
+
 def test_a_batched_workers_other_completions_keep_their_leases_during_artifact_checks(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """A batched worker completes in groups: a job without artifacts, done while another

@@ -542,6 +542,14 @@ class JobRun:
                 # attempt failed like a handler exception would.
                 out = Outcome("invalid", error=f"the result was refused: {e.message}")
             except Refused as e:
+                if e.code == "artifact_invalid":
+                    # The completion's checks refused an artifact: the coordinator failed
+                    # the attempt (its lease was still ours), as a handler's failure.
+                    log("failed", **base, reason=e.code, permanent=False,
+                        status=e.details.get("status"), error=e.message[:500],
+                        report_ms=elapsed_ms(t0))
+                    w.count("failed")
+                    return
                 log("report_refused", **base, outcome=out.kind, reason=e.code,
                     detail=e.message)
                 w.count("lost")
