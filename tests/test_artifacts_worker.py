@@ -117,17 +117,21 @@ def test_a_commands_file_the_store_refuses_fails_the_attempt_permanently_naming_
     assert "jobcoord-w" not in shown["last_error"], shown["last_error"]
 
 
-def test_a_commands_files_on_a_database_without_artifact_storage_fail_the_attempt_at_once(
-        db: Any, start: Any) -> None:
+@pytest.mark.parametrize("handler", ["command", "python"])
+def test_artifacts_on_a_database_without_artifact_storage_fail_the_attempt_at_once(
+        db: Any, start: Any, handler: str) -> None:
     """A command left files, and this database has no artifact storage: its staging was
     refused `feature_missing`, the report gave up, and the job stayed leased until its lease
-    ran out, each attempt the same until it was dead, nothing saying why. Nothing but the
-    operator's `migrate --with artifacts` heals it: the attempt fails for good at once,
-    saying so (`retry` runs it again once migrated)."""
+    ran out, each attempt the same until it was dead, nothing saying why (a Python
+    handler's `ctx.artifact` failed each attempt, retried). Nothing but the operator's
+    `migrate --with artifacts` heals it: the attempt fails for good at once, saying so
+    (`retry` runs it again once migrated)."""
     _, c = db
     assert "artifacts" not in c.features
     job = c.enqueue("report", {"title": "Nowhere to keep it"}, max_attempts=3)["job_id"]
-    w = start("--exec", f"report={PY} examples/report_cmd.py", "--lease", "60", "--burst")
+    args = (("--app", "examples.report_app:app") if handler == "python"
+            else ("--exec", f"report={PY} examples/report_cmd.py"))
+    w = start(*args, "--lease", "60", "--burst")
     code, summary = w.finish()
     assert code == 0, summary
     shown = c.show(job)["job"]

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import validate as v
 from ..app import Cancelled, Context, PermanentError, Result
-from ..errors import InvalidInput
+from ..errors import InvalidInput, JobcoordError
 from ..leftovers import RANDOM, hold, sweep
 from .clock import boottime
 
@@ -199,6 +199,13 @@ def call_python(run: JobRun, ctx: Context) -> Outcome:
         return Outcome("lost", code=e.reason, error=f"handler stopped: {e}")
     except PermanentError as e:
         return Outcome("permanent", error=f"PermanentError: {e}")
+    except JobcoordError as e:
+        if e.code == "feature_missing":
+            # (`ctx.artifact` on a database without artifact storage.) Only the operator's
+            # migrate heals it: every attempt would run to this point and fail alike.
+            return Outcome("permanent", error=f"{type(e).__name__}: {e}, then `jobcoord "
+                           "retry` this job")
+        return Outcome("failed", error=f"{type(e).__name__}: {e}")
     except Exception as e:
         return Outcome("failed", error=f"{type(e).__name__}: {e}")
     except BaseException as e:
