@@ -258,10 +258,17 @@ def test_batch_with_a_conflicting_job_creates_nothing(coord):
     assert dump(coord) == before
 
 
-def test_batch_conflicting_with_itself_creates_nothing(coord):
+def test_batch_conflicting_with_itself_creates_nothing_and_names_its_items_not_a_job(coord):
+    """Two jobs of one batch with one key and different payloads: the refusal named "job 1",
+    a job rolled back with the batch (the next enqueue took its id)."""
     before = dump(coord)
-    with pytest.raises(Refused):
-        coord.enqueue_many([JobSpec("a", {"v": 1}, key="k"), JobSpec("a", {"v": 2}, key="k")])
+    with pytest.raises(Refused) as caught:
+        coord.enqueue_many([JobSpec("x", {}), JobSpec("a", {"v": 1}, key="k"),
+                            JobSpec("a", {"v": 2}, key="k")])
+    assert caught.value.code == "idempotency_conflict"
+    assert "job_id" not in caught.value.details, caught.value.details
+    assert caught.value.details["items"] == [1, 2], caught.value.details
+    assert "items 1 and 2 of this batch" in caught.value.message, caught.value.message
     assert dump(coord) == before
 
 

@@ -288,10 +288,22 @@ def enqueue_many(ctx: Context, specs: Iterable[JobSpec | Mapping[str, Any]]
     def _all(conn: Connection) -> list[dict[str, Any]] | JobcoordError:
         out = []
         now = now_us()
-        for c in checked:
+        made: dict[int, int] = {}  # job id -> the item of this batch that made it
+        for i, c in enumerate(checked):
             res = insert(ctx, conn, c, now)
             if isinstance(res, JobcoordError):
+                first = made.get(res.details.get("job_id", -1))
+                if first is not None:
+                    # That job goes with the rolled-back batch (its id may be the next
+                    # enqueue's): name the two items instead.
+                    fields = res.details.get("fields", [])
+                    raise Refused("idempotency_conflict", f"items {first} and {i} of this "
+                                  f"batch have idempotency key {c.key!r} in tenant "
+                                  f"{c.tenant!r} with a different {', '.join(fields)}; "
+                                  "nothing was enqueued", items=[first, i], fields=fields)
                 raise res  # roll the whole batch back
+            if res["created"]:
+                made[res["job_id"]] = i
             out.append(res)
         return out
 
