@@ -542,3 +542,25 @@ def test_an_unreadable_skew_limit_is_bad_input(pg: Target, value: str,
     r = run_cli(pg, "status", "--json")
     assert r.code == 2, r.out + r.err
     assert "JOBCOORD_MAX_CLOCK_SKEW" in r.json["error"]["message"]
+
+
+def test_an_interrupt_during_a_statement_is_raised_as_the_interrupt_not_a_storage_error(
+        pg: Target) -> None:
+    """Ctrl-C while a statement ran: the driver was left mid-command, the rollback failed
+    ("another command is already in progress") and the caller got StorageUnavailable
+    `database_unavailable` (exit 6) instead of KeyboardInterrupt (exit 130), about one
+    interrupted call in eight. Nothing was committed; the interrupt is what is raised, and
+    the connection is not used again."""
+    from jobcoord.service import Coordinator
+
+    with Coordinator.open(pg) as c:
+        def interrupted(conn: Any) -> None:
+            conn.exec_driver_sql("INSERT INTO workers (worker_id, created_at) VALUES ('ghost', 0)")
+            # A statement sent and not yet answered, as when Ctrl-C lands in its wait.
+            conn.connection.driver_connection.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+            raise KeyboardInterrupt
+
+        with pytest.raises(KeyboardInterrupt):
+            c.db.write(interrupted)
+        assert c.enqueue("k", {})["created"]
+        assert [w["worker_id"] for w in c.workers()["workers"]] == []

@@ -481,13 +481,28 @@ class Database:
         cache = self._writers if write else self._readers
         conn = cache.take()
         healthy = False
+        interrupted: BaseException | None = None
         self._local.conn, self._local.writing = conn, write
         try:
             with conn.begin(), self._direct(conn):
-                yield conn
+                try:
+                    yield conn
+                except Exception:
+                    raise
+                except BaseException as e:  # KeyboardInterrupt, SystemExit
+                    interrupted = e
+                    raise
             healthy = True
         except JobcoordError:
             healthy = True  # a rule's refusal: rolled back, the connection is fine
+            raise
+        except Exception:
+            if interrupted is not None:
+                # Ctrl-C landed while a statement was in flight: the driver is still mid-
+                # command and the rollback fails ("another command is already in
+                # progress"). Nothing was committed; the interrupt is what happened (exit
+                # 130, not "database unavailable"), and the connection is not reused.
+                raise interrupted from None
             raise
         finally:
             # After a driver error the connection may be half-begun: never reuse it.
