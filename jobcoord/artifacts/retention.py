@@ -45,8 +45,10 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             0 <= grace_s <= 10 * 365 * 86400):
         raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
     store = store_of(coord)
-    ended = 0
-    if not dry_run:
+    if dry_run:
+        ended = len(coord.db.read(lambda conn: coord.db.run(conn, fs.STALE_STAGES).all(),
+                                  "artifact gc"))
+    else:
         def _end(conn: Connection) -> int:
             rows = coord.db.run(conn, fs.STALE_STAGES).all()
             if rows:
@@ -60,7 +62,10 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
     removed, kept_young, freed = [], 0, 0
     with gc_lock(store, exclusive=True):
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
-        live = coord.db.read(lambda conn: referenced_digests(coord.db, conn), "artifact gc")
+        # A dry run counts as gone the stages it would reject (their objects would go).
+        live = coord.db.read(lambda conn: {r[0] for r in coord.db.run(
+            conn, fs.REFERENCED_AFTER_END if dry_run else fs.REFERENCED_DIGESTS).all()},
+            "artifact gc")
         cutoff = time.time() - grace_s
         for digest, size in candidates:
             if digest in live:

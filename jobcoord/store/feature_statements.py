@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import (
+    and_,
     bindparam,
     column,
     exists,
@@ -77,6 +78,9 @@ ACCEPTED_NAMED = SQL(select(*ARTIFACT_COLUMNS).where(
 #: The objects the live rows name, with their sizes (a backup's manifest).
 LIVE_OBJECTS = SQL(select(A.digest, A.size).where(A.state != const("rejected")))
 REFERENCED_DIGESTS = SQL(select(A.digest).distinct().where(A.state != const("rejected")))
+#: The same once gc has rejected the stages of attempts that are over (its dry run).
+REFERENCED_AFTER_END = SQL(select(A.digest).distinct().where(
+    A.state != const("rejected"), ~and_(LIVE_STAGE, ATTEMPT_OVER)))
 STALE_STAGES = SQL(
     select(A.artifact_id, A.job_id, A.epoch, A.name, A.digest, J.status)
     .select_from(artifacts.join(jobs, J.job_id == A.job_id)).where(LIVE_STAGE, ATTEMPT_OVER))
