@@ -334,6 +334,10 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
     spooling = made("jobcoord-upload-yz012345", False)
     os.utime(spooling, (time.time() - 120, time.time() - 120))
     kept.append(spooling)
+    # Named by its worker's PID: a young one of a killed worker is removed at once (a
+    # worker restarted within the minute left it for its whole life), a live one's kept.
+    made(f"jobcoord-upload-{gone}-ab123456", False)
+    kept.append(made(f"jobcoord-upload-{os.getpid()}-cd123456", False))
     held_spool = os.open(spooling, os.O_RDONLY)
     fcntl.flock(held_spool, fcntl.LOCK_EX)
     try:
@@ -345,7 +349,7 @@ def test_a_workers_start_sweeps_what_a_killed_worker_left_in_the_temporary_direc
         os.close(held_spool)
     assert code == 0, summary
     assert sorted(p.name for p in temp.iterdir()) == sorted(p.name for p in kept)
-    assert w.events("swept_orphans")[0]["removed"] == 4
+    assert w.events("swept_orphans")[0]["removed"] == 5
 
 
 
@@ -379,7 +383,7 @@ def test_a_remote_workers_spooled_upload_is_held_while_it_lives(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with client._spooled(io.BytesIO(b"x" * 10)) as (_chunks, _digest, size):
         [spool] = list(tmp_path.iterdir())
-        assert size == 10 and spool.name.startswith(client.SPOOL_PREFIX)
+        assert size == 10 and spool.name.startswith(f"{client.SPOOL_PREFIX}{os.getpid()}-")
         fd = os.open(spool, os.O_RDONLY)
         try:
             with pytest.raises(BlockingIOError):

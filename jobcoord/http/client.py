@@ -481,7 +481,9 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
     if not hasattr(source, "read"):
         raise InvalidInput("invalid_input", f"cannot upload a {type(source).__name__}: give a "
                            "path, bytes or a binary file object")
-    fd, path = tempfile.mkstemp(prefix=SPOOL_PREFIX)
+    # Named by this process (as a command's files are): a killed worker's is swept by the
+    # next worker's start at once, not only once it is a minute old.
+    fd, path = tempfile.mkstemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
     # Held while it lives: a process killed mid-upload leaves it, and the next worker's
     # start removes it (worker.handlers.sweep_orphans); never a live one's.
     held = [h] if (h := leftovers.hold(path)) is not None else []

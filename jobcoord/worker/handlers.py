@@ -544,7 +544,9 @@ def _pid_alive(found: re.Match[str]) -> bool:
 
 
 #: A remote worker's upload spooled from a stream (jobcoord.http.client._spooled).
-_SPOOLED = re.compile(rf"jobcoord-upload-{RANDOM}")
+#: A remote worker's spooled upload (`http.client._spooled`); one made before its name held
+#: its worker's PID has none.
+_SPOOLED = re.compile(rf"jobcoord-upload-(?:(?P<pid>\d+)-)?{RANDOM}")
 
 
 def sweep_orphans(directory: str | None = None) -> int:
@@ -554,6 +556,8 @@ def sweep_orphans(directory: str | None = None) -> int:
     removed them as they ended; nothing else would, and a command's artifacts may be
     gigabytes. Returns how many were removed."""
     directory = directory or tempfile.gettempdir()
-    # A young unheld spool may be one a live worker has not locked yet: left.
+    # A young unheld entry may be one a live worker has not locked yet: left, unless the
+    # PID it names is gone.
     return (sweep(directory, _OWNED, _pid_alive)
-            + sweep(directory, _SPOOLED, lambda _found: True))
+            + sweep(directory, _SPOOLED,
+                    lambda found: found.group("pid") is None or _pid_alive(found)))
