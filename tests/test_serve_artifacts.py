@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -32,6 +33,7 @@ from tests.serve_procs import (
     served,
     token,
     token_file,
+    wait_for,
 )
 from tests.test_artifacts_rules import install, slow_validator_policy
 
@@ -586,6 +588,59 @@ def test_a_completion_sent_again_after_the_server_was_unreachable_still_waits_fo
     finally:
         first.stop()
     assert got["status"] == "succeeded", got
+    assert [a["state"] for a in s.rows(job)] == ["accepted"]
+
+
+def test_a_server_stopped_during_a_completions_checks_exits_in_its_grace_deciding_nothing(
+        s: Setup, tmp_path: Path) -> None:
+    """SIGTERM while a completion's validator ran: the server said `stopped` and closed its
+    port, then ran every such check to its end (minutes each) before it exited, with a
+    traceback, and their work was lost. The checks end undecided within the stop's grace
+    (503 `server_stopping`: the completion is sent again), the validator's group is
+    stopped, and the completion sent again to the next server is accepted."""
+    from tests.test_worker import gone
+
+    pids = tmp_path / "validator pids"
+    checker = tmp_path / "slow check.py"
+    checker.write_text(f"import os, time\nopen({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n')"
+                       "\ntime.sleep(120)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[artifacts.kinds.report]\nvalidator = "
+                      f"[{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
+    job, epoch = s.leased()
+    srv = Served(s.target, "--reap-every", "0",
+                 env={**s.env, "JOBCOORD_POLICY": str(policy)}).start()
+    try:
+        with srv.client(s.worker) as w:
+            got = put(w, job, "a.bin", BYTES, epoch, **{"X-Content-Digest": digest(BYTES)})
+            assert got.status_code == 200, got.text
+            answers: list[httpx.Response] = []
+            sending = threading.Thread(target=lambda: answers.append(w.post(
+                f"/v1/jobs/{job}/complete", json={"epoch": epoch, "result": {}}, timeout=60)))
+            sending.start()
+            wait_for(lambda: pids.exists() and pids.read_text().strip())
+            t0 = time.monotonic()
+            srv.signal(signal.SIGTERM)
+            assert srv.proc is not None and srv.proc.stderr is not None
+            code = srv.proc.wait(60)
+            took = time.monotonic() - t0
+            stderr = srv.proc.stderr.read().decode()
+            sending.join(30)
+    finally:
+        srv.stop()
+    assert code == 0 and took < 8, (code, took)
+    assert "Traceback" not in stderr, stderr[-3000:]
+    [answer] = answers
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["code"] == "server_stopping"
+    [pid] = [int(p) for p in pids.read_text().split()]
+    assert wait_for(lambda: gone(pid), 5)
+    assert s.c.show(job)["job"]["status"] == "running"
+    assert [a["state"] for a in s.rows(job)] == ["staged"]
+    with served(s.target, "--reap-every", "0", env=s.env) as again, \
+            again.client(s.worker) as w:
+        got = w.post(f"/v1/jobs/{job}/complete", json={"epoch": epoch, "result": {}})
+        assert got.status_code == 200, got.text
     assert [a["state"] for a in s.rows(job)] == ["accepted"]
 
 

@@ -62,6 +62,7 @@ from jobcoord.errors import (
     InvalidInput,
     JobcoordError,
     Refused,
+    StorageUnavailable,
 )
 from jobcoord.store import feature_statements as fs
 
@@ -271,8 +272,27 @@ def leases_kept(coord: Coordinator, attempts: Sequence[tuple[int, str, int, str 
         keeper.join()
 
 
+#: Set when the process making completion checks begins to stop (a server's SIGTERM):
+#: checks in progress end without a verdict, their validators stopped, and the completion
+#: is refused StorageUnavailable `server_stopping` (a 503: it is sent again, and checked
+#: again by whoever takes it). They held the process for minutes after it said `stopped`.
+_STOPPING = threading.Event()
+
+
+def stop_checks() -> None:
+    """End the completion checks in progress in this process, and refuse new ones."""
+    _STOPPING.set()
+
+
+def _stopping() -> StorageUnavailable:
+    return StorageUnavailable("server_stopping", "the server is stopping: nothing was "
+                              "decided; send the completion again")
+
+
 def _validate(store: ObjectStore, rule: KindRule, row: Any) -> tuple[str | None, str]:
     """(reason code or None, evidence) for one staged row, from its stored bytes."""
+    if _STOPPING.is_set():
+        raise _stopping()
     _artifact_id, name, digest, size, media_type = row
     state = store.verify(digest)
     if state != "ok":
@@ -287,13 +307,15 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any) -> tuple[str | None,
     if rule.validator:
         # Guarded: it and what it starts die with this process (a worker or a server
         # killed during the checks left them running), and are stopped at the time limit.
-        from jobcoord.worker.handlers import CANNOT_START, run_guarded
+        from jobcoord.worker.handlers import CANNOT_START, GuardStopped, run_guarded
 
         try:
             code, said_bytes = run_guarded(
                 [*rule.validator, store.path_of(digest)], VALIDATOR_TIMEOUT_S,
                 {**os.environ, "JOBCOORD_ARTIFACT_NAME": name,
-                 "JOBCOORD_ARTIFACT_MEDIA_TYPE": media_type})
+                 "JOBCOORD_ARTIFACT_MEDIA_TYPE": media_type}, stop=_STOPPING)
+        except GuardStopped:
+            raise _stopping() from None
         except OSError as exc:
             return "validator_failed", f"the validator could not run: {exc}"
         said = said_bytes.decode("utf-8", "replace").strip()[-500:]

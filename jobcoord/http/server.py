@@ -3,6 +3,7 @@ for any other address, no access log (a URL or header must never put a token in 
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import signal
@@ -104,12 +105,20 @@ def open_for_requests(settings: Any) -> Any:
     return coordinator
 
 
+#: uvicorn's grace for the requests in flight when the server stops (seconds).
+STOP_GRACE_S = 5
+#: Of which completions' artifact checks get this much: a validator stopped then has its
+#: own grace (SIGTERM, then SIGKILL 2 s later) before uvicorn's runs out.
+CHECKS_GRACE_S = 2.0
+
+
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
                threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30,
                upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S) -> None:
     import uvicorn
 
+    from ..artifacts.rules import stop_checks
     from .app import create_app
 
     warning = check_bind(host, tls_cert, tls_key, insecure_http)
@@ -129,6 +138,10 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
             # Long-polls and stalled uploads answer now, before uvicorn waits out its grace
             # for them (and then cancels them: a plain-text 500 and a traceback each).
             app.state.server.stop_waits()
+            # Completions checking artifacts (a validator may take minutes) get part of the
+            # grace, then end undecided (503, sent again): the process outlived its
+            # `stopped` until every one had run, and uvicorn cancelled them with tracebacks.
+            asyncio.get_running_loop().call_later(CHECKS_GRACE_S, stop_checks)
             await super().shutdown(sockets)
 
         async def startup(self, sockets: Any = None) -> None:
@@ -146,7 +159,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     config = uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
         log_level="warning", access_log=False, server_header=False, proxy_headers=False,
-        lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=30)
+        lifespan="on", timeout_graceful_shutdown=STOP_GRACE_S, timeout_keep_alive=30)
     server = _Server(config)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again
     # under the handler that was there before: SIGINT becomes KeyboardInterrupt, which the CLI

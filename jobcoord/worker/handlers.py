@@ -318,13 +318,23 @@ class LeaseLine:
 CANNOT_START = b"cannot start command"
 
 
+#: How often `run_guarded` looks at its `stop` while its command runs.
+GUARD_LOOK_S = 0.2
+
+
+class GuardStopped(Exception):
+    """`run_guarded`'s command was stopped because its caller asked (`stop`)."""
+
+
 def run_guarded(argv: list[str], timeout_s: float, env: Mapping[str, str],
-                grace_s: float = 2.0) -> tuple[int | None, bytes]:
+                grace_s: float = 2.0, stop: threading.Event | None = None
+                ) -> tuple[int | None, bytes]:
     """Run `argv` to its end under the shim (see _SHIM), in a process group of its own:
     it and everything it started die with this process however this process dies (a
     plain subprocess outlived a SIGKILLed worker, re-parented to init), and are stopped
-    (SIGTERM, then SIGKILL after `grace_s`) after `timeout_s`. Returns its exit status,
-    None when it was stopped at the time limit, and the last 2000 bytes of its output."""
+    (SIGTERM, then SIGKILL after `grace_s`) after `timeout_s`, or once `stop` is set
+    (then GuardStopped is raised). Returns its exit status, None when it was stopped at
+    the time limit, and the last 2000 bytes of its output."""
     line = LeaseLine(timeout_s)
     line.tell(timeout_s)
     with tempfile.TemporaryFile() as out:
@@ -338,12 +348,22 @@ def run_guarded(argv: list[str], timeout_s: float, env: Mapping[str, str],
             line.close()
             raise
         line.theirs.close()  # the shim's alone: its EOF tells the shim this process is gone
+        asked = False
         try:
-            proc.wait()
+            while True:
+                try:
+                    proc.wait(None if stop is None else GUARD_LOOK_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stop is not None and stop.is_set() and not asked:
+                        asked = True
+                        line.tell(0)  # the shim stops the group as at its time limit
         finally:
             kill_group(proc, signal.SIGKILL)  # what it left behind in its group goes too
             stopped = line.expired()
             line.close()
+        if asked:
+            raise GuardStopped(f"{argv[0]} was stopped: its caller is stopping")
         size = out.seek(0, os.SEEK_END)
         out.seek(max(0, size - 2000))
         said = out.read()
