@@ -12,8 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jobcoord.artifacts import ObjectStore
 from jobcoord.db import Target
+from jobcoord.errors import StorageUnavailable
 from jobcoord.service import Coordinator
 from tests.test_artifact_objects import REPO, files_under, wait_for
 from tests.test_artifacts_rules import ac, install, rows, start, store_dir  # noqa: F401
@@ -176,3 +179,37 @@ def test_disk_full_during_an_upload_is_exit_6_with_nothing_linked(
         assert os.listdir(os.path.join(store, "tmp")) == []
         ac.complete(job, "w1", epoch, {})
         assert ac.artifacts(job)["artifacts"] == []
+
+
+def test_a_gc_lock_that_cannot_be_opened_is_the_store_unavailable_with_nothing_changed(
+        ac: Coordinator, target: Target, store_dir: str) -> None:  # noqa: F811
+    # Something else sits where the lock file goes (here a directory): the store cannot be
+    # used, which is exit 6 / HTTP 503 like any other store failure, never a bare traceback.
+    job, epoch = start(ac, "w1")
+    ObjectStore(store_dir)._ensure_layout()
+    os.mkdir(os.path.join(store_dir, "gc.lock"))
+    with pytest.raises(StorageUnavailable) as upload:
+        ac.put_artifact(job, "w1", epoch, "a.bin", b"bytes")
+    assert upload.value.code == "artifact_store_unavailable"
+    assert "gc.lock" in str(upload.value)
+    with pytest.raises(StorageUnavailable):
+        ac.gc_artifacts(grace_s=0)
+    p = jobcoord(target, store_dir, "artifact", "gc", "--json", stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 6, (out, err)
+    assert b"artifact_store_unavailable" in out and b"Traceback" not in err
+    assert rows(ac, job) == []
+    # The bytes were stored before the lock was needed: an unreferenced object, which gc
+    # removes once the store can be locked again.
+    os.rmdir(os.path.join(store_dir, "gc.lock"))
+    assert ac.gc_artifacts(grace_s=0)["objects_removed"] == 1
+    assert files_under(os.path.join(store_dir, "objects")) == []
+
+
+def test_a_dry_run_of_gc_on_a_store_that_does_not_exist_creates_nothing(
+        ac: Coordinator, tmp_path: Path) -> None:  # noqa: F811
+    ac.artifacts_dir = str(tmp_path / "not yet")
+    report = ac.gc_artifacts(dry_run=True)
+    assert report["objects_removed"] == 0 and report["temp_files_removed"] == 0
+    assert not (tmp_path / "not yet").exists()

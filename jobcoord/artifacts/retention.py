@@ -60,6 +60,12 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             return len(rows)
         ended = coord.db.write(_end, "artifact gc")
     removed, kept_young, freed = [], 0, 0
+    if dry_run and not os.path.isdir(store.root):
+        # Nothing is stored there yet; a dry run must not create the store to find that out.
+        live = coord.db.read(lambda conn: {r[0] for r in coord.db.run(
+            conn, fs.REFERENCED_AFTER_END).all()}, "artifact gc")
+        return _report(True, ended, removed, freed, kept_young, live, {"removed": 0,
+                       "bytes_removed": 0}, store)
     with gc_lock(store, exclusive=True):
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
         # A dry run counts as gone the stages it would reject (their objects would go).
@@ -82,6 +88,11 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             removed.append(digest)
             freed += size
     temp = store.clean_temp(max(grace_s, TEMP_MIN_AGE_S), dry_run=dry_run)
+    return _report(dry_run, ended, removed, freed, kept_young, live, temp, store)
+
+
+def _report(dry_run: bool, ended: int, removed: list[str], freed: int, kept_young: int,
+            live: set[str], temp: dict[str, int], store: ObjectStore) -> dict[str, Any]:
     return {"dry_run": dry_run, "stages_ended": ended, "objects_removed": len(removed),
             "bytes_removed": freed, "kept_young": kept_young, "referenced": len(live),
             "removed": removed, "temp_files_removed": temp["removed"],

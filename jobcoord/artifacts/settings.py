@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jobcoord.artifacts.files import store_error
 from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_MEDIA_TYPE,
     MEDIA_TYPE,
@@ -195,8 +196,11 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S
     """Uploads committing their row hold this shared; gc holds it exclusive while it decides
     and deletes, so an object is never deleted between an upload's `put` and its row."""
     store._ensure_layout()
-    fd = os.open(os.path.join(store.root, "gc.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
-                 0o600)
+    path = os.path.join(store.root, "gc.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:  # e.g. a directory or an unreadable file where the lock goes
+        raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
     try:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
         deadline = time.monotonic() + wait_s
