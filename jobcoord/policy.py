@@ -82,6 +82,11 @@ class Policy:
         except UnicodeDecodeError as e:  # TOML is UTF-8; tomllib decodes before parsing
             raise InvalidInput("invalid_policy", f"policy {path} is not UTF-8 text (byte "
                                f"{e.start}: {e.object[e.start:e.start + 1]!r})") from None
+        except ValueError as e:
+            # Valid TOML by its grammar that Python will not convert, e.g. an integer of more
+            # than 4,300 digits.
+            raise InvalidInput("invalid_policy", f"policy {path} holds a value that cannot "
+                               f"be read: {e}") from None
         except RecursionError:
             # Valid TOML by its grammar, nested deeper than its reader recurses.
             raise _too_deep(path) from None

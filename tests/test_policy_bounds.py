@@ -315,3 +315,24 @@ def test_a_policy_nested_too_deep_to_read_is_invalid_policy_never_an_internal_er
         assert done.returncode == 2, done.stdout + done.stderr
         assert json.loads(done.stdout)["error"]["code"] == "invalid_policy", done.stdout
     assert dump(coord) == before
+
+
+@pytest.mark.parametrize("where", ["top level", "artifacts"])
+def test_a_policy_integer_too_long_to_read_is_invalid_policy_never_an_internal_error(
+        coord, cli, tmp_path, where):
+    """Python refuses to turn more than 4,300 digits into an int (ValueError from the TOML
+    reader): that was exit 1 internal_error. It is invalid_policy (exit 2), nothing changed."""
+    coord.enqueue("k", {})
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    value = "9" * 5000
+    text = (f"max_memory_pct = {value}\n" if where == "top level"
+            else f"[artifacts]\nmax_bytes = {value}\n")
+    path = _policy_file(tmp_path, text)
+    with pytest.raises(InvalidInput) as caught:
+        Policy.from_toml(path)
+    assert caught.value.code == "invalid_policy" and path in caught.value.message
+    r = cli("--policy", path, "claim", "w1", "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "invalid_policy"
+    assert dump(coord) == before
