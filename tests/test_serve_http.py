@@ -11,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -184,6 +185,15 @@ def _bad_bodies(base: dict[str, Any], nan_field: str, free: str | None,
     return bodies
 
 
+def _chunks(size: int) -> Iterator[bytes]:
+    """A JSON body of about `size` bytes sent by a generator: httpx sends it chunked, with no
+    Content-Length to refuse it by."""
+    yield b'{"kind": "'
+    for _ in range(size >> 16):
+        yield b"x" * (1 << 16)
+    yield b'"}'
+
+
 def test_bad_input_on_every_endpoint_is_4xx_json_and_changes_nothing(target: Target) -> None:
     secrets = {"submitter": token(target, "sub", "submitter"),
                "worker": token(target, "wa", "worker", worker="wa"),
@@ -211,6 +221,12 @@ def test_bad_input_on_every_endpoint_is_4xx_json_and_changes_nothing(target: Tar
                                           + b'"}')
                 if huge.status_code != 413 or huge.json()["error"]["code"] != "body_too_large":
                     failures.append(f"{name} huge: {huge.status_code}")
+                # The same without Content-Length (chunked): counted as the bytes arrive.
+                chunked = clients[role].post(path, content=_chunks(3 << 20))
+                if chunked.status_code != 413 \
+                        or chunked.json()["error"]["code"] != "body_too_large":
+                    failures.append(f"{name} huge chunked: {chunked.status_code} "
+                                    f"{chunked.text[:150]}")
             # Path parameters: not a number, negative, past the id range, traversal.
             for bad in ("abc", "-1", "0", str(2**70), "..%2F..%2Fetc", "1%00"):
                 resp = clients["submitter"].get(f"/v1/jobs/{bad}")

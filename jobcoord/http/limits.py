@@ -61,23 +61,28 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         seen = 0
+        tracked = TrackedSend(send)
 
         async def limited() -> dict[str, Any]:
             nonlocal seen
+            if tracked.closed:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    # Answered here, and the app is told the client left: raising instead
+                    # reached FastAPI's body reader, which answers any error 400.
+                    if not tracked.started:
+                        await send_error(send, BodyTooLarge(
+                            "body_too_large",
+                            f"a request body must be at most {self.limit} bytes (keep large "
+                            "data as an artifact)"))
+                    tracked.closed = True
+                    return {"type": "http.disconnect"}
             return message
 
-        tracked = TrackedSend(send)
-        try:
-            await self.app(scope, limited, tracked)
-        except _TooLarge:
-            if not tracked.started:
-                await send_error(send, BodyTooLarge(
-                    "body_too_large", f"request body must be at most {self.limit} bytes"))
+        await self.app(scope, limited, tracked)
 
 
 class TrackedSend:
@@ -87,15 +92,16 @@ class TrackedSend:
     def __init__(self, send: Any):
         self.send = send
         self.started = False
+        #: The answer was sent past the app (a body over the limit): what the app sends
+        #: after it goes nowhere.
+        self.closed = False
 
     async def __call__(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
         if message["type"] == "http.response.start":
             self.started = True
         await self.send(message)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 async def send_error(send: Any, err: JobcoordError) -> None:
