@@ -134,6 +134,30 @@ def test_complete_many_judges_items_one_by_one_in_one_transaction(
     assert coord.show(c["job"]["job_id"])["job"]["status"] == "running"
 
 
+@pytest.mark.parametrize("cancel_asked", [False, True])
+def test_a_group_sent_again_answers_a_jobs_second_item_as_the_first_sending_did(
+        coord: Coordinator, cancel_asked: bool) -> None:
+    """A group whose answer was lost is sent again: the accepted item says so (the server
+    answers it `already_accepted`), and a second item of that job in the group is refused
+    as reported earlier in the batch, as the first sending answered it, never accepted
+    twice. (With a cancellation asked of another job, the group is judged item by item.)"""
+    coord.enqueue_many([JobSpec("k") for _ in range(2)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    a, b = coord.claim_many("w1", 2)["claimed"]
+    group = [_item(a), _item(a)]
+    if cancel_asked:
+        coord.cancel(b["job"]["job_id"])
+        group.append(_item(b))
+    first = coord.complete_many(group)
+    again = coord.complete_many(group)
+    assert first["accepted"] == 1 and again["accepted"] == 0, again
+    one, two = again["results"][:2]
+    assert one["error"]["details"].get("same_as_accepted") is True, one
+    assert two["error"]["details"].get("earlier_in_batch") is True, two
+    assert not two["error"]["details"].get("same_as_accepted"), two
+    assert _events(coord, a["job"]["job_id"]).count(("completed", 1)) == 1
+
+
 def test_fail_many_judges_each_failure_like_fail(coord: Coordinator) -> None:
     coord.enqueue_many([JobSpec("k", max_attempts=1), JobSpec("k")])
     coord.heartbeat("w1", readings=IDLE_ON_AC)

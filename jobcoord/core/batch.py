@@ -147,6 +147,10 @@ def _answer(p: Any, got: Any, done: dict[int, str], op: str) -> dict[str, Any]:
         return got  # type: ignore[no-any-return]
     if p.job_id in done:
         got = earlier_in_batch(p.job_id, op, done[p.job_id], code=got.code, **got.details)
+    elif got.details.get("same_as_accepted"):
+        # The accepted report sent again (its answer lost) stands for this batch's report
+        # of the job: a second item of it is refused as the first sending refused it.
+        done[p.job_id] = got.details.get("status", "succeeded")
     return {"job_id": p.job_id, **got.to_json()}
 
 

@@ -54,6 +54,7 @@ def earlier_in_batch(job_id: int, op: str, is_now: str, /, *, code: str = "job_f
                      **details: Any) -> Refused:
     """The refusal of a second report of a job this batch already reported on."""
     details.pop("earlier_in_batch", None)
+    details.pop("same_as_accepted", None)  # that was the earlier item; this one is not it
     return Refused(code, f"job {job_id} was already {DONE[op]} earlier in this batch (it "
                    f"is now {is_now}); only the first report of an attempt counts",
                    **details, earlier_in_batch=True)
