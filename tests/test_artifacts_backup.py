@@ -67,7 +67,17 @@ def test_backup_and_restore_carry_exactly_the_referenced_objects_re_hashed(
         assert (tmp_path / "out.pdf").read_bytes() == b"%PDF report"
 
 
-@pytest.mark.parametrize("damage", ["flip", "remove", "manifest"])
+#: Manifests that do not describe this backup, and what the refusal must say of each.
+MANIFESTS = {
+    "manifest": ('{"format": 1, "rows": 1, "objects": {}}', "not in the manifest"),
+    "manifest a list": ("[]", "not a JSON object"),
+    "manifest of a newer format": ('{"format": 2, "rows": 1, "objects": {}}', "format 2"),
+    "manifest of other rows": (None, "names 7 rows"),
+    "manifest size not a number": (None, "size"),
+}
+
+
+@pytest.mark.parametrize("damage", ["flip", "remove", *MANIFESTS])
 def test_restore_refuses_a_backup_whose_manifest_and_objects_disagree(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path, damage: str) -> None:
     store = sc.artifacts_dir or ""
@@ -85,11 +95,21 @@ def test_restore_refuses_a_backup_whose_manifest_and_objects_disagree(
     elif damage == "remove":
         os.unlink(path)
     else:
-        (directory / "manifest.json").write_text('{"format": 1, "objects": {}}')
+        text = MANIFESTS[damage][0]
+        if text is None:  # the real manifest, one field changed
+            real = json.loads((directory / "manifest.json").read_text())
+            if damage == "manifest of other rows":
+                real["rows"] = 7
+            else:
+                real["objects"][digest] = "fourteen"
+            text = json.dumps(real)
+        (directory / "manifest.json").write_text(text)
     restored = resolve_target(db=str(tmp_path / "restored.db"))
     r = cli(restored, str(tmp_path / "s2"), "restore", str(dest), "--json")
     assert r.code == 7, r.out  # type: ignore[attr-defined]
     assert r.json["error"]["code"] == "backup_artifacts_mismatch"  # type: ignore
+    if damage in MANIFESTS:
+        assert MANIFESTS[damage][1] in r.json["error"]["message"], r.out  # type: ignore
     assert not os.path.exists(restored.sqlite_path or "")
     assert not os.path.exists(tmp_path / "s2" / "objects")
 

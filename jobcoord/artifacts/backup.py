@@ -173,7 +173,7 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
     directory = source + SUFFIX
     if found is None or (not found[0] and not os.path.isdir(directory)):
         return None
-    referenced = found[0]
+    referenced, nrows = found
 
     def bad(why: str) -> DatabaseCorrupt:
         return DatabaseCorrupt("backup_artifacts_mismatch", f"the backup's artifacts do not "
@@ -183,11 +183,11 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
     try:
         with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
             manifest = json.load(f)
-        listed = {str(d): int(s) for d, s in manifest["objects"].items()}
     except FileNotFoundError:
         raise bad(f"{directory}/{MANIFEST} is missing") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise bad(f"the manifest cannot be read ({exc})") from None
+    listed = _listed(manifest, nrows, bad)
     missing = sorted(set(referenced) - set(listed))
     if missing:
         raise bad(f"{len(missing)} objects the rows reference are not in the manifest "
@@ -200,6 +200,28 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
         if store.size(digest) != size or referenced.get(digest, size) != size:
             raise bad(f"object {digest} has the wrong size")
     return listed, directory
+
+
+def _listed(manifest: Any, nrows: int, bad: Callable[[str], DatabaseCorrupt]
+            ) -> dict[str, int]:
+    """The manifest's {digest: size}, once it is shown to be one `backup` wrote for this
+    very database file (its format, and the number of rows it was written for)."""
+    if not isinstance(manifest, dict):
+        raise bad(f"the manifest is not a JSON object but {type(manifest).__name__}")
+    if manifest.get("format") != 1:
+        raise bad(f"the manifest is of format {manifest.get('format')!r}; this version reads "
+                  "format 1")
+    if manifest.get("rows") != nrows:
+        raise bad(f"the manifest names {manifest.get('rows')!r} rows, the backup's database "
+                  f"holds {nrows} (a manifest of another backup?)")
+    objects = manifest.get("objects")
+    if not isinstance(objects, dict):
+        raise bad("the manifest's objects are not a JSON object of digest: size")
+    for digest, size in objects.items():
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise bad(f"the manifest's size of {digest[:80]!r} is {str(size)[:40]!r}, not a "
+                      "byte count")
+    return dict(objects)
 
 
 def restore(backup_file: str, target: Any, explicit_store: str | None,
