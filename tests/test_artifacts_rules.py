@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -587,3 +588,45 @@ def test_artifact_get_and_backup_never_write_the_wal_of_a_database_opened_throug
             assert r.code == 2, (dest, args, r)
     assert ac.show(job)["job"]["status"] == "succeeded"
     assert ac.verify_artifacts()["ok"]
+
+
+@pytest.mark.parametrize("change", ["replaced", "added"])
+def test_a_completion_is_refused_when_its_attempt_stages_artifacts_during_its_checks(
+        target: Target, store_dir: str, tmp_path: Path, change: str) -> None:
+    """An artifact staged again (or a new one) while the completion checks the attempt's
+    stages was left staged and the completion accepted without it: the job succeeded with
+    an artifact the worker replaced missing. The completion is refused `artifact_changed`
+    with nothing accepted, the lease kept; sent again, it checks and accepts what is staged
+    now."""
+    import threading
+
+    from jobcoord.policy import Policy
+
+    install(target)
+    policy = Policy.from_toml(str(slow_validator_policy(tmp_path, 2, kind="render")))
+    with Coordinator.open(target, policy=policy) as c:
+        c.artifacts_dir = store_dir
+        job, epoch = start(c, "w1", lease_s=120)
+        c.put_artifact(job, "w1", epoch, "a.bin", b"first bytes")
+        answer: dict[str, Any] = {}
+
+        def complete() -> None:
+            try:
+                answer["ok"] = c.complete(job, "w1", epoch, {"done": 1})
+            except Refused as e:
+                answer["refused"] = e
+
+        t = threading.Thread(target=complete)
+        t.start()
+        time.sleep(0.5)  # the validator of a.bin's first bytes is running
+        name = "a.bin" if change == "replaced" else "b.bin"
+        c.put_artifact(job, "w1", epoch, name, b"second bytes")
+        t.join(60)
+        assert "refused" in answer, answer
+        assert answer["refused"].code == "artifact_changed", answer["refused"].to_json()
+        assert c.show(job)["job"]["status"] == "running"
+        assert c.artifacts(job)["artifacts"] == []
+        c.complete(job, "w1", epoch, {"done": 2})
+        accepted = {a["name"]: a["digest"] for a in c.artifacts(job)["artifacts"]}
+    assert accepted[name] == sha(b"second bytes"), accepted
+    assert set(accepted) == ({"a.bin"} if change == "replaced" else {"a.bin", "b.bin"})

@@ -379,12 +379,20 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
 
 
 def link_accepted(coord: Coordinator, conn: Connection, plan: Plan | None, job_id: int,
-                  worker: str, epoch: int, now: int) -> None:
+                  worker: str, epoch: int, now: int) -> Refused | None:
     """Inside the completion's transaction, after its fencing check passed: the verified
-    stages become `accepted`. A stage replaced or added after the plan was made is not
-    linked (it stays staged and gc rejects it once the attempt is over)."""
+    stages become `accepted`. If the attempt staged an artifact again, or a new one, after
+    the checks began, nothing is linked and the refusal is returned (`artifact_changed`):
+    accepted, the job would have succeeded without what its worker staged last."""
     if not plan:
-        return
+        return None
+    now_staged = {(r[0], r[2]) for r in coord.db.run(conn, fs.ATTEMPT_STAGES,
+                                                       {"j": job_id, "e": epoch}).all()}
+    if now_staged != {(r[0], r[2]) for r in plan.rows}:
+        return Refused("artifact_changed", f"job {job_id}'s attempt {epoch} staged artifacts "
+                       "while its completion checked them: nothing was accepted; send the "
+                       "completion again to check what is staged now", job_id=job_id,
+                       epoch=epoch)
     for artifact_id, name, digest, _size in plan.rows:
         linked = coord.db.run(conn, fs.ACCEPT, {"v": plan.verified_at, "a": artifact_id,
                                                 "j": job_id, "e": epoch, "d": digest}

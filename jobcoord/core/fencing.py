@@ -188,7 +188,11 @@ def completion_step(ctx: Context, c: Completion
         if c.plan:
             from ..artifacts import rules as artifact_rules
 
-            artifact_rules.link_accepted(ctx, conn, c.plan, job_id, worker_id, epoch, now)
+            changed = artifact_rules.link_accepted(ctx, conn, c.plan, job_id, worker_id,
+                                                   epoch, now)
+            if changed is not None:
+                reject_event(ctx, conn, changed, job_id, worker_id, epoch, now, "complete")
+                return changed, now
         end_running(ctx, conn, job_id, epoch, now, "succeeded", "completed", worker_id,
                     result=c.result, provenance=c.provenance)
         return {"job_id": job_id, "status": "succeeded", "epoch": epoch,
