@@ -244,6 +244,34 @@ def test_bad_input_on_every_endpoint_is_4xx_json_and_changes_nothing(target: Tar
         assert dump(c) == before
 
 
+def test_a_header_given_twice_or_a_body_cut_short_is_400_saying_so_and_changes_nothing(
+        target: Target) -> None:
+    """Two Authorization headers were judged by the first and two Idempotency-Keys keyed the
+    job by the first: which one a client meant is nobody's guess, so neither counts (400).
+    A body that is not JSON said only "26: JSON decode error"."""
+    secret = token(target, "sub", "submitter")
+    with Coordinator.open(target) as c:
+        before = dump(c)
+        with served(target, "--reap-every", "0") as s, httpx.Client(base_url=s.url) as h:
+            good, bad = f"Bearer {secret}", "Bearer jct_not-a-token"
+            job = b'{"kind": "k", "payload": {}}'
+            for headers in ([("Authorization", good), ("Authorization", bad)],
+                            [("Authorization", bad), ("Authorization", good)],
+                            [("Authorization", good), ("Idempotency-Key", "a"),
+                             ("Idempotency-Key", "b")]):
+                resp = h.post("/v1/jobs", content=job, headers=headers)
+                assert resp.status_code == 400, (headers[-1], resp.text)
+                error = resp.json()["error"]
+                assert error["code"] == "invalid_input"
+                assert headers[-1][0] in error["message"] and "more than once" in \
+                    error["message"], error
+            cut = h.post("/v1/jobs", content=b'{"kind": "k", "payload": {',
+                         headers={"Authorization": good})
+            assert cut.status_code == 400, cut.text
+            assert "not valid JSON" in cut.json()["error"]["message"], cut.text
+        assert dump(c) == before
+
+
 def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -> None:
     argv = [*jobcoord_argv(), *db_args(target), "serve", "--json"]
     refused = subprocess.run([*argv, "--host", "0.0.0.0"], capture_output=True, timeout=60,

@@ -84,6 +84,12 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         # exit 2); 422 is kept for an artifact whose digest does not match.
         parts = []
         for e in exc.errors()[:5]:
+            if e.get("type") == "json_invalid":  # its loc is the character it stopped at
+                at = e.get("loc", ())[-1:]
+                why = (e.get("ctx") or {}).get("error", "")
+                parts.append(f"body: is not valid JSON ({why or 'cannot be read'}"
+                             f"{f' at character {at[0]}' if at else ''})")
+                continue
             where = ".".join(str(x) for x in e.get("loc", ()) if x != "body")
             parts.append(f"{where or 'body'}: {e.get('msg', 'invalid')}")
         return error_response(InvalidInput("invalid_input", "; ".join(parts) or "invalid"))

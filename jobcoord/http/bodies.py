@@ -173,6 +173,21 @@ def once_each(request: Request) -> None:
                            "than once")
 
 
+#: Headers a request may give once: of two, the framework reads the first, and which one a
+#: client meant (which token; which idempotency key) is nobody's guess.
+SINGLE_HEADERS = ("authorization", "idempotency-key")
+
+
+def once_each_header(request: Request) -> None:
+    """InvalidInput if a header of SINGLE_HEADERS is given more than once."""
+    for name in SINGLE_HEADERS:
+        if len(request.headers.getlist(name)) > 1:
+            from ..errors import InvalidInput
+
+            shown = "-".join(part.capitalize() for part in name.split("-"))
+            raise InvalidInput("invalid_input", f"header {shown} is given more than once")
+
+
 class JSONRoute(APIRoute):
     """A route whose body Python's JSON reader refuses with something other than a syntax
     error (an integer of more than 4300 digits, nesting past the recursion limit) answers
@@ -187,6 +202,7 @@ class JSONRoute(APIRoute):
         async def route(request: Request) -> Response:
             if request.scope.get("query_string"):
                 once_each(request)
+            once_each_header(request)
             try:
                 return await handler(request)
             except HTTPException as e:
