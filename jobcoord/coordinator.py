@@ -7,6 +7,7 @@ their JSON shapes by `jobcoord.present`. Every answer is a plain dict ready for 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -50,6 +51,9 @@ class Coordinator:
         self.policy = policy or Policy()
         self.features: set[str] = set()
         self._missing_seen: dict[str, float] = {}  # feature -> when last found missing
+        #: Set by `stop_checks`: completions checking artifacts through this coordinator end
+        #: undecided (a worker or server stopping must not wait out a validator's minutes).
+        self.checks_stopped = threading.Event()
         if verify:
             from .migrate import verify_schema
 
@@ -116,6 +120,17 @@ class Coordinator:
             return True
         self._missing_seen[name] = time.monotonic()
         return False
+
+    def stop_checks(self) -> None:
+        """End the artifact checks of completions in progress through this coordinator, and
+        refuse new ones: each completion is refused StorageUnavailable `server_stopping`,
+        nothing decided, its validator stopped (called by a stopping worker or server)."""
+        self.checks_stopped.set()
+
+    def resume_checks(self) -> None:
+        """Check completions' artifacts again after `stop_checks` (a worker run inside a
+        program has stopped; the program goes on with this coordinator)."""
+        self.checks_stopped.clear()
 
     def close(self) -> None:
         """Close the connections for good: a later call is InvalidInput `coordinator_closed`

@@ -391,3 +391,49 @@ def test_a_remote_workers_spooled_upload_is_held_while_it_lives(
         finally:
             os.close(fd)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_worker_stopped_during_a_completions_artifact_checks_exits_in_its_grace_releasing_the_job(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """SIGTERM while a completion's validator runs (here for a minute): the worker stayed
+    for the whole validator, whatever its --grace, then its report failed with an internal
+    error ("cannot schedule new futures after shutdown") and the job stayed running until
+    its lease ran out. The checks get the grace, then end undecided, their validator
+    stopped: the job is released (`worker_shutdown`, run again at once), the worker gone."""
+    import signal
+    import time
+
+    from tests.test_worker import gone
+
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    pids = tmp_path / "pids"
+    checker = tmp_path / "check.sh"
+    checker.write_text(f"echo $$ > '{pids}'\nsleep 60\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[artifacts.kinds.report]\nvalidator = ["sh", "{checker}"]\n')
+    job = c.enqueue("report", {"title": "Checked"})["job_id"]
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--grace", "1",
+              "--kill-grace", "1", "--lease", "120", env={"JOBCOORD_POLICY": str(policy)})
+    deadline = time.monotonic() + 20
+    while not (pids.exists() and pids.read_text().strip()):
+        assert time.monotonic() < deadline, "the validator did not start"
+        time.sleep(0.05)
+    validator = int(pids.read_text())
+    t0 = time.monotonic()
+    w.proc.send_signal(signal.SIGTERM)
+    code, _summary = w.finish(timeout=40)
+    took = time.monotonic() - t0
+    assert code == 0, w.events()
+    assert took < 15, took  # the grace (1 s), not the validator's minute
+    [released] = w.events("released")
+    assert released["job_id"] == job and released["reason"] == "worker_shutdown", released
+    assert not w.events("report_error"), w.events("report_error")
+    shown = c.show(job)["job"]
+    assert shown["status"] == "waiting" and shown["attempts"] == 1, shown
+    assert c.artifacts(job)["artifacts"] == []
+    deadline = time.monotonic() + 5
+    while not gone(validator) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert gone(validator)

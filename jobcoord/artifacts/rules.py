@@ -272,26 +272,20 @@ def leases_kept(coord: Coordinator, attempts: Sequence[tuple[int, str, int, str 
         keeper.join()
 
 
-#: Set when the process making completion checks begins to stop (a server's SIGTERM):
-#: checks in progress end without a verdict, their validators stopped, and the completion
-#: is refused StorageUnavailable `server_stopping` (a 503: it is sent again, and checked
-#: again by whoever takes it). They held the process for minutes after it said `stopped`.
-_STOPPING = threading.Event()
-
-
-def stop_checks() -> None:
-    """End the completion checks in progress in this process, and refuse new ones."""
-    _STOPPING.set()
-
-
 def _stopping() -> StorageUnavailable:
-    return StorageUnavailable("server_stopping", "the server is stopping: nothing was "
-                              "decided; send the completion again")
+    """The refusal of a completion whose checks its coordinator's stop ended
+    (`Coordinator.stop_checks`): a 503 over HTTP, sent again and checked again by whoever
+    takes it; a stopping worker releases the job. They held the process for minutes."""
+    return StorageUnavailable("server_stopping", "the coordinator is stopping: the "
+                              "completion's artifact checks ended, nothing was decided; send "
+                              "the completion again")
 
 
-def _validate(store: ObjectStore, rule: KindRule, row: Any) -> tuple[str | None, str]:
-    """(reason code or None, evidence) for one staged row, from its stored bytes."""
-    if _STOPPING.is_set():
+def _validate(store: ObjectStore, rule: KindRule, row: Any, stop: threading.Event
+              ) -> tuple[str | None, str]:
+    """(reason code or None, evidence) for one staged row, from its stored bytes; `stop`:
+    the coordinator's `checks_stopped`."""
+    if stop.is_set():
         raise _stopping()
     _artifact_id, name, digest, size, media_type = row
     state = store.verify(digest)
@@ -313,7 +307,7 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any) -> tuple[str | None,
             code, said_bytes = run_guarded(
                 [*rule.validator, store.path_of(digest)], VALIDATOR_TIMEOUT_S,
                 {**os.environ, "JOBCOORD_ARTIFACT_NAME": name,
-                 "JOBCOORD_ARTIFACT_MEDIA_TYPE": media_type}, stop=_STOPPING)
+                 "JOBCOORD_ARTIFACT_MEDIA_TYPE": media_type}, stop=stop)
         except GuardStopped:
             raise _stopping() from None
         except OSError as exc:
@@ -349,7 +343,8 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     store = store_of(coord)
     rule = settings_of(coord).for_kind(kind or "")
     with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):
-        verdicts = [(row, *_validate(store, rule, row)) for row in rows]
+        verdicts = [(row, *_validate(store, rule, row, coord.checks_stopped))
+                    for row in rows]
     bad = [(row, reason, why) for row, reason, why in verdicts if reason]
     if not bad:
         return Plan(tuple((r[0], r[1], r[2], r[3]) for r in rows), now_us())

@@ -126,6 +126,12 @@ class RemoteCoordinator:
         self._client.close()
         self._polls.close()
 
+    def stop_checks(self) -> None:
+        """The server checks a remote worker's artifacts; its own stop bounds them."""
+
+    def resume_checks(self) -> None:
+        """See `stop_checks`: nothing to resume here."""
+
     def interrupt(self) -> None:
         """Cut a claim's long-poll in flight short and answer every later claim with nothing:
         the worker is stopping (SIGTERM) and must not sit out a poll of up to `claim_wait`

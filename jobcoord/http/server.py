@@ -118,7 +118,6 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S) -> None:
     import uvicorn
 
-    from ..artifacts.rules import stop_checks
     from .app import create_app
 
     warning = check_bind(host, tls_cert, tls_key, insecure_http)
@@ -141,7 +140,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
             # Completions checking artifacts (a validator may take minutes) get part of the
             # grace, then end undecided (503, sent again): the process outlived its
             # `stopped` until every one had run, and uvicorn cancelled them with tracebacks.
-            asyncio.get_running_loop().call_later(CHECKS_GRACE_S, stop_checks)
+            asyncio.get_running_loop().call_later(CHECKS_GRACE_S, coordinator.stop_checks)
             await super().shutdown(sockets)
 
         async def startup(self, sockets: Any = None) -> None:

@@ -664,8 +664,18 @@ class Worker:
         with self._start_lock:  # a run started after this is released by its claimer
             for run in self.live_runs():
                 run.release()
-        for run in list(self.runs):
-            run.thread.join(self.config.kill_grace_s + 10.0)
+        # A completion checking its artifacts (a validator may run for minutes) ends now,
+        # undecided: its run releases the job (run.py, `_report`). Only for as long as the
+        # runs are joined: a program that ran this worker goes on using its coordinator.
+        stopping = bool(self.live_runs())
+        if stopping:
+            self.coordinator.stop_checks()
+        try:
+            for run in list(self.runs):
+                run.thread.join(self.config.kill_grace_s + 10.0)
+        finally:
+            if stopping:
+                self.coordinator.resume_checks()
         self._collect()
 
     def job_finished(self) -> None:

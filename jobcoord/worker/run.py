@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..app import Context, HandlerSpec
 from ..clock import iso
-from ..errors import InvalidInput, JobcoordError, Refused
+from ..errors import InvalidInput, JobcoordError, Refused, StorageUnavailable
 from ..leftovers import release
 from ..runtime import describe, is_fatal
 from ..validate import MAX_JSON_DEPTH
@@ -555,6 +555,13 @@ class JobRun:
                 w.count("lost")
                 return
             except Exception as e:
+                if (isinstance(e, StorageUnavailable) and e.code == "server_stopping"
+                        and self.release_requested.is_set() and out.kind == "success"):
+                    # This worker is stopping and its grace ended the completion's artifact
+                    # checks, nothing decided: the job goes back, as a handler still running.
+                    out = Outcome("released", error="worker shutting down during the "
+                                  "completion's artifact checks")
+                    continue
                 code, message = describe(e)
                 # Keep trying while the lease may still be ours (a busy, restarting or
                 # briefly unreachable database); after that it is moot. Errors no retry can
