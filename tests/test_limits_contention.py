@@ -262,3 +262,42 @@ def test_a_sigkilled_holder_frees_its_slot_when_its_lease_expires_without_a_reap
         got = c.claim("w2")  # no reap ran: the expired lease no longer counts
         assert got["job"] is not None and got["job"]["job_id"] != held
         assert c.show(held)["job"]["status"] == "running"  # still unreaped
+
+
+def test_a_limit_lowered_while_a_claim_decides_holds_that_claim_back(target: Target) -> None:
+    """A claim read the limits, then (PostgreSQL) waited for or took the kind's limits row
+    and judged by what it had read: a limit lowered in between let it take a job the new
+    limit no longer allowed, granted after the new limit had committed (2 running under
+    `concurrency 1`). It judges by the row it holds. (SQLite: the limit change waits for
+    the claim's transaction, so the claim is granted before it.)"""
+    import threading
+
+    from jobcoord import faults
+
+    with Coordinator.open(target) as c:
+        c.set_limit("k", 2)
+        for i in range(3):
+            c.enqueue("k", {"i": i})
+        for w in ("w1", "w2"):
+            c.heartbeat(w, readings={})
+        assert c.claim("w1")["job"] is not None
+        got: dict[str, Any] = {}
+        faults.install("limits.read:sleep=1.5")  # after the claim's read of the limits
+        try:
+            claimer = threading.Thread(target=lambda: got.update(
+                r=c.claim("w2", lease_s=60)))
+            claimer.start()
+            time.sleep(0.5)
+            with Coordinator.open(target) as other:
+                other.set_limit("k", 1)
+                lowered_us = time.time() * 1e6
+            claimer.join(30)
+        finally:
+            faults.install("")
+        r = got["r"]
+        if r["job"] is None:
+            assert r["reason"] == "concurrency_limit", r
+        else:  # granted before the new limit was there: allowed by the limit it replaced
+            granted_us = r["lease"]["expires_at_us"] - 60e6
+            assert granted_us < lowered_us, (granted_us - lowered_us, r)
+        assert target.sqlite_path is not None or r["job"] is None, r

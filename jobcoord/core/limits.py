@@ -231,6 +231,7 @@ class ClaimView:
         if limited:
             self.limits = {r[0]: stored_limit(r)
                            for r in ctx.db.run(conn, sql.ALL_LIMITS).fetchall()}
+            faults.point("limits.read")  # a test changes a limit here
         self._holders: dict[str, list[Candidate]] = {}
         self._held = False
         self._capacity: Capacity | None = None
@@ -243,9 +244,14 @@ class ClaimView:
         if kind in self._holders:
             return True
         if self.locking:
-            if not self.ctx.db.hold_limit(self.conn, kind, wait=not self._held):
+            held, row = self.ctx.db.hold_limit(self.conn, kind, wait=not self._held)
+            if not held:
                 return False
             self._held = True
+            if row is not None:
+                # Changed since this claim read the limits (PostgreSQL): judged as it
+                # stands, or a lowered limit let this claim take a slot it no longer has.
+                self.limits[kind] = stored_limit(row)
             # The hold may have waited for other claims: the time the holders' leases are
             # judged live at is read after it, never before.
             self.now = max(self.now, now_us())
@@ -286,10 +292,10 @@ class ClaimView:
 
     def judge(self, cand: Candidate, taken: Sequence[Candidate] = ()) -> Verdict | None:
         """`check` for this candidate with what this claim has read."""
-        limit = self.limits.get(cand.kind)
-        if limit is not None and not self.hold(cand.kind):
+        if cand.kind in self.limits and not self.hold(cand.kind):
             return Verdict("concurrency_limit", f"kind {cand.kind} is limited and another "
                            "claim is deciding on it right now")
+        limit = self.limits.get(cand.kind)  # as held (`hold` reads it again)
         capacity, running = self.capacity() if cand.needs else (None, [])
         return check(cand, limit, self.holders(cand.kind), capacity, running, taken,
                      viewer=self.tenant, own=self.own)
@@ -393,6 +399,8 @@ def _first_fit(view: ClaimView, roles: Sequence[str], kinds: Sequence[str] | Non
             verdict = view.judge(cand)
             if verdict is not None:
                 first = first or verdict
+                limit = view.limits.get(kind)  # as held: it may have changed since
+                key = None if limit is None else (kind, key_of(cand.payload, limit.key_field))
                 if verdict.code == "resource_short":
                     # Needs are judged against this worker alone, whatever the job's kind:
                     # every job declaring the same needs falls short the same way.

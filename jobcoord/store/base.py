@@ -385,10 +385,12 @@ class Database:
         capacity one at a time."""
         raise NotImplementedError
 
-    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool
+                   ) -> tuple[bool, tuple[Any, ...] | None]:
         """Hold the limits row of `kind` until commit, so that one claim at a time counts
-        and fills that kind's slots. With `wait` False a row another transaction holds is
-        not waited for: False."""
+        and fills that kind's slots: (held, the row as held: kind, concurrency, key field;
+        None when the claim's own earlier read is current). With `wait` False a row another
+        transaction holds is not waited for: not held."""
         raise NotImplementedError
 
     def end_running(self, conn: Connection, params: Mapping[str, Any], *, reason: str,

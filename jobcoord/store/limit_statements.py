@@ -25,9 +25,10 @@ UPSERT_LIMIT = SQL(lambda insert: _upsert(insert, limits, {
 DELETE_LIMIT = SQL(delete(limits).where(LM.kind == P("kind")))
 #: The limits row of a kind held until commit (PostgreSQL; SQLite's compiler writes no lock:
 #: BEGIN IMMEDIATE already holds the only write lock), waiting for another holder...
-HOLD_LIMIT = SQL(select(LM.kind).where(LM.kind == P("kind")).with_for_update())
+HOLD_LIMIT = SQL(select(LM.kind, LM.concurrency, LM.key_field).where(LM.kind == P("kind"))
+                 .with_for_update())
 #: ...or skipping it when another transaction holds it.
-TRY_HOLD_LIMIT = SQL(select(LM.kind).where(LM.kind == P("kind"))
+TRY_HOLD_LIMIT = SQL(select(LM.kind, LM.concurrency, LM.key_field).where(LM.kind == P("kind"))
                      .with_for_update(skip_locked=True))
 #: Live leases of a kind (running, not expired at :now), oldest grant first: who holds the
 #: limit's slots.

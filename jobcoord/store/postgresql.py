@@ -348,12 +348,15 @@ class PostgresDatabase(Database):
     def hold_worker(self, conn: Connection, worker_id: str) -> None:
         self.run(conn, ls.HOLD_WORKER, {"worker": worker_id})
 
-    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool
+                   ) -> tuple[bool, tuple[Any, ...] | None]:
         row = self.run(conn, ls.HOLD_LIMIT if wait else ls.TRY_HOLD_LIMIT,
                        {"kind": kind}).fetchone()
         # Waited for: held, or the limit was removed meanwhile (the claim still applies the
         # one it read, the cautious side). Not waited for: held only if the row came back.
-        return wait or row is not None
+        # The row as held is the latest committed: a limit changed since the claim read the
+        # limits is judged as it is now.
+        return wait or row is not None, None if row is None else tuple(row)
 
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:

@@ -506,8 +506,10 @@ class SqliteDatabase(Database):
     def hold_worker(self, conn: Connection, worker_id: str) -> None:
         pass  # BEGIN IMMEDIATE already serialises every claim
 
-    def hold_limit(self, conn: Connection, kind: str, *, wait: bool) -> bool:
-        return True  # BEGIN IMMEDIATE already serialises every claim
+    def hold_limit(self, conn: Connection, kind: str, *, wait: bool
+                   ) -> tuple[bool, tuple[Any, ...] | None]:
+        # BEGIN IMMEDIATE already serialises every claim: the limits it read are current.
+        return True, None
 
     def take_job(self, conn: Connection, job_id: int, *, worker: str, now: int, expires: int,
                  expires_iso: str) -> tuple[Any, ...] | None:
