@@ -50,6 +50,14 @@ BAD_ADDS = [
     ({"cron": "0 2 * * *", "tz": "America"}, "tz", "not a known IANA time zone"),
     ({"cron": "0 2 * * *", "tz": "../../etc/passwd"}, "tz", "not a known IANA time zone"),
     ({"cron": "0 2 * * *", "tz": ""}, "tz", "IANA"),
+    # Names the zone reader opens that are no zone a schedule can mean: the host's own
+    # setting (slots would depend on which machine ticks), tzdata's placeholder and its
+    # alternative trees.
+    ({"cron": "0 2 * * *", "tz": "localtime"}, "tz", "not an IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": "Factory"}, "tz", "not an IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": "posixrules"}, "tz", "not an IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": "right/UTC"}, "tz", "not an IANA time zone"),
+    ({"cron": "0 2 * * *", "tz": "posix/Europe/Berlin"}, "tz", "not an IANA time zone"),
     ({"every": "0"}, "every", "shorter than one second"),
     ({"every": 0}, "every", "shorter than one second"),
     ({"every": -60}, "every", "outside"),

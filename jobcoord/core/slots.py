@@ -36,6 +36,24 @@ def zone(name: object) -> ZoneInfo:
                            "(e.g. Europe/Berlin, America/New_York, UTC)", field="tz") from None
 
 
+#: Names the zone reader opens that are no zone a schedule can mean: the host's own setting
+#: (slots would depend on which machine ticks), tzdata's placeholder, and its alternative
+#: trees (leap-second and POSIX-rule copies of the real zones).
+_NOT_ZONES = frozenset({"localtime", "Factory", "posixrules"})
+_NOT_ZONE_TREES = ("posix/", "right/")
+
+
+def input_zone(name: object) -> ZoneInfo:
+    """`zone` for a name given now (a schedule being added): also refuses the names the
+    reader opens that are no IANA zone. (Stored names are read with `zone` alone.)"""
+    tz = zone(name)
+    if name in _NOT_ZONES or str(name).startswith(_NOT_ZONE_TREES):
+        raise InvalidInput("invalid_input", f"tz: {name!r} is not an IANA time zone a "
+                           "schedule can use (e.g. Europe/Berlin, America/New_York, UTC)",
+                           field="tz")
+    return tz
+
+
 def to_us(dt: datetime) -> int:
     return (dt - _EPOCH) // _ONE_US
 
@@ -159,7 +177,7 @@ def cron_timing(expr: object, tz: object) -> Timing:
                            "fields; give five: minute hour day-of-month month day-of-week",
                            field="cron")
     tz_name = "UTC" if tz is None else tz
-    zone(tz_name)
+    input_zone(tz_name)
     timing = Timing(cron=expr, tz=tz_name)
     try:
         timing.next_after(to_us(datetime.now(UTC)))
