@@ -98,3 +98,20 @@ def test_an_unknown_or_duplicate_name_is_refused_and_changes_nothing(coord: Coor
             call("nope")
         assert e.value.code == "schedule_not_found"
     assert dump(coord) == before
+
+
+@pytest.mark.parametrize("kwargs", [{"every": "1w"}, {"cron": "0 0 1 1 *"},
+                                    {"every": "1m", "window": "3650d"}],
+                         ids=["every", "cron", "window"])
+def test_a_schedule_whose_first_slot_falls_past_the_calendar_is_refused_and_changes_nothing(
+        coord: Coordinator, kwargs: dict[str, Any]) -> None:
+    """At the calendar's end (a clock set to 9999-12-31), a first slot past it was stored
+    anyway, then called corrupt by every read ("written outside jobcoord", exit 7), or the
+    add failed with an internal error (exit 1). Refused, exit 2, nothing stored."""
+    from freezegun import freeze_time
+
+    before = dump(coord)
+    with freeze_time("9999-12-31T23:59:00"), pytest.raises(InvalidInput) as e:
+        coord.add_schedule("far", "k", **kwargs)
+    assert "9999" in e.value.message or "10000" in e.value.message, e.value.message
+    assert dump(coord) == before

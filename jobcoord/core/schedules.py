@@ -106,7 +106,7 @@ def add(ctx: Context, name: str, kind: str, *, cron: str | None = None, tz: str 
 
     def _do(conn: Connection) -> dict[str, Any] | Refused:
         now = now_us()
-        first = timing.next_after(now)
+        first = _first_slot(timing, now, window_us)
         got = ctx.db.run(conn, sql.INSERT_SCHEDULE, {
             "name": name, "tenant": spec.tenant, "kind": spec.kind, "role": spec.role,
             "priority": spec.priority, "payload": spec.payload_text,
@@ -120,6 +120,22 @@ def add(ctx: Context, name: str, kind: str, *, cron: str | None = None, tz: str 
         return {"schedule": name, "created": True, "next_fire_at": first}
 
     return ctx.db.write(_do, "schedule add")
+
+
+def _first_slot(timing: Timing, now: int, window_us: int | None) -> int:
+    """A new schedule's first slot, refused when it (or its window's end) falls past the
+    calendar's last day: stored, it would be a time no reader can render."""
+    from ..stored import MAX_TIME_US
+
+    try:
+        first = timing.next_after(now)
+    except (OverflowError, StopIteration, ValueError):  # no date after it to walk to
+        first = None
+    if first is None or first + (window_us or 0) > MAX_TIME_US:
+        raise InvalidInput("invalid_input", "the schedule's first slot (and its window) "
+                           "would fall past the year 9999", field="cron" if timing.cron
+                           else "every")
+    return first
 
 
 def _row(r: Any, names: tuple[str, ...] = sql.SCHEDULE_NAMES) -> dict[str, Any]:

@@ -181,6 +181,9 @@ def cron_timing(expr: object, tz: object) -> Timing:
     timing = Timing(cron=expr, tz=tz_name)
     try:
         timing.next_after(to_us(datetime.now(UTC)))
+    except OverflowError:
+        raise InvalidInput("invalid_input", f"cron: {expr!r} has no slot before the year "
+                           "10000", field="cron") from None
     except (CronSimError, StopIteration, ValueError, IndexError, KeyError) as e:
         reason = str(e) or "it never matches a date"
         raise InvalidInput("invalid_input", f"cron: {expr!r} is not a valid cron expression "
