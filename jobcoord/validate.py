@@ -88,8 +88,9 @@ def priority(value: Any) -> int:
             raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
         value = int(text)
     if isinstance(value, int) and not 0 <= value <= 3:
-        # Not formatted: Python refuses to print an int of more than 4300 digits.
-        raise _bad("priority", "is not 0..3 or P0..P3")
+        # Printed only when short: Python refuses to print an int of more than 4300 digits.
+        shown = f"{value} " if value.bit_length() <= 64 else ""
+        raise _bad("priority", f"{shown}is not 0..3 or P0..P3")
     if not isinstance(value, int):
         raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
     return value

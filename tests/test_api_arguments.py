@@ -228,10 +228,13 @@ def test_a_bare_string_is_one_element_in_every_method(coord: Coordinator) -> Non
 
 def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> None:
     before = dump(coord)
-    for priority in (10**5000, -(10**5000), 4):
+    for priority in (10**5000, -(10**5000), 4, "P4", -1):
         with pytest.raises(InvalidInput) as caught:
             coord.enqueue("k", priority=priority)
         assert "priority" in caught.value.message
+        # The value refused is named when it can be printed (it was left out for all).
+        if not isinstance(priority, int) or abs(priority) < 100:
+            assert str(priority).lstrip("P") in caught.value.message, caught.value.message
     assert dump(coord) == before
 
 
