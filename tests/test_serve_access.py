@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
 from tests.serve_procs import db_args, jobcoord_argv, served, token
@@ -312,6 +314,41 @@ def test_revoked_token_is_refused_on_its_next_request(target: Target) -> None:
         assert resp.status_code == 401
         assert resp.json()["error"]["code"] == "unauthorized"
         assert resp.headers["WWW-Authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("submitted", ["through the server", "by another process"])
+def test_a_revoked_workers_waiting_long_poll_takes_no_job(target: Target,
+                                                          submitted: str) -> None:
+    """A worker token revoked while its claim long-poll waits: the poll was handed the next
+    job (in the submission's transaction, or by its own claim once woken) under a lease its
+    worker could never renew or complete (401 on every call), and the job died of expired
+    leases without running. The poll's next claim looks the token up again: 401, and the
+    job stays waiting for a live worker."""
+    import threading
+    import time
+
+    worker = token(target, "laptop", "worker", worker="laptop")
+    submitter = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0", "--poll", "0.2") as s, \
+            s.client(worker) as w, s.client(submitter) as sub:
+        assert w.post("/v1/heartbeat", json={}).status_code == 200
+        answer: dict[str, Any] = {}
+        poll = threading.Thread(target=lambda: answer.update(r=w.post(
+            "/v1/claims", json={"wait": 10, "lease_s": 30})))
+        poll.start()
+        time.sleep(1.0)  # the poll is waiting
+        done = subprocess.run([*jobcoord_argv(), *db_args(target), "token", "revoke",
+                               "laptop", "--json"], capture_output=True, check=False)
+        assert done.returncode == 0, done.stderr
+        if submitted == "through the server":
+            assert sub.post("/v1/jobs", json={"kind": "k", "payload": {}}).status_code == 201
+        else:
+            with Coordinator.open(target) as c:
+                c.enqueue("k", {})
+        poll.join(30)
+        assert answer["r"].status_code in (401, 204), answer["r"].text
+        with Coordinator.open(target) as c:
+            assert [j["status"] for j in c.jobs()["jobs"]] == ["waiting"]
 
 
 #: A request each route refuses as invalid input (400) once its token may call it.

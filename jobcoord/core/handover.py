@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 from .. import validate as v
 from ..clock import now_us
 from ..errors import JobcoordError
+from ..store import feature_statements as fs
 from .claim import claim_in
 from .common import DEFAULT_TENANT, NO_KINDS, Context, lease_us
 from .submit import JobSpec, check_spec, insert
@@ -23,6 +24,9 @@ class Claimant(NamedTuple):
     lease_s: float | None = None
     kinds: Sequence[str] | None = None
     tenant: str | None = None
+    #: The hash of the API token the claim is made for: made only if that token is live
+    #: (not revoked) in this very transaction, as its own request would be looked up.
+    token_hash: str | None = None
 
 
 def enqueue_and_claim(ctx: Context, kind: str, payload: Any = None, *,
@@ -55,12 +59,21 @@ def enqueue_and_claim(ctx: Context, kind: str, payload: Any = None, *,
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         now = now_us()
         got = insert(ctx, conn, checked, now)
-        if isinstance(got, JobcoordError) or not got["created"] or worker is None:
+        if isinstance(got, JobcoordError) or not got["created"] or worker is None \
+                or not _token_live(ctx, conn, claimant.token_hash):
             return got if isinstance(got, JobcoordError) else {**got, "claimed": None}
         return {**got, "claimed": _claim_or_nothing(ctx, conn, worker, lease, kinds, now,
                                                     bound)}
 
     return ctx.db.write(_do, "enqueue_and_claim")
+
+
+def _token_live(ctx: Context, conn: Connection, token_hash: str | None) -> bool:
+    """No token named, or the named one exists and is not revoked."""
+    if token_hash is None:
+        return True
+    row = ctx.db.run(conn, fs.TOKEN_BY_HASH, {"hash": token_hash}).first()
+    return row is not None and row[5] is None
 
 
 def _claim_or_nothing(ctx: Context, conn: Connection, worker: str, lease: int,

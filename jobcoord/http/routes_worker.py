@@ -14,7 +14,7 @@ from .. import faults
 from ..artifacts.rules import ChecksElsewhere, checks_elsewhere, leases_kept
 from ..core.handover import Claimant
 from ..errors import Refused
-from ..tokens import Identity
+from ..tokens import Identity, hash_secret
 from .bodies import (
     CheckpointBody,
     ClaimBody,
@@ -99,13 +99,14 @@ async def claim(request: Request, caller: WorkerCaller, srv: Srv,
     woken: int | Handover = 0
     # The claim this poll makes, which a submission may make for it in its own transaction
     # while it waits (see routes_jobs.submit).
-    claimant = Claimant(worker, body.lease_s, body.kinds, who.tenant)
+    claimant = Claimant(worker, body.lease_s, body.kinds, who.tenant,
+                        token_hash=hash_secret(caller.token))
     gone: asyncio.Future[Any] | None = None
     made: dict[str, Any] | None = got
     try:
         while True:
-            answer = await _claim_round(request, srv, worker, body, who, claimant, end,
-                                        woken, gone, made, looked)
+            answer = await _claim_round(request, srv, caller, worker, body, who, claimant,
+                                        end, woken, gone, made, looked)
             made = None
             if isinstance(answer, tuple):
                 woken, gone = answer
@@ -142,8 +143,8 @@ def _took(got: dict[str, Any]) -> bool:
     return bool(got["claimed"]) if "claimed" in got else got["job"] is not None
 
 
-async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBody,
-                       who: Identity, claimant: Claimant, end: float,
+async def _claim_round(request: Request, srv: Server, caller: Caller, worker: str,
+                       body: ClaimBody, who: Identity, claimant: Claimant, end: float,
                        woken: int | Handover, gone: asyncio.Future[Any] | None,
                        made: dict[str, Any] | None = None, looked: int = 0) -> Any:
     """One claim of a long-poll (`made`: the first, already made with the token's lookup,
@@ -167,8 +168,10 @@ async def _claim_round(request: Request, srv: Server, worker: str, body: ClaimBo
         # heartbeat.
         got: dict[str, Any] = {"reason": "no_waiting_jobs"}
     else:
-        got = made if made is not None else await srv.call(_take, srv, worker, body,
-                                                            who.tenant)
+        # Each later claim looks the token up again (401 once revoked): a poll waiting
+        # since before a revocation must not take a job its worker can never report on.
+        got = made if made is not None else await srv.call_as(
+            caller, lambda again: _take(srv, worker_of(again), body, again.tenant))
         if _took(got):
             return got
     if woken:
