@@ -28,3 +28,9 @@ def safe_text(value: Any) -> str:
     every unsafe character is written as a visible escape (\\n, \\x1b, \\u2028). Applied to
     every piece of data in text output; JSON output carries the data unchanged."""
     return _UNSAFE.sub(_escape, str(value))
+
+
+def is_header_text(value: str) -> bool:
+    """Whether an HTTP header can carry `value` as it is: printable ASCII. (Other bytes are
+    read back as Latin-1 by the server's framework: `ключ` would arrive as another key.)"""
+    return value.isascii() and value.isprintable()

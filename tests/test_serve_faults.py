@@ -611,3 +611,52 @@ def test_requests_queued_for_a_server_thread_are_answered_503_within_their_budge
     assert max(took for _, _, took in answers) < 8.0, sorted(a[2] for a in answers)
     with Coordinator.open(target) as c:
         assert c.jobs()["jobs"] == []
+
+
+def test_a_submission_whose_answer_is_lost_is_sent_again_only_with_an_idempotency_key(
+        target: Target) -> None:
+    """The remote client sent every call again after a network error, a submission without
+    an idempotency key too: one `enqueue` whose answer a proxy cut after the commit made two
+    jobs. Without a key it is not sent again: the client says the answer was lost (the job
+    may exist); with a key it is, and the server answers with the same job."""
+    from jobcoord.errors import StorageUnavailable
+
+    secret = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0") as s:
+        proxy = DroppingProxy(s.port, b"POST /v1/jobs ", drops=2)
+        try:
+            with RemoteCoordinator(f"http://127.0.0.1:{proxy.port}", secret, timeout=10,
+                                   retry_s=15) as ci:
+                with pytest.raises(StorageUnavailable) as lost:
+                    ci.enqueue("unkeyed", {"once": True})
+                assert "idempotency key" in lost.value.message, lost.value.to_json()
+                got = ci.enqueue("keyed", {"once": True}, key="doc-42")
+                assert proxy.dropped == 2
+        finally:
+            proxy.close()
+        with Coordinator.open(target) as c:
+            kinds = sorted(j["kind"] for j in c.jobs()["jobs"])
+    assert kinds == ["keyed", "unkeyed"], kinds  # one job each, whatever was lost
+    assert got["created"] is False  # the answer to the key sent again: the same job
+
+
+def test_an_idempotency_key_a_header_cannot_carry_is_refused_not_garbled(
+        target: Target) -> None:
+    """A non-ASCII key (`ключ`) went into the header as UTF-8 and was stored as the Latin-1
+    reading of those bytes: the same key through the CLI and HTTP made two jobs, and the
+    remote client raised UnicodeEncodeError. HTTP refuses it (400) and the client says why
+    (InvalidInput), nothing stored."""
+    from jobcoord.errors import InvalidInput
+
+    secret = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0") as s:
+        with s.client(secret) as h:
+            resp = h.post("/v1/jobs", json={"kind": "k", "payload": {}},
+                          headers={"Idempotency-Key": "ключ".encode()})
+            assert resp.status_code == 400, resp.text
+            assert "Idempotency-Key" in resp.json()["error"]["message"]
+        with RemoteCoordinator(s.url, secret, timeout=10) as ci, \
+                pytest.raises(InvalidInput):
+            ci.enqueue("k", {}, key="ключ")
+    with Coordinator.open(target) as c:
+        assert c.jobs()["jobs"] == []

@@ -37,6 +37,7 @@ from ..core.items import (
 )
 from ..errors import DatabaseBusy, InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
+from ..text import is_header_text
 from .errors import error_from_response
 
 #: How long a call keeps retrying network errors before it says the server is unreachable;
@@ -170,13 +171,16 @@ class RemoteCoordinator:
         self.close()
 
     def _request(self, method: str, path: str, *, json: Any = None, retry: bool = True,
-                 timeout: float | None = None, headers: dict[str, str] | None = None,
+                 resend: bool = True, timeout: float | None = None,
+                 headers: dict[str, str] | None = None,
                  params: dict[str, Any] | None = None,
                  content: Callable[[], Iterator[bytes]] | None = None,
                  client: httpx.Client | None = None,
                  extensions: dict[str, Any] | None = None) -> httpx.Response:
         """One call; network errors (and 503) are retried with backoff for up to retry_s.
-        `content` makes a fresh body stream for each try."""
+        `content` makes a fresh body stream for each try. `resend` False: after a network
+        error once the request may have reached the server, it is not sent again (a
+        submission without an idempotency key would make a second job)."""
         end = time.monotonic() + self.retry_s
         delay = 0.05
         while True:
@@ -192,6 +196,11 @@ class RemoteCoordinator:
                 # A claim whose answer was lost may have leased a job we never heard of: it is
                 # not sent again (the lease expires and the job is offered again). Everything
                 # else is safe to repeat: fenced by epoch, or answered as already accepted.
+                if not resend and not isinstance(e, httpx.ConnectError | httpx.ConnectTimeout):
+                    raise StorageUnavailable(
+                        "server_unreachable", f"the answer from {self.server} was lost "
+                        f"({type(e).__name__}: {e}): the job may have been created; submit "
+                        "with an idempotency key to make sending it again safe") from None
                 if not retry or time.monotonic() + delay >= end:
                     raise StorageUnavailable(
                         "server_unreachable", f"cannot reach {self.server}: "
@@ -441,9 +450,15 @@ class RemoteCoordinator:
 
     def enqueue(self, kind: str, payload: Any = None, *, key: str | None = None,
                 **options: Any) -> dict[str, Any]:
+        if key is not None and not (isinstance(key, str) and is_header_text(key)):
+            raise InvalidInput("invalid_input", "key: over HTTP an idempotency key is "
+                               "printable ASCII text (an HTTP header carries no other)",
+                               field="key")
         headers = {"Idempotency-Key": key} if key is not None else None
+        # Sent again after a lost answer only with a key: the server then answers with the
+        # job the first sending made; without one, a second job.
         return self._call("POST", "/v1/jobs", {"kind": kind, "payload": payload, **options},
-                          headers=headers)
+                          headers=headers, resend=key is not None)
 
     def show(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{int(job_id)}")

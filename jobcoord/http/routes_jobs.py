@@ -8,6 +8,8 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Header, Query, Response
 
 from .. import __version__
+from ..errors import InvalidInput
+from ..text import is_header_text
 from ..tokens import Identity
 from .bodies import JSONRoute, SubmitBody
 from .deps import Anyone, JobId, Reader, Srv, SubmitterCaller, scope, strict
@@ -49,6 +51,11 @@ async def submit(body: SubmitBody, response: Response, caller: SubmitterCaller, 
 
     def enqueue(who: Identity, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         # In the pool call that looks the token up: the job goes to the token's tenant.
+        if idempotency_key is not None and not is_header_text(idempotency_key):
+            # The framework reads a header's bytes as Latin-1: a UTF-8 key would be stored
+            # as another key, and the same key sent through the CLI would make a second job.
+            raise InvalidInput("invalid_input", "Idempotency-Key: must be printable ASCII "
+                               "(an HTTP header carries no other text)", field="key")
         return fn(*args, tenant=who.tenant or DEFAULT_TENANT, **fields, **kwargs)
 
     taken = None
