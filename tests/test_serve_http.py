@@ -451,3 +451,30 @@ def test_serve_answers_an_unwritable_database_directory_with_503_or_success(
         finally:
             os.chmod(os.path.dirname(path), 0o700)
         assert http.post("/v1/jobs", json={"kind": "k"}).status_code == 201
+
+
+def test_the_remote_client_refuses_what_json_cannot_carry_as_the_coordinator_does(
+        target: Target) -> None:
+    """NaN, a set, an object JSON cannot write: the local Coordinator raises InvalidInput,
+    the remote client raised ValueError or TypeError from its HTTP library (a remote
+    worker's handler saving NaN in a checkpoint ended its job with a bare ValueError).
+    InvalidInput, as locally, with nothing sent or changed."""
+    from jobcoord.errors import InvalidInput
+    from jobcoord.http.client import RemoteCoordinator
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("k", {})["job_id"]
+    with served(target, "--reap-every", "0") as s, RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings={"memory_used_pct": 10})
+        epoch = wa.claim("wa", wait=0)["lease"]["epoch"]
+        with Coordinator.open(target) as c:
+            before = dump(c)
+        for call in (lambda: wa.complete(job, "wa", epoch, float("nan")),
+                     lambda: wa.complete(job, "wa", epoch, {1, 2}),
+                     lambda: wa.checkpoint(job, "wa", epoch, "step", {"v": float("inf")}),
+                     lambda: wa.heartbeat("wa", readings={"memory_used_pct": float("nan")})):
+            with pytest.raises(InvalidInput):
+                call()
+        with Coordinator.open(target) as c:
+            assert dump(c) == before

@@ -183,15 +183,23 @@ class RemoteCoordinator:
         submission without an idempotency key would make a second job)."""
         end = time.monotonic() + self.retry_s
         delay = 0.05
+        http = client or self._client
         while True:
             try:
-                resp = (client or self._client).request(
+                request = http.build_request(
                     method, path, json=json, headers=headers, params=params,
                     extensions=extensions,
                     content=None if content is None else content(),
                     # (None would switch timeouts off: the client's default applies instead)
                     timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
                              else httpx.Timeout(timeout)))
+            except (TypeError, ValueError, RecursionError) as e:
+                # What JSON cannot carry (NaN, a set, nesting past the encoder): refused as
+                # the Coordinator refuses it, nothing sent.
+                raise InvalidInput("invalid_input", f"the request cannot be sent as JSON: "
+                                   f"{type(e).__name__}: {e}") from None
+            try:
+                resp = http.send(request)
             except httpx.TransportError as e:
                 # A claim whose answer was lost may have leased a job we never heard of: it is
                 # not sent again (the lease expires and the job is offered again). Everything
