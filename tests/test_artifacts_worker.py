@@ -185,6 +185,15 @@ def test_a_batched_workers_other_completions_keep_their_leases_during_artifact_c
         assert shown["status"] == "succeeded" and shown["attempts"] == 1, shown
 
 
+def shell_validator_policy(tmp_path: Path, script: str) -> Path:
+    """A policy file whose `report` kind is checked by this shell script."""
+    checker = tmp_path / "check.sh"
+    checker.write_text(script)
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[artifacts.kinds.report]\nvalidator = ["sh", "{checker}"]\n')
+    return policy
+
+
 def test_a_validator_and_its_children_die_with_a_worker_killed_during_the_checks(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """A kind's validator runs while the completion checks the artifacts. A worker
@@ -199,10 +208,7 @@ def test_a_validator_and_its_children_die_with_a_worker_killed_during_the_checks
     install(sqlite_target)
     c.features.add("artifacts")
     pids = tmp_path / "pids"
-    checker = tmp_path / "check.sh"
-    checker.write_text(f"sleep 120 &\necho $$ $! > '{pids}'\nwait\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f'[artifacts.kinds.report]\nvalidator = ["sh", "{checker}"]\n')
+    policy = shell_validator_policy(tmp_path, f"sleep 120 &\necho $$ $! > '{pids}'\nwait\n")
     c.enqueue("report", {"title": "Checked"})
     w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
               env={"JOBCOORD_POLICY": str(policy)})
@@ -409,10 +415,7 @@ def test_a_worker_stopped_during_a_completions_artifact_checks_exits_in_its_grac
     install(sqlite_target)
     c.features.add("artifacts")
     pids = tmp_path / "pids"
-    checker = tmp_path / "check.sh"
-    checker.write_text(f"echo $$ > '{pids}'\nsleep 60\n")
-    policy = tmp_path / "policy.toml"
-    policy.write_text(f'[artifacts.kinds.report]\nvalidator = ["sh", "{checker}"]\n')
+    policy = shell_validator_policy(tmp_path, f"echo $$ > '{pids}'\nsleep 60\n")
     job = c.enqueue("report", {"title": "Checked"})["job_id"]
     w = start("--exec", f"report={PY} examples/report_cmd.py", "--grace", "1",
               "--kill-grace", "1", "--lease", "120", env={"JOBCOORD_POLICY": str(policy)})
