@@ -59,19 +59,23 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                                  r[2], {"name": r[3], "digest": r[4], "reason": "attempt_ended"})
             return len(rows)
         ended = coord.db.write(_end, "artifact gc")
+    # A dry run counts as gone the stages it would reject (their objects would go).
+    referenced = fs.REFERENCED_AFTER_END if dry_run else fs.REFERENCED_DIGESTS
+
+    def _live() -> set[str]:
+        return coord.db.read(lambda conn: {r[0] for r in coord.db.run(conn, referenced).all()},
+                             "artifact gc")
+
     removed, kept_young, freed = [], 0, 0
     if dry_run and not os.path.isdir(store.root):
         # Nothing is stored there yet; a dry run must not create the store to find that out.
-        live = coord.db.read(lambda conn: {r[0] for r in coord.db.run(
-            conn, fs.REFERENCED_AFTER_END).all()}, "artifact gc")
-        return _report(True, ended, removed, freed, kept_young, live, {"removed": 0,
+        return _report(True, ended, removed, freed, kept_young, _live(), {"removed": 0,
                        "bytes_removed": 0}, store)
     with gc_lock(store, exclusive=True):
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
-        # A dry run counts as gone the stages it would reject (their objects would go).
-        live = coord.db.read(lambda conn: {r[0] for r in coord.db.run(
-            conn, fs.REFERENCED_AFTER_END if dry_run else fs.REFERENCED_DIGESTS).all()},
-            "artifact gc")
+        # Read after listing, under the lock: an object listed is either referenced by now
+        # or old enough to be nobody's upload in flight.
+        live = _live()
         cutoff = time.time() - grace_s
         for digest, size in candidates:
             if digest in live:
