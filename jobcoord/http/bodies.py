@@ -161,29 +161,25 @@ ERRORS = error_responses(
 )
 
 
-def once_each(request: Request) -> None:
-    """InvalidInput unless each query parameter is given at most once: of `?limit=1&limit=500`
-    the framework would take the last, and which one a client meant is nobody's guess."""
-    keys = [key for key, _ in request.query_params.multi_items()]
-    if len(keys) != len(set(keys)):
-        from ..errors import InvalidInput
-
-        twice = next(key for key in keys if keys.count(key) > 1)
-        raise InvalidInput("invalid_input", f"query parameter {twice[:80]!r} is given more "
-                           "than once")
-
-
 #: Headers a request may give once: of two, the framework reads the first, and which one a
 #: client meant (which token; which idempotency key) is nobody's guess.
 SINGLE_HEADERS = ("authorization", "idempotency-key")
 
 
-def once_each_header(request: Request) -> None:
-    """InvalidInput if a header of SINGLE_HEADERS is given more than once."""
+def given_once(request: Request) -> None:
+    """InvalidInput unless each query parameter, and each header of SINGLE_HEADERS, is given
+    at most once: of `?limit=1&limit=500` the framework would take the last, of two
+    Authorization headers the first, and which one a client meant is nobody's guess."""
+    from ..errors import InvalidInput
+
+    if request.scope.get("query_string"):
+        keys = [key for key, _ in request.query_params.multi_items()]
+        twice = next((key for key in keys if keys.count(key) > 1), None)
+        if twice is not None:
+            raise InvalidInput("invalid_input", f"query parameter {twice[:80]!r} is given "
+                               "more than once")
     for name in SINGLE_HEADERS:
         if len(request.headers.getlist(name)) > 1:
-            from ..errors import InvalidInput
-
             shown = "-".join(part.capitalize() for part in name.split("-"))
             raise InvalidInput("invalid_input", f"header {shown} is given more than once")
 
@@ -200,9 +196,7 @@ class JSONRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def route(request: Request) -> Response:
-            if request.scope.get("query_string"):
-                once_each(request)
-            once_each_header(request)
+            given_once(request)
             try:
                 return await handler(request)
             except HTTPException as e:
