@@ -112,8 +112,14 @@ def authenticate(db: Any, secret: str) -> Identity | None:
     if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET:
         return None
     digest = hash_secret(secret)
-    row = db.read(lambda conn: db.run(conn, fs.TOKEN_BY_HASH, {"hash": digest}).first(),
-                  "authenticate")
+    return db.read(lambda conn: live_identity(db, conn, digest), "authenticate")
+
+
+def live_identity(db: Any, conn: Connection, digest: str) -> Identity | None:
+    """The identity of the live token with this hash, read in the open transaction; None for
+    an unknown or revoked one. The one place a token's liveness is judged: a request's
+    authentication, a waiting long-poll's handover, a dashboard session."""
+    row = db.run(conn, fs.TOKEN_BY_HASH, {"hash": digest}).first()
     # The lookup is by hash (an attacker cannot steer it byte by byte); the final comparison
     # is constant-time all the same.
     if row is None or not hmac.compare_digest(row[4], digest) or row[5] is not None:

@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 from .. import validate as v
 from ..clock import now_us
 from ..errors import JobcoordError
-from ..store import feature_statements as fs
+from ..tokens import live_identity
 from .claim import claim_in
 from .common import DEFAULT_TENANT, NO_KINDS, Context, lease_us
 from .submit import JobSpec, check_spec, insert
@@ -70,10 +70,7 @@ def enqueue_and_claim(ctx: Context, kind: str, payload: Any = None, *,
 
 def _token_live(ctx: Context, conn: Connection, token_hash: str | None) -> bool:
     """No token named, or the named one exists and is not revoked."""
-    if token_hash is None:
-        return True
-    row = ctx.db.run(conn, fs.TOKEN_BY_HASH, {"hash": token_hash}).first()
-    return row is not None and row[5] is None
+    return token_hash is None or live_identity(ctx.db, conn, token_hash) is not None
 
 
 def _claim_or_nothing(ctx: Context, conn: Connection, worker: str, lease: int,

@@ -40,9 +40,6 @@ REVOKE_TOKEN = SQL(update(tokens).where(T.name == P("name"), T.revoked_at.is_(No
 TOKEN_BY_HASH = SQL(select(T.name, T.role, T.tenant, T.worker_id, T.token_hash, T.revoked_at)
                     .where(T.token_hash == P("hash")))
 #: A token by its hash, for the dashboard's login.
-SESSION_TOKEN = SQL(select(T.name, T.role, T.tenant, T.revoked_at, T.token_hash)
-                    .where(T.token_hash == P("hash")))
-
 # --- artifacts ------------------------------------------------------------------------------
 
 #: Every column of an artifact row, in the order `rules._row` reads them.

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import Request
 
 from ...errors import InvalidInput
+from ...tokens import Identity, live_identity
 
 COOKIE = "jobcoord_session"
 #: A session lasts this long without use.
@@ -93,7 +94,7 @@ class Sessions:
             with self.lock:
                 self.by_id.pop(sid or "", None)
             raise NotLoggedIn
-        return Viewer(name=row[0], role=row[1], tenant=row[2], csrf=session.csrf)
+        return Viewer(name=row.name, role=row.role, tenant=row.tenant, csrf=session.csrf)
 
     def end(self, sid: str | None, csrf: str) -> None:
         """Log out, when the form carries this session's CSRF token."""
@@ -103,17 +104,10 @@ class Sessions:
                 self.by_id.pop(sid or "", None)
 
 
-def token_by_hash(db: Any, token_hash: str) -> Any:
-    """The live viewer or operator token with this hash: (name, role, tenant, ...), or None."""
-    from ...store import feature_statements as fs
-
-    row = db.read(lambda conn: db.run(conn, fs.SESSION_TOKEN, {"hash": token_hash}).first(),
-                  "ui session")
-    if row is None or row[3] is not None or not hmac.compare_digest(row[4], token_hash):
-        return None
-    if row[1] not in ("viewer", "operator"):
-        return None
-    return row
+def token_by_hash(db: Any, token_hash: str) -> Identity | None:
+    """The live viewer or operator token with this hash, or None."""
+    ident = db.read(lambda conn: live_identity(db, conn, token_hash), "ui session")
+    return ident if ident is not None and ident.role in ("viewer", "operator") else None
 
 
 async def form(request: Request) -> dict[str, str]:
