@@ -5,14 +5,14 @@ its own answer."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import now_us
-from ..errors import InvalidInput, JobcoordError, Refused
+from ..errors import JobcoordError, Refused
 from ..store import statements as sql
 from .common import Context, as_bool
 from .fencing import (
@@ -29,46 +29,18 @@ from .fencing import (
     sent_again,
     with_plan,
 )
-from .items import MAX_BATCH, checked_item, earlier_in_batch
-
-#: The fields of one item, required first.
-COMPLETE_FIELDS = ("job_id", "worker_id", "epoch", "result", "provenance", "tenant")
-FAIL_FIELDS = ("job_id", "worker_id", "epoch", "error", "permanent", "reason", "tenant",
-               "effect_not_applied")
-REQUIRED = ("job_id", "worker_id", "epoch")
+from .items import (
+    COMPLETE_FIELDS,
+    FAIL_FIELDS,
+    REQUIRED,
+    batch_items,
+    checked_item,
+    earlier_in_batch,
+)
 
 Step = Callable[[Connection], Any]
 #: An accepted item's end (end_running's parameters, reason, worker, detail) and answer.
 Accept = Callable[[Connection, Any, Any, int], tuple[dict[str, Any], dict[str, Any]]]
-
-
-def _items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
-           ) -> list[Mapping[str, Any]]:
-    """The batch argument: a non-empty list (or other iterable) of mappings with known
-    fields, at most MAX_BATCH of them."""
-    optional = ", ".join(f for f in fields if f not in required)
-    usage = (f"items: give a list of 1..{MAX_BATCH} mappings with {', '.join(required)} "
-             f"(and optionally {optional})")
-    if isinstance(items, str | bytes | bytearray | Mapping) or items is None:
-        raise InvalidInput("invalid_input", usage, field="items")
-    try:
-        out = list(items)
-    except TypeError:
-        raise InvalidInput("invalid_input", usage, field="items") from None
-    if not 1 <= len(out) <= MAX_BATCH:
-        raise InvalidInput("invalid_input", f"{usage}; got {len(out)}", field="items")
-    for i, item in enumerate(out):
-        if not isinstance(item, Mapping):
-            raise InvalidInput("invalid_input", f"items[{i}] is not a mapping; {usage}",
-                               field="items")
-        unknown = sorted(str(k) for k in item if k not in fields)
-        missing = [f for f in required if f not in item]
-        if unknown or missing:
-            raise InvalidInput("invalid_input", f"items[{i}]: "
-                               + (f"unknown {', '.join(unknown)}; " if unknown else "")
-                               + (f"missing {', '.join(missing)}; " if missing else "")
-                               + usage, field="items")
-    return out
 
 
 def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
@@ -175,7 +147,7 @@ def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
     Returns {"results": [...], "accepted": n, "refused": m}: per item, in the order given,
     complete's answer, or {"job_id": ..., "error": {"code", "message", "details"}} for a
     refused one (recorded as its own `complete_refused` event, as `complete` records it)."""
-    checked = _items(items, COMPLETE_FIELDS, REQUIRED)
+    checked = batch_items(items, COMPLETE_FIELDS, REQUIRED)
     # Every item valid first (bad input refuses the batch and changes nothing); then each
     # item's staged artifacts are verified, and one that fails is that item's refusal only
     # (its attempt failed, as a single completion's), never the batch's.
@@ -208,7 +180,7 @@ def fail_many(ctx: Context, items: Any) -> dict[str, Any]:
 
     Returns {"results": [...], "accepted": n, "refused": m} in the shape of complete_many,
     each accepted answer the one `fail` gives."""
-    checked = _items(items, FAIL_FIELDS, (*REQUIRED, "error"))
+    checked = batch_items(items, FAIL_FIELDS, (*REQUIRED, "error"))
     parts = [checked_item(i, lambda it=it: failure_parts(
         it["job_id"], it["worker_id"], it["epoch"], it["error"],
         permanent=it.get("permanent", False), reason=it.get("reason", "failed"),

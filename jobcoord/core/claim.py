@@ -15,8 +15,8 @@ from ..policy import GateDecision, Readings, evaluate
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
-from .common import NO_KINDS, Context, as_bool, lease_us, record_event
-from .items import MAX_BATCH
+from .common import Context, as_bool, lease_us, record_event
+from .items import MAX_BATCH, NO_KINDS
 from .workers import claiming_row, unreadable_detail
 
 T = TypeVar("T")

@@ -17,7 +17,6 @@ from ..store.base import Database
 from .items import job_and_epoch
 
 DEFAULT_TENANT = "default"
-NO_KINDS = "give at least one kind, or leave it out to take any kind"
 
 
 class Context(Protocol):

@@ -16,8 +16,8 @@ from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
 from .claim import answer, claim_in, past_damaged
-from .common import NO_KINDS, Context, as_bool, fenced_args, lease_us, record_event
-from .items import completion_texts
+from .common import Context, as_bool, fenced_args, lease_us, record_event
+from .items import NO_KINDS, completion_texts
 
 
 def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epoch: int,

@@ -13,7 +13,8 @@ from ..clock import now_us
 from ..errors import JobcoordError
 from ..tokens import live_identity
 from .claim import claim_in
-from .common import DEFAULT_TENANT, NO_KINDS, Context, lease_us
+from .common import DEFAULT_TENANT, Context, lease_us
+from .items import NO_KINDS
 from .submit import JobSpec, check_spec, insert
 
 

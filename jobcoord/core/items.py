@@ -15,8 +15,46 @@ T = TypeVar("T")
 #: The most jobs one claim_many (or complete_many, fail_many) call handles: one write
 #: transaction must stay short, whatever a caller asks for.
 MAX_BATCH = 1000
+#: The refusal of an empty list of kinds (a worker that takes no kind would take nothing).
+NO_KINDS = "give at least one kind, or leave it out to take any kind"
 #: The largest stored provenance of a completion.
 MAX_PROVENANCE_BYTES = 64 * 1024
+
+
+#: The fields of one item, required first.
+COMPLETE_FIELDS = ("job_id", "worker_id", "epoch", "result", "provenance", "tenant")
+FAIL_FIELDS = ("job_id", "worker_id", "epoch", "error", "permanent", "reason", "tenant",
+               "effect_not_applied")
+REQUIRED = ("job_id", "worker_id", "epoch")
+
+def batch_items(items: Any, fields: tuple[str, ...], required: tuple[str, ...]
+           ) -> list[Mapping[str, Any]]:
+    """The batch argument: a non-empty list (or other iterable) of mappings with known
+    fields, at most MAX_BATCH of them (the Coordinator's check, and the remote client's
+    before it sends anything)."""
+    optional = ", ".join(f for f in fields if f not in required)
+    usage = (f"items: give a list of 1..{MAX_BATCH} mappings with {', '.join(required)} "
+             f"(and optionally {optional})")
+    if isinstance(items, str | bytes | bytearray | Mapping) or items is None:
+        raise InvalidInput("invalid_input", usage, field="items")
+    try:
+        out = list(items)
+    except TypeError:
+        raise InvalidInput("invalid_input", usage, field="items") from None
+    if not 1 <= len(out) <= MAX_BATCH:
+        raise InvalidInput("invalid_input", f"{usage}; got {len(out)}", field="items")
+    for i, item in enumerate(out):
+        if not isinstance(item, Mapping):
+            raise InvalidInput("invalid_input", f"items[{i}] is not a mapping; {usage}",
+                               field="items")
+        unknown = sorted(str(k) for k in item if k not in fields)
+        missing = [f for f in required if f not in item]
+        if unknown or missing:
+            raise InvalidInput("invalid_input", f"items[{i}]: "
+                               + (f"unknown {', '.join(unknown)}; " if unknown else "")
+                               + (f"missing {', '.join(missing)}; " if missing else "")
+                               + usage, field="items")
+    return out
 
 
 def job_and_epoch(job_id: Any, epoch: Any) -> tuple[int, int]:

@@ -15,7 +15,8 @@ from ..clock import MICROS, now_us
 from ..errors import InvalidInput
 from ..policy import GateDecision, Readings, evaluate
 from ..store import statements as sql
-from .common import NO_KINDS, Context, as_bool
+from .common import Context, as_bool
+from .items import NO_KINDS
 
 
 def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = None,

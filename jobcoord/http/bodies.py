@@ -112,6 +112,9 @@ class FailBody(EpochBody):
     error: str
     permanent: Flag = False
     reason: str = "failed"
+    #: The attempt had marked its effect, and says the effect did not happen after all: the
+    #: normal retry path is taken (docs/guarantees.md, effects).
+    effect_not_applied: Flag = False
 
 
 class CheckpointBody(EpochBody):

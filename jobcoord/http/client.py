@@ -21,15 +21,19 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
 
 from .. import leftovers
+from .. import validate as v
 from ..artifacts.names import media_type_of, validate_name
 from ..core.items import (
-    MAX_BATCH,
+    COMPLETE_FIELDS,
+    NO_KINDS,
+    REQUIRED,
+    batch_items,
     checked_item,
     completion_texts,
     earlier_in_batch,
@@ -253,7 +257,7 @@ class RemoteCoordinator:
     def heartbeat(self, worker_id: str, *, roles: Any = None, readings: Any = None,
                   kinds: Any = None) -> dict[str, Any]:
         return self._call("POST", "/v1/heartbeat", {
-            "roles": list(roles or ()), "kinds": None if kinds is None else list(kinds),
+            "roles": [] if roles is None else v.names(roles, "role"), "kinds": _kinds(kinds),
             "readings": readings})
 
     def _claims_for(self, tenant: str | None) -> None:
@@ -272,7 +276,7 @@ class RemoteCoordinator:
         self._claims_for(tenant)
         wait = self.claim_wait if wait is None else wait
         got = self._poll({
-            "lease_s": lease_s, "kinds": None if kinds is None else list(kinds), "wait": wait},
+            "lease_s": lease_s, "kinds": _kinds(kinds), "wait": wait},
             wait)
         if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"job": None, "reason": "no_waiting_jobs",
@@ -287,7 +291,7 @@ class RemoteCoordinator:
         self._claims_for(tenant)
         wait = self.claim_wait if wait is None else wait
         got = self._poll({
-            "n": n, "lease_s": lease_s, "kinds": None if kinds is None else list(kinds),
+            "n": n, "lease_s": lease_s, "kinds": _kinds(kinds),
             "wait": wait}, wait)
         if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"claimed": [], "reason": "no_waiting_jobs",
@@ -302,12 +306,9 @@ class RemoteCoordinator:
         is sent in parts (one item alone is within it, as a single completion is), after
         every item was checked as the core checks it: a group holding one bad item is
         refused whole, as the core refuses it, and nothing is sent."""
-        if not isinstance(items, list | tuple) or not 1 <= len(items) <= MAX_BATCH:
-            raise InvalidInput("invalid_input", f"items: give a list of 1..{MAX_BATCH} "
-                               "completions", field="items")
+        checked = batch_items(items, COMPLETE_FIELDS, REQUIRED)
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
-                 "provenance": (None if it.get("provenance") is None
-                                else dict(it["provenance"]))} for it in items]
+                 "provenance": _object(it.get("provenance"))} for it in checked]
         with self._checks_timeout([(it["job_id"], it["epoch"]) for it in body]) as timeout:
             try:
                 return self._call("POST", "/v1/completions", {"items": body},
@@ -338,7 +339,7 @@ class RemoteCoordinator:
 
     def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
               tenant: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{int(job_id)}/renew",
+        return self._call("POST", f"/v1/jobs/{_job(job_id)}/renew",
                           {"epoch": epoch, "lease_s": lease_s})
 
     def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
@@ -346,9 +347,9 @@ class RemoteCoordinator:
         # Sent again after a lost answer, the server says `already_accepted` when this very
         # epoch's result was the one it kept: never a false failure.
         with self._checks_timeout([(job_id, epoch)]) as timeout:
-            return self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
+            return self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
                               {"epoch": epoch, "result": result,
-                               "provenance": None if provenance is None else dict(provenance)},
+                               "provenance": _object(provenance)},
                               timeout=timeout)
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
@@ -363,10 +364,10 @@ class RemoteCoordinator:
         lease) while nothing touched it since; else a refusal: the worker claims the usual
         way."""
         with self._checks_timeout([(job_id, epoch)]) as timeout:
-            got = self._call("POST", f"/v1/jobs/{int(job_id)}/complete",
+            got = self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
                              {"epoch": epoch, "result": result, "claim_next": True,
                               "lease_s": lease_s,
-                              "provenance": None if provenance is None else dict(provenance)},
+                              "provenance": _object(provenance)},
                              timeout=timeout)
         nxt = got.pop("next", None)
         if nxt is None:
@@ -375,19 +376,19 @@ class RemoteCoordinator:
         return {"completed": got, "next": nxt}
 
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
-             permanent: bool = False, reason: str = "failed", tenant: str | None = None
-             ) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{int(job_id)}/fail",
+             permanent: bool = False, reason: str = "failed", tenant: str | None = None,
+             effect_not_applied: bool = False) -> dict[str, Any]:
+        return self._call("POST", f"/v1/jobs/{_job(job_id)}/fail",
                           {"epoch": epoch, "error": error, "permanent": permanent,
-                           "reason": reason})
+                           "reason": reason, "effect_not_applied": effect_not_applied})
 
     def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
                     tenant: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{int(job_id)}/effect", {"epoch": epoch})
+        return self._call("POST", f"/v1/jobs/{_job(job_id)}/effect", {"epoch": epoch})
 
     def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str, data: Any = None,
                    *, tenant: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{int(job_id)}/checkpoint",
+        return self._call("POST", f"/v1/jobs/{_job(job_id)}/checkpoint",
                           {"epoch": epoch, "name": name, "data": data})
 
     def put_artifact(self, job_id: int, worker_id: str, epoch: int, name: str, source: Any,
@@ -402,7 +403,7 @@ class RemoteCoordinator:
         name = validate_name(name)
         params: dict[str, Any] = {"epoch": epoch, "media_type": media_type_of(media_type, name)}
         with _spooled(source) as (chunks, digest, size):
-            path = (f"/v1/jobs/{int(job_id)}/artifacts/"
+            path = (f"/v1/jobs/{_job(job_id)}/artifacts/"
                     f"{urllib.parse.quote(name, safe='')}")
             resp = self._request("PUT", path, params=params, content=chunks, headers={
                 "X-Content-Digest": digest, "Content-Type": "application/octet-stream",
@@ -414,7 +415,7 @@ class RemoteCoordinator:
         with self._lock:
             if len(self._uploaded) >= 10_000:  # attempts that never completed (leases lost)
                 self._uploaded.clear()
-            self._uploaded.add((int(job_id), int(epoch)))
+            self._uploaded.add(job_and_epoch(job_id, epoch))
         return dict(data or {})
 
     @contextlib.contextmanager
@@ -427,8 +428,8 @@ class RemoteCoordinator:
         completion it could not take (unreachable, busy) is sent again and waits again."""
         keys = set()
         for job_id, epoch in attempts:
-            with contextlib.suppress(TypeError, ValueError):  # (the server refuses those)
-                keys.add((int(job_id), int(epoch)))
+            with contextlib.suppress(InvalidInput):  # (the server refuses those)
+                keys.add(job_and_epoch(job_id, epoch))
         with self._lock:
             found = not keys.isdisjoint(self._uploaded)
         try:
@@ -468,8 +469,25 @@ class RemoteCoordinator:
         return self._call("POST", "/v1/jobs", {"kind": kind, "payload": payload, **options},
                           headers=headers, resend=key is not None)
 
-    def show(self, job_id: int) -> dict[str, Any]:
-        return self._call("GET", f"/v1/jobs/{int(job_id)}")
+    def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{_job(job_id)}")
+
+
+def _job(job_id: Any) -> int:
+    """A job id for a path, checked as the Coordinator checks it."""
+    return v.whole(job_id, "job_id", 1, 2**62)
+
+
+def _kinds(kinds: Any) -> list[str] | None:
+    """The kinds a claim takes, checked as the Coordinator checks them (a bare string is
+    one kind, never its letters)."""
+    return None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+
+
+def _object(value: Any) -> Any:
+    """A mapping as a JSON object; anything else as it is, for the server to judge (a
+    provenance that is not an object is its `invalid_input`, as the Coordinator's)."""
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 CHUNK = 1 << 20
@@ -519,6 +537,9 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
     try:
         with os.fdopen(fd, "wb") as out:
             while block := source.read(CHUNK):
+                if not isinstance(block, bytes | bytearray | memoryview):
+                    raise InvalidInput("invalid_input", f"source gave {type(block).__name__}"
+                                       ", not bytes: open the file in binary mode ('rb')")
                 out.write(block)
         digest, size = hashed(path)
         yield from_file(path), digest, size

@@ -328,7 +328,8 @@ def _fail(coordinator: Any, job_id: int, worker: str, body: FailBody, tenant: st
     that epoch (its reason, error and `permanent`) was the failure recorded."""
     try:
         return coordinator.fail(job_id, worker, body.epoch, body.error,
-                                permanent=body.permanent, reason=body.reason, tenant=tenant)
+                                permanent=body.permanent, reason=body.reason, tenant=tenant,
+                                effect_not_applied=body.effect_not_applied)
     except Refused as e:
         if e.code == "job_not_found":
             raise

@@ -1,0 +1,145 @@
+"""Every input the remote client (RemoteCoordinator) accepts either works or is refused as a
+JobcoordError, as the Coordinator's own methods are: never a TypeError, KeyError or
+ValueError of the client's plumbing. Against a real `jobcoord serve`; a call refused as
+invalid input changes nothing on the server."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jobcoord.db import Target
+from jobcoord.errors import InvalidInput, JobcoordError
+from jobcoord.http.client import RemoteCoordinator
+from jobcoord.service import Coordinator
+from tests.conftest import dump
+from tests.serve_procs import served, token
+from tests.test_api_arguments import EPOCH, JOB, METHODS, OMIT, WORKER, arg
+from tests.test_artifacts_rules import install
+from tests.timeline import IDLE_ON_AC
+
+#: The Coordinator's methods the client has, with the same argument strategies, and its own.
+REMOTE = {name: METHODS[name] for name in (
+    "enqueue", "heartbeat", "claim", "claim_many", "complete", "complete_and_claim", "fail",
+    "complete_many", "renew", "mark_effect", "checkpoint", "show")}
+REMOTE["put_artifact"] = (
+    [JOB, WORKER, EPOCH, arg("out.txt", "a b#?%.txt", optional=False),
+     arg(b"bytes", optional=False)], {"media_type": arg(None, "text/plain")})
+
+
+@st.composite
+def calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
+    method = draw(st.sampled_from(sorted(REMOTE)))
+    positional, keywords = REMOTE[method]
+    args = [draw(s) for s in positional]
+    while args and args[-1] is OMIT:
+        args.pop()
+    args = [None if a is OMIT else a for a in args]
+    kwargs = {k: v for k, v in ((k, draw(s)) for k, s in keywords.items()) if v is not OMIT}
+    return method, args, kwargs
+
+
+def _serving(target: Target) -> tuple[str, Coordinator]:
+    install(target)
+    secret = token(target, "w1", "worker", worker="w1")
+    coord = Coordinator.open(target)
+    for kind in ("k", "j", "k"):
+        coord.enqueue(kind, {})
+    return secret, coord
+
+
+def test_every_client_method_either_works_or_refuses_input(target: Target) -> None:
+    secret, coord = _serving(target)
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        remote.claim("w1", lease_s=600)
+
+        @settings(max_examples=300, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))
+        @given(call=calls())
+        def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
+            method, args, kwargs = call
+            before = dump(coord)
+            try:
+                getattr(remote, method)(*args, **kwargs)
+            except InvalidInput:
+                assert dump(coord) == before, f"refused {method} changed the database"
+            except JobcoordError:
+                pass
+
+        check_one()
+
+
+def test_what_the_client_refuses_itself_is_invalid_input_and_changes_nothing(
+        target: Target) -> None:
+    """The reproductions: each raised a plain Python error in the client before."""
+    secret, coord = _serving(target)
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        got = remote.claim("w1", lease_s=600)
+        job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+        before = dump(coord)
+        refused = {
+            "complete_many([1])": lambda: remote.complete_many([1]),
+            "an item without its epoch": lambda: remote.complete_many([{"job_id": job}]),
+            "an item with an unknown field": lambda: remote.complete_many(
+                [{"job_id": job, "worker_id": "w1", "epoch": epoch, "colour": 1}]),
+            "renew('1x')": lambda: remote.renew("1x", "w1", epoch),  # type: ignore[arg-type]
+            "show(None)": lambda: remote.show(None),  # type: ignore[arg-type]
+            "a job id of 2**70": lambda: remote.complete(2**70, "w1", epoch),
+            "provenance='abc'": lambda: remote.complete(job, "w1", epoch, provenance="abc"),
+            "an item's provenance 'abc'": lambda: remote.complete_many(
+                [{"job_id": job, "worker_id": "w1", "epoch": epoch, "provenance": "abc"}]),
+            "a text stream": lambda: remote.put_artifact(job, "w1", epoch, "out.txt",
+                                                         io.StringIO("text")),
+        }
+        for what, call in refused.items():
+            try:
+                call()
+            except InvalidInput:
+                pass
+            except Exception as e:
+                raise AssertionError(f"{what}: {type(e).__name__}: {e}") from None
+            else:
+                raise AssertionError(f"{what}: accepted")
+            assert dump(coord) == before, what
+        # The same job still completes.
+        assert remote.complete(job, "w1", epoch, {"ok": 1})["status"] == "succeeded"
+
+
+
+def test_a_remote_failure_saying_its_effect_did_not_happen_takes_the_retry_path(
+        target: Target) -> None:
+    """`fail(..., effect_not_applied=True)` over HTTP, as in the Python API and the CLI: the
+    job waits again (without it, an attempt that marked its effect ends `unknown`)."""
+    secret, coord = _serving(target)
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        ends = []
+        for flag in (True, False):
+            got = remote.claim("w1", lease_s=600)
+            job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+            remote.mark_effect(job, "w1", epoch)
+            out = remote.fail(job, "w1", epoch, "refused before sending",
+                              effect_not_applied=flag)
+            ends.append((out["status"],
+                         coord.show(job)["events"][-1]["detail"].get("effect_not_applied")))
+        assert ends == [("waiting", True), ("unknown", None)], ends
+
+
+def test_a_bare_string_is_one_role_or_kind_over_http_too(target: Target) -> None:
+    """As in every Coordinator method: `roles="gpu"` is the role gpu, not g, p and u."""
+    secret, coord = _serving(target)
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w1", roles="gpu", kinds="k", readings=IDLE_ON_AC)
+        (row,) = coord.workers()["workers"]
+        assert (row["roles"], row["kinds"]) == (["gpu"], ["k"]), row
+        got = remote.claim("w1", kinds="k")
+        assert got["job"]["kind"] == "k", got
