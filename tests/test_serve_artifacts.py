@@ -994,3 +994,39 @@ def test_with_every_transfer_thread_stalled_uploads_and_downloads_are_503_at_onc
         assert answer.json()["error"]["code"] == "server_busy" and answer.headers["Retry-After"]
     assert took < 2.0, took
     assert fine.status_code == 200, fine.text
+
+
+def test_a_remote_completion_with_artifacts_claims_no_next_job_its_worker_may_never_hear_of(
+        s: Setup, tmp_path: Path) -> None:
+    """A remote worker stopped while the server checked a completion's artifacts gave up on
+    the answer; the completion, sent with `claim_next`, then claimed the next job for a
+    worker that had exited: leased to nobody until the reaper took it back, counting the
+    attempt (a job of `max_attempts` 1 ended dead, never run). A completion with artifacts
+    claims nothing: the worker claims the usual way once it has its answer."""
+    policy = slow_validator_policy(tmp_path, 20)
+    first = s.c.enqueue("report", {"title": "Checked slowly"}, tenant="alice")["job_id"]
+    second = s.c.enqueue("report", {"title": "Next"}, tenant="alice", max_attempts=1,
+                         priority="P3")["job_id"]
+    path = token_file(tmp_path, "worker token", s.worker)
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    with served(s.target, "--reap-every", "0.5", env=env) as srv:
+        worker = subprocess.Popen(
+            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
+             "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "5",
+             "--grace", "1", "--readings-override", '{"memory_used_pct": 10}', "--json"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
+        try:
+            # The first job's completion is in its checks once its artifact is staged.
+            wait_for(lambda: s.rows(first), timeout=30)
+            time.sleep(1.0)
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(60)
+        finally:
+            worker.kill()
+            worker.wait()
+        wait_for(lambda: s.c.show(first)["job"]["status"] != "running", timeout=60)
+        time.sleep(1.0)
+        events = s.c.show(second)["events"]
+    assert [e["reason"] for e in events if e["reason"] == "claimed"] == [], events
+    assert s.c.show(second)["job"]["status"] == "waiting"

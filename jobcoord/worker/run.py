@@ -606,7 +606,10 @@ class JobRun:
                                       "provenance": prov, "tenant": tenant}, lease_end,
                                      note=(base, t0))
                 return
-            if w.wants_next():
+            # One with artifacts claims nothing with its completion: the checks before its
+            # answer may outlast this worker's stop, and a job claimed by an answer nobody
+            # reads sits leased to nobody until the reaper counts its attempt.
+            if w.wants_next() and not self._has_artifacts():
                 if self.chain_sent is None:
                     self.chain_sent = w.clock.boot()
                 sent = self.chain_sent  # the next lease cannot have started before this
