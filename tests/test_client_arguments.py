@@ -97,7 +97,24 @@ def test_what_the_client_refuses_itself_is_invalid_input_and_changes_nothing(
                 [{"job_id": job, "worker_id": "w1", "epoch": epoch, "provenance": "abc"}]),
             "a text stream": lambda: remote.put_artifact(job, "w1", epoch, "out.txt",
                                                          io.StringIO("text")),
+            "a closed file": lambda: remote.put_artifact(job, "w1", epoch, "out.txt",
+                                                         closed),
+            # The server reads no `n` as a single claim: it leased a job, and the answer
+            # had no "claimed".
+            "claim_many(n=None)": lambda: remote.claim_many("w1", None),  # type: ignore
+            "a wait of 'soon'": lambda: remote.claim("w1", wait="soon"),  # type: ignore
+            "a wait of 31 s": lambda: remote.claim("w1", wait=31),
+            # A header cannot carry it: it was retried as an unreachable server.
+            "a key with a space at its end": lambda: remote.enqueue("k", {}, key="doc-42 "),
+            "a token of None": lambda: RemoteCoordinator(s.url, None),  # type: ignore
+            "a token of bytes": lambda: RemoteCoordinator(s.url, b"x"),  # type: ignore
+            "a claim_wait of 'x'": lambda: RemoteCoordinator(
+                s.url, secret, claim_wait="x"),  # type: ignore[arg-type]
+            "a timeout of []": lambda: RemoteCoordinator(
+                s.url, secret, timeout=[]),  # type: ignore[arg-type]
         }
+        closed = open(__file__, "rb")  # noqa: SIM115 - closed at once, on purpose
+        closed.close()
         for what, call in refused.items():
             try:
                 call()
@@ -108,6 +125,10 @@ def test_what_the_client_refuses_itself_is_invalid_input_and_changes_nothing(
             else:
                 raise AssertionError(f"{what}: accepted")
             assert dump(coord) == before, what
+        # Seconds as decimal digits are taken, as the Coordinator takes them (they raised
+        # TypeError deep in a claim).
+        with RemoteCoordinator(s.url, secret, claim_wait="0", timeout="5") as digits:  # type: ignore[arg-type]
+            assert digits.claim("w1", kinds="zz", wait="0")["job"] is None  # type: ignore[arg-type]
         # The same job still completes.
         assert remote.complete(job, "w1", epoch, {"ok": 1})["status"] == "succeeded"
 

@@ -14,9 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 from starlette.exceptions import HTTPException
 
 from ..core.items import MAX_BATCH, MAX_PROVENANCE_BYTES
+from .client import MAX_WAIT_S
 
-#: Longest long-poll a claim may ask for.
-MAX_WAIT_S = 30.0
 #: Room for what comes with a payload or result at its size limit: a completion's
 #: provenance at its own limit, and the JSON around both.
 ENVELOPE_BYTES = MAX_PROVENANCE_BYTES + 64 * 1024

@@ -31,6 +31,7 @@ from .. import validate as v
 from ..artifacts.names import media_type_of, validate_name
 from ..core.items import (
     COMPLETE_FIELDS,
+    MAX_BATCH,
     NO_KINDS,
     REQUIRED,
     batch_items,
@@ -49,6 +50,8 @@ from .errors import error_from_response
 DEFAULT_RETRY_S = 10.0
 #: An upload from a stream is spooled to a temporary file named so (it may be sent twice).
 SPOOL_PREFIX = "jobcoord-upload-"
+#: Longest long-poll a claim may ask for (the server's bound; the client's too).
+MAX_WAIT_S = 30.0
 #: How long a completion of an attempt with uploaded artifacts waits for its answer: the
 #: server checks them first (a validator may take up to 300 s), keeping the lease meanwhile.
 CHECKS_TIMEOUT_S = 900.0
@@ -93,6 +96,12 @@ class RemoteCoordinator:
                  timeout: float = 10.0, retry_s: float = DEFAULT_RETRY_S,
                  verify: Any = True):
         server = server_base(server)
+        if not isinstance(token, str):
+            raise InvalidInput("invalid_input", "the token is text (the secret `token create` "
+                               f"printed), not {type(token).__name__}")
+        claim_wait = v.finite_seconds(claim_wait, "claim_wait", 0, MAX_WAIT_S)
+        timeout = v.finite_seconds(timeout, "timeout", 0, 3600, lo_inclusive=False)
+        retry_s = v.finite_seconds(retry_s, "retry_s", 0, 86400)
         token = token.strip()
         if not token:
             raise InvalidInput("invalid_input", "the token file is empty")
@@ -274,7 +283,8 @@ class RemoteCoordinator:
     def claim(self, worker_id: str, *, lease_s: float | None = None, kinds: Any = None,
               wait: float | None = None, tenant: str | None = None) -> dict[str, Any]:
         self._claims_for(tenant)
-        wait = self.claim_wait if wait is None else wait
+        wait = self.claim_wait if wait is None else v.finite_seconds(wait, "wait", 0,
+                                                                      MAX_WAIT_S)
         got = self._poll({
             "lease_s": lease_s, "kinds": _kinds(kinds), "wait": wait},
             wait)
@@ -289,7 +299,10 @@ class RemoteCoordinator:
         """Up to `n` jobs in one request and one transaction, long-polling like `claim`:
         {"claimed": [claim answers], "reason", "detail"}, like the Coordinator's."""
         self._claims_for(tenant)
-        wait = self.claim_wait if wait is None else wait
+        # (The server reads no `n` as one claim, whose answer has another shape.)
+        n = v.whole(n, "n", 1, MAX_BATCH)
+        wait = self.claim_wait if wait is None else v.finite_seconds(wait, "wait", 0,
+                                                                      MAX_WAIT_S)
         got = self._poll({
             "n": n, "lease_s": lease_s, "kinds": _kinds(kinds),
             "wait": wait}, wait)
@@ -436,6 +449,12 @@ class RemoteCoordinator:
             yield max(self.timeout, CHECKS_TIMEOUT_S) if found else None
         except (StorageUnavailable, DatabaseBusy):
             raise
+        except JobcoordError as e:
+            # `artifact_changed`: the attempt staged again during the checks; its completion
+            # is sent again and checked again.
+            if e.code != "artifact_changed":
+                self._forget(keys)
+            raise
         except BaseException:
             self._forget(keys)
             raise
@@ -459,10 +478,11 @@ class RemoteCoordinator:
 
     def enqueue(self, kind: str, payload: Any = None, *, key: str | None = None,
                 **options: Any) -> dict[str, Any]:
-        if key is not None and not (isinstance(key, str) and is_header_text(key)):
+        if key is not None and not (isinstance(key, str) and is_header_text(key)
+                                    and key == key.strip()):
             raise InvalidInput("invalid_input", "key: over HTTP an idempotency key is "
-                               "printable ASCII text (an HTTP header carries no other)",
-                               field="key")
+                               "printable ASCII text without spaces at either end (an HTTP "
+                               "header carries no other)", field="key")
         headers = {"Idempotency-Key": key} if key is not None else None
         # Sent again after a lost answer only with a key: the server then answers with the
         # job the first sending made; without one, a second job.
@@ -536,7 +556,7 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
     held = [h] if (h := leftovers.hold(path)) is not None else []
     try:
         with os.fdopen(fd, "wb") as out:
-            while block := source.read(CHUNK):
+            while block := _read(source):
                 if not isinstance(block, bytes | bytearray | memoryview):
                     raise InvalidInput("invalid_input", f"source gave {type(block).__name__}"
                                        ", not bytes: open the file in binary mode ('rb')")
@@ -546,6 +566,15 @@ def _spooled(source: Any) -> Iterator[tuple[Callable[[], Iterator[bytes]], str, 
     finally:
         os.unlink(path)
         leftovers.release(held)
+
+
+def _read(source: Any) -> Any:
+    """A block of an upload's stream; one that cannot be read (closed, not readable) is
+    InvalidInput, as an unreadable path is."""
+    try:
+        return source.read(CHUNK)
+    except (OSError, ValueError) as exc:
+        raise InvalidInput("invalid_input", f"source cannot be read: {exc}") from None
 
 
 def _one_group(body: list[dict[str, Any]], got: dict[str, Any]) -> dict[str, Any]:
