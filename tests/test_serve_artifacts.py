@@ -1030,3 +1030,36 @@ def test_a_remote_completion_with_artifacts_claims_no_next_job_its_worker_may_ne
         events = s.c.show(second)["events"]
     assert [e["reason"] for e in events if e["reason"] == "claimed"] == [], events
     assert s.c.show(second)["job"]["status"] == "waiting"
+
+
+def test_a_completion_sent_again_after_artifact_changed_waits_for_its_checks(
+        s: Setup, tmp_path: Path) -> None:
+    """`artifact_changed` says: send the completion again. The client forgot, on that
+    refusal, that the attempt had uploaded artifacts, and the completion sent again timed
+    out during its checks: `server_unreachable` for a result the server then accepted."""
+    from jobcoord.errors import Refused
+
+    policy = slow_validator_policy(tmp_path, 3)
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env={**s.env, "JOBCOORD_POLICY": str(policy)}
+                ) as srv, RemoteCoordinator(srv.url, s.worker, timeout=1.0, retry_s=1.0) as r:
+        r.put_artifact(job, "wa", epoch, "report.md", b"# one\n")
+        first: list[Any] = []
+
+        def complete() -> None:
+            try:
+                first.append(r.complete(job, "wa", epoch, {"n": 1}))
+            except Refused as e:
+                first.append(e.code)
+
+        t = threading.Thread(target=complete)
+        t.start()
+        time.sleep(1.0)  # the checks of "# one" run
+        r.put_artifact(job, "wa", epoch, "report.md", b"# two\n")
+        t.join(30)
+        assert first == ["artifact_changed"], first
+        again = r.complete(job, "wa", epoch, {"n": 1})
+    assert again["status"] == "succeeded", again
+    out = tmp_path / "got.md"
+    s.c.get_artifact(job, "report.md", out)
+    assert out.read_bytes() == b"# two\n"
