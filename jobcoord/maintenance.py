@@ -276,7 +276,15 @@ def check(db: Database, *, full: bool = False) -> dict[str, Any]:
         storage_ok = rows == ["ok"] and not fks
     else:
         storage_ok = True
-    out["violations"] = db.read(lambda conn: _invariants(db, conn), "checking invariants")
+    try:
+        out["violations"] = db.read(lambda conn: _invariants(db, conn), "checking invariants")
+    except (TypeError, ValueError, ArithmeticError) as e:
+        if storage_ok:
+            raise  # a bug of the checks themselves, not the database's
+        # Damaged pages hold values no row of jobcoord's has (a NULL where none can be):
+        # the storage check said so already; the invariants cannot be read past them.
+        out["violations"] = [{"invariant": "unreadable_past_damage", "job_ids": [],
+                              "error": f"{type(e).__name__}: {e}"[:500]}]
     out["ok"] = storage_ok and not out["violations"]
     return out
 

@@ -62,7 +62,11 @@ def _referenced(sqlite_path: str) -> tuple[dict[str, int], int] | None:
         return None
     finally:
         conn.close()
-    return {d: int(s) for d, s in rows}, len(rows)
+    if any(not isinstance(d, str) or not isinstance(s, int) for d, s in rows):
+        # (NOT NULL and the column types hold what jobcoord wrote: this is a damaged page.)
+        raise DatabaseCorrupt("database_corrupt", f"{sqlite_path}: an artifact row without a "
+                              "digest or a byte count: the file is damaged")
+    return dict(rows), len(rows)
 
 
 def _fsync_dir(path: str) -> None:
@@ -238,9 +242,18 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
         raise InvalidInput("artifact_store_required", "restoring artifacts needs the store "
                            "directory: pass --artifacts DIR")
     source = ObjectStore(directory)
-    for digest in sorted(listed):
-        source.link_or_copy_into(root, digest)  # re-hashed in the target store
-    result = run(backup_file, target)
+    made = not os.path.lexists(root)
+    try:
+        for digest in sorted(listed):
+            source.link_or_copy_into(root, digest)  # re-hashed in the target store
+        result = run(backup_file, target)
+    except BaseException:
+        # Nothing was restored (the database's own checks refused it, say): a store this
+        # restore made goes with it. In a store that was there, the objects stay for gc to
+        # judge (another database may have come to reference one meanwhile).
+        if made:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
     result["artifacts"] = {"store": os.path.abspath(root), "objects": len(listed),
                            "bytes": sum(listed.values()), "verified": True}
     return result
