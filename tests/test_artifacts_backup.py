@@ -242,3 +242,30 @@ def test_a_backup_with_a_damaged_page_is_exit_7_for_check_and_restore_never_exit
             str(dest), "--json")
     assert r.code == 7, r.out + r.err  # type: ignore[attr-defined]
     assert not restored.exists() and not (tmp_path / "new store").exists()
+
+
+def test_a_fifo_in_place_of_an_object_is_exit_7_for_restore_verify_and_get_never_a_hang(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """Opening a FIFO for reading waits for a writer: restore, `artifact verify` and
+    `artifact get` hung for ever on one."""
+    from tests.serve_procs import jobcoord_argv
+
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    digest = sha(b"hello")
+    for store in (tmp_path / "b.db.artifacts", Path(sc.artifacts_dir or "")):
+        path = ObjectStore(store).path_of(digest)
+        os.unlink(path)
+        os.mkfifo(path)
+    [job] = [j["job_id"] for j in sc.jobs()["jobs"]]
+    restored = tmp_path / "restored.db"
+    for args in (["--db", str(restored), "--artifacts", str(tmp_path / "new store"),
+                  "restore", str(dest)],
+                 ["--db", sqlite_target.sqlite_path or "", "--artifacts",
+                  sc.artifacts_dir or "", "artifact", "verify", "--all"],
+                 ["--db", sqlite_target.sqlite_path or "", "--artifacts",
+                  sc.artifacts_dir or "", "artifact", "get", str(job), "r.bin", "-o",
+                  str(tmp_path / "got.bin")]):
+        done = subprocess.run([*jobcoord_argv(), *args, "--json"], capture_output=True,
+                              timeout=60, check=False)
+        assert done.returncode == 7, (args, done.stdout, done.stderr)
+    assert not restored.exists() and not (tmp_path / "got.bin").exists()

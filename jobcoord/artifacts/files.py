@@ -186,7 +186,9 @@ class ObjectReader:
         self._read = 0
         self._done = False
         try:
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # O_NONBLOCK: a FIFO put in an object's place would make the open wait for a
+            # writer; opened at once, fstat below refuses it. (No effect on a regular file.)
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             raise missing(self.digest, path) from None
         except OSError as exc:
