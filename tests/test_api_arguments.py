@@ -139,9 +139,13 @@ METHODS.update(SCHEDULE_METHODS)
 
 
 @st.composite
-def calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
-    method = draw(st.sampled_from(sorted(METHODS)))
-    positional, keywords = METHODS[method]
+def calls(draw: Any, methods: dict[str, Any] | None = None
+          ) -> tuple[str, list[Any], dict[str, Any]]:
+    """A call of one of `methods` (name: (positional strategies, keyword strategies);
+    METHODS when not given)."""
+    methods = METHODS if methods is None else methods
+    method = draw(st.sampled_from(sorted(methods)))
+    positional, keywords = methods[method]
     args = [draw(s) for s in positional]
     while args and args[-1] is OMIT:
         args.pop()
@@ -149,6 +153,28 @@ def calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
         args = [None if a is OMIT else a for a in args]
     kwargs = {k: v for k, v in ((k, draw(s)) for k, s in keywords.items()) if v is not OMIT}
     return method, args, kwargs
+
+
+def check_calls(subject: Any, coord: Coordinator, methods: dict[str, Any], examples: int,
+                *, refusals: tuple[type[JobcoordError], ...] = (JobcoordError,),
+                unchanged_on: tuple[type[JobcoordError], ...] = (InvalidInput,)) -> None:
+    """Call `subject`'s methods with drawn arguments: each works or raises one of
+    `refusals`, and one of `unchanged_on` leaves `coord`'s database as it was."""
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(call=calls(methods))
+    def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
+        method, args, kwargs = call
+        before = dump(coord)
+        try:
+            getattr(subject, method)(*args, **kwargs)
+        except JobcoordError as e:
+            assert isinstance(e, refusals), f"{method}: {type(e).__name__}: {e}"
+            if isinstance(e, unchanged_on):
+                assert dump(coord) == before, f"refused {method} changed the database"
+
+    check_one()
 
 
 def _setup(coord: Coordinator) -> None:
@@ -160,21 +186,7 @@ def _setup(coord: Coordinator) -> None:
 
 def _run(coord: Coordinator, examples: int) -> None:
     _setup(coord)
-
-    @settings(max_examples=examples, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(call=calls())
-    def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
-        method, args, kwargs = call
-        before = dump(coord)
-        try:
-            getattr(coord, method)(*args, **kwargs)
-        except InvalidInput:
-            assert dump(coord) == before, f"refused {method} changed the database"
-        except JobcoordError:
-            pass
-
-    check_one()
+    check_calls(coord, coord, METHODS, examples)
 
 
 def test_every_public_method_either_works_or_refuses_input_sqlite(sqlite_target: Any) -> None:

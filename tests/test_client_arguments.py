@@ -6,18 +6,14 @@ invalid input changes nothing on the server."""
 from __future__ import annotations
 
 import io
-from typing import Any
-
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from jobcoord.db import Target
-from jobcoord.errors import InvalidInput, JobcoordError
+from jobcoord.errors import InvalidInput
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
 from tests.conftest import dump
 from tests.serve_procs import served, token
-from tests.test_api_arguments import EPOCH, JOB, METHODS, OMIT, WORKER, arg
+from tests.test_api_arguments import EPOCH, JOB, METHODS, WORKER, arg, check_calls
 from tests.test_artifacts_rules import install
 from tests.timeline import IDLE_ON_AC
 
@@ -28,18 +24,6 @@ REMOTE = {name: METHODS[name] for name in (
 REMOTE["put_artifact"] = (
     [JOB, WORKER, EPOCH, arg("out.txt", "a b#?%.txt", optional=False),
      arg(b"bytes", optional=False)], {"media_type": arg(None, "text/plain")})
-
-
-@st.composite
-def calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
-    method = draw(st.sampled_from(sorted(REMOTE)))
-    positional, keywords = REMOTE[method]
-    args = [draw(s) for s in positional]
-    while args and args[-1] is OMIT:
-        args.pop()
-    args = [None if a is OMIT else a for a in args]
-    kwargs = {k: v for k, v in ((k, draw(s)) for k, s in keywords.items()) if v is not OMIT}
-    return method, args, kwargs
 
 
 def _serving(target: Target) -> tuple[str, Coordinator]:
@@ -58,20 +42,7 @@ def test_every_client_method_either_works_or_refuses_input(target: Target) -> No
         remote.heartbeat("w1", readings=IDLE_ON_AC)
         remote.claim("w1", lease_s=600)
 
-        @settings(max_examples=300, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
-        @given(call=calls())
-        def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
-            method, args, kwargs = call
-            before = dump(coord)
-            try:
-                getattr(remote, method)(*args, **kwargs)
-            except InvalidInput:
-                assert dump(coord) == before, f"refused {method} changed the database"
-            except JobcoordError:
-                pass
-
-        check_one()
+        check_calls(remote, coord, REMOTE, 300)
 
 
 def test_what_the_client_refuses_itself_is_invalid_input_and_changes_nothing(

@@ -7,39 +7,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from jobcoord.errors import InvalidInput, JobcoordError, Refused
+from jobcoord.errors import InvalidInput, Refused
 from jobcoord.service import Coordinator
 from tests.conftest import dump
-from tests.test_api_arguments import OMIT, SCHEDULE_METHODS
-
-
-@st.composite
-def schedule_calls(draw: Any) -> tuple[str, list[Any], dict[str, Any]]:
-    method = draw(st.sampled_from(sorted(SCHEDULE_METHODS)))
-    positional, keywords = SCHEDULE_METHODS[method]
-    args = [draw(s) for s in positional]
-    kwargs = {k: v for k, v in ((k, draw(s)) for k, s in keywords.items()) if v is not OMIT}
-    return method, args, kwargs
+from tests.test_api_arguments import SCHEDULE_METHODS, check_calls
 
 
 def test_schedule_methods_either_work_or_refuse_and_change_nothing(coord: Coordinator
                                                                    ) -> None:
-    @settings(max_examples=200, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
-    @given(call=schedule_calls())
-    def check_one(call: tuple[str, list[Any], dict[str, Any]]) -> None:
-        method, args, kwargs = call
-        before = dump(coord)
-        try:
-            getattr(coord, method)(*args, **kwargs)
-        except JobcoordError as e:
-            assert type(e) in (InvalidInput, Refused), e
-            assert dump(coord) == before, f"refused {method} changed the database"
-
-    check_one()
+    check_calls(coord, coord, SCHEDULE_METHODS, 200, refusals=(InvalidInput, Refused),
+                unchanged_on=(InvalidInput, Refused))
 
 
 BAD_ADDS = [
