@@ -81,6 +81,19 @@ def s(target: Target, tmp_path: Path) -> Iterator[Setup]:
     setup.c.close()
 
 
+def report_worker(url: str, token_path: str, *flags: str) -> list[str]:
+    """`jobcoord worker` against the server at `url`, running examples/report_cmd.py (it
+    writes report.md to its artifacts directory) for kind `report`."""
+    return [*jobcoord_argv(), "worker", "--server", url, "--token-file", token_path,
+            "--exec", f"report={sys.executable} examples/report_cmd.py",
+            "--readings-override", '{"memory_used_pct": 10}', *flags]
+
+
+def worker_env() -> dict[str, str]:
+    """This environment without the artifact store: a remote worker has none of its own."""
+    return {k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"}
+
+
 def put(http: httpx.Client, job: int, name: str, data: Any, epoch: int, **headers: str
         ) -> httpx.Response:
     return http.put(f"/v1/jobs/{job}/artifacts/{name}", params={"epoch": epoch},
@@ -323,12 +336,9 @@ def test_a_remote_completions_artifact_checks_longer_than_lease_and_timeout_succ
     env = {**s.env, "JOBCOORD_POLICY": str(policy)}
     with served(s.target, "--reap-every", "0.5", env=env) as srv:
         done = subprocess.run(
-            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
-             "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "3",
-             "--readings-override", '{"memory_used_pct": 10}', "--burst", "--wait", "0",
-             "--json", "--log-format", "json"],
-            capture_output=True, timeout=90, check=False,
-            env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
+            report_worker(srv.url, path, "--lease", "3", "--burst", "--wait", "0", "--json",
+                          "--log-format", "json"),
+            capture_output=True, timeout=90, check=False, env=worker_env())
         assert done.returncode == 0, done.stderr.decode()[-2000:]
     events = [json.loads(line)["event"] for line in done.stderr.decode().splitlines()
               if line.startswith("{")]
@@ -1011,11 +1021,8 @@ def test_a_remote_completion_with_artifacts_claims_no_next_job_its_worker_may_ne
     env = {**s.env, "JOBCOORD_POLICY": str(policy)}
     with served(s.target, "--reap-every", "0.5", env=env) as srv:
         worker = subprocess.Popen(
-            [*jobcoord_argv(), "worker", "--server", srv.url, "--token-file", path,
-             "--exec", f"report={sys.executable} examples/report_cmd.py", "--lease", "5",
-             "--grace", "1", "--readings-override", '{"memory_used_pct": 10}', "--json"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={k: v for k, v in os.environ.items() if k != "JOBCOORD_ARTIFACTS"})
+            report_worker(srv.url, path, "--lease", "5", "--grace", "1", "--json"),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_env())
         try:
             # The first job's completion is in its checks once its artifact is staged.
             wait_for(lambda: s.rows(first), timeout=30)
