@@ -1039,8 +1039,9 @@ def test_a_remote_completion_with_artifacts_claims_no_next_job_its_worker_may_ne
     assert s.c.show(second)["job"]["status"] == "waiting"
 
 
+@pytest.mark.parametrize("many", [False, True], ids=["complete", "complete_many"])
 def test_a_completion_sent_again_after_artifact_changed_waits_for_its_checks(
-        s: Setup, tmp_path: Path) -> None:
+        s: Setup, tmp_path: Path, many: bool) -> None:
     """`artifact_changed` says: send the completion again. The client forgot, on that
     refusal, that the attempt had uploaded artifacts, and the completion sent again timed
     out during its checks: `server_unreachable` for a result the server then accepted."""
@@ -1054,6 +1055,11 @@ def test_a_completion_sent_again_after_artifact_changed_waits_for_its_checks(
         first: list[Any] = []
 
         def complete() -> None:
+            if many:
+                item = {"job_id": job, "worker_id": "wa", "epoch": epoch, "result": {"n": 1}}
+                [one] = r.complete_many([item])["results"]
+                first.append(one["error"]["code"] if "error" in one else one)
+                return
             try:
                 first.append(r.complete(job, "wa", epoch, {"n": 1}))
             except Refused as e:
@@ -1065,7 +1071,11 @@ def test_a_completion_sent_again_after_artifact_changed_waits_for_its_checks(
         r.put_artifact(job, "wa", epoch, "report.md", b"# two\n")
         t.join(30)
         assert first == ["artifact_changed"], first
-        again = r.complete(job, "wa", epoch, {"n": 1})
+        if many:
+            [again] = r.complete_many([{"job_id": job, "worker_id": "wa", "epoch": epoch,
+                                        "result": {"n": 1}}])["results"]
+        else:
+            again = r.complete(job, "wa", epoch, {"n": 1})
     assert again["status"] == "succeeded", again
     out = tmp_path / "got.md"
     s.c.get_artifact(job, "report.md", out)

@@ -324,17 +324,25 @@ class RemoteCoordinator:
                  "provenance": _object(it.get("provenance"))} for it in checked]
         with self._checks_timeout([(it["job_id"], it["epoch"]) for it in body]) as timeout:
             try:
-                return self._call("POST", "/v1/completions", {"items": body},
-                                  timeout=timeout)
+                got = self._call("POST", "/v1/completions", {"items": body}, timeout=timeout)
             except JobcoordError as e:
                 if e.code != "body_too_large" or len(body) < 2:
                     raise
-            limit = self.policy.max_result_bytes
-            for i, it in enumerate(body):
-                checked_item(i, lambda it=it: (job_and_epoch(it["job_id"], it["epoch"]),
-                                               completion_texts(it["result"], it["provenance"],
-                                                                limit)))
-            return _one_group(body, self._completions(body, timeout))
+                limit = self.policy.max_result_bytes
+                for i, it in enumerate(body):
+                    checked_item(i, lambda it=it: (
+                        job_and_epoch(it["job_id"], it["epoch"]),
+                        completion_texts(it["result"], it["provenance"], limit)))
+                got = _one_group(body, self._completions(body, timeout))
+        # An item refused `artifact_changed` is sent again and checked again: its attempt
+        # stays one whose completion waits for the checks (as a single completion's does).
+        changed = {(it["job_id"], it["epoch"]) for it, one in zip(body, got["results"],
+                                                                  strict=True)
+                   if one.get("error", {}).get("code") == "artifact_changed"}
+        if changed:
+            with self._lock:
+                self._uploaded |= changed
+        return got
 
     def _completions(self, body: list[dict[str, Any]], timeout: float | None
                      ) -> dict[str, Any]:
