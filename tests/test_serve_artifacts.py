@@ -908,7 +908,9 @@ def test_a_server_killed_mid_download_has_its_copy_removed_by_the_next_start(
     import signal
     import time
 
-    job, _ = _accepted_big(s, 4 << 20)
+    # Larger than a socket's send buffer may grow (4 MB by default): the copy outlives
+    # the answer's first bytes only while the kernel cannot take the rest.
+    job, _ = _accepted_big(s, 16 << 20)
     temp = tmp_path / "temp"
     temp.mkdir()
     env = {**s.env, "TMPDIR": str(temp)}
@@ -1080,3 +1082,40 @@ def test_a_completion_sent_again_after_artifact_changed_waits_for_its_checks(
     out = tmp_path / "got.md"
     s.c.get_artifact(job, "report.md", out)
     assert out.read_bytes() == b"# two\n"
+
+
+def test_a_remote_worker_stopped_during_a_completions_checks_exits_in_its_grace_releasing(
+        s: Setup, tmp_path: Path) -> None:
+    """As a local worker does: a completion still in the server's artifact checks when the
+    grace ends is left undecided and its job released (offered again at once); the worker
+    sat out the checks past its grace (17 s with `--grace 1`), then left without an answer."""
+    policy = slow_validator_policy(tmp_path, 12)
+    job = s.c.enqueue("report", {"title": "Checked slowly"}, tenant="alice")["job_id"]
+    path = token_file(tmp_path, "worker token", s.worker)
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    with served(s.target, "--reap-every", "0.5", env=env) as srv:
+        worker = subprocess.Popen(
+            report_worker(srv.url, path, "--lease", "5", "--grace", "1", "--json"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_env())
+        try:
+            wait_for(lambda: s.rows(job), timeout=30)
+            checks_from = time.monotonic()
+            time.sleep(1.0)  # the completion is in its checks
+            t0 = time.monotonic()
+            worker.send_signal(signal.SIGTERM)
+            out, err = worker.communicate(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            worker.kill()
+            worker.wait()
+        assert worker.returncode == 0, err.decode()[-2000:]
+        assert took < 6, (took, err.decode()[-2000:])
+        events = s.c.show(job)["events"]
+        assert events[-1]["reason"] == "worker_shutdown", events
+        # The server's checks end later; the completion they were for accepts nothing.
+        time.sleep(max(0.0, checks_from + 14 - time.monotonic()))
+        shown = s.c.show(job)
+        assert shown["job"]["status"] == "waiting", shown["events"]
+        assert "completed" not in [e["reason"] for e in shown["events"]]
+    summary = json.loads(out.decode().strip().splitlines()[-1])
+    assert summary["released"] == 1 and summary["completed"] == 0, summary
