@@ -126,6 +126,14 @@ class RemoteCoordinator:
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
         #: The poll connections' streams, newest last (at most the pool's size are open).
         self._poll_streams: collections.deque[Any] = collections.deque(maxlen=16)
+        # Completions waiting for the server's artifact checks go over connections of
+        # their own too, which `stop_checks` cuts (a stopping worker's grace bounds them).
+        self._checked = httpx.Client(
+            base_url=server, headers={"Authorization": f"Bearer {token}"},
+            timeout=httpx.Timeout(timeout), verify=verify,
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        self._checked_streams: collections.deque[Any] = collections.deque(maxlen=16)
+        self._checks_stopped = False
         self._interrupted = False
         self._policy: Policy | None = None
         self._identity: dict[str, Any] | None = None
@@ -139,12 +147,21 @@ class RemoteCoordinator:
     def close(self) -> None:
         self._client.close()
         self._polls.close()
+        self._checked.close()
 
     def stop_checks(self) -> None:
-        """The server checks a remote worker's artifacts; its own stop bounds them."""
+        """A stopping worker's grace is over: a completion waiting for the server's checks
+        of its artifacts stops waiting, and one sent now is not sent; each is refused
+        StorageUnavailable `server_stopping` (undecided here: the worker releases the job,
+        and the server, once its checks end, finds the lease gone and accepts nothing).
+        Safe from another thread (shutdown(2) of the completions' sockets)."""
+        self._checks_stopped = True
+        _cut(self._checked_streams)
 
     def resume_checks(self) -> None:
-        """See `stop_checks`: nothing to resume here."""
+        """Send completions with artifacts again after `stop_checks` (a worker run inside a
+        program has stopped; the program goes on with this client)."""
+        self._checks_stopped = False
 
     def interrupt(self) -> None:
         """Cut a claim's long-poll in flight short and answer every later claim with nothing:
@@ -154,15 +171,15 @@ class RemoteCoordinator:
         it is nobody's until its lease ends and the reaper offers it again, as after any lost
         claim answer."""
         self._interrupted = True
-        for stream in list(self._poll_streams):
-            sock = stream.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):  # already closed
-                    sock.shutdown(socket.SHUT_RDWR)
+        _cut(self._poll_streams)
 
     def _trace(self, event: str, info: dict[str, Any]) -> None:
         if event == "connection.connect_tcp.complete":
             self._poll_streams.append(info.get("return_value"))
+
+    def _trace_checked(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete":
+            self._checked_streams.append(info.get("return_value"))
 
     def _poll(self, body: dict[str, Any], wait: float) -> Any:
         """One claim request over the poll connection; None when interrupted."""
@@ -214,6 +231,8 @@ class RemoteCoordinator:
             try:
                 resp = http.send(request)
             except httpx.TransportError as e:
+                if http is self._checked and self._checks_stopped:
+                    raise _checks_ended() from None
                 # A claim whose answer was lost may have leased a job we never heard of: it is
                 # not sent again (the lease expires and the job is offered again). Everything
                 # else is safe to repeat: fenced by epoch, or answered as already accepted.
@@ -322,9 +341,9 @@ class RemoteCoordinator:
         checked = batch_items(items, COMPLETE_FIELDS, REQUIRED)
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
                  "provenance": _object(it.get("provenance"))} for it in checked]
-        with self._checks_timeout([(it["job_id"], it["epoch"]) for it in body]) as timeout:
+        with self._checks_timeout([(it["job_id"], it["epoch"]) for it in body]) as checked:
             try:
-                got = self._call("POST", "/v1/completions", {"items": body}, timeout=timeout)
+                got = self._call("POST", "/v1/completions", {"items": body}, **checked)
             except JobcoordError as e:
                 if e.code != "body_too_large" or len(body) < 2:
                     raise
@@ -333,7 +352,7 @@ class RemoteCoordinator:
                     checked_item(i, lambda it=it: (
                         job_and_epoch(it["job_id"], it["epoch"]),
                         completion_texts(it["result"], it["provenance"], limit)))
-                got = _one_group(body, self._completions(body, timeout))
+                got = _one_group(body, self._completions(body, checked))
         # An item refused `artifact_changed` is sent again and checked again: its attempt
         # stays one whose completion waits for the checks (as a single completion's does).
         changed = {(it["job_id"], it["epoch"]) for it, one in zip(body, got["results"],
@@ -344,16 +363,16 @@ class RemoteCoordinator:
                 self._uploaded |= changed
         return got
 
-    def _completions(self, body: list[dict[str, Any]], timeout: float | None
+    def _completions(self, body: list[dict[str, Any]], checked: dict[str, Any]
                      ) -> dict[str, Any]:
         try:
-            return self._call("POST", "/v1/completions", {"items": body}, timeout=timeout)
+            return self._call("POST", "/v1/completions", {"items": body}, **checked)
         except JobcoordError as e:
             if e.code != "body_too_large" or len(body) < 2:
                 raise
         half = len(body) // 2
-        first = self._completions(body[:half], timeout)
-        second = self._completions(body[half:], timeout)
+        first = self._completions(body[:half], checked)
+        second = self._completions(body[half:], checked)
         results = first["results"] + second["results"]
         accepted = first["accepted"] + second["accepted"]
         return {"results": results, "accepted": accepted, "refused": len(results) - accepted}
@@ -367,11 +386,11 @@ class RemoteCoordinator:
                  provenance: Any = None, tenant: str | None = None) -> dict[str, Any]:
         # Sent again after a lost answer, the server says `already_accepted` when this very
         # epoch's result was the one it kept: never a false failure.
-        with self._checks_timeout([(job_id, epoch)]) as timeout:
+        with self._checks_timeout([(job_id, epoch)]) as checked:
             return self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
                               {"epoch": epoch, "result": result,
                                "provenance": _object(provenance)},
-                              timeout=timeout)
+                              **checked)
 
     def complete_and_claim(self, job_id: int, worker_id: str, epoch: int, result: Any = None,
                            *, provenance: Any = None, tenant: str | None = None,
@@ -384,12 +403,12 @@ class RemoteCoordinator:
         `already_accepted` and `next` is the job the lost answer claimed (same epoch and
         lease) while nothing touched it since; else a refusal: the worker claims the usual
         way."""
-        with self._checks_timeout([(job_id, epoch)]) as timeout:
+        with self._checks_timeout([(job_id, epoch)]) as checked:
             got = self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
                              {"epoch": epoch, "result": result, "claim_next": True,
                               "lease_s": lease_s,
                               "provenance": _object(provenance)},
-                             timeout=timeout)
+                             **checked)
         nxt = got.pop("next", None)
         if nxt is None:
             nxt = {"job": None, "reason": "already_accepted",
@@ -440,21 +459,25 @@ class RemoteCoordinator:
         return dict(data or {})
 
     @contextlib.contextmanager
-    def _checks_timeout(self, attempts: list[tuple[Any, Any]]) -> Iterator[float | None]:
-        """A completion's timeout, for the block that sends it: the server re-hashes the
-        artifacts an attempt uploaded and runs its kind's validator before answering
+    def _checks_timeout(self, attempts: list[tuple[Any, Any]]) -> Iterator[dict[str, Any]]:
+        """A completion's call options, for the block that sends it: the server re-hashes
+        the artifacts an attempt uploaded and runs its kind's validator before answering
         (keeping the lease meanwhile), which may take far longer than a call; waited for,
-        not timed out and sent again (each try would check them all again). None: the
-        client's own timeout. The attempts are forgotten once the server answered; a
-        completion it could not take (unreachable, busy) is sent again and waits again."""
+        not timed out and sent again (each try would check them all again), over the
+        connections `stop_checks` can cut. Empty: the client's own timeout and connections.
+        The attempts are forgotten once the server answered; a completion it could not take
+        (unreachable, busy) is sent again and waits again."""
         keys = set()
         for job_id, epoch in attempts:
             with contextlib.suppress(InvalidInput):  # (the server refuses those)
                 keys.add(job_and_epoch(job_id, epoch))
         with self._lock:
             found = not keys.isdisjoint(self._uploaded)
+        if found and self._checks_stopped:
+            raise _checks_ended()
         try:
-            yield max(self.timeout, CHECKS_TIMEOUT_S) if found else None
+            yield ({"timeout": max(self.timeout, CHECKS_TIMEOUT_S), "client": self._checked,
+                    "extensions": {"trace": self._trace_checked}} if found else {})
         except (StorageUnavailable, DatabaseBusy):
             raise
         except JobcoordError as e:
@@ -499,6 +522,20 @@ class RemoteCoordinator:
 
     def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_job(job_id)}")
+
+
+def _cut(streams: collections.deque[Any]) -> None:
+    """Shut down the sockets of these connections: a call waiting on one ends at once."""
+    for stream in list(streams):
+        sock = stream.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _checks_ended() -> StorageUnavailable:
+    return StorageUnavailable("server_stopping", "this worker is stopping: the completion's "
+                              "artifact checks were left undecided (the job is released)")
 
 
 def _job(job_id: Any) -> int:
