@@ -107,6 +107,11 @@ def revoke(db: Any, name: str) -> dict[str, Any]:
     return db.write(_do, "token revoke")
 
 
+def article(role: str) -> str:
+    """"an" before a role that starts with a vowel (an operator token), else "a"."""
+    return "an" if role[:1] in ("a", "e", "i", "o", "u") else "a"
+
+
 def authenticate(db: Any, secret: str) -> Identity | None:
     """The identity of a live token, or None for an unknown or revoked one."""
     if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET:

@@ -181,3 +181,39 @@ def test_an_artifact_is_downloaded_verified_and_a_corrupt_one_is_never_served(
         r = http.get(f"{s.url}/ui/jobs/{job}/artifacts/report.txt")
         assert r.status_code != 200 and b"the report" not in r.content
         assert b"Xhe report" not in r.content
+
+
+def test_a_form_field_or_query_parameter_given_twice_is_400_and_changes_nothing(
+        sqlite_target: Target) -> None:
+    """Of `as=dead&as=succeeded` the dashboard took the last and reconciled the job (an
+    action nobody can undo) as succeeded; of `?kind=zzz&kind=k` it filtered on `k`; a
+    NUL in a filter was taken. The API refuses all three with 400; so does the dashboard."""
+    operator = token(sqlite_target, "o", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        c.heartbeat("w", readings={"memory_used_pct": 5})
+        epoch = c.claim("w")["lease"]["epoch"]
+        c.mark_effect(job, "w", epoch)
+        assert c.fail(job, "w", epoch, "x")["status"] == "unknown"
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, operator)
+        mine = csrf_of(http.get(f"/ui/jobs/{job}/confirm/reconcile").text)
+        r = http.post(f"/ui/jobs/{job}/reconcile",
+                      headers={"content-type": "application/x-www-form-urlencoded"},
+                      content=f"csrf={mine}&as=dead&as=succeeded&reason=checked")
+        assert r.status_code == 400 and "as&#39; is given more than once" in r.text, r.text
+        for query in ("kind=zzz&kind=k", "kind=%00"):
+            r = http.get(f"/ui/jobs?{query}")
+            assert r.status_code == 400, (query, r.status_code)
+        http.close()
+    with Coordinator.open(sqlite_target) as c:
+        assert c.show(job)["job"]["status"] == "unknown"
+
+
+def test_a_role_refusal_says_an_operator_token(sqlite_target: Target) -> None:
+    operator = token(sqlite_target, "o", "operator")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        r = httpx.post(s.url + "/v1/jobs/1/renew", json={"epoch": 1},
+                       headers={"Authorization": f"Bearer {operator}"})
+    assert r.status_code == 403
+    assert r.json()["error"]["message"].startswith("an operator token may not"), r.text

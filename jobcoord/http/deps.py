@@ -57,8 +57,8 @@ class Caller:
         if who is None:
             raise Unauthorized("unauthorized", "unknown or revoked token")
         if who.role not in self.allowed:
-            raise Forbidden("forbidden", f"a {who.role} token may not do this (needs "
-                            f"{' or '.join(self.allowed)})")
+            raise Forbidden("forbidden", f"{tokens.article(who.role)} {who.role} token may "
+                            f"not do this (needs {' or '.join(self.allowed)})")
         return who
 
 

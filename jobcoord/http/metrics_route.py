@@ -73,8 +73,9 @@ async def _authorize(request: Request, srv: Any) -> None:
         if who is None:
             raise Unauthorized("unauthorized", "unknown or revoked token")
         if who.role not in ("viewer", "operator"):
-            raise Forbidden("forbidden", f"a {who.role} token may not read /metrics (needs a "
-                            "viewer or operator token, or --metrics-token)")
+            raise Forbidden("forbidden", f"{tokens.article(who.role)} {who.role} token may "
+                            "not read /metrics (needs a viewer or operator token, or "
+                            "--metrics-token)")
         if who.tenant is not None:
             raise Forbidden("forbidden", "the metrics cover every tenant: a token bound to a "
                             "tenant may not read them")

@@ -97,13 +97,13 @@ def filters(q: Any, scope: str | None) -> dict[str, Any]:
     tenant = text("tenant")
     if scope is not None:
         tenant = scope
-    out = {"status": status, "kind": text("kind"), "tenant": tenant,
-           "priority": None if priority is None else int(priority), "key": text("key"),
-           "before": None if before is None else int(before)}
-    for name in ("kind", "tenant", "key"):
-        if out[name] is not None and len(out[name]) > 200:
-            raise InvalidInput("invalid_input", f"{name} is too long")
-    return out
+    key = text("key")
+    # Checked as the API's list and the Coordinator check them (a NUL, a name too long).
+    return {"status": status, "kind": v.optional_name(text("kind"), "kind"),
+            "tenant": v.optional_name(tenant, "tenant"),
+            "priority": None if priority is None else int(priority),
+            "key": None if key is None else v.utf8_text(key, "key", max_len=v.MAX_KEY),
+            "before": None if before is None else int(before)}
 
 
 def jobs_page(db: Any, f: dict[str, Any]) -> tuple[list[Any], int, int | None]:

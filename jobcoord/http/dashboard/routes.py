@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from ... import tokens
 from ...errors import InvalidInput, JobcoordError
 from ...states import STATUSES
+from ..bodies import given_once
 from ..routes_artifacts import artifact_file
 from . import reads
 from .reads import overview_data
@@ -59,6 +60,7 @@ class Dashboard:
                     return Response(status_code=204, headers={"HX-Redirect": "/ui/login"})
                 return RedirectResponse("/ui/login", status_code=303)
             try:
+                given_once(request)
                 return await fn(who)
             except JobcoordError as e:
                 from ..errors import headers_of, status_of

@@ -119,4 +119,12 @@ async def form(request: Request) -> dict[str, str]:
         pairs = urllib.parse.parse_qsl(raw.decode("utf-8"), keep_blank_values=True)
     except UnicodeDecodeError:
         raise InvalidInput("invalid_input", "form is not UTF-8") from None
-    return dict(pairs)
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        # Of `as=dead&as=succeeded` which one was meant is nobody's guess (the API's
+        # JSON bodies refuse duplicate keys alike).
+        names = [name for name, _ in pairs]
+        twice = next(name for name in names if names.count(name) > 1)
+        raise InvalidInput("invalid_input", f"form field {twice[:80]!r} is given more than "
+                           "once")
+    return out
