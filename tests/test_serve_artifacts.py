@@ -5,6 +5,7 @@ uploads change nothing: no row, no stored object."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -1008,6 +1009,36 @@ def test_with_every_transfer_thread_stalled_uploads_and_downloads_are_503_at_onc
     assert fine.status_code == 200, fine.text
 
 
+@contextlib.contextmanager
+def _stopped_during_checks(s: Setup, tmp_path: Path, job: int, validator_s: float
+                           ) -> Iterator[dict[str, Any]]:
+    """A server whose `report` validator takes `validator_s`, and a remote worker (`--grace
+    1`) sent SIGTERM once `job`'s completion is in its checks; inside, the server still
+    runs: how long the worker took to exit after the signal, its exit code, output, and
+    when the checks began."""
+    policy = slow_validator_policy(tmp_path, validator_s)
+    path = token_file(tmp_path, "worker token", s.worker)
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    with served(s.target, "--reap-every", "0.5", env=env) as srv:
+        worker = subprocess.Popen(
+            report_worker(srv.url, path, "--lease", "5", "--grace", "1", "--json"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_env())
+        try:
+            # The completion is in its checks once its artifact is staged.
+            wait_for(lambda: s.rows(job), timeout=30)
+            checks_from = time.monotonic()
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            worker.send_signal(signal.SIGTERM)
+            out, err = worker.communicate(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            worker.kill()
+            worker.wait()
+        yield {"took": took, "code": worker.returncode, "out": out.decode(),
+               "err": err.decode()[-2000:], "checks_from": checks_from}
+
+
 def test_a_remote_completion_with_artifacts_claims_no_next_job_its_worker_may_never_hear_of(
         s: Setup, tmp_path: Path) -> None:
     """A remote worker stopped while the server checked a completion's artifacts gave up on
@@ -1015,25 +1046,10 @@ def test_a_remote_completion_with_artifacts_claims_no_next_job_its_worker_may_ne
     worker that had exited: leased to nobody until the reaper took it back, counting the
     attempt (a job of `max_attempts` 1 ended dead, never run). A completion with artifacts
     claims nothing: the worker claims the usual way once it has its answer."""
-    policy = slow_validator_policy(tmp_path, 20)
     first = s.c.enqueue("report", {"title": "Checked slowly"}, tenant="alice")["job_id"]
     second = s.c.enqueue("report", {"title": "Next"}, tenant="alice", max_attempts=1,
                          priority="P3")["job_id"]
-    path = token_file(tmp_path, "worker token", s.worker)
-    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
-    with served(s.target, "--reap-every", "0.5", env=env) as srv:
-        worker = subprocess.Popen(
-            report_worker(srv.url, path, "--lease", "5", "--grace", "1", "--json"),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=worker_env())
-        try:
-            # The first job's completion is in its checks once its artifact is staged.
-            wait_for(lambda: s.rows(first), timeout=30)
-            time.sleep(1.0)
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(60)
-        finally:
-            worker.kill()
-            worker.wait()
+    with _stopped_during_checks(s, tmp_path, first, 20):
         wait_for(lambda: s.c.show(first)["job"]["status"] != "running", timeout=60)
         time.sleep(1.0)
         events = s.c.show(second)["events"]
@@ -1089,33 +1105,16 @@ def test_a_remote_worker_stopped_during_a_completions_checks_exits_in_its_grace_
     """As a local worker does: a completion still in the server's artifact checks when the
     grace ends is left undecided and its job released (offered again at once); the worker
     sat out the checks past its grace (17 s with `--grace 1`), then left without an answer."""
-    policy = slow_validator_policy(tmp_path, 12)
     job = s.c.enqueue("report", {"title": "Checked slowly"}, tenant="alice")["job_id"]
-    path = token_file(tmp_path, "worker token", s.worker)
-    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
-    with served(s.target, "--reap-every", "0.5", env=env) as srv:
-        worker = subprocess.Popen(
-            report_worker(srv.url, path, "--lease", "5", "--grace", "1", "--json"),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=worker_env())
-        try:
-            wait_for(lambda: s.rows(job), timeout=30)
-            checks_from = time.monotonic()
-            time.sleep(1.0)  # the completion is in its checks
-            t0 = time.monotonic()
-            worker.send_signal(signal.SIGTERM)
-            out, err = worker.communicate(timeout=60)
-            took = time.monotonic() - t0
-        finally:
-            worker.kill()
-            worker.wait()
-        assert worker.returncode == 0, err.decode()[-2000:]
-        assert took < 6, (took, err.decode()[-2000:])
+    with _stopped_during_checks(s, tmp_path, job, 12) as stop:
+        assert stop["code"] == 0, stop["err"]
+        assert stop["took"] < 6, stop
         events = s.c.show(job)["events"]
         assert events[-1]["reason"] == "worker_shutdown", events
         # The server's checks end later; the completion they were for accepts nothing.
-        time.sleep(max(0.0, checks_from + 14 - time.monotonic()))
+        time.sleep(max(0.0, stop["checks_from"] + 14 - time.monotonic()))
         shown = s.c.show(job)
         assert shown["job"]["status"] == "waiting", shown["events"]
         assert "completed" not in [e["reason"] for e in shown["events"]]
-    summary = json.loads(out.decode().strip().splitlines()[-1])
+    summary = json.loads(stop["out"].strip().splitlines()[-1])
     assert summary["released"] == 1 and summary["completed"] == 0, summary
