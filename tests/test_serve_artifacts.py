@@ -1118,3 +1118,29 @@ def test_a_remote_worker_stopped_during_a_completions_checks_exits_in_its_grace_
         assert "completed" not in [e["reason"] for e in shown["events"]]
     summary = json.loads(stop["out"].strip().splitlines()[-1])
     assert summary["released"] == 1 and summary["completed"] == 0, summary
+
+
+def test_stop_checks_cuts_a_completion_whose_connection_was_opening_as_it_ran(
+        s: Setup, tmp_path: Path) -> None:
+    """`stop_checks` cut the connections already open; a completion that had looked at it
+    and was opening a new connection at that moment was not cut: it sat out the server's
+    whole checks (20 s here) past the worker's grace, and could be accepted then."""
+    policy = slow_validator_policy(tmp_path, 20)
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env={**s.env, "JOBCOORD_POLICY": str(policy)}
+                ) as srv, RemoteCoordinator(srv.url, s.worker, retry_s=1.0) as r:
+        r.put_artifact(job, "wa", epoch, "report.md", b"# one\n")
+        traced = r._checked_conns.trace
+
+        def stop_as_it_connects(event: str, info: dict[str, Any]) -> None:
+            if event == "connection.connect_tcp.started":
+                r.stop_checks()
+            traced(event, info)
+
+        r._checked_conns.trace = stop_as_it_connects  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailable) as e:
+            r.complete(job, "wa", epoch, {"n": 1})
+        took = time.monotonic() - t0
+    assert e.value.code == "server_stopping", e.value
+    assert took < 5, took

@@ -151,6 +151,32 @@ def test_sigterm_cuts_an_idle_remote_workers_long_poll_short(
     assert shown["job"]["status"] == "waiting" and shown["lease"] is None, shown
 
 
+def test_interrupt_cuts_a_poll_whose_connection_was_opening_as_it_ran(
+        target: Target, tmp_path: Any) -> None:
+    """`interrupt` (SIGTERM) cut the poll connections already open; a claim that had looked
+    at it and was opening a new connection at that moment was not cut: the stopping worker
+    sat out the whole long-poll (20 s here)."""
+    import time
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with served(target, "--reap-every", "0") as s, RemoteCoordinator(
+            s.url, secret, claim_wait=20) as r:
+        r.heartbeat("wa", readings={"memory_used_pct": 5})
+        traced = r._poll_conns.trace
+
+        def interrupt_as_it_connects(event: str, info: dict[str, Any]) -> None:
+            if event == "connection.connect_tcp.started":
+                r.interrupt()
+            traced(event, info)
+
+        r._poll_conns.trace = interrupt_as_it_connects  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        got = r.claim("wa")
+        took = time.monotonic() - t0
+    assert got["job"] is None and got["reason"] == "no_waiting_jobs", got
+    assert took < 5, took
+
+
 @pytest.mark.slow
 def test_eight_remote_workers_over_two_thousand_jobs(target: Target, tmp_path: Any) -> None:
     run_fleet(target, str(tmp_path), 2000, 8)

@@ -11,7 +11,6 @@ for signature compatibility and never sent.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import hashlib
 import os
@@ -124,17 +123,14 @@ class RemoteCoordinator:
             base_url=server, headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout), verify=verify,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
-        #: The poll connections' streams, newest last (at most the pool's size are open).
-        self._poll_streams: collections.deque[Any] = collections.deque(maxlen=16)
+        self._poll_conns = _Cuttable()
         # Completions waiting for the server's artifact checks go over connections of
         # their own too, which `stop_checks` cuts (a stopping worker's grace bounds them).
         self._checked = httpx.Client(
             base_url=server, headers={"Authorization": f"Bearer {token}"},
             timeout=httpx.Timeout(timeout), verify=verify,
             limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
-        self._checked_streams: collections.deque[Any] = collections.deque(maxlen=16)
-        self._checks_stopped = False
-        self._interrupted = False
+        self._checked_conns = _Cuttable()
         self._policy: Policy | None = None
         self._identity: dict[str, Any] | None = None
         self._lock = threading.Lock()
@@ -155,13 +151,12 @@ class RemoteCoordinator:
         StorageUnavailable `server_stopping` (undecided here: the worker releases the job,
         and the server, once its checks end, finds the lease gone and accepts nothing).
         Safe from another thread (shutdown(2) of the completions' sockets)."""
-        self._checks_stopped = True
-        _cut(self._checked_streams)
+        self._checked_conns.cut()
 
     def resume_checks(self) -> None:
         """Send completions with artifacts again after `stop_checks` (a worker run inside a
         program has stopped; the program goes on with this client)."""
-        self._checks_stopped = False
+        self._checked_conns.stopped = False
 
     def interrupt(self) -> None:
         """Cut a claim's long-poll in flight short and answer every later claim with nothing:
@@ -170,27 +165,18 @@ class RemoteCoordinator:
         server, seeing the poll's client gone, hands it no job; one it had just claimed for
         it is nobody's until its lease ends and the reaper offers it again, as after any lost
         claim answer."""
-        self._interrupted = True
-        _cut(self._poll_streams)
-
-    def _trace(self, event: str, info: dict[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete":
-            self._poll_streams.append(info.get("return_value"))
-
-    def _trace_checked(self, event: str, info: dict[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete":
-            self._checked_streams.append(info.get("return_value"))
+        self._poll_conns.cut()
 
     def _poll(self, body: dict[str, Any], wait: float) -> Any:
         """One claim request over the poll connection; None when interrupted."""
-        if self._interrupted:
+        if self._poll_conns.stopped:
             return None
         try:
             return self._call("POST", "/v1/claims", body, retry=False,
                               timeout=self.timeout + wait, client=self._polls,
-                              extensions={"trace": self._trace})
+                              extensions={"trace": self._poll_conns.trace})
         except StorageUnavailable:
-            if self._interrupted:
+            if self._poll_conns.stopped:
                 return None
             raise
 
@@ -231,7 +217,7 @@ class RemoteCoordinator:
             try:
                 resp = http.send(request)
             except httpx.TransportError as e:
-                if http is self._checked and self._checks_stopped:
+                if http is self._checked and self._checked_conns.stopped:
                     raise _checks_ended() from None
                 # A claim whose answer was lost may have leased a job we never heard of: it is
                 # not sent again (the lease expires and the job is offered again). Everything
@@ -473,11 +459,11 @@ class RemoteCoordinator:
                 keys.add(job_and_epoch(job_id, epoch))
         with self._lock:
             found = not keys.isdisjoint(self._uploaded)
-        if found and self._checks_stopped:
+        if found and self._checked_conns.stopped:
             raise _checks_ended()
         try:
             yield ({"timeout": max(self.timeout, CHECKS_TIMEOUT_S), "client": self._checked,
-                    "extensions": {"trace": self._trace_checked}} if found else {})
+                    "extensions": {"trace": self._checked_conns.trace}} if found else {})
         except (StorageUnavailable, DatabaseBusy):
             raise
         except JobcoordError as e:
@@ -524,9 +510,44 @@ class RemoteCoordinator:
         return self._call("GET", f"/v1/jobs/{_job(job_id)}")
 
 
-def _cut(streams: collections.deque[Any]) -> None:
+class _Cuttable:
+    """Connections of one client whose calls another thread, or a signal handler, can end at
+    once: `cut` shuts down their sockets (kept from httpcore's connect trace) and those of
+    every connection opened after it, until `stopped` is set False again."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._streams: list[Any] = []
+        # Between the threads opening connections; `cut` takes no lock (a signal handler
+        # calls it, maybe on a thread holding this one).
+        self._lock = threading.Lock()
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event != "connection.connect_tcp.complete":
+            return
+        stream = info.get("return_value")
+        with self._lock:
+            # Only open ones are kept: the pool closes and opens connections as it goes.
+            self._streams = [s for s in self._streams if _is_open(s)] + [stream]
+        # Looked at after the stream is kept: a `cut` running meanwhile either finds it or
+        # was called before this look. (A connection opening as `cut` ran was left open, and
+        # its call sat out a whole long-poll, or a completion's whole checks.)
+        if self.stopped:
+            _cut([stream])
+
+    def cut(self) -> None:
+        self.stopped = True
+        _cut(self._streams)
+
+
+def _is_open(stream: Any) -> bool:
+    sock = stream.get_extra_info("socket")
+    return sock is not None and sock.fileno() != -1
+
+
+def _cut(streams: list[Any]) -> None:
     """Shut down the sockets of these connections: a call waiting on one ends at once."""
-    for stream in list(streams):
+    for stream in streams:
         sock = stream.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):  # already closed
