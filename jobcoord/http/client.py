@@ -112,24 +112,22 @@ class RemoteCoordinator:
         self.claim_wait = claim_wait
         self.timeout = timeout
         self.retry_s = retry_s
-        self._client = httpx.Client(
-            base_url=server, headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(timeout), verify=verify,
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+
+        def connections() -> httpx.Client:
+            return httpx.Client(
+                base_url=server, headers={"Authorization": f"Bearer {token}"},
+                timeout=httpx.Timeout(timeout), verify=verify,
+                limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+
+        self._client = connections()
         # Claims (long-polls) go over a connection of their own, whose socket is kept (from
         # httpcore's connect trace) so a stopping worker can cut a poll short (`interrupt`)
         # without touching the renewals and completions it still has to send.
-        self._polls = httpx.Client(
-            base_url=server, headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(timeout), verify=verify,
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        self._polls = connections()
         self._poll_conns = _Cuttable()
         # Completions waiting for the server's artifact checks go over connections of
         # their own too, which `stop_checks` cuts (a stopping worker's grace bounds them).
-        self._checked = httpx.Client(
-            base_url=server, headers={"Authorization": f"Bearer {token}"},
-            timeout=httpx.Timeout(timeout), verify=verify,
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8))
+        self._checked = connections()
         self._checked_conns = _Cuttable()
         self._policy: Policy | None = None
         self._identity: dict[str, Any] | None = None
@@ -327,7 +325,7 @@ class RemoteCoordinator:
         checked = batch_items(items, COMPLETE_FIELDS, REQUIRED)
         body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
                  "provenance": _object(it.get("provenance"))} for it in checked]
-        with self._checks_timeout([(it["job_id"], it["epoch"]) for it in body]) as checked:
+        with self._completion_call([(it["job_id"], it["epoch"]) for it in body]) as checked:
             try:
                 got = self._call("POST", "/v1/completions", {"items": body}, **checked)
             except JobcoordError as e:
@@ -372,7 +370,7 @@ class RemoteCoordinator:
                  provenance: Any = None, tenant: str | None = None) -> dict[str, Any]:
         # Sent again after a lost answer, the server says `already_accepted` when this very
         # epoch's result was the one it kept: never a false failure.
-        with self._checks_timeout([(job_id, epoch)]) as checked:
+        with self._completion_call([(job_id, epoch)]) as checked:
             return self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
                               {"epoch": epoch, "result": result,
                                "provenance": _object(provenance)},
@@ -389,7 +387,7 @@ class RemoteCoordinator:
         `already_accepted` and `next` is the job the lost answer claimed (same epoch and
         lease) while nothing touched it since; else a refusal: the worker claims the usual
         way."""
-        with self._checks_timeout([(job_id, epoch)]) as checked:
+        with self._completion_call([(job_id, epoch)]) as checked:
             got = self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
                              {"epoch": epoch, "result": result, "claim_next": True,
                               "lease_s": lease_s,
@@ -445,7 +443,7 @@ class RemoteCoordinator:
         return dict(data or {})
 
     @contextlib.contextmanager
-    def _checks_timeout(self, attempts: list[tuple[Any, Any]]) -> Iterator[dict[str, Any]]:
+    def _completion_call(self, attempts: list[tuple[Any, Any]]) -> Iterator[dict[str, Any]]:
         """A completion's call options, for the block that sends it: the server re-hashes
         the artifacts an attempt uploaded and runs its kind's validator before answering
         (keeping the lease meanwhile), which may take far longer than a call; waited for,
