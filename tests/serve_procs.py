@@ -159,6 +159,20 @@ def wait_for(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> Any:
         time.sleep(every)
 
 
+def as_connection_opens(conns: Any, action: Any) -> None:
+    """Make `action` run whenever a connection of this client's cuttable pool (the remote
+    client's `_poll_conns`, `_checked_conns`) starts opening: after its call looked at
+    whether it was stopped, before its socket is known."""
+    traced = conns.trace
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            action()
+        traced(event, info)
+
+    conns.trace = trace
+
+
 class DroppingProxy:
     """A TCP proxy on 127.0.0.1 in front of the server that forwards every request and, for
     `drops` of the requests whose line names `needle` (every `every`th one), reads the

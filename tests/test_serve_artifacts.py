@@ -29,6 +29,7 @@ from jobcoord.service import Coordinator
 from tests.serve_procs import (
     DroppingProxy,
     Served,
+    as_connection_opens,
     db_args,
     jobcoord_argv,
     served,
@@ -1130,14 +1131,7 @@ def test_stop_checks_cuts_a_completion_whose_connection_was_opening_as_it_ran(
     with served(s.target, "--reap-every", "0", env={**s.env, "JOBCOORD_POLICY": str(policy)}
                 ) as srv, RemoteCoordinator(srv.url, s.worker, retry_s=1.0) as r:
         r.put_artifact(job, "wa", epoch, "report.md", b"# one\n")
-        traced = r._checked_conns.trace
-
-        def stop_as_it_connects(event: str, info: dict[str, Any]) -> None:
-            if event == "connection.connect_tcp.started":
-                r.stop_checks()
-            traced(event, info)
-
-        r._checked_conns.trace = stop_as_it_connects  # type: ignore[method-assign]
+        as_connection_opens(r._checked_conns, r.stop_checks)
         t0 = time.monotonic()
         with pytest.raises(StorageUnavailable) as e:
             r.complete(job, "wa", epoch, {"n": 1})

@@ -17,7 +17,7 @@ from jobcoord.db import Target
 from jobcoord.errors import InvalidInput, JobcoordError
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
-from tests.serve_procs import jobcoord_argv, served, token, token_file
+from tests.serve_procs import as_connection_opens, jobcoord_argv, served, token, token_file
 from tests.sql import sql
 
 
@@ -162,14 +162,7 @@ def test_interrupt_cuts_a_poll_whose_connection_was_opening_as_it_ran(
     with served(target, "--reap-every", "0") as s, RemoteCoordinator(
             s.url, secret, claim_wait=20) as r:
         r.heartbeat("wa", readings={"memory_used_pct": 5})
-        traced = r._poll_conns.trace
-
-        def interrupt_as_it_connects(event: str, info: dict[str, Any]) -> None:
-            if event == "connection.connect_tcp.started":
-                r.interrupt()
-            traced(event, info)
-
-        r._poll_conns.trace = interrupt_as_it_connects  # type: ignore[method-assign]
+        as_connection_opens(r._poll_conns, r.interrupt)
         t0 = time.monotonic()
         got = r.claim("wa")
         took = time.monotonic() - t0
