@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -92,13 +93,9 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_a_good_ca_file_and_server_certificate_still_work_and_a_mismatch_is_refused(
-        target: Target, tmp_path: Path) -> None:
-    """A CA and a server certificate it signed: `serve` loads them and `checkpoint --ca-file`
-    reaches it (its answer is the server's, not a TLS failure). A key that is not the
-    certificate's, or an encrypted one, is exit 2 naming both files, never a pass phrase
-    prompt."""
+def _certificates(tmp_path: Path) -> Path:
+    """A directory holding a CA (ca.pem, ca.key) and a server certificate for 127.0.0.1 it
+    signed (srv.pem, srv.key)."""
     d = tmp_path / "tls dir #1"
     d.mkdir()
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
@@ -108,6 +105,17 @@ def test_a_good_ca_file_and_server_certificate_still_work_and_a_mismatch_is_refu
     (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
     _openssl("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
              "-CAcreateserial", "-out", "srv.pem", "-days", "2", "-extfile", "ext", cwd=d)
+    return d
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_a_good_ca_file_and_server_certificate_still_work_and_a_mismatch_is_refused(
+        target: Target, tmp_path: Path) -> None:
+    """A CA and a server certificate it signed: `serve` loads them and `checkpoint --ca-file`
+    reaches it (its answer is the server's, not a TLS failure). A key that is not the
+    certificate's, or an encrypted one, is exit 2 naming both files, never a pass phrase
+    prompt."""
+    d = _certificates(tmp_path)
     _openssl("rsa", "-in", "srv.key", "-aes256", "-passout", "pass:x", "-out", "enc.key",
              cwd=d)
     secret = token(target, "w", "worker", worker="w")
@@ -128,3 +136,34 @@ def test_a_good_ca_file_and_server_certificate_still_work_and_a_mismatch_is_refu
         assert got.returncode == 2, got.stderr.decode()[-2000:]
         error = json.loads(got.stdout.decode().splitlines()[-1])["error"]
         assert error["code"] == "invalid_input" and str(d / key) in error["message"], error
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_sigterm_cuts_an_idle_remote_workers_long_poll_over_tls_short(
+        target: Target, tmp_path: Path) -> None:
+    """Over TLS too: SIGTERM ends an idle remote worker's long-poll at once. The socket kept
+    to be shut was the one TLS had taken over (closed under it), so the cut did nothing and
+    the worker sat out the whole poll (20 s)."""
+    d = _certificates(tmp_path)
+    secret = token(target, "w", "worker", worker="w")
+    path = token_file(tmp_path, "w.token", secret)
+    with served(target, "--reap-every", "0", "--tls-cert", str(d / "srv.pem"),
+                "--tls-key", str(d / "srv.key")) as s:
+        proc = subprocess.Popen(
+            [*jobcoord_argv(), "worker", "--server", s.url, "--token-file", path,
+             "--ca-file", str(d / "ca.pem"), "--exec", "k=true", "--readings-override",
+             '{"memory_used_pct": 10}', "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            time.sleep(3.0)  # started, found nothing, polling
+            assert proc.poll() is None, proc.communicate()
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=60)
+            took = time.monotonic() - t0
+        finally:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert json.loads(out.decode().splitlines()[-1])["claimed"] == 0
+    assert took < 5, took

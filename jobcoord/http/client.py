@@ -521,7 +521,9 @@ class _Cuttable:
         self._lock = threading.Lock()
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event != "connection.connect_tcp.complete":
+        # Over TLS the socket to shut is TLS's: the one `connect_tcp` returned is closed
+        # under it (shutting that did nothing, and a poll sat out its whole wait).
+        if event not in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
             return
         stream = info.get("return_value")
         with self._lock:
