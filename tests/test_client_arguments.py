@@ -6,9 +6,12 @@ invalid input changes nothing on the server."""
 from __future__ import annotations
 
 import io
+from typing import Any
+
+import pytest
 
 from jobcoord.db import Target
-from jobcoord.errors import InvalidInput
+from jobcoord.errors import InvalidInput, JobcoordError
 from jobcoord.http.client import RemoteCoordinator
 from jobcoord.service import Coordinator
 from tests.conftest import dump
@@ -135,3 +138,101 @@ def test_a_bare_string_is_one_role_or_kind_over_http_too(target: Target) -> None
         assert (row["roles"], row["kinds"]) == (["gpu"], ["k"]), row
         got = remote.claim("w1", kinds="k")
         assert got["job"]["kind"] == "k", got
+
+
+BIG = "x" * (2 * 1024 * 1024)
+
+#: Calls on a job leased to w1 at epoch `e`, which the client must answer as the Coordinator
+#: does (the same success, or the same error class and code). Over HTTP the first sent
+#: digits the server refuses (the Coordinator reads "1" as 1, as its CLI does), and the
+#: rest hit the server's body limit (`body_too_large`, whatever was too large) first.
+ALIKE: dict[str, Any] = {
+    "complete, epoch in digits": lambda c, j, e: c.complete(j, "w1", str(e), {"n": 1}),
+    "complete_and_claim, epoch in digits":
+        lambda c, j, e: c.complete_and_claim(j, "w1", str(e), {"n": 1})["completed"],
+    "complete_many, ids in digits": lambda c, j, e: c.complete_many(
+        [{"job_id": str(j), "worker_id": "w1", "epoch": str(e)}])["results"][0],
+    "renew, epoch in digits": lambda c, j, e: c.renew(j, "w1", str(e), lease_s="600"),
+    "fail, epoch in digits": lambda c, j, e: c.fail(j, "w1", str(e), "broke"),
+    "mark_effect, epoch in digits": lambda c, j, e: c.mark_effect(j, "w1", str(e)),
+    "checkpoint, epoch in digits": lambda c, j, e: c.checkpoint(j, "w1", str(e), "s", {}),
+    "a result too large": lambda c, j, e: c.complete(j, "w1", e, BIG),
+    "a result too large, chained": lambda c, j, e: c.complete_and_claim(j, "w1", e, BIG),
+    "one item's result too large": lambda c, j, e: c.complete_many(
+        [{"job_id": j, "worker_id": "w1", "epoch": e, "result": BIG}]),
+    "a provenance too large": lambda c, j, e: c.complete(j, "w1", e, {}, provenance={"x": BIG}),
+    "checkpoint data too large": lambda c, j, e: c.checkpoint(j, "w1", e, "s", BIG),
+    "an error too long": lambda c, j, e: c.fail(j, "w1", e, BIG),
+}
+
+
+def _outcome(call: Any) -> tuple[Any, ...]:
+    try:
+        got = call()
+    except JobcoordError as e:
+        return (type(e).__name__, e.code)
+    return ("ok", got.get("status"), got.get("error", {}).get("code"))
+
+
+def test_the_client_answers_each_call_as_the_coordinator_does(target: Target) -> None:
+    secret = token(target, "w1", "worker", worker="w1")
+    failures = []
+    with Coordinator.open(target) as coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        coord.heartbeat("w1", readings=IDLE_ON_AC)
+        for name, call in ALIKE.items():
+            got = []
+            for subject in (coord, remote):
+                job = coord.enqueue("k", {})["job_id"]
+                epoch = subject.claim("w1", lease_s=600)["lease"]["epoch"]
+                before = dump(coord)
+                got.append(_outcome(lambda subject=subject, job=job, epoch=epoch, call=call:
+                                    call(subject, job, epoch)))
+                if got[-1][0] != "ok":
+                    assert dump(coord) == before, name
+                if coord.show(job)["job"]["status"] == "running":
+                    coord.fail(job, "w1", epoch, "done", permanent=True)
+            if got[0] != got[1]:
+                failures.append(f"{name}: Coordinator {got[0]}, client {got[1]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_a_closed_client_refuses_as_a_closed_coordinator_does(target: Target) -> None:
+    """A call on a closed client raised httpx's RuntimeError, which no caller catching
+    JobcoordError (as the worker runtime does) catches; closed from another thread while
+    threads were in calls, the same. Now `coordinator_closed`, as a closed Coordinator."""
+    import threading
+
+    secret = token(target, "w1", "worker", worker="w1")
+    with Coordinator.open(target) as coord, served(target, "--reap-every", "0") as s:
+        coord.heartbeat("w1", readings=IDLE_ON_AC)
+        remote = RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0)
+        raised: list[BaseException] = []
+        stop = threading.Event()
+
+        def calls() -> None:
+            while not stop.is_set():
+                try:
+                    remote.heartbeat("w1", readings=IDLE_ON_AC)
+                    remote.claim("w1", wait=0)
+                except JobcoordError as e:
+                    if e.code == "coordinator_closed":
+                        return
+                except BaseException as e:  # what a caller catching JobcoordError would miss
+                    raised.append(e)
+                    return
+
+        threads = [threading.Thread(target=calls) for _ in range(6)]
+        for t in threads:
+            t.start()
+        remote.close()
+        stop.set()
+        for t in threads:
+            t.join(30)
+        with pytest.raises(InvalidInput) as closed:
+            remote.renew(1, "w1", 1)
+        with pytest.raises(InvalidInput) as closed_coord:
+            coord.close()
+            coord.renew(1, "w1", 1)
+    assert raised == [], raised
+    assert closed.value.code == closed_coord.value.code == "coordinator_closed"

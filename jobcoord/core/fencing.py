@@ -17,7 +17,7 @@ from ..store import query_statements as qs
 from ..store import statements as sql
 from .claim import answer, claim_in, past_damaged
 from .common import Context, as_bool, fenced_args, lease_us, record_event
-from .items import NO_KINDS, completion_texts
+from .items import NO_KINDS, checkpoint_text, completion_texts, failure_texts
 
 
 def check_owner(ctx: Context, conn: Connection, job_id: int, worker_id: str, epoch: int,
@@ -376,9 +376,9 @@ def failure_parts(job_id: Any, worker_id: Any, epoch: Any, error: Any, *,
                   effect_not_applied: Any = False) -> Failure:
     """Validate a failure report before any transaction (shared by fail and fail_many)."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch, tenant)
-    return Failure(job_id, worker_id, epoch, tenant,
-                   v.utf8_text(error, "error", max_len=v.MAX_TEXT),
-                   v.name(reason, "reason", max_len=40), v.flag(permanent, "permanent"),
+    error, reason = failure_texts(error, reason)
+    return Failure(job_id, worker_id, epoch, tenant, error, reason,
+                   v.flag(permanent, "permanent"),
                    v.flag(effect_not_applied, "effect_not_applied"))
 
 
@@ -546,10 +546,7 @@ def checkpoint(ctx: Context, job_id: int, worker_id: str, epoch: int, name: str,
     """Commit step progress under the current epoch; the next attempt's claim returns it."""
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
-    name = v.name(name, "name")
-    _, data_text = v.json_value({} if data is None else data, "data", str_is_text=False,
-                                max_bytes=ctx.policy.max_payload_bytes,
-                                require_object=False, too_large_code="checkpoint_too_large")
+    name, data_text = checkpoint_text(name, data, ctx.policy.max_payload_bytes)
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         owned, now = check_owner(ctx, conn, job_id, worker_id, epoch, tenant, "checkpoint")

@@ -75,6 +75,20 @@ def completion_texts(result: Any, provenance: Any, max_result_bytes: int
     return result_text, prov_text
 
 
+def checkpoint_text(name: Any, data: Any, max_bytes: int) -> tuple[str, str]:
+    """A checkpoint's name and data, checked, the data as the text stored."""
+    name = v.name(name, "name")
+    _, data_text = v.json_value({} if data is None else data, "data", str_is_text=False,
+                                max_bytes=max_bytes, require_object=False,
+                                too_large_code="checkpoint_too_large")
+    return name, data_text
+
+
+def failure_texts(error: Any, reason: Any) -> tuple[str, str]:
+    """A failure report's error and reason, checked."""
+    return v.utf8_text(error, "error", max_len=v.MAX_TEXT), v.name(reason, "reason", max_len=40)
+
+
 def checked_item(i: int, build: Callable[[], T]) -> T:
     """Validate one item as the single call would, saying which item was refused."""
     try:

@@ -35,8 +35,10 @@ from ..core.items import (
     REQUIRED,
     batch_items,
     checked_item,
+    checkpoint_text,
     completion_texts,
     earlier_in_batch,
+    failure_texts,
     job_and_epoch,
 )
 from ..errors import DatabaseBusy, InvalidInput, JobcoordError, StorageUnavailable
@@ -199,6 +201,8 @@ class RemoteCoordinator:
         delay = 0.05
         http = client or self._client
         while True:
+            if http.is_closed:
+                raise _closed()
             try:
                 request = http.build_request(
                     method, path, json=json, headers=headers, params=params,
@@ -214,6 +218,12 @@ class RemoteCoordinator:
                                    f"{type(e).__name__}: {e}") from None
             try:
                 resp = http.send(request)
+            except RuntimeError:
+                # httpx's refusal to send on a closed client (closed by another thread
+                # meanwhile): the caller catches JobcoordError, as from a Coordinator.
+                if http.is_closed:
+                    raise _closed() from None
+                raise
             except httpx.TransportError as e:
                 if http is self._checked and self._checked_conns.stopped:
                     raise _checks_ended() from None
@@ -289,7 +299,7 @@ class RemoteCoordinator:
         wait = self.claim_wait if wait is None else v.finite_seconds(wait, "wait", 0,
                                                                       MAX_WAIT_S)
         got = self._poll({
-            "lease_s": lease_s, "kinds": _kinds(kinds), "wait": wait},
+            "lease_s": _lease(lease_s), "kinds": _kinds(kinds), "wait": wait},
             wait)
         if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"job": None, "reason": "no_waiting_jobs",
@@ -307,7 +317,7 @@ class RemoteCoordinator:
         wait = self.claim_wait if wait is None else v.finite_seconds(wait, "wait", 0,
                                                                       MAX_WAIT_S)
         got = self._poll({
-            "n": n, "lease_s": lease_s, "kinds": _kinds(kinds),
+            "n": n, "lease_s": _lease(lease_s), "kinds": _kinds(kinds),
             "wait": wait}, wait)
         if got is None:  # 204: nothing within the wait (or the poll was interrupted)
             return {"claimed": [], "reason": "no_waiting_jobs",
@@ -323,19 +333,24 @@ class RemoteCoordinator:
         every item was checked as the core checks it: a group holding one bad item is
         refused whole, as the core refuses it, and nothing is sent."""
         checked = batch_items(items, COMPLETE_FIELDS, REQUIRED)
-        body = [{"job_id": it["job_id"], "epoch": it["epoch"], "result": it.get("result"),
-                 "provenance": _object(it.get("provenance"))} for it in checked]
+        body = []
+        for i, it in enumerate(checked):
+            job_id, epoch = checked_item(i, lambda it=it: job_and_epoch(it["job_id"],
+                                                                        it["epoch"]))
+            body.append({"job_id": job_id, "epoch": epoch, "result": it.get("result"),
+                         "provenance": _object(it.get("provenance"))})
         with self._completion_call([(it["job_id"], it["epoch"]) for it in body]) as checked:
             try:
                 got = self._call("POST", "/v1/completions", {"items": body}, **checked)
             except JobcoordError as e:
-                if e.code != "body_too_large" or len(body) < 2:
+                if e.code != "body_too_large":
                     raise
                 limit = self.policy.max_result_bytes
                 for i, it in enumerate(body):
-                    checked_item(i, lambda it=it: (
-                        job_and_epoch(it["job_id"], it["epoch"]),
-                        completion_texts(it["result"], it["provenance"], limit)))
+                    checked_item(i, lambda it=it: completion_texts(
+                        it["result"], it["provenance"], limit))
+                if len(body) < 2:
+                    raise
                 got = _one_group(body, self._completions(body, checked))
         # An item refused `artifact_changed` is sent again and checked again: its attempt
         # stays one whose completion waits for the checks (as a single completion's does).
@@ -363,15 +378,18 @@ class RemoteCoordinator:
 
     def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
               tenant: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{_job(job_id)}/renew",
-                          {"epoch": epoch, "lease_s": lease_s})
+        job_id, epoch = job_and_epoch(job_id, epoch)
+        return self._call("POST", f"/v1/jobs/{job_id}/renew",
+                          {"epoch": epoch, "lease_s": _lease(lease_s)})
 
     def complete(self, job_id: int, worker_id: str, epoch: int, result: Any = None, *,
                  provenance: Any = None, tenant: str | None = None) -> dict[str, Any]:
         # Sent again after a lost answer, the server says `already_accepted` when this very
         # epoch's result was the one it kept: never a false failure.
-        with self._completion_call([(job_id, epoch)]) as checked:
-            return self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
+        job_id, epoch = job_and_epoch(job_id, epoch)
+        with self._completion_call([(job_id, epoch)]) as checked, self._too_large_as_core(
+                lambda p: completion_texts(result, provenance, p.max_result_bytes)):
+            return self._call("POST", f"/v1/jobs/{job_id}/complete",
                               {"epoch": epoch, "result": result,
                                "provenance": _object(provenance)},
                               **checked)
@@ -387,10 +405,12 @@ class RemoteCoordinator:
         `already_accepted` and `next` is the job the lost answer claimed (same epoch and
         lease) while nothing touched it since; else a refusal: the worker claims the usual
         way."""
-        with self._completion_call([(job_id, epoch)]) as checked:
-            got = self._call("POST", f"/v1/jobs/{_job(job_id)}/complete",
+        job_id, epoch = job_and_epoch(job_id, epoch)
+        with self._completion_call([(job_id, epoch)]) as checked, self._too_large_as_core(
+                lambda p: completion_texts(result, provenance, p.max_result_bytes)):
+            got = self._call("POST", f"/v1/jobs/{job_id}/complete",
                              {"epoch": epoch, "result": result, "claim_next": True,
-                              "lease_s": lease_s,
+                              "lease_s": _lease(lease_s),
                               "provenance": _object(provenance)},
                              **checked)
         nxt = got.pop("next", None)
@@ -402,18 +422,24 @@ class RemoteCoordinator:
     def fail(self, job_id: int, worker_id: str, epoch: int, error: str, *,
              permanent: bool = False, reason: str = "failed", tenant: str | None = None,
              effect_not_applied: bool = False) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{_job(job_id)}/fail",
-                          {"epoch": epoch, "error": error, "permanent": permanent,
-                           "reason": reason, "effect_not_applied": effect_not_applied})
+        job_id, epoch = job_and_epoch(job_id, epoch)
+        with self._too_large_as_core(lambda _: failure_texts(error, reason)):
+            return self._call("POST", f"/v1/jobs/{job_id}/fail",
+                              {"epoch": epoch, "error": error, "permanent": permanent,
+                               "reason": reason, "effect_not_applied": effect_not_applied})
 
     def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
                     tenant: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{_job(job_id)}/effect", {"epoch": epoch})
+        job_id, epoch = job_and_epoch(job_id, epoch)
+        return self._call("POST", f"/v1/jobs/{job_id}/effect", {"epoch": epoch})
 
     def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str, data: Any = None,
                    *, tenant: str | None = None) -> dict[str, Any]:
-        return self._call("POST", f"/v1/jobs/{_job(job_id)}/checkpoint",
-                          {"epoch": epoch, "name": name, "data": data})
+        job_id, epoch = job_and_epoch(job_id, epoch)
+        with self._too_large_as_core(
+                lambda p: checkpoint_text(name, data, p.max_payload_bytes)):
+            return self._call("POST", f"/v1/jobs/{job_id}/checkpoint",
+                              {"epoch": epoch, "name": name, "data": data})
 
     def put_artifact(self, job_id: int, worker_id: str, epoch: int, name: str, source: Any,
                      media_type: str | None = None, *, tenant: str | None = None
@@ -424,10 +450,11 @@ class RemoteCoordinator:
 
         The media type is decided here as a local stage decides it (declared, else guessed
         from the name) and sent as `media_type`: the body's Content-Type only labels bytes."""
+        job_id, epoch = job_and_epoch(job_id, epoch)
         name = validate_name(name)
         params: dict[str, Any] = {"epoch": epoch, "media_type": media_type_of(media_type, name)}
         with _spooled(source) as (chunks, digest, size):
-            path = (f"/v1/jobs/{_job(job_id)}/artifacts/"
+            path = (f"/v1/jobs/{job_id}/artifacts/"
                     f"{urllib.parse.quote(name, safe='')}")
             resp = self._request("PUT", path, params=params, content=chunks, headers={
                 "X-Content-Digest": digest, "Content-Type": "application/octet-stream",
@@ -474,6 +501,18 @@ class RemoteCoordinator:
             self._forget(keys)
             raise
         self._forget(keys)
+
+    @contextlib.contextmanager
+    def _too_large_as_core(self, check: Callable[[Policy], object]) -> Iterator[None]:
+        """A body over the server's limit is refused `body_too_large`, whatever made it so:
+        the Coordinator's own refusal of the field at fault (`result_too_large`,
+        `checkpoint_too_large`, ...) instead, by its own checks, run here only then."""
+        try:
+            yield
+        except InvalidInput as e:
+            if e.code == "body_too_large":
+                check(self.policy)
+            raise
 
     def _forget(self, keys: set[tuple[int, int]]) -> None:
         with self._lock:
@@ -554,9 +593,21 @@ def _cut(streams: list[Any]) -> None:
                 sock.shutdown(socket.SHUT_RDWR)
 
 
+def _closed() -> InvalidInput:
+    return InvalidInput("coordinator_closed", "this RemoteCoordinator was closed; open another")
+
+
 def _checks_ended() -> StorageUnavailable:
     return StorageUnavailable("server_stopping", "this worker is stopping: the completion's "
                               "artifact checks were left undecided (the job is released)")
+
+
+def _lease(lease_s: Any) -> Any:
+    """A lease length as sent: digits read as the Coordinator reads them; the server judges
+    the rest (its policy's bounds)."""
+    if isinstance(lease_s, str):
+        return v.finite_seconds(lease_s, "lease", 0, float("inf"), lo_inclusive=False)
+    return lease_s
 
 
 def _job(job_id: Any) -> int:
