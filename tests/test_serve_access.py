@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from jobcoord.db import Target
+from jobcoord.errors import Refused
 from jobcoord.service import Coordinator
 from tests.serve_procs import db_args, jobcoord_argv, served, token
 from tests.sql import sql
@@ -528,6 +529,37 @@ def test_a_worker_token_learns_nothing_of_a_lease_it_never_held(target: Target) 
         assert c2.show(live)["lease"]["worker_id"] == "wb"
         assert c2.show(waiting)["job"]["status"] == "waiting"
     assert not failures, "\n".join(failures)
+
+
+def test_a_worker_told_its_lease_is_stale_is_not_told_the_epoch_another_worker_holds(
+        target: Target) -> None:
+    """A lease this worker lost keeps its 409 `stale_epoch`, which said `current_epoch`: the
+    epoch of the lease another worker now holds, which no answer tells it. The Python API,
+    a trusted local caller, keeps it."""
+    secret = token(target, "wa", "worker", tenant="alice", worker="wa")
+    c = Coordinator.open(target)
+    job = c.enqueue("k", {}, tenant="alice", role="both")["job_id"]
+    c.heartbeat("wa", roles=["both"], readings={"memory_used_pct": 10})
+    c.heartbeat("wb", roles=["both"], readings={"memory_used_pct": 10})
+    lost = c.claim("wa", lease_s=300)["lease"]["epoch"]
+    c.fail(job, "wa", lost, "stopping", reason="worker_shutdown")
+    assert c.claim("wb", lease_s=300)["lease"]["epoch"] == lost + 1
+    answers = []
+    with served(target, "--reap-every", "0") as s, s.client(secret) as client:
+        for op, body in FENCED:
+            resp = client.post(f"/v1/jobs/{job}/{op}", json={"epoch": lost, **body})
+            answers.append((op, resp.status_code, resp.json()["error"]))
+        resp = client.post("/v1/completions", json={"items": [{"job_id": job,
+                                                                "epoch": lost}]})
+        answers.append(("completions", 409, resp.json()["results"][0]["error"]))
+    for op, status, error in answers:
+        assert status == 409 and error["code"] == "stale_epoch", (op, status, error)
+        assert error["details"] == {"job_id": job}, (op, error)
+        assert f"epoch {lost + 1}" not in error["message"], (op, error)
+    with pytest.raises(Refused) as local:
+        c.complete(job, "wa", lost, {})
+    assert local.value.details["current_epoch"] == lost + 1
+    c.close()
 
 
 def test_a_worker_tokens_claim_refused_by_a_limit_names_no_other_workers_holder(

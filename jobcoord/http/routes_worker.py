@@ -56,8 +56,17 @@ def fenced_step(srv: Server, fn: Callable[..., T], job_id: int, epoch: int, *arg
             if _as_absent(srv.c, e.code, job_id, epoch, worker, identity.tenant):
                 raise Refused("job_not_found", f"job {job_id} not found",
                               job_id=job_id) from None
+            if e.code == "stale_epoch":
+                raise _stale(job_id, epoch) from None
             raise
     return run
+
+
+def _stale(job_id: int, epoch: int) -> Refused:
+    """A lease this worker lost, the job claimed again since: said without the job's
+    current epoch, which may be another worker's lease."""
+    return Refused("stale_epoch", f"epoch {epoch} of job {job_id} is stale: the job has "
+                   "been claimed again since", job_id=job_id)
 
 
 def _as_absent(coordinator: Any, code: str, job_id: int, epoch: int, worker: str,
@@ -280,6 +289,9 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
                 results[i] = {"job_id": it.job_id, "error": {
                     "code": "job_not_found", "message": f"job {it.job_id} not found",
                     "details": {"job_id": it.job_id}}}
+            elif code == "stale_epoch":
+                results[i] = {"job_id": it.job_id, "error": _stale(it.job_id, it.epoch)
+                              .to_json()["error"]}
             elif details.get("same_as_accepted"):
                 # Sent again after its answer was lost: it was accepted (as `complete`; a
                 # second item of one job in this group is the core's refusal, never this).
