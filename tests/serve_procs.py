@@ -159,6 +159,20 @@ def wait_for(predicate: Any, timeout: float = 20.0, every: float = 0.05) -> Any:
         time.sleep(every)
 
 
+def terminated(proc: subprocess.Popen[bytes], timeout: float = 60
+               ) -> tuple[bytes, bytes, float]:
+    """Send `proc` SIGTERM and wait for it to exit: its output, and how long it took (killed
+    if it outlives `timeout`, or if waiting for it fails)."""
+    try:
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=timeout)
+        return out, err, time.monotonic() - t0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def as_connection_opens(conns: Any, action: Any) -> None:
     """Make `action` run whenever a connection of this client's cuttable pool (the remote
     client's `_poll_conns`, `_checked_conns`) starts opening: after its call looked at

@@ -33,6 +33,7 @@ from tests.serve_procs import (
     db_args,
     jobcoord_argv,
     served,
+    terminated,
     token,
     token_file,
     wait_for,
@@ -1027,15 +1028,13 @@ def _stopped_during_checks(s: Setup, tmp_path: Path, job: int, validator_s: floa
         try:
             # The completion is in its checks once its artifact is staged.
             wait_for(lambda: s.rows(job), timeout=30)
-            checks_from = time.monotonic()
-            time.sleep(1.0)
-            t0 = time.monotonic()
-            worker.send_signal(signal.SIGTERM)
-            out, err = worker.communicate(timeout=60)
-            took = time.monotonic() - t0
-        finally:
+        except BaseException:
             worker.kill()
             worker.wait()
+            raise
+        checks_from = time.monotonic()
+        time.sleep(1.0)
+        out, err, took = terminated(worker)
         yield {"took": took, "code": worker.returncode, "out": out.decode(),
                "err": err.decode()[-2000:], "checks_from": checks_from}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 
 from jobcoord.db import Target
-from tests.serve_procs import db_args, jobcoord_argv, served, token, token_file
+from tests.serve_procs import db_args, jobcoord_argv, served, terminated, token, token_file
 
 FAKE_CERT = b"-----BEGIN CERTIFICATE-----\nTUlJ\n-----END CERTIFICATE-----\n"
 SERVER = "https://127.0.0.1:9"
@@ -154,16 +153,8 @@ def test_sigterm_cuts_an_idle_remote_workers_long_poll_over_tls_short(
              "--ca-file", str(d / "ca.pem"), "--exec", "k=true", "--readings-override",
              '{"memory_used_pct": 10}', "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            time.sleep(3.0)  # started, found nothing, polling
-            assert proc.poll() is None, proc.communicate()
-            t0 = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=60)
-            took = time.monotonic() - t0
-        finally:
-            proc.kill()
-            proc.wait()
+        time.sleep(3.0)  # started, found nothing, polling
+        out, err, took = terminated(proc)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert json.loads(out.decode().splitlines()[-1])["claimed"] == 0
     assert took < 5, took
