@@ -315,3 +315,50 @@ def test_sigterm_with_results_waiting_in_a_group_delivers_them_and_releases_the_
     assert coord.show(slow)["job"]["status"] == "waiting"
     assert _reasons(coord, slow)[-1] == "worker_shutdown"
     _books(coord)
+
+
+def _deaf(tmp_path: Path) -> str:
+    """A command that ignores SIGTERM (and so does what it runs): only SIGKILL stops it."""
+    script = tmp_path / "deaf cmd #1.sh"
+    script.write_text("#!/bin/sh\ntrap '' TERM\ncat >/dev/null\nexec sleep 300\n")
+    script.chmod(0o755)
+    return f"deaf='{script}'"
+
+
+def test_a_command_deaf_to_sigterm_is_released_on_shutdown_within_its_lease(
+        coord: Coordinator, target: Any, tmp_path: Path, procs: Any) -> None:
+    """`--kill-grace` (5 s) longer than what was left of the lease (3 s): the worker waited
+    out the grace for the command to stop, renewing nothing, and its release was refused
+    (lease_expired): the job stayed `running` until the reaper took it back as a used
+    attempt (its last: dead). The command is stopped before the lease ends, the job
+    released with its attempt kept."""
+    job = coord.enqueue("deaf", {}, max_attempts=1)["job_id"]
+    w = procs(target, tmp_path / "w.log", "w1", "--exec", _deaf(tmp_path), "--lease", "3",
+              "--grace", "0.5")
+    wait_for(lambda: coord.show(job)["job"]["status"] == "running", 30, "running")
+    time.sleep(1.0)
+    w.proc.send_signal(signal.SIGTERM)
+    code, summary = w.finish(30)
+    assert code == 0 and summary is not None and summary["released"] == 1, summary
+    shown = coord.show(job)
+    assert shown["job"]["status"] == "waiting", shown["events"]
+    assert _reasons(coord, job)[-1] == "worker_shutdown"
+    _books(coord)
+
+
+def test_a_command_deaf_to_sigterm_that_timed_out_fails_as_a_timeout_within_its_lease(
+        coord: Coordinator, target: Any, tmp_path: Path, procs: Any) -> None:
+    """Its budget (1 s) spent, the command is stopped; with `--kill-grace` 8 s past the
+    lease's end (3 s), the lease ran out during the stop: the reaper offered the job again
+    while the command still ran (two handlers of one job at once in two workers), and the
+    `timeout` report was refused. The command is killed before the lease ends, and the
+    attempt ends as a timeout."""
+    job = coord.enqueue("deaf", {}, max_attempts=3)["job_id"]
+    w = procs(target, tmp_path / "w.log", "w1", "--exec", _deaf(tmp_path), "--lease", "3",
+              "--timeout", "deaf=1", "--kill-grace", "8", "--max-jobs", "1")
+    code, summary = w.finish(30)
+    assert code == 0 and summary is not None, summary
+    reasons = _reasons(coord, job)
+    assert reasons[-1] == "timeout" and "fail_refused" not in reasons, reasons
+    assert coord.show(job)["job"]["status"] == "waiting"
+    _books(coord)

@@ -42,6 +42,14 @@ RENEW_FRACTION = 1.0 / 3.0
 RETRY_S = 0.25
 #: How often a late claim's pending renewal looks whether the worker was told to stop.
 CONFIRM_LOOK_S = 0.1
+#: A command stopped while its lease is still held (its budget spent, the worker stopping)
+#: is killed this fraction of the lease (at most REPORT_MARGIN_MAX_S) before the lease's end
+#: at the latest, whatever `--kill-grace` says: nothing renews the lease while the worker
+#: waits for the command, and its report must land while the lease is its own. (Waiting out
+#: the whole grace, the release or timeout was refused, and the reaper offered the job again
+#: while the command still ran.)
+REPORT_MARGIN = 0.25
+REPORT_MARGIN_MAX_S = 1.0
 
 
 class JobRun:
@@ -108,14 +116,23 @@ class JobRun:
         if take_over is not None:
             take_over()
 
-    def _stop_handler(self, ctx: Context, reason: str) -> None:
+    def _stop_handler(self, ctx: Context, reason: str, lease_end: float | None = None
+                      ) -> None:
+        """Stop the handler: a Python one is told (`ctx.cancelled`); a command gets SIGTERM,
+        then SIGKILL after `--kill-grace`, or sooner when the lease (held still, ending at
+        `lease_end` on the boot clock) would end first (REPORT_MARGIN)."""
         ctx.cancel(reason)
         proc = self.proc
         if proc is None or proc.returncode is not None:
             return
+        grace = self.w.config.kill_grace_s
+        if lease_end is not None:
+            lease_s = self.w.config.lease_s
+            margin = min(lease_s * REPORT_MARGIN, REPORT_MARGIN_MAX_S)
+            grace = min(grace, max(0.0, lease_end - margin - self.w.clock.boot()))
         kill_group(proc, signal.SIGTERM)
         try:
-            proc.wait(self.w.config.kill_grace_s)
+            proc.wait(grace)
         except subprocess.TimeoutExpired:
             kill_group(proc, signal.SIGKILL)
             proc.wait()
@@ -355,7 +372,7 @@ class JobRun:
                 result = Outcome("lost", code=ctx.cancel_reason)
                 break
             if now >= deadline and handler_done is None:
-                self._stop_handler(ctx, "timeout")
+                self._stop_handler(ctx, "timeout", lease_end)
                 why = (f"wall-clock budget of {self.spec.timeout_s:g}s exceeded"
                        if poll is not None else
                        f"wall-clock budget of {self.spec.timeout_s:g}s exceeded while an "
@@ -363,7 +380,7 @@ class JobRun:
                 result = Outcome("timeout", error=why)
                 break
             if self.release_requested.is_set():
-                self._stop_handler(ctx, "worker_shutdown")
+                self._stop_handler(ctx, "worker_shutdown", lease_end)
                 result = Outcome("released", error="worker shutting down: the job was "
                                   "released to be retried")
                 break
