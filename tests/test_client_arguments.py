@@ -163,6 +163,17 @@ ALIKE: dict[str, Any] = {
     "a provenance too large": lambda c, j, e: c.complete(j, "w1", e, {}, provenance={"x": BIG}),
     "checkpoint data too large": lambda c, j, e: c.checkpoint(j, "w1", e, "s", BIG),
     "an error too long": lambda c, j, e: c.fail(j, "w1", e, BIG),
+    "heartbeat readings too large":
+        lambda c, j, e: c.heartbeat("w1", readings={"memory_used_pct": 1, "pad": BIG}),
+    "heartbeat readings as text too large":
+        lambda c, j, e: c.heartbeat("w1", readings='{"pad": "' + BIG + '"}'),
+}
+
+#: Submissions the client must answer as the Coordinator does (a submitter's token).
+SUBMITS: dict[str, Any] = {
+    "a payload too large": lambda c: c.enqueue("k", {"pad": BIG}),
+    "a payload too large, with a key": lambda c: c.enqueue("k", {"pad": BIG}, key="big-1"),
+    "a payload that is a long string": lambda c: c.enqueue("k", BIG),
 }
 
 
@@ -193,6 +204,24 @@ def test_the_client_answers_each_call_as_the_coordinator_does(target: Target) ->
                 if coord.show(job)["job"]["status"] == "running":
                     coord.fail(job, "w1", epoch, "done", permanent=True)
             if got[0] != got[1]:
+                failures.append(f"{name}: Coordinator {got[0]}, client {got[1]}")
+    assert not failures, "\n".join(failures)
+
+
+def test_the_client_refuses_a_submission_as_the_coordinator_does(target: Target) -> None:
+    """A payload over the server's body limit was `body_too_large` with no detail; the
+    Coordinator says `payload_too_large` (with its limit and size) or why the payload is
+    not one."""
+    secret = token(target, "ci", "submitter")
+    failures = []
+    with Coordinator.open(target) as coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        before = dump(coord)
+        for name, call in SUBMITS.items():
+            got = [_outcome(lambda subject=subject, call=call: call(subject))
+                   for subject in (coord, remote)]
+            assert dump(coord) == before, name
+            if got[0] != got[1] or got[0][0] == "ok":
                 failures.append(f"{name}: Coordinator {got[0]}, client {got[1]}")
     assert not failures, "\n".join(failures)
 
@@ -234,5 +263,15 @@ def test_a_closed_client_refuses_as_a_closed_coordinator_does(target: Target) ->
         with pytest.raises(InvalidInput) as closed_coord:
             coord.close()
             coord.renew(1, "w1", 1)
+        # Interrupted (a worker's SIGTERM) and closed: claims answered "nothing", as if
+        # the client still served.
+        stopped = RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0)
+        stopped.interrupt()
+        stopped.close()
+        with pytest.raises(InvalidInput) as closed_claim:
+            stopped.claim("w1", wait=0)
+        with pytest.raises(InvalidInput) as closed_many:
+            stopped.claim_many("w1", 2, wait=0)
     assert raised == [], raised
     assert closed.value.code == closed_coord.value.code == "coordinator_closed"
+    assert closed_claim.value.code == closed_many.value.code == "coordinator_closed"

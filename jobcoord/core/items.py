@@ -84,6 +84,30 @@ def checkpoint_text(name: Any, data: Any, max_bytes: int) -> tuple[str, str]:
     return name, data_text
 
 
+def payload_text(payload: Any, max_bytes: int) -> str:
+    """A job's payload, checked, as the text stored."""
+    return v.json_value({} if payload is None else payload, "payload", max_bytes=max_bytes,
+                        require_object=True)[1]
+
+
+#: The largest heartbeat readings.
+MAX_READINGS_BYTES = 16 * 1024
+
+
+def readings_value(readings: Any) -> tuple[dict[str, Any], str]:
+    """A heartbeat's readings (a JSON object as text, or a mapping), parsed, and their text
+    exactly as received (a mapping serialised once). What each reading may be is the
+    workers' rule (core.workers.parse_readings)."""
+    if isinstance(readings, str):
+        return v.json_value(readings, "readings", max_bytes=MAX_READINGS_BYTES,
+                            require_object=True)[0], readings
+    if not isinstance(readings, Mapping):
+        raise InvalidInput("invalid_input", "readings must be a JSON object (as text) or a "
+                           "mapping", field="readings")
+    return v.json_value(dict(readings), "readings", max_bytes=MAX_READINGS_BYTES,
+                        require_object=True)
+
+
 def failure_texts(error: Any, reason: Any) -> tuple[str, str]:
     """A failure report's error and reason, checked."""
     return v.utf8_text(error, "error", max_len=v.MAX_TEXT), v.name(reason, "reason", max_len=40)

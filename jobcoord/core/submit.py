@@ -13,6 +13,7 @@ from ..clock import iso, now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import statements as sql
 from .common import DEFAULT_TENANT, Context, loads, record_event
+from .items import payload_text as payload_text_of
 
 
 @dataclass(frozen=True)
@@ -84,10 +85,7 @@ def check_spec(ctx: Context, spec: JobSpec,
     batch repeats a few combinations of kind, role, tenant, priority, attempts, delay and
     deadline; checking each job's again cost as much as storing it)."""
     p = ctx.policy
-    _, payload_text = v.json_value(
-        {} if spec.payload is None else spec.payload, "payload",
-        max_bytes=p.max_payload_bytes, require_object=True,
-    )
+    payload_text = payload_text_of(spec.payload, p.max_payload_bytes)
     settings = _settings(ctx, spec, names)
     return CheckedSpec(
         kind=settings[0], payload_text=payload_text, priority=settings[1], role=settings[2],
@@ -346,8 +344,7 @@ def _check_batch(ctx: Context, items: Sequence[Any]
                     or payload_text.count("{") + payload_text.count("[") > v.MAX_JSON_DEPTH):
                 payload_text = v.stored_text(payload, "payload", max_bytes=max_bytes)
         else:
-            _, payload_text = v.json_value({} if payload is None else payload, "payload",
-                                           max_bytes=max_bytes, require_object=True)
+            payload_text = payload_text_of(payload, max_bytes)
         if (prev is None or spec.kind is not prev.kind or spec.priority is not prev.priority
                 or spec.role is not prev.role or spec.tenant is not prev.tenant
                 or spec.max_attempts is not prev.max_attempts

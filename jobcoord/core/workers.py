@@ -16,7 +16,7 @@ from ..errors import InvalidInput
 from ..policy import GateDecision, Readings, evaluate
 from ..store import statements as sql
 from .common import Context, as_bool
-from .items import NO_KINDS
+from .items import NO_KINDS, readings_value
 
 
 def heartbeat(ctx: Context, worker_id: str, *, roles: Sequence[str] | None = None,
@@ -192,15 +192,7 @@ def parse_readings(readings: Mapping[str, Any] | str | None, *, received: bool =
     "unknown". `received=False`: readings as stored, which may predate a rule on receipt."""
     if readings is None:
         return None, Readings()
-    if isinstance(readings, str):
-        raw = readings
-        value, _ = v.json_value(readings, "readings", max_bytes=16 * 1024, require_object=True)
-    elif not isinstance(readings, Mapping):
-        raise InvalidInput("invalid_input", "readings must be a JSON object (as text) or a "
-                           "mapping", field="readings")
-    else:
-        value, raw = v.json_value(dict(readings), "readings", max_bytes=16 * 1024,
-                                  require_object=True)
+    value, raw = readings_value(readings)
     parsed: dict[str, Any] = {}
     gpu_temps: list[float] = []
     for key, val in value.items():

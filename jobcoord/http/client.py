@@ -40,6 +40,8 @@ from ..core.items import (
     earlier_in_batch,
     failure_texts,
     job_and_epoch,
+    payload_text,
+    readings_value,
 )
 from ..errors import DatabaseBusy, InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
@@ -169,6 +171,8 @@ class RemoteCoordinator:
 
     def _poll(self, body: dict[str, Any], wait: float) -> Any:
         """One claim request over the poll connection; None when interrupted."""
+        if self._polls.is_closed:  # (interrupted or not: closed is the answer)
+            raise _closed()
         if self._poll_conns.stopped:
             return None
         try:
@@ -278,9 +282,11 @@ class RemoteCoordinator:
 
     def heartbeat(self, worker_id: str, *, roles: Any = None, readings: Any = None,
                   kinds: Any = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/heartbeat", {
-            "roles": [] if roles is None else v.names(roles, "role"), "kinds": _kinds(kinds),
-            "readings": readings})
+        with self._too_large_as_core(
+                lambda _: None if readings is None else readings_value(readings)):
+            return self._call("POST", "/v1/heartbeat", {
+                "roles": [] if roles is None else v.names(roles, "role"),
+                "kinds": _kinds(kinds), "readings": readings})
 
     def _claims_for(self, tenant: str | None) -> None:
         """A claim's tenant is the token's: one naming another is refused, never dropped
@@ -540,8 +546,10 @@ class RemoteCoordinator:
         headers = {"Idempotency-Key": key} if key is not None else None
         # Sent again after a lost answer only with a key: the server then answers with the
         # job the first sending made; without one, a second job.
-        return self._call("POST", "/v1/jobs", {"kind": kind, "payload": payload, **options},
-                          headers=headers, resend=key is not None)
+        with self._too_large_as_core(lambda p: payload_text(payload, p.max_payload_bytes)):
+            return self._call("POST", "/v1/jobs",
+                              {"kind": kind, "payload": payload, **options},
+                              headers=headers, resend=key is not None)
 
     def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_job(job_id)}")
