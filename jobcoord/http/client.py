@@ -476,7 +476,7 @@ class RemoteCoordinator:
         return dict(data or {})
 
     @contextlib.contextmanager
-    def _completion_call(self, attempts: list[tuple[Any, Any]]) -> Iterator[dict[str, Any]]:
+    def _completion_call(self, attempts: list[tuple[int, int]]) -> Iterator[dict[str, Any]]:
         """A completion's call options, for the block that sends it: the server re-hashes
         the artifacts an attempt uploaded and runs its kind's validator before answering
         (keeping the lease meanwhile), which may take far longer than a call; waited for,
@@ -484,10 +484,7 @@ class RemoteCoordinator:
         connections `stop_checks` can cut. Empty: the client's own timeout and connections.
         The attempts are forgotten once the server answered; a completion it could not take
         (unreachable, busy) is sent again and waits again."""
-        keys = set()
-        for job_id, epoch in attempts:
-            with contextlib.suppress(InvalidInput):  # (the server refuses those)
-                keys.add(job_and_epoch(job_id, epoch))
+        keys = set(attempts)  # (checked by the callers: job_and_epoch)
         with self._lock:
             found = not keys.isdisjoint(self._uploaded)
         if found and self._checked_conns.stopped:
