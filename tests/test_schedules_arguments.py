@@ -93,3 +93,49 @@ def test_a_schedule_whose_first_slot_falls_past_the_calendar_is_refused_and_chan
         coord.add_schedule("far", "k", **kwargs)
     assert "9999" in e.value.message or "10000" in e.value.message, e.value.message
     assert dump(coord) == before
+
+
+@pytest.mark.parametrize("kwargs", [{"every": "30m"}, {"cron": "30 23 31 12 *"},
+                                    {"every": "10m", "window": "20m"}],
+                         ids=["every", "cron", "window"])
+def test_a_schedule_at_the_calendars_end_fires_what_is_due_then_pauses(
+        coord: Coordinator, kwargs: dict[str, Any]) -> None:
+    """A tick whose schedule's next slot (or its window) would fall past the year 9999
+    called the row corrupt ("written outside jobcoord", `schedule tick` exit 7) and fired
+    nothing, not even the slot due; a resume then failed with an internal error (exit 1).
+    Now the due slot fires and the schedule pauses, saying its calendar ended; a resume is
+    refused as an add past the calendar is, and changes nothing."""
+    from freezegun import freeze_time
+
+    with freeze_time("9999-12-31T23:05:00"):
+        coord.add_schedule("end", "k", **kwargs)
+    with freeze_time("9999-12-31T23:31:00"):
+        got = coord.tick_schedules()
+        assert got["unreadable"] == [], got
+        (s,) = got["schedules"]
+        assert s["fired"] >= 1 and len(s["jobs"]) == s["fired"], got
+        assert s["next_fire_at"] is None and s["calendar_ended"] is True, s
+        (row,) = coord.schedules()["schedules"]
+        assert row["paused"] is True and row["next_fire_at"] is None, row
+        # Nothing more is due: the next tick handles nothing.
+        again = coord.tick_schedules()
+        assert (again["schedules"], again["unreadable"]) == ([], []), again
+        before = dump(coord)
+        with pytest.raises(InvalidInput) as e:
+            coord.resume_schedule("end")
+        assert "9999" in e.value.message, e.value.message
+        assert dump(coord) == before
+
+
+def test_schedule_tick_says_a_schedule_paused_at_the_calendars_end_exit_0(
+        target: Any) -> None:
+    from freezegun import freeze_time
+
+    from tests.conftest import run_cli
+
+    with freeze_time("9999-12-31T23:05:00"):
+        assert run_cli(target, "schedule", "add", "end", "--every", "30m", "k").code == 0
+    with freeze_time("9999-12-31T23:31:00"):
+        got = run_cli(target, "schedule", "tick")
+    assert got.code == 0, got
+    assert "fired 1" in got.out and "schedule end: paused" in got.out, got

@@ -125,4 +125,7 @@ def tick(s: Settings, limit: str, as_json: bool) -> None:
          f"{'' if got['missed_exact'] else ' or more (older slots not counted)'}, skipped "
          f"{got['skipped']}, queued {got['queued']}" + "".join(
              f"\nunreadable schedule {safe_text(u['name'])}: {safe_text(u['detail'])}"
-             for u in bad), code=7 if bad else 0)
+             for u in bad) + "".join(
+             f"\nschedule {safe_text(x['schedule'])}: paused, no slot is left before the "
+             "calendar's end (the year 9999)" for x in got["schedules"]
+             if x.get("calendar_ended")), code=7 if bad else 0)

@@ -182,7 +182,7 @@ def set_paused(ctx: Context, name: str, paused: bool) -> dict[str, Any]:
         changed = bool(s["paused"]) != paused
         next_slot = s["next_slot_at"]
         if changed and not paused:
-            next_slot = _timing_of(s).next_after(now)
+            next_slot = _first_slot(_timing_of(s), now, s["window_us"])
         due = None if paused else (now if s["queued_slot_at"] is not None else next_slot)
         if changed:
             ctx.db.run(conn, sql.SET_PAUSED, {
@@ -338,12 +338,22 @@ class _Tick:
         for slot in now_todo[len(rows):]:
             self.fire(slot)
         after = rest[0] if rest else due.after
-        due_at = now if self.queued is not None or rest else after
-        self.ctx.db.run(self.conn, sql.ADVANCE_SCHEDULE, {
-            "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due_at,
-            "queued_slot_at": self.queued, "now": now})
+        ended = after is None
+        if ended:
+            # No slot is left on the calendar: paused, as `pause` leaves a schedule (a
+            # resume is refused while no slot is left, as an add is).
+            self.ctx.db.run(self.conn, sql.SET_PAUSED, {
+                "schedule_id": s["schedule_id"], "paused": True,
+                "next_slot_at": max(due.slots, default=s["next_slot_at"]), "due_at": None,
+                "queued_slot_at": self.queued, "now": now})
+        else:
+            due_at = now if self.queued is not None or rest else after
+            self.ctx.db.run(self.conn, sql.ADVANCE_SCHEDULE, {
+                "schedule_id": s["schedule_id"], "next_slot_at": after, "due_at": due_at,
+                "queued_slot_at": self.queued, "now": now})
         return ({"schedule": s["name"], **self.counts, "missed_exact": due.passed is not None,
-                 "jobs": self.jobs, "next_fire_at": due.after},
+                 "jobs": self.jobs, "next_fire_at": due.after,
+                 "calendar_ended": ended},
                 Due(rest, 0, due.after) if rest else None)
 
     def record_missed(self, rows: list[int] | tuple[int, ...], uncounted: int,
@@ -389,12 +399,16 @@ def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str
                          since=now - ON_TIME_S * MICROS,
                          older=_catchup_max(s) + MAX_MISSED_ROWS)
         window = s["window_us"]
-        for slot in (*due.slots, due.after):
+        for slot in due.slots:
             iso(slot)
             if window is not None:
                 iso(slot + window)
     except Exception as e:  # whatever the row makes the slot arithmetic raise
         return f"{type(e).__name__}: {str(e)[:200]} (written outside jobcoord)"
+    if due.after is not None and due.after + (s["window_us"] or 0) > stored.MAX_TIME_US:
+        # The calendar ends before the next slot (or its window): the tick fires what is
+        # due and pauses the schedule (an add is refused as much, see _first_slot).
+        return Due(due.slots, due.passed, None)
     return due
 
 
@@ -407,7 +421,7 @@ def _replan(planned: tuple[dict[str, Any], int, Due | str] | None, s: dict[str, 
     if planned is None or planned[0] != s or now < planned[1]:  # (or the clock stepped back)
         return _plan(s, now)
     due = planned[2]
-    if isinstance(due, str) or due.after > now:
+    if isinstance(due, str) or due.after is None or due.after > now:
         return due
     more = _plan(s, now, due.after)
     if isinstance(more, str):
@@ -527,6 +541,7 @@ def tick(ctx: Context, *, limit: int = 100) -> dict[str, Any]:
             seen["missed_exact"] = seen["missed_exact"] and got["missed_exact"]
             seen["jobs"] = seen["jobs"] + got["jobs"]
             seen["next_fire_at"] = got["next_fire_at"]
+            seen["calendar_ended"] = got["calendar_ended"]
         if not more:
             return out
         # Each write committed its slots with the rows advanced: a crash here neither loses

@@ -113,15 +113,19 @@ class Timing:
         passed = None if start is not None else len(slots) - keep
         return Due(tuple(slots[len(slots) - keep:]), passed, after)
 
-    def _walk(self, first: int, start: int | None, now: int) -> tuple[list[int], int]:
+    def _walk(self, first: int, start: int | None, now: int
+              ) -> tuple[list[int], int | None]:
         """A cron's slots up to `now` from `first` (start None) or after `start`, and the
-        first slot after `now`."""
+        first slot after `now` (None: the calendar ends first)."""
         assert self.cron is not None
         slots = [first] if start is None else []
         last = first if start is None else start
         it = CronSim(self.cron, from_us(last, zone(self.tz or "UTC")))
         while True:
-            nxt = to_us(next(it))
+            try:
+                nxt = to_us(next(it))
+            except OverflowError:  # the calendar ends (the year 9999) before a next slot
+                return slots, None
             if nxt <= last:  # never a slot twice, never backwards (see next_after)
                 continue
             if nxt > now:
@@ -158,11 +162,12 @@ class Timing:
 class Due:
     """What a tick handles of a schedule: `slots`, ascending, the latest up to now; how
     many slots before them were passed over, or None when they were not counted (a cron
-    after more slots than the tick handles); the first slot after now."""
+    after more slots than the tick handles); the first slot after now, or None when the
+    calendar ends before it (or before its window does)."""
 
     slots: tuple[int, ...]
     passed: int | None
-    after: int
+    after: int | None
 
 
 def cron_timing(expr: object, tz: object) -> Timing:
