@@ -436,6 +436,12 @@ def test_source_that_is_a_directory_or_missing_is_invalid_input_naming_it(
         store.put(io.StringIO("text, not bytes"))  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
         store.put(12345)  # type: ignore[arg-type]
+    # A closed file object raised ValueError, which no caller catching JobcoordError catches.
+    closed = io.BytesIO(b"gone")
+    closed.close()
+    with pytest.raises(InvalidInput) as exc:
+        store.put(closed)
+    assert "cannot be read" in exc.value.message, exc.value.message
     assert files_under(store.root) == []
 
 

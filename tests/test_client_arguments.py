@@ -6,6 +6,7 @@ invalid input changes nothing on the server."""
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 import pytest
@@ -165,6 +166,14 @@ ALIKE: dict[str, Any] = {
     "an error too long": lambda c, j, e: c.fail(j, "w1", e, BIG),
     "heartbeat readings too large":
         lambda c, j, e: c.heartbeat("w1", readings={"memory_used_pct": 1, "pad": BIG}),
+    "heartbeat readings as text": lambda c, j, e: c.heartbeat(
+        "w1", readings='{"memory_used_pct": 50, "on_battery": false}')["readings"],
+    "a result whose keys mix text and numbers":
+        lambda c, j, e: c.complete(j, "w1", e, {"a": 1, 2: 3}),
+    "one item's result whose keys mix text and numbers": lambda c, j, e: c.complete_many(
+        [{"job_id": j, "worker_id": "w1", "epoch": e, "result": {"a": 1, 2: 3}}]),
+    "checkpoint data whose keys mix text and numbers":
+        lambda c, j, e: c.checkpoint(j, "w1", e, "s", {"a": 1, 2: 3}),
     "heartbeat readings as text too large":
         lambda c, j, e: c.heartbeat("w1", readings='{"pad": "' + BIG + '"}'),
 }
@@ -174,7 +183,25 @@ SUBMITS: dict[str, Any] = {
     "a payload too large": lambda c: c.enqueue("k", {"pad": BIG}),
     "a payload too large, with a key": lambda c: c.enqueue("k", {"pad": BIG}, key="big-1"),
     "a payload that is a long string": lambda c: c.enqueue("k", BIG),
+    "a payload whose keys mix text and numbers": lambda c: c.enqueue("k", {"a": 1, 2: 3}),
 }
+
+#: Submissions both take, making the same job: options read as the Coordinator reads them.
+SUBMITTED_ALIKE: dict[str, Any] = {
+    "max_attempts in digits": lambda c: c.enqueue("k", {}, max_attempts="2"),
+    "deadline in digits": lambda c: c.enqueue("k", {}, deadline_s="20"),
+    "delay in digits": lambda c: c.enqueue("k", {}, delay_s="20"),
+    "needs as text": lambda c: c.enqueue("k", {}, needs="gpu_mem_mb=100, ram_mb=8"),
+    "payload as JSON text": lambda c: c.enqueue("k", '{"a": [1, 2]}'),
+    "payload as JSON bytes": lambda c: c.enqueue("k", b'{"b": 1}'),
+    "the token's own tenant": lambda c: c.enqueue("k", {}, tenant="alice"),
+}
+
+
+def _made(coord: Coordinator, job_id: int) -> tuple[Any, ...]:
+    j = coord.show(job_id)["job"]
+    return (j["kind"], j["payload"], j["max_attempts"], j["needs"], j["tenant"],
+            j["deadline_at"] is None, j["run_after"] == j["created_at"])
 
 
 def _outcome(call: Any) -> tuple[Any, ...]:
@@ -226,6 +253,37 @@ def test_the_client_refuses_a_submission_as_the_coordinator_does(target: Target)
     assert not failures, "\n".join(failures)
 
 
+def test_the_client_reads_a_submissions_options_as_the_coordinator_does(
+        target: Target) -> None:
+    """Digits for max_attempts, deadline_s or delay_s, needs as NAME=INT text, a payload
+    as JSON text: the Coordinator reads each, and the client sent them as they were, which
+    the server refused (invalid_input)."""
+    secret = token(target, "ci", "submitter", tenant="alice")
+    failures = []
+    with Coordinator.open(target) as coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        for name, call in SUBMITTED_ALIKE.items():
+            try:
+                made = [_made(coord, call(subject)["job_id"]) for subject in (coord, remote)]
+            except JobcoordError as e:
+                failures.append(f"{name}: {e.code}: {e.message}")
+                continue
+            # (the Coordinator's jobs go to the tenant named, else the default one)
+            if made[0][:4] != made[1][:4] or made[0][5:] != made[1][5:]:
+                failures.append(f"{name}: Coordinator {made[0]}, client {made[1]}")
+        # A keyword neither knows is a TypeError on both (the client sent it, and the
+        # server refused an unknown field).
+        for subject in (coord, remote):
+            with pytest.raises(TypeError):
+                subject.enqueue("k", {}, bogus=1)  # type: ignore[call-arg]
+        # The job goes to the token's tenant: naming another is refused, never dropped.
+        before = dump(coord)
+        with pytest.raises(InvalidInput) as other:
+            remote.enqueue("k", {}, tenant="bob")
+        assert "alice" in other.value.message and dump(coord) == before
+    assert not failures, "\n".join(failures)
+
+
 def test_a_closed_client_refuses_as_a_closed_coordinator_does(target: Target) -> None:
     """A call on a closed client raised httpx's RuntimeError, which no caller catching
     JobcoordError (as the worker runtime does) catches; closed from another thread while
@@ -247,6 +305,8 @@ def test_a_closed_client_refuses_as_a_closed_coordinator_does(target: Target) ->
                 except JobcoordError as e:
                     if e.code == "coordinator_closed":
                         return
+                    raised.append(e)  # (a claim cut by close() said server_unreachable)
+                    return
                 except BaseException as e:  # what a caller catching JobcoordError would miss
                     raised.append(e)
                     return
@@ -254,6 +314,7 @@ def test_a_closed_client_refuses_as_a_closed_coordinator_does(target: Target) ->
         threads = [threading.Thread(target=calls) for _ in range(6)]
         for t in threads:
             t.start()
+        time.sleep(0.3)  # calls in flight as it closes
         remote.close()
         stop.set()
         for t in threads:

@@ -154,6 +154,9 @@ def fill_from(f: Any, label: str) -> Fill:
             raise InvalidInput("invalid_input",
                                f"source {label!r} cannot be read: {exc.strerror or exc}",
                                source=label) from None
+        except ValueError as exc:  # e.g. a closed file
+            raise InvalidInput("invalid_input", f"source {label!r} cannot be read: {exc}",
+                               source=label) from None
         except TypeError as exc:  # e.g. readinto of a text stream
             raise InvalidInput("invalid_input", f"source {label!r} is not a binary stream: {exc}",
                                source=label) from None

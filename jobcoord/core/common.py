@@ -14,9 +14,8 @@ from ..errors import InvalidInput
 from ..policy import Policy
 from ..store import statements as sql
 from ..store.base import Database
+from .items import DEFAULT_TENANT as DEFAULT_TENANT  # (its home: items, for the client)
 from .items import job_and_epoch
-
-DEFAULT_TENANT = "default"
 
 
 class Context(Protocol):

@@ -17,6 +17,8 @@ T = TypeVar("T")
 MAX_BATCH = 1000
 #: The refusal of an empty list of kinds (a worker that takes no kind would take nothing).
 NO_KINDS = "give at least one kind, or leave it out to take any kind"
+#: The tenant of a job submitted without one.
+DEFAULT_TENANT = "default"
 #: The largest stored provenance of a completion.
 MAX_PROVENANCE_BYTES = 64 * 1024
 

@@ -30,6 +30,7 @@ from .. import validate as v
 from ..artifacts.names import media_type_of, validate_name
 from ..core.items import (
     COMPLETE_FIELDS,
+    DEFAULT_TENANT,
     MAX_BATCH,
     NO_KINDS,
     REQUIRED,
@@ -204,22 +205,26 @@ class RemoteCoordinator:
         end = time.monotonic() + self.retry_s
         delay = 0.05
         http = client or self._client
+        body: bytes | None = None
+        if json is not None:
+            try:
+                # The Coordinator's own serialisation: what it cannot store (NaN, a set,
+                # keys mixing text and numbers, nesting past the encoder) is refused as it
+                # refuses it, nothing sent.
+                body = v.dumps(json).encode("utf-8")
+            except (TypeError, ValueError, RecursionError) as e:
+                raise InvalidInput("invalid_input", f"the request cannot be sent as JSON: "
+                                   f"{type(e).__name__}: {e}") from None
+            headers = {**(headers or {}), "Content-Type": "application/json"}
         while True:
             if http.is_closed:
                 raise _closed()
-            try:
-                request = http.build_request(
-                    method, path, json=json, headers=headers, params=params,
-                    extensions=extensions,
-                    content=None if content is None else content(),
-                    # (None would switch timeouts off: the client's default applies instead)
-                    timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
-                             else httpx.Timeout(timeout)))
-            except (TypeError, ValueError, RecursionError) as e:
-                # What JSON cannot carry (NaN, a set, nesting past the encoder): refused as
-                # the Coordinator refuses it, nothing sent.
-                raise InvalidInput("invalid_input", f"the request cannot be sent as JSON: "
-                                   f"{type(e).__name__}: {e}") from None
+            request = http.build_request(
+                method, path, headers=headers, params=params, extensions=extensions,
+                content=body if content is None else content(),
+                # (None would switch timeouts off: the client's default applies instead)
+                timeout=(httpx.USE_CLIENT_DEFAULT if timeout is None
+                         else httpx.Timeout(timeout)))
             try:
                 resp = http.send(request)
             except RuntimeError:
@@ -229,6 +234,8 @@ class RemoteCoordinator:
                     raise _closed() from None
                 raise
             except httpx.TransportError as e:
+                if http.is_closed:  # closed by another thread under this call
+                    raise _closed() from None
                 if http is self._checked and self._checked_conns.stopped:
                     raise _checks_ended() from None
                 # A claim whose answer was lost may have leased a job we never heard of: it is
@@ -282,6 +289,8 @@ class RemoteCoordinator:
 
     def heartbeat(self, worker_id: str, *, roles: Any = None, readings: Any = None,
                   kinds: Any = None) -> dict[str, Any]:
+        if isinstance(readings, str):  # JSON text, as the Coordinator takes it
+            readings = readings_value(readings)[0]
         with self._too_large_as_core(
                 lambda _: None if readings is None else readings_value(readings)):
             return self._call("POST", "/v1/heartbeat", {
@@ -533,20 +542,41 @@ class RemoteCoordinator:
 
     # -- submitting (for scripts and benchmarks) --
 
-    def enqueue(self, kind: str, payload: Any = None, *, key: str | None = None,
-                **options: Any) -> dict[str, Any]:
+    def enqueue(self, kind: str, payload: Any = None, *, priority: int | str | None = None,
+                role: str | None = None, tenant: str | None = None, key: str | None = None,
+                max_attempts: int | None = None, deadline_s: float | None = None,
+                delay_s: float = 0.0, needs: Mapping[str, int] | str | None = None
+                ) -> dict[str, Any]:
+        """The Coordinator's `enqueue`, its arguments read as it reads them (digits, JSON
+        text, NAME=INT needs); the job goes to the token's tenant (`tenant`, if given, must
+        be that one)."""
+        if tenant is not None:
+            own = self.whoami()["tenant"] or DEFAULT_TENANT
+            if tenant != own:
+                raise InvalidInput("invalid_input", f"tenant {tenant!r}: this token submits "
+                                   f"to tenant {own!r}", field="tenant")
         if key is not None and not (isinstance(key, str) and is_header_text(key)
                                     and key == key.strip()):
             raise InvalidInput("invalid_input", "key: over HTTP an idempotency key is "
                                "printable ASCII text without spaces at either end (an HTTP "
                                "header carries no other)", field="key")
+        if isinstance(payload, str | bytes):  # JSON text
+            payload = v.json_value(payload, "payload", max_bytes=self.policy.max_payload_bytes,
+                                   require_object=True)[0]
+        body: dict[str, Any] = {
+            "kind": kind, "payload": payload, "priority": priority, "role": role,
+            "max_attempts": _digits(max_attempts, lambda x: v.whole(x, "max_attempts",
+                                                                    -(2**62), 2**62)),
+            "deadline_s": _digits(deadline_s, lambda x: v.finite_seconds(x, "deadline", -_INF,
+                                                                         _INF)),
+            "delay_s": _digits(delay_s, lambda x: v.finite_seconds(x, "delay", -_INF, _INF)),
+            "needs": v.resources(needs, "needs") if isinstance(needs, str) else needs}
         headers = {"Idempotency-Key": key} if key is not None else None
         # Sent again after a lost answer only with a key: the server then answers with the
         # job the first sending made; without one, a second job.
         with self._too_large_as_core(lambda p: payload_text(payload, p.max_payload_bytes)):
-            return self._call("POST", "/v1/jobs",
-                              {"kind": kind, "payload": payload, **options},
-                              headers=headers, resend=key is not None)
+            return self._call("POST", "/v1/jobs", body, headers=headers,
+                              resend=key is not None)
 
     def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_job(job_id)}")
@@ -613,6 +643,15 @@ def _lease(lease_s: Any) -> Any:
     if isinstance(lease_s, str):
         return v.finite_seconds(lease_s, "lease", 0, float("inf"), lo_inclusive=False)
     return lease_s
+
+
+_INF = float("inf")
+
+
+def _digits(value: Any, read: Callable[[Any], Any]) -> Any:
+    """An option given as text (digits), read as the Coordinator reads it; the server judges
+    the rest (its bounds)."""
+    return read(value) if isinstance(value, str) else value
 
 
 def _job(job_id: Any) -> int:
