@@ -1,5 +1,5 @@
 """`python -m jobcoord`: the `jobcoord` command."""
 
-from .cli import main
+from .start import main
 
 main()

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from jobcoord.cli import _flag_in_argv
 from jobcoord.db import Target
 from jobcoord.service import Coordinator
@@ -94,3 +96,23 @@ def test_ctrl_c_exits_130_and_commits_nothing(sqlite_target: Target) -> None:
     assert "Traceback" not in err and "interrupted" in err
     with Coordinator.open(sqlite_target) as c:
         assert c.jobs()["jobs"] == []
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.2, 0.3, 0.45, 0.6])
+def test_ctrl_c_while_the_command_loads_is_interrupted_exit_130_without_a_traceback(
+        tmp_path: Path, delay: float) -> None:
+    """A Ctrl-C in a command's first moments (while its modules load, before `main` runs)
+    printed a KeyboardInterrupt traceback. Whenever it comes: no traceback; exit 130 once
+    Python's own handler is in place (before that, the signal's default ends it)."""
+    db = str(tmp_path / "q # 1.db")
+    assert subprocess.run([sys.executable, "-m", "jobcoord", "--db", db, "migrate"],
+                          capture_output=True).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", db, "worker",
+         "--exec", "k=true", "--poll", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)

@@ -69,6 +69,21 @@ def test_a_cron_slot_fires_one_job_with_the_schedules_kind_and_payload(
         assert fired_slots(coord) == ["2026-03-03T02:00:00Z"]
 
 
+@pytest.mark.parametrize(("cron", "first", "second"), [
+    ("0 0 L * *", "2026-01-31T00:00:00Z", "2026-02-28T00:00:00Z"),
+    ("0 0 LW * *", "2026-01-30T00:00:00Z", "2026-02-27T00:00:00Z"),
+    ("0 0 * * 1#2", "2026-01-12T00:00:00Z", "2026-02-09T00:00:00Z"),
+    ("0 0 * * 5L", "2026-01-30T00:00:00Z", "2026-02-27T00:00:00Z"),
+], ids=["last-day", "last-weekday", "nth-weekday", "last-such-weekday"])
+def test_the_cron_forms_beyond_debians_fire_on_the_days_they_name(
+        coord: Coordinator, cron: str, first: str, second: str) -> None:
+    with freeze_time("2026-01-01T12:00:00Z") as frozen:
+        assert coord.add_schedule("s", "k", cron=cron)["next_fire_at"] == first
+        frozen.move_to(first)
+        (got,) = coord.tick_schedules()["schedules"]
+        assert (got["fired"], got["next_fire_at"]) == (1, second), got
+
+
 def test_an_interval_fires_at_multiples_of_it_since_the_epoch(coord: Coordinator) -> None:
     with freeze_time("2026-03-02T09:07:00Z") as frozen:
         assert coord.add_schedule("q", "k", every="15m")["next_fire_at"] == \
