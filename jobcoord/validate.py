@@ -138,12 +138,18 @@ _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 def duration(value: Any, field: str, lo: float, hi: float) -> float:
     """Seconds, or an age for people: 90, 90s, 15m, 12h, 7d, 2w (one unit, ASCII digits, no
-    spaces, no exponent)."""
+    spaces, no exponent; the units' capitals too, but M, which could mean months)."""
     if isinstance(value, str):
         found = _DURATION.fullmatch(value)
         if found is None:
             raise _bad(field, f"{value!r} is not a duration (seconds, or a number followed "
                        "by s, m, h, d or w: 90, 15m, 12h, 7d)")
+        if found.group(2) == "M":
+            # Months to some, minutes to others: read either way, someone's prune or
+            # schedule does what they did not mean.
+            raise _bad(field, f"{value!r}: M could mean months or minutes; write "
+                       f"{found.group(1)}m for minutes (months are no unit: use days or "
+                       "weeks, or a cron for a monthly slot)")
         value = float(found.group(1)) * _UNIT_S[found.group(2).lower()]
     return seconds(value, field, lo, hi)
 

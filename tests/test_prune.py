@@ -244,6 +244,8 @@ def test_ages_are_seconds_or_a_number_with_a_unit(age: str, seconds: float) -> N
     ["--older-than", "soon"],
     ["--older-than", "-1"],
     ["--older-than", "7y"],
+    # 6M read as six minutes pruned nearly every finished job of someone who meant months.
+    ["--older-than", "6M"],
     ["--older-than", "nan"],
     ["--older-than", "1d", "--status", "running"],
     ["--older-than", "1d", "--status", "unknown"],

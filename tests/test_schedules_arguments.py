@@ -36,6 +36,9 @@ BAD_ADDS = [
     ({"cron": "0 2 * * *", "tz": "posixrules"}, "tz", "not an IANA time zone"),
     ({"cron": "0 2 * * *", "tz": "right/UTC"}, "tz", "not an IANA time zone"),
     ({"cron": "0 2 * * *", "tz": "posix/Europe/Berlin"}, "tz", "not an IANA time zone"),
+    # Read as 5 minutes, a schedule meant monthly fired 8,928 times a month.
+    ({"every": "5M"}, "every", "months or minutes"),
+    ({"cron": "0 2 * * *", "window": "1M"}, "window", "months or minutes"),
     ({"every": "0"}, "every", "shorter than one second"),
     ({"every": 0}, "every", "shorter than one second"),
     ({"every": -60}, "every", "outside"),
