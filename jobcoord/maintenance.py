@@ -303,16 +303,7 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     assert source is not None
     dest = writable_destination(dest, force=force, database=source, what="the backup",
                                 store=store)
-    # The log of the database that was at DEST (its process killed, or still running): the
-    # next open would replay it onto the backup's pages, a silent mix of the two.
-    log = _beside(dest)
-    if log is not None:
-        raise InvalidInput(
-            "destination_not_standalone",
-            f"{log} lies beside {dest}: the file is a database whose log is still there (a "
-            "process using it was killed, or still runs), and replacing the file alone would "
-            f"mix that log into the backup. Stop whatever uses {dest} and move it away with "
-            "the files beside it, or back up to a new path", dest=dest)
+    standalone_destination(dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
@@ -322,6 +313,20 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
                                   replace=True, what="backing up")
     return {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
             "quick_check": copy_check, "ok": True}
+
+
+def standalone_destination(dest: str) -> None:
+    """Refuse a backup's DEST with a -wal, -shm or -journal beside it: the log of the
+    database that was at DEST (its process killed, or still running), which the next open
+    would replay onto the backup's pages, a silent mix of the two."""
+    log = _beside(dest)
+    if log is not None:
+        raise InvalidInput(
+            "destination_not_standalone",
+            f"{log} lies beside {dest}: the file is a database whose log is still there (a "
+            "process using it was killed, or still runs), and replacing the file alone would "
+            f"mix that log into the backup. Stop whatever uses {dest} and move it away with "
+            "the files beside it, or back up to a new path", dest=dest)
 
 
 def writable_destination(dest: str | os.PathLike[str], *, force: bool, database: str | None,

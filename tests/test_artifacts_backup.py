@@ -193,6 +193,51 @@ def test_a_failed_forced_backup_with_artifacts_keeps_the_last_good_backup(
                                                            "jobcoord.db-wal", "store"]
 
 
+def test_a_forced_backup_with_artifacts_over_a_file_with_a_wal_beside_it_is_exit_2(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """Without artifacts, a DEST with a -wal beside it is refused (the next open would
+    replay that log over the backup); with them, the backup replaced DEST anyway and said
+    ok, and the next open read the other database. Refused alike now, nothing written."""
+    import sqlite3
+
+    store = sc.artifacts_dir or ""
+    dest = tmp_path / "old #1.db"
+    other = sqlite3.connect(dest)
+    try:
+        other.execute("PRAGMA journal_mode=wal")
+        other.execute("CREATE TABLE t(x)")
+        other.commit()
+        files = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+        r = cli(sqlite_target, store, "backup", str(dest), "--force", "--json")
+        assert r.code == 2 and "destination_not_standalone" in r.out, r  # type: ignore[attr-defined]
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == files
+        assert not (tmp_path / "old #1.db.artifacts").exists()
+    finally:
+        other.close()
+
+
+def test_a_backup_whose_artifact_directory_would_be_the_live_store_is_exit_2(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """DEST.artifacts the live store itself (or holding it): --force renamed the store aside
+    and deleted it, gc.lock and uploads in flight with it, and said ok. Refused now."""
+    # The live store at <tmp>/store.db.artifacts: a backup named <tmp>/store.db would put
+    # its objects there.
+    moved = str(tmp_path / "store.db.artifacts")
+    sc.artifacts_dir = moved
+    _good_backup(sc, sqlite_target, tmp_path)
+    live = sorted(str(p.relative_to(moved)) for p in Path(moved).rglob("*"))
+    dest = tmp_path / "store.db"
+    dest.write_bytes(b"old")
+    for args in ((str(dest), "--force"), (str(dest),), (str(tmp_path / "st.db"), "--force")):
+        r = cli(sqlite_target, moved, "backup", *args, "--json")
+        if args[0].endswith("st.db"):  # (a name whose objects go elsewhere: fine)
+            assert r.code == 0, r  # type: ignore[attr-defined]
+            continue
+        assert r.code == 2 and "artifact store" in r.out, r  # type: ignore[attr-defined]
+    assert dest.read_bytes() == b"old"
+    assert sorted(str(p.relative_to(moved)) for p in Path(moved).rglob("*")) == live
+
+
 def test_a_backup_whose_artifact_directory_name_is_taken_by_a_file_is_exit_2(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
     """DEST.artifacts a regular file: an internal error (NotADirectoryError) that, with

@@ -125,3 +125,38 @@ def test_migrate_into_a_read_only_directory_is_refused_as_an_unprivileged_user(
     import shutil
 
     shutil.rmtree(base)
+
+
+@pytest.mark.parametrize("how", ["replaced", "removed"])
+def test_a_database_file_replaced_or_removed_under_an_open_coordinator_is_refused(
+        tmp_path: Path, sqlite_template: str, how: str) -> None:
+    """Its kept connections went on reading and writing the old file, deleted now: a
+    worker claimed and completed jobs nobody could ever read (every other process saw the
+    new file), with no error. Now its next transaction, read or write, is refused as
+    `database_replaced` (exit 7, which stops a worker's loop), and the file at the path
+    is left as it is."""
+    import shutil
+
+    from jobcoord.errors import DatabaseCorrupt
+    from jobcoord.runtime import is_fatal
+    from jobcoord.service import Coordinator
+    from tests.conftest import fresh_sqlite
+
+    target = fresh_sqlite(sqlite_template, str(tmp_path), "q #1 ?x=%20.db")
+    path = str(target.sqlite_path)
+    with Coordinator.open(target) as coord:
+        coord.enqueue("k", {})
+        if how == "replaced":
+            other = str(tmp_path / "other.db")
+            shutil.copy(sqlite_template, other)
+            os.replace(other, path)
+        else:
+            os.remove(path)
+        before = _fs(tmp_path)
+        for call in (lambda: coord.enqueue("k", {}), lambda: coord.jobs(),
+                     lambda: coord.claim("w1")):
+            with pytest.raises(DatabaseCorrupt) as e:
+                call()
+            assert e.value.code == "database_replaced" and path in e.value.message
+            assert is_fatal(e.value) and e.value.exit_code == 7
+        assert _fs(tmp_path) == before  # nothing written, wherever

@@ -87,12 +87,19 @@ def backup(coord: Any, dest: str, force: bool,
     at any step leaves DEST and DEST.artifacts as they were."""
     if "artifacts" not in coord.features or not coord.db.is_sqlite:
         return run(coord.db, dest, force=force)
-    from jobcoord.maintenance import writable_destination
+    from jobcoord.maintenance import _within, standalone_destination, writable_destination
 
     store = store_of(coord)
+    final = os.path.abspath(os.fspath(dest)) + SUFFIX
+    if _within(final, store.root) or _within(store.root, final):
+        # --force would rename the live store aside and delete it: its lock, uploads in
+        # flight and every object the snapshot does not name.
+        raise InvalidInput("invalid_input", f"the backup's artifact directory {final} is "
+                           f"the artifact store {store.root} (or holds it), whose objects "
+                           "are never replaced; name another backup", dest=final)
     dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
                                 what="the backup", store=store.root)
-    final = dest + SUFFIX
+    standalone_destination(dest)  # (as a backup without artifacts checks it)
     if os.path.lexists(final):
         if os.path.islink(final) or not os.path.isdir(final):
             raise InvalidInput("invalid_input", f"{final} exists and is not a backup's "

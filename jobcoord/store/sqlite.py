@@ -385,6 +385,9 @@ class SqliteDatabase(Database):
         self._writers = ConnectionStack(self.write_engine)
         self._readers = ConnectionStack(self.read_engine)
         self._group = GroupCommit()
+        #: (device, inode) of the file at the path when this process first used it: the
+        #: kept connections hold that file open, whatever is put at the path later.
+        self._file: tuple[int, int] | None = None
 
         @event.listens_for(engine, "engine_disposed")
         def _forget(_engine: Engine) -> None:
@@ -392,7 +395,33 @@ class SqliteDatabase(Database):
             self._writers.close()
             self._readers.close()
 
+    def _same_file(self) -> None:
+        """Refuse to go on with a file no longer at the path (replaced, or removed): the
+        kept connections would read and write it still, deleted, where no other process
+        sees it (a worker completing jobs nobody can ever read). One stat per transaction."""
+        path = self.target.sqlite_path
+        if path is None:
+            return
+        try:
+            st = os.stat(path)
+            found: tuple[int, int] | None = (st.st_dev, st.st_ino)
+        except FileNotFoundError:
+            found = None
+        except OSError:
+            return  # SQLite says what is wrong with it
+        if self._file is None:
+            self._file = found
+        elif found != self._file:
+            raise DatabaseCorrupt(
+                "database_replaced", f"the database file {path} was "
+                + ("removed" if found is None else "replaced by another file")
+                + " while this process had it open; its open connections reach only the "
+                "old file, so nothing more is read or written through them: start this "
+                "process again (a database in use is never replaced or removed, see "
+                "`restore`)", path=path)
+
     def _attempt(self, fn: Callable[[Connection], T], where: str, write: bool) -> T:
+        self._same_file()
         if not write:
             return super()._attempt(fn, where, write)
         # Threads of this process queue here and their writes commit in groups (GroupCommit):
