@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,18 @@ def test_backup_and_restore_carry_exactly_the_referenced_objects_re_hashed(
         assert (tmp_path / "out.pdf").read_bytes() == b"%PDF report"
 
 
+def _within_seconds(seconds: float, call: Any) -> Any:
+    """call(), failing the test (not hanging it) when it has not returned in time."""
+    import threading
+
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(call()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert got, f"no answer within {seconds} s (blocked)"
+    return got[0]
+
+
 #: Manifests that do not describe this backup, and what the refusal must say of each.
 MANIFESTS = {
     "manifest": ('{"format": 1, "rows": 1, "objects": {}}', "not in the manifest"),
@@ -74,6 +87,11 @@ MANIFESTS = {
     "manifest of a newer format": ('{"format": 2, "rows": 1, "objects": {}}', "format 2"),
     "manifest of other rows": (None, "names 7 rows"),
     "manifest size not a number": (None, "size"),
+    # An extra key that is no digest was `invalid_digest`, exit 2: a damaged backup, not
+    # a mistyped argument.
+    "manifest key not a digest": (None, "not a digest"),
+    # A FIFO in place of the manifest: restore blocked in open() forever.
+    "manifest a fifo": (None, "not a regular file"),
 }
 
 
@@ -100,12 +118,19 @@ def test_restore_refuses_a_backup_whose_manifest_and_objects_disagree(
             real = json.loads((directory / "manifest.json").read_text())
             if damage == "manifest of other rows":
                 real["rows"] = 7
+            elif damage == "manifest key not a digest":
+                real["objects"]["../../etc/passwd"] = 5
             else:
                 real["objects"][digest] = "fourteen"
             text = json.dumps(real)
-        (directory / "manifest.json").write_text(text)
+        if damage == "manifest a fifo":
+            (directory / "manifest.json").unlink()
+            os.mkfifo(directory / "manifest.json")
+        else:
+            (directory / "manifest.json").write_text(text)
     restored = resolve_target(db=str(tmp_path / "restored.db"))
-    r = cli(restored, str(tmp_path / "s2"), "restore", str(dest), "--json")
+    r = _within_seconds(30, lambda: cli(restored, str(tmp_path / "s2"), "restore",
+                                        str(dest), "--json"))
     assert r.code == 7, r.out  # type: ignore[attr-defined]
     assert r.json["error"]["code"] == "backup_artifacts_mismatch"  # type: ignore
     if damage in MANIFESTS:

@@ -26,9 +26,11 @@ import json
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Callable
 from typing import Any
 
+from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import ENV_STORE, gc_lock, store_of
 from jobcoord.errors import DatabaseCorrupt, InvalidInput
@@ -192,7 +194,12 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
                                backup=source)
 
     try:
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as f:
+        # Non-blocking, and only a regular file is read: a FIFO in its place blocked the
+        # restore in open() for ever.
+        fd = os.open(os.path.join(directory, MANIFEST), os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, encoding="utf-8") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise bad(f"{directory}/{MANIFEST} is not a regular file")
             manifest = json.load(f)
     except FileNotFoundError:
         raise bad(f"{directory}/{MANIFEST} is missing") from None
@@ -229,6 +236,10 @@ def _listed(manifest: Any, nrows: int, bad: Callable[[str], DatabaseCorrupt]
     if not isinstance(objects, dict):
         raise bad("the manifest's objects are not a JSON object of digest: size")
     for digest, size in objects.items():
+        try:
+            parse_digest(digest)
+        except InvalidInput:
+            raise bad(f"the manifest's key {digest[:80]!r} is not a digest") from None
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise bad(f"the manifest's size of {digest[:80]!r} is {str(size)[:40]!r}, not a "
                       "byte count")
