@@ -64,6 +64,19 @@ def unversioned_tables(db: Database, conn: Connection) -> list[str]:
     return [t for t in CORE_TABLES if db.engine.dialect.has_table(conn, t)]
 
 
+def _foreign_tables(db: Database, conn: Connection) -> list[str]:
+    """The tables of a SQLite file that records no revision and that are not jobcoord's
+    (those are `unversioned_tables`): another program's."""
+    if current_revisions(db, conn):
+        return []
+    from .schema import metadata
+
+    ours = {*metadata.tables, "alembic_version"}
+    names = conn.exec_driver_sql(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+    return sorted(n for (n,) in names if n not in ours)
+
+
 def _unknown_schema(db: Database, tables: list[str]) -> SchemaMismatch:
     return SchemaMismatch(
         "schema_unknown",
@@ -161,6 +174,17 @@ def migrate(
         raise InvalidInput("invalid_input", "cannot add and remove the same feature")
     from alembic import command
 
+    if db.is_sqlite:
+        # Before anything is written (the switch to WAL is a write): a file is one
+        # program's database, and a mistyped --db must not make another's ours.
+        foreign = db.read(lambda conn: _foreign_tables(db, conn), "reading the schema")
+        if foreign:
+            raise SchemaMismatch(
+                "foreign_database",
+                f"{db.target.display()} is another program's database (it holds tables "
+                f"jobcoord never makes: {', '.join(foreign[:10])}); migrate creates or "
+                "upgrades only a jobcoord database or an empty file. Nothing was changed",
+                tables=foreign[:50])
     db.prepare_for_migration()
     before: set[str] = set()
     removed: dict[str, int] = {}  # what `--without artifacts` dropped

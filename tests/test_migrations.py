@@ -169,3 +169,28 @@ def test_a_failed_migrate_of_an_existing_database_keeps_the_file(sqlite_target: 
     r = run_cli(sqlite_target, "migrate", "--json")
     assert r.code == 8
     assert path.read_bytes() == before
+
+
+def test_migrate_refuses_another_programs_sqlite_database_and_changes_nothing(
+        tmp_path: Path) -> None:
+    """A mistyped --db naming another program's database: migrate added jobcoord's tables
+    to it and switched it to WAL, exit 0. Refused now (exit 8, naming its tables), the file
+    byte for byte as it was and nothing beside it."""
+    import sqlite3
+
+    path = tmp_path / "their notes #1.db"
+    other = sqlite3.connect(path)
+    other.execute("CREATE TABLE notes(body TEXT)")
+    other.execute("INSERT INTO notes VALUES ('mine')")
+    other.commit()
+    other.close()
+    before = path.read_bytes()
+    r = run_cli(None, "--db", str(path), "migrate", "--json")
+    assert r.code == 8 and r.json["error"]["code"] == "foreign_database", r
+    assert "notes" in r.json["error"]["message"]
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    # An empty file (a database of no tables yet) is still migrated.
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    assert run_cli(None, "--db", str(empty), "migrate").code == 0
