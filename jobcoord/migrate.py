@@ -64,17 +64,28 @@ def unversioned_tables(db: Database, conn: Connection) -> list[str]:
     return [t for t in CORE_TABLES if db.engine.dialect.has_table(conn, t)]
 
 
-def _foreign_tables(db: Database, conn: Connection) -> list[str]:
-    """The tables of a SQLite file that records no revision and that are not jobcoord's
-    (those are `unversioned_tables`): another program's."""
-    if current_revisions(db, conn):
+def _foreign_objects(db: Database, conn: Connection, revisions: set[str]) -> list[str]:
+    """What a SQLite file holds that jobcoord never makes: another program's tables and
+    views, or (with neither) the user_version or application_id it set. Empty for a
+    jobcoord database, a newer jobcoord's (an unknown revision beside jobcoord's tables:
+    schema_newer says so) and an empty file. Another program's Alembic history (an unknown
+    revision and none of jobcoord's tables) is another program's database too."""
+    known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+    if revisions and (revisions <= known or unversioned_tables(db, conn)):
         return []
     from .schema import metadata
 
     ours = {*metadata.tables, "alembic_version"}
-    names = conn.exec_driver_sql(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-    return sorted(n for (n,) in names if n not in ours)
+    rows = conn.exec_driver_sql(
+        "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view') "
+        "AND name NOT LIKE 'sqlite_%' ORDER BY name")
+    found = [f"{kind} {name}" for kind, name in rows if name not in ours]
+    if not found:
+        for pragma in ("user_version", "application_id"):
+            value = conn.exec_driver_sql(f"PRAGMA {pragma}").scalar()
+            if value:
+                found.append(f"{pragma} {value}")
+    return found
 
 
 def _unknown_schema(db: Database, tables: list[str]) -> SchemaMismatch:
@@ -174,24 +185,25 @@ def migrate(
         raise InvalidInput("invalid_input", "cannot add and remove the same feature")
     from alembic import command
 
-    if db.is_sqlite:
-        # Before anything is written (the switch to WAL is a write): a file is one
-        # program's database, and a mistyped --db must not make another's ours.
-        foreign = db.read(lambda conn: _foreign_tables(db, conn), "reading the schema")
-        if foreign:
-            raise SchemaMismatch(
-                "foreign_database",
-                f"{db.target.display()} is another program's database (it holds tables "
-                f"jobcoord never makes: {', '.join(foreign[:10])}); migrate creates or "
-                "upgrades only a jobcoord database or an empty file. Nothing was changed",
-                tables=foreign[:50])
-    db.prepare_for_migration()
     before: set[str] = set()
     removed: dict[str, int] = {}  # what `--without artifacts` dropped
 
     def _upgrade(conn: Connection) -> None:
         nonlocal before
         before = current_revisions(db, conn)
+        if db.is_sqlite:
+            # Read under the write lock, before anything is written: a file is one program's
+            # database, and a mistyped --db must not make another's ours (nor may a program
+            # creating its tables as migrate starts find jobcoord's beside them).
+            foreign = _foreign_objects(db, conn, before)
+            if foreign:
+                raise SchemaMismatch(
+                    "foreign_database",
+                    f"{db.target.display()} is another program's database (it holds what "
+                    f"jobcoord never makes: {', '.join(foreign[:10])}); migrate creates or "
+                    "upgrades only a jobcoord database or an empty file. Nothing was changed",
+                    tables=[f.split(" ", 1)[1] for f in foreign[:50]
+                            if f.startswith("table ")])
         known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
         if before - known:
             raise SchemaMismatch(
@@ -222,6 +234,10 @@ def migrate(
         raise
     except Exception as e:
         raise _migration_error(e) from e
+    # WAL only now, once the file has proved to be jobcoord's (switching is a write, and a
+    # refused file must be left byte for byte as it was); a migrate that finds nothing to do
+    # leaves WAL on as it was.
+    db.prepare_for_migration()
     after = db.read(lambda conn: current_revisions(db, conn))
     result: dict[str, Any] = {
         "revisions_before": sorted(before),

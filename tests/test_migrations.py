@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -171,26 +172,84 @@ def test_a_failed_migrate_of_an_existing_database_keeps_the_file(sqlite_target: 
     assert path.read_bytes() == before
 
 
+FOREIGN_FILES: dict[str, tuple[list[str], str, str]] = {
+    # what another program wrote, the error, a name the message gives
+    "a table": (["CREATE TABLE notes(body TEXT)", "INSERT INTO notes VALUES ('mine')"],
+                "foreign_database", "notes"),
+    "only a view": (["CREATE VIEW answer AS SELECT 42 AS n"], "foreign_database", "answer"),
+    "only a user_version": (["PRAGMA user_version = 42"], "foreign_database", "user_version"),
+    "only an application_id": (["PRAGMA application_id = 1234"], "foreign_database",
+                               "application_id"),
+    # Another program's Alembic history: its revision is unknown here, but the file holds
+    # none of jobcoord's tables, so it is not a newer jobcoord's database.
+    "another program's alembic history": (
+        ["CREATE TABLE alembic_version(version_num VARCHAR(32) NOT NULL PRIMARY KEY)",
+         "INSERT INTO alembic_version VALUES ('1975f2b0c0de')",
+         "CREATE TABLE users(id INTEGER PRIMARY KEY)"], "foreign_database", "users"),
+    # A table named like one of jobcoord's, no revision: refused as before (schema_unknown),
+    # and the file is no longer switched to WAL on the way to that refusal.
+    "a table named like ours": (["CREATE TABLE jobs(title TEXT)"], "schema_unknown", "jobs"),
+}
+
+
+@pytest.mark.parametrize("case", list(FOREIGN_FILES))
 def test_migrate_refuses_another_programs_sqlite_database_and_changes_nothing(
-        tmp_path: Path) -> None:
+        tmp_path: Path, case: str) -> None:
     """A mistyped --db naming another program's database: migrate added jobcoord's tables
-    to it and switched it to WAL, exit 0. Refused now (exit 8, naming its tables), the file
-    byte for byte as it was and nothing beside it."""
+    to it and switched it to WAL, exit 0. Refused now (exit 8, naming what it holds), the
+    file byte for byte as it was and nothing beside it."""
     import sqlite3
 
+    statements, code, named = FOREIGN_FILES[case]
     path = tmp_path / "their notes #1.db"
     other = sqlite3.connect(path)
-    other.execute("CREATE TABLE notes(body TEXT)")
-    other.execute("INSERT INTO notes VALUES ('mine')")
+    for statement in statements:
+        other.execute(statement)
     other.commit()
     other.close()
     before = path.read_bytes()
     r = run_cli(None, "--db", str(path), "migrate", "--json")
-    assert r.code == 8 and r.json["error"]["code"] == "foreign_database", r
-    assert "notes" in r.json["error"]["message"]
+    assert r.code == 8 and r.json["error"]["code"] == code, r
+    assert named in r.json["error"]["message"]
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
-    # An empty file (a database of no tables yet) is still migrated.
+
+
+def test_migrate_of_an_empty_file_creates_jobcoords_tables(tmp_path: Path) -> None:
+    import sqlite3
+
     empty = tmp_path / "empty.db"
     sqlite3.connect(empty).close()
-    assert run_cli(None, "--db", str(empty), "migrate").code == 0
+    r = run_cli(None, "--db", str(empty), "migrate", "--json")
+    assert r.code == 0 and r.json["journal_mode"] == "wal", r
+
+
+def test_migrate_refuses_a_database_another_program_is_creating_as_it_runs(
+        tmp_path: Path) -> None:
+    """Another program holds the file's write lock, creating its table, as migrate starts:
+    migrate read the file before that commit (empty), then gave it jobcoord's tables beside
+    the other program's, exit 0. The check now reads under the write lock: migrate waits
+    for the other program's commit, then refuses, the file as that program left it."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "theirs.db"
+    sqlite3.connect(path).close()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("CREATE TABLE notes(body TEXT)")
+    out: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: out.update(
+        r=run_cli(None, "--db", str(path), "migrate", "--json")))
+    t.start()
+    time.sleep(1.0)
+    other.execute("INSERT INTO notes VALUES ('mine')")
+    other.execute("COMMIT")
+    after_commit = path.read_bytes()
+    t.join(60)
+    other.close()
+    r = out["r"]
+    assert r.code == 8 and r.json["error"]["code"] == "foreign_database", r
+    assert path.read_bytes() == after_commit
+    names = sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall()
+    assert names == [("notes",)]
