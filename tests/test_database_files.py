@@ -4,6 +4,7 @@ missing or read-only directory is storage unavailable."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -160,3 +161,45 @@ def test_a_database_file_replaced_or_removed_under_an_open_coordinator_is_refuse
             assert e.value.code == "database_replaced" and path in e.value.message
             assert is_fatal(e.value) and e.value.exit_code == 7
         assert _fs(tmp_path) == before  # nothing written, wherever
+
+
+@pytest.mark.parametrize("noticed_by", ["a request", "the reaper"])
+def test_serve_whose_database_file_is_replaced_stops_exit_7(
+        tmp_path: Path, sqlite_template: str, noticed_by: str) -> None:
+    """`jobcoord serve` whose file was replaced answered 503 `database_replaced` to every
+    request for as long as it ran (it can never reach the new file through its kept
+    connections), its reaper logged the same error at each turn, and SIGTERM ended it exit
+    0, so a service manager never restarted it. It stops now, exit 7 as a worker does, on
+    the first request or reaper turn that finds the file replaced."""
+    import shutil
+
+    from tests.conftest import fresh_sqlite
+    from tests.serve_procs import Served, token
+
+    target = fresh_sqlite(sqlite_template, str(tmp_path), "q #1 ?x=%20.db")
+    path = str(target.sqlite_path)
+    secret = token(target, "sub", "submitter", tenant="t")
+    extra = ("--reap-every", "0") if noticed_by == "a request" else ("--reap-every", "0.2")
+    s = Served(target, *extra).start()
+    try:
+        with s.client(secret) as http:
+            assert http.post("/v1/jobs", json={"kind": "k", "payload": {}}).status_code == 201
+            other = str(tmp_path / "other.db")
+            shutil.copy(sqlite_template, other)
+            os.replace(other, path)
+            if noticed_by == "a request":
+                r = http.get("/v1/jobs")
+                assert r.status_code == 503, r.text
+                assert r.json()["error"]["code"] == "database_replaced"
+        assert s.proc is not None
+        code = s.proc.wait(30)
+        assert s.proc.stdout is not None and s.proc.stderr is not None
+        err = s.proc.stderr.read().decode()
+        assert code == 7, err
+        assert "was replaced by another file" in err
+        events = [json.loads(line) for line in s.proc.stdout.read().decode().splitlines()]
+        assert {"event": "stopping", "code": "database_replaced"}.items() <= events[-3].items()
+        assert events[-2] == {"event": "stopped"}
+        assert events[-1]["error"]["code"] == "database_replaced"
+    finally:
+        s.stop()

@@ -68,6 +68,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
 
     @app.exception_handler(JobcoordError)
     async def _jobcoord_error(_request: Request, exc: JobcoordError) -> JSONResponse:
+        srv.lost(exc)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -79,6 +80,7 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         # said before the invalid input.
         refused = await refusal_first(request, srv)
         if refused is not None:
+            srv.lost(refused)
             return error_response(refused)
         # 400, not FastAPI's 422: invalid input is 400 everywhere in this API (the CLI's
         # exit 2); 422 is kept for an artifact whose digest does not match.

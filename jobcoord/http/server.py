@@ -160,6 +160,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
         log_level="warning", access_log=False, server_header=False, proxy_headers=False,
         lifespan="on", timeout_graceful_shutdown=STOP_GRACE_S, timeout_keep_alive=30)
     server = _Server(config)
+    app.state.server.on_fatal = lambda: setattr(server, "should_exit", True)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again
     # under the handler that was there before: SIGINT becomes KeyboardInterrupt, which the CLI
     # turns into exit code 130; SIGTERM (a service manager's stop) becomes _Terminated here,
@@ -172,6 +173,8 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     finally:
         signal.signal(signal.SIGTERM, previous)
         emit({"event": "stopped"})
+    if app.state.server.fatal is not None:
+        raise app.state.server.fatal
     if not server.started:
         raise InvalidInput("bind_failed", f"could not listen on {host}:{port} (in use, or "
                            "not an address of this machine)")

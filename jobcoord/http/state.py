@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import DatabaseBusy, JobcoordError
+from ..errors import DatabaseBusy, DatabaseCorrupt, JobcoordError
 from .bodies import ENVELOPE_BYTES
 
 if TYPE_CHECKING:
@@ -206,6 +206,23 @@ class Server:
         self.max_claim_batch = max(1, CLAIM_ANSWER_BYTES
                                    // coordinator.policy.max_payload_bytes)
         self.max_artifact_bytes = max_artifact_bytes
+        #: The error that ended serving (the database file replaced or removed), raised by
+        #: run_server once the server has stopped; `on_fatal` asks the server to stop.
+        self.fatal: JobcoordError | None = None
+        self.on_fatal: Callable[[], None] | None = None
+
+    def lost(self, exc: BaseException) -> None:
+        """Stop serving when the database file was replaced or removed under this process:
+        its kept connections reach only the old file, so it would answer 503 for ever.
+        Exit 7 then, as a worker does, and a service manager starts a server on the file
+        now at the path. Other errors heal (busy) or wait for an operator (a schema to
+        migrate): those the server survives. Called on the event loop."""
+        if (self.fatal is None and isinstance(exc, DatabaseCorrupt)
+                and exc.code == "database_replaced"):
+            self.fatal = exc
+            self.emit({"event": "stopping", "code": exc.code, "message": exc.message})
+            if self.on_fatal is not None:
+                self.on_fatal()
 
     def _budgeted(self, work: Callable[[], T]) -> Callable[[], T]:
         """`work` as the pool runs it: the database's busy budget (`busy_budget`, the
@@ -389,8 +406,8 @@ class Server:
         try:
             if await self.call(self.due_job_exists):
                 self.notify()
-        except JobcoordError:
-            pass  # the database is away: the waiters' own claims will say so
+        except JobcoordError as e:
+            self.lost(e)  # else the database is away: the waiters' own claims will say so
         finally:
             self._looking = None
 
@@ -405,8 +422,8 @@ class Server:
             try:
                 if await self.call(self.due_job_exists):
                     self.notify()
-            except JobcoordError:
-                pass  # the database is away: the waiters' own claims will say so
+            except JobcoordError as e:
+                self.lost(e)  # else the database is away: the waiters' own claims say so
 
     async def reaper(self) -> None:
         """Reap on a timer. The errors a loop survives are runtime.py's (a busy or
@@ -427,6 +444,9 @@ class Server:
                 wait = backoff.next()
                 self.emit({"event": "reap_error" if is_fatal(e) else "reap_skipped",
                            "code": code, "message": message, "retry_in_s": wait})
+                self.lost(e)
+                if self.fatal is not None:
+                    return  # serving stops: nothing more to reap or tick
             else:
                 backoff.reset()
                 if got["expired"] or got["deadline_dead"]:
