@@ -92,6 +92,11 @@ MANIFESTS = {
     "manifest key not a digest": (None, "not a digest"),
     # A FIFO in place of the manifest: restore blocked in open() forever.
     "manifest a fifo": (None, "not a regular file"),
+    # true == 1 and 1.0 == 1 in Python: a manifest of another writer's making was read as
+    # format 1, and rows 3.0 as 3.
+    "manifest format true": (None, "format True"),
+    "manifest format a float": (None, "format 1.0"),
+    "manifest rows a float": (None, ".0 rows"),
 }
 
 
@@ -120,6 +125,12 @@ def test_restore_refuses_a_backup_whose_manifest_and_objects_disagree(
                 real["rows"] = 7
             elif damage == "manifest key not a digest":
                 real["objects"]["../../etc/passwd"] = 5
+            elif damage == "manifest format true":
+                real["format"] = True
+            elif damage == "manifest format a float":
+                real["format"] = 1.0
+            elif damage == "manifest rows a float":
+                real["rows"] = float(real["rows"])
             else:
                 real["objects"][digest] = "fourteen"
             text = json.dumps(real)

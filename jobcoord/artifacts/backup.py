@@ -226,10 +226,13 @@ def _listed(manifest: Any, nrows: int, bad: Callable[[str], DatabaseCorrupt]
     very database file (its format, and the number of rows it was written for)."""
     if not isinstance(manifest, dict):
         raise bad(f"the manifest is not a JSON object but {type(manifest).__name__}")
-    if manifest.get("format") != 1:
+    def whole(value: Any) -> bool:  # a JSON integer: true == 1 and 1.0 == 1 in Python
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not whole(manifest.get("format")) or manifest["format"] != 1:
         raise bad(f"the manifest is of format {manifest.get('format')!r}; this version reads "
                   "format 1")
-    if manifest.get("rows") != nrows:
+    if not whole(manifest.get("rows")) or manifest["rows"] != nrows:
         raise bad(f"the manifest names {manifest.get('rows')!r} rows, the backup's database "
                   f"holds {nrows} (a manifest of another backup?)")
     objects = manifest.get("objects")
