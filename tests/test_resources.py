@@ -162,7 +162,12 @@ def test_needs_that_are_not_name_equals_int_are_refused_and_change_nothing(coord
     {"gpus": [{"temperature_c": 500}]}, {"gpus": [{"utilization_pct": "high"}]},
     {"gpus": [gpu(1)] * 65}, {"memory_available_mb": -5}, {"memory_available_mb": 1.5},
     {"memory_available_mb": 2**60}, {"capacity": {"slots": -1}}, {"capacity": [1]},
-    {"capacity": {"bad name": 1}}, {"capacity": {}}])
+    {"capacity": {"bad name": 1}}, {"capacity": {}},
+    # Digits as text: a heartbeat took "50" (and stored it over the last good reading),
+    # then every claim needing ram_mb said the worker reports no memory_available_mb.
+    {"memory_available_mb": "50"}, {"capacity": {"slots": "4"}},
+    {"gpus": [{"memory_free_mb": "100"}]},
+    {"gpus": [{"memory_free_mb": 1, "temperature_c": "40"}]}])
 def test_bad_resource_readings_are_refused_and_change_nothing(coord, readings):
     beat(coord, "w1")
     before = dump(coord)

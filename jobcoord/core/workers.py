@@ -242,6 +242,12 @@ def capacity_reading(key: str, val: Any, received: bool = True) -> list[float]:
         else:
             v.resources(val, "readings: capacity", lo=0)
         return []
+    if received and (isinstance(val, bool) or not isinstance(val, int)):
+        # Digits as text would be stored as sent, and core.limits matches only a number:
+        # the claims needing it would find no reading at all.
+        raise InvalidInput("invalid_input", f"readings: {key} must be a whole number (a JSON "
+                           f"integer, not {type(val).__name__}), null or \"unknown\"",
+                           field="readings")
     v.whole(val, f"readings: {key}", 0, v.MAX_RESOURCE)
     return []
 
