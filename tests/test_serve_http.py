@@ -374,6 +374,54 @@ def test_sigterm_answers_waiting_long_polls_204_at_once_with_no_traceback(
     assert b"Traceback" not in err, err.decode()[-3000:]
 
 
+def test_sigterm_answers_a_request_whose_body_is_still_arriving_503_with_no_traceback(
+        sqlite_target: Target) -> None:
+    """A submission whose body was still arriving (a slow client, a large result) when serve
+    was stopped was cut after the 5 s grace: a plain-text 500 and a traceback in the log.
+    It is answered 503 `server_stopping` (the JSON error: send it again) as the stop
+    begins, and nothing was submitted."""
+    import socket
+    import time
+
+    sub = token(sqlite_target, "sub", "submitter", tenant="t")
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    try:
+        assert s.proc is not None
+        port = int(s.url.rsplit(":", 1)[1])
+        conns = []
+        for _ in range(3):
+            conn = socket.create_connection(("127.0.0.1", port), timeout=30)
+            conn.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nAuthorization: Bearer " + sub.encode()
+                         + b"\r\nContent-Length: 100\r\n\r\n{")
+            conns.append(conn)
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        s.signal(signal.SIGTERM)
+        answers = []
+        for conn in conns:
+            got = b""
+            while True:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            answers.append((got, time.monotonic() - stopped_at))
+            conn.close()
+        _out, err = s.proc.communicate(timeout=30)
+    finally:
+        s.stop()
+    assert s.proc.returncode == 0
+    for got, after in answers:
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), got
+        assert json.loads(body)["error"]["code"] == "server_stopping", got
+        assert after < 2.0, answers
+    assert b"Traceback" not in err, err.decode()[-3000:]
+    with Coordinator.open(sqlite_target) as c:
+        assert c.jobs(tenant="t")["jobs"] == []
+
+
 def test_a_bug_is_a_json_500_and_the_connection_keeps_serving(sqlite_target: Target) -> None:
     wa = token(sqlite_target, "wa", "worker", worker="wa")
     with Coordinator.open(sqlite_target) as c:

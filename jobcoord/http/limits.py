@@ -9,25 +9,32 @@ a client's next request on that kept-alive connection failed too."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from ..errors import JobcoordError
+from ..errors import JobcoordError, StorageUnavailable
 from .errors import BodyTooLarge, headers_of, status_of
 
 #: The path of an artifact (upload and download): its body is bytes, not JSON.
 ARTIFACT_PATH = re.compile(r"/v1/jobs/[^/]+/artifacts/")
+#: How often a request waiting for the rest of its body looks whether the server is stopping.
+STOP_LOOK_S = 0.25
 
 
 class BodyLimit:
-    def __init__(self, app: Any, limit: int, artifact_limit: int):
+    def __init__(self, app: Any, limit: int, artifact_limit: int,
+                 stopping: threading.Event | None = None):
         self.app = app
         self.limit = limit
         self.artifact_limit = artifact_limit
+        #: Set as the server begins to stop (Server.stopping).
+        self.stopping = stopping or threading.Event()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -62,13 +69,37 @@ class BodyLimit:
             return
         seen = 0
         tracked = TrackedSend(send)
+        whole = False  # the body's last part has arrived
+
+        async def arriving() -> dict[str, Any] | None:
+            """The body's next part, or None when the server begins to stop first: a slow
+            client's body was cut after the stop's grace, a plain-text 500 and a traceback.
+            The task is never cancelled while the part may be on its way, so none is lost."""
+            pending = asyncio.ensure_future(receive())
+            await asyncio.sleep(0)  # a part already here is taken without a timed wait
+            while not pending.done():
+                await asyncio.wait({pending}, timeout=STOP_LOOK_S)
+                if not pending.done() and self.stopping.is_set():
+                    pending.cancel()
+                    return None
+            return pending.result()
 
         async def limited() -> dict[str, Any]:
-            nonlocal seen
+            nonlocal seen, whole
             if tracked.closed:
                 return {"type": "http.disconnect"}
-            message = await receive()
+            if whole:  # a disconnect the app listens for: nothing to wait out
+                return await receive()
+            message = await arriving()
+            if message is None:
+                if not tracked.started:
+                    await send_error(send, StorageUnavailable(
+                        "server_stopping", "the server is stopping before this request's "
+                        "body arrived; nothing was done: send it again"))
+                tracked.closed = True
+                return {"type": "http.disconnect"}
             if message["type"] == "http.request":
+                whole = not message.get("more_body", False)
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
                     # Answered here, and the app is told the client left: raising instead
