@@ -19,7 +19,10 @@ def metrics(s: Any, textfile: str | None) -> None:
     from .errors import InvalidInput
     from .metrics import exposition, registry_for, write_textfile
 
-    registry = registry_for(s.coordinator())
+    coordinator = s.coordinator()
+    if textfile is not None:
+        textfile = _textfile(coordinator, textfile)
+    registry = registry_for(coordinator)
     if textfile is None:
         sys.stdout.write(exposition(registry).decode())
         sys.stdout.flush()
@@ -28,3 +31,24 @@ def metrics(s: Any, textfile: str | None) -> None:
         write_textfile(registry, textfile)
     except OSError as e:
         raise InvalidInput("invalid_input", f"cannot write {textfile}: {e.strerror}") from None
+
+
+def _textfile(coordinator: Any, textfile: str) -> str:
+    """Where the textfile may go: never the database or a file SQLite keeps beside it, nor
+    inside the artifact store (a typo replaced the database with the exposition, exit 0),
+    nor a directory, a pipe or a device. An existing file is replaced: that is the point.
+    Bad: InvalidInput (exit 2), nothing written."""
+    from .artifacts.settings import store_root
+    from .errors import InvalidInput
+    from .maintenance import writable_destination
+
+    if textfile == "-":
+        raise InvalidInput("invalid_input", "--textfile names a file; leave it out to print "
+                           "the metrics on stdout")
+    try:
+        store: str | None = store_root(coordinator.db, coordinator.artifacts_dir)
+    except InvalidInput:
+        store = None  # PostgreSQL without a store: there is none to protect
+    return writable_destination(textfile, force=True,
+                                database=coordinator.db.target.sqlite_path,
+                                what="the metrics textfile", store=store)

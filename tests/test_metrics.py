@@ -341,3 +341,40 @@ def test_every_metric_is_documented_with_its_type_and_labels(sqlite_target: Targ
     assert set(listed) - artifact_only == set(exposed)
     for name, got in exposed.items():
         assert listed[name] == got, name
+
+
+@pytest.mark.parametrize("where", ["the database", "its -wal", "a link to the database",
+                                   "an artifact object", "a directory", "a fifo", "-"])
+def test_metrics_textfile_never_replaces_the_database_or_an_artifact(
+        tmp_path: Any, where: str) -> None:
+    """`metrics --textfile q.db` (a typo) replaced the database with the exposition, exit
+    0: every job gone. The same over its -wal (a running server's) or an artifact object.
+    Refused now as `artifact get -o` refuses those paths: exit 2, nothing written."""
+    from tests.conftest import run_cli
+
+    db = tmp_path / "q #1.db"
+    assert run_cli(None, "--db", str(db), "migrate").code == 0
+    with Coordinator.open(str(db)) as c:
+        c.enqueue("summarize", {})
+    obj = tmp_path / "q #1.db.artifacts" / "objects" / "sha256" / "ab" / "cd" / ("abcd" * 16)
+    obj.parent.mkdir(parents=True)
+    obj.write_bytes(b"accepted bytes")
+    wal = tmp_path / "q #1.db-wal"  # refused by its name: SQLite's own, whether there or not
+    link = tmp_path / "link.db"
+    link.symlink_to(db)
+    (tmp_path / "d.prom").mkdir()
+    os.mkfifo(tmp_path / "f.prom")
+    path = {"the database": db, "its -wal": wal, "a link to the database": link,
+            "an artifact object": obj, "a directory": tmp_path / "d.prom",
+            "a fifo": tmp_path / "f.prom", "-": "-"}[where]
+    before = {p: p.read_bytes() for p in (db, obj)}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        got = run_cli(None, "--db", str(db), "metrics", "--textfile", str(path))
+        assert not os.path.exists(tmp_path / "-")
+    finally:
+        os.chdir(cwd)
+    assert got.code == 2, got
+    assert {p: p.read_bytes() for p in (db, obj)} == before
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".jobcoord-metrics-")] == []
