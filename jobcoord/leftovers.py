@@ -93,3 +93,21 @@ def sweep(directory: str, pattern: re.Pattern[str],
             os.close(fd)
         removed += 1
     return removed
+
+
+def is_real_directory(path: str) -> bool:
+    """A directory itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_outdir(directory: str) -> None:
+    """Remove a command's artifacts directory, or what the command left in its place (a
+    link, a file): rmtree refuses a link and a file, and they were left for ever."""
+    if is_real_directory(directory):
+        shutil.rmtree(directory, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            os.unlink(directory)

@@ -440,3 +440,33 @@ def test_a_worker_stopped_during_a_completions_artifact_checks_exits_in_its_grac
     while not gone(validator) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert gone(validator)
+
+
+@pytest.mark.parametrize("replaced_by", ["a link to another directory", "a file"])
+def test_a_command_that_replaces_its_artifacts_directory_stages_nothing_from_elsewhere(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path, replaced_by: str) -> None:
+    """A command that replaced $JOBCOORD_ARTIFACTS_OUT with a link to another directory had
+    that directory's files staged and accepted as its artifacts (links are not followed,
+    the docs say), and the link (or a file put in its place) was left in the temporary
+    directory for ever. Nothing is staged from elsewhere now, and what the command left in
+    the directory's place is removed with the attempt."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    outside = tmp_path / "outside #1"
+    outside.mkdir()
+    (outside / "key.txt").write_text("TOPSECRET")
+    script = tmp_path / "swap.py"
+    swap = (f"os.symlink({str(outside)!r}, out)" if replaced_by.startswith("a link")
+            else "open(out, 'w').write('x')")
+    script.write_text("import os, shutil, sys\nsys.stdin.read()\n"
+                      "out = os.environ['JOBCOORD_ARTIFACTS_OUT']\nshutil.rmtree(out)\n"
+                      f"{swap}\nprint('{{}}')\n")
+    job = c.enqueue("swap", {})["job_id"]
+    pattern = os.path.join(tempfile.gettempdir(), f"jobcoord-w*-{job}-artifacts-*")
+    before = set(glob.glob(pattern))
+    code, summary = start("--exec", f"swap={PY} {script}", "--burst").finish()
+    assert code == 0 and summary["completed"] == 1, summary
+    assert c.artifacts(job)["artifacts"] == []
+    assert (outside / "key.txt").read_text() == "TOPSECRET"
+    assert {p for p in glob.glob(pattern) if os.path.lexists(p)} - before == set()

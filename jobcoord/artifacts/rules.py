@@ -64,6 +64,7 @@ from jobcoord.errors import (
     Refused,
     StorageUnavailable,
 )
+from jobcoord.leftovers import is_real_directory
 from jobcoord.store import feature_statements as fs
 
 if TYPE_CHECKING:
@@ -507,7 +508,9 @@ def stage_outdir(coord: Any, directory: str | None, job_id: int, worker: str, ep
     sub-directories and links are not followed), before the worker reports the completion.
     `done`: the names already staged (skipped), to which each name staged here is added, so
     a staging that failed part way is taken up again where it stopped."""
-    if not directory or not os.path.isdir(directory):
+    if not directory or not is_real_directory(directory):
+        # Gone, or replaced by the command with a link (its target's files are not the
+        # command's to send) or a file: nothing is staged.
         return []
     staged = []
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):

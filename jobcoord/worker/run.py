@@ -7,7 +7,6 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..app import Context, HandlerSpec
 from ..clock import iso
 from ..errors import InvalidInput, JobcoordError, Refused, StorageUnavailable
-from ..leftovers import release
+from ..leftovers import release, remove_outdir
 from ..runtime import describe, is_fatal
 from ..validate import MAX_JSON_DEPTH
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
@@ -170,7 +169,7 @@ class JobRun:
                 with contextlib.suppress(OSError):
                     os.unlink(self.checkpoints_file)
             if self.artifacts_out is not None:
-                shutil.rmtree(self.artifacts_out, ignore_errors=True)
+                remove_outdir(self.artifacts_out)
             release(self.held)
 
     def _lease_confirmed(self) -> float | None:
