@@ -1137,3 +1137,26 @@ def test_stop_checks_cuts_a_completion_whose_connection_was_opening_as_it_ran(
         took = time.monotonic() - t0
     assert e.value.code == "server_stopping", e.value
     assert took < 5, took
+
+
+def test_a_download_with_a_bad_range_is_sent_whole_and_one_past_the_end_is_a_json_416(
+        s: Setup) -> None:
+    """A malformed Range (`bytes=abc`, `bytes=3-1`) was a plain-text 400, and one past the
+    end a plain-text 416 with no body: not the API's JSON error. A malformed Range is
+    ignored as HTTP allows (200, the whole artifact); one past the end is 416
+    `range_not_satisfiable` in the JSON shape, with `Content-Range: bytes */SIZE`."""
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "r.bin", BYTES, tenant="alice")
+    s.c.complete(job, "wa", epoch, {}, tenant="alice")
+    path = f"/v1/jobs/{job}/artifacts/r.bin"
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, \
+            srv.client(s.viewer) as viewer:
+        for bad in ("bytes=abc", "bytes=3-1", "lines=1-2", "bytes="):
+            got = viewer.get(path, headers={"Range": bad})
+            assert got.status_code == 200 and got.content == BYTES, (bad, got.text[:200])
+        part = viewer.get(path, headers={"Range": "bytes=2-5"})
+        assert part.status_code == 206 and part.content == BYTES[2:6]
+        past = viewer.get(path, headers={"Range": f"bytes={len(BYTES)}-"})
+        assert past.status_code == 416, past.text
+        assert past.json()["error"]["code"] == "range_not_satisfiable"
+        assert past.headers["Content-Range"] == f"bytes */{len(BYTES)}"
