@@ -203,3 +203,23 @@ def test_serve_whose_database_file_is_replaced_stops_exit_7(
         assert events[-1]["error"]["code"] == "database_replaced"
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, 601, True, "soon", None])
+def test_a_busy_timeout_that_is_no_number_of_seconds_is_refused(
+        tmp_path: Path, sqlite_template: str, value: object) -> None:
+    """`--busy-timeout nan` was taken (the range check compares false with NaN) and
+    `Coordinator.open(busy_timeout=...)` checked nothing: NaN, infinity and -1 each waited
+    some small, unsaid time for a locked database. Refused now, exit 2 / InvalidInput."""
+    from jobcoord.errors import InvalidInput
+    from jobcoord.service import Coordinator
+    from tests.conftest import fresh_sqlite
+
+    target = fresh_sqlite(sqlite_template, str(tmp_path), "q.db")
+    with pytest.raises(InvalidInput) as e:
+        Coordinator.open(target, busy_timeout=value)  # type: ignore[arg-type]
+    assert "busy_timeout" in e.value.message
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        r = run_cli(None, "--db", str(target.sqlite_path), "--busy-timeout", str(value),
+                    "status")
+        assert r.code == 2, r

@@ -47,6 +47,8 @@ OPTIONAL_REVISIONS = {"artifacts": ("a0001", "a0002")}
 
 SYNCHRONOUS_LEVELS = ("full", "normal")
 DEFAULT_BUSY_TIMEOUT = 5.0
+#: The longest busy timeout taken (seconds), through the CLI or the Python API.
+MAX_BUSY_TIMEOUT_S = 600.0
 DEFAULT_RETRIES = 4  # attempts in all, when the busy timeout runs out anyway
 #: The least a try with a deadline near waits for the write lock (`Database.try_wait`).
 MIN_TRY_WAIT_S = 0.25
@@ -192,6 +194,11 @@ class Database:
         busy_retries: int = DEFAULT_RETRIES,
         frozen: bool = False,
     ) -> Database:
+        from ..validate import finite_seconds
+
+        # NaN passes every range check (each comparison is false) and then waits some small,
+        # unsaid time: refused with the rest, as the CLI's --busy-timeout is.
+        busy_timeout = finite_seconds(busy_timeout, "busy_timeout", 0, MAX_BUSY_TIMEOUT_S)
         if target.sqlite_path is not None:
             from .sqlite import SqliteDatabase
 
