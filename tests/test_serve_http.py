@@ -526,3 +526,29 @@ def test_the_remote_client_refuses_what_json_cannot_carry_as_the_coordinator_doe
                 call()
         with Coordinator.open(target) as c:
             assert dump(c) == before
+
+
+@pytest.mark.parametrize("action", ["cancel", "retry"])
+def test_an_operator_action_with_a_bad_body_is_400_and_changes_nothing(
+        sqlite_target: Target, action: str) -> None:
+    """Cancel and retry take no fields, and read no body: `notjson`, unknown fields,
+    duplicate keys and NaN were each answered 200 and the job cancelled (or retried).
+    Refused now as every route refuses them (400, nothing changed); no body, or `{}`, acts."""
+    op = token(sqlite_target, "op", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        if action == "retry":  # a dead job
+            c.heartbeat("w", readings={"memory_used_pct": 5})
+            epoch = c.claim("w")["lease"]["epoch"]
+            c.fail(job, "w", epoch, "boom", permanent=True)
+        before = dump(c)
+    path = f"/v1/jobs/{job}/{action}"
+    with served(sqlite_target, "--reap-every", "0") as s, s.client(op) as http:
+        for bad in (b"notjson", b'{"bogus": 1}', b'{"a": 1, "a": 2}', b'{"a": NaN}', b"[]",
+                    b'{"tenant": "t"}'):
+            got = http.post(path, content=bad, headers={"Content-Type": "application/json"})
+            assert got.status_code == 400, (bad, got.text)
+            assert got.json()["error"]["code"] == "invalid_input"
+        with Coordinator.open(sqlite_target) as c:
+            assert dump(c) == before
+        assert http.post(path, content=b"{}").status_code == 200

@@ -129,6 +129,11 @@ class ReconcileBody(_Body):
     result: Any = None
 
 
+class NoFields(_Body):
+    """The body of an action that takes no fields (cancel, retry): none, or `{}`. Anything
+    else is refused as every body is, so a mistaken request changes nothing."""
+
+
 class PruneBody(_Body):
     older_than: Annotated[str, Strict()] | Seconds
     statuses: list[str] | None = Field(default=None, max_length=8)

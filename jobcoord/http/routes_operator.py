@@ -6,19 +6,21 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from .bodies import JSONRoute, PruneBody, ReconcileBody
+from .bodies import JSONRoute, NoFields, PruneBody, ReconcileBody
 from .deps import JobId, Operator, Srv, scope, strict
 
 router = APIRouter(route_class=JSONRoute)
 
 
-@router.post("/v1/jobs/{job_id}/cancel")
-async def cancel(job_id: JobId, who: Operator, srv: Srv) -> dict[str, Any]:
+@router.post("/v1/jobs/{job_id}/cancel", dependencies=strict(NoFields))
+async def cancel(job_id: JobId, who: Operator, srv: Srv, _body: NoFields | None = None
+                 ) -> dict[str, Any]:
     return await srv.call(srv.c.cancel, job_id, tenant=scope(who))
 
 
-@router.post("/v1/jobs/{job_id}/retry")
-async def retry(job_id: JobId, who: Operator, srv: Srv) -> dict[str, Any]:
+@router.post("/v1/jobs/{job_id}/retry", dependencies=strict(NoFields))
+async def retry(job_id: JobId, who: Operator, srv: Srv, _body: NoFields | None = None
+                ) -> dict[str, Any]:
     got = await srv.call(srv.c.retry, job_id, tenant=scope(who))
     srv.notify()
     return got
