@@ -24,6 +24,7 @@ from jobcoord.errors import InvalidInput, Refused
 from jobcoord.maintenance import check
 from jobcoord.policy import Policy
 from jobcoord.service import Coordinator
+from tests.conftest import dump
 from tests.timeline import IDLE_ON_AC, at, iso_at
 
 REPO = Path(__file__).resolve().parent.parent
@@ -308,6 +309,12 @@ def test_reconcile_as_succeeded_needs_a_result_and_keeps_it(coord, clock):
 
 def test_reconcile_as_waiting_offers_the_job_again_with_an_attempt_left(coord, clock):
     job_id = _unknown_job(coord, clock)
+    # A result given with it was dropped without a word: the job runs again and its next
+    # attempt's result is the one kept. Refused, nothing changed.
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as e:
+        coord.reconcile(job_id, "waiting", "never reached", result={"remote": "R-17"})
+    assert "result" in e.value.message and dump(coord) == before
     coord.reconcile(job_id, "waiting", "the call never reached the provider")
     job = coord.show(job_id)["job"]
     assert job["status"] == "waiting" and not job["effect_started"]

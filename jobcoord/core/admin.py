@@ -116,7 +116,13 @@ def reconcile(ctx: Context, job_id: int, as_status: str, reason: str, *, result:
         raise InvalidInput("invalid_input", "--as must be succeeded, waiting or dead")
     reason = v.utf8_text(reason, "reason", max_len=4096)
     if as_status == "succeeded" and result is None:
-        raise InvalidInput("invalid_input", "reconciling as succeeded needs --result")
+        raise InvalidInput("invalid_input", "reconciling as succeeded needs a result (the "
+                           "job's outcome: --result, or `result` over HTTP)")
+    if as_status == "waiting" and result is not None:
+        # Dropped without a word, it was: the job runs again, its next attempt's result
+        # is the one kept.
+        raise InvalidInput("invalid_input", "a job reconciled as waiting runs again and "
+                           "takes no result; give none, or reconcile as succeeded")
     result_text = None
     if result is not None:
         result_text = v.json_value(result, "result", str_is_text=False,
