@@ -552,3 +552,25 @@ def test_an_operator_action_with_a_bad_body_is_400_and_changes_nothing(
         with Coordinator.open(sqlite_target) as c:
             assert dump(c) == before
         assert http.post(path, content=b"{}").status_code == 200
+
+
+def test_a_job_id_in_a_path_is_decimal_digits_or_400(sqlite_target: Target) -> None:
+    """`/v1/jobs/1.0`, `/v1/jobs/%201`, `/v1/jobs/+1` and `/v1/jobs/1_0` each named job 1
+    (or 10): the framework's number reading is lenient. A job id is plain ASCII digits:
+    anything else is 400 `invalid_input`, as a bad body field is."""
+    viewer = token(sqlite_target, "v", "viewer")
+    op = token(sqlite_target, "op", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        for _ in range(10):
+            c.enqueue("k", {})
+        before = dump(c)
+    with served(sqlite_target, "--reap-every", "0") as s, s.client(viewer) as http, \
+            s.client(op) as operator:
+        assert http.get("/v1/jobs/1").status_code == 200
+        for bad in ("1.0", "%201", "+1", "1_0", "%EF%BC%91", "01e0"):
+            got = http.get(f"/v1/jobs/{bad}")
+            assert got.status_code == 400, (bad, got.text)
+            assert got.json()["error"]["code"] == "invalid_input"
+            assert operator.post(f"/v1/jobs/{bad}/cancel").status_code == 400
+        with Coordinator.open(sqlite_target) as c:
+            assert dump(c) == before

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator
 
 from .. import tokens
 from .. import validate as v
@@ -146,7 +147,15 @@ Operator = Annotated[Identity, role(*OPERATORS)]
 #: The same, as a Caller: the route looks the token up itself (`Server.call_as`).
 SubmitterCaller = Annotated[Caller, caller(*SUBMITTERS)]
 WorkerCaller = Annotated[Caller, caller(*WORKERS)]
-JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX)]
+def _digits(value: Any) -> Any:
+    """A path's job id as sent: plain ASCII digits. The number reader alone took `1.0`,
+    ` 1`, `+1` and `1_0` (job 10) as ids."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError("a job id is decimal digits")
+    return value
+
+
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX), BeforeValidator(_digits)]
 
 
 def scope(who: Identity) -> str | None:

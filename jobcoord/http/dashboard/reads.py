@@ -166,6 +166,6 @@ def result_field(text: str) -> Any:
 
 
 def job_id(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 2**62:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 2**62:
         raise InvalidInput("invalid_input", f"{text!r} is not a job id")
     return int(text)
