@@ -442,7 +442,10 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
     if os.path.isdir(source):
         raise InvalidInput("invalid_input", f"{source} is a directory; name the backup file")
     if not os.path.isfile(source):
-        raise InvalidInput("invalid_input", f"no backup file at {source}")
+        there = os.path.lexists(source)
+        raise InvalidInput("invalid_input", f"{source} is not a regular file (a pipe, a "
+                           "device, a socket or a broken link); name the backup file" if there
+                           else f"no backup file at {source}")
     log = _beside(source)
     if log is not None:
         raise InvalidInput(

@@ -4,6 +4,7 @@ over anything that exists."""
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import subprocess
 import sys
@@ -173,6 +174,11 @@ def test_restore_of_a_missing_file_or_a_directory_is_refused(tmp_path: Path) -> 
     same = run_cli(target, "restore", str(tmp_path / "new.db"), "--json")
     assert same.code == 2
     assert list(tmp_path.iterdir()) == []
+    # A FIFO is there, but no file: said so (it was "no backup file at", as if absent).
+    os.mkfifo(tmp_path / "pipe.db")
+    pipe = run_cli(target, "restore", str(tmp_path / "pipe.db"), "--json")
+    assert pipe.code == 2 and "not a regular file" in pipe.json["error"]["message"], pipe
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.db"]
 
 
 def test_restore_to_postgresql_points_to_its_own_tools(tmp_path: Path) -> None:
