@@ -116,3 +116,29 @@ def test_ctrl_c_while_the_command_loads_is_interrupted_exit_130_without_a_traceb
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
     assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
+
+
+def test_sigterm_before_the_worker_has_started_ends_it_having_claimed_nothing(
+        tmp_path: Path) -> None:
+    """docs/worker.md: a SIGTERM before the worker logged `started` ends it as the signal
+    does (exit 143, or killed by it), with no summary, and it has claimed nothing: the
+    waiting job is untouched, no worker row is written."""
+    from jobcoord.service import Coordinator
+
+    db = str(tmp_path / "q # 1.db")
+    with Coordinator.open(db, migrate=True) as c:
+        job = c.enqueue("k", {})["job_id"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", db, "worker", "--exec", "k=true",
+         "--readings-override", '{"memory_used_pct": 10}', "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode in (143, -signal.SIGTERM), (proc.returncode, out, err)
+    assert '"started"' not in err and out == ""
+    with Coordinator.open(db) as c:
+        shown = c.show(job)
+        assert shown["job"]["status"] == "waiting" and shown["job"]["attempts"] == 0
+        assert [e["reason"] for e in shown["events"]] == ["enqueued"]
+        assert c.workers()["workers"] == []
