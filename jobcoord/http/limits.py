@@ -69,19 +69,26 @@ class BodyLimit:
             return
         seen = 0
         tracked = TrackedSend(send)
-        whole = False  # the body's last part has arrived
+        # The body's last part has arrived (a GET has none to wait for): from then on a
+        # receive is the app listening for a disconnect, passed through untouched, so a
+        # response under way (a download) keeps its grace when the server stops.
+        whole = scope["method"] not in ("POST", "PUT", "PATCH")
 
         async def arriving() -> dict[str, Any] | None:
             """The body's next part, or None when the server begins to stop first: a slow
             client's body was cut after the stop's grace, a plain-text 500 and a traceback.
             The task is never cancelled while the part may be on its way, so none is lost."""
             pending = asyncio.ensure_future(receive())
-            await asyncio.sleep(0)  # a part already here is taken without a timed wait
-            while not pending.done():
-                await asyncio.wait({pending}, timeout=STOP_LOOK_S)
-                if not pending.done() and self.stopping.is_set():
-                    pending.cancel()
-                    return None
+            try:
+                await asyncio.sleep(0)  # a part already here is taken without a timed wait
+                while not pending.done():
+                    await asyncio.wait({pending}, timeout=STOP_LOOK_S)
+                    if not pending.done() and self.stopping.is_set():
+                        pending.cancel()
+                        return None
+            except BaseException:
+                pending.cancel()  # the caller was cancelled: no part is read behind it
+                raise
             return pending.result()
 
         async def limited() -> dict[str, Any]:
