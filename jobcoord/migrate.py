@@ -80,6 +80,8 @@ def _foreign_objects(db: Database, conn: Connection, revisions: set[str]) -> lis
         "SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view') "
         "AND name NOT LIKE 'sqlite_%' ORDER BY name")
     found = [f"{kind} {name}" for kind, name in rows if name not in ours]
+    if revisions:  # unknown revisions beside none of jobcoord's tables: another history
+        found.append(f"alembic_version {', '.join(sorted(revisions))[:80]}")
     if not found:
         for pragma in ("user_version", "application_id"):
             value = conn.exec_driver_sql(f"PRAGMA {pragma}").scalar()
@@ -167,14 +169,9 @@ def _migration_error(e: BaseException) -> JobcoordError:
                           f"{getattr(e, 'orig', None) or e}")
 
 
-def migrate(
-    db: Database, *, add: set[str] | None = None, remove: set[str] | None = None,
-    force: bool = False, artifacts_dir: str | None = None,
-) -> dict[str, Any]:
-    """Bring the core schema to its newest revision, add or remove optional features, and
-    run `PRAGMA quick_check` afterwards (SQLite)."""
-    add = set(add or ())
-    remove = set(remove or ())
+def check_features(add: set[str], remove: set[str]) -> None:
+    """The optional features a migrate names, checked before any file is opened (a refused
+    migrate of a new path left an empty file behind)."""
     for feature in add | remove:
         if feature not in OPTIONAL_FEATURES:
             raise InvalidInput(
@@ -183,6 +180,17 @@ def migrate(
             )
     if add & remove:
         raise InvalidInput("invalid_input", "cannot add and remove the same feature")
+
+
+def migrate(
+    db: Database, *, add: set[str] | None = None, remove: set[str] | None = None,
+    force: bool = False, artifacts_dir: str | None = None,
+) -> dict[str, Any]:
+    """Bring the core schema to its newest revision, add or remove optional features, and
+    run `PRAGMA quick_check` afterwards (SQLite)."""
+    add = set(add or ())
+    remove = set(remove or ())
+    check_features(add, remove)
     from alembic import command
 
     before: set[str] = set()
@@ -201,7 +209,8 @@ def migrate(
                     "foreign_database",
                     f"{db.target.display()} is another program's database (it holds what "
                     f"jobcoord never makes: {', '.join(foreign[:10])}); migrate creates or "
-                    "upgrades only a jobcoord database or an empty file. Nothing was changed",
+                    "upgrades only a jobcoord database or an empty file. jobcoord wrote "
+                    "nothing to it",
                     tables=[f.split(" ", 1)[1] for f in foreign[:50]
                             if f.startswith("table ")])
         known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
@@ -214,6 +223,15 @@ def migrate(
             orphans = unversioned_tables(db, conn)
             if orphans:  # creating the tables again would fail half-way ("already exists")
                 raise _unknown_schema(db, orphans)
+        elif before & set(CORE_REVISIONS) and not db.engine.dialect.has_table(conn, "jobs"):
+            # A revision recorded over no tables: said to be migrated, it was left so
+            # (`changed: false`) and every other command failed on the missing tables.
+            raise SchemaMismatch(
+                "schema_unknown",
+                f"{db.target.display()} records jobcoord revision "
+                f"{', '.join(sorted(before))} but holds none of its tables (its jobs table "
+                "is missing): restore it from a backup, or move it away and run `jobcoord "
+                "migrate` to start a new one")
         features = (installed_features(before) | add) - remove
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):

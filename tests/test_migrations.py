@@ -186,6 +186,17 @@ FOREIGN_FILES: dict[str, tuple[list[str], str, str]] = {
         ["CREATE TABLE alembic_version(version_num VARCHAR(32) NOT NULL PRIMARY KEY)",
          "INSERT INTO alembic_version VALUES ('1975f2b0c0de')",
          "CREATE TABLE users(id INTEGER PRIMARY KEY)"], "foreign_database", "users"),
+    # Only another program's Alembic history, no tables yet: it was called schema_newer
+    # ("upgrade jobcoord").
+    "only another program's alembic_version": (
+        ["CREATE TABLE alembic_version(version_num VARCHAR(32) NOT NULL PRIMARY KEY)",
+         "INSERT INTO alembic_version VALUES ('abc123')"], "foreign_database", "abc123"),
+    # jobcoord's own revision over none of its tables: migrate said it was up to date
+    # (exit 0, switched to WAL) and every other command failed on the missing tables.
+    "jobcoord's revision without its tables": (
+        ["CREATE TABLE alembic_version(version_num VARCHAR(32) NOT NULL PRIMARY KEY)",
+         f"INSERT INTO alembic_version VALUES ('{CORE_REVISIONS[-1]}')"], "schema_unknown",
+        "none of its tables"),
     # A table named like one of jobcoord's, no revision: refused as before (schema_unknown),
     # and the file is no longer switched to WAL on the way to that refusal.
     "a table named like ours": (["CREATE TABLE jobs(title TEXT)"], "schema_unknown", "jobs"),
@@ -213,6 +224,17 @@ def test_migrate_refuses_another_programs_sqlite_database_and_changes_nothing(
     assert named in r.json["error"]["message"]
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_migrate_naming_an_unknown_feature_creates_no_file(tmp_path: Path) -> None:
+    """`migrate --with bogus` on a new path was refused (exit 2) after the file was made:
+    an empty file stayed behind."""
+    path = tmp_path / "new #1.db"
+    for args in (("--with", "bogus"), ("--without", "bogus"),
+                 ("--with", "artifacts", "--without", "artifacts")):
+        r = run_cli(None, "--db", str(path), "migrate", *args, "--json")
+        assert r.code == 2 and r.json["error"]["code"] == "invalid_input", r
+        assert list(tmp_path.iterdir()) == []
 
 
 def test_migrate_of_an_empty_file_creates_jobcoords_tables(tmp_path: Path) -> None:
@@ -253,3 +275,32 @@ def test_migrate_refuses_a_database_another_program_is_creating_as_it_runs(
     assert path.read_bytes() == after_commit
     names = sqlite3.connect(path).execute("SELECT name FROM sqlite_master").fetchall()
     assert names == [("notes",)]
+
+
+def test_migrate_refuses_a_foreign_file_with_its_log_beside_it_writing_nothing_itself(
+        tmp_path: Path) -> None:
+    """Another program's file with its -wal still beside it: refused (exit 8), its table
+    and rows as that program committed them, no jobcoord table in it, and no switch of its
+    journal mode; SQLite, opening it, folds the log in (as any reader would), so the
+    message says jobcoord wrote nothing, not that nothing changed."""
+    import shutil
+    import sqlite3
+
+    src = tmp_path / "src.db"
+    other = sqlite3.connect(src)
+    other.execute("PRAGMA journal_mode=wal")
+    other.execute("PRAGMA wal_autocheckpoint=0")
+    other.execute("CREATE TABLE notes(body TEXT)")
+    other.execute("INSERT INTO notes VALUES ('mine')")
+    other.commit()
+    path = tmp_path / "theirs #1.db"
+    shutil.copy(src, path)
+    shutil.copy(str(src) + "-wal", str(path) + "-wal")
+    other.close()
+    r = run_cli(None, "--db", str(path), "migrate", "--json")
+    assert r.code == 8 and r.json["error"]["code"] == "foreign_database", r
+    assert "wrote nothing" in r.json["error"]["message"]
+    conn = sqlite3.connect(path)
+    assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
+    assert conn.execute("SELECT body FROM notes").fetchall() == [("mine",)]
+    conn.close()

@@ -19,9 +19,11 @@ from .output import emit, json_option, safe_text
 def migrate(s: Settings, force: bool, add: tuple[str, ...], remove: tuple[str, ...],
             as_json: bool) -> None:
     """Create the database or bring its schema to this version, then quick_check it."""
+    from ..migrate import check_features
     from ..migrate import migrate as run_migrate
     from ..store import Database
 
+    check_features(set(add), set(remove))
     target = s.target()
     # Migrations wait longer for the lock: a concurrent migrate finishes first.
     db = Database.open(target, create=True, synchronous=s.synchronous,
