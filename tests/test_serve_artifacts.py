@@ -1151,7 +1151,8 @@ def test_a_download_with_a_bad_range_is_sent_whole_and_one_past_the_end_is_a_jso
     path = f"/v1/jobs/{job}/artifacts/r.bin"
     with served(s.target, "--reap-every", "0", env=s.env) as srv, \
             srv.client(s.viewer) as viewer:
-        for bad in ("bytes=abc", "bytes=3-1", "lines=1-2", "bytes="):
+        for bad in ("bytes=abc", "bytes=3-1", "lines=1-2", "bytes=", "bytes=+1-2",
+                    "bytes=1_0-20", "bytes = 0-5", "bytes= 0-5", "bytes=0x1-2"):
             got = viewer.get(path, headers={"Range": bad})
             assert got.status_code == 200 and got.content == BYTES, (bad, got.text[:200])
         part = viewer.get(path, headers={"Range": "bytes=2-5"})
@@ -1160,3 +1161,10 @@ def test_a_download_with_a_bad_range_is_sent_whole_and_one_past_the_end_is_a_jso
         assert past.status_code == 416, past.text
         assert past.json()["error"]["code"] == "range_not_satisfiable"
         assert past.headers["Content-Range"] == f"bytes */{len(BYTES)}"
+        # An If-Range that does not match: the Range is ignored (200, whole), past the
+        # end or not.
+        for wanted in (f"bytes={len(BYTES)}-", "bytes=2-5"):
+            got = viewer.get(path, headers={"Range": wanted, "If-Range": '"zzz"'})
+            assert got.status_code == 200 and got.content == BYTES, (wanted, got.text[:200])
+        same = viewer.get(path, headers={"Range": "bytes=2-5", "If-Range": part.headers["ETag"]})
+        assert same.status_code == 206 and same.content == BYTES[2:6]

@@ -229,6 +229,11 @@ async def download(request: Request, job_id: JobId, name: str, who: Reader, srv:
     return await artifact_file(srv, job_id, found)
 
 
+#: A Range as HTTP writes it (RFC 9110 14.1.1): bytes=, then first-last, first- or -suffix,
+#: in ASCII digits, separated by commas.
+_RANGE = re.compile(r"bytes=(?:[0-9]+-[0-9]*|-[0-9]+)(?:[ \t]*,[ \t]*(?:[0-9]+-[0-9]*|-[0-9]+))*")
+
+
 class StagedFile(FileResponse):
     """A download's verified copy sent as the answer, and removed (its room in the staging
     budget given back) once the sending ends, however it ends: sent, the client gone, a
@@ -276,15 +281,24 @@ class StagedFile(FileResponse):
         from starlette.datastructures import Headers
         from starlette.responses import MalformedRangeHeader, RangeNotSatisfiable
 
-        wanted = Headers(scope=scope).get("range")
+        headers = Headers(scope=scope)
+        wanted = headers.get("range")
         if wanted is None:
             return scope
-        size = os.stat(self.path).st_size
+        found = os.stat(self.path)
+        self.set_stat_headers(found)  # Last-Modified beside the ETag, as If-Range compares
+        if_range = headers.get("if-range")
+        if if_range is not None and not self._should_use_range(if_range):
+            return scope  # the copy changed since: the whole of it (200), as HTTP says
+        size = found.st_size
+        unranged = {**scope, "headers": [(k, v) for k, v in scope["headers"]
+                                         if k.lower() != b"range"]}
+        if not _RANGE.fullmatch(wanted):
+            return unranged  # `+1`, `1_0`, spaces: Python's int() took them
         try:
             self._parse_range_header(wanted, size)
         except MalformedRangeHeader:
-            return {**scope, "headers": [(k, v) for k, v in scope["headers"]
-                                         if k.lower() != b"range"]}
+            return unranged
         except RangeNotSatisfiable:
             err = Refused("range_not_satisfiable", f"the range {wanted[:80]!r} lies past "
                           f"the artifact's end ({size} bytes)", size=size)
