@@ -3,6 +3,7 @@ machine without `serve` (node_exporter's textfile collector reads PATH)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -42,6 +43,9 @@ def _textfile(coordinator: Any, textfile: str) -> str:
     from .errors import InvalidInput
     from .maintenance import writable_destination
 
+    if textfile.endswith(os.sep):
+        raise InvalidInput("invalid_input", f"--textfile {textfile} names a directory (it "
+                           "ends in /); name the file")
     if textfile == "-":
         raise InvalidInput("invalid_input", "--textfile names a file; leave it out to print "
                            "the metrics on stdout")

@@ -344,7 +344,8 @@ def test_every_metric_is_documented_with_its_type_and_labels(sqlite_target: Targ
 
 
 @pytest.mark.parametrize("where", ["the database", "its -wal", "a link to the database",
-                                   "an artifact object", "a directory", "a fifo", "-"])
+                                   "an artifact object", "a directory", "a fifo", "-",
+                                   "a trailing slash"])
 def test_metrics_textfile_never_replaces_the_database_or_an_artifact(
         tmp_path: Any, where: str) -> None:
     """`metrics --textfile q.db` (a typo) replaced the database with the exposition, exit
@@ -366,13 +367,15 @@ def test_metrics_textfile_never_replaces_the_database_or_an_artifact(
     os.mkfifo(tmp_path / "f.prom")
     path = {"the database": db, "its -wal": wal, "a link to the database": link,
             "an artifact object": obj, "a directory": tmp_path / "d.prom",
-            "a fifo": tmp_path / "f.prom", "-": "-"}[where]
+            "a fifo": tmp_path / "f.prom", "-": "-",
+            "a trailing slash": str(tmp_path / "new.prom") + "/"}[where]
     before = {p: p.read_bytes() for p in (db, obj)}
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
         got = run_cli(None, "--db", str(db), "metrics", "--textfile", str(path))
         assert not os.path.exists(tmp_path / "-")
+        assert not os.path.exists(tmp_path / "new.prom")
     finally:
         os.chdir(cwd)
     assert got.code == 2, got
