@@ -434,11 +434,18 @@ def flag(value: Any, field: str) -> bool:
     return value
 
 
+def _shown(value: int) -> str:
+    """An int as a message shows it: in full up to 40 digits, else by its size."""
+    if value.bit_length() <= 128:
+        return str(value)
+    return f"a {len(format(abs(value), 'x'))}-hex-digit number"
+
+
 def whole(value: Any, field: str, lo: int, hi: int) -> int:
     """`integer`, safe for any int: one out of range is refused without being formatted in
     full (Python refuses to print an int of more than 4300 digits)."""
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-        raise _bad(field, f"is outside {lo}..{hi}")
+        raise _bad(field, f"{_shown(value)} is outside {lo}..{hi}")
     return integer(value, field, lo, hi)
 
 
@@ -447,14 +454,14 @@ def finite_seconds(value: Any, field: str, lo: float, hi: float, *,
     """`seconds`, safe for any int: one too large for a float is refused as out of range
     instead of overflowing when converted."""
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-        raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
+        raise _bad(field, f"{_shown(value)} is outside {lo:g}..{hi:g} seconds")
     return seconds(value, field, lo, hi, lo_inclusive=lo_inclusive)
 
 
 def safe_duration(value: Any, field: str, lo: float, hi: float) -> float:
     """`duration`, with `finite_seconds`' check of ints first."""
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-        raise _bad(field, f"is outside {lo:g}..{hi:g} seconds")
+        raise _bad(field, f"{_shown(value)} is outside {lo:g}..{hi:g} seconds")
     return duration(value, field, lo, hi)
 
 

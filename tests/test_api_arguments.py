@@ -250,6 +250,20 @@ def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> N
     assert dump(coord) == before
 
 
+def test_a_number_out_of_range_is_named_in_the_refusal(coord: Coordinator) -> None:
+    """`claim_many("w", 1001)` said only "n: is outside 1..1000": the value refused is named
+    when it can be printed, and a huge one by its size (Python cannot print it)."""
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    for n, shown in ((0, "0 is outside"), (1001, "1001 is outside"),
+                     (-(2**200), "a 51-hex-digit number is outside")):
+        with pytest.raises(InvalidInput) as caught:
+            coord.claim_many("w1", n)
+        assert shown in caught.value.message, caught.value.message
+    with pytest.raises(InvalidInput) as caught:
+        coord.claim("w1", lease_s=10**5000)
+    assert "hex-digit number is outside" in caught.value.message
+
+
 def test_a_provenance_that_is_not_an_object_is_invalid_input_in_a_batch_too(
         coord: Coordinator) -> None:
     coord.enqueue("k")
