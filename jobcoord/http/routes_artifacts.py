@@ -234,6 +234,15 @@ async def download(request: Request, job_id: JobId, name: str, who: Reader, srv:
 _RANGE = re.compile(r"bytes=(?:[0-9]+-[0-9]*|-[0-9]+)(?:[ \t]*,[ \t]*(?:[0-9]+-[0-9]*|-[0-9]+))*")
 
 
+def _starts_inside(part: str, size: int) -> bool:
+    """Whether one range of a Range header (`first-last`, `first-`, `-suffix`) starts inside
+    `size` bytes. Digits past 30 are past any file (and int() refuses past 4300)."""
+    first, _, last = part.partition("-")
+    if not first:
+        return size > 0 and (len(last) > 30 or int(last) > 0)
+    return len(first) <= 30 and int(first) < size
+
+
 class StagedFile(FileResponse):
     """A download's verified copy sent as the answer, and removed (its room in the staging
     budget given back) once the sending ends, however it ends: sent, the client gone, a
@@ -295,7 +304,17 @@ class StagedFile(FileResponse):
                                          if k.lower() != b"range"]}
         if not _RANGE.fullmatch(wanted):
             return unranged  # `+1`, `1_0`, spaces: Python's int() took them
+        parts = [p.strip() for p in wanted[len("bytes="):].split(",")]
+        inside = [p for p in parts if _starts_inside(p, size)]
+        if inside and len(inside) < len(parts):
+            # A set of ranges is satisfiable when any of them is (RFC 9110 14.1.1): the
+            # parts past the end are dropped, not the whole request refused.
+            wanted = "bytes=" + ",".join(inside)
+            scope = {**unranged, "headers": [*unranged["headers"],
+                                             (b"range", wanted.encode())]}
         try:
+            if not inside:  # every part starts past the end (digits past int()'s too)
+                raise RangeNotSatisfiable(size)
             self._parse_range_header(wanted, size)
         except MalformedRangeHeader:
             return unranged
