@@ -91,6 +91,15 @@ class Forbidden(JobcoordError):
     default_code = "forbidden"
 
 
+class Interrupted(JobcoordError):
+    """Ctrl-C (SIGINT) stopped a command. Every write is one transaction, so the one under
+    way was rolled back; details say what earlier transactions of the command committed
+    (a prune's whole batches)."""
+
+    exit_code = 130
+    default_code = "interrupted"
+
+
 class BodyTooLarge(InvalidInput):
     """The request body is larger than the server accepts (HTTP)."""
 
@@ -109,7 +118,8 @@ EXIT_CODES: dict[int, str] = {
     6: "storage unavailable: cannot open, read-only, disk full, I/O error",
     7: "corrupt: not a database, malformed, integrity or invariant check failed",
     8: "schema mismatch: not migrated, older or newer than the code",
-    130: "interrupted (Ctrl-C); nothing half-done was committed",
+    130: "interrupted (Ctrl-C); nothing half-done was committed (`--json`: the error "
+         "`interrupted`; a prune's details count the whole batches it deleted)",
 }
 
 #: Exception class -> HTTP status; the first class in this order that matches wins.

@@ -115,7 +115,11 @@ def test_ctrl_c_while_the_command_loads_is_interrupted_exit_130_without_a_traceb
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
-    assert proc.returncode in (130, -signal.SIGINT), (proc.returncode, err)
+    # Once the worker has started (on a quick machine, within the later delays), Ctrl-C is
+    # its graceful stop: exit 0 with its summary.
+    started = " started " in err or '"started"' in err
+    assert proc.returncode in (130, -signal.SIGINT) or (proc.returncode == 0 and started), (
+        proc.returncode, err)
 
 
 def test_sigterm_before_the_worker_has_started_ends_it_having_claimed_nothing(

@@ -5,6 +5,7 @@ in short batches, and never a job that is waiting, running or unknown, nor the n
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -264,3 +265,70 @@ def test_bad_prune_input_exits_2_and_deletes_nothing(coord: Coordinator, cli: An
     assert r.code == 2, r.out
     assert "Traceback" not in r.out + r.err
     assert dump(coord) == before
+
+
+def test_an_interrupted_prune_says_in_json_what_its_committed_batches_deleted(
+        tmp_path: Path) -> None:
+    """`prune --json` stopped by Ctrl-C between batches printed nothing on stdout (the
+    contract: one JSON object, an error too) and nothing said that some batches had
+    already deleted jobs. Now: exit 130 and one JSON error, `interrupted`, whose details
+    count what the committed batches deleted (each batch whole)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from jobcoord.service import Coordinator
+
+    db = str(tmp_path / "q #1.db")
+    with Coordinator.open(db, migrate=True) as c:
+        ids = [c.enqueue("k", {})["job_id"] for _ in range(4)]
+        for job in ids[:3]:
+            c.cancel(job)
+    time.sleep(0.01)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", db, "prune", "--older-than", "0s",
+         "--batch", "1", "--pause", "30", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    with Coordinator.open(db) as c:
+        while len(c.jobs()["jobs"]) == 4:  # the first batch has not committed yet
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (out, err)
+    [line] = out.splitlines()
+    error = json.loads(line)["error"]
+    assert error["code"] == "interrupted", error
+    assert error["details"]["pruned"]["jobs"] == 1 and error["details"]["pruned"]["batches"] == 1
+    with Coordinator.open(db) as c:
+        assert len(c.jobs()["jobs"]) == 3
+
+
+def test_any_command_interrupted_with_json_prints_one_json_error(tmp_path: Path) -> None:
+    """Ctrl-C of a `--json` command printed only `jobcoord: interrupted` on stderr."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from jobcoord.service import Coordinator
+
+    db = str(tmp_path / "q.db")
+    Coordinator.open(db, migrate=True).close()
+    proc = subprocess.Popen(  # waits for its payload on stdin, which never comes
+        [sys.executable, "-m", "jobcoord", "--db", db, "enqueue", "k", "--payload-file", "-",
+         "--json"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (out, err)
+    [line] = out.splitlines()
+    assert json.loads(line)["error"]["code"] == "interrupted"
+    assert "Traceback" not in err
+    with Coordinator.open(db) as c:
+        assert c.jobs()["jobs"] == []

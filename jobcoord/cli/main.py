@@ -10,7 +10,7 @@ import traceback
 
 import click
 
-from ..errors import InvalidInput, JobcoordError
+from ..errors import Interrupted, InvalidInput, JobcoordError
 from ..http.commands import register as register_http
 
 # Importing the command modules registers their commands on the group.
@@ -62,6 +62,14 @@ def _print_error(err: JobcoordError, as_json: bool) -> None:
     click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
 
 
+def _interrupted(as_json: bool) -> None:
+    if as_json:
+        click.echo(dump(Interrupted("interrupted", "interrupted (Ctrl-C); the write under "
+                                    "way, if any, was rolled back").to_json()))
+    click.echo("jobcoord: interrupted", err=True)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; map every failure to its documented exit code, never a traceback (unless
     --debug for internal errors)."""
@@ -77,10 +85,10 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=args, prog_name="jobcoord", standalone_mode=False)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        # Ctrl-C at a prompt or during a read: nothing half-done was committed.
-        click.echo("jobcoord: interrupted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        # Ctrl-C (at a prompt, during a read, anywhere): every write is one transaction, so
+        # the one under way was rolled back. --json still gets its one object.
+        _interrupted(modes()[0])
     except click.ClickException as e:
         err = InvalidInput("usage_error", e.format_message())
         _print_error(err, modes()[0])
@@ -96,10 +104,6 @@ def main(argv: list[str] | None = None) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         sys.exit(0)
-    except KeyboardInterrupt:
-        # Ctrl-C: every write is one transaction, so an interrupted one was rolled back.
-        click.echo("jobcoord: interrupted", err=True)
-        sys.exit(130)
     except Exception as e:
         as_json, debug = modes()
         if debug:

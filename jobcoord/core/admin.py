@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import now_us, seconds_to_us
-from ..errors import DatabaseCorrupt, InvalidInput, JobcoordError, Refused
+from ..errors import DatabaseCorrupt, Interrupted, InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
@@ -224,15 +224,22 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
                       keys_released=sum(1 for r in rows if r[1] is not None))
         return counts
 
-    while True:
-        # Counted only once a batch has committed (a busy retry runs it again).
-        done = ctx.db.write(_one_batch, "prune")
-        for key, n in done.items():
-            out[key] += n
-        if done["jobs"] < batch:
-            return out
-        # SQLite hands its write lock to whoever asks first, and a waiting worker's busy
-        # handler sleeps between tries (up to 100 ms): back to back, the batches would
-        # take the lock again and again before it woke. Resting as long as the batch
-        # held the lock leaves it free at least half the time.
-        time.sleep(time.monotonic() - held_since[0] if pause_s is None else pause_s)
+    try:
+        while True:
+            # Counted only once a batch has committed (a busy retry runs it again).
+            done = ctx.db.write(_one_batch, "prune")
+            for key, n in done.items():
+                out[key] += n
+            if done["jobs"] < batch:
+                return out
+            # SQLite hands its write lock to whoever asks first, and a waiting worker's busy
+            # handler sleeps between tries (up to 100 ms): back to back, the batches would
+            # take the lock again and again before it woke. Resting as long as the batch
+            # held the lock leaves it free at least half the time.
+            time.sleep(time.monotonic() - held_since[0] if pause_s is None else pause_s)
+    except KeyboardInterrupt:
+        # Ctrl-C: a batch under way was rolled back; those before it stay deleted, and
+        # whoever stopped the prune is told how many.
+        raise Interrupted("interrupted", f"interrupted: {out['batches']} whole batches had "
+                          f"deleted {out['jobs']} jobs; a batch under way was rolled back",
+                          pruned=dict(out)) from None
