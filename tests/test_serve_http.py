@@ -574,3 +574,24 @@ def test_a_job_id_in_a_path_is_decimal_digits_or_400(sqlite_target: Target) -> N
             assert operator.post(f"/v1/jobs/{bad}/cancel").status_code == 400
         with Coordinator.open(sqlite_target) as c:
             assert dump(c) == before
+
+
+def test_an_unknown_query_parameter_is_400_not_ignored(sqlite_target: Target) -> None:
+    """`GET /v1/jobs?tenant=nobody` answered every tenant's jobs (the parameter was ignored:
+    a script meaning a filter got none), and `?foo=1` passed anywhere. An unknown query
+    parameter is 400 `invalid_input` naming it, as an unknown body field is; nothing runs."""
+    op = token(sqlite_target, "op", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        before = dump(c)
+    with served(sqlite_target, "--reap-every", "0") as s, s.client(op) as http:
+        assert http.get("/v1/jobs", params={"status": "waiting", "limit": 5}).status_code == 200
+        for method, path, params in (("GET", "/v1/jobs", {"tenant": "nobody"}),
+                                     ("GET", f"/v1/jobs/{job}", {"foo": "1"}),
+                                     ("POST", f"/v1/jobs/{job}/cancel", {"force": "1"})):
+            got = http.request(method, path, params=params)
+            assert got.status_code == 400, (path, params, got.text)
+            assert got.json()["error"]["code"] == "invalid_input"
+            assert next(iter(params)) in got.json()["error"]["message"]
+        with Coordinator.open(sqlite_target) as c:
+            assert dump(c) == before

@@ -191,6 +191,14 @@ def given_once(request: Request) -> None:
             raise InvalidInput("invalid_input", f"header {shown} is given more than once")
 
 
+def _query_names(dependant: Any) -> set[str]:
+    """The query parameters a route and its dependencies declare."""
+    names = {f.alias for f in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
 class JSONRoute(APIRoute):
     """A route whose body Python's JSON reader refuses with something other than a syntax
     error (an integer of more than 4300 digits, nesting past the recursion limit) answers
@@ -201,9 +209,19 @@ class JSONRoute(APIRoute):
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        known = _query_names(self.dependant)
 
         async def route(request: Request) -> Response:
             given_once(request)
+            if request.scope.get("query_string"):
+                unknown = sorted(set(request.query_params) - known)
+                if unknown:
+                    # Ignored, `?tenant=x` on the job list answered every tenant's jobs.
+                    from ..errors import InvalidInput
+
+                    raise InvalidInput("invalid_input", f"unknown query parameter "
+                                       f"{unknown[0][:80]!r}; this route takes "
+                                       f"{', '.join(sorted(known)) or 'none'}")
             try:
                 return await handler(request)
             except HTTPException as e:

@@ -166,15 +166,22 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     # turns into exit code 130; SIGTERM (a service manager's stop) becomes _Terminated here,
     # so the stop is said (`stopped`) and the process exits 0 instead of dying of the signal.
     previous = signal.signal(signal.SIGTERM, _terminated)
+    interrupted = False
     try:
         server.run()
     except _Terminated:
         pass
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
         emit({"event": "stopped"})
     if app.state.server.fatal is not None:
         raise app.state.server.fatal
+    if interrupted:
+        # Ctrl-C is serve's way to stop from a terminal: `stopped` said it, exit 130, and no
+        # `interrupted` error after it (the JSON Lines end with `stopped`).
+        sys.exit(130)
     if not server.started:
         raise InvalidInput("bind_failed", f"could not listen on {host}:{port} (in use, or "
                            "not an address of this machine)")
