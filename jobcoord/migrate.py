@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .errors import InvalidInput, JobcoordError, SchemaMismatch
+from .errors import DatabaseBusy, InvalidInput, JobcoordError, SchemaMismatch
 from .store import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify, statements
 from .store.sqlite import sqlite_pragma
 
@@ -163,6 +163,9 @@ def _migration_error(e: BaseException) -> JobcoordError:
     7); anything else came from inside a migration script: migration_failed (exit 8)."""
     if _is_driver_error(e):
         err = classify(e, "migrating")
+        if isinstance(err, DatabaseBusy):  # the lock was not had within the busy timeout
+            return DatabaseBusy(err.code, f"{err.message}; the migration was rolled back, "
+                                "nothing was changed, try again", **err.details)
         if type(err) is not JobcoordError:  # classified, not the catch-all internal error
             return err
     return SchemaMismatch("migration_failed", f"migration failed and was rolled back: "

@@ -221,7 +221,8 @@ def snapshot_rows(path: str) -> tuple[Any, ...]:
     ["claim", "w1"],
     ["complete", "1", "--worker", "w1", "--epoch", "1", "--result", "{}"],
     ["reap"],
-])
+    ["migrate"],  # migrate's longer wait is its default only: --busy-timeout bounds it too
+], ids=["enqueue", "claim", "complete", "reap", "migrate"])
 def test_lock_held_past_the_busy_bound_exits_5_and_changes_nothing(
         sqlite_target: Target, command: list[str]) -> None:
     path = sqlite_target.sqlite_path
@@ -268,6 +269,36 @@ def test_lock_released_within_the_busy_timeout_is_waited_out(sqlite_target: Targ
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     assert json.loads(out)["created"] is True
+
+
+def test_migrate_without_a_busy_timeout_waits_out_a_lock_longer_than_the_default_5s(
+        sqlite_target: Target) -> None:
+    """migrate's own default wait (60 s) is longer than every other command's 5 s, so a
+    concurrent migrate or a long write finishes first; JOBCOORD_BUSY_TIMEOUT bounds it as the
+    flag does."""
+    path = sqlite_target.sqlite_path
+    assert path is not None
+    env = {k: v for k, v in os.environ.items() if k != "JOBCOORD_BUSY_TIMEOUT"}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    try:
+        bounded = jobcoord_cli(path, "migrate", "--json",
+                               env_extra={"JOBCOORD_BUSY_TIMEOUT": "0.05"})
+        assert bounded.returncode == 5, bounded.stdout + bounded.stderr
+        proc = subprocess.Popen([sys.executable, "-m", "jobcoord", "--db", path, "migrate",
+                                 "--json"], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(6.5)  # past the 5 s every other command waits
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert json.loads(out)["changed"] is False
 
 
 # --- idempotent submission under contention -------------------------------------------------

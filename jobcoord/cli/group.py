@@ -33,6 +33,12 @@ class Settings:
     _coordinator: Any = None
     artifacts: str | None = None  # --artifacts DIR / JOBCOORD_ARTIFACTS
 
+    def busy_timeout_given(self) -> bool:
+        """Whether --busy-timeout (or JOBCOORD_BUSY_TIMEOUT) was given, not defaulted."""
+        ctx = click.get_current_context().find_root()
+        source = ctx.get_parameter_source("busy_timeout")
+        return source not in (None, click.core.ParameterSource.DEFAULT)
+
     def target(self) -> Any:
         from ..store import resolve_target
 

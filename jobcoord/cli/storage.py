@@ -7,6 +7,8 @@ import click
 from .group import Settings, cli, tenant_option
 from .output import emit, json_option, safe_text
 
+MIGRATE_BUSY_TIMEOUT_S = 60.0  # migrate's wait for the lock when --busy-timeout is not given
+
 
 @cli.command()
 @click.option("--with", "add", multiple=True, metavar="FEATURE",
@@ -25,9 +27,11 @@ def migrate(s: Settings, force: bool, add: tuple[str, ...], remove: tuple[str, .
 
     check_features(set(add), set(remove))
     target = s.target()
-    # Migrations wait longer for the lock: a concurrent migrate finishes first.
+    # Unless told otherwise, a migration waits longer for the lock (a concurrent migrate,
+    # a long write of a running server finishes first); --busy-timeout given bounds it too.
+    given = s.busy_timeout_given()
     db = Database.open(target, create=True, synchronous=s.synchronous,
-                       busy_timeout=max(s.busy_timeout, 60.0))
+                       busy_timeout=s.busy_timeout if given else MIGRATE_BUSY_TIMEOUT_S)
     # A failed migration is rolled back whole. A new file it created stays behind, empty and
     # unmigrated (any command says "run jobcoord migrate"): deleting it could pull the file
     # from under a concurrent migrate that opened it meanwhile and is about to commit.

@@ -610,15 +610,15 @@ class SqliteDatabase(Database):
         this connection read."""
         return int(conn.exec_driver_sql("PRAGMA data_version").scalar_one())
 
-    def prepare_for_migration(self, wait_s: float = 60.0) -> None:
+    def prepare_for_migration(self) -> None:
         # journal_mode persists in the file; it must be set outside a transaction, and a
         # filesystem without shared memory (a network mount) silently keeps the old mode.
         # Switching needs an exclusive lock, and SQLite answers BUSY at once, without its
         # busy handler, when another process holds the file (a concurrent migrate creating
-        # the same new database): wait and try again, up to wait_s.
+        # the same new database): wait and try again, up to the busy timeout.
         from .base import classify
 
-        deadline = time.monotonic() + wait_s
+        deadline = time.monotonic() + self.busy_timeout
         while True:
             try:
                 with self.engine.connect() as conn:
