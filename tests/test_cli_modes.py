@@ -122,6 +122,40 @@ def test_ctrl_c_while_the_command_loads_is_interrupted_exit_130_without_a_traceb
         proc.returncode, err)
 
 
+@pytest.mark.parametrize("delay", [0.05, 0.1, 0.15, 0.2, 0.3])
+def test_ctrl_c_while_a_json_command_loads_prints_its_one_json_error(
+        tmp_path: Path, delay: float) -> None:
+    """--json promises one JSON object on stdout, an error too: a Ctrl-C while the CLI's
+    modules load (before click has read the command line) printed none."""
+    db = str(tmp_path / "q # 1.db")
+    assert subprocess.run([sys.executable, "-m", "jobcoord", "--db", db, "migrate"],
+                          capture_output=True).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", db, "status", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    if proc.returncode == 130:
+        assert json.loads(out)["error"]["code"] == "interrupted", (out, err)
+    else:  # before Python's handler (killed by the signal), or status had already finished
+        assert proc.returncode == -signal.SIGINT or (
+            proc.returncode == 0 and "journal_mode" in json.loads(out)), (proc.returncode, out, err)
+
+
+def test_ctrl_c_while_a_plain_command_loads_prints_no_json(tmp_path: Path) -> None:
+    """The load-time Ctrl-C reads --json as click would: here it is an option's value."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", "--json", "status"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and out == "" and "interrupted" in err, (
+        proc.returncode, out, err)
+
+
 def test_sigterm_before_the_worker_has_started_ends_it_having_claimed_nothing(
         tmp_path: Path) -> None:
     """docs/worker.md: a SIGTERM before the worker logged `started` ends it as the signal

@@ -70,6 +70,11 @@ def _interrupted(as_json: bool) -> None:
     sys.exit(130)
 
 
+def interrupted_before_parsing(argv: list[str]) -> None:
+    """A Ctrl-C that came while the CLI's modules loaded (jobcoord/start.py)."""
+    _interrupted(_flag_in_argv(argv)[0])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the CLI; map every failure to its documented exit code, never a traceback (unless
     --debug for internal errors)."""
