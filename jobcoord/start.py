@@ -9,22 +9,22 @@ import signal
 import sys
 
 
-def _interrupted_while_loading() -> None:
-    """Nothing has been opened yet, let alone written. Whether --json was asked for is read
-    as the CLI reads it, so its modules are loaded first, with Ctrl-C ignored for those
-    moments (a module cut halfway is loaded afresh)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def main() -> None:
+    # Ctrl-C is held back while the CLI's modules load: one cut halfway (SQLAlchemy's, say)
+    # cannot be loaded again in this process, and reading --json as click reads it needs
+    # them. Held for those few tenths of a second, it arrives as the mask is lifted.
+    hold = hasattr(signal, "pthread_sigmask")
+    if hold:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         from .cli.main import interrupted_before_parsing
-    except Exception:  # the CLI cannot load at all: say what can be said without it
+        from .cli.main import main as run
+    except KeyboardInterrupt:  # where Ctrl-C cannot be held back: nothing opened yet
         sys.stderr.write("jobcoord: interrupted\n")
         sys.exit(130)
-    interrupted_before_parsing(sys.argv[1:])
-
-
-def main() -> None:
-    try:
-        from .cli import main as run
-    except KeyboardInterrupt:
-        _interrupted_while_loading()
+    if hold:
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        except KeyboardInterrupt:  # it came while loading; nothing was opened yet
+            interrupted_before_parsing(sys.argv[1:])
     run()
