@@ -94,6 +94,50 @@ def test_a_missing_directory_or_a_directory_path_is_unavailable(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["migrate"], ["status"], ["check"], ["jobs"],
+                                     ["enqueue", "k"], ["backup", "b.db"]])
+def test_a_database_path_whose_links_loop_is_unavailable_for_every_command(
+        tmp_path: Path, command: list[str]) -> None:
+    """A link loop is no missing database ("run jobcoord migrate" sent the operator to a
+    migrate that then failed as unavailable): every command says what it is, exit 6."""
+    (tmp_path / "loop.db").symlink_to("loop.db")
+    r = run_cli(None, "--db", str(tmp_path / "loop.db"), *command, "--json")
+    assert (r.code, r.json["error"]["code"]) == (6, "database_unavailable"), (r.out, r.err)
+    assert "symbolic link" in r.json["error"]["message"]
+    assert "Traceback" not in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop.db"]
+
+
+def test_migrate_through_a_link_to_a_new_file_creates_it_private(tmp_path: Path) -> None:
+    """--db naming a link to a file not yet made: other commands say no database is there
+    (naming the link's target); migrate creates the target 0600 as it creates any new
+    database (it was made world-readable, by SQLite, with the umask's mode)."""
+    import stat
+
+    link = tmp_path / "q.db"
+    link.symlink_to("store/real q#1.db")
+    (tmp_path / "store").mkdir()
+    r = run_cli(None, "--db", str(link), "status", "--json")
+    assert (r.code, r.json["error"]["code"]) == (8, "not_migrated"), (r.out, r.err)
+    assert "real q#1.db" in r.json["error"]["message"]
+    assert list((tmp_path / "store").iterdir()) == []
+    r = run_cli(None, "--db", str(link), "migrate", "--json")
+    assert r.code == 0, (r.out, r.err)
+    real = tmp_path / "store" / "real q#1.db"
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600 and link.is_symlink()
+    assert run_cli(None, "--db", str(link), "enqueue", "k", "--json").code == 0
+
+
+def test_migrate_through_a_link_into_a_missing_directory_is_unavailable(tmp_path: Path
+                                                                          ) -> None:
+    (tmp_path / "q.db").symlink_to("nowhere/q.db")
+    for command in ("migrate", "status"):
+        r = run_cli(None, "--db", str(tmp_path / "q.db"), command, "--json")
+        assert (r.code, r.json["error"]["code"]) == (6, "database_unavailable"), (r.out, r.err)
+        assert "does not exist" in r.json["error"]["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.db"]
+
+
 def test_migrate_into_a_read_only_directory_is_refused_as_an_unprivileged_user(
         tmp_path: Path) -> None:
     """Root ignores permissions, so the check runs as `nobody`."""

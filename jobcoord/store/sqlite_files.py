@@ -20,33 +20,50 @@ if TYPE_CHECKING:
 def precheck_sqlite_path(path: str, *, create: bool) -> bool:
     """Refuse paths SQLite cannot use, before SQLite touches anything. Returns whether the
     file already exists."""
-    parent = os.path.dirname(path) or "."
     if os.path.isdir(path):
         raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
     exists = os.path.exists(path)
+    named = path
+    if not exists and os.path.islink(path):
+        # A link to nowhere: a loop is unusable; a link to a file not yet made is that file's
+        # question (its directory, whether migrate may create it).
+        try:
+            os.stat(path)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StorageUnavailable(
+                    "database_unavailable",
+                    f"cannot open {path}: its symbolic links loop (too many levels)") from None
+        path = os.path.realpath(path)
+        named = f"{named} (a symbolic link to {path})"
+    parent = os.path.dirname(path) or "."
     if not exists:
         try:
             os.stat(parent)
         except PermissionError:
             raise StorageUnavailable(
-                "database_unavailable", f"cannot reach {path}: permission denied on {parent}"
+                "database_unavailable", f"cannot reach {named}: permission denied on {parent}"
             ) from None
         except OSError:
             pass
         if not os.path.isdir(parent):
             raise StorageUnavailable(
-                "database_unavailable", f"cannot create {path}: directory {parent} does not exist"
+                "database_unavailable",
+                f"cannot create {named}: directory {parent} does not exist"
             )
         if not create:
             raise SchemaMismatch(
-                "not_migrated", f"no database at {path}; run `jobcoord migrate` to create it"
+                "not_migrated", f"no database at {named}; run `jobcoord migrate` to create it"
             )
     return exists
 
 
 def create_private_file(path: str) -> bool:
     """Create an empty database file readable and writable by its owner only (0600).
-    Returns whether this call created it (False: it already existed)."""
+    Returns whether this call created it (False: it already existed). Through a link to a
+    file not yet made, the file it names is created (O_EXCL refuses any link)."""
+    if os.path.islink(path) and not os.path.exists(path):
+        path = os.path.realpath(path)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
