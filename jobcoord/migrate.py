@@ -23,6 +23,11 @@ from .store.sqlite import sqlite_pragma
 OPTIONAL_FEATURES = tuple(OPTIONAL_REVISIONS)
 
 
+def known_revisions() -> set[str]:
+    """Every revision this jobcoord's history holds, the core's and each feature's."""
+    return set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+
+
 def script_location() -> Path:
     """The migration environment: shipped in the wheel as jobcoord/_alembic, or the
     checkout's top-level alembic/ when running from source."""
@@ -70,7 +75,7 @@ def _foreign_objects(db: Database, conn: Connection, revisions: set[str]) -> lis
     jobcoord database, a newer jobcoord's (an unknown revision beside jobcoord's tables:
     schema_newer says so) and an empty file. Another program's Alembic history (an unknown
     revision and none of jobcoord's tables) is another program's database too."""
-    known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+    known = known_revisions()
     if revisions and (revisions <= known or unversioned_tables(db, conn)):
         return []
     from .schema import metadata
@@ -114,7 +119,7 @@ def verify_schema(db: Database) -> set[str]:
         return revisions, ([] if revisions else unversioned_tables(db, conn))
 
     revisions, orphans = db.read(_read, "reading the schema version")
-    known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+    known = known_revisions()
     unknown = revisions - known
     if unknown:
         raise SchemaMismatch(
@@ -216,7 +221,7 @@ def migrate(
                     "nothing to it",
                     tables=[f.split(" ", 1)[1] for f in foreign[:50]
                             if f.startswith("table ")])
-        known = set(CORE_REVISIONS).union(*OPTIONAL_REVISIONS.values())
+        known = known_revisions()
         if before - known:
             raise SchemaMismatch(
                 "schema_newer",

@@ -13,7 +13,7 @@ import asyncio
 import json
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -142,12 +142,16 @@ class TrackedSend:
         await self.send(message)
 
 
-async def send_error(send: Any, err: JobcoordError) -> None:
+async def send_error(send: Any, err: JobcoordError, *, status: int | None = None,
+                     headers: Sequence[tuple[bytes, bytes]] = (), close: bool = True) -> None:
+    """`err` in the JSON error shape, on the raw ASGI channel (below FastAPI's handlers):
+    its mapped status unless `status` says otherwise; closing the connection by default,
+    as a request refused before its body was read leaves that body unread."""
     body = json.dumps(err.to_json()).encode()
-    await send({"type": "http.response.start", "status": status_of(err),
+    await send({"type": "http.response.start", "status": status or status_of(err),
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            *([(b"connection", b"close")] if close else []), *headers]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -8,7 +8,6 @@ import asyncio
 import concurrent.futures
 import hashlib
 import io
-import json
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from ..errors import InvalidInput, Refused, StorageUnavailable
 from ..tokens import Identity
 from .bodies import JSONRoute, error_responses
 from .deps import JobId, Reader, Srv, WorkerId, scope, worker_of
+from .limits import send_error
 from .routes_worker import fenced_step
 from .state import Server
 
@@ -321,12 +321,8 @@ class StagedFile(FileResponse):
         except RangeNotSatisfiable:
             err = Refused("range_not_satisfiable", f"the range {wanted[:80]!r} lies past "
                           f"the artifact's end ({size} bytes)", size=size)
-            body = json.dumps(err.to_json()).encode()
-            await send({"type": "http.response.start", "status": 416,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode()),
-                                    (b"content-range", f"bytes */{size}".encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await send_error(send, err, status=416, close=False,
+                             headers=[(b"content-range", f"bytes */{size}".encode())])
             return None
         return scope
 
