@@ -207,6 +207,21 @@ conn.execute("ROLLBACK")
 """
 
 
+class HeldLock:
+    """Another process holding `path`'s write lock (BEGIN IMMEDIATE) until `release()`."""
+
+    def __init__(self, path: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "locked"
+
+    def release(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=30)
+
+
 def snapshot_rows(path: str) -> tuple[Any, ...]:
     conn = sqlite3.connect(path)
     try:
@@ -233,16 +248,11 @@ def test_lock_held_past_the_busy_bound_exits_5_and_changes_nothing(
         c.enqueue("work", {})
         c.claim("w1")
     before = snapshot_rows(path)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    held = HeldLock(path)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         res = jobcoord_cli(path, "--busy-timeout", "0.05", *command, "--json")
     finally:
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(timeout=30)
+        held.release()
     assert res.returncode == 5, res.stdout + res.stderr
     assert json.loads(res.stdout)["error"]["code"] == "database_locked"
     assert "Traceback" not in res.stderr
@@ -254,18 +264,13 @@ def test_lock_held_past_the_busy_bound_exits_5_and_changes_nothing(
 def test_lock_released_within_the_busy_timeout_is_waited_out(sqlite_target: Target) -> None:
     path = sqlite_target.sqlite_path
     assert path is not None
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    held = HeldLock(path)
     proc = subprocess.Popen([sys.executable, "-m", "jobcoord", "--db", path, "--busy-timeout",
                              "30", "enqueue", "work", "--json"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)  # the enqueue is now waiting on the lock (or still starting up)
     assert proc.poll() is None
-    assert holder.stdin is not None
-    holder.stdin.write("\n")
-    holder.stdin.flush()
-    holder.wait(timeout=30)
+    held.release()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     assert json.loads(out)["created"] is True
@@ -279,9 +284,7 @@ def test_migrate_without_a_busy_timeout_waits_out_a_lock_longer_than_the_default
     path = sqlite_target.sqlite_path
     assert path is not None
     env = {k: v for k, v in os.environ.items() if k != "JOBCOORD_BUSY_TIMEOUT"}
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    held = HeldLock(path)
     try:
         bounded = jobcoord_cli(path, "migrate", "--json",
                                env_extra={"JOBCOORD_BUSY_TIMEOUT": "0.05"})
@@ -292,10 +295,7 @@ def test_migrate_without_a_busy_timeout_waits_out_a_lock_longer_than_the_default
         time.sleep(6.5)  # past the 5 s every other command waits
         assert proc.poll() is None, proc.communicate()
     finally:
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(timeout=30)
+        held.release()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out + err
     assert json.loads(out)["changed"] is False
@@ -347,9 +347,7 @@ def test_reaper_loop_outlives_a_lock_held_past_the_busy_bound(sqlite_target: Tar
     path = sqlite_target.sqlite_path
     assert path is not None
     job_id = one_job(path, lease_s=0.2)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, path], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    held = HeldLock(path)
     reaper = subprocess.Popen([sys.executable, "-m", "jobcoord", "--db", path,
                                "--busy-timeout", "0.05", "reap", "--every", "0.1", "--json"],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -359,10 +357,7 @@ def test_reaper_loop_outlives_a_lock_held_past_the_busy_bound(sqlite_target: Tar
         time.sleep(3.0)  # several passes meet the held lock
         assert reaper.poll() is None, reaper.communicate()
     finally:
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(timeout=30)
+        held.release()
     conn = sqlite3.connect(path, timeout=30)
     while conn.execute("SELECT status FROM jobs WHERE job_id = ?", (job_id,)
                        ).fetchone()[0] != "waiting":
