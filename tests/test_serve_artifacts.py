@@ -161,17 +161,29 @@ def test_artifact_names_are_refused_like_the_clis_put(s: Setup, name: str) -> No
 
 
 def test_an_upload_without_a_valid_digest_or_epoch_is_400(s: Setup) -> None:
+    """Among them: an epoch in the query that is no plain ASCII digits (`1.0`, ` 1`, `+1`,
+    `1_0` were read as numbers), and the digest header sent twice (the first was taken)."""
     job, epoch = s.leased()
+    good = {"X-Content-Digest": digest(BYTES)}
     with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:
-        for params, headers in (({"epoch": epoch}, {}),
-                                ({"epoch": epoch}, {"X-Content-Digest": "md5:abc"}),
-                                ({"epoch": epoch, "digest": digest(b"x")},
-                                 {"X-Content-Digest": digest(BYTES)}),
-                                ({}, {"X-Content-Digest": digest(BYTES)}),
-                                ({"epoch": "one"}, {"X-Content-Digest": digest(BYTES)})):
+        cases: list[tuple[dict[str, Any], Any]] = [
+            ({"epoch": epoch}, {}),
+            ({"epoch": epoch}, {"X-Content-Digest": "md5:abc"}),
+            ({"epoch": epoch, "digest": digest(b"x")}, good),
+            ({}, good),
+            ({"epoch": "one"}, good),
+            *(({"epoch": bad}, good) for bad in (f"{epoch}.0", f" {epoch}", f"+{epoch}",
+                                                 f"{epoch}_0", f"{epoch}e0")),
+            ({"epoch": epoch}, [("X-Content-Digest", digest(BYTES)),
+                                ("X-Content-Digest", digest(b"other"))]),
+            ({"epoch": epoch}, [("X-Content-Digest", digest(BYTES)),
+                                ("X-Content-Digest", digest(BYTES))]),
+        ]
+        for params, headers in cases:
             got = w.put(f"/v1/jobs/{job}/artifacts/a.bin", params=params, content=BYTES,
                         headers=headers)
             assert got.status_code == 400, (params, headers, got.text)
+            assert "error" in got.json()
     assert s.rows(job) == [] and s.objects() == []
 
 

@@ -576,6 +576,22 @@ def test_a_job_id_in_a_path_is_decimal_digits_or_400(sqlite_target: Target) -> N
             assert dump(c) == before
 
 
+def test_a_number_in_a_query_is_decimal_digits_or_400(sqlite_target: Target) -> None:
+    """`?limit=1_0` listed ten jobs and `?limit=%201` one: the framework's number reading is
+    lenient, as it was for job ids in paths. A number in a query is plain ASCII digits."""
+    viewer = token(sqlite_target, "v", "viewer")
+    with Coordinator.open(sqlite_target) as c:
+        for _ in range(12):
+            c.enqueue("k", {})
+    with served(sqlite_target, "--reap-every", "0") as s, s.client(viewer) as http:
+        assert len(http.get("/v1/jobs", params={"limit": "10"}).json()["jobs"]) == 10
+        for bad in ("1_0", " 1", "1.0", "+1", "１", "1e1"):
+            got = http.get("/v1/jobs", params={"limit": bad})
+            assert got.status_code == 400, (bad, got.text)
+            assert got.json()["error"]["code"] == "invalid_input"
+            assert "limit" in got.json()["error"]["message"]
+
+
 def test_an_unknown_query_parameter_is_400_not_ignored(sqlite_target: Target) -> None:
     """`GET /v1/jobs?tenant=nobody` answered every tenant's jobs (the parameter was ignored:
     a script meaning a filter got none), and `?foo=1` passed anywhere. An unknown query

@@ -169,8 +169,8 @@ ERRORS = error_responses(
 
 
 #: Headers a request may give once: of two, the framework reads the first, and which one a
-#: client meant (which token; which idempotency key) is nobody's guess.
-SINGLE_HEADERS = ("authorization", "idempotency-key")
+#: client meant (which token; which idempotency key; which digest) is nobody's guess.
+SINGLE_HEADERS = ("authorization", "idempotency-key", "x-content-digest", "content-type")
 
 
 def given_once(request: Request) -> None:

@@ -148,14 +148,16 @@ Operator = Annotated[Identity, role(*OPERATORS)]
 SubmitterCaller = Annotated[Caller, caller(*SUBMITTERS)]
 WorkerCaller = Annotated[Caller, caller(*WORKERS)]
 def _digits(value: Any) -> Any:
-    """A path's job id as sent: plain ASCII digits. The number reader alone took `1.0`,
-    ` 1`, `+1` and `1_0` (job 10) as ids."""
+    """A number in a path or a query as sent: plain ASCII digits. The number reader alone
+    took `1.0`, ` 1`, `+1` and `1_0` (10) as numbers."""
     if isinstance(value, str) and not (value.isascii() and value.isdigit()):
-        raise ValueError("a job id is decimal digits")
+        raise ValueError("a whole number in decimal digits (0-9) is expected")
     return value
 
 
-JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX), BeforeValidator(_digits)]
+#: A path's or query's whole number: plain ASCII digits, then the route's own bounds.
+Digits = BeforeValidator(_digits)
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX), Digits]
 
 
 def scope(who: Identity) -> str | None:

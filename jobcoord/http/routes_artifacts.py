@@ -27,7 +27,7 @@ from ..artifacts.objects import parse_digest, validate_name
 from ..errors import InvalidInput, Refused, StorageUnavailable
 from ..tokens import Identity
 from .bodies import JSONRoute, error_responses
-from .deps import JobId, Reader, Srv, WorkerId, scope, worker_of
+from .deps import Digits, JobId, Reader, Srv, WorkerId, scope, worker_of
 from .limits import send_error
 from .routes_worker import fenced_step
 from .state import Server
@@ -161,7 +161,7 @@ def utf8_name(request: Request, name: str) -> str:
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv: Srv,
-                 epoch: Annotated[int, Query(ge=0, le=2**31 - 1)],
+                 epoch: Annotated[int, Query(ge=0, le=2**31 - 1), Digits],
                  digest: Annotated[str | None, Query(max_length=100)] = None,
                  media_type: Annotated[str | None, Query(max_length=201)] = None,
                  x_content_digest: Annotated[str | None, Header(max_length=100)] = None,

@@ -12,7 +12,7 @@ from ..errors import InvalidInput
 from ..text import is_header_text
 from ..tokens import Identity
 from .bodies import JSONRoute, SubmitBody
-from .deps import Anyone, JobId, Reader, Srv, SubmitterCaller, scope, strict
+from .deps import Anyone, Digits, JobId, Reader, Srv, SubmitterCaller, scope, strict
 
 T = TypeVar("T")
 router = APIRouter(route_class=JSONRoute)
@@ -92,7 +92,7 @@ async def submit(body: SubmitBody, response: Response, caller: SubmitterCaller, 
 @router.get("/v1/jobs")
 async def list_jobs(who: Reader, srv: Srv, status: str | None = None,
                     kind: str | None = None,
-                    limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> dict[str, Any]:
+                    limit: Annotated[int, Query(ge=1, le=10_000), Digits] = 100) -> dict[str, Any]:
     return await srv.call(srv.c.jobs, status=status, kind=kind, tenant=scope(who),
                           limit=limit)
 
