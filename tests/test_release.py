@@ -35,6 +35,27 @@ def test_a_shutdown_release_is_claimable_at_once_even_on_the_last_attempt(coord:
     assert check(coord.db)["ok"]
 
 
+def test_free_releases_give_their_attempt_back_so_the_job_keeps_every_real_attempt(
+        coord: Coordinator) -> None:
+    """README: "Shutdown releases give the attempt back at most max_releases times", and
+    guarantees.md: they "are free". Only a release on the job's last attempt gave one back:
+    a job of three attempts released twice had one real attempt left, and died after it."""
+    with freeze_time(T0) as clock:
+        job = coord.enqueue("embed", {"doc": 1}, max_attempts=3)["job_id"]
+        statuses = []
+        for reason in ("worker_shutdown", "worker_shutdown", "failed", "failed", "failed"):
+            coord.heartbeat("w1", readings=IDLE_ON_AC)
+            got = coord.claim("w1")
+            assert got["job"] is not None and got["job"]["job_id"] == job, (statuses, got)
+            statuses.append(coord.fail(job, "w1", got["lease"]["epoch"], "x",
+                                       reason=reason)["status"])
+            clock.tick(timedelta(hours=1))  # past any backoff
+        assert statuses == ["waiting"] * 4 + ["dead"]
+        shown = coord.show(job)["job"]
+        assert (shown["attempts"], shown["max_attempts"]) == (5, 5)
+    assert check(coord.db)["ok"]
+
+
 def test_an_ordinary_failure_on_the_last_attempt_is_still_dead(coord: Coordinator) -> None:
     with freeze_time(T0):
         job = coord.enqueue("embed", {"doc": 1}, max_attempts=1)["job_id"]

@@ -339,10 +339,10 @@ def fail(ctx: Context, job_id: int, worker_id: str, epoch: int, error: str, *,
     policy's backoff, until max attempts or the deadline; then (or if permanent) `dead`.
 
     reason="worker_shutdown" is a release, not a failure of the job: a worker stopping
-    gives the job back at once, without backoff, and the job keeps one attempt to run in
-    (a deploy or a closed laptop lid must not use up retries). The attempt still counts in
-    `attempts` and the event history. Only the policy's `max_releases` releases are free;
-    each one past them counts as a normal attempt.
+    gives the job back at once, without backoff, and gives the attempt back (max_attempts
+    grows by one: a deploy or a closed laptop lid must not use up retries). The attempt
+    still counts in `attempts` and the event history. Only the policy's `max_releases`
+    releases are free; each one past them counts as a normal attempt.
 
     After the attempt marked an external effect (mark_effect), any end that is not
     permanent (a retryable failure, reason "timeout", a release) makes the job `unknown`
@@ -405,11 +405,13 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     elif effect:
         to_status, why = "unknown", "an external effect had started"
     elif release and (deadline is None or now < deadline):
+        # A free release gives its attempt back (the attempt still counts in `attempts`):
+        # the job keeps every real attempt it had. Granting only on the last attempt left a
+        # job of three attempts released twice with one.
         to_status, why = "waiting", None
-        if attempts >= max_attempts:
-            ctx.db.run(conn, sql.GRANT_ATTEMPT, {"job_id": job_id,
-                                                 "max_attempts": attempts + 1})
-            detail["max_attempts"] = max_attempts = attempts + 1
+        granted = max(max_attempts, attempts) + 1
+        ctx.db.run(conn, sql.GRANT_ATTEMPT, {"job_id": job_id, "max_attempts": granted})
+        detail["max_attempts"] = max_attempts = granted
     elif attempts >= max_attempts:
         to_status, why = "dead", f"all {max_attempts} attempts used"
     elif deadline is not None and now + backoff_us >= deadline:
