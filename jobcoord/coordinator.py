@@ -107,6 +107,9 @@ class Coordinator:
         Coordinator opens; one missing then is looked for again (one read), so a
         `migrate --with` run beside a long-lived process (a server, a worker) takes effect
         without a restart: within FEATURE_LOOK_S of the last look that missed it."""
+        if not isinstance(name, str):
+            raise InvalidInput("invalid_input", f"a feature's name is text, not "
+                               f"{type(name).__name__}")
         if name in self.features:
             return True
         seen = self._missing_seen.get(name)

@@ -407,11 +407,13 @@ def link_accepted(coord: Coordinator, conn: Connection, plan: Plan | None, job_i
 def artifacts(coord: Coordinator, job_id: Any = None, *, all_states: bool = False,
               tenant: str | None = None) -> dict[str, Any]:
     """A job's accepted artifacts (every stage with all_states), or every job's."""
+    from jobcoord import validate as v
+
+    tenant = v.optional_name(tenant, "tenant")
+    all_states = v.flag(all_states, "all_states")
     need_feature(coord)
     params: dict[str, Any] = {}
     if job_id is not None:
-        from jobcoord import validate as v
-
         params["j"] = v.whole(job_id, "job_id", 1, 2**62)
     if tenant is not None:
         params["t"] = tenant
