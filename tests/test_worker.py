@@ -557,6 +557,11 @@ def test_a_local_workers_command_calls_back_to_its_database_not_an_inherited_ser
     (("--exec", f"summarize={CMD}", "--tenant", ""), "tenant: must not be empty"),
     (("--exec", "summarize=''"), "empty command"),
     (("--exec", "summarize=\"\" --flag"), "empty command"),
+    # A program that is not there failed every job of its kind, one attempt at a time.
+    (("--exec", "summarize=./no-such-program --flag"), "no program './no-such-program'"),
+    (("--exec", "summarize=no-such-program-xyz"), "no program 'no-such-program-xyz'"),
+    (("--exec", "summarize=" + os.path.join(REPO, "pyproject.toml")),  # a file, no x bit
+     "pyproject.toml' to run"),
 ])
 def test_bad_worker_options_exit_2_and_change_nothing(db, sqlite_target, args, needle):
     _, c = db

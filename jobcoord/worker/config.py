@@ -4,6 +4,7 @@ them."""
 from __future__ import annotations
 
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,11 @@ def parse_exec(items: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]
                                f"program's name is empty in {command!r})")
         if kind in out:
             raise InvalidInput("invalid_input", f"--exec: kind {kind!r} given twice")
+        # Looked up as the command will be (PATH, or a path from the worker's directory):
+        # one that is not there would fail every job of its kind, an attempt at a time.
+        if shutil.which(argv[0]) is None:
+            raise InvalidInput("invalid_input", f"--exec {kind}: no program {argv[0]!r} to "
+                               "run (not on PATH, or not an executable file)")
         out[kind] = argv
     return out
 
