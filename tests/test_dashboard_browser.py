@@ -104,6 +104,48 @@ def test_wrong_token_shows_an_error_not_a_stack_trace(browser: Any, sqlite_targe
         page.close()
 
 
+def test_a_page_on_another_site_cannot_log_the_reader_into_its_session(
+        browser: Any, sqlite_target: Target) -> None:
+    """Login CSRF, as a reader meets it: logged in as an operator, they open a page on
+    another site whose form posts that site's viewer token to the dashboard's login. Their
+    session stays theirs (it was swapped for the viewer's)."""
+    import http.server
+    import threading
+
+    operator = token(sqlite_target, "ops", "operator")
+    planted = token(sqlite_target, "planted", "viewer")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        attack = (f'<form id="f" method="post" action="{s.url}/ui/login">'
+                  f'<input name="token" value="{planted}"></form>'
+                  '<script>document.getElementById("f").submit()</script>').encode()
+
+        class Attacker(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(attack)))
+                self.end_headers()
+                self.wfile.write(attack)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        site = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Attacker)
+        threading.Thread(target=site.serve_forever, daemon=True).start()
+        try:
+            page = login(browser, s.url, operator)
+            assert "ops · operator" in page.locator(".role").inner_text()
+            with page.expect_response(lambda r: r.url == s.url + "/ui/login") as answer:
+                page.goto(f"http://localhost:{site.server_address[1]}/")  # another site
+            assert answer.value.status == 403
+            page.goto(s.url + "/ui/")
+            assert "ops · operator" in page.locator(".role").inner_text()
+            page.context.close()
+        finally:
+            site.shutdown()
+            site.server_close()
+
+
 def test_viewer_sees_no_actions_and_a_forged_action_post_is_refused(
         browser: Any, sqlite_target: Target, shots: Any) -> None:
     viewer = token(sqlite_target, "v", "viewer")

@@ -48,6 +48,26 @@ def test_login_sets_an_httponly_samesite_strict_session_and_no_token_in_any_url(
         http.close()
 
 
+def test_a_login_posted_from_another_site_is_refused_and_sets_no_session(
+        sqlite_target: Target) -> None:
+    """Login CSRF: a page elsewhere posting its own token to /ui/login logged the reader
+    into that token's session, pushing out theirs. A browser's form from another origin
+    (Sec-Fetch-Site, else Origin) is 403 and sets no cookie; this page's own form logs in."""
+    secret = token(sqlite_target, "v", "viewer")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        for headers in ({"Origin": "http://attacker.example"}, {"Origin": "null"},
+                        {"Origin": s.url.replace("127.0.0.1", "localhost")},
+                        {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                        {"Sec-Fetch-Site": "cross-site", "Origin": s.url}):
+            r = httpx.post(s.url + "/ui/login", data={"token": secret}, headers=headers)
+            assert r.status_code == 403, (headers, r.status_code)
+            assert "set-cookie" not in r.headers and "another site" in r.text
+        for headers in ({"Origin": s.url, "Sec-Fetch-Site": "same-origin"},
+                        {"Origin": s.url}, {"Sec-Fetch-Site": "none"}, {}):
+            r = httpx.post(s.url + "/ui/login", data={"token": secret}, headers=headers)
+            assert r.status_code == 303 and "set-cookie" in r.headers, headers
+
+
 def test_revoked_token_ends_its_dashboard_session_on_the_next_request(
         sqlite_target: Target) -> None:
     secret = token(sqlite_target, "v", "viewer")

@@ -18,7 +18,7 @@ from ..bodies import given_once
 from ..routes_artifacts import artifact_file
 from . import reads
 from .reads import overview_data
-from .session import COOKIE, SESSION_IDLE_S, NotLoggedIn, Sessions, Viewer
+from .session import COOKIE, SESSION_IDLE_S, NotLoggedIn, Sessions, Viewer, from_another_site
 from .session import form as session_form
 from .views import actions_for, capped_text, templates, worker_views
 
@@ -225,6 +225,10 @@ class Dashboard:
 
         @r.post("/ui/login", response_class=HTMLResponse)
         async def login(request: Request) -> Response:
+            if from_another_site(request):
+                return d.page("login.html", 403, who=None, title="Log in",
+                              message="A login sent from another site is refused: log in "
+                                      "on this page.")
             try:
                 form = await session_form(request)
             except InvalidInput as e:

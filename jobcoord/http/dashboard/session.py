@@ -110,6 +110,20 @@ def token_by_hash(db: Any, token_hash: str) -> Identity | None:
     return ident if ident is not None and ident.role in ("viewer", "operator") else None
 
 
+def from_another_site(request: Request) -> bool:
+    """Whether a browser sent this form from a page of another origin. The login has no
+    session, so no CSRF token to check: a page elsewhere could post its own token and log
+    the reader into its session (login CSRF). Browsers say where a form came from
+    (Sec-Fetch-Site, else Origin); a client that says neither is no browser."""
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return site not in ("same-origin", "none")
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    return origin != f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
 async def form(request: Request) -> dict[str, str]:
     """A small urlencoded form body (login, actions)."""
     raw = await request.body()
