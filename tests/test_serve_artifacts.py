@@ -123,6 +123,10 @@ def test_an_upload_is_staged_linked_by_the_completion_and_downloaded_verified(
         down = viewer.get(f"/v1/jobs/{job}/artifacts/report%20v1.md")
         assert down.status_code == 200 and down.content == BYTES
         assert down.headers["X-Content-Digest"] == digest(BYTES)
+        # A worker's bytes: downloaded, never sniffed or run as a page of this server.
+        assert down.headers["content-disposition"].startswith("attachment")
+        assert down.headers["x-content-type-options"] == "nosniff"
+        assert "sandbox" in down.headers["content-security-policy"]
         # Another tenant's reader: exactly as if the job were not there; a worker: by role.
         other = bob.get(f"/v1/jobs/{job}/artifacts/report%20v1.md")
         assert other.status_code == 404 and other.json()["error"]["code"] == "job_not_found"

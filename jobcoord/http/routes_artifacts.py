@@ -327,6 +327,13 @@ class StagedFile(FileResponse):
         return scope
 
 
+#: An artifact is a worker's bytes under a media type the worker chose (text/html, an SVG
+#: with a script): never sniffed into something else, and were a browser to render one
+#: despite the attachment, in a sandbox with nothing allowed.
+DOWNLOAD_GUARDS = {"X-Content-Type-Options": "nosniff",
+                   "Content-Security-Policy": "default-src 'none'; sandbox"}
+
+
 async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> FileResponse:
     """The accepted artifact `found` (an entry of the job's artifact list) as the answer of a
     download; the API's route and the dashboard's both answer with it.
@@ -360,4 +367,5 @@ async def artifact_file(srv: Server, job_id: int, found: dict[str, Any]) -> File
     return StagedFile(path, discard, DOWNLOAD_IDLE_FACTOR * srv.upload_idle_s,
                       media_type=found["media_type"] or "application/octet-stream",
                       filename=found["name"],
-                      headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"'})
+                      headers={"X-Content-Digest": found["digest"], "ETag": f'"{etag}"',
+                               **DOWNLOAD_GUARDS})
