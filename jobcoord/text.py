@@ -30,6 +30,17 @@ def safe_text(value: Any) -> str:
     return _UNSAFE.sub(_escape, str(value))
 
 
+#: What reorders a line's display (bidi marks, embeddings, overrides, isolates) and the
+#: Unicode line and paragraph separators: written as escapes in HTML too, where line breaks
+#: and tabs of shown JSON are the page's own layout.
+_REORDERING = re.compile("[\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def visible_reordering(value: str) -> str:
+    """`value` with every character that would reorder its display written as an escape."""
+    return _REORDERING.sub(_escape, value)
+
+
 def is_header_text(value: str) -> bool:
     """Whether an HTTP header can carry `value` as it is: printable ASCII. (Other bytes are
     read back as Latin-1 by the server's framework: `ключ` would arrive as another key.)"""

@@ -68,6 +68,28 @@ def test_a_login_posted_from_another_site_is_refused_and_sets_no_session(
             assert r.status_code == 303 and "set-cookie" in r.headers, headers
 
 
+def test_bidi_controls_in_data_are_shown_as_escapes_on_the_dashboard(
+        sqlite_target: Target) -> None:
+    """A payload, an error or an artifact name holding U+202E (right-to-left override)
+    reordered what the page showed after it, as the CLI's text output never lets it. The
+    dashboard writes such characters as visible escapes; line breaks in shown JSON stay."""
+    secret = token(sqlite_target, "v", "viewer")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {"note": "invoice\u202egnp.exe", "iso": "a\u2066b\u2069"})["job_id"]
+        c.heartbeat("w1", readings={"memory_used_pct": 5})
+        got = c.claim("w1")
+        c.fail(job, "w1", got["lease"]["epoch"], "boom \u202eevil", permanent=True)
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        for path in (f"/ui/jobs/{job}", "/ui/attention", "/ui/jobs"):
+            page = http.get(path)
+            assert page.status_code == 200, path
+            assert not any(ch in page.text for ch in "\u202e\u2066\u2069"), path
+        shown = http.get(f"/ui/jobs/{job}").text
+        assert "invoice\\u202egnp.exe" in shown and "boom \\u202eevil" in shown
+        http.close()
+
+
 def test_revoked_token_ends_its_dashboard_session_on_the_next_request(
         sqlite_target: Target) -> None:
     secret = token(sqlite_target, "v", "viewer")

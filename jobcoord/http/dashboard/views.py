@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from ...states import FINAL_STATUSES
+from ...text import visible_reordering
 
 #: jobcoord/http, where templates/ and static/ live.
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,11 +22,23 @@ def templates() -> Any:
 
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
-        autoescape=jinja2.select_autoescape(["html"]))
+        autoescape=jinja2.select_autoescape(["html"]), finalize=_shown)
     env.filters["age"] = age
     env.filters["num"] = lambda n: f"{n:,}"
     env.globals["poll"] = POLL
     return env
+
+
+def _shown(value: Any) -> Any:
+    """Every value a page shows: data that would reorder the display (U+202E and its kin)
+    is written as escapes, as the CLI's text output writes it; markup stays markup."""
+    import markupsafe
+
+    if isinstance(value, markupsafe.Markup):
+        return markupsafe.Markup(visible_reordering(str(value)))
+    if isinstance(value, str):
+        return visible_reordering(value)
+    return value
 
 
 def age(seconds: float | None) -> str:
