@@ -20,8 +20,9 @@ from sqlalchemy import Boolean, Float, Integer, Table, func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from . import faults
 from .clock import iso, now_us
-from .errors import DatabaseCorrupt, InvalidInput, Refused, SchemaMismatch
+from .errors import DatabaseCorrupt, Interrupted, InvalidInput, Refused, SchemaMismatch
 from .migrate import verify_schema
 from .models import CORE_TABLES, OPTIONAL_TABLES, Base
 from .store import Database, Target, classify
@@ -154,25 +155,48 @@ def transfer(source: Database, source_features: set[str], target: Target, *,
             )
         tables = tables_for(source_features)
         try:
-            if isinstance(source, SqliteDatabase):
-                assert isinstance(dest, PostgresDatabase)
-                result = _copy(source, dest, tables, allow_active_leases, after_snapshot)
-            else:
-                assert isinstance(source, PostgresDatabase)
-                assert isinstance(dest, SqliteDatabase)
-                result = _copy_back(source, dest, tables, allow_active_leases,
-                                    after_snapshot)
-        except DBAPIError as e:
-            raise classify(e, "transferring") from e
-        # Verify again from a fresh connection: what committed is what the source had.
-        after = dest.read(lambda conn: {t.name: digest(dest, conn, t) for t in tables},
-                          "verifying the target")
+            try:
+                if isinstance(source, SqliteDatabase):
+                    assert isinstance(dest, PostgresDatabase)
+                    result = _copy(source, dest, tables, allow_active_leases, after_snapshot)
+                else:
+                    assert isinstance(source, PostgresDatabase)
+                    assert isinstance(dest, SqliteDatabase)
+                    result = _copy_back(source, dest, tables, allow_active_leases,
+                                        after_snapshot)
+            except DBAPIError as e:
+                raise classify(e, "transferring") from e
+            # Verify again from a fresh connection: what committed is what the source had.
+            after = dest.read(lambda conn: {t.name: digest(dest, conn, t) for t in tables},
+                              "verifying the target")
+        except KeyboardInterrupt:
+            raise _interrupted(dest, tables) from None
         _compare(result["tables"], after, "after commit")
     finally:
         dest.close()
     result.update(source=source.target.display(), target=target.display(),
                   features=sorted(source_features), verified=True)
     return result
+
+
+def _interrupted(dest: Database, tables: list[Table]) -> Interrupted:
+    """Ctrl-C during a transfer. The copy is one transaction (already rolled back here if it
+    had not committed), so the target holds all of it or nothing: the answer says which, as
+    the target shows it. After the commit, the check against the source did not run."""
+    try:
+        dest.read(lambda conn: _check_target_empty(dest, conn, tables), "after an interrupt")
+    except InvalidInput:  # target_not_empty: the copy is there
+        return Interrupted(
+            "interrupted", "interrupted (Ctrl-C) after the copy was committed: the target "
+            "holds the whole copy, but its check against the source did not run; run "
+            "`jobcoord check` on the target", committed=True)
+    except BaseException:  # a second Ctrl-C, or the target unreachable: say so
+        return Interrupted(
+            "interrupted", "interrupted (Ctrl-C) as the copy was being committed: whether "
+            "the target holds it is unknown; run `jobcoord status` on the target",
+            committed=None)
+    return Interrupted("interrupted", "interrupted (Ctrl-C); the copy was rolled back and "
+                       "the target is empty as it was", committed=False)
 
 
 def _compare(expected: dict[str, Any], got: dict[str, Any], when: str) -> None:
@@ -212,11 +236,13 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
                 # transfers into one target must not interleave.
                 dest.lock_exclusive(tconn, [t.name for t in tables])
                 _check_target_empty(dest, tconn, tables)
+                faults.point("transfer.after_empty_check")
                 _copy_rows(source, sconn, dest, tconn, tables)
                 sequences = dest.continue_sequences(tconn, [t.name for t in tables])
                 inside = {t.name: digest(dest, tconn, t) for t in tables}
                 # A mismatch raises here, before commit: the target is left empty.
                 _compare(source_digests, inside, "before commit")
+            faults.point("transfer.after_commit")
         changed = source.data_version(sconn) != version
         sconn.rollback()
     if changed:
@@ -282,6 +308,7 @@ def _copy_back(source: PostgresDatabase, dest: SqliteDatabase, tables: list[Tabl
             inside = {t.name: digest(dest, tconn, t) for t in tables}
             # A mismatch raises here, before commit: the target is left empty.
             _compare(source_digests, inside, "before commit")
+        faults.point("transfer.after_commit")
     now_source = source.read(lambda conn: {t.name: digest(source, conn, t) for t in tables},
                              "reading the source again")
     if now_source != source_digests:

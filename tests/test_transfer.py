@@ -6,6 +6,7 @@ JOBCOORD_TEST_PG_URL.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from typing import Any
@@ -274,6 +275,75 @@ def _count_jobs(target: Target) -> int:
         return db.read(lambda conn: sql(conn, "SELECT COUNT(*) FROM jobs").scalar_one())
     finally:
         db.close()
+
+
+@pytest.mark.parametrize("way", ["to_postgresql", "back_to_sqlite"])
+def test_ctrl_c_after_the_copy_committed_says_it_committed_not_rolled_back(
+        src: Target, pg: Target, way: str) -> None:
+    """A Ctrl-C after the commit (during the check against the source) printed "the write
+    under way was rolled back", exit 130: the target held the whole copy, unchecked, and a
+    second transfer was refused as target_not_empty. The answer now says what the target
+    holds: committed (details committed: true), check it."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source, target = (src, pg) if way == "to_postgresql" else (pg, src)
+    with Coordinator.open(source) as c:
+        for i in range(5):
+            c.enqueue("k", {"i": i})
+    flag = ["--db", source.sqlite_path] if source.sqlite_path else ["--url", source.url]
+    to = target.url if target.sqlite_path is None else f"sqlite:///{target.sqlite_path}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", *flag, "transfer", "--to", to, "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": "transfer.after_commit:sleep=30"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the copy is committed once the target shows its jobs
+            with Coordinator.open(target) as t:
+                if t.jobs()["jobs"]:
+                    break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    error = json.loads(out)["error"]
+    assert error["code"] == "interrupted" and error["details"]["committed"] is True, error
+    assert "rolled back" not in error["message"] and "jobcoord check" in error["message"]
+    with Coordinator.open(target) as t:
+        assert len(t.jobs()["jobs"]) == 5
+
+
+def test_ctrl_c_before_the_copy_committed_says_the_target_is_empty(src: Target,
+                                                                  pg: Target) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    with Coordinator.open(src) as c:
+        c.enqueue("k", {})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", src.sqlite_path or "", "transfer", "--to",
+         pg.url, "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": "transfer.after_empty_check:sleep=30"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # past loading and opening: it sits inside the copy's transaction
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    error = json.loads(out)["error"]
+    assert error["details"]["committed"] is False and "rolled back" in error["message"]
+    with Coordinator.open(pg) as t:
+        assert t.jobs()["jobs"] == []
 
 
 def test_transfer_refuses_while_a_worker_holds_a_live_lease(src: Target, pg: Target) -> None:
