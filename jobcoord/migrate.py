@@ -177,9 +177,12 @@ def _migration_error(e: BaseException) -> JobcoordError:
                           f"{getattr(e, 'orig', None) or e}")
 
 
-def check_features(add: set[str], remove: set[str]) -> None:
+def check_features(add: set[str], remove: set[str], *, force: bool = False) -> None:
     """The optional features a migrate names, checked before any file is opened (a refused
-    migrate of a new path left an empty file behind)."""
+    migrate of a new path left an empty file behind). `force` belongs to a removal."""
+    if force and not remove:
+        raise InvalidInput("invalid_input", "--force goes with --without FEATURE (it drops "
+                           "the feature's rows too); alone it does nothing")
     for feature in add | remove:
         if feature not in OPTIONAL_FEATURES:
             raise InvalidInput(
@@ -198,7 +201,7 @@ def migrate(
     run `PRAGMA quick_check` afterwards (SQLite)."""
     add = set(add or ())
     remove = set(remove or ())
-    check_features(add, remove)
+    check_features(add, remove, force=force)
     from alembic import command
 
     before: set[str] = set()

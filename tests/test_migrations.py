@@ -231,7 +231,10 @@ def test_migrate_naming_an_unknown_feature_creates_no_file(tmp_path: Path) -> No
     an empty file stayed behind."""
     path = tmp_path / "new #1.db"
     for args in (("--with", "bogus"), ("--without", "bogus"),
-                 ("--with", "artifacts", "--without", "artifacts")):
+                 ("--with", "artifacts", "--without", "artifacts"),
+                 # --force is --without's (drop the feature's rows too): alone it was
+                 # accepted and did nothing, a mistyped command passing as done.
+                 ("--force",), ("--with", "artifacts", "--force")):
         r = run_cli(None, "--db", str(path), "migrate", *args, "--json")
         assert r.code == 2 and r.json["error"]["code"] == "invalid_input", r
         assert list(tmp_path.iterdir()) == []

@@ -25,7 +25,7 @@ def migrate(s: Settings, force: bool, add: tuple[str, ...], remove: tuple[str, .
     from ..migrate import migrate as run_migrate
     from ..store import Database
 
-    check_features(set(add), set(remove))
+    check_features(set(add), set(remove), force=force)
     target = s.target()
     # Unless told otherwise, a migration waits longer for the lock (a concurrent migrate,
     # a long write of a running server finishes first); --busy-timeout given bounds it too.
