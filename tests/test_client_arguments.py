@@ -87,6 +87,11 @@ def test_what_the_client_refuses_itself_is_invalid_input_and_changes_nothing(
                 s.url, secret, claim_wait="x"),  # type: ignore[arg-type]
             "a timeout of []": lambda: RemoteCoordinator(
                 s.url, secret, timeout=[]),  # type: ignore[arg-type]
+            # Shown in the refusal as it was: an int past 4300 digits has no repr.
+            "a tenant of 10**5000 (enqueue)": lambda: remote.enqueue(
+                "k", {}, tenant=10**5000),  # type: ignore[arg-type]
+            "a tenant of 10**5000 (claim)": lambda: remote.claim(
+                "w1", tenant=10**5000),  # type: ignore[arg-type]
         }
         closed = open(__file__, "rb")  # noqa: SIM115 - closed at once, on purpose
         closed.close()

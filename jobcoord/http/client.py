@@ -302,6 +302,7 @@ class RemoteCoordinator:
         (a worker told to claim one tenant's jobs would run every tenant's)."""
         if tenant is None:
             return
+        tenant = v.name(tenant, "tenant")  # a name before it is shown (10**5000 cannot be)
         own = self.whoami()["tenant"]  # the token's, fixed while it lives
         if tenant != own:
             raise InvalidInput("invalid_input", f"tenant {tenant!r}: this token claims "
@@ -551,6 +552,7 @@ class RemoteCoordinator:
         text, NAME=INT needs); the job goes to the token's tenant (`tenant`, if given, must
         be that one)."""
         if tenant is not None:
+            tenant = v.name(tenant, "tenant")  # a name before it is shown
             own = self.whoami()["tenant"] or DEFAULT_TENANT
             if tenant != own:
                 raise InvalidInput("invalid_input", f"tenant {tenant!r}: this token submits "
