@@ -11,8 +11,8 @@ from typing import Any
 #: sequences), DEL, C1 controls (U+0085 is a line break, U+009B a CSI), the Unicode line and
 #: paragraph separators, and the bidi marks, embeddings, overrides and isolates that reorder
 #: what is shown.
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
-                     "\u2066-\u2069]")
+_REORDERING_CHARS = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_REORDERING_CHARS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -33,7 +33,7 @@ def safe_text(value: Any) -> str:
 #: What reorders a line's display (bidi marks, embeddings, overrides, isolates) and the
 #: Unicode line and paragraph separators: written as escapes in HTML too, where line breaks
 #: and tabs of shown JSON are the page's own layout.
-_REORDERING = re.compile("[\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_REORDERING = re.compile(f"[{_REORDERING_CHARS}]")
 
 
 def visible_reordering(value: str) -> str:

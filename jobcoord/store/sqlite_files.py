@@ -24,18 +24,9 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
         raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
     exists = os.path.exists(path)
     named = path
-    if not exists and os.path.islink(path):
-        # A link to nowhere: a loop is unusable; a link to a file not yet made is that file's
-        # question (its directory, whether migrate may create it).
-        try:
-            os.stat(path)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StorageUnavailable(
-                    "database_unavailable",
-                    f"cannot open {path}: its symbolic links loop (too many levels)") from None
-        path = os.path.realpath(path)
-        named = f"{named} (a symbolic link to {path})"
+    linked = _link_to_nowhere(path)
+    if linked is not None:
+        path, named = linked, f"{path} (a symbolic link to {linked})"
     parent = os.path.dirname(path) or "."
     if not exists:
         try:
@@ -58,12 +49,27 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
     return exists
 
 
+def _link_to_nowhere(path: str) -> str | None:
+    """The file a link to a file not yet made names (that file's directory, whether migrate
+    may create it, are the questions then); None when `path` is no such link. A loop is
+    unusable."""
+    if os.path.exists(path) or not os.path.islink(path):
+        return None
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StorageUnavailable(
+                "database_unavailable",
+                f"cannot open {path}: its symbolic links loop (too many levels)") from None
+    return os.path.realpath(path)
+
+
 def create_private_file(path: str) -> bool:
     """Create an empty database file readable and writable by its owner only (0600).
     Returns whether this call created it (False: it already existed). Through a link to a
     file not yet made, the file it names is created (O_EXCL refuses any link)."""
-    if os.path.islink(path) and not os.path.exists(path):
-        path = os.path.realpath(path)
+    path = _link_to_nowhere(path) or path
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
