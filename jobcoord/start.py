@@ -5,7 +5,9 @@ its one JSON error on stdout."""
 
 from __future__ import annotations
 
-import signal
+# `_signal`, the C module, not `signal`: that one loads enum and more (3 ms) before Ctrl-C is
+# held back.
+import _signal
 import sys
 
 
@@ -13,18 +15,29 @@ def main() -> None:
     # Ctrl-C is held back while the CLI's modules load: one cut halfway (SQLAlchemy's, say)
     # cannot be loaded again in this process, and reading --json as click reads it needs
     # them. Held for those few tenths of a second, it arrives as the mask is lifted.
-    hold = hasattr(signal, "pthread_sigmask")
+    hold = hasattr(_signal, "pthread_sigmask")
     if hold:
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
     try:
         from .cli.main import interrupted_before_parsing
         from .cli.main import main as run
+        from .cli.output import AT_RESULT
     except KeyboardInterrupt:  # where Ctrl-C cannot be held back: nothing opened yet
         sys.stderr.write("jobcoord: interrupted\n")
         sys.exit(130)
     if hold:
         try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
         except KeyboardInterrupt:  # it came while loading; nothing was opened yet
             interrupted_before_parsing(sys.argv[1:])
+    AT_RESULT.append(_result_stands)
     run()
+
+
+def _result_stands() -> None:
+    """Once a command prints its result, the work it reports is done (committed, or read):
+    a Ctrl-C from then on can undo nothing, so it ends nothing either. It ended the process
+    exit 130 with the `interrupted` error after the result, and a script reading either
+    thought nothing was done. Only the program does this; a caller of the CLI in its own
+    process keeps its Ctrl-C."""
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)

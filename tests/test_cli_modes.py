@@ -183,6 +183,54 @@ def test_ctrl_c_at_any_import_while_a_json_command_loads_prints_its_one_json_err
     assert cut >= 10  # the loading was cut at many places, not one
 
 
+def test_the_entry_point_loads_nothing_before_it_holds_ctrl_c_back() -> None:
+    """A Ctrl-C before the entry point holds it back ends the process as Python's default
+    does (a traceback, no JSON): that window is Python's own start-up only. Importing
+    `typing` and `signal` first made it 10 ms longer, and a Ctrl-C there printed no JSON."""
+    got = subprocess.run(
+        [sys.executable, "-c", "import sys; before = set(sys.modules); import jobcoord.start; "
+         "print(' '.join(sorted(set(sys.modules) - before)))"],
+        capture_output=True, text=True, check=True)
+    assert set(got.stdout.split()) - {"__future__"} == {"jobcoord", "jobcoord.start"}, (
+        got.stdout)
+
+
+ENQUEUE_THEN_SIGINT = """
+import os, signal, sys
+class Interrupting:
+    # Ctrl-C the moment the result has been written: the command's work is done.
+    def __init__(self, out): self.out = out
+    def write(self, text):
+        n = self.out.write(text)
+        self.out.flush()
+        if "created" in text:
+            os.kill(os.getpid(), signal.SIGINT)
+        return n
+    def __getattr__(self, name): return getattr(self.out, name)
+sys.stdout = Interrupting(sys.stdout)
+sys.argv = ["jobcoord", "--db", sys.argv[1], "enqueue", "k", "--json"]
+from jobcoord.start import main
+main()
+"""
+
+
+def test_ctrl_c_after_the_result_is_printed_changes_neither_output_nor_exit(
+        tmp_path: Path) -> None:
+    """A Ctrl-C just after a command printed its result (the job was created) ended it
+    exit 130, with the `interrupted` error after the result: a script reading either would
+    think nothing was done. The result stands: exit 0, its one object."""
+    db = str(tmp_path / "q # 1.db")
+    assert subprocess.run([sys.executable, "-m", "jobcoord", "--db", db, "migrate"],
+                          capture_output=True).returncode == 0
+    proc = subprocess.run([sys.executable, "-c", ENQUEUE_THEN_SIGINT, db],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr)
+    [line] = proc.stdout.splitlines()
+    assert json.loads(line)["created"] is True and "Traceback" not in proc.stderr
+    with Coordinator.open(db) as c:
+        assert len(c.jobs()["jobs"]) == 1
+
+
 def test_ctrl_c_while_a_plain_command_loads_prints_no_json(tmp_path: Path) -> None:
     """The load-time Ctrl-C reads --json as click would: here it is an option's value."""
     proc = subprocess.Popen(

@@ -16,9 +16,15 @@ def dump(payload: Any) -> str:
     return json.dumps(payload, ensure_ascii=False, sort_keys=False)
 
 
+#: What the program (jobcoord/start.py) does as a command's result is about to be printed.
+AT_RESULT: list[Callable[[], None]] = []
+
+
 def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] | None = None,
          code: int = 0) -> None:
     """Print the result (one JSON object, or text for people) and exit with `code`."""
+    for hook in AT_RESULT:
+        hook()
     if as_json:
         click.echo(dump(payload))
     else:
