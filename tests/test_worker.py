@@ -571,6 +571,31 @@ def test_bad_worker_options_exit_2_and_change_nothing(db, sqlite_target, args, n
     assert c.workers()["workers"] == []
 
 
+@pytest.mark.parametrize("first_line, refused", [
+    ("#!/nonexistent/interp", True),
+    ("#!/usr/bin/env no-such-interpreter-xyz -u", True),
+    ("#!/bin/sh", False),
+    ("#!/usr/bin/env sh", False),
+])
+def test_an_exec_script_whose_interpreter_is_not_there_is_refused_at_startup(
+        db, sqlite_target, tmp_path, first_line, refused):
+    """An executable script whose `#!` names a missing interpreter failed every job of its
+    kind (exit 127 each), as a missing program did."""
+    _, c = db
+    script = tmp_path / "run me #1.sh"
+    script.write_text(f"{first_line}\ncat >/dev/null\necho '{{}}'\n")
+    script.chmod(0o755)
+    c.enqueue("k", {})
+    args = ("--exec", f"k='{script}'", "--burst", "--json")
+    run = run_cli(sqlite_target, "worker", *args)
+    if refused:
+        assert run.code == 2, run.err
+        assert "no such program to run it" in run.json["error"]["message"]
+        assert c.workers()["workers"] == []
+    else:
+        assert run.code == 0, run.err
+
+
 def test_heartbeats_and_renewals_continue_while_a_long_handler_runs(db, start):
     _, c = db
     job = c.enqueue("sleepy", {"seconds": 60})["job_id"]

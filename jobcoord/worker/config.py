@@ -3,6 +3,7 @@ them."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 from dataclasses import dataclass, field
@@ -80,11 +81,37 @@ def parse_exec(items: tuple[str, ...] | list[str]) -> dict[str, tuple[str, ...]]
             raise InvalidInput("invalid_input", f"--exec: kind {kind!r} given twice")
         # Looked up as the command will be (PATH, or a path from the worker's directory):
         # one that is not there would fail every job of its kind, an attempt at a time.
-        if shutil.which(argv[0]) is None:
+        program = shutil.which(argv[0])
+        if program is None:
             raise InvalidInput("invalid_input", f"--exec {kind}: no program {argv[0]!r} to "
                                "run (not on PATH, or not an executable file)")
+        missing = _missing_interpreter(program)
+        if missing is not None:
+            raise InvalidInput("invalid_input", f"--exec {kind}: {argv[0]!r} starts with "
+                               f"#!{missing}, and there is no such program to run it")
         out[kind] = argv
     return out
+
+
+def _missing_interpreter(program: str) -> str | None:
+    """The `#!` line of a script whose interpreter is not there (the exec would fail as a
+    missing program does), else None. `#!/usr/bin/env NAME` looks NAME up on PATH."""
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return None  # not readable by this user: the exec will say what it finds
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("utf-8", "replace").split()
+    if not words:
+        return None
+    wanted = [words[0]]
+    if os.path.basename(words[0]) == "env" and len(words) > 1 and not words[1].startswith("-"):
+        wanted.append(words[1])
+    if all(shutil.which(word) is not None for word in wanted):
+        return None
+    return " ".join(words)
 
 
 def parse_kind_values(items: tuple[str, ...] | list[str], option: str, lo: float, hi: float
