@@ -110,9 +110,31 @@ def readings_value(readings: Any) -> tuple[dict[str, Any], str]:
                         require_object=True)
 
 
+#: The event reasons jobcoord records for its own transitions and refusals. A failure report
+#: naming one would write that history for an attempt that failed: a `completed` event that
+#: `completed_by` and the remote worker's lost-answer check take as an accepted result, a
+#: second `claimed` event at one epoch, a `lease_expired` that /metrics counts as an expiry,
+#: an `enqueued` event whose detail an idempotent submission compares with. A failure's own
+#: reasons (`failed`, `timeout`, `invalid_result`, `result_too_large`, `worker_shutdown`,
+#: `artifact_invalid`) and any other name stay the caller's to choose.
+RESERVED_REASONS = frozenset({
+    "enqueued", "claimed", "completed", "lease_expired", "deadline_passed", "window_missed",
+    "cancelled", "cancel_requested", "operator_retry", "reconciled", "effect_started",
+    "job_unreadable", "artifact_staged", "artifact_verified", "artifact_accepted",
+    "artifact_rejected",
+})
+
+
 def failure_texts(error: Any, reason: Any) -> tuple[str, str]:
     """A failure report's error and reason, checked."""
-    return v.utf8_text(error, "error", max_len=v.MAX_TEXT), v.name(reason, "reason", max_len=40)
+    text = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
+    why = v.name(reason, "reason", max_len=40)
+    # `complete_refused`, `fail_refused`, `artifact_refused`: the records of refusals.
+    if why in RESERVED_REASONS or why.endswith("_refused"):
+        raise InvalidInput("invalid_input", f"reason: {why!r} is what jobcoord records for "
+                           "its own transitions, not a failure's: use 'failed', 'timeout' or "
+                           "a name of your own", field="reason")
+    return text, why
 
 
 def checked_item(i: int, build: Callable[[], T]) -> T:
