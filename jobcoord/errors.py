@@ -77,14 +77,16 @@ class SchemaMismatch(JobcoordError):
     default_code = "not_migrated"
 
 
-class Unauthorized(JobcoordError):
-    """No token, or an unknown or revoked one (HTTP)."""
+class Unauthorized(Refused):
+    """No token, or an unknown or revoked one (HTTP). A refusal, so a remote worker stops
+    using the lease or claim loop it was for, as for any rule's refusal; its exit code is
+    bad usage's: the token given is not one the server knows."""
 
     exit_code = 2
     default_code = "unauthorized"
 
 
-class Forbidden(JobcoordError):
+class Forbidden(Refused):
     """This token's role may not do that (HTTP)."""
 
     exit_code = 4

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections import Counter
 from typing import Any
 
@@ -254,8 +255,10 @@ def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) 
     viewer = token(target, "v", "viewer")
     wa = token(target, "wa", "worker", worker="wa")
     with served(target, "--reap-every", "0") as s:
+        # An unknown token is bad usage (exit 2), as the wrong role or worker id is, not a
+        # rule's refusal (4).
         for secret, extra, code in ((viewer, (), 2), (wa, ("--worker-id", "other"), 2),
-                                    ("jct_unknown", (), 4)):
+                                    ("jct_unknown", (), 2)):
             proc = start_worker(s.url, secret, str(tmp_path), "t", *extra)
             out, err = proc.communicate(timeout=60)
             assert proc.returncode == code, err.decode()[-2000:]
@@ -263,6 +266,47 @@ def test_remote_worker_refuses_a_bad_token_setup(target: Target, tmp_path: Any) 
         no_file = sp.run([*jobcoord_argv(), "worker", "--server", s.url, "--exec", "k=true",
                           "--json"], capture_output=True, timeout=60, check=False)
         assert no_file.returncode == 2
+
+
+def test_a_revoked_or_unknown_token_and_a_wrong_server_path_are_exit_2_not_a_refusal(
+        target: Target, tmp_path: Any) -> None:
+    """A revoked token was exit 4, "refused by a coordinator rule", and a server URL with a
+    path the server does not serve was exit 4 saying only "Not Found", as if a job were
+    missing. Both are bad usage (exit 2); a worker whose token is revoked mid-job still stops
+    its handler at once and completes nothing."""
+    with Coordinator.open(target) as c:
+        job = c.enqueue("slow", {"sleep": 60})["job_id"]
+    wa = token(target, "wa", "worker", worker="wa")
+    wb = token(target, "wb", "worker", worker="wb")
+    with served(target, "--reap-every", "0") as s:
+        with Coordinator.open(target) as c:
+            tokens.revoke(c.db, "wb")
+        proc = start_worker(s.url, wb, str(tmp_path), "wb")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err.decode()[-2000:]
+        error = json.loads(out.decode().splitlines()[-1])["error"]
+        assert (error["code"], error["message"]) == ("unauthorized", "unknown or revoked token")
+        proc = start_worker(s.url + "/prefix", wa, str(tmp_path), "wa-path")
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, err.decode()[-2000:]
+        error = json.loads(out.decode().splitlines()[-1])["error"]
+        assert "check the server URL" in error["message"], error
+        # Revoked while its handler runs: the renewal's 401 stops the handler, nothing is
+        # reported, and the worker exits 2.
+        proc = start_worker(s.url, wa, str(tmp_path), "wa", "--lease", "6")
+        deadline = time.monotonic() + 60
+        with Coordinator.open(target) as c:
+            while c.show(job)["job"]["status"] != "running":
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            tokens.revoke(c.db, "wa")
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 2, err.decode()[-2000:]
+            lost = [e for e in log_events(err.decode()) if e.get("event") == "lease_lost"]
+            assert lost and lost[0]["reason"] == "unauthorized", err.decode()[-2000:]
+            shown = c.show(job)
+            assert shown["job"]["status"] == "running" and shown["job"]["result"] is None
+            assert not [e for e in shown["events"] if e["reason"] in ("completed", "failed")]
 
 
 def test_a_job_claimed_by_a_completion_as_the_worker_stops_is_released_at_once(

@@ -70,9 +70,17 @@ def error_from_response(status: int, body: Any) -> JobcoordError:
     cls: type[JobcoordError]
     if status in (400, 413):
         cls = InvalidInput
-    elif status in (401, 403, 404, 409, 422):
-        # A revoked token or a role refusal must stop the worker's use of that lease or
-        # claim loop, like any rule's refusal.
+    elif status == 401:
+        cls = Unauthorized  # a Refused: the worker stops using that lease or claim loop
+    elif status == 403:
+        cls = Forbidden
+    elif status in (404, 405) and code not in HTTP_NOT_FOUND_CODES:
+        # No such route (the server's `not_found`, or another program's 404 page): the
+        # server URL is wrong, not a job missing. Bad usage, as a malformed URL is.
+        cls = InvalidInput
+        message = (f"the server has no such jobcoord route (HTTP {status}: {message}); "
+                   "check the server URL")
+    elif status in (404, 409, 422):
         cls = Refused
     elif status == 503:
         cls = DatabaseBusy if code in BUSY_CODES else StorageUnavailable
