@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
-from .errors import DatabaseBusy, InvalidInput, JobcoordError, SchemaMismatch
+from .errors import DatabaseBusy, DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
 from .store import CORE_REVISIONS, OPTIONAL_REVISIONS, Database, classify, statements
 from .store.sqlite import sqlite_pragma
 
@@ -58,7 +58,16 @@ def current_revisions(db: Database, conn: Connection) -> set[str]:
     if not db.engine.dialect.has_table(conn, "alembic_version"):
         return set()
     rows = db.run(conn, statements.ALEMBIC_VERSIONS).all()
-    return {r[0] for r in rows}
+    found = {r[0] for r in rows}
+    # A revision is printable ASCII text. Anything else (NULLs, stray bytes) is what a damaged
+    # page of the version table reads back as: not a newer schema to upgrade jobcoord for.
+    if any(not (isinstance(r, str) and r and r.isascii() and r.isprintable()) for r in found):
+        where = db.target.display()
+        raise DatabaseCorrupt(
+            "database_corrupt", f"{where}: the table of schema revisions (alembic_version) "
+            "holds values that are no revision, as a damaged page reads back; restore the "
+            "last good backup (`jobcoord restore`)")
+    return found
 
 
 def unversioned_tables(db: Database, conn: Connection) -> list[str]:

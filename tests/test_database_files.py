@@ -84,6 +84,56 @@ def test_unusable_databases_are_refused_with_their_code_and_left_unchanged(
     assert _fs(tmp_path) == before
 
 
+def _damage_version_table(db: Path) -> None:
+    """Flip one byte of the page header of the schema-revision table's page (its cell
+    pointers then point off), as a damaged disk does: its rows read back as NULLs."""
+    con = sqlite3.connect(db)
+    page, size = con.execute("SELECT rootpage FROM sqlite_master WHERE name = "
+                             "'alembic_version'").fetchone()[0], \
+        con.execute("PRAGMA page_size").fetchone()[0]
+    con.close()
+    with open(db, "r+b") as f:
+        f.seek((page - 1) * size + 4)
+        b = f.read(1)
+        f.seek((page - 1) * size + 4)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+@pytest.mark.parametrize("damage", ["page", "null"])
+def test_a_damaged_schema_revision_table_is_corrupt_exit_7_for_every_command(
+        tmp_path: Path, sqlite_template: str, damage: str) -> None:
+    """A damaged page of alembic_version read back as NULL revisions: check, status and
+    restore crashed (exit 1, TypeError), and migrate said the schema was newer, to upgrade
+    jobcoord (exit 8). Every command now says the database is corrupt (exit 7) and changes
+    nothing."""
+    db = tmp_path / "dam aged #?%.db"
+    db.write_bytes(Path(sqlite_template).read_bytes())
+    if damage == "page":
+        _damage_version_table(db)
+    else:  # the same as a hand edit: a NULL revision beside the real one
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE v2 AS SELECT * FROM alembic_version")
+        con.execute("DROP TABLE alembic_version")
+        con.execute("CREATE TABLE alembic_version (version_num VARCHAR(32))")
+        con.execute("INSERT INTO alembic_version SELECT * FROM v2")
+        con.execute("INSERT INTO alembic_version VALUES (NULL)")
+        con.execute("DROP TABLE v2")
+        con.commit()
+        con.close()
+    before = _fs(tmp_path)
+    for command in (["check"], ["status"], ["migrate"], ["enqueue", "k"],
+                    ["backup", str(tmp_path / "bk.db")],
+                    ["--db", str(tmp_path / "new.db"), "restore", str(db)]):
+        args = command if command[0] == "--db" else ["--db", str(db), *command]
+        r = run_cli(None, *args, "--json")
+        assert r.code == 7, (command, r.out, r.err)
+        assert "Traceback" not in r.err and "TypeError" not in r.out, (command, r.out)
+        if command[0] != "--db":  # restore checks the backup's artifacts first
+            assert r.json["error"]["code"] == "database_corrupt", (command, r.out)
+            assert "alembic_version" in r.json["error"]["message"]
+    assert _fs(tmp_path) == before
+
+
 def test_a_missing_directory_or_a_directory_path_is_unavailable(tmp_path: Path) -> None:
     for path, command in ((tmp_path / "no" / "such" / "q.db", "migrate"),
                           (tmp_path / "no" / "such" / "q.db", "status"),
