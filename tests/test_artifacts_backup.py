@@ -229,6 +229,43 @@ def test_a_failed_forced_backup_with_artifacts_keeps_the_last_good_backup(
                                                            "jobcoord.db-wal", "store"]
 
 
+@pytest.mark.parametrize("point", ["backup.old_objects_aside", "backup.new_objects_in_place",
+                                   "backup.database_in_place"])
+@pytest.mark.parametrize("action", ["kill", "bug"])
+def test_a_forced_backup_stopped_while_it_puts_its_files_in_place_leaves_a_restorable_backup(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, point: str, action: str
+) -> None:
+    """The old objects go aside, the new ones in place, then the new database: a process
+    killed between two of these left the old DEST beside the new objects (restore: the
+    manifest names 2 rows, the database holds 1) or beside none (manifest missing), and an
+    error there deleted the old objects for good. The old objects are put back on an error,
+    and restore finds them set aside after a kill: DEST always restores whole, the old
+    backup until the new database is in place, the new one after."""
+    store = sc.artifacts_dir or ""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    b, eb = start(sc, "w2")
+    sc.put_artifact(b, "w2", eb, "second.bin", b"second")
+    sc.complete(b, "w2", eb, {})
+    got = subprocess.run(
+        [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
+         "--artifacts", store, "backup", str(dest), "--force", "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": f"{point}:{action}"}, capture_output=True,
+        text=True, timeout=120, check=False)
+    assert got.returncode == (-9 if action == "kill" else 1), got.stderr[-2000:]
+    restored = tmp_path / "restored.db"
+    r = run_cli(None, "--db", str(restored), "--artifacts", str(tmp_path / "rs"), "restore",
+                str(dest), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+    new = point == "backup.database_in_place"
+    with Coordinator.open(str(restored)) as c:
+        c.artifacts_dir = str(tmp_path / "rs")
+        assert len(c.jobs(status="succeeded")["jobs"]) == (2 if new else 1)
+        assert c.verify_artifacts()["ok"] is True
+    if action == "bug" and not new:  # DEST.artifacts itself is the old backup's again
+        manifest = json.loads((tmp_path / "b.db.artifacts" / "manifest.json").read_text())
+        assert manifest["rows"] == 1
+
+
 def test_a_forced_backup_with_artifacts_over_a_file_with_a_wal_beside_it_is_exit_2(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
     """Without artifacts, a DEST with a -wal beside it is refused (the next open would
@@ -350,3 +387,35 @@ def test_a_fifo_in_place_of_an_object_is_exit_7_for_restore_verify_and_get_never
                               timeout=60, check=False)
         assert done.returncode == 7, (args, done.stdout, done.stderr)
     assert not restored.exists() and not (tmp_path / "got.bin").exists()
+
+
+def test_an_object_that_is_a_symbolic_link_is_corrupt_and_never_restored_into_a_store(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """A backup whose object was replaced by a link to a file elsewhere (with the right
+    bytes) restored: the new store's object was that link, whose bytes anyone could then
+    change. An object is its own file: a link is corrupt, for restore, verify, get and the
+    next backup, and nothing is restored."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    digest = sha(b"hello")
+    outside = tmp_path / "outside file"
+    outside.write_bytes(b"hello")
+    for store in (tmp_path / "b.db.artifacts", Path(sc.artifacts_dir or "")):
+        path = ObjectStore(store).path_of(digest)
+        os.unlink(path)
+        os.symlink(outside, path)
+    [job] = [j["job_id"] for j in sc.jobs()["jobs"]]
+    restored = tmp_path / "restored.db"
+    for args in (["--db", str(restored), "--artifacts", str(tmp_path / "new store"),
+                  "restore", str(dest)],
+                 ["--artifacts", sc.artifacts_dir or "", "artifact", "verify", "--all"],
+                 ["--artifacts", sc.artifacts_dir or "", "artifact", "get", str(job),
+                  "r.bin", "-o", str(tmp_path / "got.bin")],
+                 ["--artifacts", sc.artifacts_dir or "", "backup",
+                  str(tmp_path / "second.db")]):
+        if args[0] != "--db":
+            args = ["--db", sqlite_target.sqlite_path or "", *args]
+        r = run_cli(None, *args, "--json")
+        assert r.code == 7, (args, r.out, r.err)
+    assert not restored.exists() and not (tmp_path / "new store").exists()
+    assert not (tmp_path / "got.bin").exists() and not (tmp_path / "second.db").exists()
+    assert outside.read_bytes() == b"hello"

@@ -24,12 +24,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
 from collections.abc import Callable
 from typing import Any
 
+from jobcoord import faults
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import ENV_STORE, gc_lock, store_of
@@ -86,7 +88,8 @@ def backup(coord: Any, dest: str, force: bool,
 
     Everything is built beside DEST under temporary names and put in place only once whole
     (the objects' directory first, then the database that names them): a backup that fails
-    at any step leaves DEST and DEST.artifacts as they were."""
+    at any step leaves DEST and DEST.artifacts as they were; one killed while it puts them
+    in place leaves the old objects set aside, where restore finds them."""
     if "artifacts" not in coord.features or not coord.db.is_sqlite:
         return run(coord.db, dest, force=force)
     from jobcoord.maintenance import _within, standalone_destination, writable_destination
@@ -116,7 +119,7 @@ def backup(coord: Any, dest: str, force: bool,
         result = run(coord.db, staged, force=False, store=store.root)
         work = f"{final}.{token}.tmp"
         old = f"{final}.{token}.old"
-        moved_old = False
+        moved_old = placed_new = replaced = False
         try:
             found = _referenced(staged)
             if found is None:  # the feature is installed: the checked snapshot has the table
@@ -133,21 +136,35 @@ def backup(coord: Any, dest: str, force: bool,
                 os.fsync(f.fileno())
             _fsync_dir(work)
             # In place: the old objects aside, the new ones, then the database naming them.
+            # Two names cannot change at once: a process killed between these steps leaves
+            # the old DEST beside the new objects, or beside none; the old objects wait in
+            # `old`, where restore looks for them (`check_backup`).
             if os.path.lexists(final):
                 os.rename(final, old)
                 moved_old = True
+            faults.point("backup.old_objects_aside")
             os.rename(work, final)
+            placed_new = True
+            faults.point("backup.new_objects_in_place")
             os.replace(staged, dest)
+            replaced = True
+            faults.point("backup.database_in_place")
             _fsync_dir(os.path.dirname(dest))
         except BaseException:
+            if placed_new and not replaced:
+                # The new objects are in place but not the database naming them: back out,
+                # so the old database finds its own objects again.
+                with contextlib.suppress(OSError):
+                    os.rename(final, work)
             shutil.rmtree(work, ignore_errors=True)
             if moved_old and not os.path.lexists(final):
                 with contextlib.suppress(OSError):
                     os.rename(old, final)  # the last good backup's objects, back
                 moved_old = False
-            # A snapshot without its objects is not a backup: take it away.
-            with contextlib.suppress(OSError):
-                os.unlink(staged)
+            if not replaced:
+                # A snapshot without its objects is not a backup: take it away.
+                with contextlib.suppress(OSError):
+                    os.unlink(staged)
             raise
         finally:
             if moved_old:
@@ -187,7 +204,35 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
     if found is None or (not found[0] and not os.path.isdir(directory)):
         return None
     referenced, nrows = found
+    first: DatabaseCorrupt | None = None
+    for candidate in [directory, *_set_aside(directory)]:
+        try:
+            return _checked(source, candidate, referenced, nrows), candidate
+        except DatabaseCorrupt as e:
+            first = first or e
+    assert first is not None
+    raise first
 
+
+def _set_aside(directory: str) -> list[str]:
+    """The objects a forced backup set aside (`DEST.artifacts.<token>.old`) and a process
+    killed before it removed them: the objects of the backup DEST may still be, when the
+    kill fell between putting the new objects and the new database in place."""
+    parent, name = os.path.split(directory)
+    aside = re.compile(re.escape(name) + r"\.[0-9a-f]{8}\.old")
+    try:
+        names = os.listdir(parent or ".")
+    except OSError:
+        return []
+    return [os.path.join(parent, n) for n in sorted(names) if aside.fullmatch(n)
+            and os.path.isdir(os.path.join(parent, n))
+            and not os.path.islink(os.path.join(parent, n))]
+
+
+def _checked(source: str, directory: str, referenced: dict[str, int], nrows: int
+             ) -> dict[str, int]:
+    """The manifest of the objects in `directory`, proven to hold every object of the
+    backup `source` (its rows' digests), each whole."""
     def bad(why: str) -> DatabaseCorrupt:
         return DatabaseCorrupt("backup_artifacts_mismatch", f"the backup's artifacts do not "
                                f"match its manifest: {why}; nothing was restored",
@@ -217,7 +262,7 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
             raise bad(f"object {digest} is {state}")
         if store.size(digest) != size or referenced.get(digest, size) != size:
             raise bad(f"object {digest} has the wrong size")
-    return listed, directory
+    return listed
 
 
 def _listed(manifest: Any, nrows: int, bad: Callable[[str], DatabaseCorrupt]

@@ -191,10 +191,15 @@ class ObjectReader:
         try:
             # O_NONBLOCK: a FIFO put in an object's place would make the open wait for a
             # writer; opened at once, fstat below refuses it. (No effect on a regular file.)
-            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            # O_NOFOLLOW: an object is its own file, never a link to bytes elsewhere that
+            # anyone may change after they were hashed.
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+                               | os.O_NOFOLLOW)
         except (FileNotFoundError, NotADirectoryError):
             raise missing(self.digest, path) from None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise corrupt(self.digest, path, "a symbolic link, not a file") from None
             raise store_error(exc, root, f"opening {self.digest}") from None
         try:
             st = os.fstat(self._fd)

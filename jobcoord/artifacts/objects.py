@@ -399,6 +399,9 @@ class ObjectStore:
         dst = other._path(hexdigest)
         if os.path.lexists(dst):
             return other._checked(digest, dst, created=False)
+        if os.path.islink(src):
+            # A link would put bytes outside this store into the other one.
+            raise corrupt(digest, src, "a symbolic link, not a file")
         if not os.path.isfile(src):
             raise missing(digest, src)
         try:
