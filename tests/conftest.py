@@ -236,3 +236,21 @@ def dump(coord: Coordinator) -> dict[str, list[tuple[Any, ...]]]:
         return {t: [tuple(r) for r in sql(conn, f"SELECT * FROM {t} ORDER BY 1"
                                                          ).all()] for t in CORE_TABLES}
     return coord.db.read(_read)
+
+
+def flip_root_page_byte(path: Any, table: str, offset: int) -> None:
+    """One byte of `table`'s root page changed, as a bad disk sector does: at `offset` 4 the
+    page header's cell content start, at 8 a leaf's first cell pointer. quick_check finds it;
+    the rows read past it come back as NULLs."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(path))
+    root, page = (conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
+                               (table,)).fetchone()[0],
+                  conn.execute("PRAGMA page_size").fetchone()[0])
+    conn.close()
+    with open(path, "r+b") as f:
+        f.seek((root - 1) * page + offset)
+        b = f.read(1)
+        f.seek((root - 1) * page + offset)
+        f.write(bytes([b[0] ^ 0x5A]))

@@ -17,7 +17,7 @@ import pytest
 from jobcoord.artifacts import ObjectStore
 from jobcoord.db import Target, resolve_target
 from jobcoord.service import Coordinator
-from tests.conftest import run_cli
+from tests.conftest import flip_root_page_byte, run_cli
 from tests.test_artifact_objects import REPO, wait_for
 from tests.test_artifacts_rules import install, sha, start
 
@@ -328,30 +328,13 @@ def test_a_backup_whose_artifact_directory_name_is_taken_by_a_file_is_exit_2(
     assert not (tmp_path / "e.db").exists()
 
 
-def _flip_first_cell_pointer(path: Path, table: str) -> None:
-    """One byte of `table`'s root page (the first cell pointer of a leaf) changed, as a bad
-    disk sector does: quick_check finds it; the rows read past it hold NULLs."""
-    import sqlite3
-
-    conn = sqlite3.connect(str(path))
-    root, page = (conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?",
-                               (table,)).fetchone()[0],
-                  conn.execute("PRAGMA page_size").fetchone()[0])
-    conn.close()
-    with open(path, "r+b") as f:
-        f.seek((root - 1) * page + 8)
-        b = f.read(1)
-        f.seek((root - 1) * page + 8)
-        f.write(bytes([b[0] ^ 0x5A]))
-
-
 @pytest.mark.parametrize("table", ["job_counts", "artifacts"])
 def test_a_backup_with_a_damaged_page_is_exit_7_for_check_and_restore_never_exit_1(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path, table: str) -> None:
     """`check` went on past quick_check's finding to the invariants and crashed on a NULL
     (exit 1, internal_error); `restore` crashed the same way, or on an artifact row's size."""
     dest = _good_backup(sc, sqlite_target, tmp_path)
-    _flip_first_cell_pointer(dest, table)
+    flip_root_page_byte(dest, table, 8)
     r = run_cli(resolve_target(db=str(dest)), "check", "--json")
     assert r.code == 7, r.out + r.err
     assert r.json["ok"] is False

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import flip_root_page_byte, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -84,21 +84,6 @@ def test_unusable_databases_are_refused_with_their_code_and_left_unchanged(
     assert _fs(tmp_path) == before
 
 
-def _damage_version_table(db: Path) -> None:
-    """Flip one byte of the page header of the schema-revision table's page (its cell
-    pointers then point off), as a damaged disk does: its rows read back as NULLs."""
-    con = sqlite3.connect(db)
-    page, size = con.execute("SELECT rootpage FROM sqlite_master WHERE name = "
-                             "'alembic_version'").fetchone()[0], \
-        con.execute("PRAGMA page_size").fetchone()[0]
-    con.close()
-    with open(db, "r+b") as f:
-        f.seek((page - 1) * size + 4)
-        b = f.read(1)
-        f.seek((page - 1) * size + 4)
-        f.write(bytes([b[0] ^ 0x5A]))
-
-
 @pytest.mark.parametrize("damage", ["page", "null"])
 def test_a_damaged_schema_revision_table_is_corrupt_exit_7_for_every_command(
         tmp_path: Path, sqlite_template: str, damage: str) -> None:
@@ -109,7 +94,7 @@ def test_a_damaged_schema_revision_table_is_corrupt_exit_7_for_every_command(
     db = tmp_path / "dam aged #?%.db"
     db.write_bytes(Path(sqlite_template).read_bytes())
     if damage == "page":
-        _damage_version_table(db)
+        flip_root_page_byte(db, "alembic_version", 4)
     else:  # the same as a hand edit: a NULL revision beside the real one
         con = sqlite3.connect(db)
         con.execute("CREATE TABLE v2 AS SELECT * FROM alembic_version")
