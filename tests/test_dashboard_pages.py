@@ -259,3 +259,58 @@ def test_a_role_refusal_says_an_operator_token(sqlite_target: Target) -> None:
                        headers={"Authorization": f"Bearer {operator}"})
     assert r.status_code == 403
     assert r.json()["error"]["message"].startswith("an operator token may not"), r.text
+
+
+def test_a_job_id_or_cursor_that_is_no_ascii_number_in_range_is_400_never_500(
+        sqlite_target: Target) -> None:
+    """`before=²` (a digit to str.isdigit, not to int) and a job id or cursor of 5,000
+    digits (past int()'s limit) were 500s on the pages, also on an action with a valid CSRF
+    token; `before=٣` and a full-width １ were read as cursors 3 and 1. The API answers 400
+    for all of them, and so does the dashboard."""
+    operator = token(sqlite_target, "o", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {})["job_id"]
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, operator)
+        big = "9" * 5000
+        for path in ("/ui/jobs?before=%C2%B2", "/ui/jobs?before=%D9%A3",
+                     "/ui/jobs?before=%EF%BC%91", f"/ui/jobs?before={big}",
+                     f"/ui/jobs/{big}", f"/ui/jobs/{big}/live", "/ui/jobs/%C2%B2"):
+            r = http.get(path)
+            assert r.status_code == 400, (path, r.status_code, r.text[:300])
+        mine = csrf_of(http.get(f"/ui/jobs/{job}/confirm/cancel").text)
+        r = http.post(f"/ui/jobs/{big}/cancel", data={"csrf": mine})
+        assert r.status_code == 400, (r.status_code, r.text[:300])
+        http.close()
+    with Coordinator.open(sqlite_target) as c:
+        assert c.show(job)["job"]["status"] == "waiting"
+
+
+def test_a_reconcile_result_the_cli_refuses_is_refused_on_the_dashboard_too(
+        sqlite_target: Target) -> None:
+    """The form's result was parsed leniently and handed over as a value: duplicate keys
+    kept the last (`{"a":1,"a":2}` reconciled with `{"a": 2}`). It goes to the Coordinator as
+    JSON text, checked as the CLI's `--result` is."""
+    operator = token(sqlite_target, "o", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        c.heartbeat("w", readings={"memory_used_pct": 5})
+        epoch = c.claim("w")["lease"]["epoch"]
+        c.mark_effect(job, "w", epoch)
+        assert c.fail(job, "w", epoch, "x")["status"] == "unknown"
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, operator)
+        mine = csrf_of(http.get(f"/ui/jobs/{job}/confirm/reconcile").text)
+        for bad in ('{"a":1,"a":2}', '{"a": NaN}', "[" * 100 + "]" * 100, "{"):
+            r = http.post(f"/ui/jobs/{job}/reconcile",
+                          data={"csrf": mine, "as": "succeeded", "reason": "checked",
+                                "result": bad})
+            assert r.status_code == 400, (bad, r.status_code, r.text[:300])
+        r = http.post(f"/ui/jobs/{job}/reconcile",
+                      data={"csrf": mine, "as": "succeeded", "reason": "checked",
+                            "result": '{"a": 1}'})
+        assert r.status_code in (200, 303), r.text[:300]
+        http.close()
+    with Coordinator.open(sqlite_target) as c:
+        shown = c.show(job)["job"]
+        assert (shown["status"], shown["result"]) == ("succeeded", {"a": 1})
