@@ -14,6 +14,7 @@ puts on their path (tests/fault_site/), which calls `install` and `set_deferred_
     install("a:kill,b:sleep=1")                  several points at once
     install("http.complete.after_commit:bug")    raise an unexpected error there (a bug)
     install("artifacts.put:bug=2")               ... only on the second pass through it
+    install("write.after_commit:sigint")         a Ctrl-C (SIGINT to this process) there
 
 `set_deferred_writes(True)` makes write transactions on SQLite start with a plain (deferred)
 BEGIN instead of BEGIN IMMEDIATE, so the contention tests can prove that they would catch that
@@ -46,11 +47,13 @@ def _parse(spec: str) -> dict[str, tuple[str, float]]:
             actions[name] = ("sleep", float(action.removeprefix("sleep=")))
         elif action == "bug":
             actions[name] = ("bug", 0.0)
+        elif action == "sigint":
+            actions[name] = ("sigint", 0.0)
         elif action.startswith("bug=") and action.removeprefix("bug=").isdigit():
             actions[name] = ("bug_on", float(action.removeprefix("bug=")))
         else:
             raise ValueError(f"fault spec: cannot read {item!r} (use NAME:kill, NAME:bug, "
-                             "NAME:bug=PASS or NAME:sleep=SECONDS)")
+                             "NAME:bug=PASS, NAME:sigint or NAME:sleep=SECONDS)")
     return actions
 
 
@@ -82,6 +85,9 @@ def point(name: str) -> None:
         return
     if kind == "sleep":
         time.sleep(seconds)
+    elif kind == "sigint":
+        # A Ctrl-C exactly here: delivered to this process, handled by its SIGINT handler.
+        os.kill(os.getpid(), signal.SIGINT)
     elif kind == "bug":
         raise FaultBug(f"fault point {name}: an unexpected error, as a bug would raise")
     else:

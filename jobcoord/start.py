@@ -31,6 +31,10 @@ def main() -> None:
         except KeyboardInterrupt:  # it came while loading; nothing was opened yet
             interrupted_before_parsing(sys.argv[1:])
     AT_RESULT.append(_result_stands)
+    # Ctrl-C after a commit is held until the result is printed (or the next write begins).
+    from .interrupts import install
+
+    install()
     run()
 
 

@@ -267,3 +267,58 @@ def test_sigterm_before_the_worker_has_started_ends_it_having_claimed_nothing(
         assert shown["job"]["status"] == "waiting" and shown["job"]["attempts"] == 0
         assert [e["reason"] for e in shown["events"]] == ["enqueued"]
         assert c.workers()["workers"] == []
+
+
+def _after_commit_sigint(db: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`jobcoord --db DB ARGS --json` with a real SIGINT delivered the instant each write
+    transaction has committed (fault point write.after_commit)."""
+    return subprocess.run(
+        [sys.executable, "-m", "jobcoord", "--db", db, *args, "--json"], cwd=REPO,
+        env={**os.environ, "JOBCOORD_FAULT": "write.after_commit:sigint"},
+        capture_output=True, text=True, timeout=60,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def test_ctrl_c_after_a_commit_is_held_until_the_result_is_printed(
+        sqlite_target: Target) -> None:
+    """A Ctrl-C between a write's commit and its printed result ended the command exit 130
+    saying "the write under way, if any, was rolled back" while the change was made: a
+    script that trusted it enqueued the job again, or met job_finished cancelling again.
+    Once the commit begins, a Ctrl-C waits for the result: exit 0, its one object, the change
+    made once."""
+    db = sqlite_target.sqlite_path or ""
+    with Coordinator.open(sqlite_target) as c:
+        other = c.enqueue("k", {"n": 0})["job_id"]
+    got = _after_commit_sigint(db, "enqueue", "k", "--payload", '{"n": 1}')
+    assert got.returncode == 0, (got.returncode, got.stdout, got.stderr)
+    [line] = got.stdout.splitlines()
+    job = json.loads(line)["job_id"]
+    got = _after_commit_sigint(db, "cancel", str(other))
+    assert got.returncode == 0, (got.returncode, got.stdout, got.stderr)
+    assert json.loads(got.stdout)["status"] == "cancelled"
+    with Coordinator.open(sqlite_target) as c:
+        assert [j["job_id"] for j in c.jobs()["jobs"]] == [job, other]
+        assert c.show(other)["job"]["status"] == "cancelled"
+
+
+def test_ctrl_c_after_a_prune_batch_committed_counts_that_batch(
+        sqlite_target: Target) -> None:
+    """A Ctrl-C after a prune's batch committed was raised before the batch was counted:
+    the answer said one whole batch fewer than were deleted. The Ctrl-C is held until the
+    next batch would begin; the answer counts every committed batch, its cutoff as ISO text
+    as a whole prune's answer says it."""
+    db = sqlite_target.sqlite_path or ""
+    with Coordinator.open(sqlite_target) as c:
+        c.heartbeat("w", readings={"memory_used_pct": 5})
+        for i in range(3):
+            c.enqueue("k", {"i": i})
+            got = c.claim("w")
+            c.complete(got["job"]["job_id"], "w", got["lease"]["epoch"], {})
+    got = _after_commit_sigint(db, "prune", "--older-than", "0", "--batch", "1")
+    assert got.returncode == 130, (got.returncode, got.stdout, got.stderr)
+    error = json.loads(got.stdout)["error"]
+    pruned = error["details"]["pruned"]
+    with Coordinator.open(sqlite_target) as c:
+        left = len(c.jobs()["jobs"])
+    assert (pruned["batches"], pruned["jobs"], left) == (1, 1, 2), error
+    assert pruned["cutoff"].endswith("Z"), pruned

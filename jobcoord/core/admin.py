@@ -8,8 +8,9 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from .. import interrupts
 from .. import validate as v
-from ..clock import now_us, seconds_to_us
+from ..clock import iso, now_us, seconds_to_us
 from ..errors import DatabaseCorrupt, Interrupted, InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
@@ -232,6 +233,7 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
                 out[key] += n
             if done["jobs"] < batch:
                 return out
+            interrupts.accounted()  # a Ctrl-C since the commit stops it now, not after the rest
             # SQLite hands its write lock to whoever asks first, and a waiting worker's busy
             # handler sleeps between tries (up to 100 ms): back to back, the batches would
             # take the lock again and again before it woke. Resting as long as the batch
@@ -242,4 +244,5 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
         # whoever stopped the prune is told how many.
         raise Interrupted("interrupted", f"interrupted: {out['batches']} whole batches had "
                           f"deleted {out['jobs']} jobs; a batch under way was rolled back",
-                          pruned=dict(out)) from None
+                          # The cutoff as ISO text, as the answer of a whole prune says it.
+                          pruned={**out, "cutoff": iso(out["cutoff"])}) from None

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 
-from .. import faults
+from .. import faults, interrupts
 from ..errors import DatabaseBusy, InvalidInput, JobcoordError
 from . import statements
 from .driver_errors import classify
@@ -487,6 +487,8 @@ class Database:
 
     @contextlib.contextmanager
     def _begin(self, write: bool) -> Iterator[Connection]:
+        if write:
+            interrupts.next_write()  # a Ctrl-C held since the last commit ends it here
         cache = self._writers if write else self._readers
         conn = cache.take()
         healthy = False
@@ -496,12 +498,18 @@ class Database:
             with conn.begin(), self._direct(conn):
                 try:
                     yield conn
+                    if write:
+                        # The commit follows: a Ctrl-C from here must not say "rolled
+                        # back" of a change that is made (see jobcoord/interrupts.py).
+                        interrupts.committing()
                 except Exception:
                     raise
                 except BaseException as e:  # KeyboardInterrupt, SystemExit
                     interrupted = e
                     raise
             healthy = True
+            if write:
+                faults.point("write.after_commit")
         except JobcoordError:
             healthy = True  # a rule's refusal: rolled back, the connection is fine
             raise
