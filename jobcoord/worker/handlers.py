@@ -60,6 +60,10 @@ OUTPUT_DRAIN_S = 1.0
 #: worker can claim the job, never after.
 LEASE_STOP_AHEAD_S = 0.25
 LEASE_STOP_AHEAD_FRACTION = 0.1
+#: ... and SIGKILLs it by then: the SIGTERM goes `--kill-grace` earlier, at most this
+#: fraction of the lease. A command deaf to SIGTERM ran the whole kill grace past the lease's
+#: end, beside the next attempt of another worker.
+LEASE_STOP_GRACE_FRACTION = 0.25
 
 #: Runs a command handler so that it dies with its worker (Linux). It asks the kernel for
 #: SIGHUP when its parent goes (PR_SET_PDEATHSIG, which survives exec) and then checks that
@@ -282,19 +286,24 @@ class LeaseLine:
     """The worker's end of its line to a command's shim: it tells the shim when the lease ends,
     and hears whether the shim stopped the command for it (see _SHIM)."""
 
-    def __init__(self, lease_s: float) -> None:
+    def __init__(self, lease_s: float, grace_s: float = 0.0) -> None:
+        """`grace_s`: the kill grace to fit before the lease's end (`start_command`), so the
+        shim is told to begin that much earlier; 0 (`run_guarded`'s time limit) begins at
+        the end and gives the shim's own grace after it."""
         self.ours, self.theirs = socket.socketpair()
         # A shim that is itself stopped never makes a renewal wait: a line it does not read
         # fills, and the ends that do not fit are dropped (it keeps the earlier end).
         self.ours.setblocking(False)
         self.ahead_s = min(LEASE_STOP_AHEAD_S, lease_s * LEASE_STOP_AHEAD_FRACTION)
+        self.grace_s = min(grace_s, lease_s * LEASE_STOP_GRACE_FRACTION)
         # Held while the socket is used or closed: a renewal telling the end while the
         # command's waiter closes the line never writes to a reused descriptor.
         self._lock = threading.Lock()
 
     def tell(self, left_s: float) -> None:
-        """The lease ends in `left_s` seconds: the shim stops the command a little before."""
-        text = f"{boottime() + left_s - self.ahead_s:.6f}\n".encode()
+        """The lease ends in `left_s` seconds: the shim stops the command a little before,
+        its SIGKILL (after `grace_s`) too."""
+        text = f"{boottime() + left_s - self.ahead_s - self.grace_s:.6f}\n".encode()
         with self._lock, contextlib.suppress(OSError):
             self.ours.send(text)
 
@@ -378,7 +387,7 @@ def start_command(run: JobRun, ctx: Context, lease_left_s: float) -> Callable[[]
     assert run.spec.command is not None
     limit = run.w.result_limit(run.spec)
     stdin_bytes = json.dumps(run.job["payload"]).encode()
-    line = LeaseLine(run.w.config.lease_s)
+    line = LeaseLine(run.w.config.lease_s, run.w.config.kill_grace_s)
     # Told before the shim starts: it never runs a moment without the lease's end.
     line.tell(lease_left_s)
     # A new session puts the command and its children in their own process group, so
@@ -388,8 +397,7 @@ def start_command(run: JobRun, ctx: Context, lease_left_s: float) -> Callable[[]
     try:
         run.proc = proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _SHIM, str(os.getpid()),
-             str(line.theirs.fileno()), repr(run.w.config.kill_grace_s),
-             *run.spec.command],
+             str(line.theirs.fileno()), repr(line.grace_s), *run.spec.command],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=command_env(run, ctx), start_new_session=True,
             pass_fds=(line.theirs.fileno(),))
