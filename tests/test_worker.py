@@ -628,21 +628,56 @@ def test_worker_runs_the_same_on_postgresql_and_sqlite(target, tmp_path):
         c.close()
 
 
-def test_handler_ignoring_its_timeout_keeps_its_slot_until_it_returns(db, start, tmp_path):
+def test_handler_ignoring_its_timeout_holds_its_lease_and_slot_until_it_returns(
+        db, start, tmp_path):
+    """A Python handler past its budget cannot be stopped from outside. Its timeout was
+    reported at once: the job was claimable again (after its backoff) while the handler
+    still ran in this worker, beside the next attempt. The lease is kept, renewed, and the
+    timeout reported once the handler returned; its slot stays taken meanwhile."""
     _, c = db
     marker = str(tmp_path / "returned")
-    stuck = c.enqueue("stubborn", {"seconds": 2, "marker": marker}, priority=0)["job_id"]
+    stuck = c.enqueue("stubborn", {"seconds": 3, "marker": marker}, priority=0)["job_id"]
     nxt = c.enqueue("summarize", {"text": "next"}, priority=1)["job_id"]
-    w = start(*APP, "--timeout", "stubborn=0.3", "--concurrency", "1")
+    w = start(*APP, "--timeout", "stubborn=0.3", "--concurrency", "1", "--lease", "1.5")
+    still = w.wait_event("handler_still_running", job_id=stuck)
+    assert still["reason"] == "timeout" and still["holding_lease"] is True
+    while not os.path.exists(marker):  # the job stays this attempt's while the handler runs
+        lease = running(c, stuck)
+        assert lease is not None and lease["epoch"] == 1, c.show(stuck)
+        time.sleep(0.1)
     failed = w.wait_event("failed", job_id=stuck)
-    assert failed["reason"] == "timeout"  # the attempt is settled at once...
-    assert c.show(stuck)["job"]["status"] == "waiting"
+    assert failed["reason"] == "timeout"
     returned = w.wait_event("handler_returned_late", job_id=stuck)
+    assert _ts(failed["ts"]) >= float(read(marker)) - 0.001
+    assert w.events("renewed")  # the lease outlived its 1.5 s by renewals
     claimed = w.wait_event("claimed", job_id=nxt)
-    # ...but the next job waits for the slot: never two handlers with --concurrency 1.
+    # The next job waits for the slot: never two handlers with --concurrency 1.
     assert claimed["ts"] >= returned["ts"]
-    assert _ts(claimed["ts"]) >= float(read(marker)) - 0.001
-    assert w.events("handler_still_running")[0]["ts"] <= returned["ts"]
+    assert c.show(stuck)["job"]["status"] == "waiting"
+
+
+def test_a_python_handler_ignoring_its_stop_holds_the_lease_on_sigterm_until_it_returns(
+        db, start, tmp_path):
+    """On SIGTERM past --grace, a Python handler that ignores `ctx.cancelled` was released
+    at once: another worker claimed the job while the handler still ran in this one. The
+    lease is kept and renewed until the handler returns, then the job is released."""
+    _, c = db
+    marker = str(tmp_path / "returned")
+    job = c.enqueue("stubborn", {"seconds": 3, "marker": marker})["job_id"]
+    w = start(*APP, "--grace", "0.2", "--lease", "1.5")
+    wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGTERM)
+    still = w.wait_event("handler_still_running", job_id=job)
+    assert still["reason"] == "worker_shutdown" and still["holding_lease"] is True
+    while not os.path.exists(marker):
+        lease = running(c, job)
+        assert lease is not None and lease["epoch"] == 1, c.show(job)
+        time.sleep(0.1)
+    released = w.wait_event("released", job_id=job)
+    assert _ts(released["ts"]) >= float(read(marker)) - 0.001
+    assert w.proc.wait(timeout=30) == 0
+    shown = c.show(job)
+    assert shown["job"]["status"] == "waiting" and shown["job"]["epoch"] == 1
 
 
 def test_a_locked_database_delays_renewal_but_the_worker_keeps_its_lease_and_finishes(db, start):

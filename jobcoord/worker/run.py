@@ -330,6 +330,12 @@ class JobRun:
         waiting_logged = False
         result: Outcome | None = None
         handler_done: float | None = None  # when the handler ended, if its files are staged
+        # An outcome decided (a spent budget, a shutdown) while a Python handler told to stop
+        # still runs: a thread cannot be stopped from outside, so the lease is kept, renewed,
+        # and the outcome reported only once it returned. Settled at once, the job was
+        # claimable again (at once when released) beside the handler still running here.
+        settle: Outcome | None = None
+        settle_since = 0.0
         while result is None:
             if poll is None:
                 earlier = self._earlier_alive()
@@ -346,6 +352,11 @@ class JobRun:
                     waiting_logged = True
             if poll is not None:
                 result = poll()
+                if result is not None and settle is not None:
+                    log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
+                        late_s=round(clock.boot() - settle_since, 3))
+                    result = settle
+                    break
                 if result is not None:
                     staging = None if handler_done is not None else self._staging(result)
                     if staging is None:
@@ -366,23 +377,31 @@ class JobRun:
                 self._stop_handler(ctx, "lease_expired")
                 result = Outcome("lost", code="lease_expired")
                 break
-            if ctx.cancelled:  # a fenced write from the handler was refused
+            if settle is None and ctx.cancelled:  # a fenced write from the handler was refused
                 self._stop_handler(ctx, ctx.cancel_reason or "cancelled")
                 result = Outcome("lost", code=ctx.cancel_reason)
                 break
-            if now >= deadline and handler_done is None:
+            if settle is None and now >= deadline and handler_done is None:
                 self._stop_handler(ctx, "timeout", lease_end)
                 why = (f"wall-clock budget of {self.spec.timeout_s:g}s exceeded"
                        if poll is not None else
                        f"wall-clock budget of {self.spec.timeout_s:g}s exceeded while an "
                        "earlier handler of this job was still running in this worker")
                 result = Outcome("timeout", error=why)
-                break
-            if self.release_requested.is_set():
+                if not self._thread_still_running():
+                    break
+                settle, result, settle_since = result, None, clock.boot()
+                log("handler_still_running", job_id=self.job_id, epoch=self.epoch,
+                    reason="timeout", holding_lease=True)
+            if settle is None and self.release_requested.is_set():
                 self._stop_handler(ctx, "worker_shutdown", lease_end)
                 result = Outcome("released", error="worker shutting down: the job was "
                                   "released to be retried")
-                break
+                if not self._thread_still_running():
+                    break
+                settle, result, settle_since = result, None, clock.boot()
+                log("handler_still_running", job_id=self.job_id, epoch=self.epoch,
+                    reason="worker_shutdown", holding_lease=True)
             if now >= next_renew:
                 t0 = clock.boot()
                 try:
@@ -428,7 +447,8 @@ class JobRun:
                 self._stop_handler(ctx, "lease_expired")
                 result = Outcome("lost", code="lease_expired")
                 break
-            wait = min(next_renew, deadline, lease_end) - clock.boot()
+            wait = min(next_renew, deadline if settle is None else next_renew,
+                       lease_end) - clock.boot()
             self.wake.wait(max(0.0, min(wait, LOOP_MAX_WAIT_S)))
             self.wake.clear()
         duration = (clock.boot() if handler_done is None else handler_done) - started
@@ -447,6 +467,12 @@ class JobRun:
             handler.join()
             log("handler_returned_late", job_id=self.job_id, epoch=self.epoch,
                 late_s=round(time.monotonic() - t0, 3))
+
+    def _thread_still_running(self) -> bool:
+        """Whether a Python handler told to stop has not returned (a command is stopped by
+        `_stop_handler` itself, within the lease)."""
+        handler = self.handler_thread
+        return self.proc is None and handler is not None and handler.is_alive()
 
     def _staging(self, result: Outcome) -> Callable[[], Outcome | None] | None:
         """A command's success that left files to stage: their staging, begun on a thread
