@@ -225,18 +225,24 @@ def test_an_artifact_is_downloaded_verified_and_a_corrupt_one_is_never_served(
         assert b"Xhe report" not in r.content
 
 
+def _unknown_job(target: Target) -> int:
+    """A job in `unknown`: its attempt marked its effect, then failed."""
+    with Coordinator.open(target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        c.heartbeat("w", readings={"memory_used_pct": 5})
+        epoch = c.claim("w")["lease"]["epoch"]
+        c.mark_effect(job, "w", epoch)
+        assert c.fail(job, "w", epoch, "x")["status"] == "unknown"
+        return int(job)
+
+
 def test_a_form_field_or_query_parameter_given_twice_is_400_and_changes_nothing(
         sqlite_target: Target) -> None:
     """Of `as=dead&as=succeeded` the dashboard took the last and reconciled the job (an
     action nobody can undo) as succeeded; of `?kind=zzz&kind=k` it filtered on `k`; a
     NUL in a filter was taken. The API refuses all three with 400; so does the dashboard."""
     operator = token(sqlite_target, "o", "operator")
-    with Coordinator.open(sqlite_target) as c:
-        job = c.enqueue("k", {})["job_id"]
-        c.heartbeat("w", readings={"memory_used_pct": 5})
-        epoch = c.claim("w")["lease"]["epoch"]
-        c.mark_effect(job, "w", epoch)
-        assert c.fail(job, "w", epoch, "x")["status"] == "unknown"
+    job = _unknown_job(sqlite_target)
     with served(sqlite_target, "--reap-every", "0") as s:
         http, _ = login(s.url, operator)
         mine = csrf_of(http.get(f"/ui/jobs/{job}/confirm/reconcile").text)
@@ -292,12 +298,7 @@ def test_a_reconcile_result_the_cli_refuses_is_refused_on_the_dashboard_too(
     kept the last (`{"a":1,"a":2}` reconciled with `{"a": 2}`). It goes to the Coordinator as
     JSON text, checked as the CLI's `--result` is."""
     operator = token(sqlite_target, "o", "operator")
-    with Coordinator.open(sqlite_target) as c:
-        job = c.enqueue("k", {})["job_id"]
-        c.heartbeat("w", readings={"memory_used_pct": 5})
-        epoch = c.claim("w")["lease"]["epoch"]
-        c.mark_effect(job, "w", epoch)
-        assert c.fail(job, "w", epoch, "x")["status"] == "unknown"
+    job = _unknown_job(sqlite_target)
     with served(sqlite_target, "--reap-every", "0") as s:
         http, _ = login(s.url, operator)
         mine = csrf_of(http.get(f"/ui/jobs/{job}/confirm/reconcile").text)
