@@ -231,6 +231,38 @@ def test_ctrl_c_after_the_result_is_printed_changes_neither_output_nor_exit(
         assert len(c.jobs()["jobs"]) == 1
 
 
+REFUSAL_THEN_SIGINT = """
+import os, signal, sys
+class CtrlCAtExit:
+    # A Ctrl-C while the interpreter shuts down, the refusal printed: it runs as the
+    # modules are torn down, after Python has put back the handlers it was given.
+    def __init__(self): self.kill, self.pid = os.kill, os.getpid()
+    def __del__(self): self.kill(self.pid, signal.SIGINT)
+late = CtrlCAtExit()
+sys.argv = ["jobcoord", "--db", sys.argv[1], "retry", "1", "--json"]
+from jobcoord.start import main
+main()
+"""
+
+
+def test_ctrl_c_after_a_refusal_is_printed_changes_neither_output_nor_exit(
+        tmp_path: Path) -> None:
+    """A refusal is a result too: a Ctrl-C just after `retry` of a waiting job printed its
+    `illegal_transition` error killed the process by SIGINT (no exit 4) while stdout held
+    the refusal. The refusal stands: exit 4, its one object, the job unchanged."""
+    db = str(tmp_path / "q # 1.db")
+    with Coordinator.open(db, migrate=True) as c:
+        c.enqueue("k", {})
+    proc = subprocess.run([sys.executable, "-c", REFUSAL_THEN_SIGINT, db],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 4, (proc.returncode, proc.stdout, proc.stderr)
+    [line] = proc.stdout.splitlines()
+    assert json.loads(line)["error"]["code"] == "illegal_transition"
+    assert "interrupted" not in proc.stderr and "Traceback" not in proc.stderr
+    with Coordinator.open(db) as c:
+        assert [j["status"] for j in c.jobs()["jobs"]] == ["waiting"]
+
+
 def test_ctrl_c_while_a_plain_command_loads_prints_no_json(tmp_path: Path) -> None:
     """The load-time Ctrl-C reads --json as click would: here it is an option's value."""
     proc = subprocess.Popen(

@@ -16,7 +16,7 @@ from ..http.commands import register as register_http
 # Importing the command modules registers their commands on the group.
 from . import artifacts, jobs, leases, limits, runtime, schedules, storage  # noqa: F401
 from .group import cli
-from .output import PARSED, dump, safe_text
+from .output import AT_RESULT, PARSED, dump, safe_text
 
 register_http(cli)  # serve, token, and worker --server (jobcoord/http/commands.py)
 
@@ -56,6 +56,10 @@ def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
 
 
 def _print_error(err: JobcoordError, as_json: bool) -> None:
+    # A refusal is the command's answer as a result is: what the program does once a result
+    # is out (a Ctrl-C from then on ends nothing) holds for it too.
+    for hook in AT_RESULT:
+        hook()
     if as_json:
         click.echo(dump(err.to_json()))
     # One line on stderr whatever the message echoes (a path, a value): data cannot add one.
