@@ -247,7 +247,8 @@ def test_bad_input_on_every_endpoint_is_4xx_json_and_changes_nothing(target: Tar
 def test_a_header_given_twice_or_a_body_cut_short_is_400_saying_so_and_changes_nothing(
         target: Target) -> None:
     """Two Authorization headers were judged by the first and two Idempotency-Keys keyed the
-    job by the first: which one a client meant is nobody's guess, so neither counts (400).
+    job by the first: which one a client meant is nobody's guess, so neither counts (400);
+    two Content-Types as well (docs/serve.md), also where the body is JSON whatever it says.
     A body that is not JSON said only "26: JSON decode error"."""
     secret = token(target, "sub", "submitter")
     with Coordinator.open(target) as c:
@@ -258,7 +259,13 @@ def test_a_header_given_twice_or_a_body_cut_short_is_400_saying_so_and_changes_n
             for headers in ([("Authorization", good), ("Authorization", bad)],
                             [("Authorization", bad), ("Authorization", good)],
                             [("Authorization", good), ("Idempotency-Key", "a"),
-                             ("Idempotency-Key", "b")]):
+                             ("Idempotency-Key", "b")],
+                            # The JSON routes read every body as JSON, whatever its label:
+                            # two labels were put back as one, and the job was made (201).
+                            [("Authorization", good), ("Content-Type", "application/json"),
+                             ("Content-Type", "text/plain")],
+                            [("Authorization", good), ("Content-Type", "text/plain"),
+                             ("Content-Type", "application/json")]):
                 resp = h.post("/v1/jobs", content=job, headers=headers)
                 assert resp.status_code == 400, (headers[-1], resp.text)
                 error = resp.json()["error"]

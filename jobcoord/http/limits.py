@@ -45,11 +45,13 @@ class BodyLimit:
         if scope["method"] in ("POST", "PUT") and scope["path"].startswith("/v1/") \
                 and not artifact:
             # Bodies are JSON whatever the client says: `curl -d '{...}'` labels its body
-            # form-encoded. The JSON is parsed strictly all the same.
-            scope = dict(scope)
-            scope["headers"] = [(n, val) for n, val in scope.get("headers", ())
-                                if n != b"content-type"]
-            scope["headers"].append((b"content-type", b"application/json"))
+            # form-encoded. The JSON is parsed strictly all the same. Two labels are left
+            # as they are, for the route to refuse (a header given twice, 400).
+            headers = scope.get("headers", ())
+            if sum(n == b"content-type" for n, _ in headers) <= 1:
+                scope = dict(scope)
+                scope["headers"] = [(n, val) for n, val in headers if n != b"content-type"]
+                scope["headers"].append((b"content-type", b"application/json"))
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
