@@ -141,7 +141,8 @@ HTTP_STATUS_BY_CLASS: tuple[tuple[type[JobcoordError], int], ...] = (
 )
 #: Refusals that mean "no such job for you": answered 404, exactly like a missing job.
 HTTP_NOT_FOUND_CODES = frozenset({"job_not_found", "token_not_found", "artifact_not_found"})
-#: A digest mismatch on an artifact upload (the issue's contract): 422.
+#: A digest mismatch on an artifact upload (the issue's contract): 422. Only the upload's
+#: (InvalidInput): a completion refused by its artifacts' checks is a rule's refusal, 409.
 HTTP_UNPROCESSABLE_CODES = frozenset({"artifact_invalid"})
 #: An artifact over its limit (the server's upload limit or its kind's): 413, the body was
 #: too large.

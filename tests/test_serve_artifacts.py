@@ -153,6 +153,27 @@ def test_an_upload_whose_bytes_do_not_match_its_digest_is_422_and_stores_nothing
     assert s.rows(job) == [] and s.objects() == []
 
 
+def test_a_completion_refused_by_its_artifacts_checks_is_409_the_attempt_failed(
+        s: Setup) -> None:
+    """A completion whose staged artifact no longer hashes to its digest is a rule's
+    refusal (409, as the CLI's exit 4), not an upload's digest mismatch (422): the attempt
+    failed, reason `artifact_invalid`, and the job waits for its next attempt."""
+    job, epoch = s.leased()
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:
+        assert put(w, job, "a.bin", BYTES, epoch,
+                   **{"X-Content-Digest": digest(BYTES)}).status_code == 200
+        [path] = s.objects()
+        os.chmod(path, 0o600)
+        with open(path, "r+b") as f:
+            f.write(b"X")  # same size, other bytes
+        got = w.post(f"/v1/jobs/{job}/complete", json={"epoch": epoch})
+        assert got.status_code == 409, got.text
+        assert got.json()["error"]["code"] == "artifact_invalid"
+    shown = s.c.show(job)
+    assert shown["job"]["status"] == "waiting"
+    assert shown["events"][-1]["reason"] == "artifact_invalid"
+
+
 @pytest.mark.parametrize("name", ["%2E%2E", "..%2Fescape", "a%2Fb", "x%00y", "%2E",
                                   "a%5Cb", "%7F", "a%FFb", "%C0%AE%C0%AE", "a%0Ab", "%0D%0A"])
 def test_artifact_names_are_refused_like_the_clis_put(s: Setup, name: str) -> None:

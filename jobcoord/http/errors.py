@@ -36,7 +36,8 @@ def status_of(err: JobcoordError) -> int:
     """The HTTP status of an error answer (the map is HTTP_STATUS_BY_CLASS in errors.py)."""
     if err.code in HTTP_NOT_FOUND_CODES:
         return 404
-    if err.code in HTTP_UNPROCESSABLE_CODES:
+    if err.code in HTTP_UNPROCESSABLE_CODES and isinstance(err, InvalidInput):
+        # An upload's bytes; a completion its artifact checks refused is a rule's 409.
         return 422
     if err.code in HTTP_TOO_LARGE_CODES:
         return 413
