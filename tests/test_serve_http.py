@@ -279,6 +279,21 @@ def test_a_header_given_twice_or_a_body_cut_short_is_400_saying_so_and_changes_n
         assert dump(c) == before
 
 
+def test_an_answer_refused_before_the_route_is_rendered_as_every_other_error(
+        target: Target) -> None:
+    """A body over the limit is refused below the framework (413): its JSON was written
+    with spaces, every other answer's without."""
+    secret = token(target, "sub", "submitter")
+    with served(target, "--reap-every", "0") as s, httpx.Client(base_url=s.url) as h:
+        auth = {"Authorization": f"Bearer {secret}"}
+        big = h.post("/v1/jobs", content=b"x" * (3 << 20), headers=auth)
+        small = h.get("/v1/jobs/999999", headers=auth)
+        for resp in (big, small):
+            assert resp.content == json.dumps(resp.json(), ensure_ascii=False,
+                                              separators=(",", ":")).encode(), resp.content
+        assert (big.status_code, small.status_code) == (413, 404)
+
+
 def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -> None:
     argv = [*jobcoord_argv(), *db_args(target), "serve", "--json"]
     refused = subprocess.run([*argv, "--host", "0.0.0.0"], capture_output=True, timeout=60,
