@@ -451,6 +451,41 @@ def test_sigterm_releases_the_running_job_after_the_grace_period(db, start, tmp_
     assert read(marker) == "worker_shutdown"
 
 
+def test_a_hangup_stops_the_worker_as_sigterm_does_releasing_its_jobs(db, start, tmp_path):
+    """The terminal it ran in closed (or its SSH session dropped): SIGHUP killed the worker
+    outright (exit 129, no summary), its running job left to its lease's end. It stops as
+    on SIGTERM: the job is released at once, its summary printed, exit 0."""
+    _, c = db
+    marker = str(tmp_path / "sleepy")
+    job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
+    w = start(*APP, "--lease", "30", "--grace", "0.3")
+    wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGHUP)
+    code, summary = w.finish()
+    assert code == 0 and summary["released"] == 1
+    got = c.show(job)
+    assert got["job"]["status"] == "waiting" and got["lease"] is None
+    assert got["events"][-1]["reason"] == "worker_shutdown"
+    assert w.events("shutting_down")[0]["signal"] == "SIGHUP"
+
+
+def test_a_worker_started_to_outlive_its_terminal_ignores_the_hangup(db, start):
+    """`nohup jobcoord worker ...`: SIGHUP ignored when it started stays ignored."""
+    _, c = db
+    job = c.enqueue("sleepy", {"seconds": 1.5})["job_id"]
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does, inherited
+    try:
+        w = start(*APP, "--lease", "30", "--grace", "0.3", "--max-jobs", "1")
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    wait_for(lambda: running(c, job), 10, "claim")
+    w.proc.send_signal(signal.SIGHUP)
+    code, summary = w.finish()
+    assert code == 0 and summary["completed"] == 1 and summary["released"] == 0
+    assert not w.events("shutting_down")
+    assert c.show(job)["job"]["status"] == "succeeded"
+
+
 def test_sigterm_lets_a_job_that_finishes_within_the_grace_period_complete(db, start):
     _, c = db
     job = c.enqueue("sleepy", {"seconds": 1})["job_id"]

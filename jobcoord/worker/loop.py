@@ -381,6 +381,10 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+            # The terminal it runs in closed: stop as on SIGTERM (its jobs released at once,
+            # not left to their leases' end), unless started to outlive it (`nohup`).
+            if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+                signal.signal(signal.SIGHUP, self._on_signal)
         hb = self._first_heartbeat()
         self.log("started", roles=cfg.roles, kinds=self.kinds, concurrency=cfg.concurrency,
                  lease_s=cfg.lease_s, batch=cfg.batch, flush_delay_s=cfg.flush_delay_s,
