@@ -21,6 +21,7 @@ from urllib.parse import quote
 from sqlalchemy import Column, ColumnElement, Table
 from sqlalchemy.engine import Connection
 
+from . import faults
 from . import validate as v
 from .errors import (
     DatabaseCorrupt,
@@ -309,8 +310,10 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
     # The copy should stand alone: one file, no -wal beside it. It is checked before it is
     # put in place (a damaged copy raises here and DEST keeps its old bytes).
+    # Renamed over DEST only with --force: without, linked, so a DEST another backup made
+    # meanwhile is refused rather than replaced.
     copy_check = _copy_into_place(sqlite_uri(source, "ro"), dest, journal_mode="delete",
-                                  replace=True, what="backing up")
+                                  replace=force, what="backing up")
     return {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
             "quick_check": copy_check, "ok": True}
 
@@ -540,6 +543,7 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
                 "database_corrupt", f"{what}: the copy failed quick_check, so the source "
                 f"database is damaged; {kept}: {found[:3]}", quick_check=found[:20])
         _sync(tmp)
+        faults.point("copy.before_place")
         if replace:
             os.replace(tmp, dest)
         else:

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -402,3 +403,35 @@ def test_an_object_that_is_a_symbolic_link_is_corrupt_and_never_restored_into_a_
     assert not restored.exists() and not (tmp_path / "new store").exists()
     assert not (tmp_path / "got.bin").exists() and not (tmp_path / "second.db").exists()
     assert outside.read_bytes() == b"hello"
+
+
+@pytest.mark.parametrize("point", ["backup.old_objects_aside", "backup.new_objects_in_place"])
+def test_a_backup_without_force_never_replaces_a_dest_that_appeared_meanwhile(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, point: str) -> None:
+    """Two `backup DEST` at once, neither with --force: both said ok, the second replacing
+    the first's file. The one that finds DEST made meanwhile is refused (exit 2
+    `destination_exists`), and DEST with its objects is the other's, whole."""
+    store = sc.artifacts_dir or ""
+    job, epoch = start(sc, "w1")
+    sc.put_artifact(job, "w1", epoch, "a.bin", b"mine")
+    sc.complete(job, "w1", epoch, {})
+    dest = tmp_path / "b #1.db"
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
+         "--artifacts", store, "backup", str(dest), "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": f"{point}:sleep=3"}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # the slow one is past its checks, sleeping before it puts DEST in place
+    other = tmp_path / "other.db"
+    with Coordinator.open(str(other), migrate=True) as o:
+        o.enqueue("other", {})
+    r = run_cli(None, "--db", str(other), "backup", str(dest), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+    theirs = dest.read_bytes()
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 2, (out, err)
+    assert json.loads(out)["error"]["code"] == "destination_exists"
+    assert dest.read_bytes() == theirs
+    assert not (tmp_path / "b #1.db.artifacts").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "b #1.db", "jobcoord.db", "jobcoord.db-shm", "jobcoord.db-wal", "other.db", "store"]

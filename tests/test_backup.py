@@ -202,3 +202,30 @@ def test_backup_force_never_replaces_a_fifo_or_a_device(sqlite_target: Target,
     assert fifo.is_fifo()
     # (Never aimed at a real device here: should the rule break, a test run as root would
     # replace it.)
+
+
+def test_a_backup_without_force_never_replaces_a_dest_that_appeared_meanwhile(
+        tmp_path: Path) -> None:
+    """Two `backup DEST` at once without --force both said ok: the copy was renamed over
+    DEST whatever had appeared there since the check. The later one is refused (exit 2
+    `destination_exists`) and DEST is the other's, whole; its temporary copy is gone."""
+    import json
+
+    db, other = tmp_path / "q #1.db", tmp_path / "other.db"
+    for path, kind in ((db, "mine"), (other, "theirs")):
+        with Coordinator.open(str(path), migrate=True) as c:
+            c.enqueue(kind, {})
+    dest = tmp_path / "b ?%.db"
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", str(db), "backup", str(dest), "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": "copy.before_place:sleep=3"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)  # checked and copied, sleeping before it puts the copy in place
+    r = run_cli(None, "--db", str(other), "backup", str(dest), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+    theirs = digest(dest)
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 2, (out, err)
+    assert json.loads(out)["error"]["code"] == "destination_exists"
+    assert digest(dest) == theirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b ?%.db", "other.db", "q #1.db"]

@@ -22,6 +22,7 @@ crash during restore never leaves a row without its object.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -140,13 +141,29 @@ def backup(coord: Any, dest: str, force: bool,
             # the old DEST beside the new objects, or beside none; the old objects wait in
             # `old`, where restore looks for them (`check_backup`).
             if os.path.lexists(final):
+                if not force:  # made meanwhile, by another backup to the same DEST
+                    raise _appeared(final)
                 os.rename(final, old)
                 moved_old = True
             faults.point("backup.old_objects_aside")
-            os.rename(work, final)
+            try:
+                os.rename(work, final)
+            except OSError as e:  # a directory made there since (not empty): never replaced
+                if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                raise _appeared(final) from None
             placed_new = True
             faults.point("backup.new_objects_in_place")
-            os.replace(staged, dest)
+            if force:
+                os.replace(staged, dest)
+            else:
+                # Linked, not renamed: a DEST another backup put there meanwhile is refused,
+                # never replaced (both said ok, the first's file gone).
+                try:
+                    os.link(staged, dest)
+                except FileExistsError:
+                    raise _appeared(dest) from None
+                os.unlink(staged)
             replaced = True
             faults.point("backup.database_in_place")
             _fsync_dir(os.path.dirname(dest))
@@ -174,6 +191,11 @@ def backup(coord: Any, dest: str, force: bool,
                            "hard_linked": linked, "copied": copied, "rows": nrows,
                            "verified": True}
     return result
+
+
+def _appeared(path: str) -> InvalidInput:
+    return InvalidInput("destination_exists", f"{path} appeared meanwhile (another backup?); "
+                        "nothing was replaced", dest=path)
 
 
 def _copy_objects(store: ObjectStore, work: str, referenced: dict[str, int]
