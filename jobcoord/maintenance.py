@@ -421,6 +421,17 @@ def _beside(path: str) -> str | None:
     return next((path + s for s in _BESIDE if os.path.lexists(path + s)), None)
 
 
+def refuse_existing(dest: str) -> None:
+    """A restore's target: nothing there, no database and no file SQLite keeps beside one."""
+    for path in (dest, *(dest + suffix for suffix in _BESIDE)):
+        if os.path.lexists(path):
+            raise InvalidInput(
+                "destination_exists",
+                f"{path} exists; restore never writes over a database. Stop every worker and "
+                f"submitter using {dest}, move it away with any -wal and -shm beside it, then "
+                "restore; or restore to a new path and point them at that")
+
+
 def restore(backup_path: str, target: Target) -> dict[str, Any]:
     """Make a new database at `target` from a backup file, once the backup is proven whole.
 
@@ -456,13 +467,7 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
             f"{log} lies beside the backup, so the file alone is not the whole database: it "
             "looks like a copy of a live database's files, which may be torn. Restore from a "
             "file written by `jobcoord backup`")
-    for path in (dest, *(dest + suffix for suffix in _BESIDE)):
-        if os.path.lexists(path):
-            raise InvalidInput(
-                "destination_exists",
-                f"{path} exists; restore never writes over a database. Stop every worker and "
-                f"submitter using {dest}, move it away with any -wal and -shm beside it, then "
-                "restore; or restore to a new path and point them at that")
+    refuse_existing(dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")

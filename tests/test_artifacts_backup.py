@@ -435,3 +435,65 @@ def test_a_backup_without_force_never_replaces_a_dest_that_appeared_meanwhile(
     assert not (tmp_path / "b #1.db.artifacts").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "b #1.db", "jobcoord.db", "jobcoord.db-shm", "jobcoord.db-wal", "other.db", "store"]
+
+
+def _slow_restore(backup: Path, db: Path, *store: str, then: str = ""
+                  ) -> subprocess.Popen[str]:
+    """`restore` sleeping once its objects are in the store, before its database."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", str(db), *store, "restore", str(backup),
+         "--json"], env={**os.environ, "JOBCOORD_FAULT": "restore.objects_placed:sleep=3"
+                         + then}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("shared", ["the default store", "an --artifacts store"])
+def test_a_refused_restore_never_takes_away_a_store_another_restore_filled_meanwhile(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, shared: str) -> None:
+    """Two restores at once, to one database (its `<db>.artifacts`) or to two sharing an
+    --artifacts store: the refused one deleted the store it had made, and with it the
+    objects of the one that succeeded meanwhile (every row's object missing). The store
+    stays with every object the restored database references."""
+    backup = _good_backup(sc, sqlite_target, tmp_path)
+    if shared == "the default store":
+        slow_db = fast_db = tmp_path / "t #1.db"
+        store = tmp_path / "t #1.db.artifacts"
+        flags: tuple[str, ...] = ()
+    else:
+        slow_db, fast_db = tmp_path / "f.db", tmp_path / "g.db"
+        store = tmp_path / "shared ?%"
+        flags = ("--artifacts", str(store))
+    # To one file, the slow one finds its database made (refused); to two, it fails as it
+    # copies its database in (an error of its own, exit 1), its target still not there.
+    slow = _slow_restore(backup, slow_db, *flags,
+                         then="" if slow_db == fast_db else ",copy.before_place:bug")
+    time.sleep(1.5)  # its objects placed, sleeping before its database
+    r = run_cli(None, "--db", str(fast_db), *flags, "restore", str(backup), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+    out, err = slow.communicate(timeout=60)
+    assert slow.returncode == (2 if slow_db == fast_db else 1), (out, err)
+    assert json.loads(out)["error"]["code"] == (
+        "destination_exists" if slow_db == fast_db else "internal_error")
+    assert not slow_db.exists() or slow_db == fast_db
+    with Coordinator.open(str(fast_db)) as c:
+        c.artifacts_dir = str(store)
+        assert c.verify_artifacts()["ok"] is True
+        assert len(c.artifacts(1)["artifacts"]) == 1
+
+
+def test_a_failed_restore_takes_away_the_store_it_made_when_nothing_uses_it(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """Alone, a restore that fails after placing its objects leaves no store behind; one
+    refused because its target exists places none."""
+    backup = _good_backup(sc, sqlite_target, tmp_path)
+    db = tmp_path / "t.db"
+    failed = subprocess.run(
+        [sys.executable, "-m", "jobcoord", "--db", str(db), "restore", str(backup), "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": "restore.objects_placed:bug"},
+        capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode == 1, failed.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "b.db", "b.db.artifacts", "jobcoord.db", "jobcoord.db-shm", "jobcoord.db-wal", "store"]
+    db.write_bytes(b"")
+    r = run_cli(None, "--db", str(db), "restore", str(backup), "--json")
+    assert r.code == 2 and "destination_exists" in r.out, r.out  # type: ignore[attr-defined]
+    assert not (tmp_path / "t.db.artifacts").exists()

@@ -316,6 +316,30 @@ def _listed(manifest: Any, nrows: int, bad: Callable[[str], DatabaseCorrupt]
     return dict(objects)
 
 
+def _default_store(target: Any) -> str | None:
+    return target.sqlite_path + SUFFIX if target.sqlite_path else None
+
+
+def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[str, int]
+                         ) -> None:
+    """Delete a store a failed restore made, unless anyone else has used it: another
+    restore placed objects of its own there, or found ours there and took them (it touches
+    each object it finds, which changes the object's ctime), or a database is at this
+    restore's target now. Judged under the gc lock held exclusively: no restore is placing
+    objects meanwhile (each holds it shared until its database is in place). Kept, the
+    objects are gc's to judge."""
+    lock = os.path.join(store.root, "gc.lock")
+    with contextlib.suppress(Exception), gc_lock(store, exclusive=True, wait_s=5.0):
+        if database is not None and os.path.lexists(database):
+            return
+        for directory, _, files in os.walk(store.root):
+            for name in files:
+                path = os.path.join(directory, name)
+                if path != lock and os.stat(path).st_ctime_ns != ours.get(path):
+                    return
+        shutil.rmtree(store.root, ignore_errors=True)
+
+
 def restore(backup_file: str, target: Any, explicit_store: str | None,
             run: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     """`run(backup, target)` is maintenance.restore. Objects are checked, then placed in the
@@ -324,23 +348,42 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
     if checked is None:
         return run(backup_file, target)
     listed, directory = checked
-    root = explicit_store or os.environ.get(ENV_STORE) or (
-        target.sqlite_path + SUFFIX if target.sqlite_path else None)
+    root = explicit_store or os.environ.get(ENV_STORE) or _default_store(target)
     if not root:
         raise InvalidInput("artifact_store_required", "restoring artifacts needs the store "
                            "directory: pass --artifacts DIR")
+    if target.sqlite_path:
+        from jobcoord.maintenance import refuse_existing
+
+        refuse_existing(target.sqlite_path)  # before any object is placed for it
     source = ObjectStore(directory)
     made = not os.path.lexists(root)
+    store = ObjectStore(root)
+    ours: dict[str, int] = {}  # the objects this restore put there: path -> ctime
     try:
-        for digest in sorted(listed):
-            source.link_or_copy_into(root, digest)  # re-hashed in the target store
-        result = run(backup_file, target)
+        # Held shared from the first object placed until the database naming them is in
+        # place, as an upload holds it until its row: neither gc nor another restore's
+        # cleanup below takes them away meanwhile.
+        with gc_lock(store, exclusive=False):
+            for digest in sorted(listed):
+                got = source.link_or_copy_into(root, digest)  # re-hashed in the store
+                if got.created:
+                    ours[got.path] = os.stat(got.path).st_ctime_ns
+                else:
+                    # Found there (another restore's, say): touched, so that one's cleanup,
+                    # should it fail, sees it in use (and gc's grace starts again).
+                    with contextlib.suppress(OSError):  # another user's file: kept anyway
+                        os.utime(got.path)
+            faults.point("restore.objects_placed")
+            result = run(backup_file, target)
     except BaseException:
         # Nothing was restored (the database's own checks refused it, say): a store this
-        # restore made goes with it. In a store that was there, the objects stay for gc to
-        # judge (another database may have come to reference one meanwhile).
+        # restore made goes with it, unless another restore to the same file, or to
+        # another sharing the store, put its objects there or took ours meanwhile (deleting
+        # the store took them from its restored database). Objects in a store that was
+        # there stay for gc to judge.
         if made:
-            shutil.rmtree(root, ignore_errors=True)
+            _remove_if_only_ours(store, target.sqlite_path, ours)
         raise
     result["artifacts"] = {"store": os.path.abspath(root), "objects": len(listed),
                            "bytes": sum(listed.values()), "verified": True}
