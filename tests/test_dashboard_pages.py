@@ -103,6 +103,34 @@ def test_revoked_token_ends_its_dashboard_session_on_the_next_request(
         http.close()
 
 
+def test_a_logout_without_the_sessions_csrf_token_is_refused_and_says_so(
+        sqlite_target: Target) -> None:
+    """A logout with a missing or wrong CSRF token answered as a logout (303 to the login
+    page, the cookie cleared) while the session went on working for whoever held its id.
+    Refused as every other form without it (403 `csrf_mismatch`), the session and its
+    cookie kept; with it, the session ends on the server."""
+    secret = token(sqlite_target, "v", "viewer")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        page = http.get("/ui/jobs")
+        sid = http.cookies["jobcoord_session"]
+        for form in ({}, {"csrf": "wrong"}):
+            r = http.post("/ui/logout", data=form)
+            assert r.status_code == 403 and "csrf_mismatch" in r.text, (form, r.status_code)
+            assert "set-cookie" not in r.headers
+            assert http.get("/ui/jobs").status_code == 200
+        r = http.post("/ui/logout", data={"csrf": csrf_of(page.text)})
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+        again = httpx.Client(base_url=s.url, timeout=30)
+        again.cookies.set("jobcoord_session", sid, path="/ui")
+        assert again.get("/ui/jobs").status_code == 303  # the session is over
+        # Without a session at all: to the login page, as before.
+        r = again.post("/ui/logout", data={})
+        assert r.status_code == 303 and r.headers["location"] == "/ui/login"
+        again.close()
+        http.close()
+
+
 def test_jobs_are_paged_by_keyset_and_counts_stop_at_ten_thousand(
         sqlite_target: Target) -> None:
     secret = token(sqlite_target, "o", "operator")

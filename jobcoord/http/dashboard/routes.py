@@ -252,11 +252,19 @@ class Dashboard:
 
         @r.post("/ui/logout")
         async def logout(request: Request) -> Response:
-            sid = request.cookies.get(COOKIE)
-            form = await session_form(request)
-            d.sessions.end(sid, form.get("csrf", ""))
-            response = RedirectResponse("/ui/login", status_code=303)
-            response.delete_cookie(COOKIE, path="/ui")
-            return response
+            async def go(who: Viewer) -> Response:
+                form = await session_form(request)
+                # As every other form: without this session's CSRF token it is refused, and
+                # says so. Answered as a logout, it cleared the cookie while the session
+                # went on working for whoever held its id.
+                if not hmac.compare_digest(form.get("csrf", ""), who.csrf):
+                    return d.error("the form is stale or was not sent by this dashboard "
+                                   "(CSRF token mismatch); reload the page", 403, who,
+                                   "csrf_mismatch")
+                d.sessions.end(request.cookies.get(COOKIE), who.csrf)
+                response = RedirectResponse("/ui/login", status_code=303)
+                response.delete_cookie(COOKIE, path="/ui")
+                return response
+            return await guarded(request, go)
 
         return r
