@@ -249,6 +249,16 @@ def test_metrics_endpoint_needs_an_unbound_viewer_or_the_metrics_token(
 
         assert httpx.get(s.url + "/v1/jobs", headers={"Authorization": f"Bearer {secret}"}
                          ).status_code == 401
+        # Two tokens (the first was judged: a bound one first 403, after it 200) and a query
+        # parameter /metrics does not take are 400, as on every /v1 route.
+        for headers, query in (([("Authorization", f"Bearer {viewer}"),
+                                 ("Authorization", f"Bearer {bound}")], ""),
+                               ([("Authorization", f"Bearer {bound}"),
+                                 ("Authorization", f"Bearer {viewer}")], ""),
+                               ([("Authorization", f"Bearer {viewer}")], "?x=1")):
+            got = httpx.get(s.url + "/metrics" + query, headers=headers)
+            assert got.status_code == 400, (headers, query, got.status_code)
+            assert got.json()["error"]["code"] == "invalid_input"
     with served(sqlite_target, "--reap-every", "0", "--metrics-public") as s:
         assert _scrape(s.url)[0] == 200
 

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request, Response
 
 from .. import tokens
 from ..errors import Forbidden, InvalidInput, Unauthorized
+from .bodies import given_once
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -47,6 +48,11 @@ def router() -> APIRouter:
                             "description": "Prometheus text exposition"}})
     async def metrics(request: Request) -> Response:
         srv = request.app.state.server
+        # As every /v1 route: a token given twice (which one counts?) and a query parameter
+        # this route does not take are 400, never judged by the first or left unread.
+        given_once(request)
+        if request.url.query:
+            raise InvalidInput("invalid_input", "/metrics takes no query parameters")
         await _authorize(request, srv)
         registry = getattr(request.app.state, "metrics_registry", None)
         if registry is None:
