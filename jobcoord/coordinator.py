@@ -385,6 +385,10 @@ class Coordinator:
 
     def show(self, job_id: int, *, tenant: str | None = None) -> dict[str, Any]:
         """A job with its lease, full event history, checkpoints and provenance."""
+        # Its artifacts too, once `migrate --with artifacts` ran beside a long-lived process:
+        # looked for again (at most every FEATURE_LOOK_S) while missing.
+        if "artifacts" not in self.features:
+            self.has_feature("artifacts")
         return present.show_json(queries.show(self, job_id, tenant=tenant))
 
     def claimed_by(self, job_id: int, worker_id: str, epoch: int, *,

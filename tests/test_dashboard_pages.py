@@ -222,6 +222,37 @@ def test_the_front_page_is_the_dashboard(sqlite_target: Target) -> None:
         assert httpx.get(s.url + "/", follow_redirects=True).url.path == "/ui/login"
 
 
+def test_artifacts_installed_while_the_server_runs_show_on_the_job_page(
+        sqlite_target: Target) -> None:
+    """`migrate --with artifacts` beside a running server takes effect within 2 s
+    (docs/serve.md): the job page showed "No artifacts" for an accepted one until some API
+    request happened to look for the feature again."""
+    import time
+
+    from jobcoord.db import Database
+    from jobcoord.migrate import migrate
+
+    secret = token(sqlite_target, "v", "viewer")
+    with Coordinator.open(sqlite_target) as c:
+        c.heartbeat("w")
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("w")["lease"]["epoch"]
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        assert "report.txt" not in http.get(f"/ui/jobs/{job}").text
+        db = Database.open(sqlite_target)
+        migrate(db, add={"artifacts"})
+        db.close()
+        with Coordinator.open(sqlite_target) as c:
+            c.put_artifact(job, "w", epoch, "report.txt", b"the report\n")
+            c.complete(job, "w", epoch, {})
+        deadline = time.monotonic() + 4  # the feature is looked for again every 2 s
+        while "report.txt" not in http.get(f"/ui/jobs/{job}").text:
+            assert time.monotonic() < deadline, "the job page never showed the artifact"
+            time.sleep(0.2)
+        http.close()
+
+
 def test_an_artifact_is_downloaded_verified_and_a_corrupt_one_is_never_served(
         sqlite_target: Target) -> None:
     import glob
