@@ -32,6 +32,7 @@ from .errors import (
 from .store import Database, Target, classify, resolve_target
 from .store import report_statements as rs
 from .store.sqlite import create_private_file, file_quick_check, set_journal_mode
+from .store.target import WRITE_ROOM, name_has_room
 
 
 def _missing_tables(db: Database, conn: Connection) -> list[str]:
@@ -340,6 +341,7 @@ def writable_destination(dest: str | os.PathLike[str], *, force: bool, database:
     put a regular file in place of /dev/null), and an existing file only with `force`.
     Bad: InvalidInput (exit 2), nothing written."""
     dest = os.path.abspath(os.fspath(dest))
+    name_has_room(dest, WRITE_ROOM, f"{what} destination")
     if database is not None and _is_part_of(dest, database):
         raise InvalidInput("invalid_input", f"{what} destination {dest} is the database "
                            "itself or one of the files SQLite keeps beside it (-wal, -shm, "
@@ -422,7 +424,9 @@ def _beside(path: str) -> str | None:
 
 
 def refuse_existing(dest: str) -> None:
-    """A restore's target: nothing there, no database and no file SQLite keeps beside one."""
+    """A restore's target: nothing there, no database and no file SQLite keeps beside one,
+    and room in its name for the files put beside it."""
+    name_has_room(dest, WRITE_ROOM, "the restore target")
     for path in (dest, *(dest + suffix for suffix in _BESIDE)):
         if os.path.lexists(path):
             raise InvalidInput(

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import event
 
 from jobcoord.db import Database, Target, resolve_target
-from jobcoord.errors import JobcoordError, StorageUnavailable
+from jobcoord.errors import InvalidInput, JobcoordError, StorageUnavailable
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from jobcoord.store import postgresql as dbmod
@@ -290,6 +290,26 @@ def test_postgres_urls_are_accepted_and_mean_psycopg() -> None:
     t = resolve_target(url="postgres://someone@127.0.0.1:5432/jobs")
     assert t.url.startswith("postgresql+psycopg://someone@")
     assert resolve_target(url="postgresql://someone@h/db").url.startswith("postgresql+psycopg")
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://postgres@[::1:5432/x",  # a bracketed host never closed
+    "postgresql+psycopg://postgres@host:port/x",  # a port that is no number
+    "postgresql+psycopg2://postgres@127.0.0.1/db",  # drivers jobcoord does not use
+    "postgresql+asyncpg://postgres@127.0.0.1/db",
+    "postgresql+pg8000://postgres@127.0.0.1/db",
+    "sqlite+pysqlcipher:///x.db",
+])
+def test_a_malformed_url_or_another_driver_is_invalid_input_never_an_internal_error(
+        url: str) -> None:
+    """Both ended as internal errors (exit 1): int()'s ValueError from the port, and the
+    missing module of a driver jobcoord never uses."""
+    with pytest.raises(InvalidInput) as e:
+        resolve_target(url=url)
+    assert e.value.code == "invalid_input"
+    r = subprocess.run([sys.executable, "-m", "jobcoord", "--url", url, "status", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout
 
 
 def test_a_missing_postgresql_driver_names_the_extra_to_install() -> None:

@@ -497,3 +497,7 @@ def test_a_failed_restore_takes_away_the_store_it_made_when_nothing_uses_it(
     r = run_cli(None, "--db", str(db), "restore", str(backup), "--json")
     assert r.code == 2 and "destination_exists" in r.out, r.out  # type: ignore[attr-defined]
     assert not (tmp_path / "t.db.artifacts").exists()
+    long = tmp_path / ("R" * 240)  # no room for the names beside it: refused as early
+    r = run_cli(None, "--db", str(long), "restore", str(backup), "--json")
+    assert r.code == 2 and "bytes" in r.out, r.out  # type: ignore[attr-defined]
+    assert not any(p.name.startswith("R") for p in tmp_path.iterdir())

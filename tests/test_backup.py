@@ -229,3 +229,30 @@ def test_a_backup_without_force_never_replaces_a_dest_that_appeared_meanwhile(
     assert json.loads(out)["error"]["code"] == "destination_exists"
     assert digest(dest) == theirs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b ?%.db", "other.db", "q #1.db"]
+
+
+def test_file_names_with_no_room_for_the_names_beside_them_are_refused_up_front(
+        tmp_path: Path) -> None:
+    """A backup or restore to a name of 238-245 bytes failed exit 1 (internal_error: its
+    temporary file's `-wal` name was too long), and a database named 250 bytes was created
+    empty by `migrate` before SQLite found no room for its journal. Each is refused before
+    anything is written: exit 2, naming the limit."""
+    import json
+
+    db = tmp_path / "q.db"
+    with Coordinator.open(str(db), migrate=True) as c:
+        c.enqueue("k", {})
+    backup = tmp_path / "b.db"
+    assert run_cli(None, "--db", str(db), "backup", str(backup), "--json").code == 0
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for args in (("--db", str(db), "backup", str(tmp_path / ("L" * 240))),
+                 ("--db", str(tmp_path / ("R" * 240)), "restore", str(backup)),
+                 ("--db", str(tmp_path / ("M" * 250)), "migrate")):
+        r = run_cli(None, *args, "--json")
+        assert r.code == 2, (args[-1], r.out)  # type: ignore[attr-defined]
+        error = json.loads(r.out)["error"]  # type: ignore[attr-defined]
+        assert error["code"] == "invalid_input" and "bytes" in error["message"], error
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    # A name with room to spare still works.
+    fits = tmp_path / ("F" * 200)
+    assert run_cli(None, "--db", str(db), "backup", str(fits), "--json").code == 0

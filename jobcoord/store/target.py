@@ -27,6 +27,30 @@ class Target:
         return make_url(self.url).render_as_string(hide_password=True)
 
 
+#: Bytes SQLite adds to a database's name for the files beside it (`-journal`).
+SQLITE_ROOM = len("-journal")
+#: Bytes jobcoord may add to the name of a file it writes (a backup's staged copy
+#: `DEST.<token>.tmp.tmp-<pid>-journal`, its objects set aside `DEST.artifacts.<token>.old`).
+WRITE_ROOM = 40
+
+
+def name_has_room(path: str, room: int, what: str) -> None:
+    """InvalidInput (exit 2), before anything is written, when the names of the files put
+    beside `path` would not fit the directory's limit (255 bytes on most filesystems): they
+    failed halfway, an internal error or an empty database left behind."""
+    from ..errors import InvalidInput
+
+    try:
+        limit = os.pathconf(os.path.dirname(path) or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    size = len(os.fsencode(os.path.basename(path)))
+    if size + room > limit:
+        raise InvalidInput("invalid_input", f"{what}: the file name is {size} bytes; at most "
+                           f"{limit - room} here (the files put beside it are named after it)",
+                           path=path)
+
+
 def resolve_target(db: str | None = None, url: str | None = None) -> Target:
     """Turn `--db PATH` / `--url URL` / `JOBCOORD_URL` into a Target (default ./jobcoord.db)."""
     from ..errors import InvalidInput
@@ -40,18 +64,27 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
         if not path or "\x00" in path:
             raise InvalidInput("invalid_input", "--db must be a file path")
         path = os.path.abspath(path)
+        name_has_room(path, SQLITE_ROOM, "--db")
         # Quoted by URL.create: a raw "sqlite:///" + path would read "?" as the start of the
         # query and "#" as a fragment, and name another file.
         return Target(url=URL.create("sqlite", database=path).render_as_string(),
                       sqlite_path=path)
     try:
         parsed = make_url(url)
-    except ArgumentError as e:
+        parsed.port  # noqa: B018  (read: a port that is no number fails here, not later)
+    except (ArgumentError, ValueError) as e:
+        # ValueError: a port that is no number, a bracketed host never closed.
         raise InvalidInput("invalid_input", f"not a database URL: {url!r}") from e
     backend = parsed.get_backend_name()
     if backend == "postgres":  # Heroku-style URLs name the scheme without "ql"
         parsed = parsed.set(drivername="postgresql+psycopg")
         backend = "postgresql"
+    if parsed.drivername.partition("+")[2] not in ("", "pysqlite", "psycopg"):
+        # Another driver (psycopg2, asyncpg, pg8000, ...): jobcoord runs on psycopg 3 and the
+        # standard library's sqlite3 only; its module missing was an internal error.
+        raise InvalidInput("invalid_input", f"unsupported database driver "
+                           f"{parsed.drivername!r}: use sqlite:///PATH or "
+                           "postgresql+psycopg://USER@HOST/DB")
     if backend == "sqlite":
         if not parsed.database or parsed.database == ":memory:":
             raise InvalidInput("invalid_input", "a SQLite URL must name a file")
@@ -61,7 +94,9 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
             raise InvalidInput("invalid_input", f"a SQLite URL takes no query ({url!r}): "
                                "jobcoord opens the file with its own settings; write a `?` "
                                "in the file's name as %3F")
-        return Target(url=url, sqlite_path=os.path.abspath(parsed.database))
+        path = os.path.abspath(parsed.database)
+        name_has_room(path, SQLITE_ROOM, "the SQLite URL")
+        return Target(url=url, sqlite_path=path)
     if backend == "postgresql":
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
