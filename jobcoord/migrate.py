@@ -116,6 +116,23 @@ def _unknown_schema(db: Database, tables: list[str]) -> SchemaMismatch:
     )
 
 
+def _unknown_revisions(db: Database, unknown: set[str], tables: list[str]) -> SchemaMismatch:
+    """Revisions this jobcoord does not know: a newer jobcoord's, beside jobcoord's tables;
+    another program's Alembic history, beside none of them (it was told to upgrade
+    jobcoord)."""
+    shown = ", ".join(sorted(unknown))[:200]
+    if not tables:
+        return SchemaMismatch(
+            "foreign_database",
+            f"{db.target.display()} is another program's database (its Alembic history is at "
+            f"revision {shown} and it holds none of jobcoord's tables); point jobcoord at its "
+            "own database. jobcoord wrote nothing to it", revisions=sorted(unknown)[:20])
+    return SchemaMismatch(
+        "schema_newer",
+        f"the database is at revision {shown}, newer than this jobcoord understands; "
+        "upgrade jobcoord")
+
+
 def installed_features(revisions: set[str]) -> set[str]:
     return {f for f, revs in OPTIONAL_REVISIONS.items() if revisions & set(revs)}
 
@@ -123,19 +140,18 @@ def installed_features(revisions: set[str]) -> set[str]:
 def verify_schema(db: Database) -> set[str]:
     """Raise SchemaMismatch unless the database is at exactly this code's revisions.
     Returns the optional features installed."""
+    known = known_revisions()
+
     def _read(conn: Connection) -> tuple[set[str], list[str]]:
         revisions = current_revisions(db, conn)
-        return revisions, ([] if revisions else unversioned_tables(db, conn))
+        return revisions, ([] if revisions <= known and revisions
+                           else unversioned_tables(db, conn))
 
-    revisions, orphans = db.read(_read, "reading the schema version")
-    known = known_revisions()
+    revisions, tables = db.read(_read, "reading the schema version")
     unknown = revisions - known
     if unknown:
-        raise SchemaMismatch(
-            "schema_newer",
-            f"the database is at revision {', '.join(sorted(unknown))}, newer than this "
-            "jobcoord understands; upgrade jobcoord",
-        )
+        raise _unknown_revisions(db, unknown, tables)
+    orphans = [] if revisions else tables
     core = revisions & set(CORE_REVISIONS)
     if not core and orphans:
         raise _unknown_schema(db, orphans)
@@ -235,10 +251,7 @@ def migrate(
                             if f.startswith("table ")])
         known = known_revisions()
         if before - known:
-            raise SchemaMismatch(
-                "schema_newer",
-                "the database was migrated by a newer jobcoord; upgrade jobcoord",
-            )
+            raise _unknown_revisions(db, before - known, unversioned_tables(db, conn))
         if not before:
             orphans = unversioned_tables(db, conn)
             if orphans:  # creating the tables again would fail half-way ("already exists")

@@ -307,3 +307,35 @@ def test_migrate_refuses_a_foreign_file_with_its_log_beside_it_writing_nothing_i
     assert conn.execute("SELECT name FROM sqlite_master").fetchall() == [("notes",)]
     assert conn.execute("SELECT body FROM notes").fetchall() == [("mine",)]
     conn.close()
+
+
+def test_another_programs_alembic_history_is_a_foreign_database_for_every_command(
+        target: Target) -> None:
+    """A database holding only another program's Alembic history (an unknown revision,
+    none of jobcoord's tables): on PostgreSQL every command and `migrate` said it was
+    migrated by a newer jobcoord ("upgrade jobcoord"). It is another program's database
+    (exit 8 `foreign_database`) on both, and nothing is written to it."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(target.url)
+    with engine.begin() as conn:
+        if target.sqlite_path is not None:
+            for (name,) in conn.exec_driver_sql(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%'").all():
+                conn.exec_driver_sql(f'DROP TABLE "{name}"')
+        else:
+            conn.exec_driver_sql("DROP SCHEMA public CASCADE")
+            conn.exec_driver_sql("CREATE SCHEMA public")
+        conn.exec_driver_sql("CREATE TABLE alembic_version (version_num VARCHAR(32) "
+                             "PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO alembic_version VALUES ('deadbeef1234')")
+    engine.dispose()
+    for args in (("status",), ("migrate",)):
+        r = run_cli(target, *args, "--json")
+        assert r.code == 8, (args, r.out)
+        assert '"foreign_database"' in r.out, (args, r.out)
+    engine = sa.create_engine(target.url)
+    with engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == ["alembic_version"]
+    engine.dispose()
