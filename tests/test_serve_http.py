@@ -472,6 +472,39 @@ def test_a_bug_is_a_json_500_and_the_connection_keeps_serving(sqlite_target: Tar
     assert b"Traceback" not in err and wa.encode() not in out + err
 
 
+def test_a_client_gone_before_its_body_was_read_is_no_internal_error(
+        sqlite_target: Target) -> None:
+    """A client that sent 9 bytes of the 100 it declared and closed the connection: the
+    server logged `internal_error` (ClientDisconnect), which its docs call a bug and an
+    operator may alert on. Nothing of it is a bug, nothing is recorded, the server serves."""
+    import socket
+
+    secret = token(sqlite_target, "sub", "submitter")
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    try:
+        assert s.proc is not None
+        for path, auth in (("/v1/jobs", True), ("/v1/claims", False), ("/ui/login", False),
+                           ("/ui/logout", False)):
+            with socket.create_connection(("127.0.0.1", s.port)) as sock:
+                sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode()
+                             + (f"Authorization: Bearer {secret}\r\n".encode() if auth
+                                else b"")
+                             + b"Content-Length: 100\r\n\r\n{\"kind\": ")
+                time.sleep(0.3)
+        time.sleep(0.5)
+        with s.client(secret) as http:
+            assert http.post("/v1/jobs", json={"kind": "k"}).status_code == 201
+        s.signal(signal.SIGTERM)
+        out, err = s.proc.communicate(timeout=30)
+    finally:
+        s.stop()
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    assert not [e for e in events if e["event"] == "internal_error"], events
+    assert b"Traceback" not in err
+    with Coordinator.open(sqlite_target) as c:
+        assert len(c.jobs()["jobs"]) == 1
+
+
 def test_no_token_is_ever_logged(target: Target) -> None:
     secret = token(target, "ci", "submitter")
     with served(target, "--reap-every", "0") as s:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from ..errors import JobcoordError, StorageUnavailable
 from .errors import BodyTooLarge, headers_of, status_of
@@ -178,6 +179,10 @@ class CatchBugs:
         tracked = TrackedSend(send)
         try:
             await self.app(scope, receive, tracked)
+        except ClientDisconnect:
+            # The client went away before its body was read: nobody to answer, nothing
+            # recorded, and no bug (an operator alerting on internal_error was woken).
+            return
         except Exception as exc:
             # The class and message only: no traceback, no request data (a header could
             # carry a token).
