@@ -202,6 +202,27 @@ def test_claim_refusals_are_a_counter_shared_by_every_process_and_kept_across_re
     assert "jobcoord_workers_refusing" in {k[0] for k in samples}
 
 
+@pytest.mark.parametrize("call", ["claim", "claim_many"])
+def test_a_worker_whose_last_claim_succeeded_is_not_counted_as_refusing(
+        target: Target, call: str) -> None:
+    """`jobcoord_workers_refusing` is the workers whose last claim was refused: a refusal
+    stayed on the worker row (and in `workers`) after the next claim took a job."""
+    with Coordinator.open(target) as c:
+        c.heartbeat("w1", readings=None)
+        assert c.claim("w1")["reason"] == "no_waiting_jobs"
+        samples = parse(exposition(registry_for(c)).decode())
+        assert value(samples, "jobcoord_workers_refusing", reason="no_waiting_jobs") == 1
+        c.enqueue("k", {})
+        got = c.claim("w1") if call == "claim" else c.claim_many("w1", 4)
+        assert got.get("job") or got.get("claimed")
+        samples = parse(exposition(registry_for(c)).decode())
+        assert not [k for k in samples if k[0] == "jobcoord_workers_refusing"]
+        assert c.workers()["workers"][0]["last_refusal"] is None
+        assert c.claim("w1")["reason"] == "no_waiting_jobs"  # refused again: counted again
+        samples = parse(exposition(registry_for(c)).decode())
+        assert value(samples, "jobcoord_workers_refusing", reason="no_waiting_jobs") == 1
+
+
 def _scrape(url: str, secret: str | None = None) -> tuple[int, str]:
     import httpx
 

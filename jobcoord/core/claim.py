@@ -202,6 +202,8 @@ def claim_in(ctx: Context, conn: Connection, worker_id: str, lease_us: int,
         code, detail = ((verdict.code, verdict.detail) if verdict is not None
                         else why_nothing(ctx, conn, roles, kinds, gates, now, tenant))
         return refuse(ctx, conn, worker_id, now, code, detail)
+    if flags[2]:
+        ctx.db.run(conn, sql.CLEAR_REFUSAL, {"worker": worker_id})
     return got
 
 
@@ -260,6 +262,8 @@ def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_
                         else why_nothing(ctx, conn, roles, kinds, gates, now, tenant))
         refuse(ctx, conn, worker_id, now, code, detail)
         return {"claimed": [], "reason": code, "detail": detail}
+    if flags[2]:
+        ctx.db.run(conn, sql.CLEAR_REFUSAL, {"worker": worker_id})
     return {"claimed": taken, "reason": None, "detail": None}
 
 
@@ -267,7 +271,7 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
           now: int) -> dict[str, Any] | tuple[Any, ...]:
     """The worker's side of a claim: its row, its heartbeat's age and the gates. Returns
     the refusal (already recorded) or the worker's roles, kinds, gate decision and flags
-    (limits exist, waiting jobs declare needs)."""
+    (limits exist, waiting jobs declare needs, a refusal stands on its row)."""
     row = ctx.db.run(conn, sql.WORKER, {"worker": worker_id}).fetchone()
     if row is None:
         return refuse(ctx, conn, worker_id, now, "heartbeat_missing",
@@ -296,7 +300,7 @@ def admit(ctx: Context, conn: Connection, worker_id: str, kinds: Sequence[str] |
     if gates.blocks_all:
         code, detail = gates.refusal or ("gated", "the gates refuse every priority")
         return refuse(ctx, conn, worker_id, now, code, detail)
-    return roles, kinds, gates, (bool(row[7]), bool(row[8]))
+    return roles, kinds, gates, (bool(row[7]), bool(row[8]), bool(row[9]))
 
 
 def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str],

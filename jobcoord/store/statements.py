@@ -112,7 +112,8 @@ WORKER = SQL(
            exists(select(ONE).where(WAITING, J.needs_json.is_not(None))
                   # Without statistics SQLite would walk every waiting job by status.
                   .with_hint(jobs, "INDEXED BY ix_jobs_waiting_needs", "sqlite"))
-           .label("needy"))
+           .label("needy"),
+           W.last_refusal.is_not(None).label("refused"))
     .where(W.worker_id == P("worker")))
 ALL_WORKERS = SQL(
     select(W.worker_id, W.roles_json, W.kinds_json, W.heartbeat_at, W.memory_used_pct,
@@ -138,6 +139,11 @@ UPSERT_WORKER = SQL(lambda insert: _upsert(insert, workers, {
 # The same refusal again within a few seconds (:fresh) writes nothing: an idle worker polling a
 # quiet queue commits no change, so it neither wakes itself nor other waiting workers (their
 # change hint on SQLite is any commit to the file).
+#: A claim that took a job ends the worker's standing refusal (run only when it has one):
+#: `workers` and jobcoord_workers_refusing say why a worker holds work back now.
+CLEAR_REFUSAL = SQL(update(workers).where(W.worker_id == P("worker")).values(
+    last_refusal=null(), last_refusal_detail=null(), last_refusal_at=null()))
+
 RECORD_REFUSAL = SQL(update(workers).where(
     W.worker_id == P("worker"),
     or_(W.last_refusal_at.is_(None), W.last_refusal != P("code"),
