@@ -33,6 +33,17 @@ MAX_TEXT = 64 * 1024
 TEN_YEARS_S = 10 * 365 * 24 * 3600
 
 
+def shown(value: Any, limit: int = 200) -> str:
+    """A value as a refusal names it: its repr, cut to `limit` characters. Never an error of
+    its own: a value nested past Python's recursion limit has no repr (RecursionError, not
+    the refusal), and an object's own __repr__ may raise anything."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"a {type(value).__name__} that cannot be shown"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _bad(field: str, message: str) -> InvalidInput:
     return InvalidInput("invalid_input", f"{field}: {message}", field=field)
 
@@ -67,7 +78,7 @@ def name(value: Any, field: str, *, max_len: int = MAX_NAME) -> str:
     if not _NAME.fullmatch(value):
         raise _bad(
             field,
-            f"{value!r} may use only letters, digits and _ . : @ / + - (no spaces)",
+            f"{shown(value)} may use only letters, digits and _ . : @ / + - (no spaces)",
         )
     return value
 
@@ -85,14 +96,14 @@ def priority(value: Any) -> int:
         if text.startswith("P"):
             text = text[1:]
         if not text.isdigit() or not text.isascii():
-            raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
+            raise _bad("priority", f"{shown(value)} is not 0..3 or P0..P3")
         value = int(text)
     if isinstance(value, int) and not 0 <= value <= 3:
         # Printed only when short: Python refuses to print an int of more than 4300 digits.
-        shown = f"{value} " if value.bit_length() <= 64 else ""
-        raise _bad("priority", f"{shown}is not 0..3 or P0..P3")
+        printed = f"{value} " if value.bit_length() <= 64 else ""
+        raise _bad("priority", f"{printed}is not 0..3 or P0..P3")
     if not isinstance(value, int):
-        raise _bad("priority", f"{value!r} is not 0..3 or P0..P3")
+        raise _bad("priority", f"{shown(value)} is not 0..3 or P0..P3")
     return value
 
 
@@ -106,7 +117,7 @@ def integer(value: Any, field: str, lo: int, hi: int) -> int:
                 raise _bad(field, f"{value[:20]}... is outside {lo}..{hi}")
             value = int(value)
         else:
-            raise _bad(field, f"{value!r} is not a whole number")
+            raise _bad(field, f"{shown(value)} is not a whole number")
     if not lo <= value <= hi:
         raise _bad(field, f"{value} is outside {lo}..{hi}")
     return value
@@ -118,7 +129,7 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
         raise _bad(field, "must be a number of seconds")
     if isinstance(value, str):
         if not _DECIMAL.fullmatch(value):
-            raise _bad(field, f"{value!r} is not a number of seconds (plain decimal digits, "
+            raise _bad(field, f"{shown(value)} is not a number of seconds (plain decimal digits, "
                        "e.g. 30 or 2.5)")
         value = float(value)
     if not isinstance(value, int | float):
@@ -142,12 +153,12 @@ def duration(value: Any, field: str, lo: float, hi: float) -> float:
     if isinstance(value, str):
         found = _DURATION.fullmatch(value)
         if found is None:
-            raise _bad(field, f"{value!r} is not a duration (seconds, or a number followed "
+            raise _bad(field, f"{shown(value)} is not a duration (seconds, or a number followed "
                        "by s, m, h, d or w: 90, 15m, 12h, 7d)")
         if found.group(2) == "M":
             # Months to some, minutes to others: read either way, someone's prune or
             # schedule does what they did not mean.
-            raise _bad(field, f"{value!r}: M could mean months or minutes; write "
+            raise _bad(field, f"{shown(value)}: M could mean months or minutes; write "
                        f"{found.group(1)}m for minutes (months are no unit: use days or "
                        "weeks, or a cron for a monthly slot)")
         value = float(found.group(1)) * _UNIT_S[found.group(2).lower()]
@@ -201,7 +212,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for key, val in pairs:
         if key in obj:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {shown(key)}")
         obj[key] = val
     return obj
 
@@ -499,13 +510,13 @@ def resources(value: Any, field: str, *, lo: int = 1) -> dict[str, int]:
     out: dict[str, int] = {}
     for key, amount in pairs:
         if not isinstance(key, str) or not _RESOURCE.fullmatch(key):
-            raise _bad(field, f"{key!r} is not a resource name (a letter, then letters, "
+            raise _bad(field, f"{shown(key)} is not a resource name (a letter, then letters, "
                        "digits or _; at most 64)")
         if key in out:
             raise _bad(field, f"{key} is given twice")
         if not isinstance(value, str) and (isinstance(amount, bool)
                                            or not isinstance(amount, int)):
-            raise _bad(field, f"{key}: {amount!r} is not a whole number")
+            raise _bad(field, f"{key}: {shown(amount)} is not a whole number")
         if isinstance(amount, str) and len(amount) > 20:
             raise _bad(field, f"{key}: {amount[:20]}... is outside {lo}..{MAX_RESOURCE}")
         out[key] = whole(amount, f"{field} {key}", lo, MAX_RESOURCE)

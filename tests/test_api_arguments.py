@@ -366,6 +366,47 @@ def test_a_value_that_contains_itself_is_invalid_input_everywhere(coord: Coordin
     assert dump(coord) == before
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_an_argument_nested_past_pythons_recursion_limit_is_invalid_input(
+        coord: Coordinator) -> None:
+    """A job id, number or name nested 5,000 lists deep raised RecursionError (writing the
+    refusal's text showed the value whole) instead of InvalidInput."""
+    deep, cyclic = _nested(5000), [1]
+    cyclic.append(cyclic)
+    coord.enqueue("k")
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    calls = {
+        "show": lambda x: coord.show(x),
+        "complete epoch": lambda x: coord.complete(1, "w1", x, {}),
+        "reap limit": lambda x: coord.reap(limit=x),
+        "jobs limit": lambda x: coord.jobs(limit=x),
+        "enqueue priority": lambda x: coord.enqueue("k", priority=x),
+        "enqueue max_attempts": lambda x: coord.enqueue("k", max_attempts=x),
+        "enqueue needs": lambda x: coord.enqueue("k", needs={"gpu": x}),
+        "enqueue kind": lambda x: coord.enqueue(x),
+        "claim_many n": lambda x: coord.claim_many("w1", x),
+        "prune batch": lambda x: coord.prune(1, batch=x),
+        "set_limit concurrency": lambda x: coord.set_limit("k", x),
+        "add_schedule catchup": lambda x: coord.add_schedule("s", "k", every="1h",
+                                                              catchup=x),
+        "add_schedule overlap": lambda x: coord.add_schedule("s", "k", every="1h",
+                                                              overlap=x),
+    }
+    for name, call in calls.items():
+        for bad in (deep, cyclic):
+            with pytest.raises(InvalidInput) as caught:
+                call(bad)
+            assert len(caught.value.message) < 1000, (name, caught.value.message[:200])
+    assert dump(coord) == before
+
+
 @pytest.mark.parametrize("db", ["q.db", None, 3, object()])
 def test_a_coordinator_built_from_anything_but_a_database_is_invalid_input(db: Any) -> None:
     """Coordinator(x) takes an open Database; a path, Target or anything else is told to use

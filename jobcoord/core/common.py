@@ -65,7 +65,7 @@ def lease_us(ctx: Context, lease_s: float | None) -> int:
     if us < 1:
         # Above 0 but under half a microsecond: a lease that ends as it starts, which the
         # leases table's check refuses (an internal error, after the write had begun).
-        raise InvalidInput("invalid_input", f"lease: {value!r} seconds is shorter than a "
+        raise InvalidInput("invalid_input", f"lease: {v.shown(value)} seconds is shorter than a "
                            "microsecond", field="lease")
     return us
 

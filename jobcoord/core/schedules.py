@@ -53,7 +53,7 @@ def _catchup(value: object) -> tuple[str, int]:
         head, sep, n = value.partition(":")
         if head == "all" and sep:
             return "all", v.whole(n, "catchup N", 1, MAX_CATCHUP)
-    raise InvalidInput("invalid_input", f"catchup: {value!r} is not one of skip, latest, "
+    raise InvalidInput("invalid_input", f"catchup: {v.shown(value)} is not one of skip, latest, "
                        f"all:N (N from 1 to {MAX_CATCHUP})", field="catchup")
 
 
@@ -61,7 +61,7 @@ def _choice(value: object, field: str, allowed: tuple[str, ...], default: str) -
     if value is None:
         return default
     if not isinstance(value, str) or value not in allowed:
-        raise InvalidInput("invalid_input", f"{field}: {value!r} is not one of "
+        raise InvalidInput("invalid_input", f"{field}: {v.shown(value)} is not one of "
                            f"{', '.join(allowed)}", field=field)
     return value
 
