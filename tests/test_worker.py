@@ -469,6 +469,41 @@ def test_a_hangup_stops_the_worker_as_sigterm_does_releasing_its_jobs(db, start,
     assert w.events("shutting_down")[0]["signal"] == "SIGHUP"
 
 
+@pytest.mark.parametrize("mode", ["text", "json"])
+def test_a_worker_whose_terminal_closed_releases_its_jobs_and_exits_0(db, tmp_path, mode):
+    """Its terminal closed (a real pseudo-terminal, its stdout, hung up): the kernel's SIGHUP
+    stopped it and released its job, then the summary written to the dead terminal (EIO)
+    ended it exit 1 as an internal error (with --json, a traceback too). What cannot be
+    printed is dropped; the exit code is the shutdown's, 0."""
+    import pty
+
+    path, c = db
+    job = c.enqueue("sleepy", {"seconds": 60})["job_id"]
+    err = str(tmp_path / "stderr.log")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: stdout on the terminal, stderr to a file
+        try:
+            os.chdir(REPO)
+            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+            os.execv(PY, [PY, "-m", "jobcoord", "--db", path, "worker", "--worker-id", "w1",
+                          "--log-format", "json", "--poll", "0.05", "--reap-every", "0",
+                          "--grace", "0.3", *APP, *(["--json"] if mode == "json" else [])])
+        finally:
+            os._exit(99)
+    try:
+        wait_for(lambda: running(c, job), 15, "claim")
+    finally:
+        os.close(fd)  # the terminal closes: SIGHUP to its session
+    _, status = os.waitpid(pid, 0)
+    with open(err, encoding="utf-8") as f:
+        logged = f.read()
+    assert os.waitstatus_to_exitcode(status) == 0, logged[-2000:]
+    assert "Traceback" not in logged and "internal" not in logged, logged[-2000:]
+    got = c.show(job)
+    assert got["job"]["status"] == "waiting"
+    assert got["events"][-1]["reason"] == "worker_shutdown"
+
+
 def test_a_worker_started_to_outlive_its_terminal_ignores_the_hangup(db, start):
     """`nohup jobcoord worker ...`: SIGHUP ignored when it started stays ignored."""
     _, c = db

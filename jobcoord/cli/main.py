@@ -16,7 +16,7 @@ from ..http.commands import register as register_http
 # Importing the command modules registers their commands on the group.
 from . import artifacts, jobs, leases, limits, runtime, schedules, storage  # noqa: F401
 from .group import cli
-from .output import AT_RESULT, PARSED, dump, safe_text
+from .output import AT_RESULT, PARSED, dump, safe_text, unless_gone
 
 register_http(cli)  # serve, token, and worker --server (jobcoord/http/commands.py)
 
@@ -61,9 +61,11 @@ def _print_error(err: JobcoordError, as_json: bool) -> None:
     for hook in AT_RESULT:
         hook()
     if as_json:
-        click.echo(dump(err.to_json()))
+        with unless_gone():
+            click.echo(dump(err.to_json()))
     # One line on stderr whatever the message echoes (a path, a value): data cannot add one.
-    click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
+    with unless_gone(err=True):
+        click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
 
 
 def _interrupted(as_json: bool) -> None:

@@ -3,8 +3,12 @@ for people with every piece of data escaped so it cannot forge a line."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -25,12 +29,34 @@ def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] |
     """Print the result (one JSON object, or text for people) and exit with `code`."""
     for hook in AT_RESULT:
         hook()
-    if as_json:
-        click.echo(dump(payload))
-    else:
-        click.echo(text() if callable(text) else text if text is not None else _human(payload))
+    with unless_gone():
+        if as_json:
+            click.echo(dump(payload))
+        else:
+            click.echo(text() if callable(text) else text if text is not None
+                       else _human(payload))
     if code:
         raise click.exceptions.Exit(code)
+
+
+@contextlib.contextmanager
+def unless_gone(err: bool = False) -> Iterator[None]:
+    """Print to a stream whose reader may be gone: a closed terminal (EIO: a worker whose
+    terminal closed printed its summary there) or a closed pipe (EPIPE). What cannot be
+    printed is dropped, and the stream pointed at /dev/null so the interpreter's own flush
+    at exit cannot fail; the command's work is done and its exit code stands. It ended exit
+    1 as an internal error."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        yield
+        stream.flush()
+    except OSError as e:
+        if e.errno not in (errno.EIO, errno.EPIPE):
+            raise
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
 
 
 def _human(payload: Any, indent: str = "") -> str:
