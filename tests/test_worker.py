@@ -433,40 +433,26 @@ def test_cancelling_a_running_job_stops_its_handler(db, start, tmp_path, handler
 # --- shutdown ---------------------------------------------------------------------------------
 
 
-def test_sigterm_releases_the_running_job_after_the_grace_period(db, start, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_releases_the_running_job_after_the_grace_period(db, start, tmp_path, sig):
+    """SIGHUP too (the terminal it ran in closed, an SSH session dropped): it killed the
+    worker outright (exit 129, no summary), its running job left to its lease's end."""
     _, c = db
     marker = str(tmp_path / "sleepy")
     job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
     w = start(*APP, "--lease", "30", "--grace", "0.3")
     wait_for(lambda: running(c, job), 10, "claim")
     t0 = time.monotonic()
-    w.proc.send_signal(signal.SIGTERM)
+    w.proc.send_signal(sig)
     code, summary = w.finish()
     assert code == 0 and summary["released"] == 1
+    assert w.events("shutting_down")[0]["signal"] == sig.name
     # Released at once, not after the 30 s lease.
     assert time.monotonic() - t0 < 15
     got = c.show(job)
     assert got["job"]["status"] == "waiting" and got["lease"] is None
     assert got["events"][-1]["reason"] == "worker_shutdown"
     assert read(marker) == "worker_shutdown"
-
-
-def test_a_hangup_stops_the_worker_as_sigterm_does_releasing_its_jobs(db, start, tmp_path):
-    """The terminal it ran in closed (or its SSH session dropped): SIGHUP killed the worker
-    outright (exit 129, no summary), its running job left to its lease's end. It stops as
-    on SIGTERM: the job is released at once, its summary printed, exit 0."""
-    _, c = db
-    marker = str(tmp_path / "sleepy")
-    job = c.enqueue("sleepy", {"seconds": 60, "marker": marker})["job_id"]
-    w = start(*APP, "--lease", "30", "--grace", "0.3")
-    wait_for(lambda: running(c, job), 10, "claim")
-    w.proc.send_signal(signal.SIGHUP)
-    code, summary = w.finish()
-    assert code == 0 and summary["released"] == 1
-    got = c.show(job)
-    assert got["job"]["status"] == "waiting" and got["lease"] is None
-    assert got["events"][-1]["reason"] == "worker_shutdown"
-    assert w.events("shutting_down")[0]["signal"] == "SIGHUP"
 
 
 @pytest.mark.parametrize("mode", ["text", "json"])

@@ -52,6 +52,13 @@ class Dashboard:
         r = APIRouter()
         d = self
 
+        def csrf_refusal(form: Any, who: Viewer) -> Response | None:
+            """The 403 of a form without this session's CSRF token, or None."""
+            if hmac.compare_digest(form.get("csrf", ""), who.csrf):
+                return None
+            return d.error("the form is stale or was not sent by this dashboard (CSRF token "
+                           "mismatch); reload the page", 403, who, "csrf_mismatch")
+
         async def guarded(request: Request, fn: Any) -> Response:
             try:
                 who = await d.sessions.viewer(request)
@@ -183,10 +190,9 @@ class Dashboard:
             async def go(who: Viewer) -> Response:
                 form = await session_form(request)
                 # The server decides, whatever the page showed: CSRF first, then the role.
-                if not hmac.compare_digest(form.get("csrf", ""), who.csrf):
-                    return d.error("the form is stale or was not sent by this dashboard "
-                                   "(CSRF token mismatch); reload the page", 403, who,
-                                   "csrf_mismatch")
+                stale = csrf_refusal(form, who)
+                if stale is not None:
+                    return stale
                 if not who.operator:
                     return d.error("a viewer may not act on jobs", 403, who, "forbidden")
                 if action not in ACTIONS:
@@ -253,14 +259,12 @@ class Dashboard:
         @r.post("/ui/logout")
         async def logout(request: Request) -> Response:
             async def go(who: Viewer) -> Response:
-                form = await session_form(request)
                 # As every other form: without this session's CSRF token it is refused, and
                 # says so. Answered as a logout, it cleared the cookie while the session
                 # went on working for whoever held its id.
-                if not hmac.compare_digest(form.get("csrf", ""), who.csrf):
-                    return d.error("the form is stale or was not sent by this dashboard "
-                                   "(CSRF token mismatch); reload the page", 403, who,
-                                   "csrf_mismatch")
+                stale = csrf_refusal(await session_form(request), who)
+                if stale is not None:
+                    return stale
                 d.sessions.end(request.cookies.get(COOKIE), who.csrf)
                 response = RedirectResponse("/ui/login", status_code=303)
                 response.delete_cookie(COOKIE, path="/ui")
