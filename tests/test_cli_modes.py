@@ -354,3 +354,45 @@ def test_ctrl_c_after_a_prune_batch_committed_counts_that_batch(
         left = len(c.jobs()["jobs"])
     assert (pruned["batches"], pruned["jobs"], left) == (1, 1, 2), error
     assert pruned["cutoff"].endswith("Z"), pruned
+
+
+def _with_reader_gone(args: list[str], tmp_path: Path, timeout: float = 120
+                      ) -> tuple[int, str]:
+    """Run `jobcoord ARGS` with stdout a pipe whose reader is already gone (`| head -c0`):
+    (exit code, stderr)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    err = tmp_path / "stderr.log"
+    with open(err, "wb") as errf:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "jobcoord", *args], cwd=tmp_path,
+                                  stdout=write_end, stderr=errf, timeout=timeout)
+        finally:
+            os.close(write_end)
+    return proc.returncode, err.read_text(encoding="utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("args,code", [
+    (["jobs"], 0),
+    (["metrics"], 0),
+    (["--help"], 0),
+    (["enqueue", "--help"], 0),
+    (["retry", "1", "--json"], 4),
+    (["demo", "--dir", "the demo"], 0),
+])
+def test_a_reader_gone_drops_the_output_and_the_exit_code_stands(
+        tmp_path: Path, args: list[str], code: int) -> None:
+    """`jobcoord metrics | head -c0`, `--help` or `demo` piped into a reader that is gone
+    exited 1 (the closed pipe, caught by click, became exit 1) and the demo stopped halfway.
+    What cannot be printed is dropped; the command does its work and its exit code stands:
+    as for results printed through the one result printer (`jobs`, a refusal)."""
+    db = str(tmp_path / "q # 1.db")
+    with Coordinator.open(db, migrate=True) as c:
+        c.enqueue("k", {})
+    got, err = _with_reader_gone(["--db", db, *args], tmp_path)
+    assert got == code, err[-3000:]
+    assert "Traceback" not in err and "internal" not in err, err[-3000:]
+    if args[0] == "demo":  # it ran to the end: its summary is in the database it left
+        with Coordinator.open(str(tmp_path / "the demo" / "jobcoord.db")) as d:
+            jobs = d.jobs(limit=1000)["jobs"]
+        assert jobs and all(j["status"] in ("succeeded", "dead", "cancelled") for j in jobs)

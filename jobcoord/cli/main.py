@@ -4,9 +4,9 @@ one place."""
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
+from typing import Any
 
 import click
 
@@ -16,7 +16,7 @@ from ..http.commands import register as register_http
 # Importing the command modules registers their commands on the group.
 from . import artifacts, jobs, leases, limits, runtime, schedules, storage  # noqa: F401
 from .group import cli
-from .output import AT_RESULT, PARSED, dump, safe_text, unless_gone
+from .output import PARSED, drop_output, dump, reader_gone, result_out, safe_text, unless_gone
 
 register_http(cli)  # serve, token, and worker --server (jobcoord/http/commands.py)
 
@@ -56,10 +56,7 @@ def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
 
 
 def _print_error(err: JobcoordError, as_json: bool) -> None:
-    # A refusal is the command's answer as a result is: what the program does once a result
-    # is out (a Ctrl-C from then on ends nothing) holds for it too.
-    for hook in AT_RESULT:
-        hook()
+    result_out()
     if as_json:
         with unless_gone():
             click.echo(dump(err.to_json()))
@@ -70,9 +67,11 @@ def _print_error(err: JobcoordError, as_json: bool) -> None:
 
 def _interrupted(as_json: bool) -> None:
     if as_json:
-        click.echo(dump(Interrupted("interrupted", "interrupted (Ctrl-C); the write under "
-                                    "way, if any, was rolled back").to_json()))
-    click.echo("jobcoord: interrupted", err=True)
+        with unless_gone():
+            click.echo(dump(Interrupted("interrupted", "interrupted (Ctrl-C); the write "
+                                        "under way, if any, was rolled back").to_json()))
+    with unless_gone(err=True):
+        click.echo("jobcoord: interrupted", err=True)
     sys.exit(130)
 
 
@@ -93,10 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         return (PARSED.get("as_json", scanned[0]), PARSED.get("debug", scanned[1]))
 
     try:
-        code = cli.main(args=args, prog_name="jobcoord", standalone_mode=False)
+        code = _run(args)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
         # Ctrl-C (at a prompt, during a read, anywhere): every write is one transaction, so
         # the one under way was rolled back. --json still gets its one object.
         _interrupted(modes()[0])
@@ -110,18 +109,30 @@ def main(argv: list[str] | None = None) -> None:
             traceback.print_exc()
         _print_error(e, as_json)
         sys.exit(e.exit_code)
-    except BrokenPipeError:
-        # The reader went away (e.g. `jobcoord jobs | head -1`): not an error of ours.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except OSError as e:
+        if not reader_gone(e):
+            raise _internal(e, *modes()) from None
+        # The reader went away while the command printed (`jobcoord metrics | head -1`,
+        # `--help` into a closed terminal): not an error of ours, and nothing but printing
+        # was left to do (results and refusals are printed by `emit`, which drops them).
+        drop_output()
         sys.exit(0)
     except Exception as e:
-        as_json, debug = modes()
-        if debug:
-            traceback.print_exc()
-        err = JobcoordError("internal_error", f"unexpected error: {type(e).__name__}: {e}"
-                            + ("" if debug else " (rerun with --debug for the traceback)"))
-        _print_error(err, as_json)
-        sys.exit(1)
-    # Without standalone mode click returns a command's exit code instead of exiting.
+        raise _internal(e, *modes()) from None
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _run(args: list[str]) -> Any:
+    """click's own `main` less its handling of a closed pipe (it exits 1 there, the
+    command's exit code lost): every failure is mapped in `main`."""
+    with cli.make_context("jobcoord", args) as ctx:
+        return cli.invoke(ctx)
+
+
+def _internal(e: Exception, as_json: bool, debug: bool) -> SystemExit:
+    if debug:
+        traceback.print_exception(e)
+    err = JobcoordError("internal_error", f"unexpected error: {type(e).__name__}: {e}"
+                        + ("" if debug else " (rerun with --debug for the traceback)"))
+    _print_error(err, as_json)
+    return SystemExit(1)

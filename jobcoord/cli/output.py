@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -27,8 +27,7 @@ AT_RESULT: list[Callable[[], None]] = []
 def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] | None = None,
          code: int = 0) -> None:
     """Print the result (one JSON object, or text for people) and exit with `code`."""
-    for hook in AT_RESULT:
-        hook()
+    result_out()
     with unless_gone():
         if as_json:
             click.echo(dump(payload))
@@ -51,12 +50,37 @@ def unless_gone(err: bool = False) -> Iterator[None]:
         yield
         stream.flush()
     except OSError as e:
-        if e.errno not in (errno.EIO, errno.EPIPE):
+        if not reader_gone(e):
             raise
-        with contextlib.suppress(OSError, ValueError):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, stream.fileno())
-            os.close(devnull)
+        drop_output(stream)
+
+
+def result_out() -> None:
+    """A result or a refusal is about to be printed: what the program does from then on (a
+    Ctrl-C ends nothing) holds for both, since a refusal is the command's answer too."""
+    for hook in AT_RESULT:
+        hook()
+
+
+def say(text: str) -> None:
+    """One line of progress (the demo's, serve's events) that goes on when its reader is
+    gone: `demo | head -c0` stopped the demo at its first line."""
+    with unless_gone():
+        click.echo(text)
+
+
+def reader_gone(e: OSError) -> bool:
+    return e.errno in (errno.EIO, errno.EPIPE)
+
+
+def drop_output(stream: TextIO | None = None) -> None:
+    """Point `stream` (stdout by default) at /dev/null: what is still buffered, and what is
+    printed from now on, goes nowhere, and the interpreter's own flush at exit cannot fail."""
+    stream = stream or sys.stdout
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
 
 
 def _human(payload: Any, indent: str = "") -> str:

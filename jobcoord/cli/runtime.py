@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .group import Settings, cli
-from .output import emit, json_option
+from .output import emit, json_option, say
 
 
 @cli.command()
@@ -89,5 +89,5 @@ def demo(s: Settings, directory: str | None, as_json: bool) -> None:
     mid-job and recovered, then a summary. Leaves the database to explore."""
     from ..demo import report, run_demo
 
-    summary = run_demo(directory, echo=None if as_json else click.echo)
+    summary = run_demo(directory, echo=None if as_json else say)
     emit(as_json, summary, lambda: "\n".join(report(summary)), code=0 if summary["ok"] else 1)
