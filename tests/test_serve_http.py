@@ -666,3 +666,43 @@ def test_an_unknown_query_parameter_is_400_not_ignored(sqlite_target: Target) ->
             assert next(iter(params)) in got.json()["error"]["message"]
         with Coordinator.open(sqlite_target) as c:
             assert dump(c) == before
+
+
+def test_a_server_whose_output_reader_is_gone_serves_on_and_stops_cleanly(
+        sqlite_target: Target, tmp_path: Any) -> None:
+    """`jobcoord serve --port P | head -c0` (or a terminal closed under it): its `listening`
+    line met a closed pipe and the server died at start, exit 1, with uvicorn's traceback.
+    Its event lines are dropped when their reader is gone; it serves, and stops on SIGTERM
+    exit 0."""
+    import socket
+
+    secret = token(sqlite_target, "sub", "submitter")
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        port = probe.getsockname()[1]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    err_path = tmp_path / "serve.err"
+    with open(err_path, "wb") as errf:
+        proc = subprocess.Popen([*jobcoord_argv(), *db_args(sqlite_target), "serve",
+                                 "--port", str(port), "--reap-every", "0", "--json"],
+                                stdout=write_end, stderr=errf)
+    os.close(write_end)
+    try:
+        def answers() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2
+                                 ).status_code == 200
+            except httpx.HTTPError:
+                return proc.poll() is not None  # died: stop waiting, the asserts say why
+        wait_for(answers, 30)
+        assert proc.poll() is None, err_path.read_text()[-3000:]
+        got = httpx.post(f"http://127.0.0.1:{port}/v1/jobs", json={"kind": "k"},
+                         headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+        assert got.status_code == 201
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, err_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err_path.read_text()

@@ -67,6 +67,8 @@ def check_tls_files(tls_cert: str, tls_key: str) -> None:
 
 def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
     """One line per event on stdout: JSON Lines with --json, text otherwise."""
+    from ..cli.output import say
+
     def emit(event: dict[str, Any]) -> None:
         if as_json:
             line = json.dumps(event, ensure_ascii=False)
@@ -74,7 +76,7 @@ def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
             rest = ", ".join(f"{k}={val}" for k, val in event.items()
                              if k not in ("event", "jobs"))
             line = f"{event['event']}: {rest}" if rest else event["event"]
-        print(line, flush=True)
+        say(line)  # dropped when its reader is gone: the server goes on
     return emit
 
 
