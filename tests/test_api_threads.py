@@ -299,11 +299,20 @@ def test_postgres_urls_are_accepted_and_mean_psycopg() -> None:
     "postgresql+asyncpg://postgres@127.0.0.1/db",
     "postgresql+pg8000://postgres@127.0.0.1/db",
     "sqlite+pysqlcipher:///x.db",
+    # Query parameters the driver would refuse only as it connects: a port that is no number
+    # (an internal error), an option libpq does not know or a timeout that is no number (a
+    # database error, exit 1), a port out of range (unreachable, exit 6).
+    "postgresql://postgres@127.0.0.1/postgres?port=abc",
+    "postgresql://postgres@127.0.0.1/postgres?connect_timeout=abc",
+    "postgresql://postgres@127.0.0.1/postgres?foo=bar",
+    "postgresql://postgres@127.0.0.1:99999/postgres",
+    "postgresql://postgres@127.0.0.1/postgres?port=0",
 ])
 def test_a_malformed_url_or_another_driver_is_invalid_input_never_an_internal_error(
         url: str) -> None:
-    """Both ended as internal errors (exit 1): int()'s ValueError from the port, and the
-    missing module of a driver jobcoord never uses."""
+    """Each ended as an internal error (exit 1) or a database out of reach: int()'s
+    ValueError from the port, the missing module of a driver jobcoord never uses, a
+    connection option the driver refuses. All are refused before anything is opened."""
     with pytest.raises(InvalidInput) as e:
         resolve_target(url=url)
     assert e.value.code == "invalid_input"

@@ -100,9 +100,43 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
     if backend == "postgresql":
         if parsed.drivername in ("postgresql", "postgres"):
             parsed = parsed.set(drivername="postgresql+psycopg")
+        _check_connection_options(parsed, url)
         return Target(url=parsed.render_as_string(hide_password=False))
     raise InvalidInput(
         "invalid_input",
         f"unsupported database URL scheme {parsed.drivername!r}: use sqlite:///PATH or "
         "postgresql+psycopg://USER@HOST/DB",
     )
+
+
+def _check_connection_options(parsed: URL, url: str) -> None:
+    """What the driver would refuse only as it connects, refused before anything opens: a
+    port that is no number or out of range (`?port=abc` ended as an internal error, `:99999`
+    as a database out of reach), an option libpq does not know (`?foo=1`) or a connect
+    timeout that is no number (both a database error, exit 1). Values only the server or
+    libpq's connection can judge (an sslmode, a host) are left to the connection."""
+    from ..errors import InvalidInput
+
+    def bad(why: str) -> InvalidInput:
+        return InvalidInput("invalid_input", f"not a usable database URL ({why}): {url!r}")
+
+    try:
+        _, params = parsed.get_dialect()().create_connect_args(parsed)
+    except ArgumentError as e:
+        raise bad(str(e)) from None
+    for port in str(params.get("port", "")).split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise bad(f"port {port!r} is not a number from 1 to 65535")
+    if "connect_timeout" in params:  # read by psycopg itself, with int()
+        try:
+            int(str(params["connect_timeout"]))
+        except ValueError:
+            raise bad(f"connect_timeout {params['connect_timeout']!r} is no number") from None
+    try:
+        from psycopg import ProgrammingError, conninfo
+    except ImportError:
+        return  # the connection says the driver is missing (driver_missing, exit 6)
+    try:
+        conninfo.make_conninfo("", **{k: str(v) for k, v in params.items()})  # libpq's parser
+    except ProgrammingError as e:
+        raise bad(str(e).strip()) from None
