@@ -706,3 +706,31 @@ def test_a_server_whose_output_reader_is_gone_serves_on_and_stops_cleanly(
             proc.kill()
             proc.wait()
     assert "Traceback" not in err_path.read_text()
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\n"
+    b"Content-Length: 12\r\n\r\n{\"kind\":\"k\"}",
+    b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Any: \x7f\r\n\r\n",
+    b"GET /v1/jo bs HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"BREW /v1/jobs HTTP/9.9\r\n\r\n",
+], ids=["control-character-in-header", "delete-in-header", "space-in-path", "no-http"])
+def test_a_request_the_http_parser_refuses_is_answered_in_the_json_error_shape(
+        sqlite_target: Target, request_bytes: bytes) -> None:
+    """A control character in a header value, a space in the path, a request line that is
+    no HTTP: the parser under the app refused them with a plain-text 400 ("Invalid HTTP
+    request received."), where docs/serve.md promises every error in the JSON shape."""
+    import socket
+
+    with served(sqlite_target, "--reap-every", "0") as s:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as sock:
+            sock.sendall(request_bytes)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 "), answer
+        assert b"content-type: application/json" in head.lower(), answer
+        assert json.loads(body)["error"]["code"] == "invalid_input"
+    with Coordinator.open(sqlite_target) as c:
+        assert c.jobs()["jobs"] == []

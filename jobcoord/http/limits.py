@@ -150,15 +150,19 @@ async def send_error(send: Any, err: JobcoordError, *, status: int | None = None
     """`err` in the JSON error shape, on the raw ASGI channel (below FastAPI's handlers):
     its mapped status unless `status` says otherwise; closing the connection by default,
     as a request refused before its body was read leaves that body unread."""
-    # Rendered as every other answer is (Starlette's JSONResponse): one form for clients
-    # that compare or log the bytes.
-    body = json.dumps(err.to_json(), ensure_ascii=False, allow_nan=False, indent=None,
-                      separators=(",", ":")).encode("utf-8")
+    body = error_bytes(err)
     await send({"type": "http.response.start", "status": status or status_of(err),
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()),
                             *([(b"connection", b"close")] if close else []), *headers]})
     await send({"type": "http.response.body", "body": body})
+
+
+def error_bytes(err: JobcoordError) -> bytes:
+    """`err`'s JSON body rendered as every other answer is (Starlette's JSONResponse): one
+    form for clients that compare or log the bytes."""
+    return json.dumps(err.to_json(), ensure_ascii=False, allow_nan=False, indent=None,
+                      separators=(",", ":")).encode("utf-8")
 
 
 def error_response(err: JobcoordError) -> JSONResponse:

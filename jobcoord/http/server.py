@@ -80,6 +80,28 @@ def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
+def _protocol() -> type:
+    """uvicorn's HTTP protocol (httptools), answering a request its parser refuses (a
+    control character in a header, a request line that is no HTTP) in the JSON error shape
+    every other error has, not uvicorn's plain text."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from .limits import error_bytes
+
+    body = error_bytes(InvalidInput("invalid_input", "malformed HTTP request: its request "
+                                    "line or a header could not be parsed"))
+    answer = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+              b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
+              + body)
+
+    class Protocol(HttpToolsProtocol):  # type: ignore[misc]
+        def send_400_response(self, msg: str) -> None:
+            self.transport.write(answer)
+            self.transport.close()
+
+    return Protocol
+
+
 class _Terminated(Exception):
     """SIGTERM arrived: stop as asked."""
 
@@ -159,6 +181,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
 
     config = uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+        http=_protocol(),
         log_level="warning", access_log=False, server_header=False, proxy_headers=False,
         lifespan="on", timeout_graceful_shutdown=STOP_GRACE_S, timeout_keep_alive=30)
     server = _Server(config)
