@@ -76,6 +76,17 @@ def tick_schedules(coordinator: Any) -> dict[str, Any]:
     return {k: got[k] for k in ("fired", "missed", "missed_exact", "skipped", "queued")}
 
 
+def stop_on_hangup(handler: Any) -> Any:
+    """The terminal a long-running loop was started in closed (SIGHUP): it stops as on
+    SIGTERM, finishing what is under way, instead of dying of the signal (129) in the middle
+    of it; unless it was started to outlive its terminal (`nohup`: SIGHUP ignored). Returns
+    the handler that was there, to put back."""
+    previous = signal.getsignal(signal.SIGHUP)
+    if previous is signal.SIG_DFL:
+        signal.signal(signal.SIGHUP, handler)
+    return previous
+
+
 def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
                as_json: bool = False) -> int:
     """Reap every `interval` seconds until SIGTERM (exit 0) or SIGINT (exit 130), always after
@@ -92,6 +103,7 @@ def run_reaper(coordinator: Any, interval: float, *, limit: int = 1000,
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    stop_on_hangup(_stop)
     backoff = Backoff(interval)
     passes = 0
     while not stop.is_set():

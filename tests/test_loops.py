@@ -34,12 +34,16 @@ PY = sys.executable
 class Loop:
     """A `jobcoord ... reap --every` or `worker` process; stdout lines collected as they come."""
 
-    def __init__(self, db_args: list[str], args: list[str], log: str):
+    def __init__(self, db_args: list[str], args: list[str], log: str,
+                 nohup: bool = False):
         self.log = log
         with open(log, "wb") as err:
-            self.proc = subprocess.Popen([PY, "-m", "jobcoord", *db_args, *args], cwd=REPO,
-                                         stdout=subprocess.PIPE, stderr=err,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [PY, "-m", "jobcoord", *db_args, *args], cwd=REPO, stdout=subprocess.PIPE,
+                stderr=err, stdin=subprocess.DEVNULL,
+                # As `nohup` starts it: SIGHUP ignored, which exec keeps.
+                preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup
+                else None)
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -128,6 +132,30 @@ def test_ctrl_c_ends_reap_every_with_130_after_the_pass(sqlite_target, loops, tm
     assert r.stop(signal.SIGINT) == 130
     assert all(isinstance(o, dict) for o in r.objects())
     assert "Traceback" not in r.stderr()
+
+
+def test_a_hangup_ends_reap_every_as_sigterm_does_after_the_pass(sqlite_target, loops,
+                                                                  tmp_path):
+    """Its terminal closed (SIGHUP): it died of the signal (129) in the middle of whatever
+    it did. It stops as on SIGTERM: the pass under way finished, exit 0."""
+    r = _reaper(loops, ["--db", sqlite_target.sqlite_path], tmp_path)
+    wait_for(lambda: r.alive() and len(r.lines) >= 2, 15, "two passes")
+    assert r.stop(signal.SIGHUP) == 0
+    assert all(isinstance(o, dict) for o in r.objects())
+    assert "Traceback" not in r.stderr()
+
+
+def test_a_reaper_started_to_outlive_its_terminal_ignores_the_hangup(sqlite_target, loops,
+                                                                     tmp_path):
+    """`nohup jobcoord reap --every 5`: SIGHUP ignored when it started stays ignored."""
+    loop = Loop(["--db", sqlite_target.sqlite_path], ["reap", "--every", "0.2", "--json"],
+                str(tmp_path / "reaper.log"), nohup=True)
+    loops.append(loop)
+    wait_for(lambda: loop.alive() and len(loop.lines) >= 2, 15, "two passes")
+    loop.proc.send_signal(signal.SIGHUP)
+    seen = len(loop.lines)
+    wait_for(lambda: loop.alive() and len(loop.lines) >= seen + 3, 15, "passes after it")
+    assert loop.stop(signal.SIGTERM) == 0
 
 
 # --- surviving the database ---------------------------------------------------------------

@@ -341,14 +341,17 @@ def test_the_listening_url_of_an_ipv6_address_is_a_url_a_worker_can_use(
         assert server_base(s.url) == s.url
 
 
-def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: Target
-                                                                 ) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: Target,
+                                                                 sig: int) -> None:
+    """SIGHUP (the terminal it was started in closed) killed it outright, exit 129, with no
+    `stopped`: it stops as on SIGTERM."""
     s = Served(sqlite_target, "--reap-every", "0").start()
     try:
         assert s.proc is not None
         with s.client() as http:
             assert http.get("/healthz").status_code == 200
-        s.signal(signal.SIGTERM)
+        s.signal(sig)
         out, _ = s.proc.communicate(timeout=30)
         assert s.proc.returncode == 0
         assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"

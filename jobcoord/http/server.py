@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidInput
+from ..runtime import stop_on_hangup
 from .state import DEFAULT_UPLOAD_IDLE_S
 
 
@@ -191,6 +192,8 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     # turns into exit code 130; SIGTERM (a service manager's stop) becomes _Terminated here,
     # so the stop is said (`stopped`) and the process exits 0 instead of dying of the signal.
     previous = signal.signal(signal.SIGTERM, _terminated)
+    # SIGHUP (its terminal closed) is a stop as uvicorn's own for SIGTERM: graceful, exit 0.
+    hangup = stop_on_hangup(lambda _signum, _frame: setattr(server, "should_exit", True))
     interrupted = False
     try:
         server.run()
@@ -200,6 +203,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
         interrupted = True
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, hangup)
         emit({"event": "stopped"})
     if app.state.server.fatal is not None:
         raise app.state.server.fatal

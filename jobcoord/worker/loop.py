@@ -31,7 +31,7 @@ from .. import __version__
 from ..app import HandlerSpec
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..readings import current_readings
-from ..runtime import Backoff, describe, is_fatal
+from ..runtime import Backoff, describe, is_fatal, stop_on_hangup
 from ..store.base import ChangeWaiter
 from .clock import LOOP_MAX_WAIT_S, Clock, GapWatch
 from .completer import Completer
@@ -381,10 +381,9 @@ class Worker:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
-            # The terminal it runs in closed: stop as on SIGTERM (its jobs released at once,
-            # not left to their leases' end), unless started to outlive it (`nohup`).
-            if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
-                signal.signal(signal.SIGHUP, self._on_signal)
+            # The terminal it runs in closed: its jobs released at once, not left to their
+            # leases' end.
+            stop_on_hangup(self._on_signal)
         hb = self._first_heartbeat()
         self.log("started", roles=cfg.roles, kinds=self.kinds, concurrency=cfg.concurrency,
                  lease_s=cfg.lease_s, batch=cfg.batch, flush_delay_s=cfg.flush_delay_s,
