@@ -12,6 +12,7 @@ import sys
 
 
 def main() -> None:
+    _standard_streams()
     # Ctrl-C is held back while the CLI's modules load: one cut halfway (SQLAlchemy's, say)
     # cannot be loaded again in this process, and reading --json as click reads it needs
     # them. Held for those few tenths of a second, it arrives as the mask is lifted.
@@ -36,6 +37,28 @@ def main() -> None:
 
     install()
     run()
+
+
+def _standard_streams() -> None:
+    """A standard stream closed when the command started (`>&-`, `2>&-`, a service manager
+    that closes them) is opened onto /dev/null: what it would print is dropped, as for a
+    reader gone, and the command does its work. Python left `sys.stdout` None there (every
+    command ended exit 1 with a traceback, a committed enqueue too), and the first file
+    opened (the database) would have taken the free descriptor, and printed output with it."""
+    import os
+
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        # Open for the process's life, as the stream it stands for.
+        setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115
 
 
 def _result_stands() -> None:

@@ -396,3 +396,64 @@ def test_a_reader_gone_drops_the_output_and_the_exit_code_stands(
         with Coordinator.open(str(tmp_path / "the demo" / "jobcoord.db")) as d:
             jobs = d.jobs(limit=1000)["jobs"]
         assert jobs and all(j["status"] in ("succeeded", "dead", "cancelled") for j in jobs)
+
+
+def _jobcoord_with_closed(fds: tuple[int, ...], args: list[str], tmp_path: Path,
+                          timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    """`jobcoord ARGS` started with the descriptors `fds` closed (`>&-`, `2>&-`); what is
+    left open is captured (stderr into a file when only stdout is closed)."""
+    return subprocess.run([sys.executable, "-m", "jobcoord", *args], cwd=tmp_path,
+                          capture_output=True, timeout=timeout,
+                          preexec_fn=lambda: [os.close(fd) for fd in fds])
+
+
+@pytest.mark.parametrize("fds", [(1,), (2,), (1, 2)], ids=[">&-", "2>&-", ">&- 2>&-"])
+@pytest.mark.parametrize("args,code", [
+    (["enqueue", "k2", "--json"], 0),
+    (["status"], 0),
+    (["show", "999", "--json"], 4),
+    (["enqueue", ""], 2),
+    (["worker", "--exec", "k=true", "--burst", "--json", "--reap-every", "0"], 0),
+])
+def test_a_closed_standard_stream_changes_neither_the_work_nor_the_exit_code(
+        tmp_path: Path, fds: tuple[int, ...], args: list[str], code: int) -> None:
+    """Started with stdout or stderr closed (`>&-`, `2>&-`, a service manager's habit), every
+    command ended exit 1 with a traceback (Python leaves `sys.stdout` None), a committed
+    enqueue included, and a worker died at start. A closed stream is a reader gone: the
+    command does its work and its exit code stands; and nothing it opens (the database)
+    takes the free descriptor in the stream's place."""
+    db = str(tmp_path / "q # 1.db")
+    with Coordinator.open(db, migrate=True) as c:
+        c.enqueue("k", {})
+    before = (tmp_path / "q # 1.db").read_bytes()[:100]
+    proc = _jobcoord_with_closed(fds, ["--db", db, *args], tmp_path)
+    shown = (proc.stdout + proc.stderr).decode(errors="replace")[-3000:]
+    assert proc.returncode == code, shown
+    assert b"Traceback" not in proc.stdout + proc.stderr and b"internal" not in proc.stderr
+    assert (tmp_path / "q # 1.db").read_bytes()[:100] == before  # the header: SQLite's
+    with Coordinator.open(db) as c:
+        jobs = {j["kind"]: j["status"] for j in c.jobs()["jobs"]}
+    if args[0] == "enqueue" and code == 0:
+        assert "k2" in jobs
+    if args[0] == "worker":
+        assert jobs["k"] == "succeeded"
+
+
+@pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["enqueue", "k2", "--json"],
+                                  ["metrics"]])
+def test_a_full_stdout_is_storage_unavailable_exit_6_never_an_internal_error(
+        tmp_path: Path, args: list[str]) -> None:
+    """stdout on a full disk (/dev/full): exit 1 as an internal error, and with --json a
+    traceback (the error JSON failed on the same stdout). The result could not be written:
+    exit 6 with the reason on stderr, whatever the command had done (a committed enqueue
+    stays committed and is said so)."""
+    db = str(tmp_path / "q # 1.db")
+    with Coordinator.open(db, migrate=True) as c:
+        c.enqueue("k", {})
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-m", "jobcoord", "--db", db, *args],
+                              stdout=full, stderr=subprocess.PIPE, timeout=120)
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 6, err[-3000:]
+    assert "Traceback" not in err and "internal" not in err, err[-3000:]
+    assert err.count("\n") == 1 and "No space left" in err, err

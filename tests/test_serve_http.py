@@ -671,12 +671,13 @@ def test_an_unknown_query_parameter_is_400_not_ignored(sqlite_target: Target) ->
             assert dump(c) == before
 
 
+@pytest.mark.parametrize("closed", [False, True], ids=["| head -c0", ">&-"])
 def test_a_server_whose_output_reader_is_gone_serves_on_and_stops_cleanly(
-        sqlite_target: Target, tmp_path: Any) -> None:
+        sqlite_target: Target, tmp_path: Any, closed: bool) -> None:
     """`jobcoord serve --port P | head -c0` (or a terminal closed under it): its `listening`
-    line met a closed pipe and the server died at start, exit 1, with uvicorn's traceback.
-    Its event lines are dropped when their reader is gone; it serves, and stops on SIGTERM
-    exit 0."""
+    line met a closed pipe and the server died at start, exit 1, with uvicorn's traceback;
+    started with stdout closed (`>&-`) it died the same way. Its event lines are dropped
+    when their reader is gone; it serves, and stops on SIGTERM exit 0."""
     import socket
 
     secret = token(sqlite_target, "sub", "submitter")
@@ -688,7 +689,8 @@ def test_a_server_whose_output_reader_is_gone_serves_on_and_stops_cleanly(
     with open(err_path, "wb") as errf:
         proc = subprocess.Popen([*jobcoord_argv(), *db_args(sqlite_target), "serve",
                                  "--port", str(port), "--reap-every", "0", "--json"],
-                                stdout=write_end, stderr=errf)
+                                stdout=write_end, stderr=errf,
+                                preexec_fn=(lambda: os.close(1)) if closed else None)
     os.close(write_end)
     try:
         def answers() -> bool:

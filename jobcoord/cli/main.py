@@ -4,6 +4,7 @@ one place."""
 
 from __future__ import annotations
 
+import errno
 import sys
 import traceback
 from typing import Any
@@ -16,7 +17,16 @@ from ..http.commands import register as register_http
 # Importing the command modules registers their commands on the group.
 from . import artifacts, jobs, leases, limits, runtime, schedules, storage  # noqa: F401
 from .group import cli
-from .output import PARSED, drop_output, dump, reader_gone, result_out, safe_text, unless_gone
+from .output import (
+    PARSED,
+    drop_output,
+    dump,
+    reader_gone,
+    result_out,
+    safe_text,
+    unless_gone,
+    unwritable,
+)
 
 register_http(cli)  # serve, token, and worker --server (jobcoord/http/commands.py)
 
@@ -58,19 +68,19 @@ def _flag_in_argv(argv: list[str]) -> tuple[bool, bool]:
 def _print_error(err: JobcoordError, as_json: bool) -> None:
     result_out()
     if as_json:
-        with unless_gone():
+        with unless_gone(reporting=True):
             click.echo(dump(err.to_json()))
     # One line on stderr whatever the message echoes (a path, a value): data cannot add one.
-    with unless_gone(err=True):
+    with unless_gone(err=True, reporting=True):
         click.echo(f"jobcoord: error: {safe_text(err.message)}", err=True)
 
 
 def _interrupted(as_json: bool) -> None:
     if as_json:
-        with unless_gone():
+        with unless_gone(reporting=True):
             click.echo(dump(Interrupted("interrupted", "interrupted (Ctrl-C); the write "
                                         "under way, if any, was rolled back").to_json()))
-    with unless_gone(err=True):
+    with unless_gone(err=True, reporting=True):
         click.echo("jobcoord: interrupted", err=True)
     sys.exit(130)
 
@@ -110,13 +120,20 @@ def main(argv: list[str] | None = None) -> None:
         _print_error(e, as_json)
         sys.exit(e.exit_code)
     except OSError as e:
-        if not reader_gone(e):
+        if reader_gone(e):
+            # The reader went away while the command printed (`jobcoord metrics | head -1`,
+            # `--help` into a closed terminal): not an error of ours, and nothing but
+            # printing was left to do (results and refusals are printed by `emit`, which
+            # drops them).
+            drop_output()
+            sys.exit(0)
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise _internal(e, *modes()) from None
-        # The reader went away while the command printed (`jobcoord metrics | head -1`,
-        # `--help` into a closed terminal): not an error of ours, and nothing but printing
-        # was left to do (results and refusals are printed by `emit`, which drops them).
+        # A full disk, whatever was written to it (`metrics > m.prom`): storage unavailable.
         drop_output()
-        sys.exit(0)
+        err = unwritable(e, "the output")
+        _print_error(err, modes()[0])
+        sys.exit(err.exit_code)
     except Exception as e:
         raise _internal(e, *modes()) from None
     sys.exit(code if isinstance(code, int) else 0)

@@ -13,6 +13,7 @@ from typing import Any, TextIO
 
 import click
 
+from ..errors import StorageUnavailable
 from ..text import safe_text
 
 
@@ -39,20 +40,31 @@ def emit(as_json: bool, payload: dict[str, Any], text: str | Callable[[], str] |
 
 
 @contextlib.contextmanager
-def unless_gone(err: bool = False) -> Iterator[None]:
+def unless_gone(err: bool = False, *, reporting: bool = False) -> Iterator[None]:
     """Print to a stream whose reader may be gone: a closed terminal (EIO: a worker whose
     terminal closed printed its summary there) or a closed pipe (EPIPE). What cannot be
     printed is dropped, and the stream pointed at /dev/null so the interpreter's own flush
     at exit cannot fail; the command's work is done and its exit code stands. It ended exit
-    1 as an internal error."""
+    1 as an internal error.
+
+    A stream that cannot be written otherwise (a full disk under `> out.json`) lost what a
+    reader is waiting for: StorageUnavailable (exit 6), unless what is printed is already
+    that report (`reporting`), which then is dropped."""
     stream = sys.stderr if err else sys.stdout
     try:
         yield
         stream.flush()
     except OSError as e:
-        if not reader_gone(e):
-            raise
         drop_output(stream)
+        if reader_gone(e) or reporting:
+            return
+        raise unwritable(e, "stderr" if err else "stdout") from None
+
+
+def unwritable(e: OSError, where: str) -> StorageUnavailable:
+    return StorageUnavailable("output_unwritable", f"cannot write to {where}: "
+                              f"{e.strerror or e}; what the command did is done (`show`, "
+                              "`jobs` tell)")
 
 
 def result_out() -> None:
@@ -64,8 +76,9 @@ def result_out() -> None:
 
 def say(text: str) -> None:
     """One line of progress (the demo's, serve's events) that goes on when its reader is
-    gone: `demo | head -c0` stopped the demo at its first line."""
-    with unless_gone():
+    gone (`demo | head -c0` stopped the demo at its first line) or its disk is full, as
+    the worker's log does: progress is not the result."""
+    with unless_gone(reporting=True):
         click.echo(text)
 
 
