@@ -35,29 +35,67 @@ from .store.sqlite import create_private_file, file_quick_check, set_journal_mod
 from .store.target import WRITE_ROOM, name_has_room
 
 
-def _missing_tables(db: Database, conn: Connection) -> list[str]:
-    """The tables of the installed revisions the database lacks (dropped by hand, a partial
-    restore): every command that reads one would fail, so `check` must not say ok."""
+def _installed_features(db: Database, conn: Connection) -> set[str] | None:
+    """The features installed beside the core, or None below the newest core revision: an
+    older one lacks the newer tables, indexes and triggers by design (`migrate` adds them);
+    the findings judge what it has."""
     from .migrate import current_revisions, installed_features
-    from .schema import CORE_TABLES, OPTIONAL_TABLES
     from .store import CORE_REVISIONS
 
     revisions = current_revisions(db, conn)
     if CORE_REVISIONS[-1] not in revisions:
-        # An older core revision lacks the newer tables by design (`migrate` adds them);
-        # the findings below judge what it has.
-        return []
-    features = installed_features(revisions)
+        return None
+    return set(installed_features(revisions))
+
+
+def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[str]:
+    """The tables of the installed revisions the database lacks (dropped by hand, a partial
+    restore): every command that reads one would fail, so `check` must not say ok."""
+    from .schema import CORE_TABLES, OPTIONAL_TABLES
+
     expected = [*CORE_TABLES, *(t for f in sorted(features) for t in OPTIONAL_TABLES.get(f, ()))]
     return [t for t in expected if not db.engine.dialect.has_table(conn, t)]
 
 
+def _missing_objects(db: Database, conn: Connection, features: set[str]
+                     ) -> list[dict[str, str]]:
+    """The indexes, constraints and triggers of the installed revisions the database lacks
+    (dropped by hand): an index gone slows claims to a scan, a UNIQUE gone lets two jobs
+    share an idempotency key, a counting trigger gone lets job_counts drift from the jobs
+    with every change after it. `migrate` does not put them back; a restore from a backup,
+    or the statement of the revision that made it, does."""
+    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
+
+    from .schema import COUNTING_TRIGGERS, OPTIONAL_TABLES, metadata
+
+    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in features for t in names}
+    expected: list[tuple[str, str, str]] = []
+    for table in metadata.sorted_tables:
+        if table.name in absent:
+            continue
+        expected += sorted((table.name, "index", str(i.name)) for i in table.indexes)
+        if db.names_constraint_indexes:
+            expected += sorted(
+                (table.name, "primary_key" if isinstance(k, PrimaryKeyConstraint)
+                 else "unique", str(k.name)) for k in table.constraints
+                if isinstance(k, PrimaryKeyConstraint | UniqueConstraint))
+    expected += [("jobs", "trigger", name) for name in COUNTING_TRIGGERS]
+    present = db.schema_object_names(conn)
+    return [{"table": t, "type": kind, "name": name} for t, kind, name in expected
+            if name not in present]
+
+
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
-    missing = _missing_tables(db, conn)
+    features = _installed_features(db, conn)
+    missing = [] if features is None else _missing_tables(db, conn, features)
     if missing:
         # The invariants' statements may read the missing tables: this finding comes alone.
         return [{"invariant": "table_missing", "job_ids": [], "tables": missing}]
     violations = []
+    objects = [] if features is None else _missing_objects(db, conn, features)
+    if objects:
+        violations.append({"invariant": "schema_object_missing", "job_ids": [],
+                           "objects": objects[:20]})
     for name, stmt in rs.INVARIANTS:
         ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:

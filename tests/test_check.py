@@ -515,3 +515,32 @@ def test_a_stray_lease_whose_epoch_is_not_a_whole_epoch_never_makes_one(
     assert got["lease"]["epoch"] == (3 if stored == "2.5" else 1), got
     assert type(c.show(job)["job"]["epoch"]) is int
     c.close()
+
+
+@pytest.mark.parametrize("drop", ["index", "trigger", "unique"])
+def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
+        target: Target, drop: str) -> None:
+    """An index, a counting trigger or a uniqueness dropped by hand left `check` saying ok:
+    claims slowed to a scan, `job_counts` drifted from the jobs with every change, two jobs
+    could share an idempotency key. `check` names what is missing (exit 7)."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target, migrate=True)
+    c.enqueue("k", {})
+    assert run_cli(target, "check", "--json").code == 0
+    sqlite = target.sqlite_path is not None
+    if drop == "unique" and sqlite:
+        pytest.skip("SQLite cannot drop a table's UNIQUE constraint (only rebuild the table)")
+    statement, name = {
+        "index": ("DROP INDEX ix_jobs_claim_roleless", "ix_jobs_claim_roleless"),
+        "trigger": ("DROP TRIGGER jobs_counted_update" + ("" if sqlite else " ON jobs"),
+                    "jobs_counted_update"),
+        "unique": ("ALTER TABLE tokens DROP CONSTRAINT uq_tokens_name", "uq_tokens_name"),
+    }[drop]
+    with c.db.engine.begin() as conn:
+        conn.execute(text(statement))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = [v for v in r.json["violations"] if v["invariant"] == "schema_object_missing"]
+    assert found and [o["name"] for o in found[0]["objects"]] == [name], found

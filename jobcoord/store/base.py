@@ -457,6 +457,15 @@ class Database:
         has no such check (PostgreSQL)."""
         return None
 
+    #: Whether `schema_object_names` lists the indexes behind primary keys and UNIQUE
+    #: constraints by their constraints' names (PostgreSQL; SQLite names them
+    #: sqlite_autoindex_*, and they cannot be dropped without rebuilding the table).
+    names_constraint_indexes = False
+
+    def schema_object_names(self, conn: Connection) -> set[str]:
+        """The names of the indexes and triggers the database holds (for `check`)."""
+        raise NotImplementedError
+
     def prepare_for_migration(self) -> None:
         """What must hold before a migration's transaction, outside it (SQLite: WAL)."""
 

@@ -425,6 +425,17 @@ class PostgresDatabase(Database):
         return {t: int(self.run(conn, _CONTINUE[t]).scalar_one()) for t in SEQUENCES
                 if t in tables}
 
+    names_constraint_indexes = True
+
+    def schema_object_names(self, conn: Connection) -> set[str]:
+        # In the schema the connection works in (its search_path's first), as every
+        # statement of jobcoord's does.
+        return {r[0] for r in conn.exec_driver_sql(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+            "UNION ALL SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE NOT t.tgisinternal AND n.nspname = current_schema()").all()}
+
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         # Measured when the connection opened: this host against the server.
         offset = conn.info.get("clock_offset_s")

@@ -595,6 +595,10 @@ class SqliteDatabase(Database):
 
     # -- the tools' operations --
 
+    def schema_object_names(self, conn: Connection) -> set[str]:
+        return {r[0] for r in conn.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')").all()}
+
     def integrity_check(self, conn: Connection, *, full: bool = False
                         ) -> tuple[list[str], list[list[Any]]]:
         fks = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
