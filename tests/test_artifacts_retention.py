@@ -213,3 +213,27 @@ def test_a_dry_run_of_gc_on_a_store_that_does_not_exist_creates_nothing(
     report = ac.gc_artifacts(dry_run=True)
     assert report["objects_removed"] == 0 and report["temp_files_removed"] == 0
     assert not (tmp_path / "not yet").exists()
+
+
+def test_gc_on_a_store_that_is_not_there_refuses_and_creates_nothing(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """`artifact gc --artifacts` naming a directory that is not there (a typo) made it and
+    said ok, `referenced: 3`, over a store it had never seen; the same typo one letter off
+    another store is how objects get deleted. A store that is not there while rows of the
+    database reference objects is refused (exit 2) and nothing is made or changed."""
+    from tests.conftest import dump
+
+    done, e1 = start(ac, "w1")
+    kept = ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    typo = str(tmp_path / "stroe # ?%")
+    before = dump(ac)
+    for dry in ([], ["--dry-run"]):
+        r = subprocess.run([sys.executable, "-m", "jobcoord", *where(target), "--artifacts",
+                            typo, "artifact", "gc", "--json", *dry],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert '"artifact_store_missing"' in r.stdout and typo in r.stderr
+        assert not os.path.exists(typo)
+    assert dump(ac) == before
+    assert ObjectStore(store_dir).exists(kept["digest"]) and ac.verify_artifacts()["ok"]

@@ -45,6 +45,19 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             0 <= grace_s <= 10 * 365 * 86400):
         raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
     store = store_of(coord)
+    if not os.path.isdir(store.root):
+        # Nothing stored there, so nothing to collect; with rows referencing objects, it is
+        # the wrong place (a mistyped --artifacts: one letter off another database's store is
+        # how objects get deleted). Either way the store is not made here.
+        live = coord.db.read(lambda conn: coord.db.run(conn, fs.REFERENCED_DIGESTS).all(),
+                             "artifact gc")
+        if live:
+            raise InvalidInput(
+                "artifact_store_missing",
+                f"no artifact store at {store.root}, yet this database's artifacts reference "
+                f"{len(live)} object(s): is --artifacts mistyped? Nothing was changed")
+        return _report(dry_run, 0, [], 0, 0, set(), {"removed": 0, "bytes_removed": 0},
+                       store)
     if dry_run:
         ended = len(coord.db.read(lambda conn: coord.db.run(conn, fs.STALE_STAGES).all(),
                                   "artifact gc"))
@@ -67,10 +80,6 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                              "artifact gc")
 
     removed, kept_young, freed = [], 0, 0
-    if dry_run and not os.path.isdir(store.root):
-        # Nothing is stored there yet; a dry run must not create the store to find that out.
-        return _report(True, ended, removed, freed, kept_young, _live(), {"removed": 0,
-                       "bytes_removed": 0}, store)
     with gc_lock(store, exclusive=True):
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
         # Read after listing, under the lock: an object listed is either referenced by now
