@@ -93,6 +93,8 @@ MANIFESTS = {
     "manifest key not a digest": (None, "not a digest"),
     # A FIFO in place of the manifest: restore blocked in open() forever.
     "manifest a fifo": (None, "not a regular file"),
+    # A directory: the message named a file descriptor ("Is a directory: 3").
+    "manifest a directory": (None, "manifest.json is not a regular file"),
     # true == 1 and 1.0 == 1 in Python: a manifest of another writer's making was read as
     # format 1, and rows 3.0 as 3.
     "manifest format true": (None, "format True"),
@@ -138,6 +140,9 @@ def test_restore_refuses_a_backup_whose_manifest_and_objects_disagree(
         if damage == "manifest a fifo":
             (directory / "manifest.json").unlink()
             os.mkfifo(directory / "manifest.json")
+        elif damage == "manifest a directory":
+            (directory / "manifest.json").unlink()
+            (directory / "manifest.json").mkdir()
         else:
             (directory / "manifest.json").write_text(text)
     restored = resolve_target(db=str(tmp_path / "restored.db"))

@@ -264,9 +264,16 @@ def _checked(source: str, directory: str, referenced: dict[str, int], nrows: int
         # Non-blocking, and only a regular file is read: a FIFO in its place blocked the
         # restore in open() for ever.
         fd = os.open(os.path.join(directory, MANIFEST), os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            # Before open(): it refuses a directory naming only the descriptor.
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError:
+            os.close(fd)
+            raise
+        if not regular:
+            os.close(fd)
+            raise bad(f"{directory}/{MANIFEST} is not a regular file")
         with open(fd, encoding="utf-8") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise bad(f"{directory}/{MANIFEST} is not a regular file")
             manifest = json.load(f)
     except FileNotFoundError:
         raise bad(f"{directory}/{MANIFEST} is missing") from None
