@@ -35,17 +35,18 @@ from .store.sqlite import create_private_file, file_quick_check, set_journal_mod
 from .store.target import WRITE_ROOM, name_has_room
 
 
-def _installed_features(db: Database, conn: Connection) -> set[str] | None:
-    """The features installed beside the core, or None below the newest core revision: an
-    older one lacks the newer tables, indexes and triggers by design (`migrate` adds them);
-    the findings judge what it has."""
+def _installed_features(db: Database, conn: Connection) -> tuple[set[str], set[str]] | None:
+    """The features installed beside the core, and those of them at their newest revision;
+    None below the newest core revision: an older one lacks the newer tables, indexes and
+    triggers by design (`migrate` adds them); the findings judge what it has."""
     from .migrate import current_revisions, installed_features
-    from .store import CORE_REVISIONS
+    from .store import CORE_REVISIONS, OPTIONAL_REVISIONS
 
     revisions = current_revisions(db, conn)
     if CORE_REVISIONS[-1] not in revisions:
         return None
-    return set(installed_features(revisions))
+    features = set(installed_features(revisions))
+    return features, {f for f in features if OPTIONAL_REVISIONS[f][-1] in revisions}
 
 
 def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[str]:
@@ -57,7 +58,7 @@ def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[
     return [t for t in expected if not db.engine.dialect.has_table(conn, t)]
 
 
-def _missing_objects(db: Database, conn: Connection, features: set[str]
+def _missing_objects(db: Database, conn: Connection, newest: set[str]
                      ) -> list[dict[str, str]]:
     """The indexes, constraints and triggers of the installed revisions the database lacks
     (dropped by hand): an index gone slows claims to a scan, a UNIQUE gone lets two jobs
@@ -68,7 +69,9 @@ def _missing_objects(db: Database, conn: Connection, features: set[str]
 
     from .schema import COUNTING_TRIGGERS, OPTIONAL_TABLES, metadata
 
-    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in features for t in names}
+    # Only the features at their newest revision (`newest`): one below it has the indexes
+    # of its own, older revision.
+    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}
     expected: list[tuple[str, str, str]] = []
     for table in metadata.sorted_tables:
         if table.name in absent:
@@ -86,13 +89,13 @@ def _missing_objects(db: Database, conn: Connection, features: set[str]
 
 
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
-    features = _installed_features(db, conn)
-    missing = [] if features is None else _missing_tables(db, conn, features)
+    installed = _installed_features(db, conn)
+    missing = [] if installed is None else _missing_tables(db, conn, installed[0])
     if missing:
         # The invariants' statements may read the missing tables: this finding comes alone.
         return [{"invariant": "table_missing", "job_ids": [], "tables": missing}]
     violations = []
-    objects = [] if features is None else _missing_objects(db, conn, features)
+    objects = [] if installed is None else _missing_objects(db, conn, installed[1])
     if objects:
         violations.append({"invariant": "schema_object_missing", "job_ids": [],
                            "objects": objects[:20]})

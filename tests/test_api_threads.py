@@ -307,6 +307,8 @@ def test_postgres_urls_are_accepted_and_mean_psycopg() -> None:
     "postgresql://postgres@127.0.0.1/postgres?foo=bar",
     "postgresql://postgres@127.0.0.1:99999/postgres",
     "postgresql://postgres@127.0.0.1/postgres?port=0",
+    "postgresql://postgres@127.0.0.1:0/postgres",  # connected to the default port, exit 0
+    "postgresql://postgres@127.0.0.1/postgres?sslmode=disable&sslmode=require",  # twice
 ])
 def test_a_malformed_url_or_another_driver_is_invalid_input_never_an_internal_error(
         url: str) -> None:

@@ -120,6 +120,13 @@ def _check_connection_options(parsed: URL, url: str) -> None:
     def bad(why: str) -> InvalidInput:
         return InvalidInput("invalid_input", f"not a usable database URL ({why}): {url!r}")
 
+    if parsed.port is not None and not 0 < parsed.port < 65536:  # 0 was the default port
+        raise bad(f"port {parsed.port} is not a number from 1 to 65535")
+    for key, value in parsed.query.items():
+        # Only a host list repeats (host=a&host=b, with their ports); another option given
+        # twice reached the driver as the text of a tuple.
+        if isinstance(value, tuple) and key not in ("host", "port"):
+            raise bad(f"option {key!r} given {len(value)} times")
     try:
         _, params = parsed.get_dialect()().create_connect_args(parsed)
     except ArgumentError as e:
