@@ -739,3 +739,36 @@ def test_a_request_the_http_parser_refuses_is_answered_in_the_json_error_shape(
         assert json.loads(body)["error"]["code"] == "invalid_input"
     with Coordinator.open(sqlite_target) as c:
         assert c.jobs()["jobs"] == []
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_stops_serve_exit_130_after_its_writes_have_committed(
+        sqlite_target: Target, presses: int) -> None:
+    """Ctrl-C once a reap pass (or any request's write) had committed stopped the server
+    exit 0: the CLI holds a Ctrl-C that comes after a commit until the result is printed,
+    and uvicorn hands its captured Ctrl-C back to that handler. Two quick presses printed a
+    traceback (the Ctrl-C raised inside uvicorn's shutdown). Always `stopped`, exit 130."""
+    secret = token(sqlite_target, "sub", "submitter")
+    proc = subprocess.Popen(
+        [*jobcoord_argv(), *db_args(sqlite_target), "serve", "--port", "0", "--json",
+         "--reap-every", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout is not None
+        listening = json.loads(proc.stdout.readline())
+        assert listening["event"] == "listening"
+        got = httpx.post(f"{listening['url']}/v1/jobs", json={"kind": "k"},
+                         headers={"Authorization": f"Bearer {secret}"}, timeout=10)
+        assert got.status_code == 201
+        time.sleep(0.5)  # reap passes commit meanwhile
+        for _ in range(presses):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode()[-3000:]
+    assert b"Traceback" not in err, err.decode()[-3000:]
+    assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"

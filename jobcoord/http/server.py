@@ -167,6 +167,11 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
             # `stopped` until every one had run, and uvicorn cancelled them with tracebacks.
             asyncio.get_running_loop().call_later(CHECKS_GRACE_S, coordinator.stop_checks)
             await super().shutdown(sockets)
+            if self.force_exit:
+                # A second Ctrl-C: uvicorn stops waiting for the requests in flight and skips
+                # the app's end too, and the loop then cancelled it with a traceback. That
+                # end only stops the app's own tasks and threads: it runs.
+                await self.lifespan.shutdown()
 
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
@@ -195,6 +200,17 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     # SIGHUP (its terminal closed) is a stop as uvicorn's own for SIGTERM: graceful, exit 0.
     hangup = stop_on_hangup(lambda _signum, _frame: setattr(server, "should_exit", True))
     interrupted = False
+
+    def _ctrl_c(_signum: int, _frame: Any) -> None:
+        # What uvicorn hands its captured Ctrl-C back to as it ends: noted, never raised.
+        # The CLI's own handler held a Ctrl-C that came after a commit (a reap pass, any
+        # request's write), so the stop was exit 0; and a KeyboardInterrupt raised while the
+        # loop was still ending printed a traceback.
+        nonlocal interrupted
+        interrupted = True
+        server.should_exit = True
+
+    ctrl_c = signal.signal(signal.SIGINT, _ctrl_c)
     try:
         server.run()
     except _Terminated:
@@ -204,6 +220,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGHUP, hangup)
+        signal.signal(signal.SIGINT, ctrl_c)
         emit({"event": "stopped"})
     if app.state.server.fatal is not None:
         raise app.state.server.fatal
