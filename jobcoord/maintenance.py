@@ -49,13 +49,32 @@ def _installed_features(db: Database, conn: Connection) -> tuple[set[str], set[s
     return features, {f for f in features if OPTIONAL_REVISIONS[f][-1] in revisions}
 
 
+def _expected_tables(features: set[str]) -> list[Table]:
+    """The tables of the core and of `features`: the core's own and those jobcoord keeps
+    beside them (job_counts, the refusal counters, the metric folds)."""
+    from .schema import OPTIONAL_TABLES, metadata
+
+    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in features for t in names}
+    return [t for t in metadata.sorted_tables if t.name not in absent]
+
+
 def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[str]:
     """The tables of the installed revisions the database lacks (dropped by hand, a partial
     restore): every command that reads one would fail, so `check` must not say ok."""
-    from .schema import CORE_TABLES, OPTIONAL_TABLES
+    return [t.name for t in _expected_tables(features)
+            if not db.engine.dialect.has_table(conn, t.name)]
 
-    expected = [*CORE_TABLES, *(t for f in sorted(features) for t in OPTIONAL_TABLES.get(f, ()))]
-    return [t for t in expected if not db.engine.dialect.has_table(conn, t)]
+
+def _missing_columns(conn: Connection, newest: set[str]) -> list[str]:
+    """The columns (`table.column`) of the newest revisions the database lacks (dropped by
+    hand): check's own statements read them ("no such column" was exit 1), and so do the
+    commands. Features below their newest revision have their own revision's columns."""
+    from sqlalchemy import inspect
+
+    found = inspect(conn)
+    return [f"{t.name}.{c.name}" for t in _expected_tables(newest)
+            for have in [{col["name"] for col in found.get_columns(t.name)}]
+            for c in t.columns if c.name not in have]
 
 
 def _missing_objects(db: Database, conn: Connection, newest: set[str]
@@ -94,6 +113,9 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     if missing:
         # The invariants' statements may read the missing tables: this finding comes alone.
         return [{"invariant": "table_missing", "job_ids": [], "tables": missing}]
+    columns = [] if installed is None else _missing_columns(conn, installed[1])
+    if columns:  # alone too, for the same reason
+        return [{"invariant": "column_missing", "job_ids": [], "columns": columns}]
     violations = []
     objects = [] if installed is None else _missing_objects(db, conn, installed[1])
     if objects:
