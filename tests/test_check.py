@@ -573,3 +573,29 @@ def test_check_reports_a_column_or_derived_table_dropped_by_hand_and_exits_7(
         assert found["table_missing"]["tables"] == [damage.split()[1]]
     else:
         assert found["column_missing"]["columns"] == [damage]
+
+
+@pytest.mark.parametrize("damage,command", [
+    ("ALTER TABLE leases DROP CONSTRAINT pk_leases", ["claim", "w1", "--json"]),
+    ("ALTER TABLE jobs DROP COLUMN run_after", ["enqueue", "k", "--json"]),
+])
+def test_a_command_on_a_schema_damaged_by_hand_is_corrupt_exit_7_never_internal(
+        target: Target, damage: str, command: list[str]) -> None:
+    """PostgreSQL: a key or a column dropped by hand made `claim` or `enqueue` exit 1 as an
+    internal error ("no unique or exclusion constraint matching the ON CONFLICT", "column
+    does not exist"). jobcoord's statements are fixed: only a schema changed outside it
+    makes them fail so, which is damage, exit 7 (`check` names it). SQLite reports all of
+    these with one generic error code, SQL mistakes too, so it keeps exit 1 there."""
+    from sqlalchemy import text
+
+    if target.sqlite_path:
+        pytest.skip("SQLite gives these no error code of their own")
+    c = Coordinator.open(target, migrate=True)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    c.enqueue("k", {})
+    with c.db.engine.begin() as conn:
+        conn.execute(text(damage))
+    c.close()
+    r = run_cli(target, *command)
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "schema_damaged"

@@ -92,6 +92,14 @@ PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
     "53100": (StorageUnavailable, "database_full", "the database server's disk is full"),
     "25006": (StorageUnavailable, "database_readonly", "the database is read-only"),
     "42P01": (SchemaMismatch, "not_migrated", "a table is missing"),
+    # jobcoord's statements are fixed and tested: a column, key or index they name missing
+    # is a schema changed outside jobcoord. `check` names what.
+    "42703": (DatabaseCorrupt, "schema_damaged",
+              "a column is missing (the schema was changed outside jobcoord; run `jobcoord "
+              "check`)"),
+    "42P10": (DatabaseCorrupt, "schema_damaged",
+              "a key or unique constraint is missing (the schema was changed outside "
+              "jobcoord; run `jobcoord check`)"),
     # Every number jobcoord writes is validated or counted up from a stored one: only a value
     # written outside it reaches the end of its column (an epoch at 2**31 - 1 a claim adds to).
     "22003": (DatabaseCorrupt, "value_out_of_range",
