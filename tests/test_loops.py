@@ -126,21 +126,15 @@ def test_reap_every_json_prints_one_object_per_pass_even_when_idle(target, coord
     assert sum(o.get("expired", 0) for o in objects) == 1
 
 
-def test_ctrl_c_ends_reap_every_with_130_after_the_pass(sqlite_target, loops, tmp_path):
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGHUP, 0)],
+                         ids=["ctrl-c", "hangup"])
+def test_ctrl_c_or_a_hangup_ends_reap_every_after_the_pass(sqlite_target, loops, tmp_path,
+                                                           sig, code):
+    """Ctrl-C: exit 130. Its terminal closed (SIGHUP): it died of the signal (129) in the
+    middle of whatever it did; it stops as on SIGTERM, the pass under way finished, exit 0."""
     r = _reaper(loops, ["--db", sqlite_target.sqlite_path], tmp_path)
     wait_for(lambda: r.alive() and len(r.lines) >= 2, 15, "two passes")
-    assert r.stop(signal.SIGINT) == 130
-    assert all(isinstance(o, dict) for o in r.objects())
-    assert "Traceback" not in r.stderr()
-
-
-def test_a_hangup_ends_reap_every_as_sigterm_does_after_the_pass(sqlite_target, loops,
-                                                                  tmp_path):
-    """Its terminal closed (SIGHUP): it died of the signal (129) in the middle of whatever
-    it did. It stops as on SIGTERM: the pass under way finished, exit 0."""
-    r = _reaper(loops, ["--db", sqlite_target.sqlite_path], tmp_path)
-    wait_for(lambda: r.alive() and len(r.lines) >= 2, 15, "two passes")
-    assert r.stop(signal.SIGHUP) == 0
+    assert r.stop(sig) == code
     assert all(isinstance(o, dict) for o in r.objects())
     assert "Traceback" not in r.stderr()
 
