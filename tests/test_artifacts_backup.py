@@ -506,3 +506,31 @@ def test_a_failed_restore_takes_away_the_store_it_made_when_nothing_uses_it(
     r = run_cli(None, "--db", str(long), "restore", str(backup), "--json")
     assert r.code == 2 and "bytes" in r.out, r.out  # type: ignore[attr-defined]
     assert not any(p.name.startswith("R") for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("there", ["absent", "empty"])
+def test_a_backup_reads_the_store_and_never_makes_one_where_there_is_none(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, there: str) -> None:
+    """A backup only reads the live store. Named where there is no store (a typo, or an
+    empty directory), it made one there: the directory, its layout and its lock. With no
+    object referenced the backup is taken and nothing is made; with objects referenced it
+    is refused, and nothing is made either."""
+    wrong = tmp_path / "wrong # ?%"
+    if there == "empty":
+        wrong.mkdir()
+
+    def left() -> list[str]:
+        return sorted(p.name for p in wrong.iterdir()) if wrong.exists() else ["(absent)"]
+
+    before = left()
+    r = cli(sqlite_target, str(wrong), "backup", str(tmp_path / "first.db"), "--json")
+    assert r.code == 0, r.err  # type: ignore[attr-defined]
+    assert r.json["artifacts"]["objects"] == 0  # type: ignore[attr-defined]
+    assert left() == before
+    a, ea = start(sc, "w1")
+    sc.put_artifact(a, "w1", ea, "report.pdf", b"%PDF report")
+    sc.complete(a, "w1", ea, {})
+    r = cli(sqlite_target, str(wrong), "backup", str(tmp_path / "second.db"), "--json")
+    assert r.code != 0 and r.code != 1, (r.code, r.err)  # type: ignore[attr-defined]
+    assert left() == before
+    assert not (tmp_path / "second.db").exists()

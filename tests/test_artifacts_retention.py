@@ -215,6 +215,32 @@ def test_a_dry_run_of_gc_on_a_store_that_does_not_exist_creates_nothing(
     assert not (tmp_path / "not yet").exists()
 
 
+def test_gc_in_an_empty_directory_is_no_store_there_and_makes_nothing(
+        ac: Coordinator, target: Target, tmp_path: Path) -> None:  # noqa: F811
+    """An existing directory that holds no store (no `objects/`) is not a store: gc, dry run
+    or not, judges it as one that is not there and leaves it empty. It used to make the
+    store's layout and its lock inside it, and with rows referencing objects, report them
+    as referenced over a store it had never seen."""
+    empty = tmp_path / "empty # ?%"
+    empty.mkdir()
+    for dry in ([], ["--dry-run"]):  # no rows yet: nothing to collect, nothing made
+        r = subprocess.run([sys.executable, "-m", "jobcoord", *where(target), "--artifacts",
+                            str(empty), "artifact", "gc", "--json", *dry],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert list(empty.iterdir()) == []
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    for dry in ([], ["--dry-run"]):  # rows reference objects: the wrong place, refused
+        r = subprocess.run([sys.executable, "-m", "jobcoord", *where(target), "--artifacts",
+                            str(empty), "artifact", "gc", "--json", *dry],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert '"artifact_store_missing"' in r.stdout
+        assert list(empty.iterdir()) == []
+
+
 def test_gc_on_a_store_that_is_not_there_refuses_and_creates_nothing(
         ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
     """`artifact gc --artifacts` naming a directory that is not there (a typo) made it and

@@ -116,7 +116,7 @@ def backup(coord: Any, dest: str, force: bool,
                                "to replace the backup", dest=final)
     token = secrets.token_hex(4)
     staged = f"{dest}.{token}.tmp"
-    with gc_lock(store, exclusive=False):
+    with gc_lock(store, exclusive=False, reading=True):
         result = run(coord.db, staged, force=False, store=store.root)
         work = f"{final}.{token}.tmp"
         old = f"{final}.{token}.old"

@@ -45,17 +45,18 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             0 <= grace_s <= 10 * 365 * 86400):
         raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
     store = store_of(coord)
-    if not os.path.isdir(store.root):
-        # Nothing stored there, so nothing to collect; with rows referencing objects, it is
-        # the wrong place (a mistyped --artifacts: one letter off another database's store is
-        # how objects get deleted). Either way the store is not made here.
-        live = coord.db.read(lambda conn: coord.db.run(conn, fs.REFERENCED_DIGESTS).all(),
+    if not os.path.isdir(os.path.join(store.root, "objects")):
+        # No store there (no directory, or one that never held a store: an empty one made
+        # by hand), so nothing to collect; with rows referencing objects, it is the wrong
+        # place (a mistyped --artifacts: one letter off another database's store is how
+        # objects get deleted). Either way the store is not made here.
+        live = coord.db.read(lambda conn: len(referenced_digests(coord.db, conn)),
                              "artifact gc")
         if live:
             raise InvalidInput(
                 "artifact_store_missing",
                 f"no artifact store at {store.root}, yet this database's artifacts reference "
-                f"{len(live)} object(s): is --artifacts mistyped? Nothing was changed")
+                f"{live} object(s): is --artifacts mistyped? Nothing was changed")
         return _report(dry_run, 0, [], 0, 0, set(), {"removed": 0, "bytes_removed": 0},
                        store)
     if dry_run:

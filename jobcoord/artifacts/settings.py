@@ -191,10 +191,16 @@ def location_of(digest: str) -> str:
 
 
 @contextlib.contextmanager
-def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S
-             ) -> Iterator[None]:
+def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
+            *, reading: bool = False) -> Iterator[None]:
     """Uploads committing their row hold this shared; gc holds it exclusive while it decides
-    and deletes, so an object is never deleted between an upload's `put` and its row."""
+    and deletes, so an object is never deleted between an upload's `put` and its row.
+
+    `reading`: the holder only reads objects (a backup), so where there is no store it makes
+    none and holds nothing: gc deletes nothing in a store that is not there."""
+    if reading and not os.path.isdir(os.path.join(store.root, "objects")):
+        yield
+        return
     store._ensure_layout()
     path = os.path.join(store.root, "gc.lock")
     try:
