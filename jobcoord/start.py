@@ -19,6 +19,11 @@ def main() -> None:
     hold = hasattr(_signal, "pthread_sigmask")
     if hold:
         _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+    if _signal.getsignal(_signal.SIGINT) == _signal.SIG_IGN:
+        # Started with Ctrl-C ignored (a shell script's `jobcoord serve &`): the command takes
+        # it over further on anyway (its own handlers, exit 130), so it does from here. One
+        # sent while it loaded was held back, then discarded as ignored: serve served on.
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     try:
         from .cli.main import interrupted_before_parsing
         from .cli.main import main as run

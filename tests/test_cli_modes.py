@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from jobcoord.cli import _flag_in_argv
-from jobcoord.db import Target
+from jobcoord.db import Target, resolve_target
 from jobcoord.service import Coordinator
 from tests.conftest import dump
 
@@ -120,6 +120,48 @@ def test_ctrl_c_while_the_command_loads_is_interrupted_exit_130_without_a_traceb
     started = " started " in err or '"started"' in err
     assert proc.returncode in (130, -signal.SIGINT) or (proc.returncode == 0 and started), (
         proc.returncode, err)
+
+
+def _holding_ctrl_c_back(pid: int) -> bool:
+    """The entry point has blocked SIGINT: the command's modules are loading."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    blocked = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(blocked.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["enqueue", "k"]])
+def test_a_command_started_with_ctrl_c_ignored_still_stops_on_one_while_it_loads(
+        tmp_path: Path, command: list[str]) -> None:
+    """A shell script's `jobcoord serve &` starts it with SIGINT ignored. The command
+    takes Ctrl-C over as it starts (its own handlers, its exit 130), but one sent while it
+    loaded was dropped: held back by the entry point, then discarded as ignored, and serve
+    served on, the enqueue committed. Sent at that moment, it stops the command, exit 130,
+    with nothing done."""
+    db = str(tmp_path / "q # 1.db")
+    assert subprocess.run([sys.executable, "-m", "jobcoord", "--db", db, "migrate"],
+                          capture_output=True).returncode == 0
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", db, *command], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 30
+        while not _holding_ctrl_c_back(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.001)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, (proc.returncode, out, err)
+    assert "interrupted" in err and "Traceback" not in err, err
+    with Coordinator.open(resolve_target(db=db)) as c:
+        assert c.jobs()["jobs"] == []
 
 
 @pytest.mark.parametrize("delay", [0.05, 0.1, 0.2, 0.3])
