@@ -82,6 +82,64 @@ def test_a_python_handler_that_calls_sys_exit_fails_at_once(db, start, tmp_path,
     assert "SystemExit: 3" in got["job"]["last_error"]
 
 
+ODD_APP = """
+from jobcoord.app import App, Cancelled, PermanentError
+app = App()
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("str fails")
+
+class UnprintablePermanent(PermanentError):
+    def __str__(self):
+        raise RuntimeError("str fails")
+
+class Unencodable(dict):
+    def items(self):
+        raise RuntimeError("items fails")
+
+@app.handler('unprintable', timeout=60)
+def unprintable(payload, ctx):
+    raise Unprintable()
+
+@app.handler('unprintable_permanent', timeout=60)
+def unprintable_permanent(payload, ctx):
+    raise UnprintablePermanent()
+
+@app.handler('unencodable', timeout=60)
+def unencodable(payload, ctx):
+    return Unencodable(a=1)
+
+@app.handler('cancelled_by_itself', timeout=60)
+def cancelled_by_itself(payload, ctx):
+    raise Cancelled("made up")
+"""
+
+
+@pytest.mark.parametrize("concurrency", ["1", "2"])  # the handler inline, on a thread
+@pytest.mark.parametrize(("kind", "error"), [
+    ("unprintable", "Unprintable: "), ("unprintable_permanent", "UnprintablePermanent: "),
+    ("unencodable", "the result is not JSON"), ("cancelled_by_itself", "Cancelled: made up")])
+def test_whatever_a_python_handler_raises_or_returns_its_attempt_is_reported_at_once(
+        db, start, tmp_path, monkeypatch, kind, error, concurrency):
+    """An exception whose message cannot be read (its __str__ raises), a result whose
+    encoding raises something else than the usual TypeError, a Cancelled raised while
+    nothing was cancelled: each escaped the handler's call or was taken for a lost lease.
+    The job stayed `running`, its lease renewed for ever by a worker running nothing, and a
+    stop released nothing. Each is the attempt's failure now, reported with its error."""
+    _, c = db
+    (tmp_path / "odd_app.py").write_text(ODD_APP)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    job = c.enqueue(kind, {}, max_attempts=1)["job_id"]
+    code, summary = start("--app", "odd_app:app", "--burst", "--lease", "3",
+                          "--concurrency", concurrency).finish(timeout=30)
+    assert code == 0 and summary["failed"] == 1, summary
+    got = c.show(job)
+    assert got["job"]["status"] == "dead", got["job"]
+    assert error in got["job"]["last_error"], got["job"]["last_error"]
+    assert c.status()["active_leases"] == 0
+
+
 def test_handler_text_cannot_forge_a_line_of_the_workers_text_log(db, start, tmp_path):
     _, c = db
     forged = "boom\n2026-12-01T00:00:00Z w1 completed job_id=99\x1b[2J\u2028\u202e"

@@ -191,8 +191,18 @@ class Outcome:
     code: str | None = None
 
 
+def described(e: BaseException) -> str:
+    """`Type: message` of what a handler raised, whatever its `__str__` does: one that
+    raised escaped the handler's call, and the job stayed leased with nothing running."""
+    try:
+        text = str(e)
+    except BaseException as exc:  # any: the handler's class decides what it raises
+        text = f"(its message could not be read: {type(exc).__name__})"
+    return f"{type(e).__name__}: {text}"
+
+
 def call_python(run: JobRun, ctx: Context) -> Outcome:
-    """Call the Python handler on this thread and return its outcome."""
+    """Call the Python handler on this thread and return its outcome; never raises."""
     assert run.spec.fn is not None
     try:
         value = run.spec.fn(run.job["payload"], ctx)
@@ -200,22 +210,25 @@ def call_python(run: JobRun, ctx: Context) -> Outcome:
             return Outcome("success", value.value, dict(value.provenance))
         return Outcome("success", value, {})
     except Cancelled as e:
-        return Outcome("lost", code=e.reason, error=f"handler stopped: {e}")
+        if ctx.cancelled:
+            reason = ctx.cancel_reason or "cancelled"
+            return Outcome("lost", code=reason, error=f"handler stopped: {reason}")
+        # Raised by the handler itself, nothing having told it to stop: taken for a lost
+        # lease, the attempt was reported by nobody and the job sat leased to its end.
+        return Outcome("failed", error=described(e))
     except PermanentError as e:
-        return Outcome("permanent", error=f"PermanentError: {e}")
+        return Outcome("permanent", error=described(e))
     except JobcoordError as e:
         if e.code == "feature_missing":
             # (`ctx.artifact` on a database without artifact storage.) Only the operator's
             # migrate heals it: every attempt would run to this point and fail alike.
-            return Outcome("permanent", error=f"{type(e).__name__}: {e}, then `jobcoord "
-                           "retry` this job")
-        return Outcome("failed", error=f"{type(e).__name__}: {e}")
-    except Exception as e:
-        return Outcome("failed", error=f"{type(e).__name__}: {e}")
+            return Outcome("permanent", error=f"{described(e)}, then `jobcoord retry` this "
+                           "job")
+        return Outcome("failed", error=described(e))
     except BaseException as e:
         # sys.exit() or KeyboardInterrupt raised in a handler ends this call, not the
         # worker: the attempt failed, now, instead of holding its slot until the timeout.
-        return Outcome("failed", error=f"{type(e).__name__}: {e}")
+        return Outcome("failed", error=described(e))
 
 
 def start_python(run: JobRun, ctx: Context) -> Callable[[], Outcome | None]:

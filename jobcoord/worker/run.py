@@ -25,6 +25,7 @@ from .handlers import (
     LeaseLine,
     Outcome,
     call_python,
+    described,
     kill_group,
     start_command,
     start_python,
@@ -558,6 +559,10 @@ class JobRun:
                 # takes): the attempt fails like any other result it would refuse.
                 out = Outcome("invalid", error="the result was refused: result is nested "
                               f"deeper than {MAX_JSON_DEPTH} levels")
+            except Exception as e:
+                # The result's own code raised while it was encoded (a mapping whose items()
+                # fails): escaped, the attempt was reported by nobody.
+                out = Outcome("invalid", error=f"the result is not JSON: {described(e)}")
             else:
                 if size > limit:
                     out = Outcome("too_large", error=f"result is {size} bytes, larger than "
