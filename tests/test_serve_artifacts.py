@@ -1211,3 +1211,9 @@ def test_a_download_with_a_bad_range_is_sent_whole_and_one_past_the_end_is_a_jso
         assert huge.status_code == 416
         same = viewer.get(path, headers={"Range": "bytes=2-5", "If-Range": part.headers["ETag"]})
         assert same.status_code == 206 and same.content == BYTES[2:6]
+        # Both answers are in the API's description, as a client generated from it expects.
+        doc = viewer.get("/openapi.json").json()
+        declared = doc["paths"]["/v1/jobs/{job_id}/artifacts/{name}"]["get"]["responses"]
+        assert "206" in declared and "416" in declared, sorted(declared)
+        assert declared["416"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorBody"}

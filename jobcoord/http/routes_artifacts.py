@@ -216,7 +216,16 @@ async def _accepted(srv: Server, job_id: int, who: Identity) -> dict[str, Any]:
     responses={200: {"description": "the artifact's bytes, verified against its digest "
                                     "(X-Content-Digest) before the first byte is sent",
                      "content": {"application/octet-stream": {
-                         "schema": {"type": "string", "format": "binary"}}}}})
+                         "schema": {"type": "string", "format": "binary"}}}},
+               206: {"description": "the parts of the artifact a Range asked for (its "
+                                    "whole was verified first); several parts as "
+                                    "multipart/byteranges",
+                     "content": {"application/octet-stream": {
+                         "schema": {"type": "string", "format": "binary"}},
+                                 "multipart/byteranges": {
+                         "schema": {"type": "string", "format": "binary"}}}},
+               **error_responses((416, "range_not_satisfiable: every range asked for lies "
+                                       "past the artifact's end (Content-Range: bytes */SIZE)"))})
 async def download(request: Request, job_id: JobId, name: str, who: Reader, srv: Srv
                    ) -> FileResponse:
     """Download an accepted artifact of a job this token may see."""
