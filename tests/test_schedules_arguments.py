@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from jobcoord.errors import InvalidInput, Refused
+from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from tests.conftest import dump
 from tests.test_api_arguments import SCHEDULE_METHODS, check_calls
@@ -142,3 +143,54 @@ def test_schedule_tick_says_a_schedule_paused_at_the_calendars_end_exit_0(
         got = run_cli(target, "schedule", "tick")
     assert got.code == 0, got
     assert "fired 1" in got.out and "schedule end: paused" in got.out, got
+
+
+@pytest.mark.parametrize(("added", "ticked", "kwargs"), [
+    # A late tick whose latest slot's window leaves the calendar (18:00 + 6 h).
+    ("9999-12-31T12:30:00", "9999-12-31T18:00:30", {"every": "1h", "window": "6h"}),
+    # A zone ahead of UTC, whose own calendar ends at 10:00 UTC: ticked after that.
+    ("9999-12-31T07:30:00", "9999-12-31T12:00:30",
+     {"cron": "0 * * * *", "tz": "Pacific/Kiritimati"}),
+    ("9999-12-31T07:30:00", "9999-12-31T12:00:30", {"cron": "0 * * * *", "tz": "Etc/GMT-14"}),
+], ids=["late-window", "kiritimati", "gmt-14"])
+def test_a_late_tick_at_the_calendars_end_fires_what_fits_then_pauses(
+        coord: Coordinator, added: str, ticked: str, kwargs: dict[str, Any]) -> None:
+    """Ticked late at the calendar's end, a slot whose window leaves it, or a zone whose
+    own calendar has ended (local time in the year 10000), made the tick call the row
+    jobcoord wrote itself damaged ("written outside jobcoord", exit 7) on every tick for
+    good: nothing fired, nothing paused. The slots that fit are handled as catch-up says,
+    and the schedule pauses, its calendar ended."""
+    from freezegun import freeze_time
+
+    with freeze_time(added):
+        coord.add_schedule("end", "k", **kwargs)
+    with freeze_time(ticked):
+        got = coord.tick_schedules()
+        assert got["unreadable"] == [], got
+        (s,) = got["schedules"]
+        assert s["next_fire_at"] is None and s["calendar_ended"] is True, s
+        (row,) = coord.schedules()["schedules"]
+        assert row["paused"] is True, row
+        again = coord.tick_schedules()
+        assert (again["schedules"], again["unreadable"]) == ([], []), again
+        assert check(coord.db)["ok"], check(coord.db)
+
+
+@pytest.mark.parametrize("kwargs", [{"cron": "0 * * * *"},
+                                    {"cron": "0 * * * *", "tz": "Pacific/Kiritimati"}])
+def test_check_finds_nothing_in_a_schedule_whose_calendar_ended(
+        coord: Coordinator, kwargs: dict[str, Any]) -> None:
+    """A cron with no slot left before the year 10000 was `schedule_unreadable` to check
+    (exit 7), the state the tick is documented to leave; its verdict hung on the clock."""
+    from freezegun import freeze_time
+
+    with freeze_time("9999-12-31T07:30:00"):
+        coord.add_schedule("end", "k", **kwargs)
+    with freeze_time("9999-12-31T09:00:30"):
+        coord.tick_schedules()
+    with freeze_time("9999-12-31T23:00:30"):
+        coord.tick_schedules()
+        (row,) = coord.schedules()["schedules"]
+        assert row["paused"] is True, row
+        got = check(coord.db)
+        assert got["ok"], got

@@ -399,6 +399,13 @@ def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str
                          since=now - ON_TIME_S * MICROS,
                          older=_catchup_max(s) + MAX_MISSED_ROWS)
         window = s["window_us"]
+        if window is not None and not 0 < window <= seconds_to_us(v.TEN_YEARS_S):
+            raise ValueError(f"its window {window} us is none an add accepts")
+        if window is not None and due.slots and due.slots[-1] + window > stored.MAX_TIME_US:
+            # A late tick: the latest slots' windows leave the calendar, as the next slot's
+            # would on time. The ones that fit are handled; the calendar has ended.
+            due = Due(tuple(x for x in due.slots if x + window <= stored.MAX_TIME_US),
+                      due.passed, None)
         for slot in due.slots:
             iso(slot)
             if window is not None:

@@ -141,7 +141,14 @@ class Timing:
         Found by cronsim's walk backwards from `now`; the forward walk stays the one
         definition of the slots (the two can differ by a slot on a daylight saving night in
         a zone that shifts by half an hour), this only says where it starts."""
-        back = CronSim(self.cron or "", from_us(now + 1, zone(self.tz or "UTC")), reverse=True)
+        tz = zone(self.tz or "UTC")
+        try:
+            walk_from = from_us(now + 1, tz)
+        except OverflowError:
+            # The zone's own calendar has ended (ahead of UTC, local time is in the year
+            # 10000 already): its latest slots are before its last local instant.
+            walk_from = datetime.max.replace(tzinfo=tz)
+        back = CronSim(self.cron or "", walk_from, reverse=True)
         seen_older = 0
         while True:
             try:
@@ -170,9 +177,9 @@ class Due:
     after: int | None
 
 
-def cron_timing(expr: object, tz: object) -> Timing:
+def cron_timing(expr: object, tz: object, *, after_us: int | None = None) -> Timing:
     """A checked cron timing: five fields (minute hour day-of-month month day-of-week), and
-    a zone (UTC when none is given)."""
+    a zone (UTC when none is given), with a slot after `after_us` (default: now)."""
     if not isinstance(expr, str) or not expr.strip() or len(expr) > 200:
         raise InvalidInput("invalid_input", "cron: give a cron expression of five fields, "
                            "e.g. '0 2 * * *'", field="cron")
@@ -185,7 +192,7 @@ def cron_timing(expr: object, tz: object) -> Timing:
     input_zone(tz_name)
     timing = Timing(cron=expr, tz=tz_name)
     try:
-        timing.next_after(to_us(datetime.now(UTC)))
+        timing.next_after(to_us(datetime.now(UTC)) if after_us is None else after_us)
     except OverflowError:
         raise InvalidInput("invalid_input", f"cron: {expr!r} has no slot before the year "
                            "10000", field="cron") from None
