@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -254,6 +255,15 @@ def test_put_complete_ls_get_through_the_cli(ac: Coordinator, target: Target, st
     assert r.code == 0 and r.json["ok"] and r.json["checked_objects"] == 2
     r = cli("artifact", "get", str(job_id), "nope", "-o", str(out), "--json")
     assert r.code == 4 and r.json["error"]["code"] == "artifact_not_found"
+    # `-o -` is stdout, as `put`'s `-` is stdin: it wrote a file named `-`.
+    here = tmp_path / "cwd # ?%"
+    here.mkdir()
+    where = ["--db", target.sqlite_path] if target.sqlite_path else ["--url", target.url]
+    got = subprocess.run([sys.executable, "-m", "jobcoord", *where, "--artifacts",
+                          store_dir, "artifact", "get", str(job_id), "report.pdf", "-o", "-"],
+                         cwd=here, capture_output=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout == src.read_bytes() and list(here.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "nul\x00x", "x" * 256, ""])

@@ -50,7 +50,7 @@ def put(s: Any, job_id: str, source: str, worker: str, epoch: str, name: str,
 @click.argument("job_id", metavar="JOB")
 @click.argument("name")
 @click.option("-o", "--output", "output", default=None, metavar="FILE",
-              help="Write here (verified before it gets its name). Default: stdout.")
+              help="Write here (verified before it gets its name). Default, or -: stdout.")
 @click.option("--force", is_flag=True,
               help="Replace FILE if it exists (never the database's own files).")
 @json_option
@@ -65,6 +65,8 @@ def get(s: Any, job_id: str, name: str, output: str | None, force: bool,
     An existing FILE is replaced only with --force; the database's own files, directories,
     devices and pipes never (exit 2)."""
     c = _coord(s)
+    if output == "-":  # stdout, as `put`'s `-` is stdin (a file named so: `-o ./-`)
+        output = None
     if output is not None:
         result = c.get_artifact(job_id, name, output, force=force)
         emit(as_json, result, lambda: f"wrote {safe_text(output)} "
