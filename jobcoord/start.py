@@ -67,9 +67,12 @@ def _standard_streams() -> None:
 
 
 def _result_stands() -> None:
-    """Once a command prints its result, the work it reports is done (committed, or read):
-    a Ctrl-C from then on can undo nothing, so it ends nothing either. It ended the process
-    exit 130 with the `interrupted` error after the result, and a script reading either
-    thought nothing was done. Only the program does this; a caller of the CLI in its own
-    process keeps its Ctrl-C."""
-    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    """Once a command prints its result (or a loop has stopped), the work it reports is
+    done (committed, or read): a Ctrl-C from then on can undo nothing, so it ends nothing
+    either. It ended the process exit 130 with the `interrupted` error after the result,
+    and a script reading either thought nothing was done. So do a SIGTERM or SIGHUP: a
+    second one, as a stopped loop exited, ended it exit 143 (129), its clean stop reported
+    as a kill. Ignored, they stay so while the interpreter ends. Only the program does
+    this; a caller of the CLI in its own process keeps its signals."""
+    for signum in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(signum, _signal.SIG_IGN)

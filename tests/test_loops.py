@@ -139,6 +139,31 @@ def test_ctrl_c_or_a_hangup_ends_reap_every_after_the_pass(sqlite_target, loops,
     assert "Traceback" not in r.stderr()
 
 
+def _stopped_under_a_hail_of_signals(proc: subprocess.Popen[Any], sig: int) -> int:
+    """Send `sig`, then again every few milliseconds until the process has exited."""
+    proc.send_signal(sig)
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.003)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+    return proc.wait(10)
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130),
+                                      (signal.SIGHUP, 0)], ids=["sigterm", "ctrl-c", "hangup"])
+def test_signals_after_the_first_never_change_how_reap_every_ends(sqlite_target, loops,
+                                                                  tmp_path, sig, code):
+    """The loop had stopped and was exiting when a second SIGTERM (a service manager's
+    repeated stop, an impatient `kill`) landed: it died of it, exit 143, the stop it had
+    made cleanly reported as a kill. A second signal changes nothing once the first is
+    taken: the first one's exit code."""
+    r = _reaper(loops, ["--db", sqlite_target.sqlite_path], tmp_path)
+    wait_for(lambda: r.alive() and len(r.lines) >= 1, 15, "a pass")
+    assert _stopped_under_a_hail_of_signals(r.proc, sig) == code, r.stderr()[-2000:]
+    assert "Traceback" not in r.stderr()
+
+
 def test_a_reaper_started_to_outlive_its_terminal_ignores_the_hangup(sqlite_target, loops,
                                                                      tmp_path):
     """`nohup jobcoord reap --every 5`: SIGHUP ignored when it started stays ignored."""

@@ -5,6 +5,7 @@ Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -355,6 +356,34 @@ def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: 
         out, _ = s.proc.communicate(timeout=30)
         assert s.proc.returncode == 0
         assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130),
+                                         (signal.SIGHUP, 0)], ids=["SIGTERM", "ctrl-c", "SIGHUP"])
+def test_signals_after_the_first_never_change_how_serve_ends(sqlite_target: Target, sig: int,
+                                                             code: int) -> None:
+    """A second SIGTERM as serve ended (a service manager repeating its stop) killed it,
+    exit 143 after its `stopped`: the clean stop reported as a kill. After the first, more
+    signals change nothing: the first one's exit code, `stopped` last, no traceback."""
+    import time
+
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    try:
+        assert s.proc is not None
+        with s.client() as http:
+            assert http.get("/healthz").status_code == 200
+        s.proc.send_signal(sig)
+        deadline = time.monotonic() + 30
+        while s.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.003)
+            with contextlib.suppress(ProcessLookupError):
+                s.proc.send_signal(sig)
+        out, err = s.proc.communicate(timeout=30)
+        assert s.proc.returncode == code, err.decode()[-2000:]
+        assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+        assert b"Traceback" not in err, err.decode()[-2000:]
     finally:
         s.stop()
 

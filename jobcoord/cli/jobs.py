@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from .group import Settings, cli, json_text, read_json_source, tenant_option
-from .output import emit, json_option, safe_text
+from .output import emit, json_option, result_out, safe_text
 
 
 @cli.command()
@@ -186,5 +186,6 @@ def reap(s: Settings, every: str | None, limit: str, as_json: bool) -> None:
     interval = v.seconds(every, "every", 0.05, 3600.0)
     code = run_reaper(c, interval, limit=int(v.integer(limit, "limit", 1, 100_000)),
                       as_json=as_json)
+    result_out()  # stopped: a signal from here on changes nothing
     if code:
         raise click.exceptions.Exit(code)

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..cli.output import result_out
 from ..errors import InvalidInput
 
 #: Largest token file read (a token is 47 characters).
@@ -64,7 +65,7 @@ def serve(s: Any, host: str, port: int, tls_cert: str | None, tls_key: str | Non
     run_server(open_for_requests(s), host=host, port=port, tls_cert=tls_cert, tls_key=tls_key,
                insecure_http=insecure_http, reap_every=reap_every, poll_s=poll,
                threads=threads, as_json=as_json, max_artifact_bytes=max_artifact_bytes,
-               upload_idle_s=upload_idle)
+               upload_idle_s=upload_idle, at_stop=result_out)
 
 
 @click.group()

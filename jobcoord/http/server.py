@@ -140,7 +140,11 @@ CHECKS_GRACE_S = 2.0
 def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                tls_key: str | None, insecure_http: bool, reap_every: float, poll_s: float,
                threads: int, as_json: bool, max_artifact_bytes: int = 1 << 30,
-               upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S) -> None:
+               upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S,
+               at_stop: Callable[[], None] | None = None) -> None:
+    """Serve until stopped. `at_stop` (the program's: signals from then on change nothing)
+    is called once the server has stopped, in place of putting back the signal handlers
+    that were there before: put back, a second SIGTERM as the process ended killed it."""
     import uvicorn
 
     from .app import create_app
@@ -218,9 +222,12 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGHUP, hangup)
-        signal.signal(signal.SIGINT, ctrl_c)
+        if at_stop is not None:
+            at_stop()
+        else:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGHUP, hangup)
+            signal.signal(signal.SIGINT, ctrl_c)
         emit({"event": "stopped"})
     if app.state.server.fatal is not None:
         raise app.state.server.fatal
