@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -228,25 +229,47 @@ def _pg_engine(url: str, busy_timeout: float = DEFAULT_BUSY_TIMEOUT) -> Engine:
 
     return engine
 
+#: How long `close` waits for the transactions under way in other threads to give their
+#: connections back, so that the pool's end closes them too.
+CLOSE_WAIT_S = 5.0
+
+
 class PooledConnections(ConnectionSource):
     """A connection per transaction straight from the engine's own bounded pool
     (PostgreSQL: a network round trip costs far more than the checkout)."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        self._given = threading.Condition()
+        self._out = 0  # connections taken and not yet given back
+        self._closed = False
 
     def take(self) -> Connection:
-        return self.engine.connect()
+        conn = self.engine.connect()
+        with self._given:
+            self._out += 1
+        return conn
 
     def give(self, conn: Connection, healthy: bool) -> None:
-        if not healthy:
+        if not healthy or self._closed:
+            # Closed meanwhile: the pool it would go back to has ended (`close`), and
+            # nothing would ever close it there.
             with contextlib.suppress(Exception):
                 conn.invalidate()
         with contextlib.suppress(Exception):
             conn.close()
+        with self._given:
+            self._out -= 1
+            self._given.notify_all()
 
     def close(self) -> None:
-        pass
+        """For good: connections given back from now on are closed; those out now are
+        waited for (a transaction is short) so that the engine's disposal, next, closes
+        them in the pool. One given back into a pool already disposed stayed open for the
+        process's life."""
+        with self._given:
+            self._closed = True
+            self._given.wait_for(lambda: self._out <= 0, timeout=CLOSE_WAIT_S)
 
 
 class PostgresDatabase(Database):

@@ -175,6 +175,7 @@ class ConnectionStack(ConnectionSource):
         self._idle: list[Connection] = []
         self._lock = threading.Lock()
         self._pid = os.getpid()
+        self._closed = False
 
     def take(self) -> Connection:
         with self._lock:
@@ -188,13 +189,24 @@ class ConnectionStack(ConnectionSource):
     def give(self, conn: Connection, healthy: bool) -> None:
         if healthy and not conn.closed and not conn.invalidated and not conn.in_transaction():
             with self._lock:
-                if self._pid == os.getpid() and len(self._idle) < self.keep:
+                if (self._pid == os.getpid() and len(self._idle) < self.keep
+                        and not self._closed):
                     self._idle.append(conn)
                     return
         with contextlib.suppress(Exception):
             conn.close()
 
     def close(self) -> None:
+        """For good: the connections waiting here are closed, and so is every one given
+        back from now on (one in use by another thread as the Coordinator closed was kept,
+        open for the process's life)."""
+        with self._lock:
+            self._closed = True
+        self.forget()
+
+    def forget(self) -> None:
+        """Close the connections waiting here (the engine was disposed); go on keeping
+        the ones given back."""
         with self._lock:
             idle, self._idle = self._idle, []
         for conn in idle:
@@ -392,8 +404,8 @@ class SqliteDatabase(Database):
         @event.listens_for(engine, "engine_disposed")
         def _forget(_engine: Engine) -> None:
             # Disposing the engine means "no old connection from here on": the stacks too.
-            self._writers.close()
-            self._readers.close()
+            self._writers.forget()
+            self._readers.forget()
 
     def _same_file(self) -> None:
         """Refuse to go on with a file no longer at the path (replaced, or removed): the
