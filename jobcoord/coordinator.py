@@ -58,6 +58,7 @@ class Coordinator:
             from .migrate import verify_schema
 
             self.features = verify_schema(db)
+            db.schema_watch = self._features_changed
 
     @classmethod
     def open(
@@ -123,6 +124,20 @@ class Coordinator:
             return True
         self._missing_seen[name] = time.monotonic()
         return False
+
+    def _features_changed(self) -> bool:
+        """Read the features again after a statement failed unexplained: True when they
+        changed (a `migrate --with/--without` ran beside this process), taken now."""
+        from .migrate import verify_schema
+
+        now = verify_schema(self.db)
+        if now == self.features:
+            return False
+        # In place, as has_feature: the core reads the same set.
+        self.features.intersection_update(now)
+        self.features |= now
+        self._missing_seen.clear()
+        return True
 
     def stop_checks(self) -> None:
         """End the artifact checks of completions in progress through this coordinator, and

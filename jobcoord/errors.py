@@ -72,7 +72,8 @@ class DatabaseCorrupt(JobcoordError):
 class SchemaMismatch(JobcoordError):
     """The database schema does not match this version of jobcoord."""
 
-    # Codes: not_migrated, schema_outdated, schema_newer, migration_failed.
+    # Codes: not_migrated, schema_outdated, schema_newer, migration_failed, schema_changed
+    # (a feature added or removed beside a running process; the call can be sent again).
     exit_code = 8
     default_code = "not_migrated"
 

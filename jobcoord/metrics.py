@@ -27,7 +27,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -151,10 +151,15 @@ class JobcoordCollector(Collector):
     """A prometheus_client collector over one jobcoord Database."""
 
     def __init__(self, db: Any, *, features: Sequence[str] = (),
-                 heartbeat_max_age_s: float | None = None):
+                 heartbeat_max_age_s: float | None = None,
+                 has_feature: Callable[[str], bool] | None = None):
         self.db = db
         self.features = set(features)
         self.heartbeat_max_age_s = heartbeat_max_age_s
+        #: The coordinator's: the features as they are now, not as they were when a
+        #: long-lived server started (one added beside it never showed; one removed made
+        #: every scrape fail).
+        self.has_feature = has_feature or (lambda name: name in self.features)
 
     # -- reading --
 
@@ -193,6 +198,7 @@ class JobcoordCollector(Collector):
         """Every figure, from one read transaction (and, when the latency fold advanced, a
         short write that stores it)."""
         db = self.db
+        artifacts = self.has_feature("artifacts")  # (a read of its own when looked for)
         now = now_us()
         final = FINAL_STATUSES
 
@@ -231,7 +237,7 @@ class JobcoordCollector(Collector):
                 # job's kind is, never the exporter's TypeError.
                 stored.row(workers, {"worker_id": w}, "a worker")
             out["leases"] = dict(db.run(conn, rs.LEASES_BY_WORKER).all())
-            if "artifacts" in self.features:
+            if artifacts:
                 out["artifacts"] = [tuple(r) for r in
                                     db.run(conn, rs.ARTIFACTS_BY_STATE).all()]
             out["latency"], out["advance"] = self._latency(conn, now)
@@ -399,8 +405,8 @@ def registry_for(coordinator: Any) -> CollectorRegistry:
     """A registry holding only jobcoord's collector (no process metrics: they would describe
     one process, and the figures here describe the database)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobcoordCollector(
-        coordinator.db, features=sorted(getattr(coordinator, "features", ()))))
+    registry.register(JobcoordCollector(coordinator.db,
+                                        has_feature=getattr(coordinator, "has_feature", None)))
     return registry
 
 

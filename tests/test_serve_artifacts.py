@@ -363,6 +363,53 @@ def test_artifacts_installed_while_the_server_runs_are_taken_without_a_restart(
         assert staged["state"] == "staged"
 
 
+def test_artifacts_removed_or_added_beside_a_running_server_never_make_it_answer_500(
+        target: Target, tmp_path: Path) -> None:
+    """`migrate --without artifacts` beside a running server: /metrics, every job page and
+    the artifact routes answered 500 until a restart (the server still took the tables to
+    be there), and no `internal_error` said so. Now a call that meets the change is 503
+    `schema_changed` at most, the server reads the features again, and the next call is
+    answered as on a database without them. And `migrate --with artifacts` beside it shows
+    in its /metrics too (its artifact metrics never came)."""
+    from tests.conftest import run_cli
+
+    install(target)
+    op = token(target, "op", "operator")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("report", {})["job_id"]
+    srv = Served(target, "--reap-every", "0",
+                 env={"JOBCOORD_ARTIFACTS": str(tmp_path / "st")}).start()
+    assert srv.proc is not None
+    with contextlib.ExitStack() as stack:
+        stack.callback(srv.stop)
+        http = stack.enter_context(srv.client(op))
+        assert "jobcoord_artifacts" in http.get("/metrics").text
+        assert run_cli(target, "migrate", "--without", "artifacts").code == 0
+
+        def settled(path: str) -> httpx.Response:
+            deadline = time.monotonic() + FEATURE_LOOK_S + 5
+            while True:
+                got = http.get(path)
+                assert got.status_code in (200, 503), (path, got.status_code, got.text)
+                if got.status_code == 200 or time.monotonic() > deadline:
+                    return got
+                assert got.json()["error"]["code"] == "schema_changed", got.text
+                time.sleep(0.1)
+
+        for path in ("/metrics", f"/v1/jobs/{job}/artifacts", f"/v1/jobs/{job}"):
+            assert settled(path).status_code == 200, path
+        assert "jobcoord_artifacts" not in http.get("/metrics").text
+        assert http.get(f"/v1/jobs/{job}/artifacts").json() == {"artifacts": []}
+        assert run_cli(target, "migrate", "--with", "artifacts").code == 0
+        deadline = time.monotonic() + FEATURE_LOOK_S + 5
+        while "jobcoord_artifacts" not in (text := settled("/metrics").text):
+            assert time.monotonic() < deadline, text[-2000:]
+            time.sleep(0.2)
+        srv.signal(signal.SIGTERM)
+        out, err = srv.proc.communicate(timeout=30)
+    assert b"internal_error" not in out + err, (out + err).decode()[-3000:]
+
+
 def test_a_remote_completions_artifact_checks_longer_than_lease_and_timeout_succeed(
         s: Setup, tmp_path: Path) -> None:
     """The server checks an attempt's uploaded artifacts (re-hash, the kind's validator)

@@ -476,6 +476,33 @@ def test_sigterm_answers_a_request_whose_body_is_still_arriving_503_with_no_trac
         assert c.jobs(tenant="t")["jobs"] == []
 
 
+def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) -> None:
+    """A database error the store cannot name (here a table dropped by hand) is a 500; it
+    was answered with no `internal_error` event, so an operator alerting on those never
+    heard of it. Every 500 is logged: its code and message, never a traceback."""
+    import sqlite3
+
+    op = token(sqlite_target, "op", "operator")
+    s = Served(sqlite_target, "--reap-every", "0").start()
+    try:
+        assert s.proc is not None
+        with s.client(op) as http:
+            assert http.get("/metrics").status_code == 200
+            with contextlib.closing(sqlite3.connect(sqlite_target.sqlite_path or "")) as raw:
+                raw.execute("DROP TABLE job_counts")
+                raw.commit()
+            got = http.get("/metrics")
+            assert got.status_code == 500, got.text
+        s.signal(signal.SIGTERM)
+        out, err = s.proc.communicate(timeout=30)
+    finally:
+        s.stop()
+    events = [json.loads(line) for line in out.decode().splitlines()]
+    logged = [e for e in events if e["event"] == "internal_error"]
+    assert len(logged) == 1 and "job_counts" in logged[0]["message"], events
+    assert b"Traceback" not in err
+
+
 def test_a_bug_is_a_json_500_and_the_connection_keeps_serving(sqlite_target: Target) -> None:
     wa = token(sqlite_target, "wa", "worker", worker="wa")
     with Coordinator.open(sqlite_target) as c:

@@ -22,6 +22,7 @@ from . import routes_artifacts, routes_jobs, routes_operator, routes_worker
 from .bodies import ERRORS
 from .dashboard import mount as mount_dashboard
 from .deps import refusal_first
+from .errors import status_of
 from .limits import BodyLimit, CatchBugs, error_response
 from .state import DEFAULT_MAX_ARTIFACT_BYTES, DEFAULT_UPLOAD_IDLE_S, Server, Wakeup
 
@@ -69,6 +70,10 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
     @app.exception_handler(JobcoordError)
     async def _jobcoord_error(_request: Request, exc: JobcoordError) -> JSONResponse:
         srv.lost(exc)
+        if status_of(exc) == 500:
+            # As a bug caught outermost is (CatchBugs): one answered here was not logged,
+            # and an operator alerting on internal_error never heard of it.
+            srv.emit({"event": "internal_error", "code": exc.code, "message": exc.message})
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)

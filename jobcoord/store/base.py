@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 from sqlalchemy.engine import Connection, Engine
 
 from .. import faults, interrupts
-from ..errors import DatabaseBusy, InvalidInput, JobcoordError
+from ..errors import DatabaseBusy, InvalidInput, JobcoordError, SchemaMismatch
 from . import statements
 from .driver_errors import classify
 from .sources import ChangeWaiter, ConnectionSource, Result
@@ -175,6 +175,10 @@ class Database:
         self.busy_budget: float | None = None
         #: Set by Coordinator.close: no transaction begins after it.
         self.closed = False
+        #: Set by the Coordinator: called when a statement failed for a reason the store
+        #: cannot name (a table missing, say); True when the schema's features changed
+        #: under this process (a `migrate --with/--without` beside it), re-read by then.
+        self.schema_watch: Callable[[], bool] | None = None
         self.stats = Stats()
         self._local = threading.local()
         self._stats_lock = threading.Lock()
@@ -608,6 +612,22 @@ class Database:
                 return self._tries(fn, where, write)
         return self._tries(fn, where, write)
 
+    def _schema_changed(self, err: JobcoordError) -> bool:
+        """A statement failed with an error the store cannot name, or a table missing: were
+        the schema's features changed beside this process? (A feature removed by another
+        process's migrate left every statement naming its tables failing, 500 on a server,
+        until a restart.)"""
+        if self.schema_watch is None or getattr(self._local, "watching", False) or not (
+                type(err) is JobcoordError or isinstance(err, SchemaMismatch)):
+            return False
+        self._local.watching = True  # the look's own reads failing look no further
+        try:
+            return self.schema_watch()
+        except Exception:  # the look itself failed: the first error stands
+            return False
+        finally:
+            self._local.watching = False
+
     def _tries(self, fn: Callable[[Connection], T], where: str, write: bool) -> T:
         """`fn` in a transaction, tried again while the database is busy: at most
         `busy_retries` tries, none begun after this thread's deadline."""
@@ -636,6 +656,11 @@ class Database:
                     err = DatabaseBusy(
                         err.code, f"the database is still locked after {attempt} attempts; "
                         "nothing was changed, try again", **err.details)
+                elif self._schema_changed(err):
+                    err = SchemaMismatch(
+                        "schema_changed", f"the database's schema changed under this process "
+                        f"({where}): `jobcoord migrate --with/--without` ran beside it; "
+                        "nothing was changed, try again (the change is taken now)")
                 raise err from e
             if isinstance(result, JobcoordError):
                 raise result
