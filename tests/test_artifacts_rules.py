@@ -208,6 +208,30 @@ def test_a_corrupted_object_is_exit_7_for_get_and_verify_and_writes_nothing(
     assert r.code == 7 and r.json["problems"][0]["problem"] == "corrupt"
 
 
+@pytest.mark.parametrize("thing", ["directory", "fifo", "dangling link"])
+def test_a_put_whose_objects_place_holds_no_file_is_exit_7_naming_it_not_a_busy_store(
+        ac: Coordinator, target: Target, store_dir: str, thing: str) -> None:
+    """Where an object should be, a directory, a pipe or a dangling link: every put of that
+    content was `artifact_store_busy` ("a concurrent gc removed the object"), exit 5, 503
+    to a remote worker, which retried it to its lease's end; no gc was running, and no try
+    could ever succeed. It is the damage `get` and `verify` name: artifact_corrupt, exit 7,
+    nothing staged."""
+    _job, path = _accepted(ac, b"the same bytes")
+    os.unlink(path)
+    if thing == "directory":
+        os.mkdir(path)
+    elif thing == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink(path + ".nowhere", path)
+    job_id, epoch = start(ac, "w2")
+    with pytest.raises(DatabaseCorrupt) as caught:
+        ac.put_artifact(job_id, "w2", epoch, "r.bin", b"the same bytes")
+    assert caught.value.code == "artifact_corrupt", caught.value
+    assert "not a regular file" in caught.value.message
+    assert rows(ac, job_id) == [] and temp_files(store_dir) == []
+
+
 def test_a_missing_object_is_exit_7_for_get_and_verify(ac: Coordinator, target: Target,
                                                         store_dir: str, tmp_path: Path) -> None:
     job_id, path = _accepted(ac, b"soon gone")
@@ -375,6 +399,19 @@ def test_an_artifact_over_the_kinds_size_fails_the_completion_and_the_attempt(
     assert failed and "b.txt" in failed[0]["detail"]["error"]
     rejected = [e for e in shown["events"] if e["reason"] == "artifact_rejected"]
     assert rejected[0]["detail"]["reason"] == "media_type_not_allowed"
+
+
+def test_a_media_type_is_the_same_type_whatever_its_letters_case(ac: Coordinator) -> None:
+    """Media types are case-insensitive (RFC 9110): `TEXT/PLAIN` was stored as given at put,
+    then refused by a kind allowing `text/plain`, failing the attempt. Stored lower-case,
+    and a kind's list is read so too."""
+    artifact_rules.declare_kind(ac, "render", media_types=["Text/Plain", "application/pdf"])
+    job_id, epoch = start(ac)
+    staged = ac.put_artifact(job_id, "w1", epoch, "a.txt", b"text", media_type="TEXT/PLAIN")
+    assert staged["media_type"] == "text/plain"
+    ac.complete(job_id, "w1", epoch, {})
+    assert [(a["name"], a["media_type"]) for a in ac.artifacts(job_id)["artifacts"]] == [
+        ("a.txt", "text/plain")]
 
 
 def test_a_validator_command_that_refuses_fails_the_completion(ac: Coordinator,

@@ -31,7 +31,8 @@ def media_type_of(media_type: Any, name: str) -> str:
     if not isinstance(media_type, str) or not MEDIA_TYPE.fullmatch(media_type):
         raise InvalidInput("invalid_media_type", f"not a media type: {ascii(media_type)[:80]} "
                            "(expected type/subtype, e.g. application/pdf)")
-    return media_type
+    # Case-insensitive (RFC 9110): one spelling, so a kind's list compares as it should.
+    return media_type.lower()
 
 
 def parse_digest(digest: object) -> str:

@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable, Iterator
 
@@ -206,6 +207,14 @@ class ObjectStore:
             created = True
         except FileExistsError:
             created = False
+            with contextlib.suppress(FileNotFoundError):  # (gone meanwhile: the caller sees)
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    # A directory, a pipe, a link in the object's place: damage, as `get`
+                    # and `verify` name it. Taken for an object gc removed meanwhile, every
+                    # put of this content was "busy, try again", for ever.
+                    raise corrupt(format_digest(hexdigest), path, "not a regular file (a "
+                                  "directory, pipe or link is in its place: move it away)"
+                                  ) from None
         except OSError as exc:
             if exc.errno not in _NO_LINK:
                 raise

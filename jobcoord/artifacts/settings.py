@@ -44,7 +44,7 @@ class KindRule:
     def check_static(self, size: int, media_type: str) -> str | None:
         if self.max_bytes is not None and size > self.max_bytes:
             return "artifact_too_large"
-        if self.media_types is not None and media_type not in self.media_types:
+        if self.media_types is not None and media_type.lower() not in self.media_types:
             return "media_type_not_allowed"
         return None
 
@@ -78,7 +78,7 @@ def kind_rule(max_bytes: Any = None, media_types: Any = None, validator: Any = N
                 isinstance(m, str) and MEDIA_TYPE.fullmatch(m) for m in media_types):
             raise bad("media_types", media_types,
                       "must be a list of media types like 'application/pdf'")
-        media_types = tuple(media_types)
+        media_types = tuple(m.lower() for m in media_types)  # as stored (names.py)
     if validator is not None:
         original = validator
         if isinstance(validator, str):
