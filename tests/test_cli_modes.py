@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,6 +74,22 @@ def _reading_stdin(pid: int) -> bool:
     return "pipe" in wchan or syscall[:2] in (["0", "0x0"], ["63", "0x0"])
 
 
+def _ctrl_c_once(proc: subprocess.Popen[str], ready: Any, every: float
+                 ) -> tuple[str, str]:
+    """Ctrl-C (SIGINT) to `proc` once `ready(pid)`, then its output; killed if it lingers."""
+    try:
+        deadline = time.monotonic() + 30
+        while not ready(proc.pid):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(every)
+        os.kill(proc.pid, signal.SIGINT)
+        return proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def test_ctrl_c_exits_130_and_commits_nothing(sqlite_target: Target) -> None:
     path = sqlite_target.sqlite_path or ""
     proc = subprocess.Popen(
@@ -82,16 +99,7 @@ def test_ctrl_c_exits_130_and_commits_nothing(sqlite_target: Target) -> None:
         # A suite started in the background ignores SIGINT and its children inherit that;
         # a user's shell would deliver Ctrl-C, so the child gets the default back.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 30
-        while not _reading_stdin(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err = _ctrl_c_once(proc, _reading_stdin, every=0.02)
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert "Traceback" not in err and "interrupted" in err
     with Coordinator.open(sqlite_target) as c:
@@ -147,17 +155,7 @@ def test_a_command_started_with_ctrl_c_ignored_still_stops_on_one_while_it_loads
         [sys.executable, "-m", "jobcoord", "--db", db, *command], cwd=REPO,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        deadline = time.monotonic() + 30
-        while not _holding_ctrl_c_back(proc.pid):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
-            time.sleep(0.001)
-        os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    out, err = _ctrl_c_once(proc, _holding_ctrl_c_back, every=0.001)
     assert proc.returncode == 130, (proc.returncode, out, err)
     assert "interrupted" in err and "Traceback" not in err, err
     with Coordinator.open(resolve_target(db=db)) as c:
