@@ -238,6 +238,12 @@ def test_copy_to_a_missing_directory_or_onto_a_directory_is_invalid_input(
         with pytest.raises(InvalidInput):
             store.copy_to(obj.digest, dest)
     assert not (tmp_path / "no").exists()
+    # A directory that is there but makes no files (/proc) was said not to exist.
+    for dest, why in ((tmp_path / "no" / "out", "does not exist"),
+                      (Path("/proc/out"), "is not a directory where a file can be made")):
+        with pytest.raises(InvalidInput) as caught:
+            store.copy_to(obj.digest, dest)
+        assert why in caught.value.message, caught.value.message
 
 
 def test_copy_to_a_full_filesystem_gives_destination_full_and_leaves_nothing(

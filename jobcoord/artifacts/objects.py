@@ -250,8 +250,12 @@ class ObjectStore:
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
             except (FileNotFoundError, NotADirectoryError):
+                # (A directory that is there yet where no file can be made, as /proc: said
+                # so, not "does not exist".)
+                why = ("is not a directory where a file can be made"
+                       if os.path.isdir(directory) else "does not exist")
                 raise InvalidInput("invalid_input", f"destination directory {directory!r} "
-                                   "does not exist", dest=dest_path) from None
+                                   f"{why}", dest=dest_path) from None
             except OSError as exc:
                 raise dest_error(exc, dest_path) from None
             try:
