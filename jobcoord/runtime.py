@@ -55,10 +55,26 @@ class Backoff:
         self.failures = 0
 
 
+_unwritable_said = False
+
+
 def _out(line: str) -> None:
-    # A closed stdout must not stop the loop every expired lease depends on.
-    with contextlib.suppress(OSError, ValueError):
+    """A pass's line. Output that cannot be written must not stop the loop every expired
+    lease depends on: a reader gone drops it, as for every command; any other failure (a
+    full disk under `> passes.jsonl`) is said once on stderr, then the lines are dropped
+    (they were, silently: exit 0 and nothing said)."""
+    global _unwritable_said
+    try:
         print(line, flush=True)
+    except (OSError, ValueError) as e:
+        from .cli.output import drop_output, reader_gone
+
+        drop_output()
+        if isinstance(e, OSError) and not reader_gone(e) and not _unwritable_said:
+            _unwritable_said = True
+            with contextlib.suppress(OSError, ValueError):
+                print(f"jobcoord: cannot write to stdout: {e.strerror or e}; reaping goes on, "
+                      "its pass lines are dropped", file=sys.stderr, flush=True)
 
 
 def tick_schedules(coordinator: Any) -> dict[str, Any]:

@@ -164,6 +164,30 @@ def test_signals_after_the_first_never_change_how_reap_every_ends(sqlite_target,
     assert "Traceback" not in r.stderr()
 
 
+def test_reap_every_whose_output_cannot_be_written_says_so_once_and_reaps_on(
+        sqlite_target, tmp_path):
+    """`reap --every --json > /dev/full`: every pass line was dropped and nothing said so
+    (exit 0, stderr empty). The loop every expired lease depends on goes on, as for a reader
+    gone, and says once on stderr that its lines cannot be written."""
+    err = tmp_path / "reaper.err"
+    with open("/dev/full", "w") as full, open(err, "wb") as log:
+        proc = subprocess.Popen([PY, "-m", "jobcoord", "--db", sqlite_target.sqlite_path,
+                                 "reap", "--every", "0.1", "--json"], cwd=REPO, stdout=full,
+                                stderr=log, stdin=subprocess.DEVNULL)
+        try:
+            with Coordinator.open(sqlite_target) as c:
+                job = _expired_lease(c)
+                wait_for(lambda: c.show(job)["job"]["status"] == "waiting", 30,
+                         "the lease reaped")
+            time.sleep(0.5)  # more passes, more lines dropped
+        finally:
+            code = _stopped_under_a_hail_of_signals(proc, signal.SIGTERM)
+    said = err.read_text()
+    assert code == 0, said
+    assert said.count("cannot write to stdout") == 1, said
+    assert "Traceback" not in said
+
+
 def test_a_reaper_started_to_outlive_its_terminal_ignores_the_hangup(sqlite_target, loops,
                                                                      tmp_path):
     """`nohup jobcoord reap --every 5`: SIGHUP ignored when it started stays ignored."""
