@@ -27,8 +27,10 @@ EXIT_INTERRUPTED = 130
 
 
 def is_fatal(exc: BaseException) -> bool:
-    """True when a long-running loop must stop on `exc` (and exit with its exit code)."""
-    return isinstance(exc, FATAL_ERRORS)
+    """True when a long-running loop must stop on `exc` (and exit with its exit code). Not
+    `schema_changed`: a feature added or removed beside the loop, taken by the time it is
+    raised; the same call sent again is answered."""
+    return isinstance(exc, FATAL_ERRORS) and getattr(exc, "code", None) != "schema_changed"
 
 
 def describe(exc: BaseException) -> tuple[str, str]:

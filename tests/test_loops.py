@@ -188,6 +188,30 @@ def test_reap_every_whose_output_cannot_be_written_says_so_once_and_reaps_on(
     assert "Traceback" not in said
 
 
+def test_a_worker_takes_a_feature_removed_beside_it_and_completes_on(sqlite_target, loops,
+                                                                     tmp_path):
+    """`migrate --without artifacts --force` beside a running worker: its completions failed
+    for good (the tables it took to be there were gone), each job left to its lease's end,
+    until a restart. The call that meets the change is `schema_changed`, which a retry
+    heals: the report is sent again and the job succeeds; the worker runs on."""
+    from tests.conftest import run_cli
+    from tests.test_artifacts_rules import install
+
+    install(sqlite_target)
+    w = Loop(["--db", sqlite_target.sqlite_path],
+             ["worker", "--exec", "k=cat", "--poll", "0.1", "--reap-every", "0"],
+             str(tmp_path / "worker.log"))
+    loops.append(w)
+    wait_for(lambda: w.alive() and " started " in w.stderr(), 30, "the worker started")
+    assert run_cli(sqlite_target, "migrate", "--without", "artifacts", "--force").code == 0
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {"n": 1})["job_id"]
+        wait_for(lambda: w.alive() and c.show(job)["job"]["status"] == "succeeded", 30,
+                 "the job completed")
+    assert w.stop() == 0, w.stderr()[-3000:]
+    assert "report_error" not in w.stderr(), w.stderr()[-3000:]
+
+
 def test_a_reaper_started_to_outlive_its_terminal_ignores_the_hangup(sqlite_target, loops,
                                                                      tmp_path):
     """`nohup jobcoord reap --every 5`: SIGHUP ignored when it started stays ignored."""
