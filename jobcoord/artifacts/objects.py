@@ -83,6 +83,11 @@ class ObjectStore:
     def __repr__(self) -> str:
         return f"ObjectStore({self.root!r})"
 
+    def present(self) -> bool:
+        """Whether a store is there: its `objects/` made by a first write. No directory, or
+        one without it (an empty one made by hand), holds none."""
+        return os.path.isdir(os.path.join(self.root, "objects"))
+
     def path_of(self, digest: str) -> str:
         """Where the object of `digest` lives (whether or not it exists)."""
         return self._path(parse_digest(digest))

@@ -45,7 +45,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             0 <= grace_s <= 10 * 365 * 86400):
         raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
     store = store_of(coord)
-    if not os.path.isdir(os.path.join(store.root, "objects")):
+    if not store.present():
         # No store there (no directory, or one that never held a store: an empty one made
         # by hand), so nothing to collect; with rows referencing objects, it is the wrong
         # place (a mistyped --artifacts: one letter off another database's store is how

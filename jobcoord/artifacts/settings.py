@@ -198,7 +198,7 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
 
     `reading`: the holder only reads objects (a backup), so where there is no store it makes
     none and holds nothing: gc deletes nothing in a store that is not there."""
-    if reading and not os.path.isdir(os.path.join(store.root, "objects")):
+    if reading and not store.present():
         yield
         return
     store._ensure_layout()
