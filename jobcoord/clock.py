@@ -7,16 +7,26 @@ is judged by exactly one clock and freezegun controls it in tests.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 MICROS = 1_000_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_US = timedelta(microseconds=1)
 
 
 def now_us() -> int:
     """Current UTC time in integer microseconds."""
     # datetime.now (not time.time) so that freezegun's frozen clock reaches every caller.
-    dt = datetime.now(UTC)
-    return int(dt.timestamp()) * MICROS + dt.microsecond
+    return us_of(datetime.now(UTC))
+
+
+def us_of(dt: datetime) -> int:
+    """`dt` (naive: UTC) in integer microseconds since the epoch. Integer arithmetic: a
+    float of seconds has too few digits late in the calendar, where .999999 rounds up to
+    the next second."""
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return (dt - _EPOCH) // _ONE_US
 
 
 def seconds_to_us(seconds: float) -> int:

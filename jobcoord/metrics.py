@@ -41,7 +41,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from . import stored
 from . import validate as v
-from .clock import MICROS, now_us
+from .clock import MICROS, now_us, us_of
 from .states import FINAL_STATUSES, STATUSES
 from .store import report_statements as rs
 
@@ -123,7 +123,7 @@ def _parse_iso_us(text: Any) -> int | None:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return int(dt.timestamp()) * MICROS + dt.microsecond
+    return us_of(dt)
 
 
 def commit_latency_s(event_at_us: int, provenance_json: str | None) -> float | None:

@@ -150,3 +150,30 @@ def test_a_worker_that_reclaims_its_job_cannot_complete_with_the_old_epoch(
     coord.complete(job_id, "w1", e2, {"attempt": 2})
     assert coord.show(job_id)["job"]["result"] == {"attempt": 2}
     assert len(completed_events(coord, job_id)) == 1
+
+
+@pytest.mark.parametrize("moment", [
+    datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+    datetime(5000, 6, 1, 0, 0, 0, 999_998, tzinfo=UTC),
+    datetime(2026, 6, 1, 12, 0, 0, 999_999, tzinfo=UTC),
+    datetime(1970, 1, 1, 0, 0, 0, 1, tzinfo=UTC)])
+def test_the_clock_reads_every_microsecond_exactly(moment: datetime) -> None:
+    """The clock went through a float of seconds: late in the calendar its last
+    microseconds of a second read as the next second's (a clock a second ahead, then back),
+    and at 9999-12-31T23:59:59.999999 a `schedule tick` with no schedule at all failed,
+    calling its own time a damaged row (exit 7). Integer arithmetic, exact everywhere."""
+    from jobcoord.clock import iso, now_us
+    from jobcoord.metrics import _parse_iso_us
+
+    want = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    with freeze_time(moment):
+        assert now_us() == want
+    assert iso(want) == moment.isoformat().replace("+00:00", "Z")
+    assert _parse_iso_us(moment.isoformat()) == want
+
+
+def test_a_tick_at_the_calendars_last_microsecond_answers(coord: Coordinator) -> None:
+    with freeze_time("9999-12-31T23:59:59.999999"):
+        got = coord.tick_schedules()
+    assert got["at"] == "9999-12-31T23:59:59.999999Z" and got["fired"] == 0, got
+    assert check(coord.db)["ok"]
