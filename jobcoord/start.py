@@ -29,14 +29,16 @@ def main() -> None:
         from .cli.main import main as run
         from .cli.output import AT_RESULT
     except KeyboardInterrupt:  # where Ctrl-C cannot be held back: nothing opened yet
+        _result_stands()
         sys.stderr.write("jobcoord: interrupted\n")
         sys.exit(130)
+    # Registered before Ctrl-C is let through: its `interrupted` report is an answer too.
+    AT_RESULT.append(_result_stands)
     if hold:
         try:
             _signal.pthread_sigmask(_signal.SIG_UNBLOCK, {_signal.SIGINT})
         except KeyboardInterrupt:  # it came while loading; nothing was opened yet
             interrupted_before_parsing(sys.argv[1:])
-    AT_RESULT.append(_result_stands)
     # Ctrl-C after a commit is held until the result is printed (or the next write begins).
     from .interrupts import install
 

@@ -497,3 +497,57 @@ def test_a_full_stdout_is_storage_unavailable_exit_6_never_an_internal_error(
     assert proc.returncode == 6, err[-3000:]
     assert "Traceback" not in err and "internal" not in err, err[-3000:]
     assert err.count("\n") == 1 and "No space left" in err, err
+
+
+INTERRUPTED_THEN_SIGTERM = """
+import os, signal, sys
+class Terminating:
+    # A SIGTERM the moment the `interrupted` report is written (a supervisor's follow-up).
+    def __init__(self, out): self.out = out
+    def write(self, text):
+        n = self.out.write(text)
+        self.out.flush()
+        if "interrupted" in text:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return n
+    def __getattr__(self, name): return getattr(self.out, name)
+sys.stderr = Terminating(sys.stderr)
+moment, db = sys.argv[1], sys.argv[2]
+if moment == "loading":
+    import builtins
+    real = builtins.__import__
+    def counting(*args, count=[0], **kwargs):
+        count[0] += 1
+        if count[0] == 300:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+    builtins.__import__ = counting
+else:  # running: as the command opens its database
+    import jobcoord.coordinator as c
+    real_open = c.Coordinator.open.__func__
+    def opening(cls, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_open(cls, *args, **kwargs)
+    c.Coordinator.open = classmethod(opening)
+sys.argv = ["jobcoord", "--db", db, "enqueue", "k", "--json"]
+from jobcoord.start import main
+main()
+"""
+
+
+@pytest.mark.parametrize("moment", ["loading", "running"])
+def test_a_sigterm_after_the_interrupted_report_leaves_exit_130(tmp_path: Path,
+                                                                  moment: str) -> None:
+    """The `interrupted` report is the command's answer, as a refusal is: a SIGTERM that
+    followed it (a supervisor stopping what it had just interrupted) killed the process,
+    exit 143, when the Ctrl-C came while the command loaded or ran. It stands: exit 130."""
+    db = str(tmp_path / "q # 1.db")
+    assert subprocess.run([sys.executable, "-m", "jobcoord", "--db", db, "migrate"],
+                          capture_output=True).returncode == 0
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_THEN_SIGTERM, moment, db],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 130, (proc.returncode, proc.stdout, proc.stderr)
+    assert json.loads(proc.stdout)["error"]["code"] == "interrupted", proc.stdout
+    assert "jobcoord: interrupted" in proc.stderr and "Traceback" not in proc.stderr
+    with Coordinator.open(db) as c:
+        assert c.jobs()["jobs"] == []

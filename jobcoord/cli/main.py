@@ -76,6 +76,7 @@ def _print_error(err: JobcoordError, as_json: bool) -> None:
 
 
 def _interrupted(as_json: bool) -> None:
+    result_out()  # the command's answer, as a refusal is: a signal from here on ends nothing
     if as_json:
         with unless_gone(reporting=True):
             click.echo(dump(Interrupted("interrupted", "interrupted (Ctrl-C); the write "
