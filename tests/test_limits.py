@@ -51,6 +51,32 @@ def test_a_limit_counts_live_leases_and_an_expired_lease_frees_its_slot_at_once(
     assert coord.claim("w2")["job"]["job_id"] == b
 
 
+def test_a_slot_freed_by_an_expired_lease_is_never_given_back_when_the_clock_steps_back(
+        coord, clock):
+    """The claim that counted an expired lease's slot as free left the lease as it was: the
+    clock stepped back, its worker renewed and completed it beside the new holder (limit 1,
+    two running). The claim ends the expired lease it frees the slot of (as the reaper
+    would), so the old epoch is refused whatever the clock does next."""
+    coord.set_limit("llm", 1)
+    _workers(coord, "w1", "w2")
+    a = coord.enqueue("llm", {})["job_id"]
+    b = coord.enqueue("llm", {})["job_id"]
+    epoch = coord.claim("w1", lease_s=10)["lease"]["epoch"]
+    clock.move_to(at(11))
+    _workers(coord, "w2")
+    assert coord.claim("w2", lease_s=30)["job"]["job_id"] == b
+    shown = coord.show(a)
+    assert shown["job"]["status"] == "waiting", shown["job"]
+    assert shown["events"][-1]["reason"] == "lease_expired", shown["events"][-1]
+    clock.move_to(at(5))  # the clock steps back: the old lease would look live again
+    with pytest.raises(Refused):
+        coord.renew(a, "w1", epoch, lease_s=30)
+    with pytest.raises(Refused):
+        coord.complete(a, "w1", epoch, {"ok": 1})
+    (llm,) = coord.limits()["limits"]
+    assert [h["job_id"] for h in llm["holders"]] == [b], llm
+
+
 def test_a_finished_job_frees_its_slot(coord, clock):
     coord.set_limit("llm", 2)
     _workers(coord, "w1")

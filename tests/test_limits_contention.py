@@ -261,7 +261,11 @@ def test_a_sigkilled_holder_frees_its_slot_when_its_lease_expires_without_a_reap
         c.heartbeat("w2")
         got = c.claim("w2")  # no reap ran: the expired lease no longer counts
         assert got["job"] is not None and got["job"]["job_id"] != held
-        assert c.show(held)["job"]["status"] == "running"  # still unreaped
+        # The claim ended the expired lease it took the slot of, as the reaper would: a
+        # clock stepping back cannot make it live again beside the new holder.
+        shown = c.show(held)
+        assert shown["job"]["status"] == "waiting", shown["job"]
+        assert shown["events"][-1]["reason"] == "lease_expired", shown["events"][-1]
 
 
 def test_a_limit_lowered_while_a_claim_decides_holds_that_claim_back(target: Target) -> None:

@@ -257,16 +257,34 @@ class ClaimView:
             self.now = max(self.now, now_us())
         # Read after the hold: on PostgreSQL this statement sees every lease committed by
         # the claims that held the kind before, and every end committed so far.
-        self._holders[kind] = [
+        leases = [
             Candidate(r[0], kind, v.stored_json(r[3], r[0], "payload_json"), {}, r[1], r[2],
                       r[4])
-            for r in self.ctx.db.run(self.conn, sql.LIVE_HOLDERS,
-                                     {"kind": kind, "now": self.now}).fetchall()]
+            for r in self.ctx.db.run(self.conn, sql.KIND_LEASES, {"kind": kind}).fetchall()]
+        ended = self._end_expired(kind, leases) if self.locking else set()
+        self._holders[kind] = [c for c in leases if c.job_id not in ended and (
+            type(c.expires_at) is not int or c.expires_at > self.now)]
         # A lease's grant is timed after that read: a holder that ended unseen by it
         # (committed later) recorded its end before this grant, so the history never shows
         # more holders at once than the count allowed.
         self.now = max(self.now, now_us())
         return True
+
+    def _end_expired(self, kind: str, leases: Sequence[Candidate]) -> set[int]:
+        """End the expired leases among `leases` (as the reaper would) before their slots
+        count as free: left as they were, a clock stepping back made one live again, and
+        its worker renewed and completed it beside the job given its slot. One another
+        transaction holds (PostgreSQL: a reaper, a completion) is counted as a holder."""
+        if all(type(c.expires_at) is int and c.expires_at > self.now for c in leases):
+            return set()
+        from .recovery import expire
+
+        ended: set[int] = set()
+        for row in self.ctx.db.run(self.conn, sql.EXPIRED_OF_KIND,
+                                   {"kind": kind, "now": self.now}).fetchall():
+            if expire(self.ctx, self.conn, row, self.now) is not None:
+                ended.add(row[0])
+        return ended
 
     def holders(self, kind: str) -> list[Candidate]:
         return self._holders.get(kind, [])

@@ -32,31 +32,13 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
         # chosen lease is still expired, and no event is older than one it waited for.
         expired = ctx.db.expired_leases(conn, now_us(), limit)
         now = now_us()
-        for (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline,
-             cancel) in expired:
-            if (type(expires) is not int or type(attempts) is not int
-                    or type(worker) is not str):
+        for row in expired:
+            to_status = expire(ctx, conn, row, now)
+            if to_status is None:
                 continue  # a value written by hand (SQLite keeps it): `check` names it
-            if as_bool(cancel):
-                to_status, why = "cancelled", "cancelled while running"
-            elif as_bool(effect):
-                to_status, why = "unknown", "an external effect had started"
-            elif attempts >= max_attempts:
-                to_status, why = "dead", f"all {max_attempts} attempts used"
-            elif deadline is not None and deadline <= now:
-                to_status, why = "dead", "deadline passed"
-            else:
-                to_status, why = "waiting", None
-            error = (f"lease expired at {iso(expires)} (worker {worker}, epoch {epoch})"
-                     if to_status != "cancelled" else None)
-            detail = {"expired_at": iso(expires), "attempt": attempts}
-            if why:
-                detail["because"] = why
-            end_running(ctx, conn, job_id, epoch, now, to_status, "lease_expired", worker,
-                        error=error, detail=detail)
             counts["expired"] += 1
             counts[to_status] += 1
-            jobs.append({"job_id": job_id, "epoch": epoch, "to": to_status})
+            jobs.append({"job_id": row[0], "epoch": row[1], "to": to_status})
         overdue = ctx.db.overdue_waiting(conn, now, limit)
         now = max(now, now_us())
         for job_id, epoch in overdue:
@@ -77,3 +59,31 @@ def reap(ctx: Context, *, limit: int = 1000) -> dict[str, Any]:
         return {**counts, "jobs": jobs, "at": now}
 
     return ctx.db.write(_do, "reap")
+
+
+def expire(ctx: Context, conn: Connection, row: Any, now: int) -> str | None:
+    """End one expired lease, held by this transaction (a row of EXPIRED_LEASES: job, epoch,
+    worker, expiry, effect started, attempts, max attempts, deadline, cancel asked): back
+    to `waiting`, or `dead`, `unknown`, `cancelled`. The status it went to, or None for a
+    row holding a value written by hand, left as it is."""
+    (job_id, epoch, worker, expires, effect, attempts, max_attempts, deadline, cancel) = row
+    if type(expires) is not int or type(attempts) is not int or type(worker) is not str:
+        return None
+    if as_bool(cancel):
+        to_status, why = "cancelled", "cancelled while running"
+    elif as_bool(effect):
+        to_status, why = "unknown", "an external effect had started"
+    elif attempts >= max_attempts:
+        to_status, why = "dead", f"all {max_attempts} attempts used"
+    elif deadline is not None and deadline <= now:
+        to_status, why = "dead", "deadline passed"
+    else:
+        to_status, why = "waiting", None
+    error = (f"lease expired at {iso(expires)} (worker {worker}, epoch {epoch})"
+             if to_status != "cancelled" else None)
+    detail = {"expired_at": iso(expires), "attempt": attempts}
+    if why:
+        detail["because"] = why
+    end_running(ctx, conn, job_id, epoch, now, to_status, "lease_expired", worker,
+                error=error, detail=detail)
+    return to_status

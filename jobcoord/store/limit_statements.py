@@ -37,6 +37,22 @@ LIVE_HOLDERS = SQL(
     .select_from(leases.join(jobs, J.job_id == L.job_id))
     .where(J.kind == P("kind"), J.status == const("running"), L.expires_at > P("now"))
     .order_by(L.granted_at, L.job_id))
+#: Every running lease of a kind with its job's facts, oldest grant first: the live ones
+#: hold the limit's slots; an expired one's slot is free only once the claim has ended it.
+KIND_LEASES = SQL(
+    select(L.job_id, L.worker_id, L.expires_at, J.payload_json, J.tenant)
+    .select_from(leases.join(jobs, J.job_id == L.job_id))
+    .where(J.kind == P("kind"), J.status == const("running"))
+    .order_by(L.granted_at, L.job_id))
+#: The expired leases of a kind, held to be ended (as the reaper's, with the same facts);
+#: one another transaction holds (a reaper, a completion) is skipped and still counted.
+EXPIRED_OF_KIND = SQL(
+    select(L.job_id, L.epoch, L.worker_id, L.expires_at, J.effect_started, J.attempts,
+           J.max_attempts, J.deadline_at, J.cancel_requested)
+    .select_from(leases.join(jobs, J.job_id == L.job_id))
+    .where(J.kind == P("kind"), L.expires_at <= P("now"), J.status == const("running"),
+           J.epoch == L.epoch)
+    .order_by(L.expires_at).with_for_update(of=[leases, jobs], skip_locked=True))
 #: What the jobs this worker runs under live leases declared they need.
 WORKER_HELD_NEEDS = SQL(
     select(L.job_id, J.needs_json)
