@@ -177,3 +177,47 @@ def test_a_tick_at_the_calendars_last_microsecond_answers(coord: Coordinator) ->
         got = coord.tick_schedules()
     assert got["at"] == "9999-12-31T23:59:59.999999Z" and got["fired"] == 0, got
     assert check(coord.db)["ok"]
+
+
+END = "9999-12-31T23:59:00"
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.enqueue("k", {}, deadline_s=3600),
+    lambda c: c.enqueue("k", {}, delay_s=3600),
+    lambda c: c.enqueue_many([{"kind": "k"}, {"kind": "k", "delay_s": 3600}]),
+], ids=["deadline", "delay", "many"])
+def test_a_submission_timed_past_the_calendars_end_is_invalid_input_and_changes_nothing(
+        coord: Coordinator, call: Any) -> None:
+    """At the calendar's end a deadline past it was committed, and from then on `show`,
+    `explain` and `check` called the job's row damaged ("written outside jobcoord", exit
+    7); a delay past it was refused as a damaged database (exit 7, not 2)."""
+    from jobcoord.errors import InvalidInput
+    from tests.conftest import dump
+
+    with freeze_time(END):
+        before = dump(coord)
+        with pytest.raises(InvalidInput) as e:
+            call(coord)
+        assert "9999" in e.value.message, e.value.message
+        assert dump(coord) == before
+        assert check(coord.db)["ok"]
+
+
+def test_a_lease_or_backoff_at_the_calendars_end_ends_with_it(coord: Coordinator) -> None:
+    """A claim, renewal or retry timed past the calendar's end was refused as a damaged
+    database (exit 7). The coordinator's own times stop at the end of the year 9999: the
+    lease ends there, the retry waits until then, and every row stays readable."""
+    from jobcoord.stored import MAX_TIME_US
+
+    with freeze_time(END):
+        job = coord.enqueue("k", {}, max_attempts=3)["job_id"]
+        coord.heartbeat("w")
+        got = coord.claim("w", lease_s=3600)
+        assert got["lease"]["expires_at_us"] == MAX_TIME_US, got
+        epoch = got["lease"]["epoch"]
+        assert coord.renew(job, "w", epoch, lease_s=3600)["expires_at_us"] == MAX_TIME_US
+        coord.claim_many("w", 2, lease_s=3600)
+        failed = coord.fail(job, "w", epoch, "boom")
+        assert coord.show(job)["job"]["status"] == "waiting", failed
+        assert check(coord.db)["ok"], check(coord.db)

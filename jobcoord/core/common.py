@@ -14,6 +14,7 @@ from ..errors import InvalidInput
 from ..policy import Policy
 from ..store import statements as sql
 from ..store.base import Database
+from ..stored import MAX_TIME_US
 from .items import DEFAULT_TENANT as DEFAULT_TENANT  # (its home: items, for the client)
 from .items import job_and_epoch
 
@@ -55,6 +56,22 @@ def end_waiting(ctx: Context, conn: Connection, job_id: int, epoch: int, now: in
     ctx.db.run(conn, sql.DROP_ANY_LEASE, {"job_id": job_id})
     record_event(ctx, conn, job_id, now, "waiting", to_status, reason, detail=detail)
     return True
+
+
+def ends_by(now: int, us: int) -> int:
+    """`now` + `us`, stopped at the calendar's last microsecond: a lease or a backoff the
+    coordinator times near the end of the year 9999 ends with it (stored past it, no
+    reader could render the row: every command then called it damaged)."""
+    return min(now + us, MAX_TIME_US)
+
+
+def later(now: int, us: int, field: str) -> int:
+    """`now` + `us` for a time the caller asked for (a delay, a deadline): refused when it
+    falls past the calendar's end, since it could never be kept."""
+    if now + us > MAX_TIME_US:
+        raise InvalidInput("invalid_input", f"{field}: it would fall past the year 9999, "
+                           "the calendar's end", field=field)
+    return now + us
 
 
 def lease_us(ctx: Context, lease_s: float | None) -> int:

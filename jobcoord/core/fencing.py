@@ -16,7 +16,7 @@ from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
 from .claim import answer, claim_in, past_damaged
-from .common import Context, as_bool, fenced_args, lease_us, record_event
+from .common import Context, as_bool, ends_by, fenced_args, lease_us, record_event
 from .items import NO_KINDS, checkpoint_text, completion_texts, failure_texts
 
 
@@ -419,7 +419,7 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     else:
         to_status, why = "waiting", None
         detail["backoff_s"] = backoff_us / MICROS
-        detail["run_after"] = iso(now + backoff_us)
+        detail["run_after"] = iso(ends_by(now, backoff_us))
     if why and to_status == "unknown":
         detail["because"] = why
     elif why:
@@ -427,12 +427,13 @@ def failure_end(ctx: Context, conn: Connection, f: Failure, owned: Sequence[Any]
     end = {"job_id": job_id, "epoch": f.epoch, "to_status": to_status, "result": None,
            "provenance": None, "error": f.error,
            "finished": now if to_status in FINAL_STATUSES else None,
-           "run_after": now + backoff_us if to_status == "waiting" else now, "now": now,
+           "run_after": ends_by(now, backoff_us) if to_status == "waiting" else now,
+           "now": now,
            "reason": f.reason, "worker": f.worker_id, "detail": v.dumps(detail)}
     out = {"job_id": job_id, "status": to_status, "attempt": attempts,
            "max_attempts": max_attempts}
     if to_status == "waiting":
-        out["run_after"] = now + backoff_us
+        out["run_after"] = ends_by(now, backoff_us)
     elif to_status == "unknown":
         out["because"] = why
     else:
@@ -513,7 +514,7 @@ def renew(ctx: Context, job_id: int, worker_id: str, epoch: int, *, lease_s: flo
             return owned
         # Never shorten: a lease moved before its grant time would break the schema's
         # expiry check and turn a clock step into an internal error.
-        expires = max(now + lease, owned[11])
+        expires = max(ends_by(now, lease), owned[11])
         ctx.db.run(conn, sql.RENEW, {"job_id": job_id, "epoch": epoch, "worker": worker_id,
                                      "now": now, "expires": expires})
         return {"job_id": job_id, "epoch": epoch, "expires_at": expires,

@@ -12,7 +12,7 @@ from .. import validate as v
 from ..clock import iso, now_us, seconds_to_us
 from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import statements as sql
-from .common import DEFAULT_TENANT, Context, loads, record_event
+from .common import DEFAULT_TENANT, Context, later, loads, record_event
 from .items import payload_text as payload_text_of
 
 
@@ -182,8 +182,9 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
             return {"job_id": existing[0], "created": False}
     inserted = ctx.db.run(conn, sql.INSERT_JOB, {
         "tenant": c.tenant, "kind": c.kind, "role": c.role, "priority": c.priority,
-        "payload": c.payload_text, "now": now, "run_after": now + c.delay_us,
-        "deadline": None if c.deadline_in_us is None else now + c.deadline_in_us,
+        "payload": c.payload_text, "now": now, "run_after": later(now, c.delay_us, "delay"),
+        "deadline": (None if c.deadline_in_us is None
+                     else later(now, c.deadline_in_us, "deadline")),
         "max_attempts": c.max_attempts, "key": c.key, "f": False, "needs": c.needs_text,
     }).fetchone()
     if inserted is None and not after_conflict:
@@ -195,7 +196,7 @@ def insert(ctx: Context, conn: Connection, c: CheckedSpec, now: int, *,
     job_id = inserted[0]
     detail: dict[str, Any] = {"priority": c.priority, "max_attempts": c.max_attempts}
     if c.delay_us:
-        detail["run_after"] = iso(now + c.delay_us)
+        detail["run_after"] = iso(later(now, c.delay_us, "delay"))
     record_event(ctx, conn, job_id, now, None, "waiting", "enqueued", detail=detail)
     ctx.db.announce_jobs(conn)
     return {"job_id": job_id, "created": True}
@@ -236,11 +237,12 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[_Batched], now
                 if detail is None:
                     shown: dict[str, Any] = {"priority": priority, "max_attempts": max_attempts}
                     if delay_us:
-                        shown["run_after"] = iso(now + delay_us)
+                        shown["run_after"] = iso(later(now, delay_us, "delay"))
                     detail = details[(priority, delay_us, max_attempts)] = v.dumps(shown)
                 found = shared[id(settings)] = (
-                    (tenant, kind, role, priority, now, now + delay_us,
-                     None if deadline_in_us is None else now + deadline_in_us, max_attempts),
+                    (tenant, kind, role, priority, now, later(now, delay_us, "delay"),
+                     None if deadline_in_us is None
+                     else later(now, deadline_in_us, "deadline"), max_attempts),
                     (now, detail))
             job_tail, event_tail = found
         # Concatenated, not unpacked: `(a, *t)` builds a list first and costs more per row.
