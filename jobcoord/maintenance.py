@@ -32,7 +32,7 @@ from .errors import (
 from .store import Database, Target, classify, resolve_target
 from .store import report_statements as rs
 from .store.sqlite import create_private_file, file_quick_check, set_journal_mode
-from .store.target import WRITE_ROOM, name_has_room
+from .store.target import WRITE_ROOM, name_has_room, utf8_path
 
 
 def _installed_features(db: Database, conn: Connection) -> tuple[set[str], set[str]] | None:
@@ -368,6 +368,7 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
         )
     source = db.target.sqlite_path
     assert source is not None
+    utf8_path(os.fspath(dest), "the backup destination")
     dest = writable_destination(dest, force=force, database=source, what="the backup",
                                 store=store)
     standalone_destination(dest)
@@ -431,7 +432,7 @@ def writable_destination(dest: str | os.PathLike[str], *, force: bool, database:
 def sqlite_uri(path: str, mode: str) -> str:
     """A `file:` URI naming exactly `path`: unquoted, `#` would end the path, `?` start the
     options and `%` begin an escape, so SQLite would open (or create) another file."""
-    return f"file:{quote(path)}?mode={mode}"
+    return f"file:{quote(os.fsencode(path))}?mode={mode}"  # bytes: any name the system has
 
 
 def _within(path: str, directory: str) -> bool:
@@ -519,6 +520,7 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
         raise InvalidInput("unsupported", "restore makes SQLite files; restore PostgreSQL with "
                            "its own tools (pg_restore, or the server's point-in-time recovery)")
     dest = target.sqlite_path
+    utf8_path(backup_path, "the backup")
     source = os.path.abspath(backup_path)
     if source == dest:
         raise InvalidInput("invalid_input", "the backup and the restore target are one file")

@@ -62,3 +62,41 @@ def test_a_copy_that_cannot_be_opened_is_storage_not_corrupt(tmp_path: Path) -> 
     with pytest.raises(StorageUnavailable):
         _check_copy(str(tmp_path / "no such dir" / "b#1.db"))
     assert _files(tmp_path) == set()
+
+
+@pytest.mark.parametrize("args", [
+    ("--db", "u\udcff.db", "migrate"),
+    ("--db", "u\udcff.db", "status"),
+    ("--db", "ok.db", "backup", "bk\udcff.db"),
+    ("--db", "r\udcff.db", "restore", "ok.db"),
+    ("--db", "r.db", "restore", "bk\udcff.db"),
+], ids=["migrate", "status", "backup-dest", "restore-target", "restore-source"])
+def test_a_database_path_that_is_not_utf8_is_invalid_input_exit_2(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    """A byte that is not UTF-8 in a database's path (a name made on a Latin-1 system) was
+    an internal error (exit 1, UnicodeEncodeError) in migrate, status, backup and restore:
+    the path goes into a database URL. It is refused, nothing made."""
+    import json
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "jobcoord", "--db", "ok.db", "migrate"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    if "bk\udcff.db" in args and args[2] == "restore":
+        os.link(tmp_path / "ok.db", os.fsencode(str(tmp_path)) + b"/bk\xff.db")
+    before = sorted(os.listdir(os.fsencode(str(tmp_path))))
+    got = subprocess.run([sys.executable, "-m", "jobcoord", *[os.fsencode(a) for a in args],
+                          "--json"], cwd=tmp_path, capture_output=True, text=True)
+    assert got.returncode == 2, (got.returncode, got.stdout, got.stderr)
+    error = json.loads(got.stdout)["error"]
+    assert error["code"] == "invalid_input" and "UTF-8" in error["message"], error
+    assert sorted(os.listdir(os.fsencode(str(tmp_path)))) == before
+
+
+def test_the_python_api_refuses_a_database_path_with_a_lone_surrogate(tmp_path: Path) -> None:
+    from jobcoord.errors import InvalidInput
+    from jobcoord.service import Coordinator
+
+    with pytest.raises(InvalidInput):
+        Coordinator.open(str(tmp_path / "\ud800.db"), migrate=True)
+    assert os.listdir(tmp_path) == []

@@ -89,7 +89,9 @@ def restore(s: Settings, backup_file: str, as_json: bool) -> None:
     invariants) before anything is written, and the new database is checked again after."""
     from ..artifacts import backup as artifact_backup  # checked objects first, then the db
     from ..maintenance import restore as run_restore
+    from ..store.target import utf8_path
 
+    utf8_path(backup_file, "the backup")
     emit(as_json, artifact_backup.restore(backup_file, s.target(), s.artifacts, run_restore))
 
 

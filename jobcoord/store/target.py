@@ -34,6 +34,19 @@ SQLITE_ROOM = len("-journal")
 WRITE_ROOM = 40
 
 
+def utf8_path(path: str, what: str) -> None:
+    """InvalidInput (exit 2) for a database's path that is not UTF-8 (a byte of another
+    encoding, which Python carries as a lone surrogate): the path goes into a database URL
+    and into every answer, and it was an internal error (exit 1) there."""
+    from ..errors import InvalidInput
+
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("invalid_input", f"{what}: the path is not valid UTF-8 (a byte of "
+                           "another encoding); rename the file or the directory") from None
+
+
 def name_has_room(path: str, room: int, what: str) -> None:
     """InvalidInput (exit 2), before anything is written, when the names of the files put
     beside `path` would not fit the directory's limit (255 bytes on most filesystems): they
@@ -63,6 +76,7 @@ def resolve_target(db: str | None = None, url: str | None = None) -> Target:
         path = db if db is not None else "jobcoord.db"
         if not path or "\x00" in path:
             raise InvalidInput("invalid_input", "--db must be a file path")
+        utf8_path(path, "--db")
         path = os.path.abspath(path)
         name_has_room(path, SQLITE_ROOM, "--db")
         # Quoted by URL.create: a raw "sqlite:///" + path would read "?" as the start of the
