@@ -302,6 +302,40 @@ def test_tenant_and_worker_come_from_the_token_never_the_body(target: Target) ->
         assert shown["job"]["tenant"] == "alice" and shown["lease"]["worker_id"] == "wa"
 
 
+def test_a_results_provenance_never_names_another_worker(target: Target) -> None:
+    """A worker token completed its own lease with `provenance: {"worker": "evil"}` and
+    `show` then named "evil" as the worker of the result. A provenance naming a worker
+    other than the completing one is refused (400 here, InvalidInput in Python, exit 2),
+    nothing recorded, in a single completion and in a batch; its own name is accepted."""
+    wa = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.heartbeat("wa")
+        jobs = [c.enqueue("k", {})["job_id"] for _ in range(3)]
+        from jobcoord.errors import InvalidInput
+
+        got = c.claim("wa", lease_s=300)
+        with pytest.raises(InvalidInput):
+            c.complete(got["job"]["job_id"], "wa", got["lease"]["epoch"], {},
+                       provenance={"worker": "wb"})
+        assert c.show(got["job"]["job_id"])["job"]["status"] == "running"
+    with served(target, "--reap-every", "0") as s, s.client(wa) as worker:
+        for path, body in ((f"/v1/jobs/{jobs[0]}/complete",
+                            {"epoch": 1, "result": {}, "provenance": {"worker": "evil"}}),
+                           ("/v1/completions", {"items": [
+                               {"job_id": jobs[0], "epoch": 1, "result": {},
+                                "provenance": {"worker": "evil"}}]})):
+            r = worker.post(path, json=body)
+            assert r.status_code == 400 and "provenance" in r.json()["error"]["message"], (
+                r.status_code, r.text)
+        r = worker.post(f"/v1/jobs/{jobs[0]}/complete",
+                        json={"epoch": 1, "result": {}, "provenance": {"worker": "wa"}})
+        assert r.status_code == 200, r.text
+    with Coordinator.open(target) as c:
+        shown = c.show(jobs[0])
+        assert shown["job"]["status"] == "succeeded"
+        assert shown["job"]["provenance"] == {"worker": "wa"}, shown["job"]
+
+
 def test_revoked_token_is_refused_on_its_next_request(target: Target) -> None:
     secret = token(target, "ci", "submitter", tenant="alice")
     with served(target, "--reap-every", "0") as s, s.client(secret) as http:

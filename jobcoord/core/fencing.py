@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import MICROS, iso, now_us, seconds_to_us
-from ..errors import DatabaseCorrupt, JobcoordError, Refused
+from ..errors import DatabaseCorrupt, InvalidInput, JobcoordError, Refused
 from ..states import FINAL_STATUSES
 from ..store import query_statements as qs
 from ..store import statements as sql
@@ -138,6 +138,12 @@ def completion_parts(ctx: Context, job_id: Any, worker_id: str, epoch: Any, resu
     job_id, worker_id, epoch, tenant = fenced_args(job_id, worker_id, epoch,
                                                    tenant)
     result_text, prov_text = completion_texts(result, provenance, ctx.policy.max_result_bytes)
+    if isinstance(provenance, Mapping) and provenance.get("worker", worker_id) != worker_id:
+        # `show` names the provenance's worker as the result's: through the server any
+        # worker token could have named another worker there.
+        raise InvalidInput("invalid_input", "provenance: its \"worker\" names another worker "
+                           f"than the one completing ({worker_id}); leave it out or give "
+                           "this one", field="provenance")
     c = Completion(job_id, worker_id, epoch, tenant, result_text, prov_text, None)
     return with_plan(ctx, c) if planned else c
 
