@@ -90,7 +90,7 @@ SQLITE_CODES: tuple[tuple[str, type[JobcoordError], str, str], ...] = (
         StorageUnavailable,
         "database_full",
         "cannot grow the shared-memory (-shm) file beside the database; the disk is "
-        "probably full",
+        "probably full (or a file-size limit, `ulimit -f`, is below 32 KiB)",
     ),
     ("SQLITE_IOERR", StorageUnavailable, "database_io_error", "disk I/O error"),
     ("SQLITE_CANTOPEN", StorageUnavailable, "database_unavailable", "cannot open the database"),
