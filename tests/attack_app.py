@@ -52,3 +52,42 @@ def deep(payload: dict[str, Any], ctx: Context) -> Any:
     for _ in range(int(payload["depth"])):
         out = [out]
     return out
+
+
+class _Unreadable:
+    def __repr__(self) -> str:
+        raise RuntimeError("no words for it")
+
+    __str__ = __repr__
+
+
+@app.handler("odd_provenance", timeout=60)
+def odd_provenance(payload: dict[str, Any], ctx: Context) -> Any:
+    """A result with a provenance that is no JSON: `how` says which way."""
+    from jobcoord.app import Result
+
+    how = payload["how"]
+    if how == "tuple_key":
+        reported: Any = {"k": {(1, 2): 1}}
+    elif how == "big_int":
+        reported = {"n": 10**5000}
+    elif how == "deep":
+        reported = {}
+        for _ in range(3000):
+            reported = {"x": reported}
+    else:
+        reported = {"o": _Unreadable()}
+    return Result({"a": 1}, provenance=reported)
+
+
+@app.handler("chatty", timeout=60)
+def chatty(payload: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    """Prints to its standard output, as a library it calls may."""
+    import subprocess
+    import sys
+
+    print("I am not JSON", flush=True)
+    sys.stdout.write("nor this\n")
+    sys.stdout.flush()
+    subprocess.run([sys.executable, "-c", "print('a child says so too')"], check=True)
+    return {"ok": True}

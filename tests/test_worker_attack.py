@@ -362,3 +362,37 @@ def test_a_command_deaf_to_sigterm_that_timed_out_fails_as_a_timeout_within_its_
     assert reasons[-1] == "timeout" and "fail_refused" not in reasons, reasons
     assert coord.show(job)["job"]["status"] == "waiting"
     _books(coord)
+
+
+@pytest.mark.parametrize("how", ["tuple_key", "big_int", "deep", "unreadable"])
+def test_a_provenance_that_is_no_json_fails_its_attempt_as_invalid_result(
+        coord: Coordinator, target: Any, tmp_path: Path, procs: Any, how: str) -> None:
+    """A Python handler's provenance with a tuple key, a 5,000-digit number, 3,000 levels
+    or a value whose repr raises was an internal error at every report until the lease
+    ran out; the reaper then ended the job with no error recorded. It fails the attempt
+    as a result that is no JSON does: `invalid_result`, its error saying why."""
+    job = coord.enqueue("odd_provenance", {"how": how}, max_attempts=1)["job_id"]
+    w = procs(target, tmp_path / "w.log", "w1", "--burst", "--lease", "30")
+    code, summary = w.finish(60)
+    assert code == 0, summary
+    assert not w.events("report_error") and not w.events("report_retry")
+    shown = coord.show(job)
+    assert shown["job"]["status"] == "dead", shown["job"]
+    assert shown["events"][-1]["reason"] == "invalid_result", shown["events"][-1]
+    assert "provenance" in shown["job"]["last_error"], shown["job"]["last_error"]
+    _books(coord)
+
+
+def test_with_json_what_a_python_handler_prints_never_reaches_stdout(
+        coord: Coordinator, target: Any, tmp_path: Path, procs: Any) -> None:
+    """`worker --json` promises one JSON object on stdout, its summary; a Python handler's
+    print (and a child process it started) went there before it. They go to stderr."""
+    job = coord.enqueue("chatty", {})["job_id"]
+    w = procs(target, tmp_path / "w.log", "w1", "--burst")
+    out, _ = w.proc.communicate(timeout=60)
+    assert w.proc.returncode == 0, out
+    (line,) = out.decode().splitlines()
+    assert json.loads(line)["completed"] == 1
+    log = w.log.read_text(encoding="utf-8")
+    assert "I am not JSON" in log and "nor this" in log and "a child says so too" in log
+    assert coord.show(job)["job"]["status"] == "succeeded"

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..app import Context, HandlerSpec
@@ -567,6 +567,10 @@ class JobRun:
                 if size > limit:
                     out = Outcome("too_large", error=f"result is {size} bytes, larger than "
                                    f"the {limit} byte budget")
+            if out.kind == "success" and out.provenance:
+                problem = _provenance_problem(out.provenance)
+                if problem is not None:
+                    out = Outcome("invalid", error=problem)
         t0 = time.monotonic()
         while True:
             try:
@@ -692,6 +696,20 @@ class JobRun:
             error=error[:500], report_ms=elapsed_ms(t0))
         w.count(event)
 
+
+
+def _provenance_problem(reported: Mapping[str, Any]) -> str | None:
+    """Why the provenance a handler returned cannot be stored (as Worker.provenance writes
+    it), or None. Found at the report, it was an internal error at every try until the
+    lease ran out, and the reaper ended the job with no error recorded."""
+    try:
+        json.dumps(dict(reported), default=str)
+    except RecursionError:
+        return (f"the provenance was refused: it is nested deeper than {MAX_JSON_DEPTH} "
+                "levels")
+    except Exception as e:  # a tuple key, a number past the encoder's digits, a bad repr
+        return f"the provenance is not JSON: {described(e)}"
+    return None
 
 
 NO_STORE_ERROR = ("the command left files in $JOBCOORD_ARTIFACTS_OUT but this database has "
