@@ -67,6 +67,32 @@ def unwritable(e: OSError, where: str) -> StorageUnavailable:
                               "`jobs` tell)")
 
 
+@contextlib.contextmanager
+def stdout_for_the_result(as_json: bool) -> Iterator[None]:
+    """With --json, stdout is for the command's one JSON object: while the block runs (a
+    worker's handlers), what is printed to it goes to stderr instead, the handlers' own
+    `print` and the processes they start included (file descriptor 1 points at stderr).
+    A Python handler's print came before the worker's summary, and `--json` was no JSON."""
+    if not as_json:
+        yield
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+    try:
+        saved = os.dup(1)  # not inherited: no child holds the real stdout open
+    except OSError:
+        yield
+        return
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def result_out() -> None:
     """A result or a refusal is about to be printed: what the program does from then on (a
     Ctrl-C ends nothing) holds for both, since a refusal is the command's answer too."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .group import Settings, cli
-from .output import emit, json_option, say
+from .output import emit, json_option, say, stdout_for_the_result
 
 
 @cli.command()
@@ -75,7 +75,8 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
         max_results=max_results, readings_override=readings_override, log_format=log_format,
         max_jobs=max_jobs, burst=burst, database_url=url, policy=policy,
         flush_delay=flush_delay, batch=batch, tenant=tenant)
-    summary = Worker(s.coordinator(), config, as_json=as_json).run()
+    with stdout_for_the_result(as_json):
+        summary = Worker(s.coordinator(), config, as_json=as_json).run()
     emit(as_json, summary)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..cli.output import result_out
+from ..cli.output import result_out, stdout_for_the_result
 from ..errors import InvalidInput
 
 #: Largest token file read (a token is 47 characters).
@@ -249,7 +249,8 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
             # A --burst worker whose server is gone gives up after the client's own
             # retry budget, as its first call (whoami, above) did.
             give_up_s=remote.retry_s)
-        summary = Worker(remote, config, as_json=kw["as_json"]).run()
+        with stdout_for_the_result(kw["as_json"]):
+            summary = Worker(remote, config, as_json=kw["as_json"]).run()
     finally:
         remote.close()
     _emit(kw["as_json"], summary)
