@@ -68,24 +68,26 @@ def unwritable(e: OSError, where: str) -> StorageUnavailable:
 
 
 @contextlib.contextmanager
-def stdout_for_the_result(as_json: bool) -> Iterator[None]:
+def stdout_for_the_result(as_json: bool) -> Iterator[int]:
     """With --json, stdout is for the command's one JSON object: while the block runs (a
     worker's handlers), what is printed to it goes to stderr instead, the handlers' own
     `print` and the processes they start included (file descriptor 1 points at stderr).
-    A Python handler's print came before the worker's summary, and `--json` was no JSON."""
+    A Python handler's print came before the worker's summary, and `--json` was no JSON.
+    Yields the descriptor of the real stdout, for a line the block must write there (a
+    forced exit's)."""
     if not as_json:
-        yield
+        yield 1
         return
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     try:
         saved = os.dup(1)  # not inherited: no child holds the real stdout open
     except OSError:
-        yield
+        yield 1
         return
     try:
         os.dup2(2, 1)
-        yield
+        yield saved
     finally:
         with contextlib.suppress(OSError, ValueError):
             sys.stdout.flush()

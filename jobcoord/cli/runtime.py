@@ -75,8 +75,8 @@ def worker(s: Settings, app_spec: str | None, execs: tuple[str, ...], roles: tup
         max_results=max_results, readings_override=readings_override, log_format=log_format,
         max_jobs=max_jobs, burst=burst, database_url=url, policy=policy,
         flush_delay=flush_delay, batch=batch, tenant=tenant)
-    with stdout_for_the_result(as_json):
-        summary = Worker(s.coordinator(), config, as_json=as_json).run()
+    with stdout_for_the_result(as_json) as result_fd:
+        summary = Worker(s.coordinator(), config, as_json=as_json, result_fd=result_fd).run()
     emit(as_json, summary)
 
 

@@ -249,8 +249,8 @@ def _run_remote(ctx: click.Context, server: str, token_file: str, wait: float,
             # A --burst worker whose server is gone gives up after the client's own
             # retry budget, as its first call (whoami, above) did.
             give_up_s=remote.retry_s)
-        with stdout_for_the_result(kw["as_json"]):
-            summary = Worker(remote, config, as_json=kw["as_json"]).run()
+        with stdout_for_the_result(kw["as_json"]) as result_fd:
+            summary = Worker(remote, config, as_json=kw["as_json"], result_fd=result_fd).run()
     finally:
         remote.close()
     _emit(kw["as_json"], summary)

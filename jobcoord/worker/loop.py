@@ -151,7 +151,7 @@ class Worker:
     `calls` is the same Coordinator behind `BoundedCalls`, the way every call is made."""
 
     def __init__(self, coordinator: Any, config: WorkerConfig, log: Log | None = None, *,
-                 clock: Clock | None = None, as_json: bool = False):
+                 clock: Clock | None = None, as_json: bool = False, result_fd: int = 1):
         if not config.handlers:
             raise InvalidInput("invalid_input", "a worker needs at least one handler "
                                "(--app MODULE:APP or --exec KIND=COMMAND)")
@@ -159,6 +159,9 @@ class Worker:
         self.config = config
         self.log = log or Log(config.worker_id, config.log_format)
         self.clock = clock or Clock()
+        #: Where the forced exit's JSON line goes: stdout, or the real one the CLI set aside
+        #: while handlers' prints go to stderr (cli.output.stdout_for_the_result).
+        self.result_fd = result_fd
         #: `--json`: stdout carries JSON Lines only, even when a second signal cuts it short.
         self.as_json = as_json
         # Three threads, not one: a busy database slowing one renewal must not hold up the
@@ -367,11 +370,13 @@ class Worker:
                 kill_group(proc, signal.SIGKILL)
         if self.as_json:
             # Still one JSON line on stdout, as --json promises, before the forced exit.
+            # (Written to the real stdout, which the CLI may have set aside: `result_fd`.)
             with contextlib.suppress(OSError, ValueError):
-                sys.stdout.write(json.dumps({
-                    "event": "exiting_now", "worker_id": self.config.worker_id,
-                    "signal": name, "running": running, "exit_code": EXIT_FORCED}) + "\n")
                 sys.stdout.flush()
+                line = json.dumps({
+                    "event": "exiting_now", "worker_id": self.config.worker_id,
+                    "signal": name, "running": running, "exit_code": EXIT_FORCED}) + "\n"
+                os.write(self.result_fd, line.encode())
         os._exit(EXIT_FORCED)
 
     # -- the loop --
