@@ -135,12 +135,13 @@ def test_complete_many_judges_items_one_by_one_in_one_transaction(
 
 
 @pytest.mark.parametrize("cancel_asked", [False, True])
-def test_a_group_sent_again_answers_a_jobs_second_item_as_the_first_sending_did(
+def test_a_group_sent_again_answers_each_item_accepted_at_that_epoch_as_already_accepted(
         coord: Coordinator, cancel_asked: bool) -> None:
-    """A group whose answer was lost is sent again: the accepted item says so (the server
-    answers it `already_accepted`), and a second item of that job in the group is refused
-    as reported earlier in the batch, as the first sending answered it, never accepted
-    twice. (With a cancellation asked of another job, the group is judged item by item.)"""
+    """A group whose answer was lost is sent again: every item this worker had accepted at
+    that epoch, with that result, says so (the server answers it `already_accepted`), the
+    job's second item too. That item was refused "already completed earlier in this batch"
+    (`earlier_in_batch`), when nothing was completed in this batch. Never accepted twice.
+    (With a cancellation asked of another job, the group is judged item by item.)"""
     coord.enqueue_many([JobSpec("k") for _ in range(2)])
     coord.heartbeat("w1", readings=IDLE_ON_AC)
     a, b = coord.claim_many("w1", 2)["claimed"]
@@ -151,11 +152,41 @@ def test_a_group_sent_again_answers_a_jobs_second_item_as_the_first_sending_did(
     first = coord.complete_many(group)
     again = coord.complete_many(group)
     assert first["accepted"] == 1 and again["accepted"] == 0, again
-    one, two = again["results"][:2]
-    assert one["error"]["details"].get("same_as_accepted") is True, one
-    assert two["error"]["details"].get("earlier_in_batch") is True, two
-    assert not two["error"]["details"].get("same_as_accepted"), two
+    for one in again["results"][:2]:
+        assert one["error"]["details"].get("same_as_accepted") is True, one
+        assert "earlier_in_batch" not in one["error"]["details"], one
+        assert "earlier in this batch" not in one["error"]["message"], one
     assert _events(coord, a["job"]["job_id"]).count(("completed", 1)) == 1
+
+
+@pytest.mark.parametrize("cancel_asked", [False, True])
+def test_a_job_accepted_in_an_earlier_request_is_never_said_completed_in_this_batch(
+        coord: Coordinator, cancel_asked: bool) -> None:
+    """A job completed by an earlier request, then twice in one group: the first item was
+    `already_accepted` (same_as_accepted) and the second "was already completed earlier in
+    this batch" (`earlier_in_batch`), though this batch completed nothing. Both say what is
+    true: the same result stands; another result of that epoch is refused `job_finished`
+    (and recorded), never as this batch's."""
+    coord.enqueue_many([JobSpec("k") for _ in range(2)])
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    a, b = coord.claim_many("w1", 2)["claimed"]
+    coord.complete(a["job"]["job_id"], "w1", 1, {"ok": a["job"]["job_id"]})
+    group = [_item(a), _item(a), _item(a, result={"other": 1})]
+    if cancel_asked:
+        coord.cancel(b["job"]["job_id"])
+        group.append(_item(b))
+    done = coord.complete_many(group)
+    assert done["accepted"] == 0, done
+    same, dup, other = done["results"][:3]
+    for one in (same, dup):
+        assert one["error"]["details"].get("same_as_accepted") is True, one
+    for one in (same, dup, other):
+        assert "earlier_in_batch" not in one["error"]["details"], one
+        assert "earlier in this batch" not in one["error"]["message"], one
+    assert other["error"]["code"] == "job_finished", other
+    assert not other["error"]["details"].get("same_as_accepted"), other
+    assert _events(coord, a["job"]["job_id"])[-2:] == [("completed", 1),
+                                                         ("complete_refused", 1)]
 
 
 def test_fail_many_judges_each_failure_like_fail(coord: Coordinator) -> None:

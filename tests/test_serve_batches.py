@@ -270,6 +270,56 @@ def test_a_split_group_answers_a_second_item_of_one_job_as_one_group_would(
     assert again["error"]["details"].get("earlier_in_batch") is True, again
 
 
+def test_a_job_accepted_in_an_earlier_request_is_never_said_completed_in_this_batch(
+        target: Target) -> None:
+    """A job completed by an earlier request, then twice in one `POST /v1/completions`: the
+    first item was `already_accepted` and the second refused `job_finished` "was already
+    completed earlier in this batch" (`earlier_in_batch`), though the batch completed
+    nothing. Both items are the accepted completion sent again: both `already_accepted`."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        c.enqueue("k", {})
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        http.post("/v1/heartbeat", json={"readings": READINGS})
+        got = http.post("/v1/claims", json={"wait": 0}).json()
+        job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+        first = http.post(f"/v1/jobs/{job}/complete", json={"epoch": epoch, "result": "r"})
+        assert first.status_code == 200, first.text
+        item = {"job_id": job, "epoch": epoch, "result": "r"}
+        done = http.post("/v1/completions", json={"items": [item, item]})
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert "earlier in this batch" not in done.text, body
+    assert body["results"] == [{"job_id": job, "status": "succeeded", "epoch": epoch,
+                                "already_accepted": True}] * 2, body
+    with Coordinator.open(target) as c:
+        events = [e["reason"] for e in c.show(job)["events"]]
+    assert events.count("completed") == 1 and "complete_refused" not in events, events
+
+
+def test_a_split_group_never_says_a_job_accepted_in_an_earlier_request_completed_in_it(
+        target: Target) -> None:
+    """A group the client sends in halves, holding twice a job an earlier request completed:
+    the server answered both items `already_accepted`, and the client turned the second
+    into "already completed earlier in this batch" (`earlier_in_batch`), as if the first
+    had been this group's own acceptance."""
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        for i in range(2):
+            c.enqueue("k", {"i": i})
+    big = "x" * (600 * 1024)
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret) as wa:
+        wa.heartbeat("wa", readings=READINGS)
+        got = wa.claim_many("wa", 2, wait=0)["claimed"]
+        wa.complete(got[0]["job"]["job_id"], "wa", got[0]["lease"]["epoch"], big)
+        done = wa.complete_many([_item(got[0], big), _item(got[1], big),
+                                 _item(got[0], big)])
+    first, _, again = done["results"]
+    assert first.get("already_accepted") is True, first
+    assert again == first, again
+
+
 def test_the_remote_client_imports_no_database_or_server_code() -> None:
     """A worker on another machine loads the client alone: no SQLAlchemy, no FastAPI (the
     batch answers it shares with the core live in a module without them)."""

@@ -113,16 +113,17 @@ def _run_all(ctx: Context, parts: Sequence[Any], op: str, where: str,
 
 
 def _answer(p: Any, got: Any, done: dict[int, str], op: str) -> dict[str, Any]:
-    """An item's answer; a refusal of a job this batch already reported on says so."""
+    """An item's answer; a refusal of a job this batch already reported on says so.
+
+    Only a report this batch accepted counts as one: an item that is a report accepted by
+    an earlier request, sent again (`same_as_accepted`), leaves the job out of `done`, so a
+    second such item is judged as the first was (the same result: `already_accepted` too;
+    another: `job_finished`), never "completed earlier in this batch", which it was not."""
     if not isinstance(got, JobcoordError):
         done[p.job_id] = got["status"]
         return got  # type: ignore[no-any-return]
     if p.job_id in done:
         got = earlier_in_batch(p.job_id, op, done[p.job_id], code=got.code, **got.details)
-    elif got.details.get("same_as_accepted"):
-        # The accepted report sent again (its answer lost) stands for this batch's report
-        # of the job: a second item of it is refused as the first sending refused it.
-        done[p.job_id] = got.details.get("status", "succeeded")
     return {"job_id": p.job_id, **got.to_json()}
 
 

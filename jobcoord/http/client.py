@@ -754,7 +754,9 @@ def _one_group(body: list[dict[str, Any]], got: dict[str, Any]) -> dict[str, Any
             results[i] = {"job_id": it["job_id"], **earlier_in_batch(
                 it["job_id"], "complete", earlier["status"], job_id=it["job_id"],
                 status=earlier["status"], accepted_epoch=earlier["epoch"]).to_json()}
-        elif "error" not in one:
+        elif "error" not in one and not one.get("already_accepted"):
+            # Only this group's own acceptance: one an earlier request made, sent again,
+            # leaves a later item of its job the server's answer (the same, when the same).
             accepted.setdefault(it["job_id"], one)
     ok = sum("error" not in one for one in results)
     return {"results": results, "accepted": ok, "refused": len(results) - ok}

@@ -294,7 +294,8 @@ async def completions(body: CompletionsBody, caller: WorkerCaller, srv: Srv
                               .to_json()["error"]}
             elif details.get("same_as_accepted"):
                 # Sent again after its answer was lost: it was accepted (as `complete`; a
-                # second item of one job in this group is the core's refusal, never this).
+                # second such item of the job too; one after an item this group accepted
+                # is the core's refusal, never this).
                 results[i] = {"job_id": it.job_id, "status": "succeeded",
                               "epoch": it.epoch, "already_accepted": True}
         if got["accepted"]:
