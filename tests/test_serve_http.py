@@ -828,3 +828,41 @@ def test_ctrl_c_stops_serve_exit_130_after_its_writes_have_committed(
     assert proc.returncode == 130, err.decode()[-3000:]
     assert b"Traceback" not in err, err.decode()[-3000:]
     assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+
+
+def _raw(port: int, request: bytes) -> tuple[bytes, bytes]:
+    """One request on a connection of its own, read to the server's close: head and body."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
+def test_a_path_with_a_trailing_slash_is_404_like_any_unknown_path(
+        sqlite_target: Target) -> None:
+    """`GET /v1/jobs/1/` and `POST /v1/jobs/` got an undocumented 307 to a Location built
+    from the client's Host header (`http://x/v1/jobs/1`). The API has no such path: 404 in
+    the JSON error shape, no Location, whatever the method."""
+    secret = token(sqlite_target, "op", "operator")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        for method, path in [
+                ("GET", "/v1/jobs/1/"), ("POST", "/v1/jobs/"), ("HEAD", "/v1/jobs/1/"),
+                ("GET", "/v1/jobs/"), ("POST", "/v1/jobs/1/complete/"), ("PUT", "/v1/jobs/1/"),
+                ("DELETE", "/v1/jobs/1/"), ("GET", "/healthz/"), ("GET", "/v1/whoami/"),
+                ("GET", "/ui/jobs/")]:
+            body = b'{"kind": "k"}' if method in ("POST", "PUT") else b""
+            head, answer = _raw(s.port, (
+                f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {secret}"
+                f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+                + body)
+            assert head.startswith(b"HTTP/1.1 404 "), (method, path, head)
+            assert b"\r\nlocation:" not in head.lower(), (method, path, head)
+            if method != "HEAD":
+                assert json.loads(answer)["error"]["code"] == "not_found", (path, answer)
+    with Coordinator.open(sqlite_target) as c:
+        assert c.jobs()["jobs"] == []

@@ -59,8 +59,11 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
             srv.transfers.shutdown(wait=False, cancel_futures=True)
             watcher.join(1.0)
 
+    # No redirect for a trailing slash (the router's default): it answered a path the API
+    # does not have with a 307 to a Location built from the client's Host header. Such a
+    # path is an unknown one, 404 in the JSON error shape.
     app = FastAPI(title="jobcoord", version=__version__, lifespan=lifespan,
-                  responses=ERRORS,
+                  responses=ERRORS, redirect_slashes=False,
                   description="A durable job coordinator. Every /v1 route needs "
                               "`Authorization: Bearer <token>`.")
     app.state.server = srv
