@@ -866,3 +866,118 @@ def test_a_path_with_a_trailing_slash_is_404_like_any_unknown_path(
                 assert json.loads(answer)["error"]["code"] == "not_found", (path, answer)
     with Coordinator.open(sqlite_target) as c:
         assert c.jobs()["jobs"] == []
+
+
+def _read_until_closed(sock: Any, within: float) -> tuple[bytes, float]:
+    """Everything the server sends on `sock` until it closes it (or `within` s pass: then
+    what came, and the time is `within`)."""
+    t0 = time.monotonic()
+    got = b""
+    sock.settimeout(0.2)
+    while time.monotonic() - t0 < within:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:  # reset
+            break
+        if not chunk:
+            return got, time.monotonic() - t0
+        got += chunk
+    return got, within
+
+
+def test_a_request_whose_headers_never_end_is_cut_within_the_upload_idle_bound(
+        sqlite_target: Target) -> None:
+    """A connection that sent `GET /healthz HTTP/1.1\\r\\nHost: x\\r\\n` and never the blank
+    line was held open forever (uvicorn's keep-alive timeout covers only the time between
+    requests), as was one that sent nothing, or a header a byte every few tenths of a second:
+    enough of them took every descriptor and a normal /healthz got no answer. The request
+    line and headers have `--upload-idle` s from the connection's start or the request's
+    first byte: then a request begun is answered 408 `request_timeout` and the connection
+    closed; a connection that sent nothing is closed without an answer."""
+    import socket
+
+    with served(sqlite_target, "--reap-every", "0", "--upload-idle", "1") as s:
+        def connect() -> socket.socket:
+            return socket.create_connection(("127.0.0.1", s.port), timeout=10)
+
+        unfinished = [connect() for _ in range(20)]
+        for sock in unfinished:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        silent = connect()
+        drip = connect()
+        drip.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        t0 = time.monotonic()
+        drip.settimeout(0.3)
+        dripped = b""
+        while time.monotonic() - t0 < 8:  # a byte every 0.3 s: each well within the bound
+            try:
+                dripped += drip.recv(65536)
+                break
+            except TimeoutError:
+                pass
+            try:
+                drip.sendall(b"a")
+            except OSError:
+                break
+        took = time.monotonic() - t0
+        assert took < 4, (took, dripped)
+        answers = [_read_until_closed(sock, 5) for sock in unfinished]
+        quiet = _read_until_closed(silent, 5)
+        drip_rest, _ = _read_until_closed(drip, 5)
+        for got, after in [*answers, (dripped + drip_rest, took)]:
+            assert after < 5, (after, got)
+            head, _, body = got.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 "), got
+            assert b"connection: close" in head.lower(), got
+            assert json.loads(body)["error"]["code"] == "request_timeout", got
+        assert quiet[0] == b"" and quiet[1] < 5, quiet
+        for sock in [*unfinished, silent, drip]:
+            sock.close()
+        # A request sent at once is answered as ever, and its connection kept alive.
+        with s.client() as http:
+            assert http.get("/healthz").status_code == 200
+            time.sleep(1.5)  # longer than the bound: between requests is keep-alive's
+            assert http.get("/healthz").status_code == 200
+
+
+def test_a_json_body_that_sends_nothing_for_upload_idle_is_400_and_nothing_done(
+        sqlite_target: Target) -> None:
+    """A submission with complete headers, `Content-Length: 100` and 9 bytes of its body was
+    never answered: the connection was held as long as the client kept it. A JSON body
+    that sends nothing for `--upload-idle` s is answered 400 `body_incomplete`, the
+    connection closed, and nothing submitted; a request answered before its body ended (a
+    GET with a body) has its connection closed, not left waiting for the rest."""
+    import socket
+
+    sub = token(sqlite_target, "sub", "submitter", tenant="t")
+    with served(sqlite_target, "--reap-every", "0", "--upload-idle", "1") as s:
+        posts = []
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+            sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                         + sub.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"kind\":")
+            posts.append(sock)
+        sent = time.monotonic()
+        get = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        get.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"x\":")
+        for sock in posts:
+            got, _ = _read_until_closed(sock, 6)
+            after = time.monotonic() - sent
+            assert 0.5 < after < 4, (after, got)
+            head, _, body = got.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 400 "), got
+            assert b"connection: close" in head.lower(), got
+            error = json.loads(body)["error"]
+            assert error["code"] == "body_incomplete", error
+            assert "nothing was done" in error["message"], error
+            sock.close()
+        got, _ = _read_until_closed(get, 6)
+        after = time.monotonic() - sent
+        assert got.startswith(b"HTTP/1.1 200 ") and after < 4, (after, got)
+        get.close()
+        with s.client() as http:
+            assert http.get("/healthz").status_code == 200
+    with Coordinator.open(sqlite_target) as c:
+        assert c.jobs(tenant="t")["jobs"] == []

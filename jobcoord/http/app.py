@@ -136,6 +136,6 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
     app.openapi = openapi  # type: ignore[method-assign]
     mount_dashboard(app)  # /metrics and the web dashboard (dashboard.py)
     app.add_middleware(BodyLimit, limit=srv.max_body, artifact_limit=max_artifact_bytes,
-                       stopping=srv.stopping)
+                       stopping=srv.stopping, idle_s=upload_idle_s)
     app.add_middleware(CatchBugs, emit=srv.emit)  # outside BodyLimit: sees what it lets by
     return app

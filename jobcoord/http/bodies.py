@@ -161,6 +161,8 @@ ERRORS = error_responses(
     (401, "no token, or an unknown or revoked one"),
     (403, "this token's role may not do that"),
     (404, "not found, or not visible to this token"),
+    (408, "request_timeout: the request line and headers did not arrive within "
+          "`serve --upload-idle` seconds; the connection is closed"),
     (409, "refused by a coordinator rule"),
     (413, "request body too large"),
     (500, "internal error"),

@@ -43,9 +43,11 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
               help="Database calls run on this many threads.")
 @click.option("--upload-idle", default=30.0, show_default=True,
               type=click.FloatRange(0.1, 3600),
-              help="An artifact upload that sends nothing for this many seconds is refused "
-                   "(upload_incomplete), nothing stored; a download whose reader takes "
-                   "nothing for four times as long is cut.")
+              help="A request's line and headers must arrive within this many seconds "
+                   "(else 408 request_timeout, closed); a JSON body that sends nothing for "
+                   "this long is refused (400 body_incomplete), an artifact upload too "
+                   "(upload_incomplete), nothing done or stored; a download whose reader "
+                   "takes nothing for four times as long is cut.")
 @click.option("--max-artifact-bytes", default=1 << 30, show_default=True,
               type=click.IntRange(0, 2**62),
               help="Largest artifact upload accepted (a kind's own limit applies too).")

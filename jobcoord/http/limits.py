@@ -19,8 +19,9 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
-from ..errors import JobcoordError, StorageUnavailable
+from ..errors import InvalidInput, JobcoordError, StorageUnavailable
 from .errors import BodyTooLarge, headers_of, status_of
+from .state import DEFAULT_UPLOAD_IDLE_S
 
 #: The path of an artifact (upload and download): its body is bytes, not JSON.
 ARTIFACT_PATH = re.compile(r"/v1/jobs/[^/]+/artifacts/")
@@ -30,10 +31,13 @@ STOP_LOOK_S = 0.25
 
 class BodyLimit:
     def __init__(self, app: Any, limit: int, artifact_limit: int,
-                 stopping: threading.Event | None = None):
+                 stopping: threading.Event | None = None,
+                 idle_s: float = DEFAULT_UPLOAD_IDLE_S):
         self.app = app
         self.limit = limit
         self.artifact_limit = artifact_limit
+        #: A body that sends nothing for this long is refused (`serve --upload-idle`).
+        self.idle_s = idle_s
         #: Set as the server begins to stop (Server.stopping).
         self.stopping = stopping or threading.Event()
 
@@ -77,18 +81,33 @@ class BodyLimit:
         # response under way (a download) keeps its grace when the server stops.
         whole = scope["method"] not in ("POST", "PUT", "PATCH")
 
-        async def arriving() -> dict[str, Any] | None:
-            """The body's next part, or None when the server begins to stop first: a slow
-            client's body was cut after the stop's grace, a plain-text 500 and a traceback.
-            The task is never cancelled while the part may be on its way, so none is lost."""
+        async def arriving() -> dict[str, Any] | JobcoordError:
+            """The body's next part, or the error to answer instead: `server_stopping` when
+            the server begins to stop first (a slow client's body was cut after the stop's
+            grace, a plain-text 500 and a traceback), `body_incomplete` when nothing came
+            for `idle_s` (a body that stopped sending held its request, and its connection,
+            for as long as the client kept it open). The task is never cancelled while the
+            part may be on its way, so none is lost."""
             pending = asyncio.ensure_future(receive())
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + self.idle_s
             try:
                 await asyncio.sleep(0)  # a part already here is taken without a timed wait
                 while not pending.done():
-                    await asyncio.wait({pending}, timeout=STOP_LOOK_S)
-                    if not pending.done() and self.stopping.is_set():
+                    await asyncio.wait({pending}, timeout=min(
+                        STOP_LOOK_S, max(0.0, give_up - loop.time())))
+                    if pending.done():
+                        break
+                    if self.stopping.is_set():
                         pending.cancel()
-                        return None
+                        return StorageUnavailable(
+                            "server_stopping", "the server is stopping before this "
+                            "request's body arrived; nothing was done: send it again")
+                    if loop.time() >= give_up:
+                        pending.cancel()
+                        return InvalidInput(
+                            "body_incomplete", f"the request's body sent nothing for "
+                            f"{self.idle_s:g} s before its end; nothing was done")
             except BaseException:
                 pending.cancel()  # the caller was cancelled: no part is read behind it
                 raise
@@ -101,11 +120,11 @@ class BodyLimit:
             if whole:  # a disconnect the app listens for: nothing to wait out
                 return await receive()
             message = await arriving()
-            if message is None:
+            if isinstance(message, JobcoordError):
+                # Answered here (closing the connection) and the app told the client left,
+                # as for a body over the limit below.
                 if not tracked.started:
-                    await send_error(send, StorageUnavailable(
-                        "server_stopping", "the server is stopping before this request's "
-                        "body arrived; nothing was done: send it again"))
+                    await send_error(send, message)
                 tracked.closed = True
                 return {"type": "http.disconnect"}
             if message["type"] == "http.request":

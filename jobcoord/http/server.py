@@ -81,21 +81,108 @@ def printer(as_json: bool) -> Callable[[dict[str, Any]], None]:
     return emit
 
 
-def _protocol() -> type:
+def _protocol(head_s: float = DEFAULT_UPLOAD_IDLE_S) -> type:
     """uvicorn's HTTP protocol (httptools), answering a request its parser refuses (a
     control character in a header, a request line that is no HTTP) in the JSON error shape
-    every other error has, not uvicorn's plain text."""
+    every other error has, not uvicorn's plain text; and bounding what uvicorn left
+    unbounded (its keep-alive timeout covers only the time between requests):
+
+    - a request's line and headers have `head_s` (`--upload-idle`) from the connection's
+      start, or from the request's first byte on a kept-alive connection, counted however
+      the bytes trickle in: then a request begun is answered 408 `request_timeout` and the
+      connection closed; one that sent nothing at all is closed without an answer (an
+      answer there could be read by a client as the answer to a request it is just
+      sending). Unfinished requests held their connections forever, and enough of them
+      took every descriptor the process may open;
+    - a request answered before its body ended (refused before the body was read, a route
+      that reads none) has `head_s` in all for the rest of its body, then its connection is
+      closed: it waited for the rest of a body nobody reads, a byte now and then enough to
+      hold it.
+
+    A JSON body that stops sending is bounded above the protocol (limits.BodyLimit), an
+    upload's by its route."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     from .limits import error_bytes
 
-    body = error_bytes(InvalidInput("invalid_input", "malformed HTTP request: its request "
-                                    "line or a header could not be parsed"))
-    answer = (b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-              b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n"
-              + body)
+    def raw(status: bytes, err: InvalidInput) -> bytes:
+        body = error_bytes(err)
+        return (b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+                b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close"
+                b"\r\n\r\n" + body)
+
+    answer = raw(b"400 Bad Request", InvalidInput(
+        "invalid_input", "malformed HTTP request: its request line or a header could not "
+        "be parsed"))
+    too_slow = raw(b"408 Request Timeout", InvalidInput(
+        "request_timeout", f"the request line and headers did not arrive within {head_s:g} "
+        "s; nothing was done"))
 
     class Protocol(HttpToolsProtocol):  # type: ignore[misc]
+        head_timer: asyncio.TimerHandle | None = None
+        #: A byte of the request now being read has arrived (its headers have not ended).
+        begun = False
+        #: Closes the connection when the rest of an answered request's body is late.
+        body_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.head_timer = self.loop.call_later(head_s, self.head_late)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            # A request begun is no idle connection (the keep-alive timer may have been
+            # started in this same read, by the previous request's late body).
+            self._unset_keepalive_if_required()
+            self.begun = True
+            if self.head_timer is None:  # the first request's bound runs from the connect
+                self.head_timer = self.loop.call_later(head_s, self.head_late)
+
+        def on_headers_complete(self) -> None:
+            self.stop_head_timer()
+            self.begun = False
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.stop_head_timer()
+            if self.body_timer is not None:
+                self.body_timer.cancel()
+                self.body_timer = None
+            super().connection_lost(exc)
+
+        def stop_head_timer(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def head_late(self) -> None:
+            self.head_timer = None
+            if self.transport.is_closing():
+                return
+            if self.begun:
+                self.transport.write(too_slow)
+            self.transport.close()
+
+        def on_response_complete(self) -> None:
+            cycle = self.cycle
+            super().on_response_complete()
+            if cycle is not None and cycle.more_body and not self.transport.is_closing():
+                # Answered before its body ended: the rest may still be on its way (a
+                # client sends its headers and body apart; closed at once, its body met a
+                # reset and so did its answer), and has `head_s` in all to arrive.
+                self.body_timer = self.loop.call_later(head_s, self.transport.close)
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if self.body_timer is not None:
+                self.body_timer.cancel()
+                self.body_timer = None
+                # Its late bytes stopped the keep-alive timer (any data does): start it
+                # again, or the connection idled on unbounded.
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(
+                    self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
         def send_400_response(self, msg: str) -> None:
             self.transport.write(answer)
             self.transport.close()
@@ -191,7 +278,7 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
 
     config = uvicorn.Config(
         app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
-        http=_protocol(),
+        http=_protocol(upload_idle_s),
         log_level="warning", access_log=False, server_header=False, proxy_headers=False,
         lifespan="on", timeout_graceful_shutdown=STOP_GRACE_S, timeout_keep_alive=30)
     server = _Server(config)
