@@ -130,10 +130,9 @@ class Policy:
                 ok = (isinstance(value, int | float) and not isinstance(value, bool)
                       and math.isfinite(value) and value >= 0)
             if not ok:
-                raise InvalidInput(
-                    "invalid_policy",
-                    f"{source}: {key} must be a non-negative {type(default).__name__}",
-                )
+                what = ("true or false" if isinstance(default, bool)
+                        else f"a non-negative {type(default).__name__}")
+                raise InvalidInput("invalid_policy", f"{source}: {key} must be {what}")
             values[key] = value
         _check_bounds({**{k: f.default for k, f in known.items()}, **values}, source)
         return cls(**values)

@@ -336,3 +336,15 @@ def test_a_policy_integer_too_long_to_read_is_invalid_policy_never_an_internal_e
     assert r.code == 2, r.out + r.err
     assert r.json["error"]["code"] == "invalid_policy"
     assert dump(coord) == before
+
+
+@pytest.mark.parametrize("value", ["1", '"yes"', "1.5"])
+def test_a_flag_setting_that_is_not_true_or_false_says_so(tmp_path, value):
+    """`background_requires_ac = 1` was refused saying it "must be a non-negative bool"."""
+    path = tmp_path / "policy.toml"
+    path.write_text(f"[policy]\nbackground_requires_ac = {value}\n")
+    with pytest.raises(InvalidInput) as caught:
+        Policy.from_toml(str(path))
+    assert caught.value.code == "invalid_policy"
+    assert "background_requires_ac must be true or false" in caught.value.message, (
+        caught.value.message)
