@@ -407,6 +407,13 @@ def writable_destination(dest: str | os.PathLike[str], *, force: bool, database:
     put a regular file in place of /dev/null), and an existing file only with `force`.
     Bad: InvalidInput (exit 2), nothing written."""
     dest = os.path.abspath(os.fspath(dest))
+    try:
+        named = b"\0" not in os.fsencode(dest)
+    except UnicodeEncodeError:  # a lone surrogate: no file name can hold it
+        named = False
+    if not named:  # (else ValueError and UnicodeEncodeError escaped the API)
+        raise InvalidInput("invalid_input", f"{what} destination {dest!a} is not a file "
+                           "name (a NUL or a lone surrogate in it)", dest=ascii(dest))
     name_has_room(dest, WRITE_ROOM, f"{what} destination")
     if database is not None and _is_part_of(dest, database):
         raise InvalidInput("invalid_input", f"{what} destination {dest} is the database "

@@ -313,6 +313,32 @@ def test_a_directory_or_unreadable_source_is_exit_2_with_no_row(ac: Coordinator,
     assert rows(ac, job_id) == []
 
 
+@pytest.mark.parametrize("bad", ["a\x00b", "\ud800"])
+def test_a_source_or_destination_path_that_is_no_path_is_invalid_input_changing_nothing(
+        ac: Coordinator, store_dir: str, tmp_path: Path, bad: str) -> None:
+    """A path holding a NUL, or a lone surrogate (no file name can hold either), raised
+    ValueError and UnicodeEncodeError out of `put_artifact` and `get_artifact`: every API
+    method either works or raises a JobcoordError, so it is InvalidInput, with no row, no
+    object, no temporary file and nothing written."""
+    from tests.conftest import dump
+
+    done, e1 = start(ac)
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"kept")
+    ac.complete(done, "w1", e1, {})
+    job_id, epoch = start(ac, "w2")
+    before, objects = dump(ac), _stored(store_dir)
+    with pytest.raises(InvalidInput) as caught:
+        ac.put_artifact(job_id, "w2", epoch, "x.bin", bad)
+    assert caught.value.code == "invalid_input"
+    with pytest.raises(InvalidInput) as caught:
+        ac.get_artifact(done, "kept.bin", str(tmp_path / bad))
+    assert caught.value.code == "invalid_input"
+    assert dump(ac) == before and rows(ac, job_id) == []
+    assert _stored(store_dir) == objects and temp_files(store_dir) == []
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(
+        ("jobcoord.db", "store"))) == []
+
+
 def test_a_store_that_cannot_be_written_is_exit_6_with_no_row(ac: Coordinator,
                                                               tmp_path: Path) -> None:
     blocker = tmp_path / "file"

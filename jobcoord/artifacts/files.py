@@ -120,6 +120,12 @@ def open_source(source: Source) -> Iterator[tuple[Fill, str]]:
             raise InvalidInput("invalid_input",
                                f"source {label!r} cannot be opened: {exc.strerror or exc}",
                                source=label) from None
+        except ValueError:
+            # A NUL, or a lone surrogate no file name can be encoded from: no path at all
+            # (ValueError and UnicodeEncodeError escaped the API otherwise).
+            raise InvalidInput("invalid_input", f"source {label!a} is not a file "
+                               "name (a NUL or a lone surrogate in it)",
+                               source=ascii(label)) from None
         try:
             yield fill_from(f, label), label
         finally:
