@@ -166,3 +166,25 @@ def test_migrate_without_artifacts_refuses_while_rows_exist_unless_forced(
     assert r.code == 4 and r.json["error"]["details"]["rows"] == 0
     assert run_cli(target, "--artifacts", str(tmp_path / "empty"), "migrate", "--without",
                    "artifacts").code == 0
+
+
+def test_migrate_without_artifacts_over_a_store_that_is_a_file_is_store_unavailable(
+        target: Target, tmp_path: Any) -> None:
+    """A regular file where the store's root is: `migrate --without artifacts` said
+    `migration_failed` (exit 8, "Not a directory") while every other store call says
+    `artifact_store_unavailable` (exit 6). Exit 6 now, alike, nothing changed."""
+    from tests.conftest import run_cli
+
+    db = Database.open(target)
+    migrate(db, add={"artifacts"})
+    db.close()
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"not a store")
+    for force in ([], ["--force"]):
+        r = run_cli(target, "--artifacts", str(afile), "migrate", "--without", "artifacts",
+                    *force, "--json")
+        assert r.code == 6, r.out
+        assert r.json["error"]["code"] == "artifact_store_unavailable"
+    assert afile.read_bytes() == b"not a store"
+    with Coordinator.open(target) as c:
+        assert c.has_feature("artifacts")

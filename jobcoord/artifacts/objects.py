@@ -318,14 +318,24 @@ class ObjectStore:
 
     def iter_objects(self) -> Iterator[tuple[str, int, float]]:
         """(digest, size, mtime) of every object, in digest order. Files that are not where
-        their name says (stray files) are not objects and are skipped."""
-        for level1 in sorted_dirs(self.objects_dir, 2):
-            for level2 in sorted_dirs(os.path.join(self.objects_dir, level1), 2):
+        their name says (stray files) are not objects and are skipped. No store there: none;
+        a store that cannot be listed (its root a regular file, no permission) is
+        `artifact_store_unavailable`, as for every other use of it."""
+        def listed(path: str) -> list[str]:
+            try:
+                return sorted_dirs(path, 2)
+            except OSError as exc:
+                raise store_error(exc, self.root, "listing its objects") from None
+
+        for level1 in listed(self.objects_dir):
+            for level2 in listed(os.path.join(self.objects_dir, level1)):
                 directory = os.path.join(self.objects_dir, level1, level2)
                 try:
                     entries = sorted(os.scandir(directory), key=lambda e: e.name)
                 except FileNotFoundError:
                     continue
+                except OSError as exc:
+                    raise store_error(exc, self.root, "listing its objects") from None
                 for entry in entries:
                     name = entry.name
                     if (HEX_DIGITS.fullmatch(name) and name[:2] == level1 and name[2:4] == level2
