@@ -263,3 +263,33 @@ def test_gc_on_a_store_that_is_not_there_refuses_and_creates_nothing(
         assert not os.path.exists(typo)
     assert dump(ac) == before
     assert ObjectStore(store_dir).exists(kept["digest"]) and ac.verify_artifacts()["ok"]
+
+
+def test_gc_never_follows_a_symlinked_tmp_out_of_the_store(
+        ac: Coordinator, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """The store's `tmp/` replaced by a link to a directory elsewhere: gc followed it and
+    deleted an old `*.tmp` file there, outside the store. A link in `tmp/`'s place is not
+    followed (as a linked fan-out directory under `objects/` is not): nothing outside the
+    store is ever deleted, and nothing there is counted."""
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "123-abc.tmp"
+    victim.write_bytes(b"somebody else's file")
+    age(str(victim), 7 * 86400)
+    tmp = Path(store_dir, "tmp")
+    for p in tmp.iterdir():
+        p.unlink()
+    tmp.rmdir()
+    tmp.symlink_to(outside)
+    for dry in (True, False):
+        report = ac.gc_artifacts(grace_s=0, dry_run=dry)
+        assert report["temp_files_removed"] == 0, report
+    r = subprocess.run([sys.executable, "-m", "jobcoord", *where(ac.db.target), "--artifacts",
+                        store_dir, "artifact", "gc", "--grace", "0s", "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert victim.read_bytes() == b"somebody else's file"
+    assert tmp.is_symlink() and ac.verify_artifacts()["ok"]

@@ -368,9 +368,28 @@ class ObjectStore:
                                f"the grace must be >= 0 seconds, not {older_than_s!r}")
         counts = {"removed": 0, "bytes_removed": 0, "kept_young": 0, "kept_in_flight": 0}
         try:
-            entries = list(os.scandir(self.tmp_dir))
-        except FileNotFoundError:
+            # O_NOFOLLOW, and every step below relative to this descriptor: a link in tmp/'s
+            # place (or swapped in meanwhile) is never followed, so nothing outside the
+            # store is ever deleted, as a linked fan-out directory under objects/ is not
+            # listed. Such a tmp/ is left as it is, nothing in it counted.
+            dir_fd = os.open(self.tmp_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+                             | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
             return counts
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return counts
+            raise store_error(exc, self.root, "listing temporary files") from None
+        try:
+            return self._clean_temp_in(dir_fd, older_than_s, dry_run, counts)
+        finally:
+            os.close(dir_fd)
+
+    def _clean_temp_in(self, dir_fd: int, older_than_s: float, dry_run: bool,
+                       counts: dict[str, int]) -> dict[str, int]:
+        try:
+            with os.scandir(dir_fd) as listing:
+                entries = list(listing)
         except OSError as exc:
             raise store_error(exc, self.root, "listing temporary files") from None
         now = time.time()
@@ -382,7 +401,8 @@ class ObjectStore:
                 if now - st.st_mtime < older_than_s:
                     counts["kept_young"] += 1
                     continue
-                fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = os.open(entry.name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW,
+                             dir_fd=dir_fd)
             except FileNotFoundError:  # the upload finished meanwhile
                 continue
             except OSError as exc:
@@ -395,13 +415,14 @@ class ObjectStore:
                     continue
                 # Still the same file at that name (not a new upload reusing it)?
                 try:
-                    same = os.stat(entry.path, follow_symlinks=False).st_ino == st.st_ino
+                    same = os.stat(entry.name, dir_fd=dir_fd,
+                                   follow_symlinks=False).st_ino == st.st_ino
                 except FileNotFoundError:
                     continue
                 if same:
                     try:
                         if not dry_run:
-                            os.unlink(entry.path)
+                            os.unlink(entry.name, dir_fd=dir_fd)
                     except FileNotFoundError:
                         continue
                     counts["removed"] += 1
