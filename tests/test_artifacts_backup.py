@@ -534,3 +534,35 @@ def test_a_backup_reads_the_store_and_never_makes_one_where_there_is_none(
     assert r.code != 0 and r.code != 1, (r.code, r.err)  # type: ignore[attr-defined]
     assert left() == before
     assert not (tmp_path / "second.db").exists()
+
+
+@pytest.mark.parametrize("store", ["RR.db", "RR.db/sub", "RR.db-wal"])
+def test_a_restore_whose_store_would_be_its_target_is_refused_before_making_anything(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, store: str) -> None:
+    """`restore` to RR.db with `--artifacts RR.db` (or inside it, or at a file SQLite keeps
+    beside it): exit 2 "RR.db exists", yet it had made RR.db/ (its gc.lock, objects/) as the
+    store before the database's own checks refused the target. Exit 2 means nothing
+    changed: the store is checked against the target before any store is made."""
+    backup = _good_backup(sc, sqlite_target, tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    r = run_cli(None, "--db", str(tmp_path / "RR.db"), "--artifacts", str(tmp_path / store),
+                "restore", str(backup), "--json")
+    assert r.code == 2, r.out  # type: ignore[attr-defined]
+    assert r.json["error"]["code"] == "invalid_input"  # type: ignore[attr-defined]
+    assert "RR.db" in r.json["error"]["message"]  # type: ignore[attr-defined]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_a_failed_restore_takes_away_the_directories_it_made_for_its_store(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """A restore failing after it placed its objects took away the store it made, but not
+    the directories it had made to hold it (`--artifacts new/deeper/store`)."""
+    backup = _good_backup(sc, sqlite_target, tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    failed = subprocess.run(
+        [sys.executable, "-m", "jobcoord", "--db", str(tmp_path / "t.db"), "--artifacts",
+         str(tmp_path / "new" / "deeper" / "store"), "restore", str(backup), "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": "restore.objects_placed:bug"},
+        capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode == 1, failed.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

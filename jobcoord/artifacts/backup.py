@@ -327,14 +327,27 @@ def _default_store(target: Any) -> str | None:
     return target.sqlite_path + SUFFIX if target.sqlite_path else None
 
 
-def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[str, int]
-                         ) -> None:
+def _outermost_missing(root: str) -> str | None:
+    """The outermost directory a store made at `root` creates (`root` itself, or the first
+    missing directory above it); None when `root` is there."""
+    made = None
+    path = root
+    while not os.path.lexists(path) and os.path.dirname(path) != path:
+        made = path
+        path = os.path.dirname(path)
+    return made
+
+
+def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[str, int],
+                         made: str) -> None:
     """Delete a store a failed restore made, unless anyone else has used it: another
     restore placed objects of its own there, or found ours there and took them (it touches
     each object it finds, which changes the object's ctime), or a database is at this
     restore's target now. Judged under the gc lock held exclusively: no restore is placing
     objects meanwhile (each holds it shared until its database is in place). Kept, the
     objects are gc's to judge."""
+    from jobcoord.maintenance import _within
+
     lock = os.path.join(store.root, "gc.lock")
     with contextlib.suppress(Exception), gc_lock(store, exclusive=True, wait_s=5.0):
         if database is not None and os.path.lexists(database):
@@ -345,6 +358,16 @@ def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[st
                 if path != lock and os.stat(path).st_ctime_ns != ours.get(path):
                     return
         shutil.rmtree(store.root, ignore_errors=True)
+        # And the directories made to hold it, while empty (another user's files stay).
+        path = os.path.dirname(store.root)
+        while store.root != made and _within(path, made):
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+            if path == made:
+                break
+            path = os.path.dirname(path)
 
 
 def restore(backup_file: str, target: Any, explicit_store: str | None,
@@ -359,12 +382,22 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
     if not root:
         raise InvalidInput("artifact_store_required", "restoring artifacts needs the store "
                            "directory: pass --artifacts DIR")
+    root = os.path.abspath(root)
     if target.sqlite_path:
-        from jobcoord.maintenance import refuse_existing
+        from jobcoord.maintenance import _BESIDE, _within, refuse_existing
 
         refuse_existing(target.sqlite_path)  # before any object is placed for it
+        for part in (target.sqlite_path, *(target.sqlite_path + s for s in _BESIDE)):
+            if _within(root, part):
+                # Made there, the store would be a directory at the target's name (or at
+                # a file SQLite keeps beside it), and the restore then refused with that
+                # directory left behind: refused before anything is made.
+                raise InvalidInput("invalid_input", f"the artifact store {root} would be "
+                                   f"made at {part} (or inside it), where the restored "
+                                   "database goes; name another --artifacts directory",
+                                   store=root, restored=target.sqlite_path)
     source = ObjectStore(directory)
-    made = not os.path.lexists(root)
+    made = _outermost_missing(root)
     store = ObjectStore(root)
     ours: dict[str, int] = {}  # the objects this restore put there: path -> ctime
     try:
@@ -389,8 +422,8 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
         # another sharing the store, put its objects there or took ours meanwhile (deleting
         # the store took them from its restored database). Objects in a store that was
         # there stay for gc to judge.
-        if made:
-            _remove_if_only_ours(store, target.sqlite_path, ours)
+        if made is not None:
+            _remove_if_only_ours(store, target.sqlite_path, ours, made)
         raise
     result["artifacts"] = {"store": os.path.abspath(root), "objects": len(listed),
                            "bytes": sum(listed.values()), "verified": True}
