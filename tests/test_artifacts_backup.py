@@ -566,3 +566,45 @@ def test_a_failed_restore_takes_away_the_directories_it_made_for_its_store(
         capture_output=True, text=True, timeout=60, check=False)
     assert failed.returncode == 1, failed.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_two_forced_backups_to_one_dest_at_once_run_one_after_the_other(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """Two `backup DEST --force` at once: both said ok and left DEST unrestorable, the
+    first's database beside the second's objects and manifest, and both set-aside
+    directories deleted (the last good backup's objects gone). Backups with artifacts into
+    one directory now run one at a time: the second waits for the first, then replaces its
+    backup whole, and DEST restores."""
+    store = sc.artifacts_dir or ""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    b, eb = start(sc, "w2")
+    sc.put_artifact(b, "w2", eb, "second.bin", b"second")
+    sc.complete(b, "w2", eb, {})
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
+         "--artifacts", store, "backup", str(dest), "--force", "--json"],
+        env={**os.environ, "JOBCOORD_FAULT": "backup.new_objects_in_place:sleep=6"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # The slow one has set the old objects aside and is sleeping before its database.
+        wait_for(lambda: any(p.name.endswith(".old") for p in tmp_path.iterdir()),
+                 "the old objects set aside", 60)
+        c, ec = start(sc, "w3")
+        sc.put_artifact(c, "w3", ec, "third.bin", b"third")
+        sc.complete(c, "w3", ec, {})
+        r = cli(sqlite_target, store, "backup", str(dest), "--force", "--json")
+        assert r.code == 0, r.out  # type: ignore[attr-defined]
+    finally:
+        out, err = slow.communicate(timeout=120)
+    assert slow.returncode == 0, (out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "b.db", "b.db.artifacts", "jobcoord.db", "jobcoord.db-shm", "jobcoord.db-wal", "store"]
+    restored = tmp_path / "restored.db"
+    r = run_cli(None, "--db", str(restored), "--artifacts", str(tmp_path / "rs"), "restore",
+                str(dest), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+    with Coordinator.open(str(restored)) as c:
+        c.artifacts_dir = str(tmp_path / "rs")
+        assert len(c.jobs(status="succeeded")["jobs"]) == 3  # the second backup's, whole
+        assert c.verify_artifacts()["ok"] is True
+

@@ -293,3 +293,4 @@ def test_gc_never_follows_a_symlinked_tmp_out_of_the_store(
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert victim.read_bytes() == b"somebody else's file"
     assert tmp.is_symlink() and ac.verify_artifacts()["ok"]
+

@@ -23,20 +23,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import secrets
 import shutil
 import stat
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jobcoord import faults
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import ENV_STORE, gc_lock, store_of
-from jobcoord.errors import DatabaseCorrupt, InvalidInput
+from jobcoord.errors import DatabaseBusy, DatabaseCorrupt, InvalidInput, StorageUnavailable
 
 MANIFEST = "manifest.json"
 SUFFIX = ".artifacts"
@@ -106,6 +108,58 @@ def backup(coord: Any, dest: str, force: bool,
     dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
                                 what="the backup", store=store.root)
     standalone_destination(dest)  # (as a backup without artifacts checks it)
+    with _one_at_a_time(os.path.dirname(dest)):
+        return _backup(coord, dest, force, run, store, final)
+
+
+#: How long a backup with artifacts waits for another one into the same directory.
+DEST_LOCK_WAIT_S = 600.0
+
+
+@contextlib.contextmanager
+def _one_at_a_time(parent: str) -> Iterator[None]:
+    """Hold an exclusive flock on DEST's directory for the whole backup. A backup puts
+    three names in place one after the other (the old objects aside, the new ones, the
+    database): two at once to one DEST interleaved them, each said ok, and DEST was left
+    one's database beside the other's objects, both set-aside copies deleted. The lock is
+    on the directory itself, so it leaves nothing behind; backups with artifacts into one
+    directory run one at a time, the later one waiting (DEST_LOCK_WAIT_S at most, then
+    `destination_busy`, exit 5, with nothing changed)."""
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise StorageUnavailable("database_unavailable",
+                                 f"directory {parent} does not exist") from None
+    except OSError as exc:
+        raise StorageUnavailable("database_unavailable", f"directory {parent} cannot be "
+                                 f"opened: {exc.strerror or exc}") from None
+    try:
+        deadline = time.monotonic() + DEST_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DatabaseBusy(
+                        "destination_busy", f"another backup into {parent} has been under "
+                        f"way for {DEST_LOCK_WAIT_S:.0f} s; nothing was changed, try again "
+                        "once it is done", directory=parent) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any]],
+            store: ObjectStore, final: str) -> dict[str, Any]:
+    """The backup proper, under `_one_at_a_time`: checked again here, as another backup may
+    have put DEST in place while this one waited."""
+    from jobcoord.maintenance import standalone_destination, writable_destination
+
+    writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
+                         what="the backup", store=store.root)
+    standalone_destination(dest)
     if os.path.lexists(final):
         if os.path.islink(final) or not os.path.isdir(final):
             raise InvalidInput("invalid_input", f"{final} exists and is not a backup's "
