@@ -608,3 +608,28 @@ def test_two_forced_backups_to_one_dest_at_once_run_one_after_the_other(
         assert len(c.jobs(status="succeeded")["jobs"]) == 3  # the second backup's, whole
         assert c.verify_artifacts()["ok"] is True
 
+
+def test_gc_from_a_database_restored_into_a_shared_store_never_deletes_the_others_artifacts(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """`restore MB.db` into M's store by another database (allowed: "another database
+    sharing the store"), then `artifact gc --grace 0s` from it: M's artifact accepted after
+    the backup was deleted, and `artifact verify --all` on M said missing (exit 7). The
+    restore records its database in the store, and gc there is refused (exit 4,
+    `artifact_store_shared`) from either database, nothing deleted."""
+    store = sc.artifacts_dir or ""
+    backup = _good_backup(sc, sqlite_target, tmp_path)
+    b, eb = start(sc, "w2")
+    sc.put_artifact(b, "w2", eb, "later.bin", b"accepted after the backup")
+    sc.complete(b, "w2", eb, {})
+    for path in Path(store, "objects").rglob("*"):
+        if path.is_file():
+            os.utime(path, (time.time() - 7200, time.time() - 7200))
+    r2 = tmp_path / "R2.db"
+    r = run_cli(None, "--db", str(r2), "--artifacts", store, "restore", str(backup), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+    for db in (str(r2), sqlite_target.sqlite_path or ""):
+        r = run_cli(None, "--db", db, "--artifacts", store, "artifact", "gc", "--grace", "0s",
+                    "--json")
+        assert r.code == 4 and "artifact_store_shared" in r.out, r.out  # type: ignore
+    r = cli(sqlite_target, store, "artifact", "verify", "--all", "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]

@@ -294,3 +294,48 @@ def test_gc_never_follows_a_symlinked_tmp_out_of_the_store(
     assert victim.read_bytes() == b"somebody else's file"
     assert tmp.is_symlink() and ac.verify_artifacts()["ok"]
 
+
+def test_gc_in_a_store_another_database_uses_is_refused_and_deletes_nothing(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """Two databases sharing one store: gc from one deleted every object only the other's
+    rows reference, accepted artifacts included (`artifact verify` on the other: exit 7,
+    missing). The store records each database that stages into it (or restores into it);
+    gc in a store another database uses is refused, `artifact_store_shared` (exit 4), with
+    nothing deleted and nothing changed, from either database, dry run or not."""
+    from tests.conftest import dump
+
+    mine, e1 = start(ac, "w1")
+    kept = ac.put_artifact(mine, "w1", e1, "kept.bin", b"accepted by the first database")
+    ac.complete(mine, "w1", e1, {})
+    other_path = tmp_path / "other #1.db"
+    from jobcoord.db import resolve_target
+
+    Coordinator.open(str(other_path), migrate=True).close()
+    install(resolve_target(db=str(other_path)))
+    with Coordinator.open(str(other_path)) as o:
+        o.artifacts_dir = store_dir
+        theirs, e2 = start(o, "w2")
+        their = o.put_artifact(theirs, "w2", e2, "theirs.bin", b"accepted by the other one")
+        o.complete(theirs, "w2", e2, {})
+    orphan = ObjectStore(store_dir).put(b"nobody's")
+    for obj in (kept["digest"], their["digest"], orphan.digest):
+        age(ObjectStore(store_dir).path_of(obj), 2 * 3600)
+    objects = files_under(os.path.join(store_dir, "objects"))
+    before = dump(ac)
+    for db_args in (["--db", str(other_path)], where(target)):
+        for dry in ([], ["--dry-run"]):
+            r = subprocess.run([sys.executable, "-m", "jobcoord", *db_args, "--artifacts",
+                                store_dir, "artifact", "gc", "--grace", "0s", "--json", *dry],
+                               cwd=REPO, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 4, (db_args, r.stdout, r.stderr)
+            assert '"artifact_store_shared"' in r.stdout
+    from jobcoord.errors import Refused
+
+    with pytest.raises(Refused):
+        ac.gc_artifacts(grace_s=0)
+    assert files_under(os.path.join(store_dir, "objects")) == objects
+    assert dump(ac) == before and ac.verify_artifacts()["ok"]
+    r = subprocess.run([sys.executable, "-m", "jobcoord", "--db", str(other_path),
+                        "--artifacts", store_dir, "artifact", "verify", "--all", "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)

@@ -69,9 +69,11 @@ class Setup:
         return job, got["lease"]["epoch"]
 
     def objects(self) -> list[str]:
-        """Every file in the store but its lock: objects, and temporary files of uploads."""
+        """Every file in the store but its lock and its records of the databases using
+        it: objects, and temporary files of uploads."""
         return sorted(os.path.join(d, f) for d, _, files in os.walk(self.store)
-                      for f in files if f != "gc.lock")
+                      for f in files if f != "gc.lock"
+                      and os.path.basename(d) != "databases")
 
     def rows(self, job: int) -> list[dict[str, Any]]:
         return list(self.c.artifacts(job, all_states=True)["artifacts"])

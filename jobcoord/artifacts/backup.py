@@ -37,7 +37,13 @@ from typing import Any
 from jobcoord import faults
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
-from jobcoord.artifacts.settings import ENV_STORE, gc_lock, store_of
+from jobcoord.artifacts.settings import (
+    ENV_STORE,
+    gc_lock,
+    record_user,
+    sqlite_identity,
+    store_of,
+)
 from jobcoord.errors import DatabaseBusy, DatabaseCorrupt, InvalidInput, StorageUnavailable
 
 MANIFEST = "manifest.json"
@@ -393,7 +399,7 @@ def _outermost_missing(root: str) -> str | None:
 
 
 def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[str, int],
-                         made: str) -> None:
+                         made: str, record: str | None) -> None:
     """Delete a store a failed restore made, unless anyone else has used it: another
     restore placed objects of its own there, or found ours there and took them (it touches
     each object it finds, which changes the object's ctime), or a database is at this
@@ -409,7 +415,8 @@ def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[st
         for directory, _, files in os.walk(store.root):
             for name in files:
                 path = os.path.join(directory, name)
-                if path != lock and os.stat(path).st_ctime_ns != ours.get(path):
+                if (path not in (lock, record)
+                        and os.stat(path).st_ctime_ns != ours.get(path)):
                     return
         shutil.rmtree(store.root, ignore_errors=True)
         # And the directories made to hold it, while empty (another user's files stay).
@@ -454,11 +461,17 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
     made = _outermost_missing(root)
     store = ObjectStore(root)
     ours: dict[str, int] = {}  # the objects this restore put there: path -> ctime
+    record: str | None = None  # this restore's record of its database in the store
     try:
         # Held shared from the first object placed until the database naming them is in
         # place, as an upload holds it until its row: neither gc nor another restore's
         # cleanup below takes them away meanwhile.
         with gc_lock(store, exclusive=False):
+            # The restored database uses the store from its first object on: recorded, so
+            # that gc from another database sharing the store is refused (and from this
+            # one, once it is restored) rather than delete the other's objects.
+            record = (record_user(store, sqlite_identity(target.sqlite_path))
+                      if target.sqlite_path else None)
             for digest in sorted(listed):
                 got = source.link_or_copy_into(root, digest)  # re-hashed in the store
                 if got.created:
@@ -477,7 +490,7 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
         # the store took them from its restored database). Objects in a store that was
         # there stay for gc to judge.
         if made is not None:
-            _remove_if_only_ours(store, target.sqlite_path, ours, made)
+            _remove_if_only_ours(store, target.sqlite_path, ours, made, record)
         raise
     result["artifacts"] = {"store": os.path.abspath(root), "objects": len(listed),
                            "bytes": sum(listed.values()), "verified": True}

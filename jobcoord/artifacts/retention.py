@@ -9,7 +9,15 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from jobcoord.artifacts.objects import ObjectStore
-from jobcoord.artifacts.settings import gc_lock, need_feature, store_of, store_root
+from jobcoord.artifacts.settings import (
+    database_identity,
+    gc_lock,
+    need_feature,
+    record_user,
+    refuse_if_shared,
+    store_of,
+    store_root,
+)
 from jobcoord.clock import now_us
 from jobcoord.core.common import record_event
 from jobcoord.errors import InvalidInput, Refused
@@ -59,6 +67,8 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                 f"{live} object(s): is --artifacts mistyped? Nothing was changed")
         return _report(dry_run, 0, [], 0, 0, set(), {"removed": 0, "bytes_removed": 0},
                        store)
+    # Before anything changes (the stages below included), and again under the lock.
+    refuse_if_shared(store, coord.db)
     if dry_run:
         ended = len(coord.db.read(lambda conn: coord.db.run(conn, fs.STALE_STAGES).all(),
                                   "artifact gc"))
@@ -82,6 +92,13 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
 
     removed, kept_young, freed = [], 0, 0
     with gc_lock(store, exclusive=True):
+        # Under the lock: a database that began to use the store since is recorded by now
+        # (it records itself before its first row, holding the lock shared).
+        refuse_if_shared(store, coord.db)
+        if not dry_run:
+            # This one's own record: a database restored here later (or staging here) is
+            # then refused gc, as this one is once that one is recorded.
+            record_user(store, database_identity(coord.db))
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
         # Read after listing, under the lock: an object listed is either referenced by now
         # or old enough to be nobody's upload in flight.

@@ -43,12 +43,14 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     GC_LOCK_WAIT_S,
     ArtifactSettings,
     KindRule,
+    database_identity,
     declare_kind,
     gc_lock,
     kind_rule,
     location_of,
     media_type_of,
     need_feature,
+    record_user,
     settings_from_mapping,
     settings_of,
     store_of,
@@ -139,6 +141,9 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     # The shared gc lock from "the object is there" to the row's commit: gc cannot delete
     # an old object this upload found already stored (dedup) before the row names it.
     with gc_lock(store, exclusive=False):
+        # This database uses the store from its first row on: recorded first, so a gc from
+        # another database sharing the store is refused rather than delete its objects.
+        record_user(store, database_identity(coord.db))
         if not store.exists(obj.digest):
             raise DatabaseBusy("artifact_store_busy", "a concurrent gc removed the object "
                                "while it was stored; put it again", digest=obj.digest)

@@ -5,21 +5,24 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
+import secrets
 import shlex
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobcoord.artifacts.files import store_error
+from jobcoord.artifacts.files import fsync_dir, mkdir_once, store_error
 from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_MEDIA_TYPE,
     MEDIA_TYPE,
     media_type_of,
 )
 from jobcoord.artifacts.objects import ObjectStore, parse_digest
-from jobcoord.errors import DatabaseBusy, InvalidInput, SchemaMismatch
+from jobcoord.errors import DatabaseBusy, InvalidInput, JobcoordError, Refused, SchemaMismatch
 
 if TYPE_CHECKING:
     from jobcoord.coordinator import Coordinator
@@ -222,3 +225,123 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         yield
     finally:
         os.close(fd)
+
+
+# --- which databases use the store ----------------------------------------------------------
+
+#: One file per database that staged or restored artifacts into the store, naming it.
+USERS_DIR = "databases"
+
+
+def database_identity(db: Database) -> str:
+    """What names this database to a store, the same from every process using it: a SQLite
+    file by its real path; a PostgreSQL database by its cluster's system identifier, its
+    name and its schema (however a URL spells the host, the server says which it is)."""
+    found = getattr(db, "_artifact_store_identity", None)
+    if found is None:
+        if db.target.sqlite_path:
+            found = sqlite_identity(db.target.sqlite_path)
+        else:
+            try:
+                row = db.read(lambda conn: conn.exec_driver_sql(
+                    "SELECT system_identifier, current_database(), current_schema() "
+                    "FROM pg_control_system()").one(), "naming the database to its store")
+                found = f"postgresql:{row[0]}/{row[1]}/{row[2]}"
+            except JobcoordError:
+                # A server that does not let this role read its identifier: the URL's host,
+                # port and name (two spellings of one server then look like two databases,
+                # and gc is refused: never the other way round).
+                from sqlalchemy.engine import make_url
+
+                url = make_url(db.target.url)
+                found = (f"postgresql://{url.host or ''}:{url.port or 5432}/"
+                         f"{url.database or ''}")
+        db._artifact_store_identity = found  # type: ignore[attr-defined]
+    return found
+
+
+def sqlite_identity(path: str) -> str:
+    """A SQLite database file's name to a store (whether or not the file is there yet)."""
+    return "sqlite:" + os.path.realpath(path)
+
+
+def _user_file(store: ObjectStore, identity: str) -> str:
+    name = hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(store.root, USERS_DIR, name + ".json")
+
+
+def record_user(store: ObjectStore, identity: str) -> str:
+    """Record `db` as a user of the store (once; its file then stays). Called before a row
+    naming an object of the store commits (under the gc lock held shared), so a gc that
+    could delete that object sees this database first. `identity`: database_identity.
+    Returns the record's path."""
+    path = _user_file(store, identity)
+    if os.path.isfile(path):
+        return path
+    directory = os.path.dirname(path)
+    tmp = os.path.join(directory, f".{secrets.token_hex(8)}.tmp")
+    try:
+        if mkdir_once(directory):
+            fsync_dir(store.root)
+        # Written whole under a temporary name, then linked to its own: a record is never
+        # seen half-written.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps({"database": identity}).encode("utf-8",
+                                                                   "surrogateescape"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        with contextlib.suppress(FileExistsError):  # recorded meanwhile by another process
+            os.link(tmp, path)
+        fsync_dir(directory)
+    except OSError as exc:
+        raise store_error(exc, store.root, "recording the database that uses it") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return path
+
+
+def store_users(store: ObjectStore) -> dict[str, str]:
+    """{record path: the database it names} of every database recorded as using the store.
+    A record that cannot be read names an unknown database (it is never taken for this
+    one)."""
+    directory = os.path.join(store.root, USERS_DIR)
+    try:
+        names = sorted(os.listdir(directory))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    except OSError as exc:
+        raise store_error(exc, store.root, "listing the databases that use it") from None
+    found = {}
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with open(fd, "rb") as f:
+                found[path] = str(json.loads(f.read(65536))["database"])
+        except (OSError, ValueError, KeyError, TypeError):
+            found[path] = "(an unreadable record)"
+    return found
+
+
+def refuse_if_shared(store: ObjectStore, db: Database) -> None:
+    """gc decides from this database's rows alone which objects nobody references: in a
+    store another database uses, that would delete the objects only the other's rows
+    reference (accepted artifacts included). Refused, `artifact_store_shared` (exit 4),
+    nothing changed."""
+    own = _user_file(store, database_identity(db))
+    others = {p: d for p, d in store_users(store).items() if p != own}
+    if others:
+        path, other = next(iter(others.items()))
+        raise Refused(
+            "artifact_store_shared",
+            f"the artifact store {store.root} is also used by {len(others)} other "
+            f"database(s) ({other}, recorded in {path}): gc from one database would delete "
+            "the objects only another's rows reference. Nothing was changed. Give each "
+            "database a store of its own (restore with --artifacts naming a new directory); "
+            "a record of a database that no longer uses this store may be removed by hand, "
+            "then gc runs", store=store.root, databases=sorted(others.values()))
