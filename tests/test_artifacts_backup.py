@@ -201,6 +201,17 @@ def test_a_backup_taken_while_a_worker_uploads_is_consistent(
             assert c.verify_artifacts()["ok"]
 
 
+def _good_backup_then_a_second_artifact(sc: Coordinator, sqlite_target: Target,
+                                        tmp_path: Path) -> tuple[str, Path]:
+    """A good backup at DEST, then a second accepted artifact that backup does not hold:
+    (the store, DEST)."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    b, eb = start(sc, "w2")
+    sc.put_artifact(b, "w2", eb, "second.bin", b"second")
+    sc.complete(b, "w2", eb, {})
+    return sc.artifacts_dir or "", dest
+
+
 def _good_backup(sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> Path:
     store = sc.artifacts_dir or ""
     a, ea = start(sc, "w1")
@@ -247,11 +258,7 @@ def test_a_forced_backup_stopped_while_it_puts_its_files_in_place_leaves_a_resto
     error there deleted the old objects for good. The old objects are put back on an error,
     and restore finds them set aside after a kill: DEST always restores whole, the old
     backup until the new database is in place, the new one after."""
-    store = sc.artifacts_dir or ""
-    dest = _good_backup(sc, sqlite_target, tmp_path)
-    b, eb = start(sc, "w2")
-    sc.put_artifact(b, "w2", eb, "second.bin", b"second")
-    sc.complete(b, "w2", eb, {})
+    store, dest = _good_backup_then_a_second_artifact(sc, sqlite_target, tmp_path)
     got = subprocess.run(
         [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
          "--artifacts", store, "backup", str(dest), "--force", "--json"],
@@ -575,11 +582,7 @@ def test_two_forced_backups_to_one_dest_at_once_run_one_after_the_other(
     directories deleted (the last good backup's objects gone). Backups with artifacts into
     one directory now run one at a time: the second waits for the first, then replaces its
     backup whole, and DEST restores."""
-    store = sc.artifacts_dir or ""
-    dest = _good_backup(sc, sqlite_target, tmp_path)
-    b, eb = start(sc, "w2")
-    sc.put_artifact(b, "w2", eb, "second.bin", b"second")
-    sc.complete(b, "w2", eb, {})
+    store, dest = _good_backup_then_a_second_artifact(sc, sqlite_target, tmp_path)
     slow = subprocess.Popen(
         [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
          "--artifacts", store, "backup", str(dest), "--force", "--json"],

@@ -249,10 +249,11 @@ def test_a_group_with_one_result_over_the_limit_saves_nothing_and_names_that_ite
         assert [j["status"] for j in c.jobs()["jobs"]] == ["running"] * 3
 
 
-def test_a_split_group_answers_a_second_item_of_one_job_as_one_group_would(
-        target: Target) -> None:
-    """The same job twice in a group the client sends in halves: the later item is the
-    core's refusal of a job reported earlier in the batch, not `already_accepted`."""
+def _split_group_of_one_job_twice(target: Target, *, last: str | None = None,
+                                  completed_before: bool = False) -> dict[str, Any]:
+    """Two jobs claimed through a server, then one group so large the client sends it in
+    halves: job 1, job 2, job 1 again (its last result `last`, else the same). With
+    `completed_before`, job 1 was completed by a request of its own first."""
     secret = token(target, "wa", "worker", worker="wa")
     with Coordinator.open(target) as c:
         for i in range(2):
@@ -262,8 +263,17 @@ def test_a_split_group_answers_a_second_item_of_one_job_as_one_group_would(
             RemoteCoordinator(s.url, secret) as wa:
         wa.heartbeat("wa", readings=READINGS)
         got = wa.claim_many("wa", 2, wait=0)["claimed"]
-        done = wa.complete_many([_item(got[0], big), _item(got[1], big),
-                                 _item(got[0], "again")])
+        if completed_before:
+            wa.complete(got[0]["job"]["job_id"], "wa", got[0]["lease"]["epoch"], big)
+        return wa.complete_many([_item(got[0], big), _item(got[1], big),
+                                 _item(got[0], big if last is None else last)])
+
+
+def test_a_split_group_answers_a_second_item_of_one_job_as_one_group_would(
+        target: Target) -> None:
+    """The same job twice in a group the client sends in halves: the later item is the
+    core's refusal of a job reported earlier in the batch, not `already_accepted`."""
+    done = _split_group_of_one_job_twice(target, last="again")
     assert done["accepted"] == 2 and done["refused"] == 1, done
     again = done["results"][2]
     assert again["error"]["code"] == "job_finished", again
@@ -303,18 +313,7 @@ def test_a_split_group_never_says_a_job_accepted_in_an_earlier_request_completed
     the server answered both items `already_accepted`, and the client turned the second
     into "already completed earlier in this batch" (`earlier_in_batch`), as if the first
     had been this group's own acceptance."""
-    secret = token(target, "wa", "worker", worker="wa")
-    with Coordinator.open(target) as c:
-        for i in range(2):
-            c.enqueue("k", {"i": i})
-    big = "x" * (600 * 1024)
-    with served(target, "--reap-every", "0") as s, \
-            RemoteCoordinator(s.url, secret) as wa:
-        wa.heartbeat("wa", readings=READINGS)
-        got = wa.claim_many("wa", 2, wait=0)["claimed"]
-        wa.complete(got[0]["job"]["job_id"], "wa", got[0]["lease"]["epoch"], big)
-        done = wa.complete_many([_item(got[0], big), _item(got[1], big),
-                                 _item(got[0], big)])
+    done = _split_group_of_one_job_twice(target, completed_before=True)
     first, _, again = done["results"]
     assert first.get("already_accepted") is True, first
     assert again == first, again
