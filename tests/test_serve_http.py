@@ -981,3 +981,33 @@ def test_a_json_body_that_sends_nothing_for_upload_idle_is_400_and_nothing_done(
             assert http.get("/healthz").status_code == 200
     with Coordinator.open(sqlite_target) as c:
         assert c.jobs(tenant="t")["jobs"] == []
+
+
+def test_a_reader_that_takes_nothing_of_an_answer_is_cut_within_four_upload_idles(
+        sqlite_target: Target) -> None:
+    """A client that asked for a 6 MB answer and read none of it held its connection, and
+    the answer in the server's memory, for as long as it liked (40 such readers: +330 MB);
+    a download cut for its idle reader stayed open the same way (`close` waits for the
+    bytes to go). An answer whose reader takes nothing for four times `--upload-idle` has
+    its connection aborted."""
+    import socket
+
+    with Coordinator.open(sqlite_target) as c:
+        c.heartbeat("w")
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("w", lease_s=300)["lease"]["epoch"]
+        for i in range(30):
+            c.checkpoint(job, "w", epoch, f"c{i}", {"x": "y" * 200_000})
+    secret = token(sqlite_target, "op", "operator")
+    with served(sqlite_target, "--reap-every", "0", "--upload-idle", "0.5") as s:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", s.port))
+        sock.sendall(f"GET /v1/jobs/{job} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     f"{secret}\r\n\r\n".encode())
+        time.sleep(6)  # reads nothing: four idles are 2 s
+        got, _ = _read_until_closed(sock, 20)
+        sock.close()
+        assert len(got) < 6_000_000, len(got)  # cut, not the whole answer late
+        with s.client(secret) as http:  # the server serves on
+            assert http.get(f"/v1/jobs/{job}").status_code == 200
