@@ -128,7 +128,8 @@ def _check_target_empty(db: Database, conn: Connection, tables: list[Table]) -> 
 
 def transfer(source: Database, source_features: set[str], target: Target, *,
              allow_active_leases: bool = False,
-             after_snapshot: Callable[[], None] | None = None) -> dict[str, Any]:
+             after_snapshot: Callable[[], None] | None = None,
+             store: Any = None) -> dict[str, Any]:
     """Copy the whole state of a coordinator into an empty, migrated database of the other
     kind (SQLite into PostgreSQL, or PostgreSQL back into SQLite) and verify it.
     `after_snapshot` runs once the source snapshot is taken (tests use it to write to the
@@ -154,6 +155,13 @@ def transfer(source: Database, source_features: set[str], target: Target, *,
                 f"{' --with '.join(sorted(missing))}` on the target first",
             )
         tables = tables_for(source_features)
+        if store is not None and store.present():
+            # The copy's artifact rows reference the source's store: the new database is
+            # recorded as using it before they commit, so a gc from the old one (a timer
+            # still running) is refused instead of deleting what only the new one references.
+            from .artifacts.settings import database_identity, record_user
+
+            record_user(store, database_identity(dest))
         try:
             try:
                 if isinstance(source, SqliteDatabase):

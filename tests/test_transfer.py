@@ -586,3 +586,34 @@ def test_a_source_value_no_postgresql_column_holds_is_exit_7_and_nothing_is_copi
     assert r.json["error"]["details"]["column"] == column, r.json
     with Coordinator.open(pg) as target:
         assert target.status()["jobs"].get("waiting", 0) == 0
+
+
+def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
+        src: Target, pg: Target, tmp_path: Any) -> None:
+    """After `transfer` the PostgreSQL database references the store's objects, but the
+    store recorded only the SQLite one until PostgreSQL's first put or gc: a gc from the
+    old SQLite database (a timer still running) deleted an accepted artifact only
+    PostgreSQL still referenced. The transfer records the new database first: that gc is
+    refused (`artifact_store_shared`)."""
+    with_artifacts(src)
+    with_artifacts(pg)
+    store = str(tmp_path / "store")
+    with Coordinator.open(src) as c:
+        c.artifacts_dir = store
+        c.heartbeat("w")
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("w")["lease"]["epoch"]
+        c.put_artifact(job, "w", epoch, "f.txt", b"precious bytes")
+        c.complete(job, "w", epoch, {})
+    r = run_cli(src, "--artifacts", store, "transfer", "--to", pg.url, "--json")
+    assert r.code == 0, r.out + r.err
+    with Coordinator.open(src) as c:  # the old database forgets the job: gc would take it
+        c.artifacts_dir = store
+        c.enqueue("k", {})  # (prune keeps the newest job)
+        with freeze_time("2100-01-01"):
+            assert c.prune("1d")["jobs"] == 1
+    r = run_cli(src, "--artifacts", store, "artifact", "gc", "--grace", "0s", "--json")
+    assert r.code == 4 and r.json["error"]["code"] == "artifact_store_shared", r.out
+    with Coordinator.open(pg) as c:
+        c.artifacts_dir = store
+        assert c.verify_artifacts()["ok"]

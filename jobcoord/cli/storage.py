@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from .group import Settings, cli, tenant_option
@@ -113,7 +115,15 @@ def transfer(s: Settings, to_url: str, allow_active_leases: bool, as_json: bool)
 
     dest = resolve_target(url=to_url)
     c = s.coordinator()
-    result = run_transfer(c.db, c.features, dest, allow_active_leases=allow_active_leases)
+    store = None
+    if "artifacts" in c.features:
+        from ..artifacts.settings import store_of
+        from ..errors import InvalidInput
+
+        with contextlib.suppress(InvalidInput):  # PostgreSQL without --artifacts: none named
+            store = store_of(c)
+    result = run_transfer(c.db, c.features, dest, allow_active_leases=allow_active_leases,
+                          store=store)
     emit(as_json, result, lambda: "\n".join(
         [f"copied {safe_text(result['source'])} to {safe_text(result['target'])}, verified:"]
         + [f"  {name}: {t['rows']} rows, sha256 {t['sha256'][:16]}..."
