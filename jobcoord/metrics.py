@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
@@ -91,7 +92,15 @@ class Latency:
         d = v.loads(text)
         if len(d["buckets"]) != len(LATENCY_BUCKETS) + 1:
             raise ValueError("the stored latency fold has other buckets")
-        return cls(list(d["buckets"]), float(d["total"]), int(d["count"]), int(d["without"]))
+        counts = [*d["buckets"], d["count"], d["without"]]
+        total = d["total"]
+        # Counts are whole and never negative, the total a finite sum of non-negative
+        # seconds: a fold edited by hand (-1, NaN) was printed as it stood, a counter gone
+        # down, and stored again. Unreadable, it is folded again from the first event.
+        if (not all(type(n) is int and n >= 0 for n in counts)
+                or type(total) not in (int, float) or not 0 <= total < math.inf):
+            raise ValueError("the stored latency fold holds a value no fold can")
+        return cls(list(d["buckets"]), float(total), int(d["count"]), int(d["without"]))
 
 
 def settled_horizon_us(settle_s: float, now: int | None = None) -> int | None:

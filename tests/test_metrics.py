@@ -412,3 +412,28 @@ def test_metrics_textfile_never_replaces_the_database_or_an_artifact(
     assert got.code == 2, got
     assert {p: p.read_bytes() for p in (db, obj)} == before
     assert [p for p in os.listdir(tmp_path) if p.startswith(".jobcoord-metrics-")] == []
+
+
+@pytest.mark.parametrize("state", [
+    '{"buckets": [0,0,0,0,0,0,0,0,0,0,0,0,0,1e400], "count": -1, "total": "nan", '
+    '"without": 0}',
+    '{"buckets": [0,0,0,0,0,0,0,0,0,0,0,0,0,-5], "count": 3, "total": 1.0, "without": 0}',
+    '{"buckets": [0,0,0,0,0,0,0,0,0,0,0,0,0,1.5], "count": 3, "total": 1.0, "without": 0}',
+    '{"buckets": [0,0,0,0,0,0,0,0,0,0,0,0,0,0], "count": 0, "total": -1.0, "without": -2}',
+], ids=["nan-and-negative-count", "negative-bucket", "fractional-bucket", "negative-total"])
+def test_a_latency_fold_edited_by_hand_is_folded_again_never_printed(
+        coord: Coordinator, state: str) -> None:
+    """A fold with a negative count, NaN total or a bucket that is no count was printed as
+    it stood (`_count -1.0`, `_sum NaN`: a counter going down, which Prometheus reads as a
+    reset) and stored again on the next scrape. It is unreadable, as garbage text is: the
+    histogram is folded again from the first completed event."""
+    workload(coord)
+    coord.db.events_settle_s = 0.0
+    good = parse(exposition(registry_for(coord)).decode())
+    assert len(_fold(coord)) == 1
+    coord.db.write(lambda conn: conn.exec_driver_sql(
+        "UPDATE metric_folds SET state_json = ?" if coord.db.is_sqlite
+        else "UPDATE metric_folds SET state_json = %s", (state,)), "test")
+    again = parse(exposition(registry_for(coord)).decode())
+    for key in [k for k in good if k[0].startswith("jobcoord_result_commit_latency")]:
+        assert again[key] == good[key], key
