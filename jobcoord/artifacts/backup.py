@@ -30,11 +30,11 @@ import re
 import secrets
 import shutil
 import stat
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from jobcoord import faults
+from jobcoord.artifacts.files import flock_within
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
@@ -140,18 +140,10 @@ def _one_at_a_time(parent: str) -> Iterator[None]:
         raise StorageUnavailable("database_unavailable", f"directory {parent} cannot be "
                                  f"opened: {exc.strerror or exc}") from None
     try:
-        deadline = time.monotonic() + DEST_LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DatabaseBusy(
-                        "destination_busy", f"another backup into {parent} has been under "
-                        f"way for {DEST_LOCK_WAIT_S:.0f} s; nothing was changed, try again "
-                        "once it is done", directory=parent) from None
-                time.sleep(0.05)
+        flock_within(fd, fcntl.LOCK_EX, DEST_LOCK_WAIT_S, lambda: DatabaseBusy(
+            "destination_busy", f"another backup into {parent} has been under way for "
+            f"{DEST_LOCK_WAIT_S:.0f} s; nothing was changed, try again once it is done",
+            directory=parent), poll_s=0.05)
         yield
     finally:
         os.close(fd)

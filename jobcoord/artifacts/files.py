@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
@@ -54,6 +56,21 @@ def missing(digest: str, path: str) -> DatabaseCorrupt:
 def corrupt(digest: str, path: str, why: str) -> DatabaseCorrupt:
     return DatabaseCorrupt("artifact_corrupt", f"artifact object {digest} is corrupt: {why}",
                            digest=digest, path=path)
+
+
+def flock_within(fd: int, mode: int, wait_s: float, busy: Callable[[], Exception],
+                 poll_s: float = 0.01) -> None:
+    """Take flock `mode` on `fd`, waiting at most `wait_s` (polled: a blocking flock cannot
+    be given a deadline); past it, raise what `busy()` makes."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise busy() from None
+            time.sleep(poll_s)
 
 
 def write_all(fd: int, view: memoryview) -> None:

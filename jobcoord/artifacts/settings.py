@@ -10,12 +10,11 @@ import json
 import os
 import secrets
 import shlex
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobcoord.artifacts.files import fsync_dir, mkdir_once, store_error
+from jobcoord.artifacts.files import flock_within, fsync_dir, mkdir_once, store_error
 from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_MEDIA_TYPE,
     MEDIA_TYPE,
@@ -211,17 +210,9 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
     except OSError as exc:  # e.g. a directory or an unreadable file where the lock goes
         raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
     try:
-        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DatabaseBusy("artifact_store_busy", "the artifact store's gc lock "
-                                       f"was held for {wait_s:.0f} s; try again") from None
-                time.sleep(0.01)
+        flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, wait_s,
+                     lambda: DatabaseBusy("artifact_store_busy", "the artifact store's gc "
+                                          f"lock was held for {wait_s:.0f} s; try again"))
         yield
     finally:
         os.close(fd)
