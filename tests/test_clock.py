@@ -204,6 +204,36 @@ def test_a_submission_timed_past_the_calendars_end_is_invalid_input_and_changes_
         assert check(coord.db)["ok"]
 
 
+LAST = "9999-12-31T23:59:59.999999"
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+@pytest.mark.parametrize("call", [
+    lambda c: c.claim("w", lease_s=60),
+    lambda c: c.claim_many("w", 3, lease_s=60),
+], ids=["claim", "claim_many"])
+def test_a_claim_at_the_calendars_last_microsecond_is_refused_and_changes_nothing(
+        coord: Coordinator, call: Any, limited: bool) -> None:
+    """At the last microsecond no lease can start: one ending with the calendar would
+    end as it starts, which the leases table's check refuses (a damaged database, exit
+    7, on SQLite; an internal error on PostgreSQL). The claim is invalid input and
+    nothing is written, not even the refusal counter."""
+    from jobcoord.errors import InvalidInput
+    from tests.conftest import dump
+
+    if limited:
+        coord.set_limit("k", 4)
+    coord.enqueue("k", {})
+    with freeze_time(LAST):
+        coord.heartbeat("w")
+        before = dump(coord)
+        with pytest.raises(InvalidInput) as e:
+            call(coord)
+        assert "9999" in e.value.message, e.value.message
+        assert dump(coord) == before
+        assert check(coord.db)["ok"], check(coord.db)
+
+
 def test_a_lease_or_backoff_at_the_calendars_end_ends_with_it(coord: Coordinator) -> None:
     """A claim, renewal or retry timed past the calendar's end was refused as a damaged
     database (exit 7). The coordinator's own times stop at the end of the year 9999: the

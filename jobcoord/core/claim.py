@@ -15,7 +15,7 @@ from ..policy import GateDecision, Readings, evaluate
 from ..states import FINAL_STATUSES
 from ..store import statements as sql
 from . import limits as limit_rules
-from .common import Context, as_bool, ends_by, lease_us, record_event
+from .common import Context, as_bool, lease_end, lease_us, record_event
 from .items import MAX_BATCH, NO_KINDS
 from .workers import claiming_row, unreadable_detail
 
@@ -245,7 +245,7 @@ def claim_many_in(ctx: Context, conn: Connection, worker_id: str, n: int, lease_
     taken: list[dict[str, Any]] = []
     verdict = None
     if not (flags[0] or flags[1]):
-        expires = ends_by(now, lease_us)
+        expires = lease_end(now, lease_us)
         taken = [answer(ctx, conn, worker_id, job, expires) for job in ctx.db.take_many(
             conn, roles, kinds, n=n, worker=worker_id, now=now, expires=expires,
             max_priority=gates.max_priority, expires_iso=iso(expires), tenant=tenant)]
@@ -315,7 +315,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
     earlier answers (a batch's), for rules that count what a worker already holds; `batch`
     is how many the transaction means to take; with a `tenant`, only its jobs;
     `worker_view`: a limit's refusal names this worker's holders only."""
-    expires = ends_by(now, lease_us)
+    expires = lease_end(now, lease_us)
     verdict = None
     if flags[0] or flags[1]:
         # A limit exists or a waiting job declares needs: each candidate is checked in
@@ -325,7 +325,7 @@ def take_one(ctx: Context, conn: Connection, worker_id: str, roles: Sequence[str
             ctx, conn, worker_id, roles, kinds, now=now, lease_us=lease_us,
             max_priority=gates.max_priority, limited=flags[0], tenant=tenant,
             worker_view=worker_view)
-        expires = ends_by(now, lease_us)
+        expires = lease_end(now, lease_us)
     else:
         got = ctx.db.take_next(conn, roles, kinds, worker=worker_id, now=now,
                                expires=expires, max_priority=gates.max_priority,

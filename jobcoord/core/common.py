@@ -65,6 +65,18 @@ def ends_by(now: int, us: int) -> int:
     return min(now + us, MAX_TIME_US)
 
 
+def lease_end(now: int, us: int) -> int:
+    """When a lease granted at `now` ends (`ends_by`); refused at the calendar's last
+    microsecond, where no lease can start: one ending as it starts breaks the leases
+    table's check, which turned the claim into a damaged database (SQLite) or an internal
+    error (PostgreSQL)."""
+    if now >= MAX_TIME_US:
+        raise InvalidInput("invalid_input", "lease: the clock stands at the last microsecond "
+                           "of the year 9999, the calendar's end; no lease can start",
+                           field="lease")
+    return ends_by(now, us)
+
+
 def later(now: int, us: int, field: str) -> int:
     """`now` + `us` for a time the caller asked for (a delay, a deadline): refused when it
     falls past the calendar's end, since it could never be kept."""

@@ -25,7 +25,7 @@ from ..clock import iso, now_us
 from ..errors import Refused
 from ..store import limit_statements as sql
 from ..store.base import Taken
-from .common import Context, ends_by
+from .common import Context, lease_end
 
 MAX_CONCURRENCY = 100_000
 #: Candidates a claim that must check each one reads at first (most take one of these), then
@@ -339,7 +339,7 @@ def take_checked(ctx: Context, conn: Connection, worker_id: str, roles: Sequence
         # A test may pause here: between the decision and the take is where two claims
         # deciding at once would both fit into the same slot or capacity.
         faults.point("checked.before_take")
-        expires = ends_by(view.now, lease_us)
+        expires = lease_end(view.now, lease_us)
         return ctx.db.take_job(conn, job_id, worker=worker_id, now=view.now,
                                expires=expires, expires_iso=iso(expires))
 
