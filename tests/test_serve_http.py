@@ -983,6 +983,93 @@ def test_a_json_body_that_sends_nothing_for_upload_idle_is_400_and_nothing_done(
         assert c.jobs(tenant="t")["jobs"] == []
 
 
+@pytest.mark.parametrize("kind", ["json", "json_chunked", "artifact"])
+def test_a_body_over_the_limit_is_answered_413_to_a_client_that_sends_it_whole(
+        sqlite_target: Target, kind: str) -> None:
+    """A body over the limit was answered 413 and its connection closed at once, its
+    body unread: a client that sends its whole body before reading (Python's
+    `http.client`, `urllib`) met a reset or a broken pipe, never the 413. The rest of the
+    body is taken and dropped, as for any request answered before its body ended (within
+    `--upload-idle` s in all); then the client reads its 413."""
+    import socket
+
+    secret = token(sqlite_target, "w", "worker", worker="w")
+    size = 8 << 20
+    if kind == "artifact":
+        head = (f"PUT /v1/jobs/1/artifacts/a?epoch=1 HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {secret}\r\nX-Content-Digest: sha256:{'0' * 64}\r\n"
+                f"Content-Length: {size}\r\n\r\n").encode()
+        body, code = b"x" * size, "artifact_too_large"
+    elif kind == "json":
+        head = (f"POST /v1/jobs/1/checkpoint HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                f"{secret}\r\nContent-Length: {size}\r\n\r\n").encode()
+        body, code = b"x" * size, "body_too_large"
+    else:
+        head = (f"POST /v1/jobs/1/checkpoint HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                f"{secret}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+        piece = b"x" * 65536
+        body = (b"%x\r\n" % len(piece) + piece + b"\r\n") * (size // len(piece)) + b"0\r\n\r\n"
+        code = "body_too_large"
+    with served(sqlite_target, "--reap-every", "0", "--max-artifact-bytes", "1000",
+                "--upload-idle", "10") as s:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        sock.sendall(head)
+        time.sleep(0.5)  # the server answers before the body starts
+        sock.sendall(body)  # a reset or broken pipe here was the defect
+        got = b""
+        sock.settimeout(10)
+        while b"\r\n\r\n" not in got or not got.endswith(b"}}"):
+            chunk = sock.recv(65536)
+            assert chunk, got  # closed before the whole answer
+            got += chunk
+        sock.close()
+        head_in, _, answer = got.partition(b"\r\n\r\n")
+        assert head_in.startswith(b"HTTP/1.1 413 "), got[:300]
+        assert json.loads(answer)["error"]["code"] == code, answer
+        with s.client() as http:  # the server serves on
+            assert http.get("/healthz").status_code == 200
+
+
+def test_a_413_for_a_body_that_never_comes_closes_its_connection_after_upload_idle(
+        sqlite_target: Target) -> None:
+    """The connection of a body refused by its declared length stays open for the rest
+    of it (above), but only `--upload-idle` s in all: a client that declared a terabyte
+    and sends nothing gets its 413, then its connection closed."""
+    import socket
+
+    secret = token(sqlite_target, "w", "worker", worker="w")
+    with served(sqlite_target, "--reap-every", "0", "--upload-idle", "1") as s:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        sent = time.monotonic()
+        sock.sendall((f"POST /v1/jobs/1/checkpoint HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                      f"Bearer {secret}\r\nContent-Length: {1 << 40}\r\n\r\n").encode())
+        got, _ = _read_until_closed(sock, 8)
+        after = time.monotonic() - sent
+        sock.close()
+        assert got.startswith(b"HTTP/1.1 413 ") and b"body_too_large" in got, got
+        assert 0.5 < after < 4, after
+
+
+def test_a_method_a_path_does_not_take_is_405_json_and_changes_nothing(
+        sqlite_target: Target) -> None:
+    """A wrong method on a path the API has is 405 `method_not_allowed` in the JSON error
+    shape (docs/serve.md's table), never Starlette's plain text, and changes nothing."""
+    secret = token(sqlite_target, "op", "operator")
+    with Coordinator.open(sqlite_target) as c:
+        job = c.enqueue("k", {})["job_id"]
+        before = dump(c)
+    with served(sqlite_target, "--reap-every", "0") as s, s.client(secret) as http:
+        for method, path in (("DELETE", f"/v1/jobs/{job}"), ("GET", "/v1/claims"),
+                             ("PUT", f"/v1/jobs/{job}"), ("POST", "/healthz"),
+                             ("HEAD", f"/v1/jobs/{job}")):
+            resp = http.request(method, path)
+            assert resp.status_code == 405, (method, path, resp.status_code, resp.text)
+            if method != "HEAD":  # a HEAD answer has no body
+                assert resp.json()["error"]["code"] == "method_not_allowed", resp.text
+    with Coordinator.open(sqlite_target) as c:
+        assert dump(c) == before
+
+
 def test_a_reader_that_takes_nothing_of_an_answer_is_cut_within_four_upload_idles(
         sqlite_target: Target) -> None:
     """A client that asked for a 6 MB answer and read none of it held its connection, and

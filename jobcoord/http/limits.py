@@ -64,11 +64,16 @@ class BodyLimit:
                 except ValueError:
                     declared = -1
                 if declared < 0 or declared > limit:
+                    # The connection stays open for the rest of the body, which the
+                    # protocol drops (for `--upload-idle` s in all): closed at once with
+                    # it unread, a client that sends its whole body before reading (Python's
+                    # http.client) met a reset, never this answer.
                     what = "an artifact" if artifact else "a request body"
                     await send_error(send, BodyTooLarge(
                         "artifact_too_large" if artifact else "body_too_large",
                         f"{what} must be at most {limit} bytes"
-                        + ("" if artifact else " (keep large data as an artifact)")))
+                        + ("" if artifact else " (keep large data as an artifact)")),
+                        close=False)
                     return
         if artifact:
             # The upload route counts the bytes itself as it stores them.
@@ -133,11 +138,11 @@ class BodyLimit:
                 if seen > self.limit:
                     # Answered here, and the app is told the client left: raising instead
                     # reached FastAPI's body reader, which answers any error 400.
-                    if not tracked.started:
+                    if not tracked.started:  # the rest is dropped, as above
                         await send_error(send, BodyTooLarge(
                             "body_too_large",
                             f"a request body must be at most {self.limit} bytes (keep large "
-                            "data as an artifact)"))
+                            "data as an artifact)"), close=False)
                     tracked.closed = True
                     return {"type": "http.disconnect"}
             return message
