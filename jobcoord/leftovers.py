@@ -50,6 +50,18 @@ def release(fds: list[int]) -> None:
             os.close(fds.pop())
 
 
+def pid_alive(found: re.Match[str]) -> bool:
+    """Whether the PID an entry's name holds (its group `pid`) is alive here, or not ours to
+    judge: a young entry of a live owner may not be locked yet."""
+    try:
+        os.kill(int(found.group("pid")), 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # another user's process, or a PID no process can have
+    return True  # alive, or the PID was reused: left, the safe way
+
+
 def sweep(directory: str, pattern: re.Pattern[str],
           alive: Callable[[re.Match[str]], bool] = lambda _m: False) -> int:
     """Remove the entries of `directory` whose whole name matches `pattern` (its group

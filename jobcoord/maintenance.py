@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
+import stat
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
@@ -21,7 +23,7 @@ from urllib.parse import quote
 from sqlalchemy import Column, ColumnElement, Table
 from sqlalchemy.engine import Connection
 
-from . import faults
+from . import faults, leftovers
 from . import validate as v
 from .errors import (
     DatabaseCorrupt,
@@ -601,8 +603,13 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
     DatabaseCorrupt and `dest` is exactly what it was. A failure leaves no temporary file
     behind."""
     parent = os.path.dirname(dest)
+    _sweep_killed_copies(dest)
     tmp = f"{dest}.tmp-{os.getpid()}"
     create_private_file(tmp)
+    # Held while this copy lives: the next copy to `dest` removes one nobody holds (a
+    # process killed outright left it, as large as the database). flock, never SQLite's
+    # own fcntl locks: this descriptor is closed only after SQLite's are.
+    held = [fd] if (fd := leftovers.hold(tmp)) is not None else []
     try:
         src = sqlite3.connect(source_uri, uri=True, timeout=30)
         try:
@@ -646,7 +653,30 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
     except BaseException:
         _unlink_with_sidecars(tmp)
         raise
+    finally:
+        leftovers.release(held)
     return found
+
+
+def _sweep_killed_copies(dest: str) -> None:
+    """Remove the temporary copies (`DEST.tmp-<pid>`, 0600) that a backup or restore to
+    `dest` killed outright left beside it and no live one holds, then the journal files
+    beside a copy that is gone (SQLite's, of a copy killed mid-way)."""
+    parent, base = os.path.split(dest)
+    name = re.escape(base) + r"\.tmp-(?P<pid>\d+)"
+    leftovers.sweep(parent or ".", re.compile(name), leftovers.pid_alive)
+    beside = re.compile(name + "(?:" + "|".join(re.escape(s) for s in _BESIDE) + ")")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(parent or "."):
+            found = beside.fullmatch(entry.name)
+            if found is None or os.path.lexists(
+                    os.path.join(parent, base + ".tmp-" + found.group("pid"))):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            # SQLite makes them as its database is (0600); anything else is the user's.
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid() \
+                    and stat.S_IMODE(st.st_mode) == 0o600:
+                _unlink(entry.path)
 
 
 def _sync(path: str) -> None:

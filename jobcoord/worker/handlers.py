@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from .. import validate as v
 from ..app import Cancelled, Context, PermanentError, Result
 from ..errors import InvalidInput, JobcoordError
-from ..leftovers import RANDOM, hold, sweep
+from ..leftovers import RANDOM, hold, pid_alive, sweep
 from .clock import boottime
 
 if TYPE_CHECKING:
@@ -572,18 +572,6 @@ _OWNED = re.compile(
     rf"jobcoord-w(?P<pid>\d+)-\d+-(?:(?P<dir>artifacts-){RANDOM}|{RANDOM}\.json)")
 
 
-def _pid_alive(found: re.Match[str]) -> bool:
-    """Whether the named worker's PID is alive here (or not ours to judge): a young entry
-    of a live worker may not be locked yet."""
-    try:
-        os.kill(int(found.group("pid")), 0)
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):
-        return True  # another user's process, or a PID no process can have
-    return True  # alive, or the PID was reused: left, the safe way
-
-
 #: A remote worker's upload spooled from a stream (jobcoord.http.client._spooled).
 #: A remote worker's spooled upload (`http.client._spooled`); one made before its name held
 #: its worker's PID has none.
@@ -599,6 +587,6 @@ def sweep_orphans(directory: str | None = None) -> int:
     directory = directory or tempfile.gettempdir()
     # A young unheld entry may be one a live worker has not locked yet: left, unless the
     # PID it names is gone.
-    return (sweep(directory, _OWNED, _pid_alive)
+    return (sweep(directory, _OWNED, pid_alive)
             + sweep(directory, _SPOOLED,
-                    lambda found: found.group("pid") is None or _pid_alive(found)))
+                    lambda found: found.group("pid") is None or pid_alive(found)))
