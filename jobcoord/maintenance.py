@@ -24,7 +24,6 @@ from sqlalchemy import Column, ColumnElement, Table
 from sqlalchemy.engine import Connection
 
 from . import faults, leftovers
-from . import validate as v
 from .errors import (
     DatabaseCorrupt,
     InvalidInput,
@@ -295,26 +294,18 @@ def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:
 
 
 def _unreadable_schedules(db: Database, conn: Connection) -> list[str]:
-    """Schedules whose stored payload is not a JSON object or whose cron and zone no longer
-    parse (a row changed by hand): each fire would copy the damage into a new job."""
-
-    from .core.slots import cron_timing
+    """Schedules a tick passes over as written outside jobcoord (a payload that is not a
+    JSON object, a max_attempts under 1, a cron or zone that no longer parses, slots or a
+    window past the calendar): each fire would copy the damage into a new job, or fail.
+    Judged by the tick's own rule (`core.schedules.unreadable`), at the time now."""
+    from .clock import now_us
+    from .core.schedules import unreadable
 
     if not db.engine.dialect.has_table(conn, "schedules"):
         return []  # a database before revision c0005
-    bad = []
-    for name, payload_json, cron, tz in db.run(conn, rs.SCHEDULE_ROWS).all():
-        try:
-            ok = isinstance(v.loads(payload_json), dict)
-            if cron is not None:
-                # Parses, with a slot at all: one whose slots have run out of calendar is
-                # what the tick leaves (paused), not damage.
-                cron_timing(cron, tz, after_us=0)
-        except (ValueError, InvalidInput):
-            ok = False
-        if not ok:
-            bad.append(name)
-    return bad
+    now = now_us()
+    return [row[1] for row in db.run(conn, rs.SCHEDULE_ROWS).all()
+            if unreadable(row, now) is not None]
 
 
 def _counts_differ(db: Database, conn: Connection) -> list[dict[str, Any]]:

@@ -555,6 +555,9 @@ SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [
     ("neither", "UPDATE schedules SET cron = NULL, tz = NULL, every_us = NULL "
                 "WHERE name = 'bad'"),
     ("window", "UPDATE schedules SET window_us = 9223372036854775807 WHERE name = 'bad'"),
+    ("max_attempts", "UPDATE schedules SET max_attempts = -1 WHERE name = 'bad'"),
+    ("payload", "UPDATE schedules SET payload_json = '[1' WHERE name = 'bad'"),
+    ("payload not an object", "UPDATE schedules SET payload_json = '[1]' WHERE name = 'bad'"),
 ])
 
 
@@ -563,7 +566,9 @@ def test_a_damaged_schedule_never_stops_the_others_and_ticks_say_it_exit_7(
         target: Target, what: str, statement: str) -> None:
     """One schedule row damaged outside jobcoord made every tick fail (exit 1, in every
     ticker: `reap --every`, `serve`), so no schedule fired. It is passed over and named
-    (`unreadable`, exit 7); the others fire."""
+    (`unreadable`, exit 7); the others fire. `check` names it too (a max_attempts under 1
+    failed every tick, exit 7 "`jobcoord check` names every such row", while check said
+    ok)."""
     from sqlalchemy.exc import IntegrityError
 
     c = Coordinator.open(target)
@@ -578,6 +583,11 @@ def test_a_damaged_schedule_never_stops_the_others_and_ticks_say_it_exit_7(
         _with_checks_ignored(target, statement + ";")
     _damage(c, "UPDATE schedules SET next_slot_at = :t, due_at = :t",
             t=(int(time.time()) - 30) * 1_000_000)
+    r = _no_internal_error(target, "check")
+    assert r.code == 7, (what, r)
+    assert [v for v in r.json["violations"]
+            if "bad" in v.get("schedules", ())  # named, or its table's broken check
+            or any(c["table"] == "schedules" for c in v.get("checks", ()))], r.json
     r = _no_internal_error(target, "schedule", "tick")
     assert r.code == 7, (what, r)
     assert [u["name"] for u in r.json["unreadable"]] == ["bad"], r.json

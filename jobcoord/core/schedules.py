@@ -377,6 +377,22 @@ def _catchup_max(s: Mapping[str, Any]) -> int:
     return min(int(s["catchup_max"]), MAX_CATCHUP)
 
 
+def unreadable(row: Any, now: int) -> str | None:
+    """Why a tick at `now` would pass schedule `row` (a SCHEDULE_COLUMNS tuple) over as
+    written outside jobcoord, or None: `check` judges by the tick's own rule, and by its
+    cron and zone even before a slot is due (a tick parses them only then)."""
+    s = _row(row)
+    if s["cron"] is not None:
+        # With a slot at all: one whose slots the calendar has run out of is what the
+        # tick leaves, paused, not damage.
+        try:
+            cron_timing(s["cron"], s["tz"], after_us=0)
+        except (InvalidInput, ValueError, TypeError) as e:
+            return f"{type(e).__name__}: {str(e)[:200]} (written outside jobcoord)"
+    got = _plan(s, now)
+    return got if isinstance(got, str) else None
+
+
 def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str:
     """The slots a tick at `now` handles of due schedule `s` (from `first`, else its next
     slot): the on-time ones, and the latest late ones that catch-up may fire or that get a
@@ -390,6 +406,13 @@ def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str
 
     try:
         stored.row(schedules, s, f"schedule {str(s['name'])[:60]!r}")
+        # What every fire copies into a job: damaged, each job it made was damaged (a
+        # payload no reader parses), or the insert broke the jobs table's check and the
+        # tick's one transaction with it.
+        if not isinstance(v.loads(s["payload_json"]), dict):
+            raise ValueError("its payload is not a JSON object")
+        if s["max_attempts"] < 1:
+            raise ValueError(f"its max_attempts {s['max_attempts']} is under 1")
         timing = _timing_of(s)
         if timing.every_us is None and timing.cron is None:
             raise ValueError("it has neither a cron nor an interval")

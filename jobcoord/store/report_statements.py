@@ -23,6 +23,7 @@ from ..schema import (
     schedules,
     workers,
 )
+from .schedule_statements import SCHEDULE_COLUMNS
 from .statements import SQL, const
 
 P = bindparam
@@ -99,9 +100,7 @@ DUE_JOB = SQL(select(ONE).where(J.status == const("waiting"), J.run_after <= P("
 JC, CR, MF = job_counts.c, claim_refusals.c, metric_folds.c
 
 #: What `check` reads of every schedule to see that its stored row can still be used.
-SCHEDULE_ROWS = SQL(
-    select(schedules.c.name, schedules.c.payload_json, schedules.c.cron, schedules.c.tz)
-    .order_by(schedules.c.name))
+SCHEDULE_ROWS = SQL(select(*SCHEDULE_COLUMNS).order_by(schedules.c.name))
 
 #: Jobs by (tenant, status, kind, attempts): the sum over the shards of each key.
 JOB_COUNTS = SQL(
