@@ -212,6 +212,36 @@ def _good_backup_then_a_second_artifact(sc: Coordinator, sqlite_target: Target,
     return sc.artifacts_dir or "", dest
 
 
+def test_a_forced_backup_with_artifacts_onto_a_dest_it_cannot_replace_is_exit_6(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """`backup DEST --force` with artifacts onto a DEST the filesystem will not let go (the
+    immutable flag: root too is refused) failed exit 1, `unexpected error: PermissionError`
+    (without artifacts: exit 6, as documented). It is exit 6 naming DEST, and the last good
+    backup stays whole: its database, its objects, nothing beside them."""
+    import shutil
+
+    if shutil.which("chattr") is None:
+        pytest.skip("chattr is not installed")
+    store, dest = _good_backup_then_a_second_artifact(sc, sqlite_target, tmp_path)
+    before = dest.read_bytes()
+    objects = sorted(p.name for p in (tmp_path / "b.db.artifacts").rglob("*"))
+    try:
+        subprocess.run(["chattr", "+i", str(dest)], check=True, capture_output=True)
+    except subprocess.CalledProcessError as e:
+        pytest.skip(f"this filesystem keeps no immutable flag: {e.stderr!r}")
+    try:
+        r = cli(sqlite_target, store, "backup", str(dest), "--force", "--json")
+    finally:
+        subprocess.run(["chattr", "-i", str(dest)], check=True, capture_output=True)
+    assert r.code == 6, (r.code, r.out, r.err)  # type: ignore[attr-defined]
+    error = json.loads(r.out)["error"]  # type: ignore[attr-defined]
+    assert error["code"] == "destination_unavailable" and str(dest) in error["message"], error
+    assert dest.read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "b.db.artifacts").rglob("*")) == objects
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "b.db", "b.db.artifacts", "jobcoord.db", "jobcoord.db-shm", "jobcoord.db-wal", "store"]
+
+
 def _good_backup(sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> Path:
     store = sc.artifacts_dir or ""
     a, ea = start(sc, "w1")

@@ -30,11 +30,12 @@ import re
 import secrets
 import shutil
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from jobcoord import faults
-from jobcoord.artifacts.files import flock_within
+from jobcoord.artifacts.files import dest_error, flock_within
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
@@ -234,6 +235,11 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
                 # A snapshot without its objects is not a backup: take it away.
                 with contextlib.suppress(OSError):
                     os.unlink(staged)
+            failed = sys.exc_info()[1]
+            if isinstance(failed, OSError):
+                # The filesystem refused a step (DEST immutable, the directory read-only or
+                # full): storage, exit 6, as a backup without artifacts says; not a bug.
+                raise dest_error(failed, dest) from failed
             raise
         finally:
             if moved_old:
