@@ -24,6 +24,7 @@ from sqlalchemy import Column, ColumnElement, Table
 from sqlalchemy.engine import Connection
 
 from . import faults, leftovers
+from . import validate as v
 from .errors import (
     DatabaseCorrupt,
     InvalidInput,
@@ -361,9 +362,9 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
         )
     source = db.target.sqlite_path
     assert source is not None
-    utf8_path(os.fspath(dest), "the backup destination")
     dest = writable_destination(dest, force=force, database=source, what="the backup",
                                 store=store)
+    utf8_path(dest, "the backup destination")
     standalone_destination(dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
@@ -399,7 +400,11 @@ def writable_destination(dest: str | os.PathLike[str], *, force: bool, database:
     never a directory or anything but a regular file (a device, a FIFO: --force would have
     put a regular file in place of /dev/null), and an existing file only with `force`.
     Bad: InvalidInput (exit 2), nothing written."""
-    dest = os.path.abspath(os.fspath(dest))
+    named_as = os.fspath(dest) if isinstance(dest, os.PathLike) else dest
+    if not isinstance(named_as, str):  # None, a number, a file object, bytes: a TypeError
+        raise InvalidInput("invalid_input", f"{what} destination must be a file name as text, "
+                           f"not {v.shown(named_as, 60)}", field="dest")
+    dest = os.path.abspath(named_as)
     try:
         named = b"\0" not in os.fsencode(dest)
     except UnicodeEncodeError:  # a lone surrogate: no file name can hold it

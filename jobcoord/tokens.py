@@ -54,6 +54,8 @@ def create(db: Any, name: str, role: str, *, tenant: str | None = None,
            worker: str | None = None) -> dict[str, Any]:
     """Create a token; the answer carries the secret (JSON key `token`) this one time."""
     name = v.name(name, "name")
+    if isinstance(role, str):
+        role = v.exact_text(role)  # judged, and stored, by its characters
     if role not in ROLES:
         raise InvalidInput("invalid_input", f"role must be one of {', '.join(ROLES)}",
                            field="role")
@@ -114,7 +116,8 @@ def article(role: str) -> str:
 
 def authenticate(db: Any, secret: str) -> Identity | None:
     """The identity of a live token, or None for an unknown or revoked one."""
-    if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET:
+    if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET \
+            or not secret.isascii():  # every secret is ASCII (a lone surrogate hashed raised)
         return None
     digest = hash_secret(secret)
     return db.read(lambda conn: live_identity(db, conn, digest), "authenticate")

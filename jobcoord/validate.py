@@ -56,10 +56,18 @@ def _too_deep(field: str, envelope: int) -> InvalidInput:
     return _bad(field, f"holds a value nested deeper than {MAX_JSON_DEPTH} levels")
 
 
+def exact_text(value: str) -> str:
+    """A str made of `value`'s characters: a subclass may answer == and `in` as it likes
+    (equal to "dead" while it reads "running") and pass a check it then breaks when stored.
+    `str.__str__` copies a subclass into a plain str (a plain str is returned as it is)."""
+    return value if type(value) is str else str.__str__(value)
+
+
 def utf8_text(value: Any, field: str, *, max_len: int = MAX_TEXT, allow_empty: bool = False
               ) -> str:
     if not isinstance(value, str):
         raise _bad(field, "must be text")
+    value = exact_text(value)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -578,7 +586,10 @@ def gpu_readings(value: Any, field: str = "readings: gpus") -> list[dict[str, fl
         if not isinstance(gpu, dict):
             raise _bad(field, f"GPU {i} must be an object with "
                        f"{', '.join(GPU_READING_RANGES)}")
-        unknown = sorted(set(gpu) - set(GPU_READING_RANGES))
+        # Named as text: a key may be any hashable (an int, None), which join and sort
+        # refused with a bare TypeError.
+        unknown = sorted(k if type(k) is str else shown(k)
+                         for k in set(gpu) - set(GPU_READING_RANGES))
         if unknown:
             raise _bad(field, f"GPU {i}: unknown key(s) {', '.join(unknown)}; known: "
                        f"{', '.join(GPU_READING_RANGES)}")

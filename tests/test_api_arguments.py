@@ -288,6 +288,63 @@ def test_a_bare_string_is_one_element_in_every_method(coord: Coordinator) -> Non
     assert out["statuses"] == ["succeeded"]
 
 
+class _Lying(str):
+    """Text whose equality lies: equal to `claims` and to nothing else, itself included."""
+
+    claims = ""
+
+    def __eq__(self, other: object) -> bool:
+        return str.__eq__(self.claims, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = str.__hash__
+
+
+def _lying(text: str, claims: str) -> str:
+    cls = type("Lying", (_Lying,), {"claims": claims})
+    return cls(text)
+
+
+def test_text_whose_equality_lies_is_judged_by_its_characters(coord: Coordinator) -> None:
+    """A str subclass equal to what it is not passed the checks and stored its own
+    characters: `reconcile(job, "running")` said ok and left a running job with no lease;
+    `fail(reason="completed")` recorded a failed attempt as completed. Text is judged, and
+    stored, as the plain string its characters make."""
+    coord.heartbeat("w")
+    job = coord.enqueue("k", {})["job_id"]
+    epoch = coord.claim("w")["lease"]["epoch"]
+    before = dump(coord)
+    with pytest.raises(InvalidInput):
+        coord.fail(job, "w", epoch, "boom", reason=_lying("completed", "failed"))
+    assert dump(coord) == before
+    coord.mark_effect(job, "w", epoch)
+    coord.fail(job, "w", epoch, "boom")
+    assert coord.show(job)["job"]["status"] == "unknown"
+    before = dump(coord)
+    with pytest.raises(InvalidInput):
+        coord.reconcile(job, _lying("running", "dead"), "checked")
+    assert dump(coord) == before
+    with pytest.raises(InvalidInput):
+        coord.add_schedule("s", "k", every=60, overlap=_lying("sometimes", "skip"))
+    with pytest.raises(InvalidInput):
+        coord.add_schedule("s", "k", every=60, catchup=_lying("never", "skip"))
+    assert dump(coord) == before
+
+
+def test_a_gpu_reading_with_a_key_that_is_not_text_is_invalid_input(coord: Coordinator
+                                                                     ) -> None:
+    """`heartbeat(readings={"gpus": [{1: 2}]})` raised a bare TypeError (joining the
+    unknown keys into the message)."""
+    before = dump(coord)
+    for gpu in ({1: 2}, {None: 1}, {"a": 1, 1: 2}, {(1, 2): 3}):
+        with pytest.raises(InvalidInput) as caught:
+            coord.heartbeat("w", readings={"gpus": [gpu]})
+        assert "readings" in caught.value.message, caught.value.message
+    assert dump(coord) == before
+
+
 def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> None:
     before = dump(coord)
     for priority in (10**5000, -(10**5000), 4, "P4", -1):

@@ -339,6 +339,28 @@ def test_a_source_or_destination_path_that_is_no_path_is_invalid_input_changing_
         ("jobcoord.db", "store"))) == []
 
 
+def test_a_destination_that_is_no_path_is_invalid_input(ac: Coordinator, store_dir: str,
+                                                       tmp_path: Path) -> None:
+    """`get_artifact(job, name, dest)` with a dest of None, a number, a file object or
+    bytes raised a bare TypeError out of the API; `backup` the same. Each is InvalidInput
+    naming the destination, nothing written."""
+    import io
+
+    from tests.conftest import dump
+
+    done, e1 = start(ac)
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"kept")
+    ac.complete(done, "w1", e1, {})
+    before = dump(ac)
+    for dest in (None, 5, io.BytesIO(), str(tmp_path / "out.bin").encode(), ["a"]):
+        with pytest.raises(InvalidInput) as caught:
+            ac.get_artifact(done, "kept.bin", dest)  # type: ignore[arg-type]
+        assert "destination" in caught.value.message, caught.value.message
+    assert dump(ac) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(
+        ("jobcoord.db", "store"))) == []
+
+
 def test_a_store_that_cannot_be_written_is_exit_6_with_no_row(ac: Coordinator,
                                                               tmp_path: Path) -> None:
     blocker = tmp_path / "file"

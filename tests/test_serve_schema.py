@@ -42,3 +42,28 @@ def test_tokens_schema_refuses_a_bad_role_and_a_worker_binding_on_other_roles(
                               {"h": "0" * 64, "role": role, "w": worker})
             with pytest.raises(JobcoordError):
                 c.db.write(_insert)
+
+
+def test_a_token_role_is_judged_by_its_characters_and_a_secret_no_token_has_is_none(
+        target: Target) -> None:
+    """A role given as a str subclass equal to "viewer" while it reads "admin" passed the
+    check (the table's own check then refused it: exit 7); a secret with a lone surrogate
+    raised UnicodeEncodeError out of `authenticate` (unknown: None)."""
+    import pytest
+
+    from jobcoord.errors import InvalidInput
+    from tests.conftest import dump
+
+    class Lying(str):
+        def __eq__(self, other: object) -> bool:
+            return str.__eq__("viewer", other)
+
+        __hash__ = str.__hash__
+
+    with Coordinator.open(target) as c:
+        before = dump(c)
+        with pytest.raises(InvalidInput):
+            tokens.create(c.db, "ci", Lying("admin"))
+        assert dump(c) == before
+        for secret in ("jct_\ud800", "jct_é" * 3, "\x00"):
+            assert tokens.authenticate(c.db, secret) is None
