@@ -57,21 +57,30 @@ LATENCY_FOLD = "result_commit_latency"
 
 @dataclass
 class Latency:
-    """Latency histogram counts (per bucket, not cumulative), their sum, and the completed
-    jobs with no usable provenance."""
+    """Latency histogram counts (per bucket, not cumulative), their sum in whole
+    microseconds, and the completed jobs with no usable provenance. The sum is an integer:
+    a sum of floats depends on the order it is added in, and the stored fold plus the
+    unsettled events (a scrape) gave another float than the same events all folded (the
+    next scrape), a few units in the last place less: a counter going down."""
 
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
-    total: float = 0.0
+    total_us: int = 0
     count: int = 0
     without: int = 0
 
+    @property
+    def total(self) -> float:
+        """The sum in seconds, as exposed."""
+        return self.total_us / MICROS
+
     def add(self, event_at_us: int, provenance_json: str | None) -> None:
-        latency = commit_latency_s(event_at_us, provenance_json)
-        if latency is None:
+        latency_us = commit_latency_us(event_at_us, provenance_json)
+        if latency_us is None:
             self.without += 1
             return
         self.count += 1
-        self.total += latency
+        self.total_us += latency_us
+        latency = latency_us / MICROS
         for i, bound in enumerate(LATENCY_BUCKETS):
             if latency <= bound:
                 self.buckets[i] += 1
@@ -80,12 +89,12 @@ class Latency:
 
     def plus(self, other: Latency) -> Latency:
         return Latency([a + b for a, b in zip(self.buckets, other.buckets, strict=True)],
-                       self.total + other.total, self.count + other.count,
+                       self.total_us + other.total_us, self.count + other.count,
                        self.without + other.without)
 
     def to_json(self) -> str:
-        return json.dumps({"buckets": self.buckets, "total": self.total, "count": self.count,
-                           "without": self.without}, sort_keys=True)
+        return json.dumps({"buckets": self.buckets, "total_us": self.total_us,
+                           "count": self.count, "without": self.without}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Latency:
@@ -93,14 +102,19 @@ class Latency:
         if len(d["buckets"]) != len(LATENCY_BUCKETS) + 1:
             raise ValueError("the stored latency fold has other buckets")
         counts = [*d["buckets"], d["count"], d["without"]]
-        total = d["total"]
-        # Counts are whole and never negative, the total a finite sum of non-negative
-        # seconds: a fold edited by hand (-1, NaN) was printed as it stood, a counter gone
-        # down, and stored again. Unreadable, it is folded again from the first event.
-        if (not all(type(n) is int and n >= 0 for n in counts)
-                or type(total) not in (int, float) or not 0 <= total < math.inf):
+        if "total_us" in d:
+            total_us = d["total_us"]
+        else:  # a fold stored before the sum was whole microseconds: its seconds
+            total = d["total"]
+            if type(total) not in (int, float) or not 0 <= total < math.inf:
+                raise ValueError("the stored latency fold holds a value no fold can")
+            total_us = round(total * MICROS)
+        # Counts and the sum are whole and never negative: a fold edited by hand (-1, NaN)
+        # was printed as it stood, a counter gone down, and stored again. Unreadable, it is
+        # folded again from the first event.
+        if not all(type(n) is int and n >= 0 for n in [*counts, total_us]):
             raise ValueError("the stored latency fold holds a value no fold can")
-        return cls(list(d["buckets"]), float(total), int(d["count"]), int(d["without"]))
+        return cls(list(d["buckets"]), total_us, int(d["count"]), int(d["without"]))
 
 
 def settled_horizon_us(settle_s: float, now: int | None = None) -> int | None:
@@ -136,7 +150,13 @@ def _parse_iso_us(text: Any) -> int | None:
 
 
 def commit_latency_s(event_at_us: int, provenance_json: str | None) -> float | None:
-    """Seconds from the handler's end (its start plus its duration, as the worker recorded
+    """`commit_latency_us` in seconds."""
+    us = commit_latency_us(event_at_us, provenance_json)
+    return None if us is None else us / MICROS
+
+
+def commit_latency_us(event_at_us: int, provenance_json: str | None) -> int | None:
+    """Microseconds from the handler's end (its start plus its duration, as the worker recorded
     them) to the completed event (taken under the write lock of the transaction that
     committed the result). None without a worker's provenance. Clamped at 0: a worker's
     clock a little ahead of the coordinator's must not give a negative observation."""
@@ -153,7 +173,7 @@ def commit_latency_s(event_at_us: int, provenance_json: str | None) -> float | N
     if started is None or not isinstance(duration, int | float) or isinstance(duration, bool):
         return None
     end_us = started + round(duration * MICROS)
-    return max(0.0, (event_at_us - end_us) / MICROS)
+    return max(0, event_at_us - end_us)
 
 
 class JobcoordCollector(Collector):

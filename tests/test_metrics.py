@@ -159,6 +159,59 @@ def test_latency_counts_stay_counted_after_prune_and_a_fresh_process_agrees(
             assert samples[key] == before[key], key
 
 
+def test_the_latency_sum_never_goes_down_as_events_settle_into_the_fold(
+        coord: Coordinator) -> None:
+    """The `_sum` was the stored fold's float plus the unsettled events' float: once they
+    settled into the fold, the same seconds added in another order gave a smaller float
+    (22.1659, then 22.165899999999997), a counter going down, which Prometheus reads as a
+    reset. Latencies of 0.3, 0.2 and 0.1 s: one settled and two not, then all three."""
+    from freezegun import freeze_time
+
+    start = 1_900_000_000 * MICROS
+    coord.heartbeat("w", roles=[], readings=None)
+    for i, (at_s, latency_us) in enumerate([(0, 300_000), (100, 200_000), (100, 100_000)]):
+        with freeze_time(iso(start + at_s * MICROS + i)):
+            coord.heartbeat("w", roles=[], readings=None)
+            coord.enqueue("k", {"i": i})
+            got = coord.claim("w", lease_s=60)
+            end = now_us() - latency_us
+            coord.complete(got["job"]["job_id"], "w", got["lease"]["epoch"], {},
+                           provenance={"started_at": iso(end), "duration_s": 0})
+    name = "jobcoord_result_commit_latency_seconds_sum"
+    registry = registry_for(coord)
+    with freeze_time(iso(start + 100 * MICROS + 10)):
+        coord.db.events_settle_s = 50.0  # the first settled, the other two not
+        first = value(parse(exposition(registry).decode()), name)
+        assert len(_fold(coord)) == 1
+        coord.db.events_settle_s = 0.0  # all three settled into the fold
+        then = value(parse(exposition(registry).decode()), name)
+        fresh = value(parse(exposition(registry_for(coord)).decode()), name)
+    assert first <= then and then == fresh, (first, then, fresh)
+    assert then == 0.6, then
+
+
+def test_a_latency_fold_stored_in_seconds_by_an_earlier_version_is_read_on(
+        coord: Coordinator) -> None:
+    """Folds stored before the sum became whole microseconds hold `total` in seconds: read
+    as such (the histogram is not counted again), and stored again in microseconds."""
+    from jobcoord.metrics import LATENCY_BUCKETS, Latency
+
+    workload(coord)
+    coord.db.events_settle_s = 0.0
+    good = parse(exposition(registry_for(coord)).decode())
+    (_, state), = _fold(coord)
+    fold = Latency.from_json(state)
+    old = (f'{{"buckets": {fold.buckets}, "count": {fold.count}, "total": {fold.total!r}, '
+           f'"without": {fold.without}}}')
+    assert len(fold.buckets) == len(LATENCY_BUCKETS) + 1
+    coord.db.write(lambda conn: conn.exec_driver_sql(
+        "UPDATE metric_folds SET state_json = ?" if coord.db.is_sqlite
+        else "UPDATE metric_folds SET state_json = %s", (old,)), "test")
+    again = parse(exposition(registry_for(coord)).decode())
+    for key in [k for k in good if k[0].startswith("jobcoord_result_commit_latency")]:
+        assert again[key] == good[key], key
+
+
 def test_latency_fold_stores_only_settled_events(coord: Coordinator) -> None:
     """Events newer than the settle time (a smaller id may still commit after them on a
     server with concurrent writers) are counted by the scrape but not stored in the fold."""
