@@ -6,6 +6,7 @@ real HTTP."""
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import time
 from collections.abc import Iterator
@@ -377,6 +378,41 @@ def test_a_burst_worker_whose_server_dies_mid_job_stops_the_job_at_its_lease_end
         "claimed"):], names
     assert names.index("lease_lost") < names.index("giving_up"), names
     assert "claim_error" not in names[names.index("giving_up"):], names
+
+
+def test_a_worker_stopped_while_its_server_is_down_gives_up_its_release_and_counts_it_lost(
+        target: Target, tmp_path: Any) -> None:
+    """SIGTERM to a remote worker mid-job, its server killed: the release could not be
+    sent, and its report kept retrying until the lease's end (60 s here) while the stop
+    waited 11 s for it, then closed the client under it; the summary counted the job
+    nowhere (claimed 1, everything else 0) and an `internal_error` ("this
+    RemoteCoordinator was closed") followed `stopped_worker`. A release that cannot be sent
+    is given up within moments (the lease ends and the reaper takes the job back): logged
+    `report_error`, counted lost, and the worker exits 0 well within its stop."""
+    from tests.test_serve_workers import log_events
+
+    secret = token(target, "wa", "worker", worker="wa")
+    with Coordinator.open(target) as c:
+        job = c.enqueue("slow", {"sleep": 120})["job_id"]
+    s = Served(target, "--reap-every", "0").start()
+    proc = start_worker(s.url, secret, str(tmp_path), "wa", "--lease", "60", "--grace", "1",
+                        "--kill-grace", "1")
+    try:
+        with Coordinator.open(target) as c:
+            wait_for(lambda: c.show(job)["job"]["status"] == "running", timeout=30)
+        s.kill()
+        proc.send_signal(signal.SIGTERM)
+        took, out, err = _wait_exit(proc, 30)
+    finally:
+        _stop(proc, s)
+    assert proc.returncode == 0, (proc.returncode, err[-2000:])
+    events = log_events(err)
+    names = [e["event"] for e in events]
+    assert names[-1] == "stopped_worker", [(e["event"], e.get("error")) for e in events]
+    assert "internal_error" not in names, [e for e in events if e["event"] == "internal_error"]
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["claimed"] == 1 and summary["lost"] == 1, summary
+    assert took < 1 + 1 + 10 + 5, took  # grace, kill grace, the wait for its report
 
 
 def _cpu_s(pid: int) -> float:

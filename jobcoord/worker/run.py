@@ -50,6 +50,8 @@ CONFIRM_LOOK_S = 0.1
 #: while the command still ran.)
 REPORT_MARGIN = 0.25
 REPORT_MARGIN_MAX_S = 1.0
+#: How long a stop's release is tried when it cannot be sent (the coordinator unreachable).
+RELEASE_REPORT_S = 3.0
 
 
 class JobRun:
@@ -97,6 +99,10 @@ class JobRun:
         #: The outcome has been reported (or given up on): the run is about to end, unless
         #: its handler is still running.
         self.reported = False
+        #: The worker stopped while this run still tried to report (`Worker._drain` waited
+        #: its bound): counted lost there, and whatever this thread meets afterwards (its
+        #: client closed) is the stop, logged by nobody.
+        self.abandoned = False
         #: While a Python handler runs inline: hands it over to a lease loop now.
         self._take_over: Callable[[], None] | None = None
 
@@ -160,6 +166,8 @@ class JobRun:
             else:
                 self._run()
         except Exception as e:
+            if self.abandoned:
+                return  # the client closed under it by the stop: counted already
             # A bug here must not kill the worker silently: say so; the lease then expires
             # and the reaper offers the job again.
             self.w.log("internal_error", job_id=self.job_id, epoch=self.epoch,
@@ -277,6 +285,8 @@ class JobRun:
             try:
                 self._run(ctx, lambda: box.get("out"), started, started_at, gaps)
             except Exception as e:  # as in _main
+                if self.abandoned:
+                    return
                 self.w.log("internal_error", job_id=self.job_id, epoch=self.epoch,
                            error=f"{type(e).__name__}: {e}")
                 self.w.count("internal_errors")
@@ -572,6 +582,7 @@ class JobRun:
                 if problem is not None:
                     out = Outcome("invalid", error=problem)
         t0 = time.monotonic()
+        release_by: float | None = None
         while True:
             try:
                 self._deliver(out, base, duration, started_at, tenant, t0, lease_end)
@@ -606,6 +617,8 @@ class JobRun:
                 w.count("lost")
                 return
             except Exception as e:
+                if self.abandoned:
+                    return  # the worker stopped without it: counted lost there
                 if (isinstance(e, StorageUnavailable) and e.code == "server_stopping"
                         and self.release_requested.is_set() and out.kind == "success"):
                     # This worker is stopping and its grace ended the completion's artifact
@@ -616,10 +629,20 @@ class JobRun:
                 code, message = describe(e)
                 # Keep trying while the lease may still be ours (a busy, restarting or
                 # briefly unreachable database); after that it is moot. Errors no retry can
-                # heal end the attempt's report at once.
-                if is_fatal(e) or self.w.clock.boot() >= lease_end:
+                # heal end the attempt's report at once. A stop's release is tried for
+                # moments only: it spares the next worker the lease's end, which is all an
+                # undelivered one costs (the reaper takes the job back); tried to the end of
+                # a long lease, it outlasted the stop's wait for it, and the stop closed its
+                # client under it.
+                give_up = lease_end
+                if out.kind == "released" and self.release_requested.is_set():
+                    if release_by is None:
+                        release_by = self.w.clock.boot() + RELEASE_REPORT_S
+                    give_up = min(lease_end, release_by)
+                if is_fatal(e) or self.w.clock.boot() >= give_up:
                     log("report_error", **base, outcome=out.kind, error=code, detail=message)
                     w.count("report_errors")
+                    w.count("lost")  # its outcome never reached the coordinator
                     return
                 log("report_retry", **base, outcome=out.kind, error=code)
                 time.sleep(0.25)
