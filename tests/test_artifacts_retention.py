@@ -4,6 +4,7 @@ where a database is involved."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -293,6 +294,60 @@ def test_gc_never_follows_a_symlinked_tmp_out_of_the_store(
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert victim.read_bytes() == b"somebody else's file"
     assert tmp.is_symlink() and ac.verify_artifacts()["ok"]
+
+
+@pytest.mark.parametrize("linked", ["objects", "objects/sha256"])
+def test_gc_never_deletes_through_a_symlinked_objects_directory(
+        ac: Coordinator, store_dir: str, tmp_path: Path, linked: str) -> None:  # noqa: F811
+    """`objects/` or `objects/sha256` replaced by a link to a directory elsewhere: gc
+    listed through it and deleted an old file there that no row referenced, outside the
+    store (only a linked fan-out directory was skipped). gc is refused,
+    `artifact_store_unavailable` (exit 6), naming the link; nothing is deleted."""
+    import shutil
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    inside = Path(store_dir, linked)
+    outside = tmp_path / "outside" / Path(linked).name
+    shutil.copytree(inside, outside, symlinks=True)
+    shutil.rmtree(inside, onerror=lambda f, p, e: (os.chmod(os.path.dirname(p), 0o700), f(p)))
+    inside.symlink_to(outside)
+    digest = hashlib.sha256(b"somebody else's file").hexdigest()
+    fan = outside if linked == "objects/sha256" else outside / "sha256"
+    victim = fan / digest[:2] / digest[2:4] / digest
+    victim.parent.mkdir(parents=True, exist_ok=True)
+    victim.write_bytes(b"somebody else's file")
+    age(str(victim), 7 * 86400)
+    for dry in (True, False):
+        with pytest.raises(StorageUnavailable) as caught:
+            ac.gc_artifacts(grace_s=0, dry_run=dry)
+        assert caught.value.code == "artifact_store_unavailable", caught.value
+        assert "symbolic link" in caught.value.message, caught.value.message
+    r = subprocess.run([sys.executable, "-m", "jobcoord", *where(ac.db.target), "--artifacts",
+                        store_dir, "artifact", "gc", "--grace", "0s", "--json"],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 6, (r.stdout, r.stderr)
+    assert victim.read_bytes() == b"somebody else's file"
+    assert ac.verify_artifacts()["ok"]
+
+
+def test_gc_in_a_store_whose_objects_is_a_file_is_exit_6_not_no_store(
+        ac: Coordinator, store_dir: str) -> None:  # noqa: F811
+    """`objects/` replaced by a regular file: gc said "no artifact store at ..., is
+    --artifacts mistyped?" (exit 2) of a store that is there; as every other use of it,
+    it is `artifact_store_unavailable`, exit 6."""
+    import shutil
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    objects = Path(store_dir, "objects")
+    shutil.rmtree(objects, onerror=lambda f, p, e: (os.chmod(os.path.dirname(p), 0o700), f(p)))
+    objects.write_text("x")
+    with pytest.raises(StorageUnavailable) as caught:
+        ac.gc_artifacts(grace_s=0)
+    assert caught.value.code == "artifact_store_unavailable", caught.value
 
 
 def test_gc_in_a_store_another_database_uses_is_refused_and_deletes_nothing(

@@ -85,8 +85,10 @@ class ObjectStore:
 
     def present(self) -> bool:
         """Whether a store is there: its `objects/` made by a first write. No directory, or
-        one without it (an empty one made by hand), holds none."""
-        return os.path.isdir(os.path.join(self.root, "objects"))
+        one without it (an empty one made by hand), holds none. Anything in `objects/`'s
+        place (a regular file) is a store that cannot be used (`artifact_store_unavailable`
+        where it is), not a mistyped path."""
+        return os.path.lexists(os.path.join(self.root, "objects"))
 
     def path_of(self, digest: str) -> str:
         """Where the object of `digest` lives (whether or not it exists)."""
@@ -299,6 +301,19 @@ class ObjectStore:
         except DatabaseCorrupt as exc:
             return "missing" if exc.code == "artifact_missing" else "corrupt"
         return "ok"
+
+    def refuse_linked_layout(self) -> None:
+        """Before deleting what `iter_objects` lists (gc, a store's removal): `objects/` or
+        `objects/sha256` as a link to a directory elsewhere was listed through, and old
+        files there deleted (a linked fan-out directory below is never listed). Reading
+        through such a link is left alone."""
+        for directory in (os.path.dirname(self.objects_dir), self.objects_dir):
+            if os.path.islink(directory):
+                raise StorageUnavailable(
+                    "artifact_store_unavailable", f"artifact store {self.root!r}: "
+                    f"{os.path.relpath(directory, self.root)} is a symbolic link; objects are "
+                    "never deleted through one (nothing outside the store is ever deleted): "
+                    "put the directory itself there", root=self.root)
 
     def verify_all(self) -> Iterator[tuple[str, VerifyState]]:
         """(digest, state) for every object in the store."""

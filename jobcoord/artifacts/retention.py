@@ -99,6 +99,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             # This one's own record: a database restored here later (or staging here) is
             # then refused gc, as this one is once that one is recorded.
             record_user(store, database_identity(coord.db))
+        store.refuse_linked_layout()
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
         # Read after listing, under the lock: an object listed is either referenced by now
         # or old enough to be nobody's upload in flight.
