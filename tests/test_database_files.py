@@ -129,6 +129,19 @@ def test_a_missing_directory_or_a_directory_path_is_unavailable(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_database_path_through_a_regular_file_says_so(tmp_path: Path) -> None:
+    """`--db afile/x.db` with `afile` a regular file said "directory afile does not exist"
+    of a file that does: exit 6 all the same, saying it is not a directory."""
+    (tmp_path / "afile").write_text("x")
+    r = run_cli(None, "--db", str(tmp_path / "afile" / "x.db"), "migrate", "--json")
+    assert r.code == 6, r.out
+    error = r.json["error"]
+    assert error["code"] == "database_unavailable", error
+    assert "is not a directory" in error["message"] and "does not exist" not in error[
+        "message"], error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 @pytest.mark.parametrize("command", [["migrate"], ["status"], ["check"], ["jobs"],
                                      ["enqueue", "k"], ["backup", "b.db"]])
 def test_a_database_path_whose_links_loop_is_unavailable_for_every_command(

@@ -38,10 +38,12 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
         except OSError:
             pass
         if not os.path.isdir(parent):
+            # Said as it is: "does not exist" of a regular file sent people looking for a
+            # directory that was never meant to be there.
             raise StorageUnavailable(
                 "database_unavailable",
-                f"cannot create {named}: directory {parent} does not exist"
-            )
+                f"cannot create {named}: {parent} is not a directory" if os.path.lexists(parent)
+                else f"cannot create {named}: directory {parent} does not exist")
         if not create:
             raise SchemaMismatch(
                 "not_migrated", f"no database at {named}; run `jobcoord migrate` to create it"
