@@ -159,6 +159,16 @@ def test_latency_counts_stay_counted_after_prune_and_a_fresh_process_agrees(
             assert samples[key] == before[key], key
 
 
+def _stored_fold_reads_as(coord: Coordinator, state: str, good: Samples) -> None:
+    """The latency fold's row set to `state`: the next scrape shows the histogram `good`."""
+    coord.db.write(lambda conn: conn.exec_driver_sql(
+        "UPDATE metric_folds SET state_json = ?" if coord.db.is_sqlite
+        else "UPDATE metric_folds SET state_json = %s", (state,)), "test")
+    again = parse(exposition(registry_for(coord)).decode())
+    for key in [k for k in good if k[0].startswith("jobcoord_result_commit_latency")]:
+        assert again[key] == good[key], key
+
+
 def test_the_latency_sum_never_goes_down_as_events_settle_into_the_fold(
         coord: Coordinator) -> None:
     """The `_sum` was the stored fold's float plus the unsettled events' float: once they
@@ -204,12 +214,7 @@ def test_a_latency_fold_stored_in_seconds_by_an_earlier_version_is_read_on(
     old = (f'{{"buckets": {fold.buckets}, "count": {fold.count}, "total": {fold.total!r}, '
            f'"without": {fold.without}}}')
     assert len(fold.buckets) == len(LATENCY_BUCKETS) + 1
-    coord.db.write(lambda conn: conn.exec_driver_sql(
-        "UPDATE metric_folds SET state_json = ?" if coord.db.is_sqlite
-        else "UPDATE metric_folds SET state_json = %s", (old,)), "test")
-    again = parse(exposition(registry_for(coord)).decode())
-    for key in [k for k in good if k[0].startswith("jobcoord_result_commit_latency")]:
-        assert again[key] == good[key], key
+    _stored_fold_reads_as(coord, old, good)
 
 
 def test_latency_fold_stores_only_settled_events(coord: Coordinator) -> None:
@@ -484,9 +489,4 @@ def test_a_latency_fold_edited_by_hand_is_folded_again_never_printed(
     coord.db.events_settle_s = 0.0
     good = parse(exposition(registry_for(coord)).decode())
     assert len(_fold(coord)) == 1
-    coord.db.write(lambda conn: conn.exec_driver_sql(
-        "UPDATE metric_folds SET state_json = ?" if coord.db.is_sqlite
-        else "UPDATE metric_folds SET state_json = %s", (state,)), "test")
-    again = parse(exposition(registry_for(coord)).decode())
-    for key in [k for k in good if k[0].startswith("jobcoord_result_commit_latency")]:
-        assert again[key] == good[key], key
+    _stored_fold_reads_as(coord, state, good)
