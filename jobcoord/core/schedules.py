@@ -416,6 +416,8 @@ def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str
             raise ValueError("its payload is not a JSON object")
         if s["max_attempts"] < 1:
             raise ValueError(f"its max_attempts {s['max_attempts']} is under 1")
+        if not 0 <= s["priority"] <= 3:  # the jobs table's check, as the schedules' own
+            raise ValueError(f"its priority {s['priority']} is not 0..3")
         timing = _timing_of(s)
         if timing.every_us is None and timing.cron is None:
             raise ValueError("it has neither a cron nor an interval")
