@@ -146,9 +146,13 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
     if not math.isfinite(value):
         raise _bad(field, "must be a finite number")
     if value < lo or (not lo_inclusive and value == lo) or value > hi:
-        low = "[" if lo_inclusive else "("
-        raise _bad(field, f"{value:g} is outside {low}{lo:g}, {hi:g}] seconds")
+        raise _bad(field, f"{value:g} is outside {_seconds_range(lo, hi, lo_inclusive)}")
     return value
+
+
+def _seconds_range(lo: float, hi: float, lo_inclusive: bool = True) -> str:
+    """The range a number of seconds is checked against, as every refusal names it."""
+    return f"{'[' if lo_inclusive else '('}{lo:g}, {hi:g}] seconds"
 
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhdwSMHDW]?)")
@@ -473,14 +477,15 @@ def finite_seconds(value: Any, field: str, lo: float, hi: float, *,
     """`seconds`, safe for any int: one too large for a float is refused as out of range
     instead of overflowing when converted."""
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-        raise _bad(field, f"{_shown(value)} is outside {lo:g}..{hi:g} seconds")
+        raise _bad(field, f"{_shown(value)} is outside "
+                   f"{_seconds_range(lo, hi, lo_inclusive)}")
     return seconds(value, field, lo, hi, lo_inclusive=lo_inclusive)
 
 
 def safe_duration(value: Any, field: str, lo: float, hi: float) -> float:
     """`duration`, with `finite_seconds`' check of ints first."""
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
-        raise _bad(field, f"{_shown(value)} is outside {lo:g}..{hi:g} seconds")
+        raise _bad(field, f"{_shown(value)} is outside {_seconds_range(lo, hi)}")
     return duration(value, field, lo, hi)
 
 

@@ -371,6 +371,21 @@ def test_a_number_out_of_range_is_named_in_the_refusal(coord: Coordinator) -> No
     assert "hex-digit number is outside" in caught.value.message
 
 
+def test_a_duration_out_of_range_names_the_same_range_whatever_its_type(
+        coord: Coordinator) -> None:
+    """A lease of -1 said "outside 0..43200 seconds" (0 allowed) while a lease of 0 said
+    "outside (0, 43200]": every refusal names the range that is checked."""
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    before = dump(coord)
+    for lease in (-1, 0, -0.5, "-1", 43201, 10**30):
+        for call, args in ((coord.claim, ("w1",)), (coord.claim_many, ("w1", 1))):
+            with pytest.raises(InvalidInput) as caught:
+                call(*args, lease_s=lease)
+            assert "is outside (0, 43200] seconds" in caught.value.message, (
+                lease, caught.value.message)
+    assert dump(coord) == before
+
+
 def test_a_provenance_that_is_not_an_object_is_invalid_input_in_a_batch_too(
         coord: Coordinator) -> None:
     coord.enqueue("k")
