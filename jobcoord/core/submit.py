@@ -216,17 +216,19 @@ _Batched = tuple[tuple[Any, ...], str, "str | None"]
 
 def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[_Batched], now: int
                 ) -> list[dict[str, Any]]:
-    """Insert keyless jobs and their `enqueued` events with two executemany calls. The
-    values every job with the same settings shares are put together once per settings,
-    so each row is its id, payload and needs followed by them."""
+    """Insert keyless jobs with one executemany and their `enqueued` events (one statement
+    when every job has the same detail, as most batches do). The values every job with the
+    same settings shares are put together once per settings, so each row is its id, payload
+    and needs followed by them."""
     n = len(checked)
     ids = ctx.db.allocate_job_ids(conn, n)
-    shared: dict[int, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+    shared: dict[int, tuple[tuple[Any, ...], str]] = {}
     details: dict[tuple[int, int, int], str] = {}  # the same detail `insert` records
-    jobs, events = [], []
+    jobs = []
+    # Where each run of jobs with the same settings starts, and its events' detail.
+    runs: list[tuple[int, str]] = []
     last: tuple[Any, ...] | None = None
     job_tail: tuple[Any, ...] = ()
-    event_tail: tuple[Any, ...] = ()
     for job_id, (settings, payload_text, needs_text) in zip(ids, checked, strict=True):
         if settings is not last:
             last = settings
@@ -243,13 +245,19 @@ def insert_bulk(ctx: Context, conn: Connection, checked: Sequence[_Batched], now
                     (tenant, kind, role, priority, now, later(now, delay_us, "delay"),
                      None if deadline_in_us is None
                      else later(now, deadline_in_us, "deadline"), max_attempts),
-                    (now, detail))
-            job_tail, event_tail = found
+                    detail)
+            job_tail, detail = found
+            runs.append((len(jobs), detail))
         # Concatenated, not unpacked: `(a, *t)` builds a list first and costs more per row.
         jobs.append((job_id, payload_text, needs_text) + job_tail)  # noqa: RUF005
-        events.append((job_id,) + event_tail)  # noqa: RUF005
     ctx.db.run_many(conn, sql.INSERT_JOB_AT, jobs, columns=_JOB_COLUMNS)
-    ctx.db.run_many(conn, sql.INSERT_ENQUEUED, events, columns=_EVENT_COLUMNS)
+    if len({detail for _, detail in runs}) == 1:  # the common batch: one statement
+        ctx.db.insert_enqueued(conn, ids, now, runs[0][1])
+    else:
+        ends = [start for start, _ in runs[1:]] + [n]
+        events = [(job_id, now, detail) for (start, detail), end in zip(runs, ends, strict=True)
+                  for job_id in ids[start:end]]
+        ctx.db.run_many(conn, sql.INSERT_ENQUEUED, events, columns=_EVENT_COLUMNS)
     ctx.db.announce_jobs(conn)
     return [{"job_id": job_id, "created": True} for job_id in ids]
 
@@ -342,8 +350,11 @@ def _check_batch(ctx: Context, items: Sequence[Any]
             except Exception:  # stored_text names the refusal
                 size = -1
                 encode = v.encoder()  # the failed one is not reused (see v.encoder)
+            # Deeper than MAX_JSON_DEPTH takes more brackets than that: a shorter text is not
+            # counted.
             if (size < 0 or size > max_bytes
-                    or payload_text.count("{") + payload_text.count("[") > v.MAX_JSON_DEPTH):
+                    or (size > v.MAX_JSON_DEPTH and payload_text.count("{")
+                        + payload_text.count("[") > v.MAX_JSON_DEPTH)):
                 payload_text = v.stored_text(payload, "payload", max_bytes=max_bytes)
         else:
             payload_text = payload_text_of(payload, max_bytes)

@@ -433,6 +433,13 @@ class Database:
         """Between two write transactions of one long task (a tick firing many slots): give
         writers waiting for the write lock their turn. Nothing where writers wait on rows."""
 
+    def insert_enqueued(self, conn: Connection, ids: Sequence[int], now: int, detail: str
+                        ) -> None:
+        """The `enqueued` events of a batch just inserted under `ids` (from
+        `allocate_job_ids`), every one with the same time and detail, in id order."""
+        self.run_many(conn, statements.INSERT_ENQUEUED, [(i, now, detail) for i in ids],
+                      columns=("job_id", "now", "detail"))
+
     def announce_jobs(self, conn: Connection) -> None:
         """A hint, delivered when this transaction commits, that jobs became claimable
         (enqueued, back to waiting). Waiting workers use it to claim at once instead of at

@@ -591,6 +591,16 @@ class SqliteDatabase(Database):
         first = self.run(conn, s.LAST_JOB_ID, {}).fetchone()[0] + 1
         return range(first, first + n)
 
+    def insert_enqueued(self, conn: Connection, ids: Sequence[int], now: int, detail: str
+                        ) -> None:
+        if isinstance(ids, range) and ids.step == 1 and len(ids):
+            # `allocate_job_ids`' range, under the write lock: the rows with these ids are
+            # this batch's and no other's.
+            self.run(conn, s.INSERT_ENQUEUED_RANGE,
+                     {"now": now, "detail": detail, "first": ids[0], "last": ids[-1]})
+            return
+        super().insert_enqueued(conn, ids, now, detail)
+
     def expired_leases(self, conn: Connection, now: int, limit: int) -> list[Any]:
         return self.run(conn, s.EXPIRED_LEASES, {"now": now, "limit": limit}).all()
 

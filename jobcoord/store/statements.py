@@ -92,6 +92,14 @@ INSERT_EVENT = SQL(insert(job_events).inline().values(
 INSERT_ENQUEUED = SQL(insert(job_events).inline().values(
     job_id=P("job_id"), at=P("now"), from_status=null(), to_status=const("waiting"),
     reason=const("enqueued"), worker_id=null(), epoch=null(), detail=P("detail")))
+#: The same events for a batch whose jobs all share one detail and whose ids are exactly the
+#: rows between `first` and `last` (a store that can say so, see `insert_enqueued`): one
+#: statement, where a row per job bound and sent cost a tenth of the batch.
+INSERT_ENQUEUED_RANGE = SQL(insert(job_events).inline().from_select(
+    ["job_id", "at", "from_status", "to_status", "reason", "worker_id", "epoch", "detail"],
+    select(J.job_id, P("now", type_=Integer), null(), const("waiting"), const("enqueued"),
+           null(), null(), P("detail", type_=String))
+    .where(J.job_id.between(P("first"), P("last"))).order_by(J.job_id)))
 JOB_BY_KEY = SQL(
     select(J.job_id, J.kind, J.payload_json, J.priority, J.required_role, J.max_attempts,
            J.needs_json)
