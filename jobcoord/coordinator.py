@@ -47,6 +47,7 @@ class Coordinator:
         if policy is not None and not isinstance(policy, Policy):
             raise InvalidInput("invalid_input", "policy: give a Policy (Policy.from_toml(path) "
                                "reads a policy file)")
+        verify = v.flag(verify, "verify")
         self.db = db
         self.policy = policy or Policy()
         self.features: set[str] = set()
@@ -76,6 +77,8 @@ class Coordinator:
         "://", e.g. "postgresql+psycopg://...", "postgres://...", "sqlite:///path"), or a
         resolved Target. With migrate=True the database (a SQLite file, if missing) is created
         or upgraded to this version's schema first, as `jobcoord migrate` would."""
+        verify = v.flag(verify, "verify")
+        migrate = v.flag(migrate, "migrate")
         if isinstance(target, str) and "://" in target:
             if url is not None:
                 raise InvalidInput("invalid_input", "give the URL once: positionally or as "

@@ -386,6 +386,39 @@ def test_a_duration_out_of_range_names_the_same_range_whatever_its_type(
     assert dump(coord) == before
 
 
+#: Yes/no arguments given what only looks like an answer: `prune(dry_run="false")` counted
+#: (a non-empty string is true) while `dry_run=0` deleted; `open(migrate="no")` migrated.
+NOT_A_FLAG = ("false", "no", 0, 1, None, 1.0)
+
+
+def test_a_yes_no_argument_that_is_not_true_or_false_is_invalid_input(
+        coord: Coordinator, clock: Any) -> None:
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    done = coord.enqueue("k")["job_id"]
+    got = coord.claim("w1")
+    coord.complete(done, "w1", got["lease"]["epoch"], {})
+    coord.enqueue("k")
+    clock.tick(3600)
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    calls = {
+        "prune": lambda b: coord.prune(1, dry_run=b),
+        "claim": lambda b: coord.claim("w1", worker_view=b),
+        "claim_many": lambda b: coord.claim_many("w1", 1, worker_view=b),
+        "complete_and_claim": lambda b: coord.complete_and_claim(
+            done, "w1", got["lease"]["epoch"], {}, worker_view=b),
+        "open.verify": lambda b: Coordinator.open(coord.db.target, verify=b),
+        "open.migrate": lambda b: Coordinator.open(coord.db.target, migrate=b),
+        "Coordinator": lambda b: Coordinator(coord.db, verify=b),
+    }
+    before = dump(coord)
+    for name, call in calls.items():
+        for value in NOT_A_FLAG:
+            with pytest.raises(InvalidInput) as caught:
+                call(value)
+            assert "must be true or false" in caught.value.message, (name, value)
+    assert dump(coord) == before
+
+
 def test_a_provenance_that_is_not_an_object_is_invalid_input_in_a_batch_too(
         coord: Coordinator) -> None:
     coord.enqueue("k")

@@ -126,6 +126,20 @@ def test_gc_under_concurrent_uploads_in_a_real_process_never_leaves_a_row_withou
     assert ac.verify_artifacts(job)["ok"]  # every row's object is there and whole
 
 
+def test_a_gc_dry_run_that_is_not_true_or_false_is_invalid_input_and_deletes_nothing(
+        ac: Coordinator, tmp_path: Path) -> None:  # noqa: F811
+    # dry_run=0 would have deleted and "false" counted: neither is an answer.
+    store = ObjectStore(ac.artifacts_dir)
+    orphan = store.put(b"no row names me")
+    age(orphan.path, 2 * 3600)
+    from jobcoord.errors import InvalidInput
+
+    for value in ("false", "no", 0, 1, None):
+        with pytest.raises(InvalidInput, match="dry_run must be true or false"):
+            ac.gc_artifacts(grace_s=3600, dry_run=value)
+    assert store.exists(orphan.digest)
+
+
 def test_sigkill_during_an_upload_leaves_no_row_no_object_and_gc_cleans_the_temp_file(
         ac: Coordinator, target: Target, store_dir: str) -> None:  # noqa: F811
     store = ObjectStore(store_dir)

@@ -49,6 +49,8 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
     object no live row references that is older than the grace, and the temporary files of
     uploads that died. Never a referenced object; never a young one (an upload in flight)."""
     need_feature(coord)
+    if not isinstance(dry_run, bool):
+        raise InvalidInput("invalid_input", "dry_run must be true or false", field="dry_run")
     if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not (
             0 <= grace_s <= 10 * 365 * 86400):
         raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")

@@ -164,6 +164,7 @@ def prune(ctx: Context, older_than: Any, *, statuses: Sequence[str] | None = Non
     handed out twice. A pruned job's idempotency key is forgotten (the same key makes a
     new job), and the files its artifact rows named are left where they are."""
     older_s = v.safe_duration(older_than, "older_than", 0, 100 * 365 * 24 * 3600)
+    dry_run = v.flag(dry_run, "dry_run")
     chosen = sorted(FINAL_STATUSES) if statuses is None else v.names(statuses, "status")
     for status in chosen:
         if status == "unknown":

@@ -37,6 +37,7 @@ def claim(ctx: Context, worker_id: str, *, lease_s: float | None = None,
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
     tenant = v.optional_name(tenant, "tenant")
+    worker_view = v.flag(worker_view, "worker_view")
     return past_damaged(ctx, lambda: ctx.db.write(
         lambda conn: claim_in(ctx, conn, worker_id, lease, kind_filter, now_us(), tenant,
                               worker_view),
@@ -222,6 +223,7 @@ def claim_many(ctx: Context, worker_id: str, n: Any, *, lease_s: float | None = 
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
     tenant = v.optional_name(tenant, "tenant")
+    worker_view = v.flag(worker_view, "worker_view")
     return past_damaged(ctx, lambda: ctx.db.write(
         lambda conn: claim_many_in(ctx, conn, worker_id, count, lease, kind_filter, now_us(),
                                    tenant, worker_view),

@@ -255,6 +255,7 @@ def complete_and_claim(ctx: Context, job_id: int, worker_id: str, epoch: int,
                                    tenant)
     lease = lease_us(ctx, lease_s)
     kind_filter = None if kinds is None else v.names(kinds, "kind", empty=NO_KINDS)
+    worker_view = v.flag(worker_view, "worker_view")
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         done, now = finish(conn)
