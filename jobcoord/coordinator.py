@@ -7,6 +7,7 @@ their JSON shapes by `jobcoord.present`. Every answer is a plain dict ready for 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -64,7 +65,7 @@ class Coordinator:
     @classmethod
     def open(
         cls,
-        target: str | Target | None = None,
+        target: str | os.PathLike[str] | Target | None = None,
         *,
         url: str | None = None,
         policy: Policy | None = None,
@@ -79,6 +80,11 @@ class Coordinator:
         or upgraded to this version's schema first, as `jobcoord migrate` would."""
         verify = v.flag(verify, "verify")
         migrate = v.flag(migrate, "migrate")
+        if isinstance(target, os.PathLike):
+            target = os.fspath(target)
+        if isinstance(target, bytes):
+            raise InvalidInput("invalid_input", "target: give the SQLite path as text (a str "
+                               "or a pathlib.Path), not bytes")
         if isinstance(target, str) and "://" in target:
             if url is not None:
                 raise InvalidInput("invalid_input", "give the URL once: positionally or as "

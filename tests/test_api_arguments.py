@@ -419,6 +419,19 @@ def test_a_yes_no_argument_that_is_not_true_or_false_is_invalid_input(
     assert dump(coord) == before
 
 
+def test_a_coordinator_opens_a_sqlite_path_given_as_a_path_object(tmp_path: Path) -> None:
+    """The README says open takes a SQLite path: a pathlib.Path was refused with "give a
+    SQLite path". A path in bytes is refused, saying to give it as text."""
+    where = tmp_path / "dir with space#?%" / "q.db"
+    where.parent.mkdir()
+    with Coordinator.open(where, migrate=True) as c:
+        made = c.enqueue("k")["job_id"]
+    with Coordinator.open(where) as c:
+        assert c.show(made)["job"]["job_id"] == made
+    with pytest.raises(InvalidInput, match="as text"):
+        Coordinator.open(bytes(where))
+
+
 def test_a_provenance_that_is_not_an_object_is_invalid_input_in_a_batch_too(
         coord: Coordinator) -> None:
     coord.enqueue("k")
