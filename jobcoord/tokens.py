@@ -54,8 +54,7 @@ def create(db: Any, name: str, role: str, *, tenant: str | None = None,
            worker: str | None = None) -> dict[str, Any]:
     """Create a token; the answer carries the secret (JSON key `token`) this one time."""
     name = v.name(name, "name")
-    if isinstance(role, str):
-        role = v.exact_text(role)  # judged, and stored, by its characters
+    role = v.exact_text(role)  # judged, and stored, by its characters
     if role not in ROLES:
         raise InvalidInput("invalid_input", f"role must be one of {', '.join(ROLES)}",
                            field="role")

@@ -56,11 +56,14 @@ def _too_deep(field: str, envelope: int) -> InvalidInput:
     return _bad(field, f"holds a value nested deeper than {MAX_JSON_DEPTH} levels")
 
 
-def exact_text(value: str) -> str:
+def exact_text(value: Any) -> Any:
     """A str made of `value`'s characters: a subclass may answer == and `in` as it likes
     (equal to "dead" while it reads "running") and pass a check it then breaks when stored.
-    `str.__str__` copies a subclass into a plain str (a plain str is returned as it is)."""
-    return value if type(value) is str else str.__str__(value)
+    `str.__str__` copies a subclass into a plain str (a plain str is returned as it is); a
+    value that is no str is returned as it is, for the caller's check to refuse."""
+    if type(value) is str or not isinstance(value, str):
+        return value
+    return str.__str__(value)
 
 
 def utf8_text(value: Any, field: str, *, max_len: int = MAX_TEXT, allow_empty: bool = False

@@ -113,7 +113,7 @@ def reconcile(ctx: Context, job_id: int, as_status: str, reason: str, *, result:
               tenant: str | None = None) -> dict[str, Any]:
     """Operator: settle an `unknown` job as succeeded (with its result), waiting or dead,
     with the reason recorded."""
-    as_status = v.exact_text(as_status) if isinstance(as_status, str) else as_status
+    as_status = v.exact_text(as_status)
     if as_status not in ("succeeded", "waiting", "dead"):
         raise InvalidInput("invalid_input", "--as must be succeeded, waiting or dead")
     reason = v.utf8_text(reason, "reason", max_len=4096)

@@ -47,8 +47,8 @@ MAX_TICK_SLOTS = 1000
 def _catchup(value: object) -> tuple[str, int]:
     if value is None:
         return "skip", 1
+    value = v.exact_text(value)
     if isinstance(value, str):
-        value = v.exact_text(value)
         if value in ("skip", "latest"):
             return value, 1
         head, sep, n = value.partition(":")
@@ -61,8 +61,7 @@ def _catchup(value: object) -> tuple[str, int]:
 def _choice(value: object, field: str, allowed: tuple[str, ...], default: str) -> str:
     if value is None:
         return default
-    if isinstance(value, str):
-        value = v.exact_text(value)
+    value = v.exact_text(value)
     if not isinstance(value, str) or value not in allowed:
         raise InvalidInput("invalid_input", f"{field}: {v.shown(value)} is not one of "
                            f"{', '.join(allowed)}", field=field)
