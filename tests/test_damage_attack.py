@@ -556,6 +556,8 @@ SCHEDULE_DAMAGE = pytest.mark.parametrize(("what", "statement"), [
                 "WHERE name = 'bad'"),
     ("window", "UPDATE schedules SET window_us = 9223372036854775807 WHERE name = 'bad'"),
     ("max_attempts", "UPDATE schedules SET max_attempts = -1 WHERE name = 'bad'"),
+    # Copied into every job it fired: retried a million times, where an add takes 1..100.
+    ("max_attempts too many", "UPDATE schedules SET max_attempts = 1000000 WHERE name = 'bad'"),
     ("priority", "UPDATE schedules SET priority = 9 WHERE name = 'bad'"),
     ("payload", "UPDATE schedules SET payload_json = '[1' WHERE name = 'bad'"),
     ("payload not an object", "UPDATE schedules SET payload_json = '[1]' WHERE name = 'bad'"),

@@ -25,7 +25,7 @@ from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import schedule_statements as sql
 from .common import DEFAULT_TENANT, Context
 from .slots import Due, Timing, cron_timing
-from .submit import CheckedSpec, JobSpec, check_spec, insert
+from .submit import MAX_ATTEMPTS, CheckedSpec, JobSpec, check_spec, insert
 
 #: How old a slot may be when a tick finds it and still count as on time (not missed).
 ON_TIME_S = 300
@@ -413,8 +413,8 @@ def _plan(s: Mapping[str, Any], now: int, first: int | None = None) -> Due | str
         # tick's one transaction with it.
         if not isinstance(v.loads(s["payload_json"]), dict):
             raise ValueError("its payload is not a JSON object")
-        if s["max_attempts"] < 1:
-            raise ValueError(f"its max_attempts {s['max_attempts']} is under 1")
+        if not 1 <= s["max_attempts"] <= MAX_ATTEMPTS:  # what an add takes
+            raise ValueError(f"its max_attempts {s['max_attempts']} is not 1..{MAX_ATTEMPTS}")
         if not 0 <= s["priority"] <= 3:  # the jobs table's check, as the schedules' own
             raise ValueError(f"its priority {s['priority']} is not 0..3")
         timing = _timing_of(s)

@@ -15,6 +15,9 @@ from ..store import statements as sql
 from .common import DEFAULT_TENANT, Context, later, loads, record_event
 from .items import payload_text as payload_text_of
 
+#: The most attempts a job may be given (a schedule's too: it is copied into each job).
+MAX_ATTEMPTS = 100
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -49,7 +52,6 @@ class CheckedSpec(NamedTuple):
     delay_us: int
     #: {"NAME": INT} as stored, or None for a job that declares no needs.
     needs_text: str | None = None
-
 
 
 def _spec_list(specs: Any) -> list[Any]:
@@ -133,7 +135,7 @@ def _check_settings(ctx: Context, spec: JobSpec) -> tuple[Any, ...]:
         None if spec.role is None else v.name(spec.role, "role"),
         v.name(spec.tenant, "tenant"),
         v.whole(p.default_max_attempts if spec.max_attempts is None else spec.max_attempts,
-                "max_attempts", 1, 100),
+                "max_attempts", 1, MAX_ATTEMPTS),
         deadline_us,
         delay_us,
     )
