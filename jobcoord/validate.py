@@ -106,7 +106,8 @@ def priority(value: Any) -> int:
         text = value.strip().upper()
         if text.startswith("P"):
             text = text[1:]
-        if not text.isdigit() or not text.isascii():
+        # Long digit runs are refused unread: int() refuses more than 4300 digits.
+        if not text.isdigit() or not text.isascii() or len(text) > 40:
             raise _bad("priority", f"{shown(value)} is not 0..3 or P0..P3")
         value = int(text)
     if isinstance(value, int) and not 0 <= value <= 3:

@@ -357,6 +357,21 @@ def test_a_priority_too_large_to_print_is_invalid_input(coord: Coordinator) -> N
     assert dump(coord) == before
 
 
+def test_a_priority_of_more_digits_than_python_converts_is_invalid_input(
+        coord: Coordinator) -> None:
+    """priority="9" * 5000 raised a bare ValueError (Python converts at most 4300 digits)
+    from enqueue, enqueue_many and add_schedule."""
+    before = dump(coord)
+    for text in ("9" * 5000, "P" + "9" * 5000, "0" * 5000 + "1"):
+        for call in (lambda p: coord.enqueue("k", {}, priority=p),
+                     lambda p: coord.enqueue_many([{"kind": "k", "priority": p}]),
+                     lambda p: coord.enqueue_many([JobSpec("k", {}, priority=p)]),
+                     lambda p: coord.add_schedule("s", "k", every="1m", priority=p)):
+            with pytest.raises(InvalidInput, match="priority"):
+                call(text)
+    assert dump(coord) == before
+
+
 def test_a_number_out_of_range_is_named_in_the_refusal(coord: Coordinator) -> None:
     """`claim_many("w", 1001)` said only "n: is outside 1..1000": the value refused is named
     when it can be printed, and a huge one by its size (Python cannot print it)."""
