@@ -66,6 +66,16 @@ def exact_text(value: Any) -> Any:
     return str.__str__(value)
 
 
+def mapping_copy(value: Mapping[Any, Any], field: str) -> dict[Any, Any]:
+    """A plain dict of a caller's mapping, read once: one whose keys() names keys it does not
+    hold (or whose reading raises anything) is refused, not let out as a KeyError."""
+    try:
+        return dict(value.items())
+    except Exception:
+        raise _bad(field, "is a mapping that cannot be read (its keys and items "
+                   "disagree)") from None
+
+
 def utf8_text(value: Any, field: str, *, max_len: int = MAX_TEXT, allow_empty: bool = False
               ) -> str:
     if not isinstance(value, str):
@@ -516,7 +526,7 @@ def resources(value: Any, field: str, *, lo: int = 1) -> dict[str, int]:
                 raise _bad(field, f"{item.strip()!r} is not NAME=INT (e.g. gpu_mem_mb=12000)")
             pairs.append((name_.strip(), amount.strip()))
     elif isinstance(value, Mapping):
-        pairs = list(value.items())
+        pairs = list(mapping_copy(value, field).items())
         if not pairs:
             raise _bad(field, "give at least one NAME=INT")
     else:

@@ -9,6 +9,7 @@ one element, the same in every method."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -369,6 +370,40 @@ def test_a_priority_of_more_digits_than_python_converts_is_invalid_input(
                      lambda p: coord.add_schedule("s", "k", every="1m", priority=p)):
             with pytest.raises(InvalidInput, match="priority"):
                 call(text)
+    assert dump(coord) == before
+
+
+class _KeysLie(Mapping[str, Any]):
+    """A mapping whose keys are not the ones it holds."""
+
+    def __init__(self, **held: Any) -> None:
+        self.held = held
+
+    def __getitem__(self, key: str) -> Any:
+        return self.held[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(["zzz"])
+
+    def __len__(self) -> int:
+        return 1
+
+
+def test_a_mapping_whose_keys_lie_is_invalid_input(coord: Coordinator) -> None:
+    """A mapping whose keys() names a key it does not hold raised a bare KeyError out of
+    complete(provenance=...), heartbeat(readings=...) and enqueue_many's mapping specs."""
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    job = coord.enqueue("k")["job_id"]
+    epoch = coord.claim("w1")["lease"]["epoch"]
+    before = dump(coord)
+    for call in (lambda: coord.complete(job, "w1", epoch, {}, provenance=_KeysLie(a=1)),
+                 lambda: coord.complete_and_claim(job, "w1", epoch, {},
+                                                  provenance=_KeysLie(a=1)),
+                 lambda: coord.heartbeat("w1", readings=_KeysLie(memory_used_pct=1)),
+                 lambda: coord.enqueue_many([_KeysLie(kind="k")]),
+                 lambda: coord.enqueue("k", needs=_KeysLie(ram_mb=1))):
+        with pytest.raises(InvalidInput):
+            call()
     assert dump(coord) == before
 
 

@@ -72,7 +72,8 @@ def completion_texts(result: Any, provenance: Any, max_result_bytes: int
                                   require_object=False, too_large_code="result_too_large")
     # json_value refuses a non-object; dict() of one would raise TypeError first.
     prov_text = None if provenance is None else v.json_value(
-        dict(provenance) if isinstance(provenance, Mapping) else provenance, "provenance",
+        v.mapping_copy(provenance, "provenance") if isinstance(provenance, Mapping)
+        else provenance, "provenance",
         max_bytes=MAX_PROVENANCE_BYTES, require_object=True)[1]
     return result_text, prov_text
 
@@ -106,7 +107,8 @@ def readings_value(readings: Any) -> tuple[dict[str, Any], str]:
     if not isinstance(readings, Mapping):
         raise InvalidInput("invalid_input", "readings must be a JSON object (as text) or a "
                            "mapping", field="readings")
-    return v.json_value(dict(readings), "readings", max_bytes=MAX_READINGS_BYTES,
+    return v.json_value(v.mapping_copy(readings, "readings"), "readings",
+                        max_bytes=MAX_READINGS_BYTES,
                         require_object=True)
 
 

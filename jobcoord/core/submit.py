@@ -72,6 +72,7 @@ def _spec(item: Any) -> JobSpec:
     if not isinstance(item, Mapping):
         raise InvalidInput("invalid_input", "specs: each job is a JobSpec or a mapping of its "
                            "fields", field="specs")
+    item = v.mapping_copy(item, "specs")
     unknown = sorted(str(k) for k in item if k not in JobSpec.__dataclass_fields__)
     if unknown or "kind" not in item:
         raise InvalidInput("invalid_input", "specs: each job needs a kind, and only "
