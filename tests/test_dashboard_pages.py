@@ -90,6 +90,33 @@ def test_bidi_controls_in_data_are_shown_as_escapes_on_the_dashboard(
         http.close()
 
 
+def test_the_attention_page_says_when_it_shows_only_the_newest_and_links_to_all(
+        sqlite_target: Target) -> None:
+    """Past 200 dead jobs the page listed 200 under "dead (200)" with nothing saying more
+    existed, while the overview said 201: the oldest had no retry button anywhere here."""
+    from jobcoord.store.report_statements import ATTENTION_SHOWN
+
+    secret = token(sqlite_target, "v", "viewer")
+    with Coordinator.open(sqlite_target) as c:
+        c.enqueue_many([{"kind": "k"}] * (ATTENTION_SHOWN + 1))
+        c.heartbeat("w1", readings={"memory_used_pct": 5})
+        got = c.claim_many("w1", ATTENTION_SHOWN + 1)["claimed"]
+        c.fail_many([{"job_id": g["job"]["job_id"], "worker_id": "w1",
+                      "epoch": g["lease"]["epoch"], "error": "boom", "permanent": True}
+                     for g in got])
+    assert len(got) == ATTENTION_SHOWN + 1
+    oldest = min(g["job"]["job_id"] for g in got)
+    with served(sqlite_target, "--reap-every", "0") as s:
+        http, _ = login(s.url, secret)
+        page = http.get("/ui/attention").text
+        assert page.count('id="dead-') == ATTENTION_SHOWN
+        assert f'id="dead-{oldest}"' not in page
+        assert f"the newest {ATTENTION_SHOWN} shown" in page
+        assert 'href="/ui/jobs?status=dead"' in page
+        assert "None." in page and "/ui/jobs?status=unknown" not in page  # no unknown job
+        http.close()
+
+
 def test_revoked_token_ends_its_dashboard_session_on_the_next_request(
         sqlite_target: Target) -> None:
     secret = token(sqlite_target, "v", "viewer")

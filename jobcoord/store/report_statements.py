@@ -184,11 +184,14 @@ LEASE_LIST = _scoped(lambda w: select(L.worker_id, L.job_id, L.epoch, L.expires_
                      .select_from(leases.join(jobs, J.job_id == L.job_id)).where(*w)
                      .order_by(L.job_id))
 _ATTENTION_COLUMNS = (J.job_id, J.tenant, J.kind, J.attempts, J.last_error, J.updated_at)
+#: The needs-attention page's unknown and dead jobs: the newest this many of each. One more
+#: is read, so the page can say when there are more (and link to the jobs page for all).
+ATTENTION_SHOWN = 200
 UNKNOWN_JOBS = _scoped(lambda w: select(*_ATTENTION_COLUMNS)
                        .where(J.status == const("unknown"), *w)
-                       .order_by(J.job_id.desc()).limit(const(200)))
+                       .order_by(J.job_id.desc()).limit(const(ATTENTION_SHOWN + 1)))
 DEAD_JOBS = _scoped(lambda w: select(*_ATTENTION_COLUMNS).where(J.status == const("dead"), *w)
-                    .order_by(J.job_id.desc()).limit(const(200)))
+                    .order_by(J.job_id.desc()).limit(const(ATTENTION_SHOWN + 1)))
 
 #: The jobs page's filters: (column, parameter) in the order they are written.
 JOB_FILTERS = (("status", "status"), ("kind", "kind"), ("tenant", "tenant"),

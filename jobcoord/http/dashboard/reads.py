@@ -140,6 +140,8 @@ def leases(db: Any, scope: str | None) -> dict[str, list[dict[str, Any]]]:
 
 
 def attention(db: Any, scope: str | None) -> tuple[list[Any], list[Any]]:
+    """The newest unknown and dead jobs, at most `rs.ATTENTION_SHOWN` + 1 of each (a list
+    that long has more than the page shows)."""
     scoped = scope is not None
 
     def _do(conn: Any) -> tuple[list[Any], list[Any]]:

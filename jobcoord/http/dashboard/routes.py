@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from ... import tokens
 from ...errors import InvalidInput, JobcoordError
 from ...states import STATUSES
+from ...store import report_statements as rs
 from ..bodies import given_once
 from ..routes_artifacts import artifact_file
 from . import reads
@@ -167,7 +168,8 @@ class Dashboard:
                 srv = request.app.state.server
                 unknown, dead = await srv.call(reads.attention, srv.c.db, who.scope)
                 return d.page("attention.html", who=who, title="Needs attention",
-                              nav="attention", unknown=unknown, dead=dead)
+                              nav="attention", unknown=unknown, dead=dead,
+                              shown=rs.ATTENTION_SHOWN)
             return await guarded(request, go)
 
         @r.get("/ui/jobs/{job_id}/confirm/{action}", response_class=HTMLResponse)
