@@ -108,8 +108,17 @@ def optional_name(value: Any, field: str) -> str | None:
     return None if value is None else name(value, field)
 
 
+def plain_int(value: Any) -> Any:
+    """An int subclass as the plain int its value is (its comparisons may lie: "within" any
+    bound); anything else as it is, for the caller's check."""
+    if type(value) is int or not isinstance(value, int) or isinstance(value, bool):
+        return value
+    return int.__int__(value)
+
+
 def priority(value: Any) -> int:
     """0..3, also written P0..P3."""
+    value = plain_int(value)
     if isinstance(value, bool):
         raise _bad("priority", "must be 0..3 or P0..P3")
     if isinstance(value, str):
@@ -130,6 +139,7 @@ def priority(value: Any) -> int:
 
 
 def integer(value: Any, field: str, lo: int, hi: int) -> int:
+    value = plain_int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         # ASCII digits only: str.isdigit() and int() also accept other scripts' digits and
         # superscripts ("٣", "²"), and "--5" passes an lstrip test but breaks int().
@@ -481,6 +491,7 @@ def _shown(value: int) -> str:
 def whole(value: Any, field: str, lo: int, hi: int) -> int:
     """`integer`, safe for any int: one out of range is refused without being formatted in
     full (Python refuses to print an int of more than 4300 digits)."""
+    value = plain_int(value)
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
         raise _bad(field, f"{_shown(value)} is outside {lo}..{hi}")
     return integer(value, field, lo, hi)
@@ -490,6 +501,7 @@ def finite_seconds(value: Any, field: str, lo: float, hi: float, *,
                    lo_inclusive: bool = True) -> float:
     """`seconds`, safe for any int: one too large for a float is refused as out of range
     instead of overflowing when converted."""
+    value = plain_int(value)
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
         raise _bad(field, f"{_shown(value)} is outside "
                    f"{_seconds_range(lo, hi, lo_inclusive)}")
@@ -498,6 +510,7 @@ def finite_seconds(value: Any, field: str, lo: float, hi: float, *,
 
 def safe_duration(value: Any, field: str, lo: float, hi: float) -> float:
     """`duration`, with `finite_seconds`' check of ints first."""
+    value = plain_int(value)
     if isinstance(value, int) and not isinstance(value, bool) and not lo <= value <= hi:
         raise _bad(field, f"{_shown(value)} is outside {_seconds_range(lo, hi)}")
     return duration(value, field, lo, hi)

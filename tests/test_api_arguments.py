@@ -407,6 +407,48 @@ def test_a_mapping_whose_keys_lie_is_invalid_input(coord: Coordinator) -> None:
     assert dump(coord) == before
 
 
+class _AlwaysInRange(int):
+    """An int whose comparisons say it is within any bound."""
+
+    def __le__(self, other: object) -> bool:
+        return True
+
+    def __ge__(self, other: object) -> bool:
+        return True
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return False
+
+
+def test_a_number_whose_comparisons_lie_is_judged_by_its_value(coord: Coordinator) -> None:
+    """An int subclass answering every bound with "within" passed the range checks, then
+    failed as a bare OverflowError where the driver bound it. It is judged, and stored, as
+    the plain int its value is."""
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    job = coord.enqueue("k")["job_id"]
+    epoch = coord.claim("w1")["lease"]["epoch"]
+    huge = _AlwaysInRange(10**30)
+    before = dump(coord)
+    for call in (lambda: coord.enqueue("k", priority=huge),
+                 lambda: coord.enqueue("k", max_attempts=huge),
+                 lambda: coord.enqueue_many([{"kind": "k", "max_attempts": huge}]),
+                 lambda: coord.show(huge),
+                 lambda: coord.complete(huge, "w1", epoch, {}),
+                 lambda: coord.complete(job, "w1", huge, {}),
+                 lambda: coord.renew(job, "w1", huge),
+                 lambda: coord.claim_many("w1", huge),
+                 lambda: coord.set_limit("k", huge)):
+        with pytest.raises(InvalidInput):
+            call()
+    assert dump(coord) == before
+    made = coord.enqueue("k", priority=_AlwaysInRange(2), max_attempts=_AlwaysInRange(5))
+    shown = coord.show(made["job_id"])["job"]
+    assert (shown["priority"], shown["max_attempts"]) == (2, 5)
+
+
 def test_a_number_out_of_range_is_named_in_the_refusal(coord: Coordinator) -> None:
     """`claim_many("w", 1001)` said only "n: is outside 1..1000": the value refused is named
     when it can be printed, and a huge one by its size (Python cannot print it)."""
