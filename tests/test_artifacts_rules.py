@@ -725,3 +725,24 @@ def test_a_completion_is_refused_when_its_attempt_stages_artifacts_during_its_ch
         accepted = {a["name"]: a["digest"] for a in c.artifacts(job)["artifacts"]}
     assert accepted[name] == sha(b"second bytes"), accepted
     assert set(accepted) == ({"a.bin"} if change == "replaced" else {"a.bin", "b.bin"})
+
+
+def test_an_upload_limit_that_is_no_whole_number_is_invalid_input_and_stores_nothing(
+        ac: Coordinator) -> None:
+    """put_artifact(max_bytes="x") raised a bare TypeError, and max_bytes=nan set no limit
+    at all (no comparison with NaN is true): a limit is a whole number of bytes."""
+    job, epoch = start(ac)
+    for limit in (float("nan"), 1.5, "x", [1], -1, True):
+        with pytest.raises(InvalidInput, match="max_bytes"):
+            ac.put_artifact(job, "w1", epoch, "a.bin", b"x" * 20, max_bytes=limit)
+    assert ac.artifacts(job)["artifacts"] == []
+    assert ac.put_artifact(job, "w1", epoch, "a.bin", b"x" * 20, max_bytes=20)["size"] == 20
+
+
+def test_a_memoryview_with_gaps_is_stored_as_the_bytes_it_shows(ac: Coordinator) -> None:
+    """A memoryview every other byte of a buffer (`view[::2]`) raised a bare TypeError: it
+    is stored as the bytes it shows."""
+    job, epoch = start(ac)
+    got = ac.put_artifact(job, "w1", epoch, "a.bin", memoryview(b"abcdef")[::2])
+    assert got["size"] == 3
+    assert got["digest"] == "sha256:" + hashlib.sha256(b"ace").hexdigest()

@@ -110,7 +110,10 @@ def open_source(source: Source) -> Iterator[tuple[Fill, str]]:
     Every error of the source itself (missing, a directory, unreadable, a read that fails) is
     InvalidInput `invalid_input` naming it, so that the store's own errors stay apart."""
     if isinstance(source, bytes | bytearray | memoryview):
-        data = memoryview(source).cast("B")
+        data = memoryview(source)
+        if not data.c_contiguous:  # a view with gaps (view[::2]): the bytes it shows
+            data = memoryview(data.tobytes())
+        data = data.cast("B")
         pos = 0
 
         def fill_bytes(buf: memoryview) -> int:

@@ -57,6 +57,7 @@ from jobcoord.artifacts.names import (
     validate_name,
 )
 from jobcoord.errors import DatabaseCorrupt, InvalidInput, StorageUnavailable
+from jobcoord.validate import whole
 
 TEMP_SUFFIX = ".tmp"
 # link(2) refused by the filesystem itself (not by a name that exists): fall back to rename
@@ -133,8 +134,9 @@ class ObjectStore:
         end) and return their object. Identical content is stored once (`created=False`).
         With `expected_digest`, bytes that hash to anything else are refused
         (InvalidInput `artifact_invalid`) and nothing is stored."""
-        if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 0):
-            raise InvalidInput("invalid_input", f"max_bytes must be >= 0, not {max_bytes!r}")
+        if max_bytes is not None:
+            # A whole number: no comparison with NaN is true, so a NaN limit limited nothing.
+            max_bytes = whole(max_bytes, "max_bytes", 0, 2**62)
         expected = None if expected_digest is None else parse_digest(expected_digest)
 
         def mismatch(label: str, actual: str) -> InvalidInput:

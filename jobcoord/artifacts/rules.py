@@ -68,6 +68,7 @@ from jobcoord.errors import (
 )
 from jobcoord.leftovers import is_real_directory
 from jobcoord.store import feature_statements as fs
+from jobcoord.validate import whole
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -98,6 +99,8 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     object for gc. `expected_digest`: bytes hashing to anything else are refused
     (`artifact_invalid`), nothing stored. `max_bytes`: a limit of the caller's (an upload's),
     on top of the kind's."""
+    if max_bytes is not None:
+        max_bytes = whole(max_bytes, "max_bytes", 0, 2**62)
     # A test makes a staging slow here (a large file, a slow disk or network).
     faults.point("artifacts.put")
     need_feature(coord)
