@@ -457,7 +457,8 @@ def test_a_worker_without_burst_keeps_trying_quietly_and_resumes_when_the_server
     errors = [e for e in events if e["event"] == "claim_error"]
     # Each retry says how long the outage has lasted, the waits double (at most 15 s), and
     # the outage's end is said once.
-    assert 3 <= len(errors) <= 20, len(errors)
+    # The worker's log with a failure: once, in a full run, it held no claim_error at all.
+    assert 3 <= len(errors) <= 20, (len(errors), err.decode()[-4000:])
     assert errors[-1]["failing_s"] >= 10 and errors[-1]["retry_in_s"] <= 15
     back = [e for e in events if e["event"] == "claim_recovered"]
     assert len(back) == 1 and back[0]["failed_s"] >= 15 and back[0]["errors"] == len(errors)
