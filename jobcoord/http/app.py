@@ -22,6 +22,7 @@ from . import routes_artifacts, routes_jobs, routes_operator, routes_worker
 from .bodies import ERRORS
 from .dashboard import mount as mount_dashboard
 from .deps import refusal_first
+from .direct import DirectLane
 from .errors import status_of
 from .limits import BodyLimit, CatchBugs, error_response
 from .state import DEFAULT_MAX_ARTIFACT_BYTES, DEFAULT_UPLOAD_IDLE_S, Server, Wakeup
@@ -31,8 +32,9 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
                reap_every: float = 5.0,
                emit: Callable[[dict[str, Any]], None] | None = None,
                max_artifact_bytes: int = DEFAULT_MAX_ARTIFACT_BYTES,
-               upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S) -> FastAPI:
-    """The API over `coordinator`. `reap_every` 0 turns the reaper timer off."""
+               upload_idle_s: float = DEFAULT_UPLOAD_IDLE_S, direct: bool = True) -> FastAPI:
+    """The API over `coordinator`. `reap_every` 0 turns the reaper timer off. `direct`
+    False sends every request the framework's way (direct.py; a test compares the two)."""
     srv = Server(coordinator, pool_size=pool_size, poll_s=poll_s, reap_every=reap_every,
                  emit=emit, max_artifact_bytes=max_artifact_bytes,
                  upload_idle_s=upload_idle_s)
@@ -70,14 +72,17 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
 
     # -- errors: one JSON shape for all of them --
 
-    @app.exception_handler(JobcoordError)
-    async def _jobcoord_error(_request: Request, exc: JobcoordError) -> JSONResponse:
+    def refused(exc: JobcoordError) -> JSONResponse:
         srv.lost(exc)
         if status_of(exc) == 500:
             # As a bug caught outermost is (CatchBugs): one answered here was not logged,
             # and an operator alerting on internal_error never heard of it.
             srv.emit({"event": "internal_error", "code": exc.code, "message": exc.message})
         return error_response(exc)
+
+    @app.exception_handler(JobcoordError)
+    async def _jobcoord_error(_request: Request, exc: JobcoordError) -> JSONResponse:
+        return refused(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError
@@ -111,7 +116,9 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
         return JSONResponse({"error": {"code": code, "message": str(exc.detail)}},
                             status_code=exc.status_code, headers=exc.headers)
 
-    for module in (routes_jobs, routes_worker, routes_artifacts, routes_operator):
+    # The worker routes first: the router tries the routes in order, and theirs are the
+    # requests a busy server answers most.
+    for module in (routes_worker, routes_jobs, routes_artifacts, routes_operator):
         app.include_router(module.router)
 
     def openapi() -> dict[str, Any]:
@@ -135,6 +142,9 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
 
     app.openapi = openapi  # type: ignore[method-assign]
     mount_dashboard(app)  # /metrics and the web dashboard (dashboard.py)
+    if direct:
+        # Innermost: a worker's well-formed request to a hot route is answered directly.
+        app.add_middleware(DirectLane, routes=routes_worker.router.routes, on_error=refused)
     app.add_middleware(BodyLimit, limit=srv.max_body, artifact_limit=max_artifact_bytes,
                        stopping=srv.stopping, idle_s=upload_idle_s)
     app.add_middleware(CatchBugs, emit=srv.emit)  # outside BodyLimit: sees what it lets by

@@ -173,6 +173,7 @@ ERRORS = error_responses(
 #: Headers a request may give once: of two, the framework reads the first, and which one a
 #: client meant (which token; which idempotency key; which digest) is nobody's guess.
 SINGLE_HEADERS = ("authorization", "idempotency-key", "x-content-digest", "content-type")
+_SINGLE = frozenset(name.encode() for name in SINGLE_HEADERS)
 
 
 def given_once(request: Request) -> None:
@@ -187,10 +188,13 @@ def given_once(request: Request) -> None:
         if twice is not None:
             raise InvalidInput("invalid_input", f"query parameter {twice[:80]!r} is given "
                                "more than once")
-    for name in SINGLE_HEADERS:
-        if len(request.headers.getlist(name)) > 1:
-            shown = "-".join(part.capitalize() for part in name.split("-"))
-            raise InvalidInput("invalid_input", f"header {shown} is given more than once")
+    # One pass over the raw headers (an ASGI server gives their names in lower case): this
+    # runs on every request.
+    given = [name for name, _ in request.scope.get("headers", ()) if name in _SINGLE]
+    if len(given) != len(set(given)):
+        twice = next(name for name in given if given.count(name) > 1).decode()
+        shown = "-".join(part.capitalize() for part in twice.split("-"))
+        raise InvalidInput("invalid_input", f"header {shown} is given more than once")
 
 
 def _query_names(dependant: Any) -> set[str]:

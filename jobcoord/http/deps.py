@@ -136,6 +136,7 @@ def strict(body: type[_Body]) -> list[Any]:
                     raise refused from None
                 raise
 
+    strict_json.strict_body = body  # type: ignore[attr-defined]  # see direct.plan
     return [Depends(strict_json)]
 
 
