@@ -66,7 +66,7 @@ def plan(route: APIRoute) -> _Plan | None:
     model (deps.strict)."""
     if not isinstance(route.response_class, DefaultPlaceholder) or route.response_field is None:
         return None
-    if route.path_format != route.path_format.strip() or route.status_code not in (None, 200):
+    if route.status_code not in (None, 200):
         return None
     body: type[_Body] | None = None
     optional = False
