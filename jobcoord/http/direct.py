@@ -22,21 +22,19 @@ from fastapi.routing import APIRoute, serialize_response
 from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 
+from .. import validate as v
 from ..errors import InvalidInput, JobcoordError
 from .bodies import JOB_ID_MAX, _Body, given_once
-from .deps import Caller, JobId, Srv, SubmitterCaller, WorkerCaller
+from .deps import Caller, JobId, Srv, WorkerCaller
 
 Answer = Callable[[Request, dict[str, str]], Awaitable[Response | None]]
 
-#: Callers the direct way knows how to make: the token is looked up in the route's own pool
-#: call (`Server.call_as`), as on the framework's way.
-_CALLERS = (WorkerCaller, SubmitterCaller)
 _ID_DIGITS = len(str(JOB_ID_MAX))
 
 
 @dataclass(frozen=True)
 class _Plan:
-    body: type[_Body] | None
+    body: type[_Body]
     body_optional: bool
     roles: tuple[str, ...]
     takes_job_id: bool
@@ -75,7 +73,9 @@ def plan(route: APIRoute) -> _Plan | None:
     for name, p in inspect.signature(route.endpoint).parameters.items():
         if p.annotation is Srv and name == "srv":
             continue
-        if any(p.annotation is c for c in _CALLERS) and name == "caller":
+        if p.annotation is WorkerCaller and name == "caller":
+            # A worker's Caller: its token is looked up in the route's own pool call
+            # (`Server.call_as`), as on the framework's way.
             roles = _roles(p.annotation)
         elif p.annotation is JobId and name == "job_id":
             takes_job_id = True
@@ -111,12 +111,9 @@ def answer(route: APIRoute) -> Answer | None:
     p = plan(route)
     if p is None:
         return None
-    from .. import validate as v
-
     endpoint = route.endpoint
     field = route.response_field
     model = p.body
-    assert model is not None
     envelope = model.VALUES_AT
 
     async def direct(request: Request, path_params: dict[str, str]) -> Response | None:
