@@ -983,6 +983,40 @@ def test_a_json_body_that_sends_nothing_for_upload_idle_is_400_and_nothing_done(
         assert c.jobs(tenant="t")["jobs"] == []
 
 
+def test_a_json_body_trickling_in_slower_than_the_stop_looks_is_read_whole(
+        sqlite_target: Target) -> None:
+    """A body is waited for in slices (each ends to look whether the server is stopping):
+    a slice ending while no part has come takes nothing, so a body sent in parts with
+    pauses longer than a slice, a part now and then across several slices, arrives whole
+    and in order."""
+    import socket
+
+    sub = token(sqlite_target, "sub", "submitter", tenant="t")
+    payload = {"text": "x" * 3000, "n": list(range(50))}
+    body = json.dumps({"kind": "k", "payload": payload}).encode()
+    parts = [body[i:i + 700] for i in range(0, len(body), 700)]
+    with served(sqlite_target, "--reap-every", "0", "--upload-idle", "3") as s:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        sock.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                     + sub.encode() + b"\r\nContent-Type: application/json\r\n"
+                     + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        for part in parts:
+            time.sleep(0.4)  # longer than a slice (STOP_LOOK_S)
+            sock.sendall(part)
+        got = b""
+        while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < 10:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+        sock.close()
+        assert got.startswith(b"HTTP/1.1 201 "), got
+    with Coordinator.open(sqlite_target) as c:
+        jobs = c.jobs(tenant="t")["jobs"]
+        assert len(jobs) == 1
+        assert c.show(jobs[0]["job_id"])["job"]["payload"] == payload
+
+
 @pytest.mark.parametrize("kind", ["json", "json_chunked", "artifact"])
 def test_a_body_over_the_limit_is_answered_413_to_a_client_that_sends_it_whole(
         sqlite_target: Target, kind: str) -> None:
