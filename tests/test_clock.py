@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from freezegun import freeze_time
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobcoord.errors import Refused
 from jobcoord.maintenance import check
@@ -170,6 +172,32 @@ def test_the_clock_reads_every_microsecond_exactly(moment: datetime) -> None:
         assert now_us() == want
     assert iso(want) == moment.isoformat().replace("+00:00", "Z")
     assert _parse_iso_us(moment.isoformat()) == want
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.integers(min_value=-62135596800 * 1_000_000,
+                   max_value=253402300799 * 1_000_000 + 999_999))
+def test_a_stored_time_is_written_as_datetime_writes_it(us: int) -> None:
+    """Every time from year 1 to the calendar's last microsecond is written as the
+    datetime of it writes itself (microseconds only when there are any), and the same
+    time twice the same way."""
+    from jobcoord.clock import iso
+
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
+    want = moment.isoformat().replace("+00:00", "Z")
+    assert iso(us) == want
+    assert iso(us) == want
+
+
+def test_a_time_past_the_calendar_is_damage_whatever_was_written_before() -> None:
+    from jobcoord.clock import iso
+    from jobcoord.errors import DatabaseCorrupt
+
+    last = 253402300799 * 1_000_000 + 999_999
+    assert iso(last) == "9999-12-31T23:59:59.999999Z"
+    for us in (last + 1, 10**30, -10**30):
+        with pytest.raises(DatabaseCorrupt):
+            iso(us)
 
 
 def test_a_tick_at_the_calendars_last_microsecond_answers(coord: Coordinator) -> None:
