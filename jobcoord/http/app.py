@@ -61,12 +61,12 @@ def create_app(coordinator: Any, *, pool_size: int = 8, poll_s: float = 0.5,
             srv.transfers.shutdown(wait=False, cancel_futures=True)
             watcher.join(1.0)
 
-    # No redirect for a trailing slash (the router's default): it answered a path the API
-    # does not have with a 307 to a Location built from the client's Host header. Such a
-    # path is an unknown one, 404 in the JSON error shape.
     # The framework's OpenTelemetry hooks off: serve reports through /metrics and its event
     # lines, and the hooks looked up three global providers on every request (about 3 % of
     # the server's time per worker request) to find them unconfigured.
+    # No redirect for a trailing slash (the router's default): it answered a path the API
+    # does not have with a 307 to a Location built from the client's Host header. Such a
+    # path is an unknown one, 404 in the JSON error shape.
     app = FastAPI(title="jobcoord", version=__version__, lifespan=lifespan,
                   telemetry={"tracing": False, "metrics": False, "logs": False,
                              "operation_spans": False},
