@@ -4,6 +4,7 @@ over its own kept-alive connections, with the token on every request."""
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 import httpx
 import pytest
@@ -69,3 +70,49 @@ def test_a_closed_remote_coordinator_refuses_every_call_and_sends_nothing(
 def coord_status(target: Target, job: int) -> str:
     with Coordinator.open(target) as coord:
         return coord.show(job)["job"]["status"]
+
+
+def test_close_from_another_thread_cuts_a_waiting_claim_and_it_is_handed_nothing(
+        sqlite_target: Target) -> None:
+    """A claim long-polling while another thread closed the client sat out its whole wait,
+    still queued at the server: a job submitted after `close()` was handed to it (its attempt
+    used, leased to nobody) and the caller got `coordinator_closed`. `close()` cuts the poll:
+    the call ends at once, and the server, seeing its client gone, hands it nothing."""
+    import threading
+    import time
+
+    secret = token(sqlite_target, "w1", "worker", worker="w1")
+    with served(sqlite_target, "--reap-every", "0") as s:
+        remote = RemoteCoordinator(s.url, secret, claim_wait=10, retry_s=0)
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        out: list[Any] = []
+
+        def poll() -> None:
+            t0 = time.monotonic()
+            try:
+                out.append(remote.claim("w1", lease_s=300))
+            except InvalidInput as e:
+                out.append(e.code)
+            out.append(time.monotonic() - t0)
+
+        thread = threading.Thread(target=poll)
+        thread.start()
+        time.sleep(1.0)  # the poll is waiting at the server
+        remote.close()
+        thread.join(5)
+        assert not thread.is_alive(), "the claim sat out its wait after close()"
+        assert out[0] == "coordinator_closed", out
+        assert out[1] < 4, out
+        with Coordinator.open(sqlite_target) as coord:
+            job = coord.enqueue("k", {}, max_attempts=1)["job_id"]
+        time.sleep(1.0)
+        assert coord_status(sqlite_target, job) == "waiting"
+
+
+@pytest.mark.parametrize("char", ["\t", "\n", "\x00", "\x7f"], ids=["tab", "lf", "nul", "del"])
+def test_a_server_url_with_a_control_character_is_invalid_input(char: str) -> None:
+    """It passed the client's checks and failed on the first call as httpx's InvalidURL (the
+    CLI's exit 1, internal error)."""
+    with pytest.raises(InvalidInput) as e:
+        RemoteCoordinator(f"http://127.0.0.1:9/{char}", "secret")
+    assert e.value.code == "invalid_input", e.value

@@ -72,6 +72,10 @@ def server_base(server: Any) -> str:
     if not isinstance(server, str) or not server.lower().startswith(("http://", "https://")):
         raise InvalidInput("invalid_input", f"--server must be an http:// or https:// URL, "
                            f"got {server!r}")
+    if not server.isprintable():
+        # (urlsplit drops a tab or a newline silently; httpx refused them on the first call)
+        raise InvalidInput("invalid_input", f"--server {server!r}: a URL holds no control "
+                           "or other unprintable characters")
     try:
         parts = urlsplit(server)
         port = parts.port
@@ -143,9 +147,17 @@ class RemoteCoordinator:
     # -- plumbing --
 
     def close(self) -> None:
-        self._client.close()
-        self._polls.close()
-        self._checked.close()
+        pools = (self._client, self._polls, self._checked)
+        for pool in pools:
+            pool.is_closed = True  # every call from now on, and every one cut below, refused
+        # A claim long-polling, or a completion waiting for its checks, on another thread is
+        # cut (before its socket is closed under it, which would not wake it): it ended only
+        # with its wait, and a poll still waiting at the server could be handed a job nobody
+        # would hear of.
+        self._poll_conns.cut()
+        self._checked_conns.cut()
+        for pool in pools:
+            pool.close()
 
     def stop_checks(self) -> None:
         """A stopping worker's grace is over: a completion waiting for the server's checks
