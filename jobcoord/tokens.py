@@ -2,9 +2,10 @@
 
 A token is `jct_` followed by 32 random bytes (URL-safe base64). It is shown once, when it is
 created; the database keeps only its SHA-256 hash. A request is authenticated by hashing the
-presented secret, looking the hash up, and comparing it in constant time. Every request looks
-its token up again (nothing is cached beyond one request), so a revocation takes effect on
-the very next request.
+presented secret, looking the hash up, and comparing it in constant time. A token's identity
+never changes (a token is only ever revoked); whether it is still live is judged again on
+every request (the server: inside the request's own write transaction, see
+`Server.call_as`), so a revocation takes effect on the very next request.
 
 Each function is one short transaction with parameterized SQL, no I/O inside it.
 """
@@ -115,11 +116,18 @@ def article(role: str) -> str:
 
 def authenticate(db: Any, secret: str) -> Identity | None:
     """The identity of a live token, or None for an unknown or revoked one."""
+    digest = digest_of(secret)
+    if digest is None:
+        return None
+    return db.read(lambda conn: live_identity(db, conn, digest), "authenticate")
+
+
+def digest_of(secret: Any) -> str | None:
+    """The hash a presented secret is looked up by; None for one no token can have."""
     if not isinstance(secret, str) or not secret or len(secret) > MAX_SECRET \
             or not secret.isascii():  # every secret is ASCII (a lone surrogate hashed raised)
         return None
-    digest = hash_secret(secret)
-    return db.read(lambda conn: live_identity(db, conn, digest), "authenticate")
+    return hash_secret(secret)
 
 
 def live_identity(db: Any, conn: Connection, digest: str) -> Identity | None:

@@ -691,3 +691,148 @@ def test_a_tenant_bound_view_of_workers_shows_no_refusal_detail_naming_another_t
     assert page.status_code == 200 and "concurrency_limit" in page.text, page.text[:500]
     assert not any(word in page.text for word in secret_words), page.text
     assert "None" not in page.text.split("Last refusal:")[1].split("</p>")[0], page.text
+
+
+def _revoke(target: Target, name: str) -> None:
+    done = subprocess.run([*jobcoord_argv(), *db_args(target), "token", "revoke", name,
+                           "--json"], capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def _stored_state(target: Target) -> tuple[Any, ...]:
+    """Every job's row, every lease, worker, checkpoint and refused claim, and the number
+    of events."""
+    with Coordinator.open(target) as c:
+        return c.db.read(lambda conn: tuple(sql(conn, statement).all() for statement in (
+            "SELECT * FROM jobs ORDER BY job_id",
+            "SELECT * FROM leases ORDER BY job_id",
+            "SELECT * FROM workers ORDER BY worker_id",
+            "SELECT * FROM checkpoints ORDER BY job_id",
+            "SELECT count(*) FROM claim_refusals",
+            "SELECT count(*) FROM job_events")))
+
+
+def test_a_worker_token_revoked_after_its_server_knows_it_is_refused_and_changes_nothing(
+        target: Target) -> None:
+    """The server keeps a live token's identity (it never changes) and checks the token is
+    still live on every request, inside the request's own write transaction. A worker that
+    has called before (its identity kept) and is then revoked by another process: every
+    one of its calls is 401, and none of them changes anything: no completion, renewal,
+    failure, effect, checkpoint, heartbeat or claim, not even a refusal's event."""
+    secret = token(target, "w1", "worker", worker="w1")
+    with Coordinator.open(target) as c:
+        first = c.enqueue("k", {})["job_id"]
+        c.enqueue("k", {})
+    with served(target, "--reap-every", "0") as s, s.client(secret) as w:
+        assert w.post("/v1/heartbeat", json={}).status_code == 200
+        got = w.post("/v1/claims", json={"wait": 0, "lease_s": 300}).json()
+        assert got["job"]["job_id"] == first, got
+        epoch = got["lease"]["epoch"]
+        assert w.post(f"/v1/jobs/{first}/renew", json={"epoch": epoch}).status_code == 200
+        _revoke(target, "w1")
+        before = _stored_state(target)
+        calls = [
+            (f"/v1/jobs/{first}/complete", {"epoch": epoch, "result": {"ok": 1}}),
+            (f"/v1/jobs/{first}/complete", {"epoch": epoch, "result": {}, "claim_next": True}),
+            ("/v1/completions", {"items": [{"job_id": first, "epoch": epoch, "result": {}}]}),
+            (f"/v1/jobs/{first}/renew", {"epoch": epoch}),
+            (f"/v1/jobs/{first}/fail", {"epoch": epoch, "error": "e"}),
+            (f"/v1/jobs/{first}/effect", {"epoch": epoch}),
+            (f"/v1/jobs/{first}/checkpoint", {"epoch": epoch, "name": "step"}),
+            (f"/v1/jobs/{first}/complete", {"epoch": epoch + 5, "result": {}}),
+            ("/v1/jobs/999999/complete", {"epoch": 1, "result": {}}),
+            ("/v1/heartbeat", {}),
+            ("/v1/claims", {"wait": 0}),
+            ("/v1/claims", {"wait": 0, "n": 4}),
+            # Nothing it may take: a claim that writes nothing, the token read after it.
+            ("/v1/claims", {"wait": 0, "kinds": ["none-such"]}),
+        ]
+        for path, body in calls:
+            resp = w.post(path, json=body)
+            assert resp.status_code == 401, (path, body, resp.status_code, resp.text)
+            assert resp.json()["error"]["code"] == "unauthorized"
+        assert _stored_state(target) == before
+
+
+def test_a_submitter_token_revoked_after_its_server_knows_it_submits_nothing(
+        target: Target) -> None:
+    secret = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as sub:
+        assert sub.post("/v1/jobs", json={"kind": "k", "payload": {}}).status_code == 201
+        _revoke(target, "ci")
+        before = _stored_state(target)
+        for headers in ({}, {"Idempotency-Key": "doc-1"}):
+            resp = sub.post("/v1/jobs", json={"kind": "k", "payload": {}}, headers=headers)
+            assert resp.status_code == 401, resp.text
+        assert _stored_state(target) == before
+
+
+def test_a_kept_identity_that_no_longer_matches_its_stored_token_is_read_again(
+        target: Target) -> None:
+    """A kept identity is checked against the stored token, not only its revocation: a
+    token row that names another worker (a database put back from elsewhere, bent here by
+    hand) is acted on as stored, never as the server remembered it."""
+    secret = token(target, "w1", "worker", worker="w1")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as w:
+        assert w.post("/v1/heartbeat", json={}).status_code == 200
+        with Coordinator.open(target) as c:
+            c.db.write(lambda conn: sql(conn, "UPDATE tokens SET worker_id = 'w9' "
+                                              "WHERE name = 'w1'"))
+        assert w.post("/v1/heartbeat", json={}).status_code == 200
+        with Coordinator.open(target) as c:
+            seen = {x["worker_id"] for x in c.workers()["workers"]}
+        assert seen == {"w1", "w9"}, seen
+
+
+def test_no_completion_is_accepted_after_its_workers_revocation_returned(
+        target: Target) -> None:
+    """Eight threads share one worker token (its identity kept by the server), each claiming
+    and completing jobs as fast as the server answers; another process revokes the token
+    in the middle. Once the revocation has returned (and the writes already under way have
+    ended), the server accepts nothing more of that token: every later call is 401, no job
+    succeeds after it, no lease is granted."""
+    import threading
+    import time
+
+    secret = token(target, "w1", "worker", worker="w1")
+    with Coordinator.open(target) as c:
+        c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(3000)])
+    codes: list[int] = []
+    stop = threading.Event()
+    with served(target, "--reap-every", "0") as s:
+        with s.client(secret) as w:
+            assert w.post("/v1/heartbeat", json={}).status_code == 200
+
+        def work() -> None:
+            with s.client(secret) as http:
+                while not stop.is_set():
+                    got = http.post("/v1/claims", json={"wait": 0, "lease_s": 300})
+                    if got.status_code != 200:
+                        codes.append(got.status_code)
+                        return
+                    job = got.json()["job"]
+                    if job is None:
+                        return
+                    done = http.post(f"/v1/jobs/{job['job_id']}/complete", json={
+                        "epoch": got.json()["lease"]["epoch"], "result": {}})
+                    if done.status_code != 200:
+                        codes.append(done.status_code)
+                        return
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        _revoke(target, "w1")
+        # (A PostgreSQL transaction that judged the token live just before the revocation
+        # committed may still commit: it began before it.)
+        time.sleep(0.3)
+        after = _stored_state(target)
+        for t in threads:
+            t.join(30)
+        stop.set()
+        assert not any(t.is_alive() for t in threads)
+    assert codes and set(codes) == {401}, codes
+    assert _stored_state(target) == after
+    succeeded = sum(1 for row in after[0] if row[6] == "succeeded")
+    assert 0 < succeeded < 3000, succeeded

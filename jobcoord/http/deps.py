@@ -57,6 +57,10 @@ class Caller:
         who = tokens.authenticate(db, self.token)
         if who is None:
             raise Unauthorized("unauthorized", "unknown or revoked token")
+        return self.allow(who)
+
+    def allow(self, who: Identity) -> Identity:
+        """`who`, or 403 for a role this route does not allow."""
         if who.role not in self.allowed:
             raise Forbidden("forbidden", f"{tokens.article(who.role)} {who.role} token may "
                             f"not do this (needs {' or '.join(self.allowed)})")

@@ -177,8 +177,9 @@ async def _claim_round(request: Request, srv: Server, caller: Caller, worker: st
         # heartbeat.
         got: dict[str, Any] = {"reason": "no_waiting_jobs"}
     else:
-        # Each later claim looks the token up again (401 once revoked): a poll waiting
-        # since before a revocation must not take a job its worker can never report on.
+        # Each later claim judges the token again (401 once revoked; `Server.as_caller`): a
+        # poll waiting since before a revocation must not take a job its worker can never
+        # report on.
         got = made if made is not None else await srv.call_as(
             caller, lambda again: _take(srv, worker_of(again), body, again.tenant))
         if _took(got):

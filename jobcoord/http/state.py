@@ -13,13 +13,46 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import DatabaseBusy, DatabaseCorrupt, JobcoordError
+from .. import tokens
+from ..errors import DatabaseBusy, DatabaseCorrupt, JobcoordError, Unauthorized
+from ..tokens import Identity
 from .bodies import ENVELOPE_BYTES
 
 if TYPE_CHECKING:
     from .deps import Caller
 
 T = TypeVar("T")
+
+
+#: Live tokens' identities a server keeps (`Server.as_caller`).
+KEPT_IDENTITIES = 4096
+
+
+class _NotAsKept(Exception):
+    """The stored token is revoked, or no longer says what the server kept of it. Not a
+    JobcoordError: nothing on the way out of the transaction that met it may take it for
+    a rule's refusal (an `except Refused` would have answered 404 for a revoked token)."""
+
+
+class _LiveCheck:
+    """A write transaction's first statement for a caller whose identity the server kept:
+    the token is still live and still says the same (`Database.guarded`)."""
+
+    def __init__(self, db: Any, digest: str, who: Identity) -> None:
+        self.db, self.digest, self.who = db, digest, who
+        #: Set once a transaction made the check (on whichever thread led its group).
+        self.checked = False
+        #: What the stored token said when it was not as kept: revoked (None) or another
+        #: identity; the call's answer is then refused whatever `fn` made of it.
+        self.stale = False
+        self.stored: Identity | None = None
+
+    def __call__(self, conn: Any) -> None:
+        stored = tokens.live_identity(self.db, conn, self.digest)
+        self.checked = True
+        if stored != self.who:
+            self.stale, self.stored = True, stored
+            raise _NotAsKept()
 
 
 class Handover:
@@ -210,6 +243,8 @@ class Server:
         #: run_server once the server has stopped; `on_fatal` asks the server to stop.
         self.fatal: JobcoordError | None = None
         self.on_fatal: Callable[[], None] | None = None
+        #: Live tokens' identities by their hash (`as_caller`).
+        self._identities: dict[str, Identity] = {}
 
     def lost(self, exc: BaseException) -> None:
         """Stop serving when the database file was replaced or removed under this process:
@@ -255,16 +290,69 @@ class Server:
 
     async def call_as(self, caller: Caller, fn: Callable[..., T], *args: Any,
                       **kwargs: Any) -> T:
-        """`fn(identity, *args, **kwargs)` on the pool, after the caller's token lookup and
-        role check on the same thread, in the same hop (401 or 403 and `fn` does not run):
-        the route's work and its authentication cost one thread hop, not two."""
-        db = self.c.db
-
+        """`fn(identity, *args, **kwargs)` on the pool as the caller (`as_caller`: the
+        token's role checked first, 403 and `fn` does not run; its liveness judged on the
+        same thread, 401): the route's work and its authentication cost one thread hop,
+        not two."""
         def run() -> T:
-            return fn(caller.identify(db), *args, **kwargs)
+            return self.as_caller(caller, fn, *args, **kwargs)
 
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, self._budgeted(run))
+
+    def as_caller(self, caller: Caller, fn: Callable[..., T], *args: Any, **kwargs: Any
+                  ) -> T:
+        """`fn(identity, *args, **kwargs)` as the caller, on this thread. A token called
+        with before has its identity kept (a token's identity never changes; it is only
+        revoked), and whether it is still live is judged inside each write transaction `fn`
+        begins, first thing (`Database.guarded`): a revoked token's write is refused with
+        401 before it changes anything. Its own read transaction cost a worker's request
+        more of the server's time than the completion's statements. When `fn` began no
+        write (or raised before one), the token is read as before, and 401 or 403 replaces
+        its answer or its error. Unknown tokens are never kept."""
+        db = self.c.db
+        digest = tokens.digest_of(caller.token)
+        kept = self._identities.get(digest) if digest is not None else None
+        if kept is None:
+            who = caller.identify(db)  # 401 or 403, and fn does not run
+            if digest is not None:
+                self._keep(digest, who)
+            return fn(who, *args, **kwargs)
+        who = caller.allow(kept)
+        live = _LiveCheck(db, digest, who)
+        try:
+            with db.guarded(live):
+                result = fn(who, *args, **kwargs)
+        except BaseException:
+            if not live.stale:
+                if not live.checked:
+                    self._recheck(caller, digest)  # 401 or 403 first, as without a kept one
+                raise
+        else:
+            if not live.stale:
+                if not live.checked:
+                    self._recheck(caller, digest)
+                return result
+        # The stored token is not as kept: the write that found so changed nothing.
+        self._identities.pop(digest, None)
+        if live.stored is None:
+            raise Unauthorized("unauthorized", "unknown or revoked token")
+        # Live, but saying something else (a database put back from elsewhere): read it
+        # again, and act as it says.
+        return self.as_caller(caller, fn, *args, **kwargs)
+
+    def _recheck(self, caller: Caller, digest: str) -> None:
+        """The token read in a transaction of its own: 401 once it is revoked."""
+        try:
+            caller.identify(self.c.db)
+        except Unauthorized:
+            self._identities.pop(digest, None)
+            raise
+
+    def _keep(self, digest: str, who: Identity) -> None:
+        if len(self._identities) >= KEPT_IDENTITIES:
+            self._identities.clear()  # a server with more live tokens reads some again
+        self._identities[digest] = who
 
     async def transfer(self, fn: Callable[..., T], *args: Any, queue: bool = False,
                        **kwargs: Any) -> T:

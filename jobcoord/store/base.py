@@ -497,7 +497,28 @@ class Database:
         refusal can be recorded as an event) and the error is raised afterwards. Called from
         inside a transaction of this thread, `fn` joins that transaction (no retry of its
         own: the outer one retries as a whole)."""
+        guard = getattr(self._local, "guard", None)
+        if guard is not None and getattr(self._local, "conn", None) is None:
+            # First thing in the transaction, in its group's turn on whichever thread leads
+            # the group: a guard that raises rolls back this call's changes alone.
+            inner = fn
+
+            def fn(conn: Connection) -> T:
+                guard(conn)
+                return inner(conn)
         return self._transaction(fn, where, write=True)
+
+    @contextlib.contextmanager
+    def guarded(self, check: Callable[[Connection], None]) -> Iterator[None]:
+        """Every write transaction this thread begins inside runs `check(conn)` first, in
+        the transaction: its exception refuses the write before anything is changed (the
+        server's check that a request's token is still live, made in the request's own
+        transaction instead of one of its own)."""
+        self._local.guard = check
+        try:
+            yield
+        finally:
+            self._local.guard = None
 
     def read(self, fn: Callable[[Connection], T], where: str = "") -> T:
         """Run `fn` in a read transaction: one consistent snapshot for all its statements
