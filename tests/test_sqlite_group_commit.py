@@ -453,3 +453,59 @@ def test_a_leader_interrupted_inside_its_group_rolls_it_back_and_the_others_run_
     assert json.loads(proc.stdout) == {"main": "interrupted", "answers": 3}
     assert sorted(str(p["who"]) for p in _payloads(path)) == ["0", "1", "2", "slow"]
     assert_invariants(path)
+
+
+class _Refuse(Exception):
+    pass
+
+
+def test_a_guarded_write_in_a_group_is_checked_in_its_own_turn_and_refused_alone(
+        sqlite_target: Target) -> None:
+    """`Database.guarded`: the check runs first in the write's own turn of the group (on the
+    thread leading it, in the group's transaction) and once per write, not again for a
+    write nested in it; a check that raises rolls back that write alone, before it changed
+    anything, and the others of the group commit."""
+    c = Coordinator.open(sqlite_target)
+    path = sqlite_target.sqlite_path or ""
+    checked: list[tuple[str, int]] = []
+
+    def check(who: str, passes: bool) -> Any:
+        def run(conn: Any) -> None:
+            jobs = conn.exec_driver_sql("SELECT COUNT(*) FROM jobs").scalar()
+            checked.append((who, jobs))
+            if not passes:
+                raise _Refuse(who)
+        return run
+
+    def guarded(who: str, passes: bool) -> Any:
+        def body() -> Any:
+            with c.db.guarded(check(who, passes)):
+                try:
+                    # A write with one nested in it: one check.
+                    return c.db.write(lambda conn: c.enqueue("k", {"who": who}), who)
+                except _Refuse as e:
+                    return e
+        return body
+
+    held = Held(c)
+    threads, answers = _queue_in_order(c, [
+        lambda: c.enqueue("k", {"who": "before"}),
+        guarded("refused", False),
+        guarded("live", True)])
+    held.done()
+    for t in threads:
+        t.join(10)
+    assert _group(c).largest == 3
+    assert isinstance(answers[1], _Refuse)
+    assert answers[2]["created"]
+    # Each checked once, in its turn: after "before" was written, in the same transaction.
+    assert checked == [("refused", 1), ("live", 1)]
+    assert [p["who"] for p in _payloads(path)] == ["before", "live"]
+    assert_invariants(path)
+    # Alone (its own thread leads), with a write nested in it: checked once.
+    assert guarded("alone", True)()["created"]
+    assert checked[2:] == [("alone", 2)]
+    # Outside `guarded` nothing is checked.
+    c.enqueue("k", {"who": "unguarded"})
+    assert len(checked) == 3
+    c.close()
