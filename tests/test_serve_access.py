@@ -761,6 +761,11 @@ def test_a_submitter_token_revoked_after_its_server_knows_it_submits_nothing(
         assert sub.post("/v1/jobs", json={"kind": "k", "payload": {}}).status_code == 201
         _revoke(target, "ci")
         before = _stored_state(target)
+        # A route its role may not call (first, while its identity is still kept):
+        # revoked is said first (401), as for any token.
+        for path in ("/v1/heartbeat", "/v1/claims", "/v1/jobs/1/complete"):
+            resp = sub.post(path, json={"epoch": 1} if "complete" in path else {})
+            assert resp.status_code == 401, (path, resp.text)
         for headers in ({}, {"Idempotency-Key": "doc-1"}):
             resp = sub.post("/v1/jobs", json={"kind": "k", "payload": {}}, headers=headers)
             assert resp.status_code == 401, resp.text
