@@ -841,3 +841,23 @@ def test_no_completion_is_accepted_after_its_workers_revocation_returned(
     assert _stored_state(target) == after
     succeeded = sum(1 for row in after[0] if row[6] == "succeeded")
     assert 0 < succeeded < 3000, succeeded
+
+
+def test_a_bad_token_is_refused_before_an_unknown_query_parameter(target: Target) -> None:
+    """An unknown query parameter is invalid input (400) for a token that may call the
+    route; for none, an unknown token, or a role the route does not allow, who calls is
+    said first (401, 403), as for every other invalid request."""
+    sub = token(target, "sub", "submitter", tenant="alice")
+    wa = token(target, "wa", "worker", tenant="alice", worker="wa")
+    with served(target, "--reap-every", "0") as s, s.client(sub) as submitter, \
+            s.client(wa) as worker, s.client("jct_not-a-token") as unknown, \
+            s.client() as anonymous:
+        for method, path, body, allowed, refused in (
+                ("POST", "/v1/claims?x=1", {}, worker, submitter),
+                ("POST", "/v1/jobs/1/renew?foo=1", {"epoch": 1}, worker, submitter),
+                ("GET", "/v1/jobs?tenant=x", None, submitter, worker)):
+            codes = {name: http.request(method, path, json=body).status_code
+                     for name, http in (("anonymous", anonymous), ("unknown", unknown),
+                                        ("refused", refused), ("allowed", allowed))}
+            assert codes == {"anonymous": 401, "unknown": 401, "refused": 403,
+                             "allowed": 400}, (path, codes)

@@ -1266,3 +1266,69 @@ def test_a_download_with_a_bad_range_is_sent_whole_and_one_past_the_end_is_a_jso
         assert "206" in declared and "416" in declared, sorted(declared)
         assert declared["416"]["content"]["application/json"]["schema"] == {
             "$ref": "#/components/schemas/ErrorBody"}
+
+
+def _revoke(target: Target, name: str) -> None:
+    done = subprocess.run([*jobcoord_argv(), *db_args(target), "token", "revoke", name],
+                          capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_an_upload_whose_token_is_revoked_while_its_bytes_arrive_is_401_and_records_nothing(
+        s: Setup) -> None:
+    """The token is read before the first byte; an upload still streaming when it is
+    revoked was staged (200, its row and event committed after the revocation). The
+    token is judged again in the transaction that records the row: 401, no row, no event
+    (the bytes stored meanwhile are an unreferenced object, for gc)."""
+    job, epoch = s.leased()
+    data = b"x" * 4096
+    go_on = threading.Event()
+
+    def body() -> Iterator[bytes]:
+        yield data[:100]
+        assert go_on.wait(30)
+        yield data[100:]
+
+    answer: dict[str, Any] = {}
+    events = len(s.c.show(job)["events"])
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, \
+            srv.client(s.worker) as http:
+        sending = threading.Thread(target=lambda: answer.update(r=put(
+            http, job, "late.bin", body(), epoch, **{"X-Content-Digest": digest(data)})))
+        sending.start()
+        time.sleep(1.0)  # the upload is under way: its token was read, its bytes arrive
+        _revoke(s.target, "wa")
+        go_on.set()
+        sending.join(30)
+    assert answer["r"].status_code == 401, answer["r"].text
+    assert s.rows(job) == []
+    assert len(s.c.show(job)["events"]) == events
+
+
+def test_a_completion_whose_token_is_revoked_while_its_artifacts_are_checked_is_401(
+        s: Setup, tmp_path: Path) -> None:
+    """A completion of an attempt that uploaded runs its checks (re-hash, the kind's
+    validator) before its transaction, on a transfer thread, its token read before them.
+    Revoked while they ran, it was accepted (and with `claim_next` leased the revoked
+    worker a new job). The token is judged again in the completion's transaction: 401,
+    nothing accepted, nothing claimed."""
+    policy = slow_validator_policy(tmp_path, 3)
+    env = {**s.env, "JOBCOORD_POLICY": str(policy)}
+    job, epoch = s.leased()
+    other = s.c.enqueue("report", {}, tenant="alice")["job_id"]
+    answer: dict[str, Any] = {}
+    with served(s.target, "--reap-every", "0", env=env) as srv, \
+            srv.client(s.worker) as http:
+        assert put(http, job, "a.bin", BYTES, epoch,
+                   **{"X-Content-Digest": digest(BYTES)}).status_code == 200
+        sending = threading.Thread(target=lambda: answer.update(r=http.post(
+            f"/v1/jobs/{job}/complete", json={"epoch": epoch, "result": {},
+                                              "claim_next": True})))
+        sending.start()
+        time.sleep(1.0)  # the validator runs
+        _revoke(s.target, "wa")
+        sending.join(30)
+    assert answer["r"].status_code == 401, answer["r"].text
+    assert s.c.show(job)["job"]["status"] == "running"
+    assert s.c.show(other)["job"]["status"] == "waiting"
+    assert [a["state"] for a in s.rows(job)] == ["staged"]

@@ -224,7 +224,12 @@ class JSONRoute(APIRoute):
                 if unknown:
                     # Ignored, `?tenant=x` on the job list answered every tenant's jobs.
                     from ..errors import InvalidInput
+                    from .deps import refusal_first
 
+                    # Who calls is said first (401, 403), as for every invalid request.
+                    refused = await refusal_first(request, request.app.state.server)
+                    if refused is not None:
+                        raise refused
                     raise InvalidInput("invalid_input", f"unknown query parameter "
                                        f"{unknown[0][:80]!r}; this route takes "
                                        f"{', '.join(sorted(known)) or 'none'}")

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import BeforeValidator
 
 from .. import tokens
@@ -173,6 +174,12 @@ def scope(who: Identity) -> str | None:
     if who.tenant is not None:
         return who.tenant
     return None if who.role == "operator" else DEFAULT_TENANT
+
+
+def bearer_token(request: Request) -> str:
+    """The bearer token of a request whose token a route's dependency has already read."""
+    _scheme, secret = get_authorization_scheme_param(request.headers.get("authorization"))
+    return secret
 
 
 def worker_of(who: Identity) -> str:

@@ -27,7 +27,7 @@ from ..artifacts.objects import parse_digest, validate_name
 from ..errors import InvalidInput, Refused, StorageUnavailable
 from ..tokens import Identity
 from .bodies import JSONRoute, error_responses
-from .deps import Digits, JobId, Reader, Srv, WorkerId, scope, worker_of
+from .deps import Digits, JobId, Reader, Srv, WorkerId, bearer_token, scope, worker_of
 from .limits import send_error
 from .routes_worker import fenced_step
 from .state import Server
@@ -190,9 +190,11 @@ async def upload(request: Request, job_id: JobId, name: str, who: WorkerId, srv:
     body = BodyStream(request.stream(), asyncio.get_running_loop(), srv.max_artifact_bytes,
                       srv.upload_idle_s, srv.stopping)
     with srv.upload_slot(worker_of(who)):  # on the event loop: no lock needed
-        staged = await srv.transfer(fenced_step(
+        # The token, read before the first byte, is judged again where the row is
+        # recorded: an upload streaming when it was revoked records nothing (401).
+        staged = await srv.transfer(srv.judged, bearer_token(request), who, fenced_step(
             srv, srv.c.put_artifact, job_id, epoch, name, body, media_type,
-            expected_digest=expected, max_bytes=srv.max_artifact_bytes), who)
+            expected_digest=expected, max_bytes=srv.max_artifact_bytes))
     return staged
 
 

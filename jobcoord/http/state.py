@@ -383,9 +383,30 @@ class Server:
         db = self.c.db
 
         def run() -> T:
-            return fn(caller.identify(db), *args, **kwargs)
+            return self.judged(caller.token, caller.identify(db), fn, *args, **kwargs)
 
         return await self.transfer(run, queue=True)
+
+    def judged(self, token: str, who: Identity, fn: Callable[..., T], *args: Any,
+               **kwargs: Any) -> T:
+        """`fn(who, *args, **kwargs)` on this thread, `token` (read as `who` before) judged
+        live again inside each write transaction `fn` begins: for calls whose work outside
+        any transaction takes as long as its bytes (an upload streaming in, a completion's
+        artifact checks), a revocation meanwhile is 401 at their commit, nothing recorded."""
+        digest = tokens.digest_of(token)
+        assert digest is not None  # `who` was read by it
+        live = _LiveCheck(self.c.db, digest, who)
+        try:
+            with self.c.db.guarded(live):
+                result = fn(who, *args, **kwargs)
+        except BaseException:
+            if not live.stale:
+                raise
+        else:
+            if not live.stale:
+                return result
+        self._identities.pop(digest, None)
+        raise Unauthorized("unauthorized", "unknown or revoked token")
 
     def notify(self, n: int | None = None) -> None:
         if self.wakeup is not None:
