@@ -25,7 +25,7 @@ from .core import schedules as schedule_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
 from .core.submit import JobSpec
-from .errors import InvalidInput
+from .errors import DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
 from .policy import Policy
 from .store.base import Database, Target, resolve_target
 
@@ -60,7 +60,7 @@ class Coordinator:
             from .migrate import verify_schema
 
             self.features = verify_schema(db)
-            db.schema_watch = self._features_changed
+            db.schema_watch = self._schema_look
 
     @classmethod
     def open(
@@ -134,19 +134,32 @@ class Coordinator:
         self._missing_seen[name] = time.monotonic()
         return False
 
-    def _features_changed(self) -> bool:
-        """Read the features again after a statement failed unexplained: True when they
-        changed (a `migrate --with/--without` ran beside this process), taken now."""
+    def _schema_look(self, where: str) -> JobcoordError | None:
+        """Read the schema again after a statement failed unexplained: `schema_changed` when
+        its features changed (a `migrate --with/--without` ran beside this process), taken
+        now; `table_missing` when a table of its revisions is gone (dropped by hand, a
+        partial restore), as `check` reports it; else None."""
+        from .maintenance import missing_tables
         from .migrate import verify_schema
 
         now = verify_schema(self.db)
-        if now == self.features:
-            return False
-        # In place, as has_feature: the core reads the same set.
-        self.features.intersection_update(now)
-        self.features |= now
-        self._missing_seen.clear()
-        return True
+        if now != self.features:
+            # In place, as has_feature: the core reads the same set.
+            self.features.intersection_update(now)
+            self.features |= now
+            self._missing_seen.clear()
+            return SchemaMismatch(
+                "schema_changed", f"the database's schema changed under this process "
+                f"({where}): `jobcoord migrate --with/--without` ran beside it; nothing was "
+                "changed, try again (the change is taken now)")
+        missing = missing_tables(self.db, now)
+        if not missing:
+            return None
+        return DatabaseCorrupt(
+            "table_missing", f"the database lacks its table(s) {', '.join(missing)} "
+            f"({where}): dropped outside jobcoord or a partial restore; nothing was changed. "
+            "`jobcoord check` names what is missing; restore from a backup",
+            tables=missing)
 
     def stop_checks(self) -> None:
         """End the artifact checks of completions in progress through this coordinator, and

@@ -67,6 +67,11 @@ def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[
             if not db.engine.dialect.has_table(conn, t.name)]
 
 
+def missing_tables(db: Database, features: set[str]) -> list[str]:
+    """The tables of the core and the installed `features` the database lacks, in one read."""
+    return db.read(lambda conn: _missing_tables(db, conn, features), "looking for tables")
+
+
 def _missing_columns(conn: Connection, newest: set[str]) -> list[str]:
     """The columns (`table.column`) of the newest revisions the database lacks (dropped by
     hand): check's own statements read them ("no such column" was exit 1), and so do the

@@ -176,9 +176,11 @@ class Database:
         #: Set by Coordinator.close: no transaction begins after it.
         self.closed = False
         #: Set by the Coordinator: called when a statement failed for a reason the store
-        #: cannot name (a table missing, say); True when the schema's features changed
-        #: under this process (a `migrate --with/--without` beside it), re-read by then.
-        self.schema_watch: Callable[[], bool] | None = None
+        #: cannot name (a table missing, say) with the place it failed; the error to raise
+        #: instead when the schema explains it (its features changed under this process, a
+        #: `migrate --with/--without` beside it, re-read by then; or a table of its revision
+        #: gone), else None.
+        self.schema_watch: Callable[[str], JobcoordError | None] | None = None
         self.stats = Stats()
         self._local = threading.local()
         self._stats_lock = threading.Lock()
@@ -640,19 +642,19 @@ class Database:
                 return self._tries(fn, where, write)
         return self._tries(fn, where, write)
 
-    def _schema_changed(self, err: JobcoordError) -> bool:
-        """A statement failed with an error the store cannot name, or a table missing: were
-        the schema's features changed beside this process? (A feature removed by another
-        process's migrate left every statement naming its tables failing, 500 on a server,
-        until a restart.)"""
+    def _schema_look(self, err: JobcoordError, where: str) -> JobcoordError | None:
+        """A statement failed with an error the store cannot name, or a table missing: does
+        the schema explain it? (A feature removed by another process's migrate left every
+        statement naming its tables failing, 500 on a server, until a restart; a table
+        dropped by hand was an internal error quoting the driver.)"""
         if self.schema_watch is None or getattr(self._local, "watching", False) or not (
                 type(err) is JobcoordError or isinstance(err, SchemaMismatch)):
-            return False
+            return None
         self._local.watching = True  # the look's own reads failing look no further
         try:
-            return self.schema_watch()
+            return self.schema_watch(where)
         except Exception:  # the look itself failed: the first error stands
-            return False
+            return None
         finally:
             self._local.watching = False
 
@@ -684,11 +686,8 @@ class Database:
                     err = DatabaseBusy(
                         err.code, f"the database is still locked after {attempt} attempts; "
                         "nothing was changed, try again", **err.details)
-                elif self._schema_changed(err):
-                    err = SchemaMismatch(
-                        "schema_changed", f"the database's schema changed under this process "
-                        f"({where}): `jobcoord migrate --with/--without` ran beside it; "
-                        "nothing was changed, try again (the change is taken now)")
+                else:
+                    err = self._schema_look(err, where) or err
                 raise err from e
             if isinstance(result, JobcoordError):
                 raise result

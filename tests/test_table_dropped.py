@@ -1,0 +1,78 @@
+"""A table of the current revision dropped beside jobcoord (by hand, a partial restore): every
+command, API call and HTTP request that reads it says the database is damaged and names the
+table (exit 7, `table_missing`, HTTP 503), as `check` does, instead of an internal error
+(exit 1, 500) quoting the driver; nothing is changed."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from jobcoord.db import Target
+from jobcoord.errors import DatabaseCorrupt
+from jobcoord.service import Coordinator
+from tests.conftest import run_cli
+from tests.serve_procs import served, token
+
+
+def _drop(target: Target, table: str) -> None:
+    c = Coordinator.open(target)
+    try:
+        with c.db.engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {table}"))
+    finally:
+        c.close()
+
+
+def _events(target: Target) -> int:
+    with Coordinator.open(target) as c, c.db.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM job_events")).scalar_one())
+
+
+@pytest.mark.parametrize("args", [("token", "ls"), ("token", "revoke", "ci"),
+                                  ("token", "create", "new", "--role", "viewer")])
+def test_a_token_command_on_a_database_without_its_tokens_table_exits_7_naming_it(
+        target: Target, args: tuple[str, ...]) -> None:
+    token(target, "ci", "submitter")
+    _drop(target, "tokens")
+    before = _events(target)
+    r = run_cli(target, *args, "--json")
+    assert r.code == 7, r
+    error = r.json["error"]
+    assert error["code"] == "table_missing", error
+    assert error["details"]["tables"] == ["tokens"]
+    assert "check" in error["message"]
+    assert _events(target) == before
+
+
+def test_an_api_call_reading_a_dropped_table_raises_table_missing(target: Target) -> None:
+    c = Coordinator.open(target)
+    try:
+        c.set_limit("llm", 1)
+        with c.db.engine.begin() as conn:
+            conn.execute(text("DROP TABLE limits"))
+        with pytest.raises(DatabaseCorrupt) as got:
+            c.set_limit("llm", 2)
+        assert got.value.code == "table_missing"
+        assert got.value.details["tables"] == ["limits"]
+        assert got.value.exit_code == 7
+        # The rest of the database still answers: a job is submitted and shown.
+        job = c.enqueue("k", {})["job_id"]
+        assert c.show(job)["job"]["status"] == "waiting"
+    finally:
+        c.close()
+
+
+def test_a_server_whose_tokens_table_is_dropped_answers_503_table_missing(
+        target: Target) -> None:
+    secret = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        assert http.get("/v1/jobs").status_code == 200
+        _drop(target, "tokens")
+        for method, path, body in [("GET", "/v1/jobs", None),
+                                   ("POST", "/v1/jobs", {"kind": "k", "payload": {}})]:
+            resp = http.request(method, path, json=body)
+            assert resp.status_code == 503, resp.text
+            assert resp.json()["error"]["code"] == "table_missing", resp.text
+    with Coordinator.open(target) as c:
+        assert c.jobs()["jobs"] == []
