@@ -65,6 +65,8 @@ class StorageUnavailable(JobcoordError):
 class DatabaseCorrupt(JobcoordError):
     """The database is corrupt or an integrity check failed."""
 
+    # Codes: database_corrupt, row_breaks_check, table_missing (a table of the current
+    # revision dropped beside jobcoord), and the checks' own.
     exit_code = 7
     default_code = "database_corrupt"
 
@@ -119,7 +121,8 @@ EXIT_CODES: dict[int, str] = {
     4: "refused by a coordinator rule",
     5: "database busy: still locked after the bounded retries",
     6: "storage unavailable: cannot open, read-only, disk full, I/O error",
-    7: "corrupt: not a database, malformed, integrity or invariant check failed",
+    7: "corrupt: not a database, malformed, integrity or invariant check failed; a table "
+       "of the current revision missing",
     8: "schema mismatch: not migrated, older or newer than the code",
     130: "interrupted (Ctrl-C); nothing half-done was committed (`--json`: the error "
          "`interrupted`; a prune's details count the whole batches it deleted)",
