@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -341,3 +342,73 @@ def test_a_closed_client_refuses_as_a_closed_coordinator_does(target: Target) ->
     assert raised == [], raised
     assert closed.value.code == closed_coord.value.code == "coordinator_closed"
     assert closed_claim.value.code == closed_many.value.code == "coordinator_closed"
+
+def _fenced_calls(remote: RemoteCoordinator, job: int, epoch: int
+                  ) -> dict[str, Callable[[str, str | None], Any]]:
+    """Every worker call of the client, as (worker, tenant) -> the call."""
+    return {
+        "heartbeat": lambda w, t: remote.heartbeat(w, readings=IDLE_ON_AC),
+        "claim": lambda w, t: remote.claim(w, tenant=t),
+        "claim_many": lambda w, t: remote.claim_many(w, 2, tenant=t),
+        "renew": lambda w, t: remote.renew(job, w, epoch, lease_s=900, tenant=t),
+        "complete": lambda w, t: remote.complete(job, w, epoch, {"r": 1}, tenant=t),
+        "complete_and_claim": lambda w, t: remote.complete_and_claim(
+            job, w, epoch, {"r": 1}, tenant=t),
+        "complete_many": lambda w, t: remote.complete_many(
+            [{"job_id": job, "worker_id": w, "epoch": epoch, "result": {"r": 1},
+              **({} if t is None else {"tenant": t})}]),
+        "fail": lambda w, t: remote.fail(job, w, epoch, "boom", tenant=t),
+        "mark_effect": lambda w, t: remote.mark_effect(job, w, epoch, tenant=t),
+        "checkpoint": lambda w, t: remote.checkpoint(job, w, epoch, "c", {}, tenant=t),
+        "put_artifact": lambda w, t: remote.put_artifact(job, w, epoch, "out.txt", b"x",
+                                                         tenant=t),
+    }
+
+
+def _refused_each(calls: dict[str, Callable[[str, str | None], Any]], worker: str,
+                  tenant: str | None, coord: Coordinator, said: str) -> None:
+    before = dump(coord)
+    for name, call in calls.items():
+        if name == "heartbeat" and tenant is not None:
+            continue  # a heartbeat names no tenant
+        with pytest.raises(InvalidInput, match=said):
+            call(worker, tenant)
+        assert dump(coord) == before, (name, worker, tenant)
+
+
+def test_a_worker_other_than_the_tokens_is_refused_and_changes_nothing(
+        target: Target) -> None:
+    """The server acts as the token's worker. The client took any `worker_id` and dropped
+    it: `renew(job, "w2", ...)` renewed w1's lease, as the CLI's `--worker w2` never does
+    (it refuses the mismatch)."""
+    secret, coord = _serving(target)
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        got = remote.claim("w1", lease_s=600)
+        job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+        _refused_each(_fenced_calls(remote, job, epoch), "w2", None, coord,
+                      "worker 'w2': this token acts as worker 'w1'")
+        # The token's own worker is taken.
+        assert remote.renew(job, "w1", epoch, lease_s=900)["job_id"] == job
+        assert remote.complete(job, "w1", epoch, {"ok": 1})["status"] == "succeeded"
+
+
+def test_a_tenant_bound_tokens_call_naming_another_tenant_is_refused(target: Target) -> None:
+    """A token bound to tenant alice acts on alice's jobs: a call naming bob was sent as
+    alice's, the tenant dropped. Naming alice, or no tenant, is taken."""
+    install(target)
+    secret = token(target, "w3", "worker", tenant="alice", worker="w3")
+    coord = Coordinator.open(target)
+    coord.enqueue("k", {}, tenant="alice")
+    coord.enqueue("k", {}, tenant="alice")
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w3", readings=IDLE_ON_AC)
+        got = remote.claim("w3", lease_s=600, tenant="alice")
+        job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+        _refused_each(_fenced_calls(remote, job, epoch), "w3", "bob", coord,
+                      "tenant 'bob': this token claims tenant 'alice''s jobs")
+        assert remote.renew(job, "w3", epoch, tenant="alice")["job_id"] == job
+        assert remote.complete(job, "w3", epoch, {"ok": 1},
+                               tenant="alice")["status"] == "succeeded"

@@ -5,8 +5,9 @@ for everything the worker runtime calls (heartbeat, claim, renew, complete,
 complete_and_claim, fail, mark_effect, checkpoint, put_artifact, reap, `.policy`), over HTTP
 with one reused connection pool, timeouts, and retries with backoff for network errors.
 
-The worker id and tenant are the token's: the `worker_id` and `tenant` arguments are accepted
-for signature compatibility and never sent.
+The worker id and tenant are the token's and never sent: a `worker_id` or `tenant` argument
+naming the token's own (or no tenant) is taken, one naming another is refused as invalid
+input, as the CLI refuses a `--worker` or `--tenant` the token is not.
 """
 
 from __future__ import annotations
@@ -296,6 +297,7 @@ class RemoteCoordinator:
 
     def heartbeat(self, worker_id: str, *, roles: Any = None, readings: Any = None,
                   kinds: Any = None) -> dict[str, Any]:
+        self._acts_as(worker_id)
         if isinstance(readings, str):  # JSON text, as the Coordinator takes it
             readings = readings_value(readings)[0]
         with self._too_large_as_core(
@@ -303,6 +305,21 @@ class RemoteCoordinator:
             return self._call("POST", "/v1/heartbeat", {
                 "roles": [] if roles is None else v.names(roles, "role"),
                 "kinds": _kinds(kinds), "readings": readings})
+
+    def _acts_as(self, worker_id: Any, tenant: Any = None) -> None:
+        """The server acts as the token's worker and tenant: a call naming another worker, or
+        a tenant-bound token's call naming another tenant, is refused, never sent as the
+        token's (`renew(job, "w2", ...)` renewed w1's lease). A token bound to no tenant acts
+        on every tenant's jobs: the tenant a fenced call names (the runtime names its job's)
+        is not checked by the server."""
+        worker_id = v.name(worker_id, "worker", max_len=v.MAX_WORKER_ID)
+        who = self.whoami()  # the token's, fixed while it lives
+        own = who["worker_id"]
+        if own is not None and worker_id != own:  # (not a worker token: the server's 403)
+            raise InvalidInput("invalid_input", f"worker {worker_id!r}: this token acts as "
+                               f"worker {own!r}", field="worker_id")
+        if tenant is not None and who["tenant"] is not None:
+            self._claims_for(tenant)
 
     def _claims_for(self, tenant: str | None) -> None:
         """A claim's tenant is the token's: one naming another is refused, never dropped
@@ -314,10 +331,11 @@ class RemoteCoordinator:
         if tenant != own:
             raise InvalidInput("invalid_input", f"tenant {tenant!r}: this token claims "
                                + ("every tenant's jobs" if own is None
-                                  else f"tenant {own!r}'s jobs"))
+                                  else f"tenant {own!r}'s jobs"), field="tenant")
 
     def claim(self, worker_id: str, *, lease_s: float | None = None, kinds: Any = None,
               wait: float | None = None, tenant: str | None = None) -> dict[str, Any]:
+        self._acts_as(worker_id)
         self._claims_for(tenant)
         wait = self.claim_wait if wait is None else v.finite_seconds(wait, "wait", 0,
                                                                       MAX_WAIT_S)
@@ -334,6 +352,7 @@ class RemoteCoordinator:
                    ) -> dict[str, Any]:
         """Up to `n` jobs in one request and one transaction, long-polling like `claim`:
         {"claimed": [claim answers], "reason", "detail"}, like the Coordinator's."""
+        self._acts_as(worker_id)
         self._claims_for(tenant)
         # (The server reads no `n` as one claim, whose answer has another shape.)
         n = v.whole(n, "n", 1, MAX_BATCH)
@@ -358,6 +377,7 @@ class RemoteCoordinator:
         checked = batch_items(items, COMPLETE_FIELDS, REQUIRED)
         body = []
         for i, it in enumerate(checked):
+            checked_item(i, lambda it=it: self._acts_as(it["worker_id"], it.get("tenant")))
             job_id, epoch = checked_item(i, lambda it=it: job_and_epoch(it["job_id"],
                                                                         it["epoch"]))
             body.append({"job_id": job_id, "epoch": epoch, "result": it.get("result"),
@@ -402,6 +422,7 @@ class RemoteCoordinator:
     def renew(self, job_id: int, worker_id: str, epoch: int, *, lease_s: float | None = None,
               tenant: str | None = None) -> dict[str, Any]:
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         return self._call("POST", f"/v1/jobs/{job_id}/renew",
                           {"epoch": epoch, "lease_s": _lease(lease_s)})
 
@@ -410,6 +431,7 @@ class RemoteCoordinator:
         # Sent again after a lost answer, the server says `already_accepted` when this very
         # epoch's result was the one it kept: never a false failure.
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         with self._completion_call([(job_id, epoch)]) as checked, self._too_large_as_core(
                 lambda p: completion_texts(result, provenance, p.max_result_bytes)):
             return self._call("POST", f"/v1/jobs/{job_id}/complete",
@@ -429,6 +451,7 @@ class RemoteCoordinator:
         lease) while nothing touched it since; else a refusal: the worker claims the usual
         way."""
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         with self._completion_call([(job_id, epoch)]) as checked, self._too_large_as_core(
                 lambda p: completion_texts(result, provenance, p.max_result_bytes)):
             got = self._call("POST", f"/v1/jobs/{job_id}/complete",
@@ -446,6 +469,7 @@ class RemoteCoordinator:
              permanent: bool = False, reason: str = "failed", tenant: str | None = None,
              effect_not_applied: bool = False) -> dict[str, Any]:
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         with self._too_large_as_core(lambda _: failure_texts(error, reason)):
             return self._call("POST", f"/v1/jobs/{job_id}/fail",
                               {"epoch": epoch, "error": error, "permanent": permanent,
@@ -454,11 +478,13 @@ class RemoteCoordinator:
     def mark_effect(self, job_id: int, worker_id: str, epoch: int, *,
                     tenant: str | None = None) -> dict[str, Any]:
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         return self._call("POST", f"/v1/jobs/{job_id}/effect", {"epoch": epoch})
 
     def checkpoint(self, job_id: int, worker_id: str, epoch: int, name: str, data: Any = None,
                    *, tenant: str | None = None) -> dict[str, Any]:
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         with self._too_large_as_core(
                 lambda p: checkpoint_text(name, data, p.max_payload_bytes)):
             return self._call("POST", f"/v1/jobs/{job_id}/checkpoint",
@@ -474,6 +500,7 @@ class RemoteCoordinator:
         The media type is decided here as a local stage decides it (declared, else guessed
         from the name) and sent as `media_type`: the body's Content-Type only labels bytes."""
         job_id, epoch = job_and_epoch(job_id, epoch)
+        self._acts_as(worker_id, tenant)
         name = validate_name(name)
         params: dict[str, Any] = {"epoch": epoch, "media_type": media_type_of(media_type, name)}
         with _spooled(source) as (chunks, digest, size):
