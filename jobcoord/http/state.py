@@ -320,21 +320,11 @@ class Server:
             if digest is not None:
                 self._keep(digest, who)
             return fn(who, *args, **kwargs)
-        who = kept
-        live = _LiveCheck(db, digest, who)
-        try:
-            with db.guarded(live):
-                result = fn(who, *args, **kwargs)
-        except BaseException:
-            if not live.stale:
-                if not live.checked:
-                    self._recheck(caller, digest)  # 401 or 403 first, as without a kept one
-                raise
-        else:
-            if not live.stale:
-                if not live.checked:
-                    self._recheck(caller, digest)
-                return result
+        live, outcome = self._checked_run(digest, kept, fn, args, kwargs)
+        if not live.stale:
+            if not live.checked:  # nothing written: 401 or 403 first, as without a kept one
+                self._recheck(caller, digest)
+            return outcome()
         # The stored token is not as kept: the write that found so changed nothing.
         self._identities.pop(digest, None)
         if live.stored is None:
@@ -342,6 +332,27 @@ class Server:
         # Live, but saying something else (a database put back from elsewhere): read it
         # again, and act as it says.
         return self.as_caller(caller, fn, *args, **kwargs)
+
+    def _checked_run(self, digest: str, who: Identity, fn: Callable[..., T],
+                     args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> tuple[_LiveCheck, Callable[[], T]]:
+        """`fn(who, *args, **kwargs)` with the token of `digest` judged live first thing in
+        each write transaction `fn` begins (`Database.guarded`): the check, and `fn`'s
+        outcome (called, it returns `fn`'s result or raises its error). When the check found
+        the token stale, what `fn` made of its refused write is no answer: the caller gives
+        401 (or reads the token again) instead."""
+        live = _LiveCheck(self.c.db, digest, who)
+        try:
+            with self.c.db.guarded(live):
+                result = fn(who, *args, **kwargs)
+        except BaseException as e:
+            error = e
+
+            def fails() -> T:
+                raise error
+
+            return live, fails
+        return live, lambda: result
 
     def _recheck(self, caller: Caller, digest: str) -> None:
         """The token read in a transaction of its own: 401 once it is revoked."""
@@ -395,16 +406,9 @@ class Server:
         artifact checks), a revocation meanwhile is 401 at their commit, nothing recorded."""
         digest = tokens.digest_of(token)
         assert digest is not None  # `who` was read by it
-        live = _LiveCheck(self.c.db, digest, who)
-        try:
-            with self.c.db.guarded(live):
-                result = fn(who, *args, **kwargs)
-        except BaseException:
-            if not live.stale:
-                raise
-        else:
-            if not live.stale:
-                return result
+        live, outcome = self._checked_run(digest, who, fn, args, kwargs)
+        if not live.stale:
+            return outcome()
         self._identities.pop(digest, None)
         raise Unauthorized("unauthorized", "unknown or revoked token")
 
