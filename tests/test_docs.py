@@ -90,3 +90,14 @@ def test_no_comment_cites_a_document_outside_the_repository() -> None:
         for source in (ROOT / folder).rglob("*"):
             if source.suffix in (".py", ".md") and source.is_file():
                 assert missing not in source.read_text(), source
+
+
+def test_the_busy_timeouts_documented_tries_are_the_stores() -> None:
+    """`--busy-timeout` bounds each try, not the whole wait: README.md and the option's
+    help say how many tries a busy transaction gets, which is the store's number."""
+    from jobcoord.store.base import DEFAULT_RETRIES
+
+    said = f"tried up to {DEFAULT_RETRIES} times"
+    assert said in " ".join(README.split()), said
+    option = next(p for p in cli.params if p.name == "busy_timeout")
+    assert said in str(getattr(option, "help", "")), option

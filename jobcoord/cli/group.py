@@ -124,7 +124,8 @@ def read_json_source(inline: str | None, path: str | None, field: str, limit: in
                    "lose the last commits on power loss (never corrupts).")
 @click.option("--busy-timeout", type=click.FloatRange(0.0, 600.0), default=5.0,
               envvar="JOBCOORD_BUSY_TIMEOUT", show_default=True,
-              help="Seconds to wait for a lock before each bounded retry.")
+              help="Seconds each try of a transaction waits for a locked database; a busy "
+                   "one is tried up to 4 times (about 4x this in all) before exit 5.")
 @click.option("--debug", is_flag=True, callback=note_flag,
               help="Show tracebacks for internal errors.")
 @click.option("--artifacts", "artifacts", envvar="JOBCOORD_ARTIFACTS", metavar="DIR",
