@@ -200,6 +200,24 @@ def test_corrupted_object_is_detected_by_verify_read_and_copy_to(store: ObjectSt
     assert [f for f in os.listdir(tmp_path) if f.endswith(".tmp")] == []
 
 
+@pytest.mark.parametrize("damage", sorted(CORRUPTIONS))
+def test_a_put_of_content_whose_stored_object_is_damaged_heals_the_object(
+        store: ObjectStore, damage: str) -> None:
+    """The same content put again over a damaged object of its digest: the put's bytes,
+    hashed as they arrived, take the object's place. It was linked to the damaged object
+    as if stored, and every read of it failed (exit 7) with a good copy just in hand."""
+    data = os.urandom(3 * MiB)
+    obj = store.put(data)
+    CORRUPTIONS[damage](obj.path)
+    again = store.put(data)
+    assert again.digest == obj.digest and again.size == len(data)
+    assert not again.created  # the content was stored before
+    assert store.verify(obj.digest) == "ok"
+    assert Path(obj.path).read_bytes() == data
+    assert os.stat(obj.path).st_mode & 0o777 == 0o400
+    assert files_under(store.tmp_dir) == []
+
+
 def test_read_checks_the_size_the_caller_expects(store: ObjectStore, tmp_path: Path) -> None:
     obj = store.put(b"12345")
     with pytest.raises(DatabaseCorrupt) as exc:

@@ -8,7 +8,8 @@ Layout under the store root:
 Write path (`put`): stream the source in 1 MiB chunks through hashlib into a new temporary
 file (O_CREAT|O_EXCL, mode 0600, flock'ed while in flight), fsync it, then give it its final
 name with link(2), which never replaces an existing name (identical content is stored once and
-an object is never overwritten), remove the temporary name and fsync the object's directory.
+an intact object is never overwritten; a damaged one, found by its size or its hash, is
+replaced by the new copy), remove the temporary name and fsync the object's directory.
 A crash at any step leaves at most a temporary file, never a half-written object; `clean_temp`
 removes such files once they are older than a grace period and no process holds their lock.
 
@@ -182,7 +183,7 @@ class ObjectStore:
                 os.fchmod(fd, 0o400)  # objects are immutable
                 os.fsync(fd)
                 path = self._path(hexdigest)
-                created = self._place(tmp, path, hexdigest)
+                created = self._place(tmp, path, hexdigest, size)
             except OSError as exc:
                 raise store_error(exc, self.root, f"storing {label}") from None
         finally:
@@ -207,8 +208,9 @@ class ObjectStore:
         raise StorageUnavailable("artifact_store_unavailable",
                                  f"cannot create a unique temporary file in {self.tmp_dir!r}")
 
-    def _place(self, tmp: str, path: str, hexdigest: str) -> bool:
-        """Give the fsynced temporary file its final name unless that name exists; fsync the
+    def _place(self, tmp: str, path: str, hexdigest: str, size: int) -> bool:
+        """Give the fsynced temporary file its final name unless that name holds an intact
+        object (its size, then its hash, checked: a damaged one is replaced); fsync the
         object's directory either way (a concurrent put that created it may not have yet)."""
         directory = self._make_fanout(hexdigest)
         try:
@@ -217,13 +219,20 @@ class ObjectStore:
         except FileExistsError:
             created = False
             with contextlib.suppress(FileNotFoundError):  # (gone meanwhile: the caller sees)
-                if not stat.S_ISREG(os.lstat(path).st_mode):
+                found = os.lstat(path)
+                if not stat.S_ISREG(found.st_mode):
                     # A directory, a pipe, a link in the object's place: damage, as `get`
                     # and `verify` name it. Taken for an object gc removed meanwhile, every
                     # put of this content was "busy, try again", for ever.
                     raise corrupt(format_digest(hexdigest), path, "not a regular file (a "
                                   "directory, pipe or link is in its place: move it away)"
                                   ) from None
+                if found.st_size != size or self.verify(format_digest(hexdigest)) == "corrupt":
+                    # A damaged object of this content: the bytes just hashed take its place
+                    # (rename(2) is atomic; a reader of the old one keeps it open and fails
+                    # its own re-hash). Linked to it, every read of what this put stored
+                    # failed, with a good copy just in hand.
+                    os.rename(tmp, path)
         except OSError as exc:
             if exc.errno not in _NO_LINK:
                 raise
