@@ -29,6 +29,35 @@ def test_check_reports_each_broken_invariant_and_exits_7(sqlite_target: Target) 
     c.close()
 
 
+@pytest.mark.parametrize("status", ["succeeded", "dead", "cancelled"])
+def test_check_reports_a_finished_job_without_its_finish_time_and_exits_7(
+        target: Target, status: str) -> None:
+    """A finished job whose finished_at is gone (written outside jobcoord) is never pruned
+    (`prune` counts from it) and shows no end: `check` passed it as ok."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target)
+    populate(c)
+    c.cancel(c.enqueue("k", {})["job_id"])
+    c.enqueue("k", {}, max_attempts=1, role="gpu")
+    for got in iter(lambda: c.claim("w1"), None):
+        if got["job"] is None:
+            break
+        c.fail(got["job"]["job_id"], "w1", got["lease"]["epoch"], "boom", permanent=True)
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        ids = [r[0] for r in conn.execute(text(
+            "SELECT job_id FROM jobs WHERE status = :s ORDER BY job_id"), {"s": status})]
+        assert ids, status
+        conn.execute(text("UPDATE jobs SET finished_at = NULL WHERE job_id = :j"),
+                     {"j": ids[0]})
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v["job_ids"] for v in r.json["violations"]}
+    assert found == {"finished_without_finish_time": [ids[0]]}, found
+
+
 def test_check_reports_a_missing_table_and_exits_7(target: Target) -> None:
     """A database at the current revision whose limits or schedules table is gone (dropped
     by hand, a partial restore) is damaged: `check` says so (exit 7) instead of `ok`."""

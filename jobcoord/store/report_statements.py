@@ -23,6 +23,7 @@ from ..schema import (
     schedules,
     workers,
 )
+from ..states import FINAL_STATUSES
 from .schedule_statements import SCHEDULE_COLUMNS
 from .statements import SQL, const
 
@@ -56,6 +57,10 @@ INVARIANTS: tuple[tuple[str, SQL], ...] = tuple((name, SQL(stmt.limit(const(20))
     ("job_without_events",
      select(J.job_id).where(~exists(select(ONE).select_from(job_events)
                                     .where(E.job_id == J.job_id)))),
+    # Prune counts a finished job's age from its finished_at: one without it stays forever.
+    ("finished_without_finish_time",
+     select(J.job_id).where(J.status.in_([const(s) for s in FINAL_STATUSES]),
+                            J.finished_at.is_(None))),
     ("attempts_out_of_range",
      select(J.job_id).where(J.attempts > J.max_attempts, J.status != const("waiting"))),
 ))
