@@ -5,9 +5,10 @@ invalid input changes nothing on the server."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -40,6 +41,19 @@ def _serving(target: Target) -> tuple[str, Coordinator]:
     return secret, coord
 
 
+@contextlib.contextmanager
+def _holding(target: Target
+             ) -> Iterator[tuple[Coordinator, Any, RemoteCoordinator, str, int, int]]:
+    """A server, its client as worker w1 (and w1's token), and the job w1 holds (job id,
+    epoch)."""
+    secret, coord = _serving(target)
+    with coord, served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        got = remote.claim("w1", lease_s=600)
+        yield coord, s, remote, secret, got["job"]["job_id"], got["lease"]["epoch"]
+
+
 def test_every_client_method_either_works_or_refuses_input(target: Target) -> None:
     secret, coord = _serving(target)
     with coord, served(target, "--reap-every", "0") as s, \
@@ -53,12 +67,7 @@ def test_every_client_method_either_works_or_refuses_input(target: Target) -> No
 def test_what_the_client_refuses_itself_is_invalid_input_and_changes_nothing(
         target: Target) -> None:
     """The reproductions: each raised a plain Python error in the client before."""
-    secret, coord = _serving(target)
-    with coord, served(target, "--reap-every", "0") as s, \
-            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
-        remote.heartbeat("w1", readings=IDLE_ON_AC)
-        got = remote.claim("w1", lease_s=600)
-        job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+    with _holding(target) as (coord, s, remote, secret, job, epoch):
         before = dump(coord)
         refused = {
             "complete_many([1])": lambda: remote.complete_many([1]),
@@ -381,12 +390,7 @@ def test_a_worker_other_than_the_tokens_is_refused_and_changes_nothing(
     """The server acts as the token's worker. The client took any `worker_id` and dropped
     it: `renew(job, "w2", ...)` renewed w1's lease, as the CLI's `--worker w2` never does
     (it refuses the mismatch)."""
-    secret, coord = _serving(target)
-    with coord, served(target, "--reap-every", "0") as s, \
-            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=1.0) as remote:
-        remote.heartbeat("w1", readings=IDLE_ON_AC)
-        got = remote.claim("w1", lease_s=600)
-        job, epoch = got["job"]["job_id"], got["lease"]["epoch"]
+    with _holding(target) as (coord, _s, remote, _secret, job, epoch):
         _refused_each(_fenced_calls(remote, job, epoch), "w2", None, coord,
                       "worker 'w2': this token acts as worker 'w1'")
         # The token's own worker is taken.
