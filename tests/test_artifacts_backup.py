@@ -309,6 +309,34 @@ def test_a_forced_backup_stopped_while_it_puts_its_files_in_place_leaves_a_resto
         assert manifest["rows"] == 1
 
 
+@pytest.mark.parametrize("point", ["backup.old_objects_aside", "backup.new_objects_in_place",
+                                   "backup.database_in_place"])
+def test_the_next_backup_to_dest_removes_what_a_killed_one_left_beside_it(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, point: str) -> None:
+    """A backup killed while it put its files in place left its staged snapshot
+    (`DEST.<token>.tmp`) and the set-aside objects (`DEST.artifacts.<token>.old`) on disk
+    for good. The next backup to DEST that succeeds is a whole backup without them: it
+    removes them (the directory's backup lock says no other backup holds them)."""
+    store, dest = _good_backup_then_a_second_artifact(sc, sqlite_target, tmp_path)
+    argv = [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
+            "--artifacts", store, "backup", str(dest), "--force", "--json"]
+    killed = subprocess.run(argv, env={**os.environ, "JOBCOORD_FAULT": f"{point}:kill"},
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    left = sorted(n for n in os.listdir(tmp_path) if n.startswith("b.db.")
+                  and n != "b.db.artifacts")
+    assert left, "the killed backup left nothing to remove"
+    other = tmp_path / "b.db.x.1234abcd.tmp"  # another name's, never removed
+    other.write_bytes(b"not ours")
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith("b.db")) == [
+        "b.db", "b.db.artifacts", other.name], left
+    r = run_cli(None, "--db", str(tmp_path / "restored.db"), "--artifacts",
+                str(tmp_path / "rs"), "restore", str(dest), "--json")
+    assert r.code == 0, r.out  # type: ignore[attr-defined]
+
+
 def test_a_forced_backup_with_artifacts_over_a_file_with_a_wal_beside_it_is_exit_2(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
     """Without artifacts, a DEST with a -wal beside it is refused (the next open would

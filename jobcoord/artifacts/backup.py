@@ -244,6 +244,7 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
         finally:
             if moved_old:
                 shutil.rmtree(old, ignore_errors=True)
+    _remove_leftovers(dest, final)
     result.update(backup=dest, size_bytes=os.path.getsize(dest))
     result["artifacts"] = {"directory": final, "objects": len(referenced), "bytes": size,
                            "hard_linked": linked, "copied": copied, "rows": nrows,
@@ -292,6 +293,30 @@ def check_backup(backup_path: str) -> tuple[dict[str, int], str] | None:
             first = first or e
     assert first is not None
     raise first
+
+
+def _remove_leftovers(dest: str, final: str) -> None:
+    """After a backup to DEST put DEST and its objects in place, whole: what earlier backups
+    to DEST killed midway left beside them (their staged snapshot `DEST.<token>.tmp...`, their
+    objects' work directory `DEST.artifacts.<token>.tmp`, the objects they set aside
+    `DEST.artifacts.<token>.old`) is of no use any more: restore takes DEST as it is now.
+    Under the directory's backup lock, so no backup still running holds any of them."""
+    parent = os.path.dirname(dest) or "."
+    base, objects = os.path.basename(dest), os.path.basename(final)
+    files = re.compile(re.escape(base) + r"\.[0-9a-f]{8}\.tmp.*")
+    dirs = re.compile(re.escape(objects) + r"\.[0-9a-f]{8}\.(?:tmp|old)")
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if files.fullmatch(name) and stat.S_ISREG(st.st_mode):
+                os.unlink(path)
+            elif dirs.fullmatch(name) and stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _set_aside(directory: str) -> list[str]:
