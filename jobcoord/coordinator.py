@@ -25,7 +25,7 @@ from .core import schedules as schedule_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
 from .core.submit import JobSpec
-from .errors import DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
+from .errors import InvalidInput, JobcoordError, SchemaMismatch
 from .policy import Policy
 from .store.base import Database, Target, resolve_target
 
@@ -139,7 +139,7 @@ class Coordinator:
         its features changed (a `migrate --with/--without` ran beside this process), taken
         now; `table_missing` when a table of its revisions is gone (dropped by hand, a
         partial restore), as `check` reports it; else None."""
-        from .maintenance import missing_tables
+        from .maintenance import missing_tables, table_missing
         from .migrate import verify_schema
 
         now = verify_schema(self.db)
@@ -153,13 +153,7 @@ class Coordinator:
                 f"({where}): `jobcoord migrate --with/--without` ran beside it; nothing was "
                 "changed, try again (the change is taken now)")
         missing = missing_tables(self.db, now)
-        if not missing:
-            return None
-        return DatabaseCorrupt(
-            "table_missing", f"the database lacks its table(s) {', '.join(missing)} "
-            f"({where}): dropped outside jobcoord or a partial restore; nothing was changed. "
-            "`jobcoord check` names what is missing; restore from a backup",
-            tables=missing)
+        return table_missing(missing, where) if missing else None
 
     def stop_checks(self) -> None:
         """End the artifact checks of completions in progress through this coordinator, and

@@ -67,9 +67,33 @@ def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[
             if not db.engine.dialect.has_table(conn, t.name)]
 
 
-def missing_tables(db: Database, features: set[str]) -> list[str]:
-    """The tables of the core and the installed `features` the database lacks, in one read."""
-    return db.read(lambda conn: _missing_tables(db, conn, features), "looking for tables")
+def missing_tables(db: Database, features: set[str] | None = None) -> list[str]:
+    """The tables of the core and the installed `features` (None: those its revisions
+    install) the database lacks, in one read."""
+    def look(conn: Connection) -> list[str]:
+        if features is not None:
+            return _missing_tables(db, conn, features)
+        installed = _installed_features(db, conn)
+        return [] if installed is None else _missing_tables(db, conn, installed[0])
+
+    return db.read(look, "looking for tables")
+
+
+def table_missing(missing: list[str], where: str) -> DatabaseCorrupt:
+    """The error of a database that lacks tables of its revisions (dropped by hand, a
+    partial restore), as every command that meets it and `check` name it."""
+    return DatabaseCorrupt(
+        "table_missing", f"the database lacks its table(s) {', '.join(missing)} ({where}): "
+        "dropped outside jobcoord or a partial restore; nothing was changed. `jobcoord "
+        "check` names what is missing; restore from a backup", tables=missing)
+
+
+def refuse_missing_tables(db: Database, where: str) -> None:
+    """Before copying a whole database (backup, transfer): a copy without a table of its
+    revision is no backup (restore refuses it) and no transfer."""
+    missing = missing_tables(db)
+    if missing:
+        raise table_missing(missing, where)
 
 
 def _missing_columns(conn: Connection, newest: set[str]) -> list[str]:
@@ -374,6 +398,7 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
+    refuse_missing_tables(db, "backing up")
     # The copy should stand alone: one file, no -wal beside it. It is checked before it is
     # put in place (a damaged copy raises here and DEST keeps its old bytes).
     # Renamed over DEST only with --force: without, linked, so a DEST another backup made

@@ -5,6 +5,8 @@ table (exit 7, `table_missing`, HTTP 503), as `check` does, instead of an intern
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from sqlalchemy import text
 
@@ -76,3 +78,39 @@ def test_a_server_whose_tokens_table_is_dropped_answers_503_table_missing(
             assert resp.json()["error"]["code"] == "table_missing", resp.text
     with Coordinator.open(target) as c:
         assert c.jobs()["jobs"] == []
+
+
+@pytest.mark.parametrize("table", ["limits", "tokens"])
+def test_a_backup_of_a_database_without_a_table_is_exit_7_and_leaves_dest(
+        sqlite_target: Target, tmp_path: Any, table: str) -> None:
+    """`backup` of a database missing a table said ok (exit 0) and made a copy `restore`
+    refuses: a nightly backup reporting success that can never be restored. It is exit 7
+    `table_missing` naming the table, and DEST keeps its old bytes (or is not made)."""
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    dest = backups / "b b#?%.db"
+    assert run_cli(sqlite_target, "backup", str(dest)).code == 0
+    before = dest.read_bytes()
+    _drop(sqlite_target, table)
+    for args in (("backup", str(dest), "--force"), ("backup", str(backups / "new.db"))):
+        r = run_cli(sqlite_target, *args, "--json")
+        assert r.code == 7, r
+        assert r.json["error"]["code"] == "table_missing", r.json
+        assert r.json["error"]["details"]["tables"] == [table]
+    assert dest.read_bytes() == before
+    assert sorted(p.name for p in backups.iterdir()) == [dest.name]
+
+
+def test_a_backup_with_artifacts_of_a_database_without_its_artifacts_table_names_it(
+        sqlite_target: Target, tmp_path: Any) -> None:
+    """It said `database_corrupt`, "cannot read the artifact rows of the backup": the copy
+    blamed, not the database backed up."""
+    from tests.test_artifacts_rules import install
+
+    install(sqlite_target)
+    _drop(sqlite_target, "artifacts")
+    r = run_cli(sqlite_target, "backup", str(tmp_path / "b.db"), "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "table_missing", r.json
+    assert r.json["error"]["details"]["tables"] == ["artifacts"]
+    assert not (tmp_path / "b.db").exists()

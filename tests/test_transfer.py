@@ -617,3 +617,23 @@ def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
     with Coordinator.open(pg) as c:
         c.artifacts_dir = store
         assert c.verify_artifacts()["ok"]
+
+
+@pytest.mark.parametrize("damaged", ["source", "target"])
+def test_transfer_refuses_a_database_missing_a_table_naming_it(src: Target, pg: Target,
+                                                               damaged: str) -> None:
+    """A table dropped by hand in the source or the target: `no such table` was an internal
+    error (exit 1) one way and `not_migrated` naming no table (exit 8) the other. It is
+    exit 7 `table_missing` naming the table, and nothing is copied."""
+    from sqlalchemy import text
+
+    populate(src)
+    with Coordinator.open(src if damaged == "source" else pg) as c, \
+            c.db.engine.begin() as conn:
+        conn.execute(text("DROP TABLE limits"))
+    r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 7, r.out + r.err
+    assert r.json["error"]["code"] == "table_missing", r.json
+    assert r.json["error"]["details"]["tables"] == ["limits"]
+    assert damaged in r.json["error"]["message"]
+    assert _count_jobs(pg) == 0
