@@ -114,3 +114,39 @@ def test_a_backup_with_artifacts_of_a_database_without_its_artifacts_table_names
     assert r.json["error"]["code"] == "table_missing", r.json
     assert r.json["error"]["details"]["tables"] == ["artifacts"]
     assert not (tmp_path / "b.db").exists()
+
+
+def test_a_remote_worker_meeting_a_dropped_table_is_told_it_as_a_local_one_is(
+        target: Target, tmp_path: Any) -> None:
+    """The server answers 503 `table_missing`, as it answers a busy database: the client
+    took it for a storage outage (StorageUnavailable, exit 6) and retried it for its whole
+    retry budget; a `--burst` worker exited 6 after 10 s where a local one exits 7 at once.
+    A 503 says when its class is one no retry heals: the client raises that class, once."""
+    import subprocess
+    import sys
+    import time
+
+    from jobcoord.http.client import RemoteCoordinator
+    from tests.serve_procs import token_file
+    from tests.timeline import IDLE_ON_AC
+
+    secret = token(target, "w1", "worker", worker="w1")
+    with served(target, "--reap-every", "0") as s, \
+            RemoteCoordinator(s.url, secret, claim_wait=0, retry_s=60.0) as remote:
+        remote.heartbeat("w1", readings=IDLE_ON_AC)
+        with Coordinator.open(target) as c:
+            c.enqueue("k", {})  # a job to claim: the claim writes its lease
+        _drop(target, "leases")
+        started = time.monotonic()
+        with pytest.raises(DatabaseCorrupt) as got:
+            remote.claim("w1", wait=0)
+        assert time.monotonic() - started < 20  # answered, not retried for 60 s
+        assert got.value.code == "table_missing"
+        assert got.value.details["tables"] == ["leases"]
+        done = subprocess.run(
+            [sys.executable, "-m", "jobcoord", "worker", "--server", s.url, "--token-file",
+             token_file(tmp_path, "tok", secret), "--exec", "k=cat", "--burst", "--json"],
+            capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 7, (done.returncode, done.stderr[-2000:])
+        assert "table_missing" in done.stdout, done.stdout
+        assert "Traceback" not in done.stderr

@@ -48,7 +48,7 @@ from ..core.items import (
 from ..errors import DatabaseBusy, InvalidInput, JobcoordError, StorageUnavailable
 from ..policy import Policy
 from ..text import is_header_text
-from .errors import error_from_response
+from .errors import ERROR_CLASS_HEADER, error_from_response, lasting
 
 #: How long a call keeps retrying network errors before it says the server is unreachable;
 #: the worker runtime then retries on its own schedule while the lease may still be its own.
@@ -259,8 +259,9 @@ class RemoteCoordinator:
                         "server_unreachable", f"cannot reach {self.server}: "
                         f"{type(e).__name__}: {e}") from None
             else:
-                if resp.status_code != 503 or not retry or time.monotonic() + delay >= end:
-                    return resp
+                if (resp.status_code != 503 or not retry or time.monotonic() + delay >= end
+                        or lasting(resp.headers.get(ERROR_CLASS_HEADER))):
+                    return resp  # (a damaged database or a schema mismatch: no retry heals)
                 retry_after = resp.headers.get("Retry-After", "")
                 if retry_after.isdigit():
                     delay = max(delay, min(float(retry_after), 5.0))
@@ -276,7 +277,8 @@ class RemoteCoordinator:
         except ValueError:
             data = None
         if resp.status_code >= 400:
-            raise error_from_response(resp.status_code, data)
+            raise error_from_response(resp.status_code, data,
+                                      resp.headers.get(ERROR_CLASS_HEADER))
         return data
 
     # -- identity and policy --
@@ -512,7 +514,8 @@ class RemoteCoordinator:
         data = resp.json() if resp.headers.get("content-type", "").startswith(
             "application/json") else None
         if resp.status_code >= 400:
-            raise error_from_response(resp.status_code, data)
+            raise error_from_response(resp.status_code, data,
+                                      resp.headers.get(ERROR_CLASS_HEADER))
         with self._lock:
             if len(self._uploaded) >= 10_000:  # attempts that never completed (leases lost)
                 self._uploaded.clear()

@@ -17,13 +17,22 @@ from ..errors import (  # noqa: F401 -- importable from here as before
     HTTP_UNPROCESSABLE_CODES,
     BodyTooLarge,
     DatabaseBusy,
+    DatabaseCorrupt,
     Forbidden,
     InvalidInput,
     JobcoordError,
     Refused,
+    SchemaMismatch,
     StorageUnavailable,
     Unauthorized,
 )
+
+#: The header naming the class of a 503 that no retry heals (a damaged database, a schema
+#: this server's code does not match): an operator must act. Without it a client takes a
+#: 503 for a busy or unavailable database, and retries.
+ERROR_CLASS_HEADER = "Jobcoord-Error-Class"
+_LASTING: dict[str, type[JobcoordError]] = {
+    "DatabaseCorrupt": DatabaseCorrupt, "SchemaMismatch": SchemaMismatch}
 
 # The tables under their former names, for code written against them.
 STATUS_BY_CLASS = HTTP_STATUS_BY_CLASS
@@ -54,13 +63,22 @@ def headers_of(err: JobcoordError) -> dict[str, str]:
             headers["Retry-After"] = str(seconds)
     if isinstance(err, Unauthorized):
         headers["WWW-Authenticate"] = "Bearer"
+    for name, cls in _LASTING.items():
+        if isinstance(err, cls):
+            headers[ERROR_CLASS_HEADER] = name
     return headers
 
 
-def error_from_response(status: int, body: Any) -> JobcoordError:
+def lasting(error_class: str | None) -> type[JobcoordError] | None:
+    """The class a 503's ERROR_CLASS_HEADER names, when it is one no retry heals."""
+    return _LASTING.get(error_class or "")
+
+
+def error_from_response(status: int, body: Any, error_class: str | None = None
+                        ) -> JobcoordError:
     """The client side: turn an error answer back into the exception the Coordinator would
-    have raised, so the worker runtime handles a remote coordinator exactly like a local one.
-    """
+    have raised, so the worker runtime handles a remote coordinator exactly like a local one
+    (`error_class`: the answer's ERROR_CLASS_HEADER)."""
     err = body.get("error") if isinstance(body, dict) else None
     code = err.get("code") if isinstance(err, dict) else None
     message = err.get("message") if isinstance(err, dict) else None
@@ -84,7 +102,8 @@ def error_from_response(status: int, body: Any) -> JobcoordError:
     elif status in (404, 409, 422):
         cls = Refused
     elif status == 503:
-        cls = DatabaseBusy if code in BUSY_CODES else StorageUnavailable
+        cls = lasting(error_class) or (DatabaseBusy if code in BUSY_CODES
+                                       else StorageUnavailable)
     else:
         cls = JobcoordError
     # Details are keyword arguments of the exception; keep only plain names.
