@@ -1312,7 +1312,17 @@ def test_a_completion_whose_token_is_revoked_while_its_artifacts_are_checked_is_
     Revoked while they ran, it was accepted (and with `claim_next` leased the revoked
     worker a new job). The token is judged again in the completion's transaction: 401,
     nothing accepted, nothing claimed."""
-    policy = slow_validator_policy(tmp_path, 3)
+    # The validator says it began, then waits until the token is revoked: the revocation
+    # falls inside the checks however slowly this machine starts the revoking process.
+    began, revoked = tmp_path / "began", tmp_path / "revoked"
+    checker = tmp_path / "gated check.py"
+    checker.write_text(f"import os, time\nopen({str(began)!r}, 'w').close()\n"
+                       f"end = time.monotonic() + 60\n"
+                       f"while not os.path.exists({str(revoked)!r}) and time.monotonic() < end:"
+                       f"\n    time.sleep(0.05)\n")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f"[artifacts.kinds.report]\nvalidator = "
+                      f"[{json.dumps(sys.executable)}, {json.dumps(str(checker))}]\n")
     env = {**s.env, "JOBCOORD_POLICY": str(policy)}
     job, epoch = s.leased()
     other = s.c.enqueue("report", {}, tenant="alice")["job_id"]
@@ -1325,9 +1335,10 @@ def test_a_completion_whose_token_is_revoked_while_its_artifacts_are_checked_is_
             f"/v1/jobs/{job}/complete", json={"epoch": epoch, "result": {},
                                               "claim_next": True})))
         sending.start()
-        time.sleep(1.0)  # the validator runs
+        wait_for(began.exists, 60)  # the validator runs
         _revoke(s.target, "wa")
-        sending.join(30)
+        revoked.touch()
+        sending.join(60)
     assert answer["r"].status_code == 401, answer["r"].text
     assert s.c.show(job)["job"]["status"] == "running"
     assert s.c.show(other)["job"]["status"] == "waiting"

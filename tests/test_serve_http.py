@@ -477,7 +477,7 @@ def test_sigterm_answers_a_request_whose_body_is_still_arriving_503_with_no_trac
 
 
 def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) -> None:
-    """A database error the store cannot name (here a table dropped by hand) is a 500; it
+    """A database error the store cannot name (here a column dropped by hand) is a 500; it
     was answered with no `internal_error` event, so an operator alerting on those never
     heard of it. Every 500 is logged: its code and message, never a traceback."""
     import sqlite3
@@ -489,7 +489,8 @@ def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) 
         with s.client(op) as http:
             assert http.get("/metrics").status_code == 200
             with contextlib.closing(sqlite3.connect(sqlite_target.sqlite_path or "")) as raw:
-                raw.execute("DROP TABLE job_counts")
+                # A column gone: no store names that (a table gone is `table_missing`).
+                raw.execute("ALTER TABLE metric_folds DROP COLUMN state_json")
                 raw.commit()
             got = http.get("/metrics")
             assert got.status_code == 500, got.text
@@ -499,7 +500,7 @@ def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) 
         s.stop()
     events = [json.loads(line) for line in out.decode().splitlines()]
     logged = [e for e in events if e["event"] == "internal_error"]
-    assert len(logged) == 1 and "job_counts" in logged[0]["message"], events
+    assert len(logged) == 1 and "state_json" in logged[0]["message"], events
     assert b"Traceback" not in err
 
 
