@@ -208,28 +208,49 @@ def test_a_corrupted_object_is_exit_7_for_get_and_verify_and_writes_nothing(
     assert r.code == 7 and r.json["problems"][0]["problem"] == "corrupt"
 
 
-@pytest.mark.parametrize("thing", ["directory", "fifo", "dangling link"])
+@pytest.mark.parametrize("thing", ["directory", "fifo"])
 def test_a_put_whose_objects_place_holds_no_file_is_exit_7_naming_it_not_a_busy_store(
         ac: Coordinator, target: Target, store_dir: str, thing: str) -> None:
-    """Where an object should be, a directory, a pipe or a dangling link: every put of that
-    content was `artifact_store_busy` ("a concurrent gc removed the object"), exit 5, 503
-    to a remote worker, which retried it to its lease's end; no gc was running, and no try
-    could ever succeed. It is the damage `get` and `verify` name: artifact_corrupt, exit 7,
-    nothing staged."""
+    """Where an object should be, a directory or a pipe: every put of that content was
+    `artifact_store_busy` ("a concurrent gc removed the object"), exit 5, 503 to a remote
+    worker, which retried it to its lease's end; no gc was running, and no try could ever
+    succeed. It is the damage `get` and `verify` name: artifact_corrupt, exit 7, nothing
+    staged (what is in the object's place is left for the operator to move)."""
     _job, path = _accepted(ac, b"the same bytes")
     os.unlink(path)
     if thing == "directory":
         os.mkdir(path)
-    elif thing == "fifo":
-        os.mkfifo(path)
     else:
-        os.symlink(path + ".nowhere", path)
+        os.mkfifo(path)
     job_id, epoch = start(ac, "w2")
     with pytest.raises(DatabaseCorrupt) as caught:
         ac.put_artifact(job_id, "w2", epoch, "r.bin", b"the same bytes")
     assert caught.value.code == "artifact_corrupt", caught.value
     assert "not a regular file" in caught.value.message
     assert rows(ac, job_id) == [] and temp_files(store_dir) == []
+
+
+@pytest.mark.parametrize("link_to", ["nowhere", "the same bytes elsewhere"])
+def test_a_put_whose_objects_place_holds_a_link_replaces_the_link_with_the_object(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path, link_to: str
+        ) -> None:
+    """A symbolic link where an object should be (an object is its own file: `get` and
+    `verify` call a link corrupt, whatever it points at): a put of that content was refused
+    `artifact_corrupt`, and every attempt uploading it failed until an operator came. The
+    put's own checked file replaces the link (the link's target is left alone)."""
+    _job, path = _accepted(ac, b"the same bytes")
+    os.unlink(path)
+    elsewhere = tmp_path / "elsewhere.bin"
+    elsewhere.write_bytes(b"the same bytes")
+    os.symlink(str(elsewhere) if link_to != "nowhere" else path + ".nowhere", path)
+    job_id, epoch = start(ac, "w2")
+    ac.put_artifact(job_id, "w2", epoch, "r.bin", b"the same bytes")
+    assert not os.path.islink(path) and Path(path).read_bytes() == b"the same bytes"
+    assert os.stat(path).st_mode & 0o777 == 0o400
+    assert elsewhere.read_bytes() == b"the same bytes"
+    assert temp_files(store_dir) == []
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "verify", "--all", "--json")
+    assert r.code == 0, r
 
 
 def test_a_missing_object_is_exit_7_for_get_and_verify(ac: Coordinator, target: Target,

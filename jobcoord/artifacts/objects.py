@@ -220,14 +220,18 @@ class ObjectStore:
             created = False
             with contextlib.suppress(FileNotFoundError):  # (gone meanwhile: the caller sees)
                 found = os.lstat(path)
-                if not stat.S_ISREG(found.st_mode):
-                    # A directory, a pipe, a link in the object's place: damage, as `get`
+                if stat.S_ISLNK(found.st_mode):
+                    # A link in the object's place (an object is its own file; the link's
+                    # target may change under it): this put's file replaces the link itself.
+                    os.rename(tmp, path)
+                elif not stat.S_ISREG(found.st_mode):
+                    # A directory or a pipe in the object's place: damage, as `get`
                     # and `verify` name it. Taken for an object gc removed meanwhile, every
                     # put of this content was "busy, try again", for ever.
                     raise corrupt(format_digest(hexdigest), path, "not a regular file (a "
-                                  "directory, pipe or link is in its place: move it away)"
+                                  "directory or pipe is in its place: move it away)"
                                   ) from None
-                if found.st_size != size or self.verify(format_digest(hexdigest)) == "corrupt":
+                elif found.st_size != size or self.verify(format_digest(hexdigest)) == "corrupt":
                     # A damaged object of this content: the bytes just hashed take its place
                     # (rename(2) is atomic; a reader of the old one keeps it open and fails
                     # its own re-hash). Linked to it, every read of what this put stored
