@@ -137,9 +137,10 @@ class Coordinator:
     def _schema_look(self, where: str) -> JobcoordError | None:
         """Read the schema again after a statement failed unexplained: `schema_changed` when
         its features changed (a `migrate --with/--without` ran beside this process), taken
-        now; `table_missing` when a table of its revisions is gone (dropped by hand, a
-        partial restore), as `check` reports it; else None."""
-        from .maintenance import missing_tables, table_missing
+        now; `table_missing` or `column_missing` when a table or column of its
+        revisions is gone (dropped by hand, a partial restore), as `check` reports it; else
+        None."""
+        from .maintenance import schema_damage
         from .migrate import verify_schema
 
         now = verify_schema(self.db)
@@ -152,8 +153,7 @@ class Coordinator:
                 "schema_changed", f"the database's schema changed under this process "
                 f"({where}): `jobcoord migrate --with/--without` ran beside it; nothing was "
                 "changed, try again (the change is taken now)")
-        missing = missing_tables(self.db, now)
-        return table_missing(missing, where) if missing else None
+        return schema_damage(self.db, where)
 
     def stop_checks(self) -> None:
         """End the artifact checks of completions in progress through this coordinator, and

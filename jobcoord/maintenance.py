@@ -67,33 +67,52 @@ def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[
             if not db.engine.dialect.has_table(conn, t.name)]
 
 
-def missing_tables(db: Database, features: set[str] | None = None) -> list[str]:
-    """The tables of the core and the installed `features` (None: those its revisions
-    install) the database lacks, in one read."""
-    def look(conn: Connection) -> list[str]:
-        if features is not None:
-            return _missing_tables(db, conn, features)
-        installed = _installed_features(db, conn)
-        return [] if installed is None else _missing_tables(db, conn, installed[0])
+def _schema_damage(db: Database, conn: Connection) -> tuple[str, list[str]] | None:
+    """What of its revisions' schema the database lacks, the tables first: ("table_missing",
+    tables) or ("column_missing", ["table.column", ...]); None when whole or below the
+    newest core revision (an older one lacks the newer tables by design)."""
+    installed = _installed_features(db, conn)
+    if installed is None:
+        return None
+    tables = _missing_tables(db, conn, installed[0])
+    if tables:
+        return "table_missing", tables
+    columns = _missing_columns(conn, installed[1])
+    return ("column_missing", columns) if columns else None
 
-    return db.read(look, "looking for tables")
+
+def holds_core_table(db: Database, conn: Connection) -> bool:
+    """Whether any table of the core is there (a revision recorded over none of them is no
+    damaged database but no jobcoord database at all)."""
+    return any(db.engine.dialect.has_table(conn, t.name) for t in _expected_tables(set()))
 
 
-def table_missing(missing: list[str], where: str) -> DatabaseCorrupt:
-    """The error of a database that lacks tables of its revisions (dropped by hand, a
-    partial restore), as every command that meets it and `check` name it."""
+def schema_damage(db: Database, where: str) -> DatabaseCorrupt | None:
+    """The error every command meeting a database that lacks tables or columns of its
+    revisions (dropped by hand, a partial restore) raises, as `check` names them (exit 7):
+    None when none is missing. One read."""
+    found = db.read(lambda conn: _schema_damage(db, conn), "looking at the schema")
+    return None if found is None else damage_error(found, where)
+
+
+def damage_error(found: tuple[str, list[str]], where: str) -> DatabaseCorrupt:
+    """The error of `_schema_damage`'s finding."""
+    code, missing = found
+    what, key = ("table(s)", "tables") if code == "table_missing" else ("column(s)",
+                                                                         "columns")
     return DatabaseCorrupt(
-        "table_missing", f"the database lacks its table(s) {', '.join(missing)} ({where}): "
-        "dropped outside jobcoord or a partial restore; nothing was changed. `jobcoord "
-        "check` names what is missing; restore from a backup", tables=missing)
+        code, f"the database lacks its {what} {', '.join(missing)} ({where}): dropped "
+        "outside jobcoord or a partial restore; nothing was changed. `jobcoord check` names "
+        "what is missing; restore from a backup", **{key: missing})
 
 
-def refuse_missing_tables(db: Database, where: str) -> None:
-    """Before copying a whole database (backup, transfer): a copy without a table of its
-    revision is no backup (restore refuses it) and no transfer."""
-    missing = missing_tables(db)
-    if missing:
-        raise table_missing(missing, where)
+def refuse_damaged_schema(db: Database, where: str) -> None:
+    """Before copying a whole database (backup, transfer): a copy without a table or column
+    of its revision is no backup (restore refuses it, or restores the damage) and no
+    transfer."""
+    damage = schema_damage(db, where)
+    if damage is not None:
+        raise damage
 
 
 def _missing_columns(conn: Connection, newest: set[str]) -> list[str]:
@@ -139,14 +158,13 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
 
 
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    damage = _schema_damage(db, conn)
+    if damage is not None:
+        # The invariants' statements may read what is missing: this finding comes alone.
+        code, missing = damage
+        key = "tables" if code == "table_missing" else "columns"
+        return [{"invariant": code, "job_ids": [], key: missing}]
     installed = _installed_features(db, conn)
-    missing = [] if installed is None else _missing_tables(db, conn, installed[0])
-    if missing:
-        # The invariants' statements may read the missing tables: this finding comes alone.
-        return [{"invariant": "table_missing", "job_ids": [], "tables": missing}]
-    columns = [] if installed is None else _missing_columns(conn, installed[1])
-    if columns:  # alone too, for the same reason
-        return [{"invariant": "column_missing", "job_ids": [], "columns": columns}]
     violations = []
     objects = [] if installed is None else _missing_objects(db, conn, installed[1])
     if objects:
@@ -398,7 +416,7 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
         raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
-    refuse_missing_tables(db, "backing up")
+    refuse_damaged_schema(db, "backing up")
     # The copy should stand alone: one file, no -wal beside it. It is checked before it is
     # put in place (a damaged copy raises here and DEST keeps its old bytes).
     # Renamed over DEST only with --force: without, linked, so a DEST another backup made

@@ -256,15 +256,25 @@ def migrate(
             orphans = unversioned_tables(db, conn)
             if orphans:  # creating the tables again would fail half-way ("already exists")
                 raise _unknown_schema(db, orphans)
-        elif before & set(CORE_REVISIONS) and not db.engine.dialect.has_table(conn, "jobs"):
-            # A revision recorded over no tables: said to be migrated, it was left so
-            # (`changed: false`) and every other command failed on the missing tables.
-            raise SchemaMismatch(
-                "schema_unknown",
-                f"{db.target.display()} records jobcoord revision "
-                f"{', '.join(sorted(before))} but holds none of its tables (its jobs table "
-                "is missing): restore it from a backup, or move it away and run `jobcoord "
-                "migrate` to start a new one")
+        elif before & set(CORE_REVISIONS):
+            from .maintenance import _schema_damage, damage_error, holds_core_table
+
+            if not holds_core_table(db, conn):
+                # A revision recorded over no tables: said to be migrated, it was left so
+                # (`changed: false`) and every other command failed on the missing tables.
+                raise SchemaMismatch(
+                    "schema_unknown",
+                    f"{db.target.display()} records jobcoord revision "
+                    f"{', '.join(sorted(before))} but holds none of its tables: restore it "
+                    "from a backup, or move it away and run `jobcoord migrate` to start a "
+                    "new one")
+            # Some of its tables or columns dropped by hand (a partial restore): migrate
+            # cannot make again what a revision it is at made, and said ok (exit 0).
+            damage = _schema_damage(db, conn)
+            if damage is not None:
+                raise damage_error(damage, "migrating")
+            if not db.engine.dialect.has_table(conn, "jobs"):  # an older revision's
+                raise damage_error(("table_missing", ["jobs"]), "migrating")
         features = (installed_features(before) | add) - remove
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):

@@ -142,13 +142,13 @@ def transfer(source: Database, source_features: set[str], target: Target, *,
         raise InvalidInput("invalid_input", "the source is not SQLite and the target is "
                            "PostgreSQL too: a transfer moves between SQLite and PostgreSQL "
                            "(--to sqlite:///PATH); between servers use pg_dump")
-    from .maintenance import refuse_missing_tables
+    from .maintenance import refuse_damaged_schema
 
-    refuse_missing_tables(source, "transferring: the source")
+    refuse_damaged_schema(source, "transferring: the source")
     dest = Database.open(target)
     try:
         target_features = verify_schema(dest)
-        refuse_missing_tables(dest, "transferring: the target")
+        refuse_damaged_schema(dest, "transferring: the target")
         missing = source_features - target_features
         if missing:
             where = "--db PATH" if dest.is_sqlite else "--url ..."

@@ -150,3 +150,98 @@ def test_a_remote_worker_meeting_a_dropped_table_is_told_it_as_a_local_one_is(
         assert done.returncode == 7, (done.returncode, done.stderr[-2000:])
         assert "table_missing" in done.stdout, done.stdout
         assert "Traceback" not in done.stderr
+
+
+def _drop_column(target: Target, table: str, column: str) -> None:
+    c = Coordinator.open(target)
+    try:
+        with c.db.engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("args", [("heartbeat", "w1"), ("heartbeat", "w2")])
+def test_a_command_reading_a_dropped_column_exits_7_naming_it(
+        target: Target, args: tuple[str, ...]) -> None:
+    """A column of the current revision dropped by hand: on SQLite `no such column` was an
+    internal error (exit 1) quoting the driver, on PostgreSQL `schema_damaged` naming
+    nothing. Both say `column_missing` (exit 7) naming the column, as `check` does."""
+    assert run_cli(target, "heartbeat", "w1").code == 0
+    run_cli(target, "submit", "--kind", "k", "--payload", "{}")
+    _drop_column(target, "workers", "created_at")
+    before = _events(target)
+    r = run_cli(target, *args, "--json")
+    assert r.code == 7, r
+    error = r.json["error"]
+    assert error["code"] == "column_missing", error
+    assert error["details"]["columns"] == ["workers.created_at"]
+    assert "check" in error["message"]
+    assert _events(target) == before
+
+
+def test_a_server_reading_a_dropped_column_answers_503_column_missing(
+        target: Target) -> None:
+    secret = token(target, "w1", "worker", worker="w1")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as http:
+        assert http.post("/v1/heartbeat", json={}).status_code == 200
+        _drop_column(target, "workers", "created_at")
+        resp = http.post("/v1/heartbeat", json={})
+        assert resp.status_code == 503, resp.text
+        assert resp.json()["error"]["code"] == "column_missing", resp.text
+        assert resp.headers["Jobcoord-Error-Class"] == "DatabaseCorrupt"
+
+
+def test_a_backup_of_a_database_without_a_column_is_exit_7_and_leaves_dest(
+        sqlite_target: Target, tmp_path: Any) -> None:
+    """It said ok (exit 0) and made a copy lacking the column: a backup whose every
+    restore is as damaged as the database was."""
+    dest = tmp_path / "b b#?%.db"
+    assert run_cli(sqlite_target, "backup", str(dest)).code == 0
+    before = dest.read_bytes()
+    _drop_column(sqlite_target, "workers", "created_at")
+    for args in (("backup", str(dest), "--force"), ("backup", str(tmp_path / "new.db"))):
+        r = run_cli(sqlite_target, *args, "--json")
+        assert r.code == 7, r
+        assert r.json["error"]["code"] == "column_missing", r.json
+        assert r.json["error"]["details"]["columns"] == ["workers.created_at"]
+    assert dest.read_bytes() == before
+    assert not (tmp_path / "new.db").exists()
+
+
+@pytest.mark.parametrize("damage", ["DROP TABLE limits", "DROP TABLE jobs",
+                                    "ALTER TABLE workers DROP COLUMN created_at"])
+def test_migrate_of_a_database_at_its_revision_missing_a_table_or_column_exits_7(
+        target: Target, damage: str) -> None:
+    """`migrate` said ok (exit 0, `changed: false`) of a database lacking a table of the
+    revision it is at, as if it were whole; with `jobs` gone it said the file "holds none of
+    its tables" (schema_unknown, exit 8) beside a dozen of them. It cannot make again what
+    a revision it is at made: exit 7 naming what is missing, as `check` does, nothing
+    changed."""
+    from sqlalchemy import inspect
+
+    c = Coordinator.open(target)
+    try:
+        with c.db.engine.begin() as conn:
+            # PostgreSQL keeps the foreign keys: what depends on jobs goes with it.
+            conn.execute(text(damage + (" CASCADE" if damage == "DROP TABLE jobs"
+                                        and not target.sqlite_path else "")))
+        tables = sorted(inspect(c.db.engine).get_table_names())
+    finally:
+        c.close()
+    r = run_cli(target, "migrate", "--json")
+    assert r.code == 7, r
+    error = r.json["error"]
+    if damage.startswith("DROP TABLE"):
+        assert error["code"] == "table_missing", error
+        assert damage.split()[-1] in error["details"]["tables"]
+    else:
+        assert error["code"] == "column_missing", error
+        assert error["details"]["columns"] == ["workers.created_at"]
+    from sqlalchemy import create_engine
+
+    engine = create_engine(target.url)
+    try:
+        assert sorted(inspect(engine).get_table_names()) == tables
+    finally:
+        engine.dispose()

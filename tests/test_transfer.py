@@ -619,21 +619,25 @@ def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
         assert c.verify_artifacts()["ok"]
 
 
+@pytest.mark.parametrize("what", ["table", "column"])
 @pytest.mark.parametrize("damaged", ["source", "target"])
 def test_transfer_refuses_a_database_missing_a_table_naming_it(src: Target, pg: Target,
-                                                               damaged: str) -> None:
-    """A table dropped by hand in the source or the target: `no such table` was an internal
-    error (exit 1) one way and `not_migrated` naming no table (exit 8) the other. It is
-    exit 7 `table_missing` naming the table, and nothing is copied."""
+                                                               damaged: str, what: str) -> None:
+    """A table or column dropped by hand in the source or the target: `no such table` was
+    an internal error (exit 1) one way and `not_migrated` naming no table (exit 8) the
+    other; a column was exit 1 too. It is exit 7 `table_missing` / `column_missing` naming
+    it, and nothing is copied."""
     from sqlalchemy import text
 
     populate(src)
     with Coordinator.open(src if damaged == "source" else pg) as c, \
             c.db.engine.begin() as conn:
-        conn.execute(text("DROP TABLE limits"))
+        conn.execute(text("DROP TABLE limits" if what == "table"
+                          else "ALTER TABLE workers DROP COLUMN created_at"))
     r = run_cli(src, "transfer", "--to", pg.url, "--json")
     assert r.code == 7, r.out + r.err
-    assert r.json["error"]["code"] == "table_missing", r.json
-    assert r.json["error"]["details"]["tables"] == ["limits"]
+    assert r.json["error"]["code"] == f"{what}_missing", r.json
+    assert r.json["error"]["details"] == (
+        {"tables": ["limits"]} if what == "table" else {"columns": ["workers.created_at"]})
     assert damaged in r.json["error"]["message"]
     assert _count_jobs(pg) == 0

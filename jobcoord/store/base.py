@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, TypeVar
 from sqlalchemy.engine import Connection, Engine
 
 from .. import faults, interrupts
-from ..errors import DatabaseBusy, InvalidInput, JobcoordError, SchemaMismatch
+from ..errors import DatabaseBusy, DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
 from . import statements
 from .driver_errors import classify
 from .sources import ChangeWaiter, ConnectionSource, Result
@@ -646,9 +646,12 @@ class Database:
         """A statement failed with an error the store cannot name, or a table missing: does
         the schema explain it? (A feature removed by another process's migrate left every
         statement naming its tables failing, 500 on a server, until a restart; a table
-        dropped by hand was an internal error quoting the driver.)"""
+        dropped by hand was an internal error quoting the driver, a column dropped as well.)"""
+        # A damaged schema PostgreSQL named (a column missing: `schema_damaged`) is looked
+        # at too, for the look names what is missing.
         if self.schema_watch is None or getattr(self._local, "watching", False) or not (
-                type(err) is JobcoordError or isinstance(err, SchemaMismatch)):
+                type(err) is JobcoordError or isinstance(err, SchemaMismatch)
+                or (isinstance(err, DatabaseCorrupt) and err.code == "schema_damaged")):
             return None
         self._local.watching = True  # the look's own reads failing look no further
         try:
