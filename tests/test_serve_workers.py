@@ -292,7 +292,7 @@ def test_a_revoked_or_unknown_token_and_a_wrong_server_path_are_exit_2_not_a_ref
         error = json.loads(out.decode().splitlines()[-1])["error"]
         assert "check the server URL" in error["message"], error
         # Revoked while its handler runs: a 401 stops the handler, nothing is
-        # reported, and the worker exits 2.
+        # reported, and the worker exits 2, its log ending with its counts.
         proc = start_worker(s.url, wa, str(tmp_path), "wa", "--lease", "6")
         deadline = time.monotonic() + 60
         with Coordinator.open(target) as c:
@@ -307,6 +307,11 @@ def test_a_revoked_or_unknown_token_and_a_wrong_server_path_are_exit_2_not_a_ref
             lost = [e for e in log_events(err.decode())
                     if e.get("event") in ("lease_lost", "stopped")]
             assert lost and lost[0]["reason"] == "unauthorized", err.decode()[-2000:]
+            # Its log still ends with what the run did, and why it stopped.
+            last = log_events(err.decode())[-1]
+            assert last["event"] == "stopped_worker", err.decode()[-2000:]
+            assert (last["claimed"], last["completed"], last["error"]) == (
+                1, 0, "unauthorized"), last
             shown = c.show(job)
             assert shown["job"]["status"] == "running" and shown["job"]["result"] is None
             assert not [e for e in shown["events"] if e["reason"] in ("completed", "failed")]

@@ -5,6 +5,7 @@ table (exit 7, `table_missing`, HTTP 503), as `check` does, instead of an intern
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -145,11 +146,16 @@ def test_a_remote_worker_meeting_a_dropped_table_is_told_it_as_a_local_one_is(
         assert got.value.details["tables"] == ["leases"]
         done = subprocess.run(
             [sys.executable, "-m", "jobcoord", "worker", "--server", s.url, "--token-file",
-             token_file(tmp_path, "tok", secret), "--exec", "k=cat", "--burst", "--json"],
+             token_file(tmp_path, "tok", secret), "--exec", "k=cat", "--burst", "--json",
+             "--log-format", "json"],
             capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 7, (done.returncode, done.stderr[-2000:])
         assert "table_missing" in done.stdout, done.stdout
         assert "Traceback" not in done.stderr
+        # Its log ends with its counts and the error it stopped on.
+        last = json.loads([line for line in done.stderr.splitlines()
+                           if line.startswith("{")][-1])
+        assert (last["event"], last["error"]) == ("stopped_worker", "table_missing"), last
 
 
 def _drop_column(target: Target, table: str, column: str) -> None:

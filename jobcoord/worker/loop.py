@@ -406,6 +406,7 @@ class Worker:
         gather_from: float | None = None
         backoff = Backoff(cfg.poll_s)
         outage = Outage(cfg.give_up_s)
+        raised: BaseException | None = None
         try:
             while not self.stopping.is_set():
                 self._collect()
@@ -489,6 +490,9 @@ class Worker:
                 self._start_all(got["claimed"], t0, claim_ms, live)
             if self.fatal is None:
                 self._drain()
+        except BaseException as e:
+            raised = e
+            raise
         finally:
             self.stopping.set()
             if self.completer is not None:
@@ -500,15 +504,26 @@ class Worker:
             self.handler_threads.close()
             if self.watch is not None:
                 self.watch.close()
+            failure = raised or self.fatal
+            if failure is not None:
+                # Stopped by an error (a revoked token, a damaged database): its exit
+                # carries the error; the log still ends with what the run did before it.
+                self.log("stopped_worker", **self._summary(),
+                         error=getattr(failure, "code", type(failure).__name__))
         if self.fatal is not None:
             raise self.fatal
-        summary = {"worker_id": cfg.worker_id, "claimed": self.counts["claimed"],
-                   "completed": self.counts["completed"], "failed": self.counts["failed"],
-                   "released": self.counts["released"], "lost": self.counts["lost"],
-                   "gate_refused": self.counts["gate_refused"], "reaped": self.counts["reaped"]}
+        summary = self._summary()
         self.log("stopped_worker", **summary)
         self.stopped = True
         return summary
+
+    def _summary(self) -> dict[str, Any]:
+        """What this run did: its counts."""
+        counts = self.counts
+        return {"worker_id": self.config.worker_id, "claimed": counts["claimed"],
+                "completed": counts["completed"], "failed": counts["failed"],
+                "released": counts["released"], "lost": counts["lost"],
+                "gate_refused": counts["gate_refused"], "reaped": counts["reaped"]}
 
     def _claim(self, free: int) -> dict[str, Any]:
         """Claim up to `free` jobs in one call (one job per call without batching): the
