@@ -25,7 +25,7 @@ from .core import schedules as schedule_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
 from .core.submit import JobSpec
-from .errors import InvalidInput, JobcoordError, SchemaMismatch
+from .errors import DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
 from .policy import Policy
 from .store.base import Database, Target, resolve_target
 
@@ -140,7 +140,7 @@ class Coordinator:
         now; `table_missing` or `column_missing` when a table or column of its
         revisions is gone (dropped by hand, a partial restore), as `check` reports it; else
         None."""
-        from .maintenance import schema_damage
+        from .maintenance import missing_keys, schema_damage
         from .migrate import verify_schema
 
         now = verify_schema(self.db)
@@ -153,7 +153,17 @@ class Coordinator:
                 "schema_changed", f"the database's schema changed under this process "
                 f"({where}): `jobcoord migrate --with/--without` ran beside it; nothing was "
                 "changed, try again (the change is taken now)")
-        return schema_damage(self.db, where)
+        damage = schema_damage(self.db, where)
+        if damage is not None:
+            return damage
+        keys = missing_keys(self.db)  # a table made again without them: every upsert fails
+        if keys:
+            return DatabaseCorrupt(
+                "schema_damaged", f"the database lacks its key(s) "
+                f"{', '.join(k['table'] + '.' + k['name'] for k in keys)} ({where}): a table "
+                "made again outside jobcoord; nothing was changed. `jobcoord check` names "
+                "what is missing; restore from a backup", objects=keys)
+        return None
 
     def stop_checks(self) -> None:
         """End the artifact checks of completions in progress through this coordinator, and

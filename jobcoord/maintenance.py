@@ -62,9 +62,12 @@ def _expected_tables(features: set[str]) -> list[Table]:
 
 def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[str]:
     """The tables of the installed revisions the database lacks (dropped by hand, a partial
-    restore): every command that reads one would fail, so `check` must not say ok."""
-    return [t.name for t in _expected_tables(features)
-            if not db.engine.dialect.has_table(conn, t.name)]
+    restore): every command that reads one would fail, so `check` must not say ok. A view
+    in a table's place is no table (writes to it fail: "cannot modify ... it is a view")."""
+    from sqlalchemy import inspect
+
+    tables = set(inspect(conn).get_table_names())  # tables only, views excluded; one read
+    return [t.name for t in _expected_tables(features) if t.name not in tables]
 
 
 def _schema_damage(db: Database, conn: Connection) -> tuple[str, list[str]] | None:
@@ -153,8 +156,56 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
                 if isinstance(k, PrimaryKeyConstraint | UniqueConstraint))
     expected += [("jobs", "trigger", name) for name in COUNTING_TRIGGERS]
     present = db.schema_object_names(conn)
-    return [{"table": t, "type": kind, "name": name} for t, kind, name in expected
-            if name not in present]
+    missing = [{"table": t, "type": kind, "name": name} for t, kind, name in expected
+               if name not in present]
+    if not db.names_constraint_indexes:
+        missing += _missing_keys_by_columns(conn, [t for t in metadata.sorted_tables
+                                                   if t.name not in absent])
+    return missing
+
+
+def _missing_keys_by_columns(conn: Connection, tables: list[Table]) -> list[dict[str, str]]:
+    """SQLite names no key: a table made again without its primary key or a UNIQUE (same
+    columns, `CREATE TABLE t2 AS SELECT ...`) is found by the keys' columns. Every upsert on
+    it failed ("ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint")."""
+    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint, inspect
+
+    found = inspect(conn)
+    missing = []
+    for table in tables:
+        pk = frozenset(found.get_pk_constraint(table.name)["constrained_columns"] or ())
+        # SQLite's own lists (the inspector's skip expression indexes with a warning): each
+        # unique index whole (not partial), UNIQUE constraints' included, by its columns.
+        uniques = {frozenset(r[2] for r in conn.exec_driver_sql(
+                       f"PRAGMA index_info({_quoted(index[1])})").all())
+                   for index in conn.exec_driver_sql(
+                       f"PRAGMA index_list({_quoted(table.name)})").all()
+                   if index[2] and not index[4]}
+        for key in table.constraints:
+            columns = frozenset(c.name for c in key.columns)
+            if isinstance(key, PrimaryKeyConstraint) and columns and columns != pk:
+                missing.append({"table": table.name, "type": "primary_key",
+                                "name": str(key.name)})
+            elif isinstance(key, UniqueConstraint) and columns not in uniques | {pk}:
+                missing.append({"table": table.name, "type": "unique", "name": str(key.name)})
+    return missing
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def missing_keys(db: Database) -> list[dict[str, str]]:
+    """The primary keys and UNIQUE constraints of the newest revisions the database lacks
+    (a table made again by hand without them), in one read."""
+    def look(conn: Connection) -> list[dict[str, str]]:
+        installed = _installed_features(db, conn)
+        if installed is None:
+            return []
+        return [o for o in _missing_objects(db, conn, installed[1])
+                if o["type"] in ("primary_key", "unique")]
+
+    return db.read(look, "looking for keys")
 
 
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:

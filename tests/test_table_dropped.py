@@ -251,3 +251,62 @@ def test_migrate_of_a_database_at_its_revision_missing_a_table_or_column_exits_7
         assert sorted(inspect(engine).get_table_names()) == tables
     finally:
         engine.dispose()
+
+
+def test_a_view_standing_in_a_tables_place_is_that_table_missing(target: Target) -> None:
+    """A table renamed and a view of it made under its name (by hand, a tool "fixing" the
+    schema): a write to it was an internal error (exit 1, "cannot modify limits because it
+    is a view") on SQLite and "cannot reach the database" (exit 6) on PostgreSQL, while
+    `check` and `migrate` said ok. A view is no table: exit 7 `table_missing` naming it,
+    from the command, `check` and `migrate`, nothing changed."""
+    c = Coordinator.open(target)
+    try:
+        c.set_limit("llm", 1)
+        with c.db.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE limits RENAME TO limits_real"))
+            # DISTINCT: PostgreSQL writes through a plain SELECT * view.
+            conn.execute(text("CREATE VIEW limits AS SELECT DISTINCT * FROM limits_real"))
+    finally:
+        c.close()
+    for args in (("limit", "set", "llm", "--concurrency", "2"), ("check",), ("migrate",)):
+        r = run_cli(target, *args, "--json")
+        assert r.code == 7, (args, r)
+        found = r.json["error"] if "error" in r.json else r.json["violations"][0]
+        assert found.get("code", found.get("invariant")) == "table_missing", (args, r.json)
+        tables = (found["details"]["tables"] if "error" in r.json else found["tables"])
+        assert tables == ["limits"], (args, r.json)
+    with Coordinator.open(target) as c, c.db.engine.connect() as conn:
+        assert conn.execute(text("SELECT concurrency FROM limits_real")).scalar_one() == 1
+
+
+@pytest.mark.parametrize("table,command", [
+    ("limits", ("limit", "set", "llm", "--concurrency", "2")),
+    ("workers", ("heartbeat", "w1")),
+])
+def test_a_table_made_again_without_its_primary_key_is_schema_damaged_naming_it(
+        sqlite_target: Target, table: str, command: tuple[str, ...]) -> None:
+    """SQLite: a table made again with its columns but not its key (`CREATE TABLE t2 AS
+    SELECT * FROM t`, renamed back): every upsert failed as an internal error (exit 1, "ON
+    CONFLICT clause does not match any PRIMARY KEY"), and `check` said ok, SQLite naming no
+    key. `check` finds it by the key's columns (`schema_object_missing`), and the command
+    is exit 7 `schema_damaged` naming it, as PostgreSQL's dropped key is."""
+    c = Coordinator.open(sqlite_target)
+    try:
+        c.set_limit("llm", 1)
+        c.heartbeat("w1")
+        with c.db.engine.begin() as conn:
+            conn.execute(text(f"CREATE TABLE t2 AS SELECT * FROM {table}"))
+            conn.execute(text(f"DROP TABLE {table}"))
+            conn.execute(text(f"ALTER TABLE t2 RENAME TO {table}"))
+    finally:
+        c.close()
+    r = run_cli(sqlite_target, *command, "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "schema_damaged", r.json
+    assert r.json["error"]["details"]["objects"] == [
+        {"table": table, "type": "primary_key", "name": f"pk_{table}"}], r.json
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert {"table": table, "type": "primary_key", "name": f"pk_{table}"} in (
+        found["schema_object_missing"]["objects"]), r.json

@@ -98,6 +98,11 @@ PG_STATES: dict[str, tuple[type[JobcoordError], str, str]] = {
     "42703": (DatabaseCorrupt, "schema_damaged",
               "a column is missing (the schema was changed outside jobcoord; run `jobcoord "
               "check`)"),
+    # A write to a view standing where a table was ("cannot insert into view"): psycopg
+    # raises it as an OperationalError, which read as the database being unreachable.
+    "55000": (DatabaseCorrupt, "schema_damaged",
+              "an object is not what jobcoord made (a view in a table's place?): the schema "
+              "was changed outside jobcoord; run `jobcoord check`"),
     "42P10": (DatabaseCorrupt, "schema_damaged",
               "a key or unique constraint is missing (the schema was changed outside "
               "jobcoord; run `jobcoord check`)"),
