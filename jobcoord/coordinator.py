@@ -140,7 +140,7 @@ class Coordinator:
         now; `table_missing` or `column_missing` when a table or column of its
         revisions is gone (dropped by hand, a partial restore), as `check` reports it; else
         None."""
-        from .maintenance import missing_keys, schema_damage
+        from .maintenance import missing_keys, schema_damage, unexpected_columns
         from .migrate import verify_schema
 
         now = verify_schema(self.db)
@@ -163,6 +163,12 @@ class Coordinator:
                 f"{', '.join(k['table'] + '.' + k['name'] for k in keys)} ({where}): a table "
                 "made again outside jobcoord; nothing was changed. `jobcoord check` names "
                 "what is missing; restore from a backup", objects=keys)
+        extra = unexpected_columns(self.db)  # no insert of jobcoord's can fill them
+        if extra:
+            return DatabaseCorrupt(
+                "schema_damaged", f"the database holds column(s) jobcoord never makes that "
+                f"must not be null: {', '.join(extra)} ({where}); a table made again outside "
+                "jobcoord: nothing was changed. `jobcoord check` names them", columns=extra)
         return None
 
     def stop_checks(self) -> None:

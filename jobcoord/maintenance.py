@@ -130,6 +130,28 @@ def _missing_columns(conn: Connection, newest: set[str]) -> list[str]:
             for c in t.columns if c.name not in have]
 
 
+def _unexpected_columns(conn: Connection, newest: set[str]) -> list[str]:
+    """The columns (`table.column`) jobcoord never makes that no insert of its can fill (NOT
+    NULL, no default), in a table made again by hand: every insert into it fails ("NOT NULL
+    constraint failed"). A column of one's own that may be null is left alone."""
+    from sqlalchemy import inspect
+
+    found = inspect(conn)
+    return [f"{t.name}.{col['name']}" for t in _expected_tables(newest)
+            for col in found.get_columns(t.name)
+            if col["name"] not in t.columns and not col["nullable"]
+            and col.get("default") is None and col.get("autoincrement") is not True]
+
+
+def unexpected_columns(db: Database) -> list[str]:
+    """`_unexpected_columns` of the installed revisions, in one read."""
+    def look(conn: Connection) -> list[str]:
+        installed = _installed_features(db, conn)
+        return [] if installed is None else _unexpected_columns(conn, installed[1])
+
+    return db.read(look, "looking for columns")
+
+
 def _missing_objects(db: Database, conn: Connection, newest: set[str]
                      ) -> list[dict[str, str]]:
     """The indexes, constraints and triggers of the installed revisions the database lacks
@@ -221,6 +243,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     if objects:
         violations.append({"invariant": "schema_object_missing", "job_ids": [],
                            "objects": objects[:20]})
+    extra = [] if installed is None else _unexpected_columns(conn, installed[1])
+    if extra:
+        violations.append({"invariant": "column_unexpected", "job_ids": [],
+                           "columns": extra[:20]})
     for name, stmt in rs.INVARIANTS:
         ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:

@@ -310,3 +310,38 @@ def test_a_table_made_again_without_its_primary_key_is_schema_damaged_naming_it(
     found = {v["invariant"]: v for v in r.json["violations"]}
     assert {"table": table, "type": "primary_key", "name": f"pk_{table}"} in (
         found["schema_object_missing"]["objects"]), r.json
+
+
+def test_a_required_column_jobcoord_never_makes_is_schema_damaged_naming_it(
+        target: Target) -> None:
+    """A table made again with a column of someone's own that must not be null and has no
+    default: every insert failed as an internal error (exit 1, "NOT NULL constraint
+    failed: limits.extra") and `check` said ok. `check` names it (`column_unexpected`),
+    the command is exit 7 `schema_damaged` naming it; a nullable column of one's own is
+    left alone."""
+    c = Coordinator.open(target)
+    try:
+        with c.db.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE limits ADD COLUMN note TEXT"))  # one's own, nullable
+        c.set_limit("llm", 1)
+        assert run_cli(target, "check", "--json").code == 0
+        with c.db.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE limits ADD COLUMN extra INTEGER"))
+            if target.sqlite_path:  # SQLite adds no NOT NULL column without a default
+                conn.execute(text("PRAGMA writable_schema = ON"))
+                conn.execute(text("UPDATE sqlite_master SET sql = replace(sql, "
+                                  "'extra INTEGER', 'extra INTEGER NOT NULL') "
+                                  "WHERE name = 'limits'"))
+            else:
+                conn.execute(text("UPDATE limits SET extra = 0"))
+                conn.execute(text("ALTER TABLE limits ALTER COLUMN extra SET NOT NULL"))
+    finally:
+        c.close()
+    r = run_cli(target, "limit", "set", "other", "--concurrency", "2", "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "schema_damaged", r.json
+    assert r.json["error"]["details"]["columns"] == ["limits.extra"], r.json
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert found["column_unexpected"]["columns"] == ["limits.extra"], r.json
