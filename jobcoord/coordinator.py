@@ -25,7 +25,7 @@ from .core import schedules as schedule_rules
 from .core import workers as worker_rules
 from .core.common import DEFAULT_TENANT
 from .core.submit import JobSpec
-from .errors import DatabaseCorrupt, InvalidInput, JobcoordError, SchemaMismatch
+from .errors import InvalidInput, JobcoordError, SchemaMismatch
 from .policy import Policy
 from .store.base import Database, Target, resolve_target
 
@@ -138,9 +138,9 @@ class Coordinator:
         """Read the schema again after a statement failed unexplained: `schema_changed` when
         its features changed (a `migrate --with/--without` ran beside this process), taken
         now; `table_missing` or `column_missing` when a table or column of its
-        revisions is gone (dropped by hand, a partial restore), as `check` reports it; else
-        None."""
-        from .maintenance import missing_keys, schema_damage, unexpected_columns
+        revisions is gone (dropped by hand, a partial restore), `schema_damaged` when a
+        key is, as `check` reports them; else None."""
+        from .maintenance import schema_damage
         from .migrate import verify_schema
 
         now = verify_schema(self.db)
@@ -153,23 +153,8 @@ class Coordinator:
                 "schema_changed", f"the database's schema changed under this process "
                 f"({where}): `jobcoord migrate --with/--without` ran beside it; nothing was "
                 "changed, try again (the change is taken now)")
-        damage = schema_damage(self.db, where)
-        if damage is not None:
-            return damage
-        keys = missing_keys(self.db)  # a table made again without them: every upsert fails
-        if keys:
-            return DatabaseCorrupt(
-                "schema_damaged", f"the database lacks its key(s) "
-                f"{', '.join(k['table'] + '.' + k['name'] for k in keys)} ({where}): a table "
-                "made again outside jobcoord; nothing was changed. `jobcoord check` names "
-                "what is missing; restore from a backup", objects=keys)
-        extra = unexpected_columns(self.db)  # no insert of jobcoord's can fill them
-        if extra:
-            return DatabaseCorrupt(
-                "schema_damaged", f"the database holds column(s) jobcoord never makes that "
-                f"must not be null: {', '.join(extra)} ({where}); a table made again outside "
-                "jobcoord: nothing was changed. `jobcoord check` names them", columns=extra)
-        return None
+        # Keys too: a table made again by hand without them fails every upsert.
+        return schema_damage(self.db, where, keys=True)
 
     def stop_checks(self) -> None:
         """End the artifact checks of completions in progress through this coordinator, and

@@ -70,18 +70,30 @@ def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[
     return [t.name for t in _expected_tables(features) if t.name not in tables]
 
 
-def _schema_damage(db: Database, conn: Connection) -> tuple[str, list[str]] | None:
-    """What of its revisions' schema the database lacks, the tables first: ("table_missing",
-    tables) or ("column_missing", ["table.column", ...]); None when whole or below the
+def _schema_damage(db: Database, conn: Connection, *, keys: bool = False
+                   ) -> tuple[str, str, list[Any]] | None:
+    """What of its revisions' schema the database lacks, as (code, details key, names): the
+    tables first ("table_missing"), then the columns ("column_missing"); with `keys`, also
+    a primary key or UNIQUE missing, or a column jobcoord never makes that no insert of its
+    can fill ("schema_damaged": a table made again by hand). None when whole, or below the
     newest core revision (an older one lacks the newer tables by design)."""
     installed = _installed_features(db, conn)
     if installed is None:
         return None
     tables = _missing_tables(db, conn, installed[0])
     if tables:
-        return "table_missing", tables
+        return "table_missing", "tables", tables
     columns = _missing_columns(conn, installed[1])
-    return ("column_missing", columns) if columns else None
+    if columns:
+        return "column_missing", "columns", columns
+    if not keys:
+        return None
+    gone = [o for o in _missing_objects(db, conn, installed[1])
+            if o["type"] in ("primary_key", "unique")]
+    if gone:
+        return "schema_damaged", "objects", gone
+    extra = _unexpected_columns(conn, installed[1])
+    return ("schema_damaged", "columns", extra) if extra else None
 
 
 def holds_core_table(db: Database, conn: Connection) -> bool:
@@ -90,23 +102,28 @@ def holds_core_table(db: Database, conn: Connection) -> bool:
     return any(db.engine.dialect.has_table(conn, t.name) for t in _expected_tables(set()))
 
 
-def schema_damage(db: Database, where: str) -> DatabaseCorrupt | None:
-    """The error every command meeting a database that lacks tables or columns of its
-    revisions (dropped by hand, a partial restore) raises, as `check` names them (exit 7):
-    None when none is missing. One read."""
-    found = db.read(lambda conn: _schema_damage(db, conn), "looking at the schema")
+def schema_damage(db: Database, where: str, *, keys: bool = False) -> DatabaseCorrupt | None:
+    """The error (exit 7) of a database lacking tables or columns of its revisions (and,
+    with `keys`, the rest `_schema_damage` looks for), as `check` names them; None when
+    none is found. One read."""
+    found = db.read(lambda conn: _schema_damage(db, conn, keys=keys), "looking at the schema")
     return None if found is None else damage_error(found, where)
 
 
-def damage_error(found: tuple[str, list[str]], where: str) -> DatabaseCorrupt:
+def damage_error(found: tuple[str, str, list[Any]], where: str) -> DatabaseCorrupt:
     """The error of `_schema_damage`'s finding."""
-    code, missing = found
-    what, key = ("table(s)", "tables") if code == "table_missing" else ("column(s)",
-                                                                         "columns")
+    code, key, names = found
+    shown = ", ".join(n if isinstance(n, str) else f"{n['table']}.{n['name']}" for n in names)
+    if code == "schema_damaged":
+        what = (f"lacks its key(s) {shown}" if key == "objects" else
+                f"holds column(s) jobcoord never makes that must not be null: {shown}")
+        cause = "a table made again outside jobcoord"
+    else:
+        what = f"lacks its {'table' if key == 'tables' else 'column'}(s) {shown}"
+        cause = "dropped outside jobcoord or a partial restore"
     return DatabaseCorrupt(
-        code, f"the database lacks its {what} {', '.join(missing)} ({where}): dropped "
-        "outside jobcoord or a partial restore; nothing was changed. `jobcoord check` names "
-        "what is missing; restore from a backup", **{key: missing})
+        code, f"the database {what} ({where}): {cause}; nothing was changed. `jobcoord "
+        "check` names it; restore from a backup", **{key: names})
 
 
 def refuse_damaged_schema(db: Database, where: str) -> None:
@@ -141,15 +158,6 @@ def _unexpected_columns(conn: Connection, newest: set[str]) -> list[str]:
             for col in found.get_columns(t.name)
             if col["name"] not in t.columns and not col["nullable"]
             and col.get("default") is None and col.get("autoincrement") is not True]
-
-
-def unexpected_columns(db: Database) -> list[str]:
-    """`_unexpected_columns` of the installed revisions, in one read."""
-    def look(conn: Connection) -> list[str]:
-        installed = _installed_features(db, conn)
-        return [] if installed is None else _unexpected_columns(conn, installed[1])
-
-    return db.read(look, "looking for columns")
 
 
 def _missing_objects(db: Database, conn: Connection, newest: set[str]
@@ -217,25 +225,11 @@ def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def missing_keys(db: Database) -> list[dict[str, str]]:
-    """The primary keys and UNIQUE constraints of the newest revisions the database lacks
-    (a table made again by hand without them), in one read."""
-    def look(conn: Connection) -> list[dict[str, str]]:
-        installed = _installed_features(db, conn)
-        if installed is None:
-            return []
-        return [o for o in _missing_objects(db, conn, installed[1])
-                if o["type"] in ("primary_key", "unique")]
-
-    return db.read(look, "looking for keys")
-
-
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     damage = _schema_damage(db, conn)
     if damage is not None:
         # The invariants' statements may read what is missing: this finding comes alone.
-        code, missing = damage
-        key = "tables" if code == "table_missing" else "columns"
+        code, key, missing = damage
         return [{"invariant": code, "job_ids": [], key: missing}]
     installed = _installed_features(db, conn)
     violations = []

@@ -274,7 +274,7 @@ def migrate(
             if damage is not None:
                 raise damage_error(damage, "migrating")
             if not db.engine.dialect.has_table(conn, "jobs"):  # an older revision's
-                raise damage_error(("table_missing", ["jobs"]), "migrating")
+                raise damage_error(("table_missing", "tables", ["jobs"]), "migrating")
         features = (installed_features(before) | add) - remove
         cfg = _config(db, conn, features | remove)
         for feature in sorted(remove):
