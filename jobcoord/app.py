@@ -216,7 +216,10 @@ def load_app(spec: str) -> App:
     except ImportError as e:
         raise InvalidInput("invalid_input", f"--app: cannot import {module_name!r}: {e}"
                            ) from None
-    except Exception as e:  # the user's module failed while loading: say where, no traceback
+    except (Exception, SystemExit) as e:
+        # The user's module failed while loading: say where, no traceback. A sys.exit() in
+        # it too: it ended the worker with the module's own code (0, or 3 that reads as "no
+        # eligible job") and no word of why.
         raise InvalidInput("invalid_input", f"--app: importing {module_name!r} failed: "
                            f"{type(e).__name__}: {e}") from None
     obj = module

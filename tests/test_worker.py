@@ -826,6 +826,21 @@ def test_an_app_module_failing_to_load_is_a_clear_usage_error(db, sqlite_target,
     assert "Traceback" not in run.err
 
 
+@pytest.mark.parametrize("exit_call,shown", [("sys.exit(0)", "SystemExit: 0"),
+                                              ("sys.exit(3)", "SystemExit: 3"),
+                                              ("sys.exit('no GPU')", "SystemExit: no GPU")])
+def test_an_app_module_exiting_while_it_loads_is_a_clear_usage_error(
+        db, sqlite_target, tmp_path, monkeypatch, exit_call, shown):
+    """A sys.exit() in the module escaped: the worker ended with the module's own code (0,
+    or 3, which reads as "no eligible job"), printing nothing, its --json no JSON."""
+    name = f"exiting_{abs(hash(exit_call))}"
+    (tmp_path / f"{name}.py").write_text(f"import sys\n{exit_call}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = run_cli(sqlite_target, "worker", "--app", f"{name}:app", "--burst", "--json")
+    assert run.code == 2, run
+    assert run.json["error"]["message"] == f"--app: importing {name!r} failed: {shown}"
+
+
 def test_a_command_leaving_a_background_child_on_stdout_still_finishes(db, start, tmp_path):
     _, c = db
     pid_file = str(tmp_path / "child.pid")
