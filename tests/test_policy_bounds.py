@@ -348,3 +348,20 @@ def test_a_flag_setting_that_is_not_true_or_false_says_so(tmp_path, value):
     assert caught.value.code == "invalid_policy"
     assert "background_requires_ac must be true or false" in caught.value.message, (
         caught.value.message)
+
+
+def test_an_empty_policy_option_is_refused_and_an_empty_policy_variable_is_no_policy(
+        sqlite_target, monkeypatch):
+    """`--policy ''` (a variable that was not set, typed into a command) ran with the
+    default policy as if none were asked for: exit 2, nothing submitted. An empty
+    JOBCOORD_POLICY still means no policy."""
+    from jobcoord.service import Coordinator
+    from tests.conftest import run_cli
+
+    r = run_cli(sqlite_target, "--policy", "", "enqueue", "k", "--json")
+    assert r.code == 2 and r.json["error"]["code"] == "invalid_input", r
+    assert "--policy" in r.json["error"]["message"]
+    with Coordinator.open(sqlite_target) as c:
+        assert c.jobs()["jobs"] == []
+    monkeypatch.setenv("JOBCOORD_POLICY", "")
+    assert run_cli(sqlite_target, "enqueue", "k", "--json").code == 0

@@ -47,6 +47,15 @@ class Settings:
     def policy(self) -> Any:
         from ..policy import Policy
 
+        if self.policy_path == "":
+            # An empty JOBCOORD_POLICY means no policy; an empty --policy is a mistyped
+            # command (a variable that was not set), not a request for the defaults.
+            ctx = click.get_current_context().find_root()
+            if ctx.get_parameter_source("policy_path") is click.core.ParameterSource.COMMANDLINE:
+                from ..errors import InvalidInput
+
+                raise InvalidInput("invalid_input", "--policy must name a TOML file, not an "
+                                   "empty path (leave it out for the default policy)")
         return Policy.from_toml(self.policy_path) if self.policy_path else Policy()
 
     def coordinator(self) -> Any:
