@@ -640,3 +640,27 @@ def test_a_command_on_a_schema_damaged_by_hand_is_corrupt_exit_7_never_internal(
     assert r.json["error"]["code"] == code
     if code == "column_missing":
         assert r.json["error"]["details"]["columns"] == ["jobs.run_after"]
+
+
+def test_check_reports_a_trigger_on_jobcoords_tables_it_never_makes_and_exits_7(
+        target: Target) -> None:
+    """A trigger of someone's on `jobs` changes its rows behind the coordinator's rules;
+    `check` said ok. It names it (`trigger_unexpected`, exit 7), on both databases."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target, migrate=True)
+    c.enqueue("k", {})
+    with c.db.engine.begin() as conn:
+        if target.sqlite_path:
+            conn.execute(text("CREATE TRIGGER evil AFTER INSERT ON jobs BEGIN "
+                              "UPDATE jobs SET kind = 'x' WHERE job_id = new.job_id; END"))
+        else:
+            conn.execute(text("CREATE FUNCTION evil_fn() RETURNS trigger LANGUAGE plpgsql AS "
+                              "$$ BEGIN RETURN NEW; END $$"))
+            conn.execute(text("CREATE TRIGGER evil BEFORE INSERT ON jobs FOR EACH ROW "
+                              "EXECUTE FUNCTION evil_fn()"))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert found["trigger_unexpected"]["triggers"] == [{"table": "jobs", "name": "evil"}]

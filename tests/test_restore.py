@@ -84,6 +84,36 @@ def test_restore_makes_a_new_database_identical_to_the_backup(sqlite_target: Tar
     assert run_cli(restored, "status", "--json").json["active_leases"] == 1
 
 
+def test_restore_refuses_a_backup_carrying_a_trigger_jobcoord_never_makes(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    """A backup with a trigger of someone's on `jobs` (rewriting each new job's kind) was
+    restored (exit 0) and `check` said ok: every job submitted afterwards was changed behind
+    the coordinator's rules. `check` names it (`trigger_unexpected`, exit 7), so `restore`
+    refuses the backup and makes nothing. A table of one's own beside jobcoord's is left
+    alone."""
+    backup = populated_backup(sqlite_target, tmp_path / "backup.db")
+    conn = sqlite3.connect(backup)
+    conn.execute("CREATE TABLE notes(x TEXT)")  # one's own: not a finding
+    conn.commit()
+    conn.close()
+    new = tmp_path / "restored.db"
+    assert run_cli(resolve_target(db=str(new)), "restore", str(backup), "--json").code == 0
+    new.unlink()
+    conn = sqlite3.connect(backup)
+    conn.execute("CREATE TRIGGER evil AFTER INSERT ON jobs BEGIN "
+                 "UPDATE jobs SET kind = 'pwned' WHERE job_id = new.job_id; END")
+    conn.commit()
+    conn.close()
+    r = run_cli(resolve_target(db=str(new)), "restore", str(backup), "--json")
+    assert r.code == 7, r
+    assert "trigger_unexpected" in r.out, r.out
+    assert not new.exists()
+    r = run_cli(resolve_target(db=str(backup)), "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v for v in r.json["violations"]}
+    assert found["trigger_unexpected"]["triggers"] == [{"table": "jobs", "name": "evil"}]
+
+
 def test_restore_never_writes_over_an_existing_database(sqlite_target: Target,
                                                        tmp_path: Path) -> None:
     backup = populated_backup(sqlite_target, tmp_path / "backup.db")

@@ -479,6 +479,10 @@ class Database:
         """The names of the indexes and triggers the database holds (for `check`)."""
         raise NotImplementedError
 
+    def triggers(self, conn: Connection) -> list[tuple[str, str]]:
+        """Every trigger the database holds, as (table, trigger) (for `check`)."""
+        raise NotImplementedError
+
     def prepare_for_migration(self) -> None:
         """What must hold before a migration's transaction, outside it (SQLite: WAL)."""
 

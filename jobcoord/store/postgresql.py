@@ -472,6 +472,13 @@ class PostgresDatabase(Database):
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE NOT t.tgisinternal AND n.nspname = current_schema()").all()}
 
+    def triggers(self, conn: Connection) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in conn.exec_driver_sql(
+            "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE NOT t.tgisinternal AND n.nspname = current_schema() "
+            "ORDER BY c.relname, t.tgname").all()]
+
     def storage_facts(self, conn: Connection) -> dict[str, Any]:
         # Measured when the connection opened: this host against the server.
         offset = conn.info.get("clock_offset_s")

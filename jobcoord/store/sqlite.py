@@ -621,6 +621,11 @@ class SqliteDatabase(Database):
         return {r[0] for r in conn.exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')").all()}
 
+    def triggers(self, conn: Connection) -> list[tuple[str, str]]:
+        return [(r[0], r[1]) for r in conn.exec_driver_sql(
+            "SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger' "
+            "ORDER BY tbl_name, name").all()]
+
     def integrity_check(self, conn: Connection, *, full: bool = False
                         ) -> tuple[list[str], list[list[Any]]]:
         fks = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
