@@ -27,6 +27,16 @@ def _drop(target: Target, table: str) -> None:
         c.close()
 
 
+def _told(r: Any, code: str, key: str, names: list[str]) -> None:
+    """The command exited 7 with `code`, naming `names` under `details[key]`, and pointed
+    at `check`."""
+    assert r.code == 7, r
+    error = r.json["error"]
+    assert error["code"] == code, error
+    assert error["details"][key] == names, error
+    assert "check" in error["message"]
+
+
 def _events(target: Target) -> int:
     with Coordinator.open(target) as c, c.db.engine.connect() as conn:
         return int(conn.execute(text("SELECT count(*) FROM job_events")).scalar_one())
@@ -39,12 +49,7 @@ def test_a_token_command_on_a_database_without_its_tokens_table_exits_7_naming_i
     token(target, "ci", "submitter")
     _drop(target, "tokens")
     before = _events(target)
-    r = run_cli(target, *args, "--json")
-    assert r.code == 7, r
-    error = r.json["error"]
-    assert error["code"] == "table_missing", error
-    assert error["details"]["tables"] == ["tokens"]
-    assert "check" in error["message"]
+    _told(run_cli(target, *args, "--json"), "table_missing", "tables", ["tokens"])
     assert _events(target) == before
 
 
@@ -174,15 +179,11 @@ def test_a_command_reading_a_dropped_column_exits_7_naming_it(
     internal error (exit 1) quoting the driver, on PostgreSQL `schema_damaged` naming
     nothing. Both say `column_missing` (exit 7) naming the column, as `check` does."""
     assert run_cli(target, "heartbeat", "w1").code == 0
-    run_cli(target, "submit", "--kind", "k", "--payload", "{}")
+    assert run_cli(target, "enqueue", "k").code == 0
     _drop_column(target, "workers", "created_at")
     before = _events(target)
-    r = run_cli(target, *args, "--json")
-    assert r.code == 7, r
-    error = r.json["error"]
-    assert error["code"] == "column_missing", error
-    assert error["details"]["columns"] == ["workers.created_at"]
-    assert "check" in error["message"]
+    _told(run_cli(target, *args, "--json"), "column_missing", "columns",
+          ["workers.created_at"])
     assert _events(target) == before
 
 
