@@ -18,13 +18,18 @@ from tests.conftest import run_cli
 from tests.serve_procs import served, token
 
 
-def _drop(target: Target, table: str) -> None:
+def _alter(target: Target, statement: str) -> None:
+    """Change the schema by hand, as someone beside jobcoord would."""
     c = Coordinator.open(target)
     try:
         with c.db.engine.begin() as conn:
-            conn.execute(text(f"DROP TABLE {table}"))
+            conn.execute(text(statement))
     finally:
         c.close()
+
+
+def _drop(target: Target, table: str) -> None:
+    _alter(target, f"DROP TABLE {table}")
 
 
 def _told(r: Any, code: str, key: str, names: list[str]) -> None:
@@ -164,12 +169,7 @@ def test_a_remote_worker_meeting_a_dropped_table_is_told_it_as_a_local_one_is(
 
 
 def _drop_column(target: Target, table: str, column: str) -> None:
-    c = Coordinator.open(target)
-    try:
-        with c.db.engine.begin() as conn:
-            conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
-    finally:
-        c.close()
+    _alter(target, f"ALTER TABLE {table} DROP COLUMN {column}")
 
 
 @pytest.mark.parametrize("args", [("heartbeat", "w1"), ("heartbeat", "w2")])
