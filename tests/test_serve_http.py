@@ -477,8 +477,9 @@ def test_sigterm_answers_a_request_whose_body_is_still_arriving_503_with_no_trac
 
 
 def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) -> None:
-    """A database error the store cannot name (here a column dropped by hand) is a 500; it
-    was answered with no `internal_error` event, so an operator alerting on those never
+    """A database error the store cannot name (here a trigger of someone's refusing every
+    new job; a table or column gone is named, `table_missing` / `column_missing`) is a 500;
+    it was answered with no `internal_error` event, so an operator alerting on those never
     heard of it. Every 500 is logged: its code and message, never a traceback."""
     import sqlite3
 
@@ -487,12 +488,12 @@ def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) 
     try:
         assert s.proc is not None
         with s.client(op) as http:
-            assert http.get("/metrics").status_code == 200
+            assert http.post("/v1/jobs", json={"kind": "k", "payload": {}}).status_code == 201
             with contextlib.closing(sqlite3.connect(sqlite_target.sqlite_path or "")) as raw:
-                # A column gone: no store names that (a table gone is `table_missing`).
-                raw.execute("ALTER TABLE metric_folds DROP COLUMN state_json")
+                raw.execute("CREATE TRIGGER frozen BEFORE INSERT ON jobs BEGIN "
+                            "SELECT RAISE(ABORT, 'jobs are frozen'); END")
                 raw.commit()
-            got = http.get("/metrics")
+            got = http.post("/v1/jobs", json={"kind": "k", "payload": {}})
             assert got.status_code == 500, got.text
         s.signal(signal.SIGTERM)
         out, err = s.proc.communicate(timeout=30)
@@ -500,7 +501,7 @@ def test_every_500_answer_is_logged_as_an_internal_error(sqlite_target: Target) 
         s.stop()
     events = [json.loads(line) for line in out.decode().splitlines()]
     logged = [e for e in events if e["event"] == "internal_error"]
-    assert len(logged) == 1 and "state_json" in logged[0]["message"], events
+    assert len(logged) == 1 and "jobs are frozen" in logged[0]["message"], events
     assert b"Traceback" not in err
 
 
