@@ -70,14 +70,15 @@ def _missing_tables(db: Database, conn: Connection, features: set[str]) -> list[
     return [t.name for t in _expected_tables(features) if t.name not in tables]
 
 
-def _schema_damage(db: Database, conn: Connection, *, keys: bool = False
+def _schema_damage(db: Database, conn: Connection,
+                   installed: tuple[set[str], set[str]] | None, *, keys: bool = False
                    ) -> tuple[str, str, list[Any]] | None:
     """What of its revisions' schema the database lacks, as (code, details key, names): the
     tables first ("table_missing"), then the columns ("column_missing"); with `keys`, also
     a primary key or UNIQUE missing, or a column jobcoord never makes that no insert of its
     can fill ("schema_damaged": a table made again by hand). None when whole, or below the
-    newest core revision (an older one lacks the newer tables by design)."""
-    installed = _installed_features(db, conn)
+    newest core revision (an older one lacks the newer tables by design). `installed`:
+    `_installed_features`'s answer."""
     if installed is None:
         return None
     tables = _missing_tables(db, conn, installed[0])
@@ -96,6 +97,12 @@ def _schema_damage(db: Database, conn: Connection, *, keys: bool = False
     return ("schema_damaged", "columns", extra) if extra else None
 
 
+def damage_in(db: Database, conn: Connection, *, keys: bool = False
+              ) -> tuple[str, str, list[Any]] | None:
+    """`_schema_damage` of the revisions installed, inside the caller's transaction."""
+    return _schema_damage(db, conn, _installed_features(db, conn), keys=keys)
+
+
 def holds_core_table(db: Database, conn: Connection) -> bool:
     """Whether any table of the core is there (a revision recorded over none of them is no
     damaged database but no jobcoord database at all)."""
@@ -106,7 +113,7 @@ def schema_damage(db: Database, where: str, *, keys: bool = False) -> DatabaseCo
     """The error (exit 7) of a database lacking tables or columns of its revisions (and,
     with `keys`, the rest `_schema_damage` looks for), as `check` names them; None when
     none is found. One read."""
-    found = db.read(lambda conn: _schema_damage(db, conn, keys=keys), "looking at the schema")
+    found = db.read(lambda conn: damage_in(db, conn, keys=keys), "looking at the schema")
     return None if found is None else damage_error(found, where)
 
 
@@ -199,28 +206,21 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     missing = [{"table": t, "type": kind, "name": name} for t, kind, name in expected
                if name not in present]
     if not db.names_constraint_indexes:
-        missing += _missing_keys_by_columns(conn, [t for t in metadata.sorted_tables
-                                                   if t.name not in absent])
+        missing += _missing_keys_by_columns(db, conn, [t for t in metadata.sorted_tables
+                                                       if t.name not in absent])
     return missing
 
 
-def _missing_keys_by_columns(conn: Connection, tables: list[Table]) -> list[dict[str, str]]:
+def _missing_keys_by_columns(db: Database, conn: Connection, tables: list[Table]
+                             ) -> list[dict[str, str]]:
     """SQLite names no key: a table made again without its primary key or a UNIQUE (same
     columns, `CREATE TABLE t2 AS SELECT ...`) is found by the keys' columns. Every upsert on
     it failed ("ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint")."""
-    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint, inspect
+    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
 
-    found = inspect(conn)
     missing = []
     for table in tables:
-        pk = frozenset(found.get_pk_constraint(table.name)["constrained_columns"] or ())
-        # SQLite's own lists (the inspector's skip expression indexes with a warning): each
-        # unique index whole (not partial), UNIQUE constraints' included, by its columns.
-        uniques = {frozenset(r[2] for r in conn.exec_driver_sql(
-                       f"PRAGMA index_info({_quoted(index[1])})").all())
-                   for index in conn.exec_driver_sql(
-                       f"PRAGMA index_list({_quoted(table.name)})").all()
-                   if index[2] and not index[4]}
+        pk, uniques = db.key_columns(conn, table.name)
         for key in table.constraints:
             columns = frozenset(c.name for c in key.columns)
             if isinstance(key, PrimaryKeyConstraint) and columns and columns != pk:
@@ -231,17 +231,13 @@ def _missing_keys_by_columns(conn: Connection, tables: list[Table]) -> list[dict
     return missing
 
 
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
-    damage = _schema_damage(db, conn)
+    installed = _installed_features(db, conn)
+    damage = _schema_damage(db, conn, installed)
     if damage is not None:
         # The invariants' statements may read what is missing: this finding comes alone.
         code, key, missing = damage
         return [{"invariant": code, "job_ids": [], key: missing}]
-    installed = _installed_features(db, conn)
     violations = []
     objects = [] if installed is None else _missing_objects(db, conn, installed[1])
     if objects:

@@ -257,7 +257,7 @@ def migrate(
             if orphans:  # creating the tables again would fail half-way ("already exists")
                 raise _unknown_schema(db, orphans)
         elif before & set(CORE_REVISIONS):
-            from .maintenance import _schema_damage, damage_error, holds_core_table
+            from .maintenance import damage_error, damage_in, holds_core_table
 
             if not holds_core_table(db, conn):
                 # A revision recorded over no tables: said to be migrated, it was left so
@@ -270,7 +270,7 @@ def migrate(
                     "new one")
             # Some of its tables or columns dropped by hand (a partial restore): migrate
             # cannot make again what a revision it is at made, and said ok (exit 0).
-            damage = _schema_damage(db, conn)
+            damage = damage_in(db, conn)
             if damage is not None:
                 raise damage_error(damage, "migrating")
             if not db.engine.dialect.has_table(conn, "jobs"):  # an older revision's

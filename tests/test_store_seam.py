@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from jobcoord.coordinator import Coordinator
 from jobcoord.store import postgresql as pg_store
 from jobcoord.store import statements
@@ -69,3 +71,28 @@ def test_every_fixed_statement_names_only_columns_the_schema_has(coord: Coordina
 
 def _names(stmt: statements.SQL) -> dict[str, Any]:
     return dict.fromkeys(re.findall(r"(?<![:\w]):([A-Za-z_]\w*)", stmt.source))
+
+
+@pytest.mark.filterwarnings("ignore:Skipped unsupported reflection")  # the base's, on SQLite
+def test_each_stores_key_columns_are_the_models_keys(target: Any) -> None:
+    """`check` finds a key by its columns on a store that does not name its keys' indexes:
+    on a whole database each store's answer (its own, and the inspector's the base gives)
+    holds every primary key and UNIQUE of the models."""
+    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
+
+    from jobcoord.schema import metadata
+
+    with Coordinator.open(target) as c, c.db.engine.connect() as conn:
+        present = set(c.db.engine.dialect.get_table_names(conn))
+        for table in metadata.sorted_tables:
+            if table.name not in present:  # a feature not installed
+                continue
+            for answer in (c.db.key_columns(conn, table.name),
+                           Database.key_columns(c.db, conn, table.name)):
+                pk, uniques = answer
+                for key in table.constraints:
+                    columns = frozenset(col.name for col in key.columns)
+                    if isinstance(key, PrimaryKeyConstraint):
+                        assert pk == columns, (table.name, answer)
+                    elif isinstance(key, UniqueConstraint):
+                        assert columns in uniques, (table.name, key.name, answer)

@@ -483,6 +483,21 @@ class Database:
         """Every trigger the database holds, as (table, trigger) (for `check`)."""
         raise NotImplementedError
 
+    def key_columns(self, conn: Connection, table: str
+                    ) -> tuple[frozenset[str], set[frozenset[str]]]:
+        """`table`'s primary key columns and the column sets of its unique constraints and
+        indexes, for a store that does not name its keys' indexes (`check` finds a key by
+        its columns there). SQLAlchemy's inspector answers it anywhere; a store may read
+        its own catalogue instead."""
+        from sqlalchemy import inspect
+
+        found = inspect(conn)
+        pk = frozenset(found.get_pk_constraint(table)["constrained_columns"] or ())
+        uniques = {frozenset(u["column_names"]) for u in found.get_unique_constraints(table)}
+        uniques |= {frozenset(str(c) for c in i["column_names"])
+                    for i in found.get_indexes(table) if i["unique"]}
+        return pk, uniques
+
     def prepare_for_migration(self) -> None:
         """What must hold before a migration's transaction, outside it (SQLite: WAL)."""
 

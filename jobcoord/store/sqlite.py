@@ -626,6 +626,22 @@ class SqliteDatabase(Database):
             "SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger' "
             "ORDER BY tbl_name, name").all()]
 
+    def key_columns(self, conn: Connection, table: str
+                    ) -> tuple[frozenset[str], set[frozenset[str]]]:
+        # SQLite's own lists: the inspector skips expression indexes with a warning, and
+        # would count a partial unique index as a key.
+        # table_info's pk column numbers the primary key's columns (0: not in it). A PRAGMA
+        # takes no bound parameter: the names are quoted as identifiers.
+        quoted = conn.dialect.identifier_preparer.quote_identifier
+        pk = frozenset(r[1] for r in conn.exec_driver_sql(
+            f"PRAGMA table_info({quoted(table)})").all() if r[5])
+        uniques = {frozenset(r[2] for r in conn.exec_driver_sql(
+                       f"PRAGMA index_info({quoted(index[1])})").all())
+                   for index in conn.exec_driver_sql(
+                       f"PRAGMA index_list({quoted(table)})").all()
+                   if index[2] and not index[4]}
+        return pk, uniques
+
     def integrity_check(self, conn: Connection, *, full: bool = False
                         ) -> tuple[list[str], list[list[Any]]]:
         fks = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
