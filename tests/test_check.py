@@ -642,17 +642,20 @@ def test_a_command_on_a_schema_damaged_by_hand_is_corrupt_exit_7_never_internal(
         assert r.json["error"]["details"]["columns"] == ["jobs.run_after"]
 
 
+@pytest.mark.parametrize("on", ["jobs", '"JOBS"'])
 def test_check_reports_a_trigger_on_jobcoords_tables_it_never_makes_and_exits_7(
-        target: Target) -> None:
+        target: Target, on: str) -> None:
     """A trigger of someone's on `jobs` changes its rows behind the coordinator's rules;
     `check` said ok. It names it (`trigger_unexpected`, exit 7), on both databases."""
     from sqlalchemy import text
 
+    if on != "jobs" and not target.sqlite_path:
+        pytest.skip("PostgreSQL: a quoted \"JOBS\" is another table, not jobs")
     c = Coordinator.open(target, migrate=True)
     c.enqueue("k", {})
     with c.db.engine.begin() as conn:
-        if target.sqlite_path:
-            conn.execute(text("CREATE TRIGGER evil AFTER INSERT ON jobs BEGIN "
+        if target.sqlite_path:  # SQLite's names know no case: "JOBS" is jobs
+            conn.execute(text(f"CREATE TRIGGER evil AFTER INSERT ON {on} BEGIN "
                               "UPDATE jobs SET kind = 'x' WHERE job_id = new.job_id; END"))
         else:
             conn.execute(text("CREATE FUNCTION evil_fn() RETURNS trigger LANGUAGE plpgsql AS "

@@ -622,8 +622,10 @@ class SqliteDatabase(Database):
             "SELECT name FROM sqlite_master WHERE type IN ('index', 'trigger')").all()}
 
     def triggers(self, conn: Connection) -> list[tuple[str, str]]:
+        # Table names know no case here (ON "JOBS" is on jobs): answered as jobcoord names
+        # them. lower() folds ASCII only, as SQLite's names do.
         return [(r[0], r[1]) for r in conn.exec_driver_sql(
-            "SELECT tbl_name, name FROM sqlite_master WHERE type = 'trigger' "
+            "SELECT lower(tbl_name), name FROM sqlite_master WHERE type = 'trigger' "
             "ORDER BY tbl_name, name").all()]
 
     def key_columns(self, conn: Connection, table: str
