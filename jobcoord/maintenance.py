@@ -503,9 +503,31 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     # Renamed over DEST only with --force: without, linked, so a DEST another backup made
     # meanwhile is refused rather than replaced.
     copy_check = _copy_into_place(sqlite_uri(source, "ro"), dest, journal_mode="delete",
-                                  replace=force, what="backing up")
+                                  replace=force, what="backing up", vet=_restore_takes)
     return {"source": source, "backup": dest, "size_bytes": os.path.getsize(dest),
             "quick_check": copy_check, "ok": True}
+
+
+def _restore_takes(copy_path: str, dest: str) -> None:
+    """Refuse a backup's copy that `restore` would refuse: its pages are whole (quick_check),
+    but `check`'s application invariants find fault with it (a trigger of someone's on
+    `jobs`, a table made again without its key, job_counts drifted from the jobs). Such a
+    file is no backup, and with --force it would have replaced the last good one. Read from
+    the copy, one snapshot: what is put in place is what was judged."""
+    copy = Database.open(resolve_target(db=copy_path), frozen=True)
+    try:
+        found = copy.read(lambda conn: _invariants(copy, conn), "checking the copy")
+    finally:
+        copy.close()
+    if found:
+        kept = (f"{dest} was left as it was" if os.path.lexists(dest)
+                else f"nothing was written at {dest}")
+        names = ", ".join(dict.fromkeys(v["invariant"] for v in found))
+        raise DatabaseCorrupt(
+            "database_corrupt", f"backing up: the database holds what `jobcoord check` finds "
+            f"({names}) and `restore` would refuse a copy of it; {kept}. Run `jobcoord check` "
+            "and repair the database, or restore it from the last good backup",
+            violations=found[:20])
 
 
 def standalone_destination(dest: str) -> None:
@@ -718,11 +740,12 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
 
 
 def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: bool,
-                     what: str) -> list[str]:
+                     what: str, vet: Callable[[str, str], None] | None = None) -> list[str]:
     """Copy a database with the online backup API, in one step, into a temporary file beside
     `dest`; set its journal mode, quick_check the copy, sync it and put it in place: renamed
     over `dest` when `replace`, otherwise linked, which fails rather than replace a file that
-    appeared meanwhile. Returns the quick_check rows (["ok"]).
+    appeared meanwhile. `vet(copy, dest)`, when given, judges the checked copy further and
+    raises to keep it out of place. Returns the quick_check rows (["ok"]).
 
     Nothing is put in place before the copy passed its check: a damaged copy raises
     DatabaseCorrupt and `dest` is exactly what it was. A failure leaves no temporary file
@@ -757,6 +780,8 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
             raise DatabaseCorrupt(
                 "database_corrupt", f"{what}: the copy failed quick_check, so the source "
                 f"database is damaged; {kept}: {found[:3]}", quick_check=found[:20])
+        if vet is not None:
+            vet(tmp, dest)
         _sync(tmp)
         faults.point("copy.before_place")
         if replace:

@@ -57,6 +57,51 @@ def test_backup_force_from_a_damaged_database_keeps_the_last_good_backup(
     assert ok.code == 0, ok.out + ok.err
 
 
+# Each damage a whole page-for-page copy carries, which `check` finds and `restore` refuses:
+# a backup of it would be a file no restore takes.
+_DAMAGE_RESTORE_REFUSES = {
+    "trigger_unexpected": ["CREATE TRIGGER evil AFTER INSERT ON jobs BEGIN "
+                           "UPDATE jobs SET kind = 'pwned' WHERE job_id = new.job_id; END"],
+    "schema_object_missing": ["CREATE TABLE l2 AS SELECT * FROM limits", "DROP TABLE limits",
+                              "ALTER TABLE l2 RENAME TO limits"],
+    "column_unexpected": ["CREATE TABLE l2 AS SELECT * FROM limits", "DROP TABLE limits",
+                          "CREATE TABLE limits (kind TEXT PRIMARY KEY, concurrency INTEGER NOT "
+                          "NULL, key_field TEXT, created_at INTEGER NOT NULL, "
+                          "updated_at INTEGER NOT NULL, mine TEXT NOT NULL)", "DROP TABLE l2"],
+    "job_counts_differ_from_jobs": ["UPDATE job_counts SET n = n + 5"],
+}
+
+
+@pytest.mark.parametrize("finding", sorted(_DAMAGE_RESTORE_REFUSES))
+def test_backup_writes_only_what_restore_takes_and_force_keeps_the_last_good_backup(
+        sqlite_target: Target, tmp_path: Path, finding: str) -> None:
+    """A database `check` finds fault with backed up exit 0 (only its pages were checked),
+    and `--force` replaced the last good backup with a file `restore` refuses. The copy is
+    checked as restore checks it, before it is put in place: exit 7 naming the finding,
+    DEST byte for byte as it was, no copy left beside it."""
+    dest = populated_backup(sqlite_target, tmp_path / "nightly.db")
+    before = digest(dest)
+    conn = sqlite3.connect(sqlite_target.sqlite_path or "")
+    for statement in _DAMAGE_RESTORE_REFUSES[finding]:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+    found = run_cli(sqlite_target, "check", "--json")
+    assert found.code == 7 and finding in found.out, found
+    r = run_cli(sqlite_target, "backup", str(dest), "--force", "--json")
+    assert r.code == 7, (r.out, r.err)
+    assert r.json["error"]["code"] == "database_corrupt"
+    assert finding in r.json["error"]["message"], r.json
+    assert finding in {v["invariant"] for v in r.json["error"]["details"]["violations"]}
+    assert digest(dest) == before  # the last good backup, byte for byte
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jobcoord.db", "nightly.db"]
+    r = run_cli(sqlite_target, "backup", str(tmp_path / "other.db"), "--json")
+    assert r.code == 7 and not (tmp_path / "other.db").exists(), r
+    new = tmp_path / "restored.db"
+    ok = run_cli(resolve_target(db=str(new)), "restore", str(dest), "--json")
+    assert ok.code == 0, ok.out + ok.err
+
+
 def test_backup_from_a_damaged_database_leaves_no_damaged_copy_behind(
         sqlite_target: Target, tmp_path: Path) -> None:
     populated_backup(sqlite_target, tmp_path / "first.db")
