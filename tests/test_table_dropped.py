@@ -346,3 +346,26 @@ def test_a_required_column_jobcoord_never_makes_is_schema_damaged_naming_it(
     assert r.code == 7, r
     found = {v["invariant"]: v for v in r.json["violations"]}
     assert found["column_unexpected"]["columns"] == ["limits.extra"], r.json
+
+
+def test_a_worker_whose_report_meets_a_dropped_column_stops_at_once_exit_7(
+        target: Target) -> None:
+    """A column only completions write, dropped by hand: the worker logged `report_error`
+    for each job and went on claiming the next, every job it could reach claimed and lost
+    (its result never stored), then exited 0. A report meeting an error no retry heals
+    stops the worker as a claim meeting it does: exit 7 naming the column, after the first
+    job; the rest stay waiting."""
+    for _ in range(3):
+        assert run_cli(target, "enqueue", "k").code == 0
+    assert run_cli(target, "heartbeat", "w1").code == 0
+    _drop_column(target, "jobs", "provenance_json")
+    r = run_cli(target, "worker", "--worker-id", "w1", "--exec", "k=cat", "--burst",
+                "--json", "--log-format", "json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "column_missing", r.json
+    assert r.json["error"]["details"]["columns"] == ["jobs.provenance_json"]
+    logged = [json.loads(line) for line in r.err.splitlines() if line.startswith("{")]
+    assert [e["event"] for e in logged].count("claimed") == 1, logged
+    assert (logged[-1]["event"], logged[-1]["error"]) == ("stopped_worker", "column_missing")
+    with Coordinator.open(target) as c:
+        assert sorted(j["status"] for j in c.jobs()["jobs"]) == ["running", "waiting", "waiting"]

@@ -279,10 +279,15 @@ class Worker:
         code, message = describe(e)
         self.log(f"{what}_error", error=code, detail=message)
         if is_fatal(e):
-            # Cannot heal (schema, corruption): stop the worker, which raises it.
+            self.stop_for(e)
+
+    def stop_for(self, e: BaseException) -> None:
+        """An error no retry heals (schema, corruption) met beside the claim loop, by a timer
+        or a job's report: stop the worker, which raises it (the first, when several)."""
+        if self.fatal is None:
             self.fatal = e
-            self.stopping.set()
-            self.wake.set()
+        self.stopping.set()
+        self.wake.set()
 
     def _reap_before_leaving(self) -> bool:
         """A burst worker about to leave an empty queue reaps once first (when it reaps at

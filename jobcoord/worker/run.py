@@ -643,6 +643,10 @@ class JobRun:
                     log("report_error", **base, outcome=out.kind, error=code, detail=message)
                     w.count("report_errors")
                     w.count("lost")  # its outcome never reached the coordinator
+                    if is_fatal(e):
+                        # The next job's report would meet it too: claiming on would take
+                        # every job it reaches and lose each one's result.
+                        w.stop_for(e)
                     return
                 log("report_retry", **base, outcome=out.kind, error=code)
                 time.sleep(0.25)
