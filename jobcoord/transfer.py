@@ -50,6 +50,10 @@ def tables_for(features: set[str]) -> list[Table]:
     return [Base.metadata.tables[n] for n in names]
 
 
+#: The integers PostgreSQL's `integer` and `bigint` columns keep: -bound <= n < bound.
+_INTEGER_BOUND, _BIGINT_BOUND = 2**31, 2**63
+
+
 def canonical(table: Table, row: Any) -> str:
     """One row as a line of JSON that reads the same from SQLite and PostgreSQL: booleans
     as true/false (SQLite stores 0/1), floats in exact hex, integers as integers, text as is."""
@@ -66,6 +70,14 @@ def canonical(table: Table, row: Any) -> str:
         elif isinstance(col.type, Integer):
             if type(value) is not int:
                 raise _unreadable(table, col.name, value, "not a whole number")
+            bound = _INTEGER_BOUND if type(col.type) is Integer else _BIGINT_BOUND
+            if not -bound <= value < bound:
+                # Found here, before the target is written: PostgreSQL's refusal mid-copy
+                # named no column, and the driver logged its aborted pipeline on stderr.
+                raise DatabaseCorrupt(
+                    "value_out_of_range", f"{table.name}.{col.name} holds {value}, past what "
+                    f"PostgreSQL's column keeps ({-bound} to {bound - 1}; written outside "
+                    "jobcoord); nothing was copied", table=table.name, column=col.name)
             out.append(value)
         else:
             if type(value) is not str:

@@ -667,3 +667,82 @@ def test_check_reports_a_trigger_on_jobcoords_tables_it_never_makes_and_exits_7(
     assert r.code == 7, r
     found = {v["invariant"]: v for v in r.json["violations"]}
     assert found["trigger_unexpected"]["triggers"] == [{"table": "jobs", "name": "evil"}]
+
+
+def _set_epoch(c: Coordinator, job: int, epoch: int, *, lease_too: bool = False) -> None:
+    from sqlalchemy import text as sql_text
+
+    with c.db.engine.begin() as conn:
+        conn.execute(sql_text("UPDATE jobs SET epoch = :e WHERE job_id = :j"),
+                     {"e": epoch, "j": job})
+        if lease_too:
+            conn.execute(sql_text("UPDATE leases SET epoch = :e WHERE job_id = :j"),
+                         {"e": epoch, "j": job})
+
+
+@pytest.mark.parametrize("status", ["waiting", "running", "dead"])
+def test_check_reports_a_job_epoch_set_back_below_one_a_claim_gave_and_exits_7(
+        target: Target, status: str) -> None:
+    """A job's epoch set back by hand (to 0, below the epoch its `claimed` event shows)
+    passed `check` as ok; the next claim then handed out (job, epoch 1) a second time, the
+    fencing every completion relies on broken. `check` names it
+    (`epoch_behind_claims`). A job never claimed at epoch 0 is whole."""
+    c = Coordinator.open(target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    fresh = c.enqueue("k", {})["job_id"]
+    job = c.enqueue("k", {})["job_id"]
+    got = c.claim("w1")
+    assert got["job"]["job_id"] == fresh
+    c.fail(fresh, "w1", 1, "x", permanent=True)
+    got = c.claim("w1")
+    assert got["job"]["job_id"] == job and got["lease"]["epoch"] == 1
+    if status == "waiting":
+        c.fail(job, "w1", 1, "try again")
+    elif status == "dead":
+        c.fail(job, "w1", 1, "x", permanent=True)
+    c.enqueue("k", {})  # never claimed: epoch 0 is its own
+    assert run_cli(target, "check", "--json").code == 0
+    _set_epoch(c, job, 0, lease_too=status == "running")
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v["job_ids"] for v in r.json["violations"]}
+    assert found == {"epoch_behind_claims": [job]}, found
+
+
+@pytest.mark.parametrize("status", ["waiting", "running"])
+def test_check_reports_a_job_whose_epoch_cannot_grow_and_exits_7(
+        target: Target, status: str) -> None:
+    """A waiting job at epoch 2**31 - 1 passed `check` as ok, and the next claim set it aside
+    as `dead` (`job_unreadable`, its epoch cannot grow). `check` names it
+    (`epoch_out_of_range`); a running job at that epoch is whole (its claim gave it)."""
+    c = Coordinator.open(target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    job = c.enqueue("k", {})["job_id"]
+    if status == "running":
+        c.claim("w1")
+    _set_epoch(c, job, 2**31 - 1, lease_too=status == "running")
+    c.close()
+    r = run_cli(target, "check", "--json")
+    if status == "running":
+        assert r.code == 0, r
+        return
+    assert r.code == 7, r
+    found = {v["invariant"]: v["job_ids"] for v in r.json["violations"]}
+    assert found == {"epoch_out_of_range": [job]}, found
+
+
+def test_check_reports_a_sqlite_epoch_past_the_largest_one_kept_and_exits_7(
+        sqlite_target: Target) -> None:
+    """SQLite keeps any integer: an epoch past 2**31 - 1 (PostgreSQL's column) on any job is
+    one no claim gave, `transfer` to PostgreSQL refused it naming nothing."""
+    c = Coordinator.open(sqlite_target)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    job = c.enqueue("k", {})["job_id"]
+    c.claim("w1")
+    _set_epoch(c, job, 3_000_000_000, lease_too=True)
+    c.close()
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7, r
+    found = {v["invariant"]: v["job_ids"] for v in r.json["violations"]}
+    assert found == {"epoch_out_of_range": [job]}, found

@@ -588,6 +588,33 @@ def test_a_source_value_no_postgresql_column_holds_is_exit_7_and_nothing_is_copi
         assert target.status()["jobs"].get("waiting", 0) == 0
 
 
+@pytest.mark.parametrize(("table", "column"), [("jobs", "epoch"), ("leases", "epoch"),
+                                             ("jobs", "max_attempts")])
+def test_a_source_integer_past_its_postgresql_column_is_exit_7_naming_it(
+        src: Target, pg: Target, table: str, column: str) -> None:
+    """SQLite keeps any 64-bit integer; PostgreSQL's `integer` column stops at 2**31 - 1.
+    An epoch past it (written by hand) failed the transfer mid-copy: exit 7 naming no table,
+    column or row, and the driver's "error ignored terminating Pipeline" on stderr. It is
+    refused before anything is written, naming the table and column, the target empty."""
+    with Coordinator.open(src) as c:
+        c.heartbeat("w1")
+        c.enqueue_many([{"kind": "k", "payload": {"i": i}} for i in range(400)])
+        c.claim("w1")
+    path = src.sqlite_path
+    assert path
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"UPDATE {table} SET {column} = 3000000000 WHERE job_id = 1")
+    r = run_cli(src, "transfer", "--to", pg.url, "--json", "--allow-active-leases")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "value_out_of_range", r.json
+    assert (r.json["error"]["details"]["table"], r.json["error"]["details"]["column"]) == (
+        table, column), r.json
+    assert "3000000000" in r.json["error"]["message"]
+    assert "Pipeline" not in r.err and "ignored" not in r.err, r.err
+    with Coordinator.open(pg) as target:
+        assert target.status()["jobs"].get("waiting", 0) == 0
+
+
 def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
         src: Target, pg: Target, tmp_path: Any) -> None:
     """After `transfer` the PostgreSQL database references the store's objects, but the

@@ -25,7 +25,7 @@ from ..schema import (
 )
 from ..states import FINAL_STATUSES
 from .schedule_statements import SCHEDULE_COLUMNS
-from .statements import SQL, const
+from .statements import MAX_EPOCH, SQL, const
 
 P = bindparam
 J, L, E, W, A = jobs.c, leases.c, job_events.c, workers.c, artifacts.c
@@ -63,6 +63,17 @@ INVARIANTS: tuple[tuple[str, SQL], ...] = tuple((name, SQL(stmt.limit(const(20))
                             J.finished_at.is_(None))),
     ("attempts_out_of_range",
      select(J.job_id).where(J.attempts > J.max_attempts, J.status != const("waiting"))),
+    # Fencing: every claim gives an epoch above the job's, so the job's epoch is never below
+    # one a `claimed` event shows. Set back by hand, the next claim hands out a (job, epoch)
+    # a second time. Refusal events carry their caller's epoch, any number: not looked at.
+    ("epoch_behind_claims",
+     select(J.job_id).where(exists(select(ONE).select_from(job_events).where(
+         E.job_id == J.job_id, E.reason == const("claimed"), E.epoch > J.epoch)))),
+    # Past what PostgreSQL's column keeps (SQLite keeps any integer), or at it on a waiting
+    # job, whose next claim cannot add one: the claim sets such a job aside as dead.
+    ("epoch_out_of_range",
+     select(J.job_id).where((J.epoch > const(MAX_EPOCH))
+                            | ((J.epoch >= const(MAX_EPOCH)) & (J.status == const("waiting"))))),
 ))
 
 
