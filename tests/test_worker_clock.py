@@ -108,3 +108,44 @@ def test_after_a_short_suspend_the_lease_is_renewed_at_once(resumable, tmp_path)
     assert c.show(job)["lease"]["expires_at"] > expires
     assert not os.path.exists(marker)  # still running, still ours
     wait_for(lambda: _heartbeat_at(c) != before, 1.5, "a heartbeat right after the resume")
+
+
+def test_a_handler_returning_after_the_lease_ended_has_its_outcome_discarded(
+        sqlite_target: Any) -> None:
+    """A worker stopped (SIGSTOP, a suspend) while its Python handler ran, resumed past the
+    lease's end: the handler returned before the loop looked at the clocks, and its result
+    was sent (refused `lease_expired`, or `stale_epoch` once another worker held the job,
+    leaving a `complete_refused` event). The outcome of an attempt whose lease is over is
+    discarded, as documented: `lease_lost`, nothing reported. Here the coordinator's own
+    clock is not moved, so a result sent would even have been accepted."""
+    from jobcoord.app import App
+
+    late = App()
+    clock, log = MovableClock(), _Lines()
+
+    @late.handler("late")
+    def resumes_past_the_lease(payload: dict, ctx: Any) -> dict:
+        clock.wall_s = clock.boot_s = 40.0  # the process resumes 40 s on, past a 30 s lease
+        return {"ok": 1}
+
+    c = Coordinator.open(sqlite_target)
+    cfg = WorkerConfig(worker_id="w1", handlers={"late": late.handlers["late"]}, roles=[],
+                       lease_s=30.0, heartbeat_s=30.0, reap_s=0.0, poll_s=0.05, grace_s=0.2,
+                       log_format="json")
+    worker = Worker(c, cfg, Log("w1", "json", stream=log), clock=clock)  # type: ignore[arg-type]
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        job = c.enqueue("late", {})["job_id"]
+        wait_for(lambda: log.events("lease_lost") or log.events("completed"), 10,
+                 "the handler's outcome")
+        assert not log.events("completed"), log.lines
+        assert log.events("lease_lost")[0]["reason"] == "lease_expired"
+        shown = c.show(job)
+        assert shown["job"]["status"] == "running", shown  # its lease runs out; reaped later
+        assert [e["reason"] for e in shown["events"]] == ["enqueued", "claimed"], shown
+    finally:
+        worker.stopping.set()
+        worker.wake.set()
+        thread.join(20)
+        c.close()

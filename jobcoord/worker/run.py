@@ -465,6 +465,16 @@ class JobRun:
         duration = (clock.boot() if handler_done is None else handler_done) - started
         if result.kind == "success" and ctx.cancelled:
             result = Outcome("lost", code=ctx.cancel_reason)
+        if result.kind != "lost" and (clock.boot() >= lease_end or (
+                self.expires_at_us is not None and clock.wall_us() >= self.expires_at_us)):
+            # The handler returned after the lease's end, seen only now: the process was
+            # stopped or suspended, and on resuming the handler's return came before the
+            # loop's look at the clocks. The attempt is over; its outcome is discarded, not
+            # sent (another worker may hold the job by now).
+            log("lease_lost", job_id=self.job_id, epoch=self.epoch, reason="lease_expired",
+                detail="the handler returned after the lease's end (the worker was stopped "
+                "or suspended meanwhile): its outcome is discarded")
+            result = Outcome("lost", code="lease_expired")
         self._report(result, duration, started_at, lease_end)
         self.reported = True
         handler = self.handler_thread
