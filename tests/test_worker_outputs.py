@@ -40,14 +40,21 @@ def test_a_command_result_is_stored_exactly_as_printed(db, start, tmp_path, prin
     assert c.show(job)["job"]["result"] == stored
 
 
-def test_an_envelope_without_a_result_is_invalid_output(db, start, tmp_path):
+@pytest.mark.parametrize("printed", ['{"jobcoord_envelope": 1}',
+                                     '{"jobcoord_envelope": 1, "result": 1, "provenance": [1]}'],
+                         ids=["no_result", "provenance_not_an_object"])
+def test_an_envelope_without_a_result_or_with_bad_provenance_is_invalid_output_with_evidence(
+        db, start, tmp_path, printed):
+    """As any invalid output, the error keeps the first 200 bytes printed as evidence (an
+    envelope's own faults said only what was wrong)."""
     _, c = db
     job = c.enqueue("emit", {})["job_id"]
-    script = _emit_script(tmp_path, '{"jobcoord_envelope": 1}')
+    script = _emit_script(tmp_path, printed)
     code, summary = start("--exec", f"emit={PY} {script}", "--burst").finish()
     assert code == 0 and summary["completed"] == 0
     got = c.show(job)
     assert got["job"]["status"] == "dead" and got["events"][-1]["reason"] == "invalid_result"
+    assert f"output began: {printed}" in got["job"]["last_error"], got["job"]["last_error"]
 
 
 def test_a_string_result_is_a_string_through_the_api_and_the_cli(db):

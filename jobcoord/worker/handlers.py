@@ -507,6 +507,14 @@ def start_command(run: JobRun, ctx: Context, lease_left_s: float) -> Callable[[]
         raw = bytes(out).strip()
         if not raw:
             return Outcome("success", {}, {})
+
+        def invalid(why: str) -> Outcome:
+            """Invalid output, with the first 200 bytes printed as the evidence."""
+            msg = f"{why}; output began: {repr(raw[:200])[2:-1]}"
+            if flags["held_open"]:
+                msg += f"; {held}"
+            return Outcome("invalid_output", error=msg)
+
         try:
             # The very validation `complete --result` applies: strict UTF-8, no
             # duplicate keys, no NaN, bounded depth and size.
@@ -514,19 +522,14 @@ def start_command(run: JobRun, ctx: Context, lease_left_s: float) -> Callable[[]
                                     require_object=False,
                                     too_large_code="result_too_large")
         except InvalidInput as e:
-            evidence = repr(raw[:200])[2:-1]
-            msg = f"{e.message}; output began: {evidence}"
-            if flags["held_open"]:
-                msg += f"; {held}"
-            return Outcome("invalid_output", error=msg)
+            return invalid(e.message)
         marker = value.get("jobcoord_envelope") if isinstance(value, dict) else None
         if type(marker) is int and marker == 1:  # exactly 1: `true` is not an envelope
             if "result" not in value:
-                return Outcome("invalid_output", error="the envelope has no \"result\"")
+                return invalid("the envelope has no \"result\"")
             prov = value.get("provenance") or {}
             if not isinstance(prov, dict):
-                return Outcome("invalid_output",
-                                error="envelope provenance must be an object")
+                return invalid("envelope provenance must be an object")
             return Outcome("success", value.get("result"), prov)
         return Outcome("success", value, {})
 
