@@ -76,6 +76,19 @@ def create(db: Any, name: str, role: str, *, tenant: str | None = None,
         if taken is not None:
             return Refused("token_exists", f"a token named {name!r} already exists (revoked "
                            "tokens keep their name); choose another name", name=name)
+        if worker is not None:
+            # One worker row per id, which carries no tenant: tokens of two bindings acting
+            # as one id let one tenant's token rewrite the other's worker (its kinds and
+            # readings, so its gates) and an unbound one renew its leases.
+            other = next((r for r in db.run(conn, fs.LIVE_TOKENS_OF_WORKER,
+                                            {"worker": worker}) if r[1] != tenant), None)
+            if other is not None:
+                bound = "every tenant" if other[1] is None else f"tenant {other[1]!r}"
+                return Refused(
+                    "worker_id_taken", f"worker id {worker!r} is already the worker of token "
+                    f"{other[0]!r}, bound to {bound}: one worker id serves one tenant binding. "
+                    f"Choose another worker id, or revoke {other[0]!r} first", worker=worker,
+                    token=other[0])
         db.run(conn, fs.INSERT_TOKEN, {"name": name, "hash": digest, "role": role,
                                        "tenant": tenant, "worker": worker, "now": now})
         return {"name": name, "role": role, "tenant": tenant, "worker_id": worker,

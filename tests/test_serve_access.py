@@ -861,3 +861,39 @@ def test_a_bad_token_is_refused_before_an_unknown_query_parameter(target: Target
                                         ("refused", refused), ("allowed", allowed))}
             assert codes == {"anonymous": 401, "unknown": 401, "refused": 403,
                              "allowed": 400}, (path, codes)
+
+
+def test_one_worker_id_is_bound_to_one_tenant_across_its_live_tokens(target: Target) -> None:
+    """Two worker tokens naming one worker id for different tenants (or one unbound) were both
+    made: bob's token then rewrote alice's worker's row (its kinds, readings and so its
+    gates), and the unbound one renewed alice's lease. A worker id's live tokens share one
+    tenant binding: another is refused (`worker_id_taken`, exit 4) and nothing is made. A
+    second token of the same binding (a new secret for the same machine) is made, and a
+    revoked token frees the id."""
+    from jobcoord import tokens
+    from jobcoord.errors import Refused
+
+    argv = [*jobcoord_argv(), *db_args(target), "token"]
+
+    def create(name: str, *tenant: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([*argv, "create", name, "--role", "worker", "--worker", "w9",
+                               *tenant, "--json"], capture_output=True, check=False)
+
+    assert create("a", "--tenant", "alice").returncode == 0
+    for name, tenant in (("b", ("--tenant", "bob")), ("c", ())):
+        refused = create(name, *tenant)
+        assert refused.returncode == 4, refused
+        error = json.loads(refused.stdout)["error"]
+        assert error["code"] == "worker_id_taken", error
+        assert "w9" in error["message"] and "alice" in error["message"]
+    assert create("a2", "--tenant", "alice").returncode == 0  # a new secret, same binding
+    with Coordinator.open(target) as c:
+        with pytest.raises(Refused) as got:
+            tokens.create(c.db, "d", "worker", tenant="bob", worker="w9")
+        assert got.value.code == "worker_id_taken"
+        names = [t["name"] for t in tokens.list_tokens(c.db)["tokens"]]
+        assert sorted(names) == ["a", "a2"]
+    for name in ("a", "a2"):
+        assert subprocess.run([*argv, "revoke", name], capture_output=True,
+                              check=False).returncode == 0
+    assert create("b", "--tenant", "bob").returncode == 0  # the id is free again

@@ -33,6 +33,9 @@ INSERT_TOKEN = SQL(insert(tokens).values(
     worker_id=P("worker"), created_at=P("now"), revoked_at=null()))
 ALL_TOKENS = SQL(select(T.name, T.role, T.tenant, T.worker_id, T.created_at, T.revoked_at)
                  .order_by(T.name))
+#: The live worker tokens acting as worker :worker, with their tenant bindings.
+LIVE_TOKENS_OF_WORKER = SQL(select(T.name, T.tenant).where(
+    T.worker_id == P("worker"), T.revoked_at.is_(None)).order_by(T.name))
 TOKEN_REVOKED_AT = SQL(select(T.revoked_at).where(T.name == P("name")))
 REVOKE_TOKEN = SQL(update(tokens).where(T.name == P("name"), T.revoked_at.is_(None))
                    .values(revoked_at=P("now")))
