@@ -6,6 +6,7 @@ lease is over, renew at once if it is not, and heartbeat at once either way."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -54,21 +55,31 @@ class _Lines(io.TextIOBase):
             return [e for e in map(json.loads, self.lines) if e["event"] == name]
 
 
-@pytest.fixture
-def resumable(sqlite_target: Any) -> Iterator[Any]:
-    c = Coordinator.open(sqlite_target)
-    clock, log = MovableClock(), _Lines()
-    cfg = WorkerConfig(worker_id="w1", handlers={"sleepy": app.handlers["sleepy"]}, roles=[],
-                       lease_s=30.0, heartbeat_s=30.0, reap_s=0.0, poll_s=0.05, grace_s=0.2,
+@contextlib.contextmanager
+def _running(target: Any, handlers: dict[str, Any], clock: MovableClock, log: _Lines
+             ) -> Iterator[tuple[Coordinator, Worker]]:
+    """A worker with a 30 s lease on its own thread, reading `clock`, logging to `log`."""
+    c = Coordinator.open(target)
+    cfg = WorkerConfig(worker_id="w1", handlers=handlers, roles=[], lease_s=30.0,
+                       heartbeat_s=30.0, reap_s=0.0, poll_s=0.05, grace_s=0.2,
                        log_format="json")
     worker = Worker(c, cfg, Log("w1", "json", stream=log), clock=clock)  # type: ignore[arg-type]
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
-    yield c, clock, log, worker
-    worker.stopping.set()
-    worker.wake.set()
-    thread.join(20)
-    c.close()
+    try:
+        yield c, worker
+    finally:
+        worker.stopping.set()
+        worker.wake.set()
+        thread.join(20)
+        c.close()
+
+
+@pytest.fixture
+def resumable(sqlite_target: Any) -> Iterator[Any]:
+    clock, log = MovableClock(), _Lines()
+    with _running(sqlite_target, {"sleepy": app.handlers["sleepy"]}, clock, log) as (c, w):
+        yield c, clock, log, w
 
 
 def _heartbeat_at(c: Coordinator) -> str:
@@ -128,14 +139,7 @@ def test_a_handler_returning_after_the_lease_ended_has_its_outcome_discarded(
         clock.wall_s = clock.boot_s = 40.0  # the process resumes 40 s on, past a 30 s lease
         return {"ok": 1}
 
-    c = Coordinator.open(sqlite_target)
-    cfg = WorkerConfig(worker_id="w1", handlers={"late": late.handlers["late"]}, roles=[],
-                       lease_s=30.0, heartbeat_s=30.0, reap_s=0.0, poll_s=0.05, grace_s=0.2,
-                       log_format="json")
-    worker = Worker(c, cfg, Log("w1", "json", stream=log), clock=clock)  # type: ignore[arg-type]
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
+    with _running(sqlite_target, {"late": late.handlers["late"]}, clock, log) as (c, _):
         job = c.enqueue("late", {})["job_id"]
         wait_for(lambda: log.events("lease_lost") or log.events("completed"), 10,
                  "the handler's outcome")
@@ -144,8 +148,3 @@ def test_a_handler_returning_after_the_lease_ended_has_its_outcome_discarded(
         shown = c.show(job)
         assert shown["job"]["status"] == "running", shown  # its lease runs out; reaped later
         assert [e["reason"] for e in shown["events"]] == ["enqueued", "claimed"], shown
-    finally:
-        worker.stopping.set()
-        worker.wake.set()
-        thread.join(20)
-        c.close()
