@@ -79,7 +79,10 @@ def create(db: Any, name: str, role: str, *, tenant: str | None = None,
         if worker is not None:
             # One worker row per id, which carries no tenant: tokens of two bindings acting
             # as one id let one tenant's token rewrite the other's worker (its kinds and
-            # readings, so its gates) and an unbound one renew its leases.
+            # readings, so its gates) and an unbound one renew its leases. Held against other
+            # writers of tokens: two creates at once (PostgreSQL, READ COMMITTED) each found
+            # no other binding and both inserted theirs.
+            db.lock_exclusive(conn, ["tokens"])
             other = next((r for r in db.run(conn, fs.LIVE_TOKENS_OF_WORKER,
                                             {"worker": worker}) if r[1] != tenant), None)
             if other is not None:

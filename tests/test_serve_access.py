@@ -897,3 +897,45 @@ def test_one_worker_id_is_bound_to_one_tenant_across_its_live_tokens(target: Tar
         assert subprocess.run([*argv, "revoke", name], capture_output=True,
                               check=False).returncode == 0
     assert create("b", "--tenant", "bob").returncode == 0  # the id is free again
+
+
+def test_tokens_made_at_once_for_one_worker_id_get_one_binding(target: Target) -> None:
+    """Four threads each making a token for worker id Z9, each with another binding (none,
+    a, b, c), at the same moment: on PostgreSQL all four were made, each having found no
+    other binding. Exactly one binding is made; the rest are `worker_id_taken`."""
+    import threading
+
+    from jobcoord import tokens
+    from jobcoord.errors import Refused
+    from jobcoord.store import Database
+
+    bindings = [None, "a", "b", "c"]
+    start = threading.Barrier(len(bindings))
+    refused: list[str] = []
+
+    def make(i: int) -> None:
+        db = Database.open(target)
+        try:
+            start.wait(10)
+            tokens.create(db, f"t{i}", "worker", tenant=bindings[i], worker="Z9")
+        except Refused as e:
+            refused.append(e.code)
+        finally:
+            db.close()
+
+    for _ in range(3):
+        threads = [threading.Thread(target=make, args=(i,)) for i in range(len(bindings))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        with Coordinator.open(target) as c:
+            live = [t for t in tokens.list_tokens(c.db)["tokens"]
+                    if t["worker_id"] == "Z9" and not t["revoked"]]
+            assert len({t["tenant"] for t in live}) == 1, live
+            assert refused == ["worker_id_taken"] * (len(bindings) - 1), refused
+            for t in live:
+                tokens.revoke(c.db, t["name"])
+            with c.db.engine.begin() as conn:  # the names again for the next round
+                conn.exec_driver_sql("DELETE FROM tokens")
+        refused.clear()

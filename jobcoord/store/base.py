@@ -483,6 +483,11 @@ class Database:
         """Every trigger the database holds, as (table, trigger) (for `check`)."""
         raise NotImplementedError
 
+    def lock_exclusive(self, conn: Connection, tables: Sequence[str]) -> None:
+        """Hold `tables` against every other writer until commit (readers go on). A store
+        whose write transaction holds the whole database already (SQLite) has nothing to
+        add."""
+
     def key_columns(self, conn: Connection, table: str
                     ) -> tuple[frozenset[str], set[frozenset[str]]]:
         """`table`'s primary key columns and the column sets of its unique constraints and
