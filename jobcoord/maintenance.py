@@ -568,6 +568,10 @@ def writable_destination(dest: str | os.PathLike[str], *, force: bool, database:
         raise InvalidInput("invalid_input", f"{what} destination {dest} is the database "
                            "itself or one of the files SQLite keeps beside it (-wal, -shm, "
                            "-journal); writing there would destroy committed work", dest=dest)
+    if (log_of := _log_of(dest)) is not None:
+        raise InvalidInput("invalid_input", f"{what} destination {dest} is named as the log "
+                           f"SQLite keeps beside {log_of} (-wal, -shm, -journal); writing "
+                           "there would destroy that database's committed work", dest=dest)
     if store is not None and _within(dest, store):
         raise InvalidInput("invalid_input", f"{what} destination {dest} is inside the "
                            f"artifact store {store}, whose objects are never replaced",
@@ -643,6 +647,16 @@ def _beside(path: str) -> str | None:
     """The first of the files SQLite keeps beside a database (-wal, -shm, -journal) that
     exists beside `path`, or None: a file with one of them is not a database by itself."""
     return next((path + s for s in _BESIDE if os.path.lexists(path + s)), None)
+
+
+def _log_of(path: str) -> str | None:
+    """The database `path` is named as a log of (`x.db-wal` beside an existing `x.db`), or
+    None. Any database's, not only the source's: SQLite finds a log by its name alone, so a
+    file put there would be replayed onto that database, or taken for its log."""
+    for suffix in _BESIDE:
+        if path.endswith(suffix) and os.path.lexists(base := path[:-len(suffix)]):
+            return base
+    return None
 
 
 def refuse_existing(dest: str) -> None:

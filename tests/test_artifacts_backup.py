@@ -443,6 +443,29 @@ def test_a_fifo_in_place_of_an_object_is_exit_7_for_restore_verify_and_get_never
     assert not restored.exists() and not (tmp_path / "got.bin").exists()
 
 
+def test_artifact_get_never_writes_over_another_databases_wal(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """`artifact get -o other.db-wal --force` put the artifact's bytes in place of a live
+    database's log. Exit 2, the log as it was."""
+    from tests.test_backup import _live_other_database
+
+    _good_backup(sc, sqlite_target, tmp_path)
+    [job] = [j["job_id"] for j in sc.jobs()["jobs"]]
+    live = tmp_path / "live.db"
+    holder = _live_other_database(live)
+    try:
+        wal = Path(f"{live}-wal")
+        before = wal.read_bytes()
+        r = cli(sqlite_target, sc.artifacts_dir or "", "artifact", "get", str(job), "r.bin",
+                "-o", str(wal), "--force", "--json")
+        assert r.code == 2, (r.out, r.err)  # type: ignore[attr-defined]
+        assert wal.read_bytes() == before
+    finally:
+        holder.close()
+    with Coordinator.open(str(live)) as other:
+        assert other.status()["jobs"]["waiting"] == 3
+
+
 def test_an_object_that_is_a_symbolic_link_is_corrupt_and_never_restored_into_a_store(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
     """A backup whose object was replaced by a link to a file elsewhere (with the right

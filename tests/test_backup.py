@@ -237,6 +237,48 @@ def test_backup_refuses_the_databases_own_wal_shm_and_journal_as_destination(
         holder.close()
 
 
+def _live_other_database(path: Path) -> sqlite3.Connection:
+    """Another jobcoord database with three committed jobs still in its -wal, held open as a
+    running worker holds it (so nothing checkpoints the log into the file)."""
+    with Coordinator.open(str(path), migrate=True) as other:
+        holder = sqlite3.connect(str(path))
+        holder.execute("SELECT 1 FROM jobs").fetchall()
+        for _ in range(3):
+            other.enqueue("other_work", {})
+    assert Path(f"{path}-wal").exists()
+    return holder
+
+
+def test_backup_refuses_another_databases_wal_shm_and_journal_as_destination(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    """`backup live.db-wal --force` from another database replaced the -wal of a database
+    in use with a database file: live.db lost the jobs its log held, exit 0. A name ending
+    in -wal, -shm or -journal beside an existing file is that file's log: exit 2, nothing
+    written, and the same for `artifact get -o` (one rule for every file a command puts)."""
+    Coordinator.open(sqlite_target).close()
+    live = tmp_path / "live db #1.db"
+    holder = _live_other_database(live)
+    try:
+        before = {p.name: digest(p) for p in tmp_path.iterdir() if p.is_file()}
+        for suffix in ("-wal", "-shm", "-journal"):
+            dest = f"{live}{suffix}"
+            r = run_cli(sqlite_target, "backup", dest, "--force", "--json")
+            assert r.code == 2, (dest, r.out, r.err)
+            assert r.json["error"]["code"] == "invalid_input", r.json
+            assert str(live) in r.json["error"]["message"], r.json
+        assert {p.name: digest(p) for p in tmp_path.iterdir() if p.is_file()} == before
+        assert not Path(f"{live}-journal").exists()
+        with Coordinator.open(str(live)) as other:
+            assert other.status()["jobs"]["waiting"] == 3, other.status()
+    finally:
+        holder.close()
+    # A name that merely ends so, with no file of the shorter name beside it, is a file
+    # like any other.
+    lone = tmp_path / "notes-wal"
+    assert run_cli(sqlite_target, "backup", str(lone), "--json").code == 0
+    Coordinator.open(str(lone)).close()
+
+
 def test_backup_force_never_replaces_a_fifo_or_a_device(sqlite_target: Target,
                                                         tmp_path: Path) -> None:
     """`backup DEST --force` put a regular file in place of a FIFO (and, run as root, of
