@@ -186,8 +186,9 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     or the statement of the revision that made it, does."""
     from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
 
-    from .schema import COUNTING_TRIGGERS, OPTIONAL_TABLES, metadata
+    from .schema import COUNTING_TRIGGERS, OPTIONAL_TABLES, add_partial_indexes, metadata
 
+    add_partial_indexes()  # attached on demand: without, the partial ones went unlooked for
     # Only the features at their newest revision (`newest`): one below it has the indexes
     # of its own, older revision.
     absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}

@@ -583,6 +583,40 @@ def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
         assert names == [name], found
 
 
+def test_check_in_a_fresh_process_reports_every_partial_index_dropped_by_hand(
+        target: Target) -> None:
+    """The partial indexes (claim order per role, per tenant, finished jobs, expired leases:
+    those with a WHERE) are attached to the models only on demand; a `check` process that
+    had not attached them looked for none, said ok with all of them dropped, and `backup`
+    copied the database as good. Run as its own process, as an operator runs it."""
+    import json
+    import subprocess
+
+    from sqlalchemy import text
+
+    from jobcoord.schema import add_partial_indexes, metadata
+    from tests.serve_procs import db_args, jobcoord_argv
+
+    add_partial_indexes()
+    partial = sorted(str(i.name) for t in metadata.sorted_tables for i in t.indexes
+                     if i.dialect_options["sqlite"]["where"] is not None)
+    assert {"ix_jobs_claim_role", "ix_jobs_finished_at", "ix_job_events_lease_expired"
+            } <= set(partial), partial
+    c = Coordinator.open(target, migrate=True)
+    c.enqueue("k", {})
+    with c.db.engine.begin() as conn:
+        partial = sorted(set(partial) & c.db.schema_object_names(conn))  # (features: not all)
+        for name in partial:
+            conn.execute(text(f"DROP INDEX {name}"))
+    c.close()
+    done = subprocess.run([*jobcoord_argv(), *db_args(target), "check", "--json"],
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 7, (done.stdout, done.stderr)
+    found = [v for v in json.loads(done.stdout)["violations"]
+             if v["invariant"] == "schema_object_missing"]
+    assert found and sorted(o["name"] for o in found[0]["objects"]) == partial, found
+
+
 @pytest.mark.parametrize("damage", ["leases.epoch", "workers.roles_json", "schedules.tz",
                                     "table job_counts"])
 def test_check_reports_a_column_or_derived_table_dropped_by_hand_and_exits_7(
