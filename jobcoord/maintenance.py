@@ -75,10 +75,10 @@ def _schema_damage(db: Database, conn: Connection,
                    ) -> tuple[str, str, list[Any]] | None:
     """What of its revisions' schema the database lacks, as (code, details key, names): the
     tables first ("table_missing"), then the columns ("column_missing"); with `keys`, also
-    a primary key or UNIQUE missing, or a column jobcoord never makes that no insert of its
-    can fill ("schema_damaged": a table made again by hand). None when whole, or below the
-    newest core revision (an older one lacks the newer tables by design). `installed`:
-    `_installed_features`'s answer."""
+    a primary key, UNIQUE or (PostgreSQL) foreign key missing, or a column jobcoord never
+    makes that no insert of its can fill ("schema_damaged": a table made again by hand).
+    None when whole, or below the newest core revision (an older one lacks the newer tables
+    by design). `installed`: `_installed_features`'s answer."""
     if installed is None:
         return None
     tables = _missing_tables(db, conn, installed[0])
@@ -90,7 +90,7 @@ def _schema_damage(db: Database, conn: Connection,
     if not keys:
         return None
     gone = [o for o in _missing_objects(db, conn, installed[1])
-            if o["type"] in ("primary_key", "unique")]
+            if o["type"] in ("primary_key", "unique", "foreign_key")]
     if gone:
         return "schema_damaged", "objects", gone
     extra = _unexpected_columns(conn, installed[1])
@@ -133,11 +133,11 @@ def damage_error(found: tuple[str, str, list[Any]], where: str) -> DatabaseCorru
         "check` names it; restore from a backup", **{key: names})
 
 
-def refuse_damaged_schema(db: Database, where: str) -> None:
+def refuse_damaged_schema(db: Database, where: str, *, keys: bool = False) -> None:
     """Before copying a whole database (backup, transfer): a copy without a table or column
-    of its revision is no backup (restore refuses it, or restores the damage) and no
-    transfer."""
-    damage = schema_damage(db, where)
+    of its revision (with `keys`, a key or foreign key) is no backup (restore refuses it,
+    or restores the damage) and no transfer."""
+    damage = schema_damage(db, where, keys=keys)
     if damage is not None:
         raise damage
 
@@ -184,7 +184,7 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     share an idempotency key, a counting trigger gone lets job_counts drift from the jobs
     with every change after it. `migrate` does not put them back; a restore from a backup,
     or the statement of the revision that made it, does."""
-    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
+    from sqlalchemy import ForeignKeyConstraint, PrimaryKeyConstraint, UniqueConstraint
 
     from .schema import COUNTING_TRIGGERS, OPTIONAL_TABLES, add_partial_indexes, metadata
 
@@ -198,10 +198,12 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
             continue
         expected += sorted((table.name, "index", str(i.name)) for i in table.indexes)
         if db.names_constraint_indexes:
-            expected += sorted(
-                (table.name, "primary_key" if isinstance(k, PrimaryKeyConstraint)
-                 else "unique", str(k.name)) for k in table.constraints
-                if isinstance(k, PrimaryKeyConstraint | UniqueConstraint))
+            # A foreign key gone (PostgreSQL) lets a job be deleted under its events: the
+            # transfer back into SQLite, which keeps them, failed half way.
+            kinds = {PrimaryKeyConstraint: "primary_key", UniqueConstraint: "unique",
+                     ForeignKeyConstraint: "foreign_key"}
+            expected += sorted((table.name, kinds[type(k)], str(k.name))
+                               for k in table.constraints if type(k) in kinds)
     expected += [("jobs", "trigger", name) for name in COUNTING_TRIGGERS]
     present = db.schema_object_names(conn)
     missing = [{"table": t, "type": kind, "name": name} for t, kind, name in expected

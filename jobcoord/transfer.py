@@ -156,7 +156,8 @@ def transfer(source: Database, source_features: set[str], target: Target, *,
                            "(--to sqlite:///PATH); between servers use pg_dump")
     from .maintenance import refuse_damaged_schema
 
-    refuse_damaged_schema(source, "transferring: the source")
+    # Keys too: a source without a key or foreign key holds what the target refuses.
+    refuse_damaged_schema(source, "transferring: the source", keys=True)
     dest = Database.open(target)
     try:
         target_features = verify_schema(dest)
@@ -244,12 +245,20 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
             version = source.data_version(sconn)
             # A damaged page may still read as rows: never copy, and call verified, a source
             # that SQLite's own check finds damaged (the same snapshot is copied next).
-            found = source.page_check(sconn)
+            found, orphans = source.integrity_check(sconn)
             if found != ["ok"]:
                 raise DatabaseCorrupt(
                     "database_corrupt", f"the source {source.target.display()} failed "
                     f"quick_check ({'; '.join(found[:3])}); nothing was copied. Restore it "
                     "from a backup, then transfer", quick_check=found[:20])
+            if orphans:  # SQLite keeps them; PostgreSQL's foreign keys refuse them mid-copy
+                tables = ", ".join(dict.fromkeys(str(row[0]) for row in orphans))
+                raise DatabaseCorrupt(
+                    "database_corrupt", f"the source {source.target.display()} holds rows "
+                    f"whose job or other parent is gone (in {tables}: deleted by hand?), as "
+                    "`jobcoord check` lists under foreign_key_violations; nothing was copied. "
+                    "Restore it from a backup, then transfer",
+                    foreign_key_violations=[list(r) for r in orphans[:20]])
             active = source.run(sconn, rs.LIVE_LEASES, {"now": now}).one()
             _refuse_live_leases(active, allow_active_leases)
             source_digests = {t.name: digest(source, sconn, t) for t in tables}

@@ -566,6 +566,55 @@ def test_a_damaged_source_is_refused_and_nothing_is_copied(src: Target, pg: Targ
         assert target.status()["jobs"]["waiting"] == 0
 
 
+def test_a_source_with_rows_whose_job_is_gone_is_exit_7_and_nothing_is_copied(
+        src: Target, pg: Target) -> None:
+    """A job deleted by hand leaves its events behind (`check` lists them under
+    foreign_key_violations); the transfer copied until PostgreSQL's foreign key refused,
+    exit 1 `internal_error` quoting the driver. It is found while the source is read, before
+    the target is touched: exit 7 naming the table, the target left empty."""
+    with Coordinator.open(src) as c:
+        gone = c.enqueue("k", {})["job_id"]
+        c.enqueue("k", {})
+    path = src.sqlite_path
+    assert path
+    with sqlite3.connect(path) as conn:  # (a plain connection: foreign keys not enforced)
+        conn.execute("DELETE FROM jobs WHERE job_id = ?", (gone,))
+    r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "database_corrupt", r.json
+    assert "job_events" in r.json["error"]["message"], r.json
+    assert r.json["error"]["details"]["foreign_key_violations"], r.json
+    with Coordinator.open(pg) as target:
+        assert target.jobs()["jobs"] == []
+
+
+def test_a_postgresql_source_without_a_foreign_key_is_exit_7_naming_it(
+        pg: Target, sqlite_template: str, tmp_path: Any) -> None:
+    """A foreign key dropped by hand on PostgreSQL let a job be deleted under its events;
+    `check` said ok and the transfer back copied until SQLite's foreign keys refused, exit 1
+    `internal_error` ("FOREIGN KEY constraint failed"). Both name the key: exit 7, and the
+    SQLite target is left empty."""
+    from sqlalchemy import text
+
+    back = fresh_sqlite(sqlite_template, str(tmp_path), "back.db")
+    with Coordinator.open(pg) as c:
+        gone = c.enqueue("k", {})["job_id"]
+        c.enqueue("k", {})
+        with c.db.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE job_events DROP CONSTRAINT "
+                              "fk_job_events_job_id_jobs"))
+            conn.execute(text("DELETE FROM jobs WHERE job_id = :j"), {"j": gone})
+    r = run_cli(pg, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "schema_object_missing"]
+    assert [o["name"] for o in found["objects"]] == ["fk_job_events_job_id_jobs"], found
+    r = run_cli(pg, "transfer", "--to", back.url, "--json")
+    assert r.code == 7, r
+    assert "fk_job_events_job_id_jobs" in r.json["error"]["message"], r.json
+    with Coordinator.open(back) as target:
+        assert target.jobs()["jobs"] == []
+
+
 @pytest.mark.parametrize(("column", "value"), [
     ("created_at", "x"), ("kind", "a\x00b"), ("kind", b"k"), ("priority", 1.5)])
 def test_a_source_value_no_postgresql_column_holds_is_exit_7_and_nothing_is_copied(

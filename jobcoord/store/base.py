@@ -470,13 +470,15 @@ class Database:
         has no such check (PostgreSQL)."""
         return None
 
-    #: Whether `schema_object_names` lists the indexes behind primary keys and UNIQUE
-    #: constraints by their constraints' names (PostgreSQL; SQLite names them
-    #: sqlite_autoindex_*, and they cannot be dropped without rebuilding the table).
+    #: Whether `schema_object_names` lists the constraints by their names: the indexes
+    #: behind primary keys and UNIQUE constraints, and the foreign keys (PostgreSQL; SQLite
+    #: names its key indexes sqlite_autoindex_* and none of them, nor a foreign key, can be
+    #: dropped without rebuilding the table).
     names_constraint_indexes = False
 
     def schema_object_names(self, conn: Connection) -> set[str]:
-        """The names of the indexes and triggers the database holds (for `check`)."""
+        """The names of the indexes and triggers the database holds, and of its foreign
+        keys where `names_constraint_indexes` (for `check`)."""
         raise NotImplementedError
 
     def triggers(self, conn: Connection) -> list[tuple[str, str]]:

@@ -470,7 +470,10 @@ class PostgresDatabase(Database):
             "SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
             "UNION ALL SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
             "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE NOT t.tgisinternal AND n.nspname = current_schema()").all()}
+            "WHERE NOT t.tgisinternal AND n.nspname = current_schema() "
+            "UNION ALL SELECT k.conname FROM pg_constraint k JOIN pg_namespace n "
+            "ON n.oid = k.connamespace WHERE k.contype = 'f' AND n.nspname = current_schema()"
+            ).all()}
 
     def triggers(self, conn: Connection) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in conn.exec_driver_sql(
