@@ -465,8 +465,7 @@ class JobRun:
         duration = (clock.boot() if handler_done is None else handler_done) - started
         if result.kind == "success" and ctx.cancelled:
             result = Outcome("lost", code=ctx.cancel_reason)
-        if result.kind != "lost" and (clock.boot() >= lease_end or (
-                self.expires_at_us is not None and clock.wall_us() >= self.expires_at_us)):
+        if result.kind != "lost" and self._lease_left(lease_end) <= 0:
             # The handler returned after the lease's end, seen only now: the process was
             # stopped or suspended, and on resuming the handler's return came before the
             # loop's look at the clocks. The attempt is over; its outcome is discarded, not
