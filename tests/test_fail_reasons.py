@@ -23,6 +23,9 @@ from tests.timeline import IDLE_ON_AC
 FAILURE_REASONS = ("failed", "timeout", "invalid_result", "result_too_large",
                    "worker_shutdown", "artifact_invalid")
 REFUSED = sorted(RESERVED_REASONS | {"complete_refused", "fail_refused", "artifact_refused"})
+#: The same names in other cases: a reader matching reasons without regard to case (a log
+#: search, a dashboard filter) would take `Completed` for `completed`.
+REFUSED += ["Completed", "CLAIMED", "Lease_Expired", "Fail_Refused"]
 
 
 def _running(c: Coordinator) -> tuple[int, int]:

@@ -97,11 +97,27 @@ def test_stale_epoch_is_refused_and_changes_nothing(coord, clock):
         refused("stale_epoch", coord.fail, job_id, worker, epoch1, "late")
         refused("stale_epoch", coord.mark_effect, job_id, worker, epoch1)
         refused("stale_epoch", coord.checkpoint, job_id, worker, epoch1, "step", {"x": 1})
+    assert "is stale" in refused("stale_epoch", coord.complete, job_id, "w1", epoch1, {}).message
     after = coord.show(job_id)
     assert after["job"] == before["job"] and after["lease"] == before["lease"]
     assert after["checkpoints"] == []
     coord.complete(job_id, "w2", epoch2, {"ok": True})
     assert coord.show(job_id)["job"]["result"] == {"ok": True}
+
+
+def test_an_epoch_no_claim_gave_yet_is_refused_as_not_given_not_as_stale(coord, clock):
+    """An epoch past the job's was refused as "epoch 8 is stale", which sent a reader
+    looking for a newer attempt that never was. Still `stale_epoch` (the code scripts
+    match), said as what it is."""
+    job_id, epoch = start(coord)
+    before = coord.show(job_id)
+    with pytest.raises(Refused) as e:
+        coord.complete(job_id, "w1", epoch + 7, {"late": True})
+    assert e.value.code == "stale_epoch"
+    assert "stale" not in e.value.message and "never" in e.value.message, e.value.message
+    assert f"epoch {epoch}" in e.value.message
+    after = coord.show(job_id)  # (a complete_refused event records the refusal)
+    assert after["job"] == before["job"] and after["lease"] == before["lease"]
 
 
 def test_only_the_lease_owner_may_act_on_a_running_job(coord, clock):

@@ -57,7 +57,9 @@ def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str,
                        "outcome stands", job_id=job_id, status=status,
                        accepted_epoch=job_epoch)
     if epoch != job_epoch:
-        return Refused("stale_epoch", f"epoch {epoch} is stale: job {job_id} is at epoch "
+        said = ("is stale" if epoch < job_epoch else  # (one ahead: never handed out yet)
+                f"was never given: no claim of job {job_id} has reached it;")
+        return Refused("stale_epoch", f"epoch {epoch} {said} job {job_id} is at epoch "
                        f"{job_epoch}", job_id=job_id, current_epoch=job_epoch)
     if status != "running" or row[9] is None:
         # Ended by a failure, a release or the reaper: the row cannot tell which, so the

@@ -132,7 +132,9 @@ def failure_texts(error: Any, reason: Any) -> tuple[str, str]:
     text = v.utf8_text(error, "error", max_len=v.MAX_TEXT)
     why = v.name(reason, "reason", max_len=40)
     # `complete_refused`, `fail_refused`, `artifact_refused`: the records of refusals.
-    if why in RESERVED_REASONS or why.endswith("_refused"):
+    # In any case: a reader matching reasons regardless of case takes `Completed` for it.
+    folded = why.casefold()
+    if folded in RESERVED_REASONS or folded.endswith("_refused"):
         raise InvalidInput("invalid_input", f"reason: {why!r} is what jobcoord records for "
                            "its own transitions, not a failure's: use 'failed', 'timeout' or "
                            "a name of your own", field="reason")
