@@ -386,7 +386,11 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
         except UnicodeDecodeError as e:
             raise _bad(field, f"is not valid UTF-8 (byte {e.start})") from None
     if is_text:
-        utf8_text(raw, field, max_len=max_bytes + 1, allow_empty=True)
+        if len(raw) > max_bytes:  # more characters than bytes allowed: too large, whatever
+            # they are (a lone surrogate counted as the 3 bytes it would take)
+            raise too_large(field, len(raw.encode("utf-8", "surrogatepass")), max_bytes,
+                            too_large_code)
+        utf8_text(raw, field, max_len=max_bytes, allow_empty=True)
         if len(raw.encode("utf-8")) > max_bytes:
             raise too_large(field, len(raw.encode("utf-8")), max_bytes, too_large_code)
         try:

@@ -153,6 +153,27 @@ def test_python_api_applies_the_same_payload_limit(coord):
     assert coord.jobs()["jobs"] == []
 
 
+def test_a_payload_far_past_the_limit_is_payload_too_large_as_one_just_past_it(coord, cli,
+                                                                              tmp_path):
+    """A payload text more characters long than the limit has bytes (one byte past was
+    payload_too_large) was refused as `invalid_input` "is 1000000 characters long; the limit
+    is 262145": another code for the same fault, and a limit one more than the policy's."""
+    limit = 256 * 1024
+    before = dump(coord)
+    with pytest.raises(InvalidInput) as caught:
+        coord.enqueue("embed", '"' + "x" * (4 * limit) + '"')
+    assert caught.value.code == "payload_too_large", caught.value
+    assert caught.value.details["limit"] == limit
+    assert caught.value.details["size"] == 4 * limit + 2
+    policy = tmp_path / "policy.toml"
+    policy.write_text("max_payload_bytes = 100\n")
+    r = cli("--policy", str(policy), "enqueue", "embed", "--payload", payload_of_size(5000),
+            "--json")
+    assert r.code == 2 and r.json["error"]["code"] == "payload_too_large", r.json
+    assert r.json["error"]["details"] == {"field": "payload", "limit": 100, "size": 5000}
+    assert dump(coord) == before
+
+
 def nested(depth: int) -> dict[str, Any]:
     """A payload whose outermost object is level 1 and whose innermost is level `depth`."""
     value: dict[str, Any] = {}
