@@ -767,3 +767,50 @@ def test_a_memoryview_with_gaps_is_stored_as_the_bytes_it_shows(ac: Coordinator)
     got = ac.put_artifact(job, "w1", epoch, "a.bin", memoryview(b"abcdef")[::2])
     assert got["size"] == 3
     assert got["digest"] == "sha256:" + hashlib.sha256(b"ace").hexdigest()
+
+
+def test_ctrl_c_stops_an_artifact_put_while_it_reads_and_leaves_nothing(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    """The lease check before the bytes are read is a write transaction, and a Ctrl-C after
+    a commit is held until the next write: `artifact put -` from a pipe still open went on
+    reading (a 4 GB source to its end, /dev/zero until the disk was full) and stopped only
+    then. It stops at once, exit 130, with no object, no temporary file and no row."""
+    import signal
+
+    from tests.test_cli_modes import _reading_stdin
+
+    install(sqlite_target)
+    store = tmp_path / "store # 1"
+    with Coordinator.open(sqlite_target) as c:
+        c.artifacts_dir = str(store)
+        job, epoch = start(c)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobcoord", "--db", sqlite_target.sqlite_path or "",
+         "--artifacts", str(store), "artifact", "put", str(job), "--worker", "w1", "--epoch",
+         str(epoch), "--name", "big.bin", "-", "--json"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(os.urandom(1 << 20))
+        proc.stdin.flush()
+        deadline = time.monotonic() + 30
+        while not (_reading_stdin(proc.pid) and list((store / "tmp").glob("*"))):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=15)  # the pipe still open: no end of input to wait for
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdin.close()
+    out, err = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    assert code == 130, (code, out, err)
+    assert json.loads(out)["error"]["code"] == "interrupted"
+    left = [p for p in store.rglob("*") if p.is_file() and p.parent.name != "databases"]
+    assert left == [], left
+    with Coordinator.open(sqlite_target) as c:
+        c.artifacts_dir = str(store)
+        assert c.artifacts(job)["artifacts"] == []
+

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jobcoord import faults
+from jobcoord import faults, interrupts
 from jobcoord.artifacts.objects import ObjectStore, Source, parse_digest, validate_name
 from jobcoord.artifacts.retention import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_GRACE_S,
@@ -119,6 +119,10 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
         return str(coord.db.run(conn, fs.JOB_KIND, {"j": job_id}).scalar())
 
     kind = coord.db.write(_owned_kind, "artifact")
+    # That write changed nothing (the lease held): a Ctrl-C from here stops the put while it
+    # reads, not once the whole source is stored (held since that commit, it waited for
+    # the stage's write: a source without an end never got there).
+    interrupts.accounted()
     rule = settings_of(coord).for_kind(kind)
     limits = [m for m in (rule.max_bytes, max_bytes) if m is not None]
     obj = store.put(source, max_bytes=min(limits) if limits else None,
