@@ -814,3 +814,31 @@ def test_ctrl_c_stops_an_artifact_put_while_it_reads_and_leaves_nothing(
         c.artifacts_dir = str(store)
         assert c.artifacts(job)["artifacts"] == []
 
+
+def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
+    """With `--artifacts` one letter off, a completion found none of its staged objects:
+    the artifacts were rejected (`artifact_missing`) and the attempt failed, so three typos
+    made the job dead. No store there at all is the caller's mistake, as `artifact gc`
+    says: exit 2 `artifact_store_missing`, nothing changed; the right store completes it."""
+    from tests.conftest import dump
+
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"result bytes")
+    before = dump(ac)
+    typo = str(tmp_path / "stor")
+    r = run_cli(target, "--artifacts", typo, "complete", str(job), "--worker", "w1",
+                "--epoch", str(epoch), "--json")
+    assert r.code == 2, r
+    assert r.json["error"]["code"] == "artifact_store_missing", r.json
+    assert typo in r.json["error"]["message"]
+    ac.artifacts_dir = typo
+    with pytest.raises(InvalidInput) as caught:
+        ac.complete(job, "w1", epoch, {"ok": True})
+    assert caught.value.code == "artifact_store_missing"
+    assert dump(ac) == before
+    assert not os.path.exists(typo)
+    ac.artifacts_dir = store_dir
+    ac.complete(job, "w1", epoch, {"ok": True})
+    assert ac.show(job)["job"]["status"] == "succeeded"
+

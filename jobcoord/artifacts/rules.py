@@ -354,6 +354,15 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     if _ELSEWHERE.get():
         raise ChecksElsewhere([(job_id, worker, epoch, tenant), *_GROUP.get()], left_s)
     store = store_of(coord)
+    if not store.present():
+        # No store at all where the objects should be: the caller's --artifacts is wrong
+        # (mistyped, or another machine's), not the attempt's output. Judged as missing, the
+        # attempt failed and the job lost a try for each typo.
+        raise InvalidInput(
+            "artifact_store_missing",
+            f"no artifact store at {store.root}, yet the attempt staged {len(rows)} "
+            "artifact(s) there: is --artifacts mistyped? Nothing was changed",
+            job_id=job_id)
     rule = settings_of(coord).for_kind(kind or "")
     with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):
         verdicts = [(row, *_validate(store, rule, row, coord.checks_stopped))
