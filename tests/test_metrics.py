@@ -342,6 +342,32 @@ def test_metrics_endpoint_needs_an_unbound_viewer_or_the_metrics_token(
         assert _scrape(s.url)[0] == 200
 
 
+def test_metrics_public_answers_only_a_request_naming_a_loopback_host(
+        sqlite_target: Target) -> None:
+    """`--metrics-public` served any loopback client, whatever site its Host named: a page
+    of another site the operator's browser opened, its name rebound to 127.0.0.1, read
+    every tenant's kinds and workers. Without a token, the Host must name loopback too
+    (401 otherwise, as a missing token); a token still opens it under any Host."""
+    import httpx
+
+    with Coordinator.open(sqlite_target) as c:
+        c.enqueue("secret_kind", {})
+    viewer = token(sqlite_target, "v", "viewer")
+    with served(sqlite_target, "--reap-every", "0", "--metrics-public") as s:
+        port = s.url.rsplit(":", 1)[1]
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.0.0.1", "localhost"):
+            got = httpx.get(s.url + "/metrics", headers={"Host": host})
+            assert got.status_code == 200 and "secret_kind" in got.text, (host, got)
+        for host in (f"attacker.example:{port}", "attacker.example", f"127.0.0.1.nip.io:{port}",
+                     f"localhost.attacker.example:{port}"):
+            got = httpx.get(s.url + "/metrics", headers={"Host": host})
+            assert got.status_code == 401, (host, got.status_code)
+            assert "secret_kind" not in got.text
+        got = httpx.get(s.url + "/metrics", headers={"Host": f"attacker.example:{port}",
+                                                     "Authorization": f"Bearer {viewer}"})
+        assert got.status_code == 200
+
+
 def test_metrics_public_is_refused_off_loopback(sqlite_target: Target) -> None:
     argv = [*jobcoord_argv(), *db_args(sqlite_target), "serve", "--host", "0.0.0.0",
             "--insecure-http", "--metrics-public", "--port", "0"]

@@ -35,9 +35,19 @@ SETTINGS = MetricsSettings()
 
 
 def _client_is_loopback(request: Request) -> bool:
+    """A loopback client asking for a loopback host. The client alone is not enough: a page
+    of another site in the operator's browser, its name rebound to 127.0.0.1 (DNS
+    rebinding), is a loopback client too, and its requests name that site as Host."""
+    from urllib.parse import urlsplit
+
     from .server import is_loopback
 
-    return request.client is not None and is_loopback(request.client.host)
+    try:
+        host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
+    except ValueError:  # ("[::1" and such)
+        return False
+    return (request.client is not None and is_loopback(request.client.host)
+            and is_loopback(host))
 
 
 def router() -> APIRouter:
