@@ -523,14 +523,19 @@ def _restore_takes(copy_path: str, dest: str) -> None:
     finally:
         copy.close()
     if found:
-        kept = (f"{dest} was left as it was" if os.path.lexists(dest)
-                else f"nothing was written at {dest}")
+        kept = _left_as_it_was(dest)
         names = ", ".join(dict.fromkeys(v["invariant"] for v in found))
         raise DatabaseCorrupt(
             "database_corrupt", f"backing up: the database holds what `jobcoord check` finds "
             f"({names}) and `restore` would refuse a copy of it; {kept}. Run `jobcoord check` "
             "and repair the database, or restore it from the last good backup",
             violations=found[:20])
+
+
+def _left_as_it_was(dest: str) -> str:
+    """What a refused copy says of its destination, which it never touched."""
+    return (f"{dest} was left as it was" if os.path.lexists(dest)
+            else f"nothing was written at {dest}")
 
 
 def standalone_destination(dest: str) -> None:
@@ -792,8 +797,7 @@ def _copy_into_place(source_uri: str, dest: str, *, journal_mode: str, replace: 
                                      f"refused journal_mode={journal_mode} (it stayed {mode})")
         found = _check_copy(tmp)
         if found != ["ok"]:
-            kept = (f"{dest} was left as it was" if os.path.lexists(dest)
-                    else f"nothing was written at {dest}")
+            kept = _left_as_it_was(dest)
             raise DatabaseCorrupt(
                 "database_corrupt", f"{what}: the copy failed quick_check, so the source "
                 f"database is damaged; {kept}: {found[:3]}", quick_check=found[:20])
