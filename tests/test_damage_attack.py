@@ -461,6 +461,25 @@ def test_a_lease_whose_expiry_holds_text_is_exit_7_for_every_fenced_call(
     c.close()
 
 
+def test_a_job_epoch_holding_text_is_refused_stale_never_an_internal_error(
+        sqlite_target: Target) -> None:
+    """A job's epoch holding text (SQLite keeps it): every fenced call is refused as the
+    epoch it does not match (exit 4 stale_epoch); telling an epoch ahead from a stale one
+    compared int with str, a TypeError, exit 1."""
+    c = Coordinator.open(sqlite_target)
+    job = c.enqueue("k", {})["job_id"]
+    c.heartbeat("w", readings=IDLE_ON_AC)
+    epoch = c.claim("w")["lease"]["epoch"]
+    _damage(c, "UPDATE jobs SET epoch = 'x'")
+    for args in (("complete", str(job), "--worker", "w", "--epoch", str(epoch)),
+                 ("renew", str(job), "--worker", "w", "--epoch", str(epoch)),
+                 ("fail", str(job), "--worker", "w", "--epoch", str(epoch), "--error", "x"),
+                 ("effect", str(job), "--worker", "w", "--epoch", str(epoch))):
+        r = _no_internal_error(sqlite_target, *args)
+        assert r.code == 4 and r.json["error"]["code"] == "stale_epoch", (args, r)
+    c.close()
+
+
 def test_retry_and_reconcile_of_a_job_whose_attempts_cannot_grow_are_exit_7(
         target: Target) -> None:
     """attempts at the column's end (2**31 - 1 on both databases; SQLite keeps more) made

@@ -57,7 +57,10 @@ def judge(ctx: Context, conn: Connection, row: Any, job_id: int, worker_id: str,
                        "outcome stands", job_id=job_id, status=status,
                        accepted_epoch=job_epoch)
     if epoch != job_epoch:
-        said = ("is stale" if epoch < job_epoch else  # (one ahead: never handed out yet)
+        # (Ahead of the job's: never handed out yet. An epoch damaged by hand to another
+        # type compares with nothing: stale, as before.)
+        ahead = isinstance(job_epoch, int) and epoch > job_epoch
+        said = ("is stale" if not ahead else
                 f"was never given: no claim of job {job_id} has reached it;")
         return Refused("stale_epoch", f"epoch {epoch} {said} job {job_id} is at epoch "
                        f"{job_epoch}", job_id=job_id, current_epoch=job_epoch)
