@@ -245,17 +245,20 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
             version = source.data_version(sconn)
             # A damaged page may still read as rows: never copy, and call verified, a source
             # that SQLite's own check finds damaged (the same snapshot is copied next).
-            found, orphans = source.integrity_check(sconn)
+            found, every_orphan = source.integrity_check(sconn)
+            # Of the tables copied only: a table of the user's own in the file is not.
+            copied = {t.name for t in tables}
+            orphans = [row for row in every_orphan if row[0] in copied]
             if found != ["ok"]:
                 raise DatabaseCorrupt(
                     "database_corrupt", f"the source {source.target.display()} failed "
                     f"quick_check ({'; '.join(found[:3])}); nothing was copied. Restore it "
                     "from a backup, then transfer", quick_check=found[:20])
             if orphans:  # SQLite keeps them; PostgreSQL's foreign keys refuse them mid-copy
-                tables = ", ".join(dict.fromkeys(str(row[0]) for row in orphans))
+                names = ", ".join(dict.fromkeys(str(row[0]) for row in orphans))
                 raise DatabaseCorrupt(
                     "database_corrupt", f"the source {source.target.display()} holds rows "
-                    f"whose job or other parent is gone (in {tables}: deleted by hand?), as "
+                    f"whose job or other parent is gone (in {names}: deleted by hand?), as "
                     "`jobcoord check` lists under foreign_key_violations; nothing was copied. "
                     "Restore it from a backup, then transfer",
                     foreign_key_violations=[list(r) for r in orphans[:20]])

@@ -578,11 +578,25 @@ def test_a_source_with_rows_whose_job_is_gone_is_exit_7_and_nothing_is_copied(
     path = src.sqlite_path
     assert path
     with sqlite3.connect(path) as conn:  # (a plain connection: foreign keys not enforced)
+        # A table of the user's own, never copied, with an orphan of its own: not judged.
+        conn.execute("CREATE TABLE mine_parent (id INTEGER PRIMARY KEY)")
+        conn.execute("CREATE TABLE mine (b INTEGER REFERENCES mine_parent(id))")
+        conn.execute("INSERT INTO mine VALUES (7)")
+    with Coordinator.open(src) as c:
+        c.show(gone)
+    assert run_cli(src, "transfer", "--to", pg.url, "--json").code == 0
+    with Coordinator.open(pg) as target:
+        assert len(target.jobs()["jobs"]) == 2
+        with target.db.engine.begin() as conn:  # (emptied again for the case below)
+            for table in ("job_events", "jobs", "job_counts"):
+                conn.exec_driver_sql(f"DELETE FROM {table}")
+    with sqlite3.connect(path) as conn:
         conn.execute("DELETE FROM jobs WHERE job_id = ?", (gone,))
     r = run_cli(src, "transfer", "--to", pg.url, "--json")
     assert r.code == 7, r
     assert r.json["error"]["code"] == "database_corrupt", r.json
     assert "job_events" in r.json["error"]["message"], r.json
+    assert "mine" not in r.json["error"]["message"], r.json
     assert r.json["error"]["details"]["foreign_key_violations"], r.json
     with Coordinator.open(pg) as target:
         assert target.jobs()["jobs"] == []
