@@ -34,6 +34,7 @@ from .errors import (
 from .store import Database, Target, classify, resolve_target
 from .store import report_statements as rs
 from .store.sqlite import create_private_file, file_quick_check, set_journal_mode
+from .store.sqlite_files import LOG_SUFFIXES, refuse_log_name
 from .store.target import WRITE_ROOM, name_has_room, utf8_path
 
 
@@ -576,10 +577,7 @@ def writable_destination(dest: str | os.PathLike[str], *, force: bool, database:
         raise InvalidInput("invalid_input", f"{what} destination {dest} is the database "
                            "itself or one of the files SQLite keeps beside it (-wal, -shm, "
                            "-journal); writing there would destroy committed work", dest=dest)
-    if (log_of := _log_of(dest)) is not None:
-        raise InvalidInput("invalid_input", f"{what} destination {dest} is named as the log "
-                           f"SQLite keeps beside {log_of} (-wal, -shm, -journal); writing "
-                           "there would destroy that database's committed work", dest=dest)
+    refuse_log_name(dest, f"{what} destination")
     if store is not None and _within(dest, store):
         raise InvalidInput("invalid_input", f"{what} destination {dest} is inside the "
                            f"artifact store {store}, whose objects are never replaced",
@@ -648,7 +646,7 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-_BESIDE = ("-wal", "-shm", "-journal")
+_BESIDE = LOG_SUFFIXES
 
 
 def _beside(path: str) -> str | None:
@@ -657,20 +655,12 @@ def _beside(path: str) -> str | None:
     return next((path + s for s in _BESIDE if os.path.lexists(path + s)), None)
 
 
-def _log_of(path: str) -> str | None:
-    """The database `path` is named as a log of (`x.db-wal` beside an existing `x.db`), or
-    None. Any database's, not only the source's: SQLite finds a log by its name alone, so a
-    file put there would be replayed onto that database, or taken for its log."""
-    for suffix in _BESIDE:
-        if path.endswith(suffix) and os.path.lexists(base := path[:-len(suffix)]):
-            return base
-    return None
-
-
 def refuse_existing(dest: str) -> None:
     """A restore's target: nothing there, no database and no file SQLite keeps beside one,
-    and room in its name for the files put beside it."""
+    not named as another database's log, and room in its name for the files put beside
+    it."""
     name_has_room(dest, WRITE_ROOM, "the restore target")
+    refuse_log_name(dest, "the restore target")
     for path in (dest, *(dest + suffix for suffix in _BESIDE)):
         if os.path.lexists(path):
             raise InvalidInput(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from jobcoord.db import Target, resolve_target
+from jobcoord.errors import InvalidInput
 from jobcoord.maintenance import check
 from jobcoord.service import Coordinator
 from tests.conftest import run_cli
@@ -272,11 +273,46 @@ def test_backup_refuses_another_databases_wal_shm_and_journal_as_destination(
             assert other.status()["jobs"]["waiting"] == 3, other.status()
     finally:
         holder.close()
-    # A name that merely ends so, with no file of the shorter name beside it, is a file
-    # like any other.
-    lone = tmp_path / "notes-wal"
-    assert run_cli(sqlite_target, "backup", str(lone), "--json").code == 0
-    Coordinator.open(str(lone)).close()
+    # A name that merely ends so, with no SQLite file of the shorter name beside it (none,
+    # a directory, a text file), is a file like any other.
+    (tmp_path / "nightly").mkdir()
+    (tmp_path / "notes").write_text("a text file\n")
+    for lone in ("lone-wal", "nightly-journal", "notes-shm"):
+        assert run_cli(sqlite_target, "backup", str(tmp_path / lone), "--json").code == 0, lone
+        Coordinator.open(str(tmp_path / lone)).close()
+
+
+def test_restore_and_a_new_database_never_take_another_databases_log_name(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    """`--db live.db-journal restore b.db` made a database at that name (exit 0), and the
+    next open of live.db took it for a hot journal and deleted it; `migrate` there made one
+    the same. Refused, exit 2, nothing made, in any case of the suffix."""
+    with Coordinator.open(sqlite_target) as c:
+        c.enqueue("k", {})
+    good = tmp_path / "b.db"
+    assert run_cli(sqlite_target, "backup", str(good), "--json").code == 0
+    live = tmp_path / "live.db"
+    holder = _live_other_database(live)
+    try:
+        for suffix in ("-journal", "-wal", "-WAL"):
+            name = f"{live}{suffix}"
+            before = Path(name).read_bytes() if Path(name).exists() else None
+            # (The -wal the holder keeps is there: migrate opens it, no database, exit 7.)
+            for args, code in ((("restore", str(good)), 2),
+                               (("migrate",), 7 if before is not None else 2)):
+                r = run_cli(Target(url=f"sqlite:///{name}", sqlite_path=name), *args, "--json")
+                assert r.code == code, (name, args, r)
+                if code == 2:
+                    assert "named as the log" in r.json["error"]["message"], r.json
+                assert (Path(name).read_bytes() if Path(name).exists() else None) == before
+            if before is None:
+                with pytest.raises(InvalidInput):
+                    Coordinator.open(name, migrate=True)
+                assert not Path(name).exists()
+    finally:
+        holder.close()
+    with Coordinator.open(str(live)) as other:
+        assert other.status()["jobs"]["waiting"] == 3
 
 
 def test_backup_force_never_replaces_a_fifo_or_a_device(sqlite_target: Target,

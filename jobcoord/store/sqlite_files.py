@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
-from ..errors import SchemaMismatch, StorageUnavailable
+from ..errors import InvalidInput, SchemaMismatch, StorageUnavailable
 
 if TYPE_CHECKING:
     from .base import Database
@@ -48,7 +48,41 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
             raise SchemaMismatch(
                 "not_migrated", f"no database at {named}; run `jobcoord migrate` to create it"
             )
+        refuse_log_name(path, "the new database")
     return exists
+
+
+#: The files SQLite keeps beside a database, named after it.
+LOG_SUFFIXES = ("-wal", "-shm", "-journal")
+
+
+def log_of_database(path: str) -> str | None:
+    """The SQLite database `path` is named as a log of (`x.db-wal` beside a database file
+    `x.db`), or None. Any database's: SQLite finds a log by its name alone, so a file made
+    there is replayed onto that database (a -wal, a hot -journal) or taken for its log.
+    The suffix in any case (a filesystem that ignores case names the same file). A base
+    that is no SQLite file (a directory, a text file) has no log to protect; an empty one
+    may be a database in WAL mode whose pages are all in its -wal still."""
+    for suffix in LOG_SUFFIXES:
+        if path.casefold().endswith(suffix):
+            base = path[:-len(suffix)]
+            try:
+                with open(base, "rb") as f:
+                    head = f.read(16)
+            except OSError:  # absent, a directory, unreadable: none to protect
+                continue
+            if head in (b"", b"SQLite format 3\x00"):
+                return base
+    return None
+
+
+def refuse_log_name(path: str, what: str) -> None:
+    """InvalidInput (exit 2) for a file to be made at another database's log's name."""
+    base = log_of_database(path)
+    if base is not None:
+        raise InvalidInput("invalid_input", f"{what} {path} is named as the log SQLite keeps "
+                           f"beside the database {base} (-wal, -shm, -journal); a file there "
+                           "would destroy that database's committed work", dest=path)
 
 
 def _link_to_nowhere(path: str) -> str | None:
