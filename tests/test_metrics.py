@@ -355,11 +355,13 @@ def test_metrics_public_answers_only_a_request_naming_a_loopback_host(
     viewer = token(sqlite_target, "v", "viewer")
     with served(sqlite_target, "--reap-every", "0", "--metrics-public") as s:
         port = s.url.rsplit(":", 1)[1]
-        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.0.0.1", "localhost"):
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", "127.0.0.1", "localhost",
+                     f"LOCALHOST:{port}", f"[::1]:{port}"):
             got = httpx.get(s.url + "/metrics", headers={"Host": host})
             assert got.status_code == 200 and "secret_kind" in got.text, (host, got)
         for host in (f"attacker.example:{port}", "attacker.example", f"127.0.0.1.nip.io:{port}",
-                     f"localhost.attacker.example:{port}"):
+                     f"localhost.attacker.example:{port}", f"evil@127.0.0.1:{port}",
+                     f"127.0.0.1/x:{port}", "", f"[::1:{port}"):
             got = httpx.get(s.url + "/metrics", headers={"Host": host})
             assert got.status_code == 401, (host, got.status_code)
             assert "secret_kind" not in got.text

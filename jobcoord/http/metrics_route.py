@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,16 +39,17 @@ def _client_is_loopback(request: Request) -> bool:
     """A loopback client asking for a loopback host. The client alone is not enough: a page
     of another site in the operator's browser, its name rebound to 127.0.0.1 (DNS
     rebinding), is a loopback client too, and its requests name that site as Host."""
-    from urllib.parse import urlsplit
-
     from .server import is_loopback
 
-    try:
-        host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
-    except ValueError:  # ("[::1" and such)
-        return False
-    return (request.client is not None and is_loopback(request.client.host)
-            and is_loopback(host))
+    named = _HOST.fullmatch(request.headers.get("host", ""))
+    host = named and (named["v6"] or named["name"])
+    return bool(host and request.client is not None and is_loopback(request.client.host)
+                and is_loopback(host.lower()))
+
+
+#: A Host header as browsers send it: a name or IPv4 address, or [an IPv6 address], and an
+#: optional port; nothing else (a user part, a path) is a host.
+_HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9.-]+))(?::[0-9]{1,5})?")
 
 
 def router() -> APIRouter:
