@@ -386,6 +386,7 @@ def json_value(raw: Any, field: str, *, max_bytes: int, require_object: bool,
         except UnicodeDecodeError as e:
             raise _bad(field, f"is not valid UTF-8 (byte {e.start})") from None
     if is_text:
+        raw = exact_text(raw)  # (a subclass's own len() is not its length)
         if len(raw) > max_bytes:  # more characters than bytes allowed: too large, whatever
             # they are (a lone surrogate counted as the 3 bytes it would take)
             raise too_large(field, len(raw.encode("utf-8", "surrogatepass")), max_bytes,
