@@ -838,6 +838,17 @@ def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt
     assert caught.value.code == "artifact_store_missing"
     assert dump(ac) == before
     assert not os.path.exists(typo)
+    # In a batch, it is that item's refusal only: the item without artifacts is accepted.
+    plain = ac.enqueue("render", {"n": 2})["job_id"]
+    plain_epoch = claim(ac, "w1")
+    got = ac.complete_many([
+        {"job_id": job, "worker_id": "w1", "epoch": epoch, "result": {"ok": True}},
+        {"job_id": plain, "worker_id": "w1", "epoch": plain_epoch, "result": {"ok": 2}}])
+    assert (got["accepted"], got["refused"]) == (1, 1), got
+    assert got["results"][0]["error"]["code"] == "artifact_store_missing", got
+    assert ac.show(plain)["job"]["status"] == "succeeded"
+    assert ac.show(job)["job"]["status"] == "running"
+    assert not os.path.exists(typo)
     ac.artifacts_dir = store_dir
     ac.complete(job, "w1", epoch, {"ok": True})
     assert ac.show(job)["job"]["status"] == "succeeded"

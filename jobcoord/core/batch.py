@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from .. import validate as v
 from ..clock import now_us
-from ..errors import JobcoordError, Refused
+from ..errors import InvalidInput, JobcoordError, Refused
 from ..store import statements as sql
 from .common import Context, as_bool
 from .fencing import (
@@ -163,6 +163,12 @@ def complete_many(ctx: Context, items: Any) -> dict[str, Any]:
             try:
                 parts[i] = with_plan(ctx, c)
             except Refused as e:
+                refused[i] = {"job_id": c.job_id, **e.to_json()}
+            except InvalidInput as e:
+                if e.code != "artifact_store_missing":
+                    raise
+                # No store where this item's objects should be: its own refusal, nothing
+                # changed for it; the items without artifacts need none.
                 refused[i] = {"job_id": c.job_id, **e.to_json()}
 
     def accept(_conn: Connection, c: Completion, _owned: Any, now: int
