@@ -129,6 +129,33 @@ def test_a_missing_directory_or_a_directory_path_is_unavailable(tmp_path: Path) 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_device_or_a_pipe_as_the_database_is_unavailable_and_nothing_is_made_beside_it(
+        tmp_path: Path) -> None:
+    """`--db /dev/null migrate` failed (exit 6) after SQLite had made `/dev/null-journal`
+    beside it, world-writable; `status` there said "run `jobcoord migrate`". A database is
+    a regular file: anything else is exit 6 `database_unavailable`, nothing made."""
+    import stat
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    paths = [pipe]
+    if os.geteuid() == 0:  # a device node of our own (/dev/null's numbers), never /dev's
+        device = tmp_path / "null device"
+        os.mknod(device, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+        paths.append(device)
+    link = tmp_path / "link to the pipe"
+    link.symlink_to(pipe)
+    paths.append(link)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for path in paths:
+        for command in ("migrate", "status"):
+            r = run_cli(None, "--db", str(path), command, "--json")
+            assert r.code == 6, (path, command, r.out)
+            assert r.json["error"]["code"] == "database_unavailable", r.json
+            assert "not a regular file" in r.json["error"]["message"], r.json
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
 def test_a_database_path_through_a_regular_file_says_so(tmp_path: Path) -> None:
     """`--db afile/x.db` with `afile` a regular file said "directory afile does not exist"
     of a file that does: exit 6 all the same, saying it is not a directory."""

@@ -23,6 +23,12 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
     if os.path.isdir(path):
         raise StorageUnavailable("database_unavailable", f"{path} is a directory, not a database")
     exists = os.path.exists(path)
+    if exists and not os.path.isfile(path):
+        # A device, a pipe, a socket (or a link to one): SQLite read it as an empty file
+        # and made its -journal beside it (`/dev/null-journal`, world-writable) before the
+        # write failed; a pipe's read failed as an I/O error.
+        raise StorageUnavailable("database_unavailable", f"{path} is not a regular file (a "
+                                 "device, a pipe or a socket); a database is a file")
     named = path
     linked = _link_to_nowhere(path)
     if linked is not None:
