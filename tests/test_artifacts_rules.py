@@ -853,3 +853,20 @@ def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt
     ac.complete(job, "w1", epoch, {"ok": True})
     assert ac.show(job)["job"]["status"] == "succeeded"
 
+
+def test_an_empty_artifacts_directory_is_refused_never_the_default_store(
+        ac: Coordinator, target: Target, store_dir: str) -> None:
+    """`--artifacts ""` (a variable of the caller's left unset) took the default store
+    `<db>.artifacts` and ran gc there, as if none had been named. Refused as `--db ""` is:
+    exit 2, nothing changed; the Python API alike."""
+    job, epoch = start(ac)
+    for args in (("artifact", "gc", "--grace", "0"), ("artifact", "verify", "--all")):
+        r = run_cli(target, "--artifacts", "", *args, "--json")
+        assert r.code == 2, (args, r)
+        assert "--artifacts" in r.json["error"]["message"], r.json
+    ac.artifacts_dir = ""
+    with pytest.raises(InvalidInput):
+        ac.put_artifact(job, "w1", epoch, "a.txt", b"bytes")
+    ac.artifacts_dir = store_dir
+    assert ac.artifacts(job)["artifacts"] == []
+

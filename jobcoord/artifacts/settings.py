@@ -166,6 +166,10 @@ def declare_kind(coord: Coordinator, kind: str, *, max_bytes: int | None = None,
 def store_root(db: Database, explicit: str | os.PathLike[str] | None = None) -> str:
     """The store directory: the explicit one (--artifacts), else $JOBCOORD_ARTIFACTS, else for
     SQLite `<database>.artifacts`; PostgreSQL has no default."""
+    if explicit is not None and not os.fspath(explicit):
+        # (As `--db ""` is refused: an empty --artifacts, a variable of the caller's that
+        # was never set, took the default store and ran gc there.)
+        raise InvalidInput("invalid_input", "--artifacts must be a directory path, not empty")
     root = explicit or os.environ.get(ENV_STORE)
     if root:
         return os.path.abspath(os.fspath(root))
