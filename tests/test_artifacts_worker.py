@@ -7,6 +7,7 @@ import contextlib
 import glob
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,36 @@ def test_a_command_whose_artifacts_take_longer_than_its_lease_to_stage_keeps_its
     assert shown["job"]["status"] == "succeeded" and shown["job"]["attempts"] == 1, shown["job"]
     assert [a["state"] for a in c.artifacts(job)["artifacts"]] == ["accepted"]
     assert w.events("renewed"), "no renewal while the files were staged"
+
+
+def test_a_worker_whose_store_is_gone_at_its_completion_gives_the_job_back_and_stops(
+        db: Any, start: Any, sqlite_target: Any) -> None:
+    """The store moved away between the staging of a command's files and its completion
+    (restarted elsewhere): the completion is refused `artifact_store_missing`, which the
+    worker took as a refused result and failed the attempt (`invalid_result`, a try lost),
+    then went on to claim the next job and meet it again. Every job with files would: it
+    gives this one back (a release, its try returned) and stops, exit 2."""
+    path, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    job = c.enqueue("report", {"title": "Moved"})["job_id"]
+    other = c.enqueue("report", {"title": "Next"})["job_id"]
+    store = f"{path}.artifacts"
+    w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
+              env={"JOBCOORD_FAULT": "worker.before_complete:sleep=3"})
+    deadline = time.monotonic() + 30
+    while "artifact_staged" not in [e["reason"] for e in c.show(job)["events"]]:
+        assert time.monotonic() < deadline and w.proc.poll() is None
+        time.sleep(0.05)
+    os.rename(store, store + ".moved")  # during the pause after the staging
+    code, _ = w.finish(timeout=40)
+    assert code == 2, (code, w.events("failed"), w.events("report_error"))
+    shown = c.show(job)
+    assert shown["job"]["status"] == "waiting", shown["job"]
+    assert shown["events"][-1]["reason"] == "worker_shutdown", shown["events"][-1]
+    assert not any(e["reason"] in ("failed", "invalid_result") for e in shown["events"])
+    assert c.show(other)["job"]["status"] == "waiting"  # never claimed after it
+    assert c.show(other)["job"]["attempts"] == 0
 
 
 def test_a_completions_artifact_checks_longer_than_the_lease_keep_the_lease(

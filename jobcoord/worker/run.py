@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .. import faults
 from ..app import Context, HandlerSpec
 from ..clock import iso
 from ..errors import InvalidInput, JobcoordError, Refused, StorageUnavailable
@@ -604,6 +605,16 @@ class JobRun:
             except InvalidInput as e:
                 if out.kind != "success":
                     raise
+                if e.code == "artifact_store_missing":
+                    # The coordinator's store is not where this attempt's objects were put
+                    # (moved, or a server restarted with another --artifacts): nothing of
+                    # the attempt's doing, and every job with files would meet it. The job
+                    # goes back with its try (a release), and the worker stops (exit 2).
+                    log("report_error", **base, outcome=out.kind, error=e.code,
+                        detail=e.message)
+                    w.stop_for(e)
+                    out = Outcome("released", error=f"not completed: {e.message}")
+                    continue
                 if e.details.get("command_file") is not None:
                     # A file the command left that no artifact may be: it leaves it again.
                     out = Outcome("invalid_output",
@@ -683,6 +694,7 @@ class JobRun:
                         raise
                     raise NoArtifactStore(NO_STORE_ERROR) from e
                 self.artifacts_staged = True
+            faults.point("worker.before_complete")  # (a test moves the store here)
             if w.completer is not None and not self._has_artifacts():
                 # (One with artifacts completes on its own: its checks would hold every
                 # later group, whose leases nobody renews, behind them.)
