@@ -443,40 +443,31 @@ def test_a_worker_whose_stored_capacity_is_misshapen_is_stale_never_an_internal_
     c.close()
 
 
-def test_a_lease_whose_expiry_holds_text_is_exit_7_for_every_fenced_call(
-        sqlite_target: Target) -> None:
+def _fenced_calls(job: int, worker: str, epoch: int) -> list[tuple[str, ...]]:
+    """The CLI's fenced calls of one attempt: complete, renew, fail, effect."""
+    own = ("--worker", worker, "--epoch", str(epoch))
+    return [("complete", str(job), *own), ("renew", str(job), *own),
+            ("fail", str(job), *own, "--error", "x"), ("effect", str(job), *own)]
+
+
+@pytest.mark.parametrize(("statement", "code", "error"), [
+    ("UPDATE leases SET expires_at = 'soon'", 7, "value_of_wrong_type"),
+    ("UPDATE jobs SET epoch = 'x'", 4, "stale_epoch"),
+], ids=["lease_expiry_text", "job_epoch_text"])
+def test_a_lease_expiry_or_job_epoch_holding_text_is_never_an_internal_error(
+        sqlite_target: Target, statement: str, code: int, error: str) -> None:
     """A lease's expires_at holding text (SQLite keeps it) was a TypeError, exit 1, for
-    complete, renew, fail, effect and checkpoint."""
+    complete, renew, fail, effect and checkpoint: now exit 7 naming it. A job's epoch
+    holding text is refused as the epoch it does not match (exit 4 stale_epoch); telling
+    an epoch ahead from a stale one compared int with str, exit 1."""
     c = Coordinator.open(sqlite_target)
     job = c.enqueue("k", {})["job_id"]
     c.heartbeat("w", readings=IDLE_ON_AC)
     epoch = c.claim("w")["lease"]["epoch"]
-    _damage(c, "UPDATE leases SET expires_at = 'soon'")
-    for args in (("complete", str(job), "--worker", "w", "--epoch", str(epoch)),
-                 ("renew", str(job), "--worker", "w", "--epoch", str(epoch)),
-                 ("fail", str(job), "--worker", "w", "--epoch", str(epoch), "--error", "x"),
-                 ("effect", str(job), "--worker", "w", "--epoch", str(epoch))):
+    _damage(c, statement)
+    for args in _fenced_calls(job, "w", epoch):
         r = _no_internal_error(sqlite_target, *args)
-        assert r.code == 7 and r.json["error"]["code"] == "value_of_wrong_type", (args, r)
-    c.close()
-
-
-def test_a_job_epoch_holding_text_is_refused_stale_never_an_internal_error(
-        sqlite_target: Target) -> None:
-    """A job's epoch holding text (SQLite keeps it): every fenced call is refused as the
-    epoch it does not match (exit 4 stale_epoch); telling an epoch ahead from a stale one
-    compared int with str, a TypeError, exit 1."""
-    c = Coordinator.open(sqlite_target)
-    job = c.enqueue("k", {})["job_id"]
-    c.heartbeat("w", readings=IDLE_ON_AC)
-    epoch = c.claim("w")["lease"]["epoch"]
-    _damage(c, "UPDATE jobs SET epoch = 'x'")
-    for args in (("complete", str(job), "--worker", "w", "--epoch", str(epoch)),
-                 ("renew", str(job), "--worker", "w", "--epoch", str(epoch)),
-                 ("fail", str(job), "--worker", "w", "--epoch", str(epoch), "--error", "x"),
-                 ("effect", str(job), "--worker", "w", "--epoch", str(epoch))):
-        r = _no_internal_error(sqlite_target, *args)
-        assert r.code == 4 and r.json["error"]["code"] == "stale_epoch", (args, r)
+        assert r.code == code and r.json["error"]["code"] == error, (args, r)
     c.close()
 
 
