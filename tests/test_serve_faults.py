@@ -657,6 +657,23 @@ def test_requests_queued_for_a_server_thread_are_answered_503_within_their_budge
         assert c.jobs()["jobs"] == []
 
 
+def test_a_request_stalled_with_server_threads_free_is_tried_not_answered_server_busy(
+        target: Target) -> None:
+    """A server process stalled (stopped, paused, swapped out) for longer than the 3 s busy
+    budget just after a request asked for a thread, with every thread free: the request
+    waited for no thread, so it is tried with its whole budget. It was answered 503
+    `server_busy` ("no server thread was free"), and a worker's long-poll claim answered
+    that way lost the job it was about to be handed."""
+    sub = token(target, "sub", "submitter")
+    with served(target, "--reap-every", "0",
+                env={"JOBCOORD_FAULT": "http.asked_thread:sleep=3.5"}) as s:
+        raw = httpx.post(f"{s.url}/v1/jobs", json={"kind": "work", "payload": {}},
+                         timeout=60, headers={"Authorization": f"Bearer {sub}"})
+    assert raw.status_code == 201, raw.text
+    with Coordinator.open(target) as c:
+        assert [j["kind"] for j in c.jobs()["jobs"]] == ["work"]
+
+
 def test_a_submission_whose_answer_is_lost_is_sent_again_only_with_an_idempotency_key(
         target: Target) -> None:
     """The remote client sent every call again after a network error, a submission without

@@ -228,7 +228,7 @@ def _terminated(_signum: int, _frame: Any) -> None:
 
 #: How long a request waits for a locked database: each try at most REQUEST_BUSY_TRY_S (the
 #: --busy-timeout, when shorter), none begun later than REQUEST_BUSY_BUDGET_S after the
-#: request asked for a thread (Server._budgeted); then the answer is 503 `database_locked`
+#: request asked for a thread (Server._in_pool); then the answer is 503 `database_locked`
 #: (`server_busy` when the whole budget went waiting for a thread). In all well below a remote
 #: client's own timeout (10 s), so the client hears why (and a --burst worker exits 5, as a
 #: local one) instead of timing out, and a request its client gave up on frees its thread.

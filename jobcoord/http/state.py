@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import tokens
+from .. import faults, tokens
 from ..errors import DatabaseBusy, DatabaseCorrupt, JobcoordError, Unauthorized
 from ..tokens import Identity
 from .bodies import ENVELOPE_BYTES
@@ -207,6 +207,10 @@ class Server:
         self.c = coordinator
         self.pool_size = pool_size
         self.pool = concurrent.futures.ThreadPoolExecutor(pool_size, "jobcoord-http-db")
+        #: Calls given to `pool` and not yet begun, and calls running on it (`_in_pool`).
+        self._pool_waiting = 0
+        self._pool_running = 0
+        self._pool_lock = threading.Lock()
         #: An artifact's bytes move at the client's pace, or not at all (a stalled upload):
         #: on threads of their own, never on one a claim or a renewal waits for. A worker
         #: has at most `pool_size` uploads in flight (`upload_slot`), a quarter of them: one
@@ -259,34 +263,60 @@ class Server:
             if self.on_fatal is not None:
                 self.on_fatal()
 
-    def _budgeted(self, work: Callable[[], T]) -> Callable[[], T]:
-        """`work` as the pool runs it: the database's busy budget (`busy_budget`, the
-        server's bound) counts from now, when the call asks for a thread, not from its
-        first try. With every thread waiting on a locked database, a call queued behind
-        them would otherwise wait its own budget after theirs: 24 writes to 8 threads took
-        up to 15 s, past a client's timeout. One that waited its whole budget for a thread
-        is not tried: 503 `server_busy`, nothing changed."""
+    async def _in_pool(self, work: Callable[[], T]) -> T:
+        """`work` run on the pool, under the database's busy budget (`busy_budget`, the
+        server's bound). Behind other calls (every thread taken or calls already queued),
+        the budget counts from now, when the call asks for a thread, not from its first
+        try: with every thread waiting on a locked database, a call queued behind them
+        would otherwise wait its own budget after theirs (24 writes to 8 threads took up to
+        15 s, past a client's timeout), and one that waited its whole budget for a thread
+        is not tried: 503 `server_busy`, nothing changed. With a thread free when it asked,
+        it waited for none: a delay before it began is the whole process stalled (stopped,
+        paused, swapped out), and its budget counts from when it begins. It was answered
+        `server_busy`, and a long-poll claim answered so lost the job it was to be handed."""
         db = self.c.db
         budget = db.busy_budget
-        if budget is None:
-            return work
         asked = time.monotonic()
         threads = self.pool_size
+        with self._pool_lock:
+            behind = self._pool_waiting + self._pool_running >= threads
+            self._pool_waiting += 1
 
         def run() -> T:
-            if time.monotonic() - asked >= budget:
-                raise DatabaseBusy(
-                    "server_busy", f"no server thread was free for {budget:g} s (all "
-                    f"{threads} were waiting on the database); nothing was changed, try "
-                    "again")
-            with db.deadline(asked + budget):
-                return work()
-        return run
+            with self._pool_lock:
+                self._pool_waiting -= 1
+                self._pool_running += 1
+            try:
+                if budget is None:
+                    return work()
+                if behind and time.monotonic() - asked >= budget:
+                    raise DatabaseBusy(
+                        "server_busy", f"no server thread was free for {budget:g} s (all "
+                        f"{threads} were waiting on the database); nothing was changed, "
+                        "try again")
+                with db.deadline((asked if behind else time.monotonic()) + budget):
+                    return work()
+            finally:
+                with self._pool_lock:
+                    self._pool_running -= 1
+
+        def unasked(future: concurrent.futures.Future[T]) -> None:
+            if future.cancelled():  # taken back before a thread began it: run never ran
+                with self._pool_lock:
+                    self._pool_waiting -= 1
+
+        faults.point("http.asked_thread")
+        try:
+            future = self.pool.submit(run)
+        except BaseException:
+            with self._pool_lock:
+                self._pool_waiting -= 1
+            raise
+        future.add_done_callback(unasked)
+        return await asyncio.wrap_future(future)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.pool, self._budgeted(functools.partial(fn, *args, **kwargs)))
+        return await self._in_pool(functools.partial(fn, *args, **kwargs))
 
     async def call_as(self, caller: Caller, fn: Callable[..., T], *args: Any,
                       **kwargs: Any) -> T:
@@ -294,11 +324,7 @@ class Server:
         token's role checked first, 403 and `fn` does not run; its liveness judged on the
         same thread, 401): the route's work and its authentication cost one thread hop,
         not two."""
-        def run() -> T:
-            return self.as_caller(caller, fn, *args, **kwargs)
-
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, self._budgeted(run))
+        return await self._in_pool(lambda: self.as_caller(caller, fn, *args, **kwargs))
 
     def as_caller(self, caller: Caller, fn: Callable[..., T], *args: Any, **kwargs: Any
                   ) -> T:
