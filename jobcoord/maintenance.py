@@ -515,22 +515,26 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
 def _restore_takes(copy_path: str, dest: str) -> None:
     """Refuse a backup's copy that `restore` would refuse: its pages are whole (quick_check),
     but `check`'s application invariants find fault with it (a trigger of someone's on
-    `jobs`, a table made again without its key, job_counts drifted from the jobs). Such a
+    `jobs`, a table made again without its key, job_counts drifted from the jobs), or rows
+    point at a job that is gone (foreign_key_check, as `check` and `restore` run it). Such a
     file is no backup, and with --force it would have replaced the last good one. Read from
     the copy, one snapshot: what is put in place is what was judged."""
     copy = Database.open(resolve_target(db=copy_path), frozen=True)
     try:
-        found = copy.read(lambda conn: _invariants(copy, conn), "checking the copy")
+        found, orphans = copy.read(lambda conn: (_invariants(copy, conn),
+                                                 copy.foreign_key_violations(conn)),
+                                   "checking the copy")
     finally:
         copy.close()
-    if found:
+    if found or orphans:
         kept = _left_as_it_was(dest)
-        names = ", ".join(dict.fromkeys(v["invariant"] for v in found))
+        names = ", ".join(dict.fromkeys(
+            [v["invariant"] for v in found] + (["foreign_key_violations"] if orphans else [])))
         raise DatabaseCorrupt(
             "database_corrupt", f"backing up: the database holds what `jobcoord check` finds "
             f"({names}) and `restore` would refuse a copy of it; {kept}. Run `jobcoord check` "
             "and repair the database, or restore it from the last good backup",
-            violations=found[:20])
+            violations=found[:20], foreign_key_violations=orphans[:20])
 
 
 def _left_as_it_was(dest: str) -> str:

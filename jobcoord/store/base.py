@@ -470,6 +470,11 @@ class Database:
         has no such check (PostgreSQL)."""
         return None
 
+    def foreign_key_violations(self, conn: Connection) -> list[list[Any]]:
+        """Rows whose foreign key points at no row: [table, rowid, parent table, key
+        number] each. PostgreSQL enforces its keys on every connection: none to find."""
+        return []
+
     #: Whether `schema_object_names` lists the constraints by their names: the indexes
     #: behind primary keys and UNIQUE constraints, and the foreign keys (PostgreSQL; SQLite
     #: names its key indexes sqlite_autoindex_* and none of them, nor a foreign key, can be

@@ -646,8 +646,13 @@ class SqliteDatabase(Database):
 
     def integrity_check(self, conn: Connection, *, full: bool = False
                         ) -> tuple[list[str], list[list[Any]]]:
-        fks = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
-        return self.page_check(conn, full=full), fks
+        return self.page_check(conn, full=full), self.foreign_key_violations(conn)
+
+    def foreign_key_violations(self, conn: Connection) -> list[list[Any]]:
+        """Rows whose key points at no row (a job deleted by hand, its events left):
+        SQLite enforces foreign keys only on connections that ask, and its shell does not.
+        [table, rowid, parent table, key number] each."""
+        return [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
 
     def page_check(self, conn: Connection, *, full: bool = False) -> list[str]:
         """SQLite's own check of the file's pages (quick_check, or integrity_check when
