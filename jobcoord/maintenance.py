@@ -217,14 +217,22 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
 
 def _missing_keys_by_columns(db: Database, conn: Connection, tables: list[Table]
                              ) -> list[dict[str, str]]:
-    """SQLite names no key: a table made again without its primary key or a UNIQUE (same
-    columns, `CREATE TABLE t2 AS SELECT ...`) is found by the keys' columns. Every upsert on
+    """SQLite names no key: a table made again without its primary key, a UNIQUE or a
+    foreign key (same columns, `CREATE TABLE t2 AS SELECT ...`) is found by the keys'
+    columns. Every upsert on
     it failed ("ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint")."""
-    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
+    from sqlalchemy import ForeignKeyConstraint, PrimaryKeyConstraint, UniqueConstraint
 
     missing = []
     for table in tables:
         pk, uniques = db.key_columns(conn, table.name)
+        # A foreign key gone lets a job be deleted under its events, which neither SQLite's
+        # foreign_key_check sees (no key to check) nor a transfer into PostgreSQL takes.
+        referring = db.foreign_key_columns(conn, table.name)
+        missing += [{"table": table.name, "type": "foreign_key", "name": str(k.name)}
+                    for k in table.constraints if isinstance(k, ForeignKeyConstraint)
+                    and (frozenset(c.name for c in k.columns), k.referred_table.name)
+                    not in referring]
         for key in table.constraints:
             columns = frozenset(c.name for c in key.columns)
             if isinstance(key, PrimaryKeyConstraint) and columns and columns != pk:
@@ -465,10 +473,12 @@ def check(db: Database, *, full: bool = False) -> dict[str, Any]:
     if found is not None:
         rows, fks = found
         out[pragma] = rows[:20]
-        out["foreign_key_violations"] = fks[:20]
-        storage_ok = rows == ["ok"] and not fks
-    else:
+        storage_ok = rows == ["ok"]
+    else:  # PostgreSQL checks its own pages; its keys hold unless triggers were off
+        fks = db.read(db.foreign_key_violations, "checking foreign keys")
         storage_ok = True
+    out["foreign_key_violations"] = fks[:20]
+    storage_ok = storage_ok and not fks
     try:
         out["violations"] = db.read(lambda conn: _invariants(db, conn), "checking invariants")
     except (TypeError, ValueError, ArithmeticError) as e:

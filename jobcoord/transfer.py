@@ -245,23 +245,13 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
             version = source.data_version(sconn)
             # A damaged page may still read as rows: never copy, and call verified, a source
             # that SQLite's own check finds damaged (the same snapshot is copied next).
-            found, every_orphan = source.integrity_check(sconn)
-            # Of the tables copied only: a table of the user's own in the file is not.
-            copied = {t.name for t in tables}
-            orphans = [row for row in every_orphan if row[0] in copied]
+            found = source.page_check(sconn)
             if found != ["ok"]:
                 raise DatabaseCorrupt(
                     "database_corrupt", f"the source {source.target.display()} failed "
                     f"quick_check ({'; '.join(found[:3])}); nothing was copied. Restore it "
                     "from a backup, then transfer", quick_check=found[:20])
-            if orphans:  # SQLite keeps them; PostgreSQL's foreign keys refuse them mid-copy
-                names = ", ".join(dict.fromkeys(str(row[0]) for row in orphans))
-                raise DatabaseCorrupt(
-                    "database_corrupt", f"the source {source.target.display()} holds rows "
-                    f"whose job or other parent is gone (in {names}: deleted by hand?), as "
-                    "`jobcoord check` lists under foreign_key_violations; nothing was copied. "
-                    "Restore it from a backup, then transfer",
-                    foreign_key_violations=[list(r) for r in orphans[:20]])
+            _refuse_orphans(source, sconn, tables)
             active = source.run(sconn, rs.LIVE_LEASES, {"now": now}).one()
             _refuse_live_leases(active, allow_active_leases)
             source_digests = {t.name: digest(source, sconn, t) for t in tables}
@@ -285,6 +275,21 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
         raise _source_changed()
     return {"tables": source_digests, "next_ids": sequences,
             "active_leases_copied": int(active[0])}
+
+
+def _refuse_orphans(source: Database, sconn: Connection, tables: list[Table]) -> None:
+    """Rows of the copied tables whose job (or other parent) is gone: SQLite keeps them
+    (written by its shell, which enforces no foreign keys), so does PostgreSQL with its
+    triggers off; the target's foreign keys refused them mid-copy. Of the tables copied
+    only: a table of the user's own in the file is not judged."""
+    orphans = source.foreign_key_violations(sconn, tables)
+    if orphans:
+        names = ", ".join(dict.fromkeys(str(row[0]) for row in orphans))
+        raise DatabaseCorrupt(
+            "database_corrupt", f"the source {source.target.display()} holds rows whose job "
+            f"or other parent is gone (in {names}: deleted by hand?), as `jobcoord check` "
+            "lists under foreign_key_violations; nothing was copied. Restore it from a "
+            "backup, then transfer", foreign_key_violations=orphans[:20])
 
 
 def _copy_rows(source: Any, sconn: Any, dest: Any, tconn: Any, tables: list[Table]) -> None:
@@ -333,6 +338,7 @@ def _copy_back(source: PostgresDatabase, dest: SqliteDatabase, tables: list[Tabl
     reading it again afterwards."""
     now = now_us()
     with source.read_engine.connect() as sconn, sconn.begin():
+        _refuse_orphans(source, sconn, tables)
         active = source.run(sconn, rs.LIVE_LEASES, {"now": now}).one()
         _refuse_live_leases(active, allow_active_leases)
         source_digests = {t.name: digest(source, sconn, t) for t in tables}

@@ -546,7 +546,7 @@ def test_a_stray_lease_whose_epoch_is_not_a_whole_epoch_never_makes_one(
     c.close()
 
 
-@pytest.mark.parametrize("drop", ["index", "trigger", "unique"])
+@pytest.mark.parametrize("drop", ["index", "trigger", "unique", "foreign_key"])
 def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
         target: Target, drop: str) -> None:
     """An index, a counting trigger or a uniqueness dropped by hand left `check` saying ok:
@@ -568,6 +568,9 @@ def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
                     "jobs_counted_update"),
         "unique": (rebuilt if sqlite else "ALTER TABLE tokens DROP CONSTRAINT uq_tokens_name",
                    "uq_tokens_name"),
+        "foreign_key": ("; ".join(_without_foreign_key(c, "job_events")) if sqlite else
+                        "ALTER TABLE job_events DROP CONSTRAINT fk_job_events_job_id_jobs",
+                        "fk_job_events_job_id_jobs"),
     }[drop]
     with c.db.engine.begin() as conn:
         for one in statement.split("; "):
@@ -581,6 +584,50 @@ def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
         assert sorted(names) == ["pk_tokens", "uq_tokens_name", "uq_tokens_token_hash"], found
     else:
         assert names == [name], found
+
+
+def _without_foreign_key(c: Coordinator, table: str) -> list[str]:
+    """SQLite cannot drop a foreign key: the statements that make `table` again as it was
+    (same columns, keys and indexes, its rows) but for its foreign keys."""
+    import re
+
+    from sqlalchemy import text
+
+    with c.db.engine.connect() as conn:
+        made = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = :t"),
+                            {"t": table}).scalar_one()
+        indexes = conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'index' "
+                                    "AND tbl_name = :t AND sql IS NOT NULL"),
+                               {"t": table}).scalars().all()
+    bare = re.sub(r",\s*CONSTRAINT \w+ FOREIGN KEY[^\n]*", "", made)
+    assert bare != made and "REFERENCES" not in bare, bare
+    return [f"ALTER TABLE {table} RENAME TO old_{table}", bare,
+            f"INSERT INTO {table} SELECT * FROM old_{table}", f"DROP TABLE old_{table}",
+            *indexes]
+
+
+def test_check_reports_rows_whose_job_is_gone_and_exits_7(target: Target) -> None:
+    """A job deleted by hand under its events: by SQLite's shell (foreign keys not
+    enforced) or on PostgreSQL with triggers off (session_replication_role = replica, as
+    a replication tool or a restore with --disable-triggers runs). SQLite's check listed
+    them; PostgreSQL's said ok, and a transfer back failed half way."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target, migrate=True)
+    gone = c.enqueue("k", {})["job_id"]
+    c.enqueue("k", {})
+    assert run_cli(target, "check", "--json").code == 0
+    if target.sqlite_path is None:
+        with c.db.engine.begin() as conn:
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            conn.execute(text("DELETE FROM jobs WHERE job_id = :j"), {"j": gone})
+    else:
+        with sqlite3.connect(target.sqlite_path) as plain:
+            plain.execute("DELETE FROM jobs WHERE job_id = ?", (gone,))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    assert {row[0] for row in r.json["foreign_key_violations"]} == {"job_events"}, r.json
 
 
 def test_check_in_a_fresh_process_reports_every_partial_index_dropped_by_hand(

@@ -629,6 +629,57 @@ def test_a_postgresql_source_without_a_foreign_key_is_exit_7_naming_it(
         assert target.jobs()["jobs"] == []
 
 
+def test_a_postgresql_source_with_rows_whose_job_is_gone_is_exit_7_and_nothing_is_copied(
+        pg: Target, sqlite_template: str, tmp_path: Any) -> None:
+    """A job deleted on PostgreSQL with its triggers off (session_replication_role =
+    replica, its foreign key still there) left its events: `check` said ok and the transfer
+    back copied until SQLite's foreign keys refused, exit 1 `internal_error`. Found in the
+    source's snapshot: exit 7 naming the table, the SQLite target left empty."""
+    from sqlalchemy import text
+
+    back = fresh_sqlite(sqlite_template, str(tmp_path), "back.db")
+    with Coordinator.open(pg) as c:
+        gone = c.enqueue("k", {})["job_id"]
+        c.enqueue("k", {})
+        with c.db.engine.begin() as conn:
+            conn.execute(text("SET LOCAL session_replication_role = replica"))
+            conn.execute(text("DELETE FROM jobs WHERE job_id = :j"), {"j": gone})
+    r = run_cli(pg, "transfer", "--to", back.url, "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "database_corrupt", r.json
+    assert "job_events" in r.json["error"]["message"], r.json
+    assert r.json["error"]["details"]["foreign_key_violations"], r.json
+    with Coordinator.open(back) as target:
+        assert target.jobs()["jobs"] == []
+
+
+def test_a_sqlite_source_table_made_again_without_its_foreign_key_is_exit_7_naming_it(
+        src: Target, pg: Target) -> None:
+    """job_events made again by hand without its foreign key, then a job deleted under its
+    events: SQLite's foreign_key_check has no key to check, `check` said ok, and the
+    transfer copied until PostgreSQL's foreign key refused, exit 1. The key is found
+    missing by its columns: exit 7 naming it, the target left empty."""
+    from tests.test_check import _without_foreign_key
+
+    with Coordinator.open(src) as c:
+        gone = c.enqueue("k", {})["job_id"]
+        c.enqueue("k", {})
+        statements = _without_foreign_key(c, "job_events")
+    path = src.sqlite_path
+    assert path
+    with sqlite3.connect(path) as conn:
+        for statement in statements:
+            conn.execute(statement)
+        conn.execute("DELETE FROM jobs WHERE job_id = ?", (gone,))
+    r = run_cli(src, "check", "--json")
+    assert r.code == 7, r
+    r = run_cli(src, "transfer", "--to", pg.url, "--json")
+    assert r.code == 7, r
+    assert "fk_job_events_job_id_jobs" in r.json["error"]["message"], r.json
+    with Coordinator.open(pg) as target:
+        assert target.jobs()["jobs"] == []
+
+
 @pytest.mark.parametrize(("column", "value"), [
     ("created_at", "x"), ("kind", "a\x00b"), ("kind", b"k"), ("priority", 1.5)])
 def test_a_source_value_no_postgresql_column_holds_is_exit_7_and_nothing_is_copied(

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
+from sqlalchemy import Table
 from sqlalchemy.engine import Connection, Engine
 
 from .. import faults, interrupts
@@ -470,10 +471,37 @@ class Database:
         has no such check (PostgreSQL)."""
         return None
 
-    def foreign_key_violations(self, conn: Connection) -> list[list[Any]]:
-        """Rows whose foreign key points at no row: [table, rowid, parent table, key
-        number] each. PostgreSQL enforces its keys on every connection: none to find."""
-        return []
+    def foreign_key_violations(self, conn: Connection,
+                               tables: Sequence[Table] | None = None) -> list[list[Any]]:
+        """Rows whose foreign key points at no row, of the models' tables present (or of
+        `tables`): [table, the row's key, parent table, key name] each, at most 20 a key.
+        PostgreSQL enforces its keys, but not with its triggers off (a session with
+        session_replication_role = replica: replication tools, a restore with
+        --disable-triggers). Built from the models: one outer join a key."""
+        from sqlalchemy import and_, inspect, select
+
+        from ..schema import metadata
+
+        present = set(inspect(conn).get_table_names())
+        found: list[list[Any]] = []
+        for child in tables if tables is not None else metadata.sorted_tables:
+            if child.name not in present:
+                continue
+            for key in sorted(child.foreign_key_constraints, key=lambda k: str(k.name)):
+                parent = key.referred_table
+                if parent.name not in present:
+                    continue
+                pk = list(child.primary_key.columns)
+                rows = conn.execute(
+                    select(*pk)
+                    .select_from(child.outerjoin(parent, and_(
+                        *(e.parent == e.column for e in key.elements))))
+                    .where(*(e.parent.is_not(None) for e in key.elements),
+                           key.elements[0].column.is_(None))
+                    .order_by(*pk).limit(20)).all()
+                found += [[child.name, row[0] if len(row) == 1 else list(row), parent.name,
+                           str(key.name)] for row in rows]
+        return found
 
     #: Whether `schema_object_names` lists the constraints by their names: the indexes
     #: behind primary keys and UNIQUE constraints, and the foreign keys (PostgreSQL; SQLite
@@ -509,6 +537,16 @@ class Database:
         uniques |= {frozenset(str(c) for c in i["column_names"])
                     for i in found.get_indexes(table) if i["unique"]}
         return pk, uniques
+
+    def foreign_key_columns(self, conn: Connection, table: str
+                            ) -> set[tuple[frozenset[str], str]]:
+        """`table`'s foreign keys as (its columns, the table they refer to), for a store
+        that does not name them (SQLite: a table made again without its foreign key is
+        found by the key's columns)."""
+        from sqlalchemy import inspect
+
+        return {(frozenset(k["constrained_columns"]), k["referred_table"])
+                for k in inspect(conn).get_foreign_keys(table)}
 
     def prepare_for_migration(self) -> None:
         """What must hold before a migration's transaction, outside it (SQLite: WAL)."""

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import Table, create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -648,11 +648,17 @@ class SqliteDatabase(Database):
                         ) -> tuple[list[str], list[list[Any]]]:
         return self.page_check(conn, full=full), self.foreign_key_violations(conn)
 
-    def foreign_key_violations(self, conn: Connection) -> list[list[Any]]:
+    def foreign_key_violations(self, conn: Connection,
+                               tables: Sequence[Table] | None = None) -> list[list[Any]]:
         """Rows whose key points at no row (a job deleted by hand, its events left):
         SQLite enforces foreign keys only on connections that ask, and its shell does not.
-        [table, rowid, parent table, key number] each."""
-        return [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
+        [table, rowid, parent table, key number] each; of `tables` only when given. A
+        table made again without its foreign key is found by `check`'s schema look."""
+        rows = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
+        if tables is None:
+            return rows
+        names = {t.name for t in tables}
+        return [r for r in rows if r[0] in names]
 
     def page_check(self, conn: Connection, *, full: bool = False) -> list[str]:
         """SQLite's own check of the file's pages (quick_check, or integrity_check when
