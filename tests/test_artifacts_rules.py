@@ -679,6 +679,41 @@ def test_artifact_get_never_writes_over_the_database_a_device_or_an_existing_fil
     assert ac.get_artifact(job, "out.txt", existing, force=True)["size"] == 5
 
 
+def test_artifact_gets_racing_to_one_new_file_without_force_write_it_once(
+        ac: Coordinator, tmp_path: Path) -> None:
+    """Twelve threads (one Coordinator) getting an artifact to one new file without
+    `force`: all saw no file there, and up to five said they wrote it, each replacing the
+    one before. The file is linked into place, not renamed: one writes it, the others are
+    `destination_exists` (exit 2), and no temporary file is left."""
+    import threading
+
+    job, epoch = start(ac)
+    data = os.urandom(1 << 22)
+    ac.put_artifact(job, "w1", epoch, "model.bin", data)
+    ac.complete(job, "w1", epoch, {})
+    dest = tmp_path / "out dir #1" / "model.bin"
+    dest.parent.mkdir()
+    gate = threading.Barrier(12)
+    answers: list[str] = []
+
+    def get() -> None:
+        gate.wait()
+        try:
+            ac.get_artifact(job, "model.bin", dest)
+            answers.append("written")
+        except InvalidInput as e:
+            answers.append(e.code)
+
+    threads = [threading.Thread(target=get) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(answers) == ["destination_exists"] * 11 + ["written"], answers
+    assert dest.read_bytes() == data
+    assert os.listdir(dest.parent) == ["model.bin"]
+
+
 def test_artifact_get_and_backup_never_write_the_wal_of_a_database_opened_through_a_link(
         ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
     """Opened as `alias.db` (a link to `real.db`), SQLite keeps `real.db-wal`: the guard

@@ -258,10 +258,12 @@ class ObjectStore:
         return ObjectReader(self._path(hexdigest), hexdigest, self.root, expected_size)
 
     def copy_to(self, digest: str, dest: str | os.PathLike[str], *,
-                expected_size: int | None = None) -> int:
-        """Write the object to `dest` (replacing a file there) only once its size and hash
-        matched; on any failure nothing is written at `dest` and no temporary file is left.
-        Returns the number of bytes written."""
+                expected_size: int | None = None, replace: bool = True) -> int:
+        """Write the object to `dest` only once its size and hash matched; on any failure
+        nothing is written at `dest` and no temporary file is left. A file at `dest` is
+        replaced when `replace`; otherwise the copy is linked into place, which fails
+        rather than replace a file that appeared since the caller looked (another get to
+        the same new file): InvalidInput `destination_exists`. Returns the bytes written."""
         dest_path = os.path.abspath(os.fspath(dest))
         if os.path.isdir(dest_path):
             raise InvalidInput("invalid_input", f"destination {dest_path!r} is a directory",
@@ -296,7 +298,10 @@ class ObjectStore:
                 finally:
                     os.close(fd)
                 try:
-                    os.replace(tmp, dest_path)
+                    if replace:
+                        os.replace(tmp, dest_path)
+                    else:
+                        _place_new(tmp, dest_path)
                     fsync_dir(directory)
                 except OSError as exc:
                     raise dest_error(exc, dest_path) from None
@@ -510,3 +515,24 @@ class ObjectStore:
         if state == "corrupt":
             raise corrupt(digest, path, "re-hashing it in the destination store failed")
         return StoredObject(digest, os.stat(path).st_size, path, created)
+
+
+def _place_new(tmp: str, dest: str) -> None:
+    """Give the finished file `tmp` the name `dest`, which must still be free: linked (never
+    replaces a name, unlike rename(2)), then `tmp` unlinked. A filesystem without hard
+    links is looked at first and renamed: a file appearing between the two is replaced."""
+    try:
+        os.link(tmp, dest)
+    except FileExistsError:
+        raise InvalidInput("destination_exists", f"{dest} appeared meanwhile (another "
+                           "copy wrote it); nothing was written. Pass --force to replace "
+                           "it", dest=dest) from None
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        if os.path.lexists(dest):
+            raise InvalidInput("destination_exists", f"{dest} appeared meanwhile; nothing "
+                               "was written. Pass --force to replace it", dest=dest) from None
+        os.rename(tmp, dest)
+        return
+    os.unlink(tmp)

@@ -476,7 +476,7 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
     store = store_of(coord)
     dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
                                 what="the artifact's", store=store.root)
-    store.copy_to(row[4], dest, expected_size=row[5])
+    store.copy_to(row[4], dest, expected_size=row[5], replace=force)
     return {**_row(row), "written": os.fspath(dest)}
 
 
