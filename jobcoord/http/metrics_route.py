@@ -38,10 +38,14 @@ SETTINGS = MetricsSettings()
 def _client_is_loopback(request: Request) -> bool:
     """A loopback client asking for a loopback host. The client alone is not enough: a page
     of another site in the operator's browser, its name rebound to 127.0.0.1 (DNS
-    rebinding), is a loopback client too, and its requests name that site as Host."""
+    rebinding), is a loopback client too, and its requests name that site as Host. (A
+    request in absolute form, `GET http://site/metrics`, is judged by its Host too: no
+    browser sends that form but to a proxy, and a local program may name any Host.)"""
     from .server import is_loopback
 
-    named = _HOST.fullmatch(request.headers.get("host", ""))
+    # One Host only: of two, which one a proxy in front judged is anyone's guess.
+    hosts = request.headers.getlist("host")
+    named = _HOST.fullmatch(hosts[0]) if len(hosts) == 1 else None
     host = named and (named["v6"] or named["name"])
     return bool(host and request.client is not None and is_loopback(request.client.host)
                 and is_loopback(host.lower()))
