@@ -382,6 +382,44 @@ def test_a_backup_whose_artifact_directory_would_be_the_live_store_is_exit_2(
     assert sorted(str(p.relative_to(moved)) for p in Path(moved).rglob("*")) == live
 
 
+@pytest.mark.parametrize("there", ["another database's store", "a directory of one's own"])
+def test_a_forced_backup_never_replaces_an_artifact_directory_no_backup_wrote(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, there: str) -> None:
+    """DEST.artifacts the live store of another database (its `databases/` record naming
+    it), or a directory of the user's own (no manifest): `backup --force` renamed it aside
+    and deleted it, exit 0, and the other database's accepted artifacts were gone for good.
+    Only a directory a backup wrote (its manifest, no live store's record) is replaced:
+    exit 2, both left as they were."""
+    _good_backup(sc, sqlite_target, tmp_path)
+    taken = tmp_path / "old #1.db.artifacts"
+    if there == "another database's store":
+        other = resolve_target(db=str(tmp_path / "z.db"))
+        Coordinator.open(other, migrate=True).close()
+        install(other)
+        with Coordinator.open(other) as z:
+            z.artifacts_dir = str(taken)
+            job, epoch = start(z, "wz")
+            z.put_artifact(job, "wz", epoch, "precious.txt", b"precious")
+            z.complete(job, "wz", epoch, {})
+    else:
+        (taken / "notes").mkdir(parents=True)
+        (taken / "notes" / "mine.txt").write_bytes(b"mine")
+    kept = {str(p.relative_to(taken)): p.read_bytes() for p in taken.rglob("*") if p.is_file()}
+    dest = tmp_path / "old #1.db"
+    r = cli(sqlite_target, sc.artifacts_dir or "", "backup", str(dest), "--force", "--json")
+    assert r.code == 2, r  # type: ignore[attr-defined]
+    assert r.json["error"]["details"]["dest"] == str(taken), r  # type: ignore[attr-defined]
+    assert not dest.exists()
+    assert {str(p.relative_to(taken)): p.read_bytes() for p in taken.rglob("*")
+            if p.is_file()} == kept
+    if there == "another database's store":
+        with Coordinator.open(other) as z:
+            z.artifacts_dir = str(taken)
+            got = tmp_path / "got.txt"
+            z.get_artifact(job, "precious.txt", got)
+            assert got.read_bytes() == b"precious"
+
+
 def test_a_backup_whose_artifact_directory_name_is_taken_by_a_file_is_exit_2(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
     """DEST.artifacts a regular file: an internal error (NotADirectoryError) that, with

@@ -40,6 +40,7 @@ from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
     ENV_STORE,
+    USERS_DIR,
     gc_lock,
     record_user,
     sqlite_identity,
@@ -160,10 +161,13 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
                          what="the backup", store=store.root)
     standalone_destination(dest)
     if os.path.lexists(final):
-        if os.path.islink(final) or not os.path.isdir(final):
+        if os.path.islink(final) or not os.path.isdir(final) or not _a_backups(final):
+            # --force renames it aside and deletes it: only ever what a backup wrote, never
+            # another database's live store (its accepted objects) or a directory of one's own.
             raise InvalidInput("invalid_input", f"{final} exists and is not a backup's "
-                               "artifact directory; move it away or name another backup",
-                               dest=final)
+                               "artifact directory (an artifact store in use, or a "
+                               "directory no backup wrote); move it away or name another "
+                               "backup", dest=final)
         if not force:
             raise InvalidInput("destination_exists", f"{final} already exists; pass --force "
                                "to replace the backup", dest=final)
@@ -250,6 +254,14 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
                            "hard_linked": linked, "copied": copied, "rows": nrows,
                            "verified": True}
     return result
+
+
+def _a_backups(directory: str) -> bool:
+    """Whether `directory` is one a backup wrote: its manifest, and none of what a live
+    store holds (the record of the databases using it, its lock)."""
+    return (os.path.isfile(os.path.join(directory, MANIFEST))
+            and not any(os.path.lexists(os.path.join(directory, name))
+                        for name in (USERS_DIR, "gc.lock")))
 
 
 def _appeared(path: str) -> InvalidInput:
