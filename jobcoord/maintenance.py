@@ -278,6 +278,7 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
                             ("row_breaks_check", "checks", _rows_breaking_checks),
                             ("worker_unreadable", "workers", _unreadable_workers),
                             ("schedule_unreadable", "schedules", _unreadable_schedules),
+                            ("artifact_unreadable", "artifacts", _unreadable_artifacts),
                             ("job_counts_differ_from_jobs", "keys", _counts_differ)):
         found = find(db, conn)
         if found:
@@ -431,6 +432,29 @@ def _unreadable_workers(db: Database, conn: Connection) -> list[dict[str, Any]]:
         column = unreadable_column(texts)
         if column is not None:
             bad.append({"worker_id": worker_id, "column": column})
+    return bad
+
+
+def _unreadable_artifacts(db: Database, conn: Connection) -> list[dict[str, Any]]:
+    """Artifact rows whose digest is no digest (changed by hand: its letters' case, a
+    character gone): the row names no object, so `get` and `verify` cannot find its
+    bytes, and `gc` could not tell the object was referenced and deleted it."""
+    from sqlalchemy import select
+
+    from .artifacts.names import parse_digest
+    from .errors import InvalidInput
+    from .schema import artifacts
+
+    if not db.engine.dialect.has_table(conn, "artifacts"):
+        return []  # the feature is not installed
+    bad = []
+    for job_id, name, digest in conn.execute(
+            select(artifacts.c.job_id, artifacts.c.name, artifacts.c.digest)
+            .order_by(artifacts.c.artifact_id)):
+        try:
+            parse_digest(digest)
+        except InvalidInput:
+            bad.append({"job_id": job_id, "name": name, "digest": ascii(digest)[:100]})
     return bad
 
 

@@ -679,6 +679,33 @@ def test_artifact_get_never_writes_over_the_database_a_device_or_an_existing_fil
     assert ac.get_artifact(job, "out.txt", existing, force=True)["size"] == 5
 
 
+def test_an_artifact_row_whose_digest_is_no_digest_is_found_by_check_and_gc_removes_nothing(
+        ac: Coordinator, target: Target, store_dir: str) -> None:
+    """A digest changed by hand so it names no object (its letters upper case): `check`
+    said ok, `verify` and `backup` said bad usage (exit 2), and `gc`, which could not match
+    the row to its object, deleted the intact object of an accepted artifact, exit 0: once
+    the row was mended the content was gone for good. `check` names the row
+    (`artifact_unreadable`, exit 7), `gc` and `verify` are exit 7 and remove nothing."""
+    from sqlalchemy import text
+
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "a.txt", b"good bytes")
+    ac.complete(job, "w1", epoch, {})
+    assert run_cli(target, "check", "--json").code == 0
+    with ac.db.engine.begin() as conn:
+        conn.execute(text("UPDATE artifacts SET digest = upper(digest)"))
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "artifact_unreadable"]
+    assert [a["name"] for a in found["artifacts"]] == ["a.txt"], found
+    for args in (("artifact", "gc", "--grace", "0s"), ("artifact", "verify", "--all")):
+        r = run_cli(target, "--artifacts", store_dir, *args, "--json")
+        assert r.code == 7, (args, r)
+    with ac.db.engine.begin() as conn:
+        conn.execute(text("UPDATE artifacts SET digest = lower(digest)"))
+    assert ac.get_artifact(job, "a.txt", os.path.join(store_dir, "..", "got.txt"))["size"] == 10
+
+
 def test_artifact_gets_racing_to_one_new_file_without_force_write_it_once(
         ac: Coordinator, tmp_path: Path) -> None:
     """Twelve threads (one Coordinator) getting an artifact to one new file without

@@ -8,6 +8,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
     database_identity,
@@ -20,7 +21,7 @@ from jobcoord.artifacts.settings import (
 )
 from jobcoord.clock import now_us
 from jobcoord.core.common import record_event
-from jobcoord.errors import InvalidInput, Refused
+from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused
 from jobcoord.store import feature_statements as fs
 
 if TYPE_CHECKING:
@@ -89,8 +90,18 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
     referenced = fs.REFERENCED_AFTER_END if dry_run else fs.REFERENCED_DIGESTS
 
     def _live() -> set[str]:
-        return coord.db.read(lambda conn: {r[0] for r in coord.db.run(conn, referenced).all()},
+        live = coord.db.read(lambda conn: {r[0] for r in coord.db.run(conn, referenced).all()},
                              "artifact gc")
+        unreadable = sorted(d for d in live if not _a_digest(d))
+        if unreadable:
+            # Such a row names no object: which object it meant cannot be told, so none is
+            # known unreferenced (it deleted the intact object of an accepted artifact).
+            raise DatabaseCorrupt(
+                "database_corrupt", f"{len(unreadable)} artifact row(s) hold a digest that is "
+                f"no digest ({ascii(unreadable[0])[:100]}: changed by hand?); nothing was "
+                "removed. `jobcoord check` names them (artifact_unreadable)",
+                digests=[ascii(d)[:100] for d in unreadable[:20]])
+        return live
 
     removed, kept_young, freed = [], 0, 0
     with gc_lock(store, exclusive=True):
@@ -163,3 +174,11 @@ def _has_new_columns(db: Database, conn: Connection) -> bool:
     from sqlalchemy import inspect
 
     return "digest" in {c["name"] for c in inspect(conn).get_columns("artifacts")}
+
+
+def _a_digest(digest: object) -> bool:
+    try:
+        parse_digest(digest)
+    except InvalidInput:
+        return False
+    return True

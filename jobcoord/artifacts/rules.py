@@ -500,7 +500,12 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
             continue
         state = seen.get(a["digest"])
         if state is None:
-            state = seen[a["digest"]] = store.verify(a["digest"])
+            try:
+                parse_digest(a["digest"])
+            except InvalidInput:  # changed by hand: names no object (`check` says so too)
+                state = seen[a["digest"]] = "unreadable"
+            else:
+                state = seen[a["digest"]] = store.verify(a["digest"])
             if state == "ok" and store.size(a["digest"]) != a["size"]:
                 state = seen[a["digest"]] = "corrupt"
         if state != "ok":
