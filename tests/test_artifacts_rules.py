@@ -698,7 +698,9 @@ def test_an_artifact_row_whose_digest_is_no_digest_is_found_by_check_and_gc_remo
     assert r.code == 7, r
     [found] = [v for v in r.json["violations"] if v["invariant"] == "artifact_unreadable"]
     assert [a["name"] for a in found["artifacts"]] == ["a.txt"], found
-    for args in (("artifact", "gc", "--grace", "0s"), ("artifact", "verify", "--all")):
+    backup = (("backup", os.path.join(store_dir, "..", "b.db")),) if target.sqlite_path else ()
+    for args in (("artifact", "gc", "--grace", "0s"), ("artifact", "verify", "--all"),
+                 *backup):
         r = run_cli(target, "--artifacts", store_dir, *args, "--json")
         assert r.code == 7, (args, r)
     with ac.db.engine.begin() as conn:
