@@ -95,7 +95,10 @@ def _schema_damage(db: Database, conn: Connection,
     if gone:
         return "schema_damaged", "objects", gone
     extra = _unexpected_columns(conn, installed[1])
-    return ("schema_damaged", "columns", extra) if extra else None
+    if extra:
+        return "schema_damaged", "columns", extra
+    unique = _unexpected_unique_indexes(db, conn, installed[1])
+    return ("schema_damaged", "indexes", unique) if unique else None
 
 
 def damage_in(db: Database, conn: Connection, *, keys: bool = False
@@ -124,6 +127,8 @@ def damage_error(found: tuple[str, str, list[Any]], where: str) -> DatabaseCorru
     shown = ", ".join(n if isinstance(n, str) else f"{n['table']}.{n['name']}" for n in names)
     if code == "schema_damaged":
         what = (f"lacks its key(s) {shown}" if key == "objects" else
+                f"holds unique index(es) jobcoord never makes, which refuse its own "
+                f"writes: {shown}" if key == "indexes" else
                 f"holds column(s) jobcoord never makes that must not be null: {shown}")
         cause = "a table made again outside jobcoord"
     else:
@@ -215,6 +220,25 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     return missing
 
 
+def _unexpected_unique_indexes(db: Database, conn: Connection, newest: set[str]
+                               ) -> list[dict[str, str]]:
+    """UNIQUE indexes on jobcoord's tables that it never makes (added by hand): each
+    refuses jobcoord's own writes its rules allow (a job's second event, a second job of a
+    kind). An index of one's own that is not unique refuses nothing and is left alone."""
+    from .schema import OPTIONAL_TABLES, add_partial_indexes, metadata
+
+    add_partial_indexes()
+    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}
+    found = []
+    for table in metadata.sorted_tables:
+        if table.name in absent:
+            continue
+        ours = {str(i.name) for i in table.indexes} | {str(k.name) for k in table.constraints}
+        found += [{"table": table.name, "name": name}
+                  for name in sorted(db.unique_index_names(conn, table.name) - ours)]
+    return found
+
+
 def _missing_keys_by_columns(db: Database, conn: Connection, tables: list[Table]
                              ) -> list[dict[str, str]]:
     """SQLite names no key: a table made again without its primary key, a UNIQUE or a
@@ -259,6 +283,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     if extra:
         violations.append({"invariant": "column_unexpected", "job_ids": [],
                            "columns": extra[:20]})
+    unique = [] if installed is None else _unexpected_unique_indexes(db, conn, installed[1])
+    if unique:
+        violations.append({"invariant": "index_unexpected", "job_ids": [],
+                           "indexes": unique[:20]})
     foreign = _unexpected_triggers(db, conn)
     if foreign:
         violations.append({"invariant": "trigger_unexpected", "job_ids": [],

@@ -586,6 +586,42 @@ def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
         assert names == [name], found
 
 
+@pytest.mark.parametrize("index,command", [
+    ("my_u ON job_events (job_id)", ["claim", "w1", "--json"]),
+    ("my_k ON jobs (kind)", ["enqueue", "k", "--json"]),
+])
+def test_a_unique_index_added_by_hand_is_found_by_check_and_commands_it_refuses_exit_7(
+        target: Target, index: str, command: list[str]) -> None:
+    """A UNIQUE index jobcoord never makes, added by hand, refuses jobcoord's own writes
+    (a job's second event, a second job of a kind): `check` and `backup` said ok and the
+    command failed as an internal error, exit 1. `check` names it (`index_unexpected`),
+    the command is exit 7 `schema_damaged` naming it, nothing changed. An index of one's
+    own that is not unique refuses nothing: not a finding."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target, migrate=True)
+    c.heartbeat("w1", readings=IDLE_ON_AC)
+    c.enqueue("k", {})
+    name = index.split()[0]
+    with c.db.engine.begin() as conn:
+        conn.execute(text("CREATE INDEX mine ON jobs (kind, priority)"))
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        conn.execute(text(f"CREATE UNIQUE INDEX {index}"))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "index_unexpected"]
+    assert [i["name"] for i in found["indexes"]] == [name], found
+    with Coordinator.open(target) as c:
+        before = dump(c)
+    r = run_cli(target, *command)
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "schema_damaged" and name in r.json["error"]["message"]
+    with Coordinator.open(target) as c:
+        assert dump(c) == before
+
+
 def _without_foreign_key(c: Coordinator, table: str) -> list[str]:
     """SQLite cannot drop a foreign key: the statements that make `table` again as it was
     (same columns, keys and indexes, its rows) but for its foreign keys."""

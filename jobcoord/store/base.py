@@ -538,6 +538,13 @@ class Database:
                     for i in found.get_indexes(table) if i["unique"]}
         return pk, uniques
 
+    def unique_index_names(self, conn: Connection, table: str) -> set[str]:
+        """The names of `table`'s unique indexes made by CREATE UNIQUE INDEX (those behind
+        a key or UNIQUE constraint too, where the database names them so)."""
+        from sqlalchemy import inspect
+
+        return {str(i["name"]) for i in inspect(conn).get_indexes(table) if i["unique"]}
+
     def foreign_key_columns(self, conn: Connection, table: str
                             ) -> set[tuple[frozenset[str], str]]:
         """`table`'s foreign keys as (its columns, the table they refer to), for a store

@@ -644,6 +644,13 @@ class SqliteDatabase(Database):
                    if index[2] and not index[4]}
         return pk, uniques
 
+    def unique_index_names(self, conn: Connection, table: str) -> set[str]:
+        # index_list's origin "c": made by CREATE INDEX (not a key's sqlite_autoindex_*);
+        # the inspector would skip expression indexes with a warning.
+        quoted = conn.dialect.identifier_preparer.quote_identifier
+        return {str(r[1]) for r in conn.exec_driver_sql(
+            f"PRAGMA index_list({quoted(table)})").all() if r[2] and r[3] == "c"}
+
     def integrity_check(self, conn: Connection, *, full: bool = False
                         ) -> tuple[list[str], list[list[Any]]]:
         return self.page_check(conn, full=full), self.foreign_key_violations(conn)
