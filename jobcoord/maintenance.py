@@ -12,6 +12,7 @@ the way back: a backup proven whole becomes a new database, never written over a
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import sqlite3
@@ -183,6 +184,36 @@ def _unexpected_triggers(db: Database, conn: Connection) -> list[dict[str, str]]
             if table in metadata.tables and name not in COUNTING_TRIGGERS]
 
 
+def _changed_triggers(db: Database, conn: Connection) -> list[dict[str, str]]:
+    """The counting triggers made again by hand under their own names with another body
+    (one that also rewrote every new job's payload passed as jobcoord's own). Compared
+    with the statements of the revision that made them, whitespace aside, where the
+    database keeps a trigger's text (SQLite); PostgreSQL keeps none to compare with."""
+    made = db.trigger_texts(conn)
+    if not made:
+        return []
+    expected = _revision_trigger_texts()
+    return [{"table": "jobs", "name": name} for name, text in sorted(made.items())
+            if name in expected and " ".join(text.split()) != expected[name]]
+
+
+@functools.cache
+def _revision_trigger_texts() -> dict[str, str]:
+    """The counting triggers' statements as revision c0004 made them on SQLite, by name,
+    whitespace collapsed: read from the revision itself, never a copy that could drift."""
+    import importlib.util
+
+    from .migrate import script_location
+
+    path = script_location() / "versions" / "c0004_counts.py"
+    spec = importlib.util.spec_from_file_location("jobcoord_revision_c0004", path)
+    assert spec is not None and spec.loader is not None
+    revision = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(revision)
+    return {statement.split()[2]: " ".join(statement.split())
+            for statement in revision.SQLITE_TRIGGERS}
+
+
 def _missing_objects(db: Database, conn: Connection, newest: set[str]
                      ) -> list[dict[str, str]]:
     """The indexes, constraints and triggers of the installed revisions the database lacks
@@ -291,6 +322,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     if foreign:
         violations.append({"invariant": "trigger_unexpected", "job_ids": [],
                            "triggers": foreign[:20]})
+    changed = _changed_triggers(db, conn)
+    if changed:
+        violations.append({"invariant": "trigger_changed", "job_ids": [],
+                           "triggers": changed})
     for name, stmt in rs.INVARIANTS:
         ids = [r[0] for r in db.run(conn, stmt).all()]
         if ids:

@@ -622,6 +622,33 @@ def test_a_unique_index_added_by_hand_is_found_by_check_and_commands_it_refuses_
         assert dump(c) == before
 
 
+def test_a_counting_trigger_made_again_under_its_name_doing_more_is_found_by_check(
+        sqlite_target: Target, tmp_path: Any) -> None:
+    """jobs_counted_insert dropped and made again by hand under its own name, counting as
+    before and rewriting every new job's payload: `check`, `backup` and `restore` said ok
+    (only the name was looked at), and every job submitted after the restore was
+    rewritten. Its definition is compared with the one its revision made (SQLite keeps a
+    trigger's text): `trigger_changed`, exit 7, and `backup` refuses to copy it."""
+    c = Coordinator.open(sqlite_target)
+    c.enqueue("k", {"a": 1})
+    c.close()
+    assert run_cli(sqlite_target, "check", "--json").code == 0
+    with sqlite3.connect(sqlite_target.sqlite_path or "") as conn:
+        conn.executescript(
+            "DROP TRIGGER jobs_counted_insert; CREATE TRIGGER jobs_counted_insert AFTER "
+            "INSERT ON jobs BEGIN INSERT INTO job_counts (shard, tenant, status, kind, "
+            "attempts, n) VALUES (0, NEW.tenant, NEW.status, NEW.kind, NEW.attempts, 1) "
+            "ON CONFLICT (shard, tenant, status, kind, attempts) DO UPDATE SET n = n + 1; "
+            "UPDATE jobs SET payload_json = '{\"hijacked\": 1}' WHERE job_id = "
+            "NEW.job_id; END;")
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "trigger_changed"]
+    assert [t["name"] for t in found["triggers"]] == ["jobs_counted_insert"], found
+    r = run_cli(sqlite_target, "backup", str(tmp_path / "b.db"), "--json")
+    assert r.code == 7 and not (tmp_path / "b.db").exists(), r
+
+
 def _without_foreign_key(c: Coordinator, table: str) -> list[str]:
     """SQLite cannot drop a foreign key: the statements that make `table` again as it was
     (same columns, keys and indexes, its rows) but for its foreign keys."""

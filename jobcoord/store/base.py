@@ -538,6 +538,11 @@ class Database:
                     for i in found.get_indexes(table) if i["unique"]}
         return pk, uniques
 
+    def trigger_texts(self, conn: Connection) -> dict[str, str]:
+        """The statements that made the triggers on `jobs`, by name, where the database
+        keeps them as written (SQLite); {} where it does not."""
+        return {}
+
     def unique_index_names(self, conn: Connection, table: str) -> set[str]:
         """The names of `table`'s unique indexes made by CREATE UNIQUE INDEX (those behind
         a key or UNIQUE constraint too, where the database names them so)."""

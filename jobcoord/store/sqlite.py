@@ -644,6 +644,11 @@ class SqliteDatabase(Database):
                    if index[2] and not index[4]}
         return pk, uniques
 
+    def trigger_texts(self, conn: Connection) -> dict[str, str]:
+        return {r[0]: r[1] or "" for r in conn.exec_driver_sql(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
+            "AND lower(tbl_name) = 'jobs'").all()}
+
     def unique_index_names(self, conn: Connection, table: str) -> set[str]:
         # index_list's origin "c": made by CREATE INDEX (not a key's sqlite_autoindex_*);
         # the inspector would skip expression indexes with a warning.
