@@ -188,7 +188,8 @@ def _changed_triggers(db: Database, conn: Connection) -> list[dict[str, str]]:
     """The counting triggers made again by hand under their own names with another body
     (one that also rewrote every new job's payload passed as jobcoord's own). Compared
     with the statements of the revision that made them, whitespace aside, where the
-    database keeps a trigger's text (SQLite); PostgreSQL keeps none to compare with."""
+    database keeps a trigger's text as written (SQLite). PostgreSQL's are not compared:
+    their bodies are in functions, which are not looked at yet."""
     made = db.trigger_texts(conn)
     if not made:
         return []
