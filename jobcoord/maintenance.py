@@ -714,7 +714,7 @@ def _is_part_of(dest: str, source: str) -> bool:
     or by identity (a link to one of them). The files beside it are named after the file
     SQLite opens: the database reached through a link keeps its -wal beside its target."""
     parts = [base + suffix for base in dict.fromkeys((source, os.path.realpath(source)))
-             for suffix in ("", *_BESIDE)]
+             for suffix in ("", *LOG_SUFFIXES)]
     if dest in parts or os.path.realpath(dest) in {os.path.realpath(p) for p in parts}:
         return True
     for part in parts:  # a hard link to one of them
@@ -748,13 +748,10 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-_BESIDE = LOG_SUFFIXES
-
-
 def _beside(path: str) -> str | None:
     """The first of the files SQLite keeps beside a database (-wal, -shm, -journal) that
     exists beside `path`, or None: a file with one of them is not a database by itself."""
-    return next((path + s for s in _BESIDE if os.path.lexists(path + s)), None)
+    return next((path + s for s in LOG_SUFFIXES if os.path.lexists(path + s)), None)
 
 
 def refuse_existing(dest: str) -> None:
@@ -763,7 +760,7 @@ def refuse_existing(dest: str) -> None:
     it."""
     name_has_room(dest, WRITE_ROOM, "the restore target")
     refuse_log_name(dest, "the restore target")
-    for path in (dest, *(dest + suffix for suffix in _BESIDE)):
+    for path in (dest, *(dest + suffix for suffix in LOG_SUFFIXES)):
         if os.path.lexists(path):
             raise InvalidInput(
                 "destination_exists",
@@ -928,7 +925,7 @@ def _sweep_killed_copies(dest: str) -> None:
     parent, base = os.path.split(dest)
     name = re.escape(base) + r"\.tmp-(?P<pid>\d+)"
     leftovers.sweep(parent or ".", re.compile(name), leftovers.pid_alive)
-    beside = re.compile(name + "(?:" + "|".join(re.escape(s) for s in _BESIDE) + ")")
+    beside = re.compile(name + "(?:" + "|".join(re.escape(s) for s in LOG_SUFFIXES) + ")")
     with contextlib.suppress(OSError):
         for entry in os.scandir(parent or "."):
             found = beside.fullmatch(entry.name)
@@ -951,5 +948,5 @@ def _sync(path: str) -> None:
 
 
 def _unlink_with_sidecars(path: str) -> None:
-    for p in (path, *(path + suffix for suffix in _BESIDE)):
+    for p in (path, *(path + suffix for suffix in LOG_SUFFIXES)):
         _unlink(p)

@@ -480,10 +480,11 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
                            "directory: pass --artifacts DIR")
     root = os.path.abspath(root)
     if target.sqlite_path:
-        from jobcoord.maintenance import _BESIDE, _within, refuse_existing
+        from jobcoord.maintenance import _within, refuse_existing
+        from jobcoord.store.sqlite_files import LOG_SUFFIXES
 
         refuse_existing(target.sqlite_path)  # before any object is placed for it
-        for part in (target.sqlite_path, *(target.sqlite_path + s for s in _BESIDE)):
+        for part in (target.sqlite_path, *(target.sqlite_path + s for s in LOG_SUFFIXES)):
             if _within(root, part):
                 # Made there, the store would be a directory at the target's name (or at
                 # a file SQLite keeps beside it), and the restore then refused with that
