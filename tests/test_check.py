@@ -649,6 +649,34 @@ def test_a_counting_trigger_made_again_under_its_name_doing_more_is_found_by_che
     assert r.code == 7 and not (tmp_path / "b.db").exists(), r
 
 
+def test_a_counting_trigger_function_replaced_on_postgresql_is_found_by_check(
+        target: Target) -> None:
+    """On PostgreSQL a counting trigger's work is its function's: one replaced by hand
+    (CREATE OR REPLACE, counting as before and rewriting every moved job's payload)
+    passed `check`. Each trigger's function and its body are compared with the
+    revision's statements: `trigger_changed`, exit 7."""
+    from sqlalchemy import text
+
+    if target.sqlite_path is not None:
+        pytest.skip("PostgreSQL: SQLite's triggers hold their own text (the test above)")
+    c = Coordinator.open(target, migrate=True)
+    c.enqueue("k", {"a": 1})
+    assert run_cli(target, "check", "--json").code == 0
+    with c.db.engine.begin() as conn:
+        body = conn.execute(text("SELECT prosrc FROM pg_proc WHERE proname = "
+                                 "'jobcoord_job_moved'")).scalar_one()
+        evil = body.replace("RETURN NULL;", "UPDATE jobs SET payload_json = '{}' "
+                            "WHERE job_id = NEW.job_id; RETURN NULL;")
+        assert evil != body
+        conn.execute(text("CREATE OR REPLACE FUNCTION jobcoord_job_moved() RETURNS trigger "
+                          "LANGUAGE plpgsql AS $$" + evil + "$$"))
+    c.close()
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "trigger_changed"]
+    assert [t["name"] for t in found["triggers"]] == ["jobs_counted_update"], found
+
+
 def _without_foreign_key(c: Coordinator, table: str) -> list[str]:
     """SQLite cannot drop a foreign key: the statements that make `table` again as it was
     (same columns, keys and indexes, its rows) but for its foreign keys."""
@@ -786,11 +814,13 @@ def test_a_command_on_a_schema_damaged_by_hand_is_corrupt_exit_7_never_internal(
         assert r.json["error"]["details"]["columns"] == ["jobs.run_after"]
 
 
-@pytest.mark.parametrize("on", ["jobs", '"JOBS"'])
+@pytest.mark.parametrize("on", ["jobs", '"JOBS"', "alembic_version"])
 def test_check_reports_a_trigger_on_jobcoords_tables_it_never_makes_and_exits_7(
         target: Target, on: str) -> None:
     """A trigger of someone's on `jobs` changes its rows behind the coordinator's rules;
-    `check` said ok. It names it (`trigger_unexpected`, exit 7), on both databases."""
+    `check` said ok. It names it (`trigger_unexpected`, exit 7), on both databases. On
+    alembic_version too: one there ran at the next `migrate` (deleting every job passed
+    check, backup and restore)."""
     from sqlalchemy import text
 
     if on != "jobs" and not target.sqlite_path:
@@ -800,17 +830,18 @@ def test_check_reports_a_trigger_on_jobcoords_tables_it_never_makes_and_exits_7(
     with c.db.engine.begin() as conn:
         if target.sqlite_path:  # SQLite's names know no case: "JOBS" is jobs
             conn.execute(text(f"CREATE TRIGGER evil AFTER INSERT ON {on} BEGIN "
-                              "UPDATE jobs SET kind = 'x' WHERE job_id = new.job_id; END"))
+                              "DELETE FROM job_events; DELETE FROM jobs; END"))
         else:
             conn.execute(text("CREATE FUNCTION evil_fn() RETURNS trigger LANGUAGE plpgsql AS "
                               "$$ BEGIN RETURN NEW; END $$"))
-            conn.execute(text("CREATE TRIGGER evil BEFORE INSERT ON jobs FOR EACH ROW "
+            conn.execute(text(f"CREATE TRIGGER evil BEFORE INSERT ON {on} FOR EACH ROW "
                               "EXECUTE FUNCTION evil_fn()"))
     c.close()
     r = run_cli(target, "check", "--json")
     assert r.code == 7, r
     found = {v["invariant"]: v for v in r.json["violations"]}
-    assert found["trigger_unexpected"]["triggers"] == [{"table": "jobs", "name": "evil"}]
+    table = "alembic_version" if on == "alembic_version" else "jobs"
+    assert found["trigger_unexpected"]["triggers"] == [{"table": table, "name": "evil"}]
 
 
 def _set_epoch(c: Coordinator, job: int, epoch: int, *, lease_too: bool = False) -> None:

@@ -287,7 +287,7 @@ def _contention(target: Target, tmp: Path, n_jobs: int, n_workers: int = 8,
             " GROUP BY reason"))
         assert per_reason == rows == {"claimed": n_jobs, "completed": n_jobs}
     with Coordinator.open(target) as c:
-        assert check(c.db) == {"violations": [], "ok": True}
+        assert check(c.db) == {"foreign_key_violations": [], "violations": [], "ok": True}
 
 
 @pytest.mark.parametrize("batch", [0, 16], ids=["single", "batched"])
@@ -436,7 +436,8 @@ def test_check_finds_each_broken_invariant_on_postgresql(pg: Target, invariant: 
         ids = _populate(c)
         running = c.jobs(status="running")["jobs"][0]["job_id"]
         done = c.jobs(status="succeeded")["jobs"][0]["job_id"]
-    assert run_cli(pg, "check", "--json").json == {"violations": [], "ok": True}
+    assert run_cli(pg, "check", "--json").json == {"foreign_key_violations": [], "violations": [],
+                                                   "ok": True}
     waiting = ids[-1]
     with psql(pg) as conn:
         conn.execute(BREAKS[invariant].format(running=running, done=done, waiting=waiting))

@@ -218,3 +218,23 @@ def test_restore_to_postgresql_points_to_its_own_tools(tmp_path: Path) -> None:
     assert r.code == 2 and r.json["error"]["code"] == "unsupported"
     assert "pg_restore" in r.json["error"]["message"]
     assert time.monotonic() - started < 30  # refused before any connection was tried
+
+
+def test_a_backup_with_artifacts_at_their_first_revision_restores(tmp_path: Path) -> None:
+    """A backup whose artifacts tables are at their first revision (a0001: no digest
+    column yet) restores, `migrate` following: check's look at the artifact rows' digests
+    read that column and the restore failed, exit 1."""
+    from jobcoord.db import Database
+    from jobcoord.migrate import migrate
+    from tests.test_schema_c0002 import _alembic
+
+    src = resolve_target(db=str(tmp_path / "old.db"))
+    db = Database.open(src, create=True)
+    migrate(db)
+    _alembic(db, "upgrade", "a0001", frozenset({"artifacts"}))
+    Coordinator(db, verify=False).enqueue("k", {})
+    db.close()
+    new = resolve_target(db=str(tmp_path / "new.db"))
+    r = run_cli(new, "--artifacts", str(tmp_path / "store"), "restore",
+                str(tmp_path / "old.db"), "--json")
+    assert r.code == 0, r

@@ -72,6 +72,8 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                        store)
     # Before anything changes (the stages below included), and again under the lock.
     refuse_if_shared(store, coord.db)
+    _refuse_unreadable(coord.db.read(lambda conn: referenced_digests(coord.db, conn),
+                                     "artifact gc"))
     if dry_run:
         ended = len(coord.db.read(lambda conn: coord.db.run(conn, fs.STALE_STAGES).all(),
                                   "artifact gc"))
@@ -92,15 +94,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
     def _live() -> set[str]:
         live = coord.db.read(lambda conn: {r[0] for r in coord.db.run(conn, referenced).all()},
                              "artifact gc")
-        unreadable = sorted(d for d in live if not _a_digest(d))
-        if unreadable:
-            # Such a row names no object: which object it meant cannot be told, so none is
-            # known unreferenced (it deleted the intact object of an accepted artifact).
-            raise DatabaseCorrupt(
-                "database_corrupt", f"{len(unreadable)} artifact row(s) hold a digest that is "
-                f"no digest ({ascii(unreadable[0])[:100]}: changed by hand?); nothing was "
-                "removed. `jobcoord check` names them (artifact_unreadable)",
-                digests=[ascii(d)[:100] for d in unreadable[:20]])
+        _refuse_unreadable(live)
         return live
 
     removed, kept_young, freed = [], 0, 0
@@ -182,3 +176,16 @@ def _a_digest(digest: object) -> bool:
     except InvalidInput:
         return False
     return True
+
+
+def _refuse_unreadable(live: set[str]) -> None:
+    """A row whose digest is no digest names no object: which object it meant cannot be
+    told, so none is known unreferenced (gc deleted the intact object of an accepted
+    artifact). Refused before anything changes, and again under the lock."""
+    unreadable = sorted((d for d in live if not _a_digest(d)), key=ascii)
+    if unreadable:
+        raise DatabaseCorrupt(
+            "database_corrupt", f"{len(unreadable)} artifact row(s) hold a digest that is no "
+            f"digest ({ascii(unreadable[0])[:100]}: changed by hand?); nothing was changed. "
+            "`jobcoord check` names them (artifact_unreadable)",
+            digests=[ascii(d)[:100] for d in unreadable[:20]])

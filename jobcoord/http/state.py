@@ -278,6 +278,7 @@ class Server:
         budget = db.busy_budget
         asked = time.monotonic()
         threads = self.pool_size
+        faults.point("http.asked_thread")  # (before the count: a fault here leaks none)
         with self._pool_lock:
             behind = self._pool_waiting + self._pool_running >= threads
             self._pool_waiting += 1
@@ -305,7 +306,6 @@ class Server:
                 with self._pool_lock:
                     self._pool_waiting -= 1
 
-        faults.point("http.asked_thread")
         try:
             future = self.pool.submit(run)
         except BaseException:

@@ -539,8 +539,8 @@ class Database:
         return pk, uniques
 
     def trigger_texts(self, conn: Connection) -> dict[str, str]:
-        """The statements that made the triggers on `jobs`, by name, where the database
-        keeps them as written (SQLite); {} where it does not."""
+        """What each trigger on `jobs` does, by name, as the database keeps it (SQLite:
+        the statement that made it; PostgreSQL: its function's name and body)."""
         return {}
 
     def unique_index_names(self, conn: Connection, table: str) -> set[str]:

@@ -475,6 +475,16 @@ class PostgresDatabase(Database):
             "ON n.oid = k.connamespace WHERE k.contype = 'f' AND n.nspname = current_schema()"
             ).all()}
 
+    def trigger_texts(self, conn: Connection) -> dict[str, str]:
+        # A trigger's work is its function's: the function's name and body, as stored.
+        return {r[0]: f"{r[1]}\n{r[2]}" for r in conn.exec_driver_sql(
+            "SELECT t.tgname, p.proname, p.prosrc FROM pg_trigger t "
+            "JOIN pg_class c ON c.oid = t.tgrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "JOIN pg_proc p ON p.oid = t.tgfoid "
+            "WHERE NOT t.tgisinternal AND n.nspname = current_schema() "
+            "AND c.relname = 'jobs'").all()}
+
     def triggers(self, conn: Connection) -> list[tuple[str, str]]:
         return [(r[0], r[1]) for r in conn.exec_driver_sql(
             "SELECT c.relname, t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
