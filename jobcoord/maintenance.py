@@ -255,17 +255,41 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     present = db.schema_object_names(conn)
     missing = [{"table": t, "type": kind, "name": name} for t, kind, name in expected
                if name not in present]
+    tables = [t for t in metadata.sorted_tables if t.name not in absent]
     if not db.names_constraint_indexes:
-        missing += _missing_keys_by_columns(db, conn, [t for t in metadata.sorted_tables
-                                                       if t.name not in absent])
+        missing += _missing_keys_by_columns(db, conn, tables)
+    named = {m["name"] for m in missing}
+    missing += [m for m in _foreign_keys_changed(db, conn, tables) if m["name"] not in named]
+    return missing
+
+
+def _foreign_keys_changed(db: Database, conn: Connection, tables: list[Table]
+                          ) -> list[dict[str, str]]:
+    """The foreign keys no key of the table's is now, judged by what each is (its columns,
+    the table it refers to, its ON DELETE), not its name: a table made again without one
+    (SQLite names none) lets a job be deleted under its events, which SQLite's
+    foreign_key_check cannot see and a transfer into PostgreSQL refused half way; one
+    made again without ON DELETE CASCADE failed `prune`, exit 1."""
+    from sqlalchemy import ForeignKeyConstraint
+
+    missing = []
+    for table in tables:
+        keys = db.foreign_key_columns(conn, table.name)
+        missing += [{"table": table.name, "type": "foreign_key", "name": str(k.name)}
+                    for k in table.constraints if isinstance(k, ForeignKeyConstraint)
+                    and (frozenset(c.name for c in k.columns), k.referred_table.name,
+                         (k.ondelete or "NO ACTION").upper()) not in keys]
     return missing
 
 
 def _unexpected_unique_indexes(db: Database, conn: Connection, newest: set[str]
                                ) -> list[dict[str, str]]:
-    """UNIQUE indexes on jobcoord's tables that it never makes (added by hand): each
-    refuses jobcoord's own writes its rules allow (a job's second event, a second job of a
-    kind). An index of one's own that is not unique refuses nothing and is left alone."""
+    """UNIQUE indexes on jobcoord's tables that it never makes (added by hand, or as a
+    UNIQUE of a table made again): each refuses jobcoord's own writes its rules allow (a
+    job's second event, a second job of a kind). One over the columns of a key of the
+    table's (and more) refuses nothing, nor does an index that is not unique: left alone."""
+    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
+
     from .schema import OPTIONAL_TABLES, add_partial_indexes, metadata
 
     add_partial_indexes()
@@ -275,8 +299,12 @@ def _unexpected_unique_indexes(db: Database, conn: Connection, newest: set[str]
         if table.name in absent:
             continue
         ours = {str(i.name) for i in table.indexes} | {str(k.name) for k in table.constraints}
-        found += [{"table": table.name, "name": name}
-                  for name in sorted(db.unique_index_names(conn, table.name) - ours)]
+        keys = [frozenset(c.name for c in k.columns) for k in table.constraints
+                if isinstance(k, PrimaryKeyConstraint | UniqueConstraint) and k.columns]
+        for name, columns in sorted(db.unique_indexes(conn, table.name).items()):
+            if name in ours or (columns is not None and any(k <= columns for k in keys)):
+                continue
+            found.append({"table": table.name, "name": name})
     return found
 
 
@@ -286,18 +314,11 @@ def _missing_keys_by_columns(db: Database, conn: Connection, tables: list[Table]
     foreign key (same columns, `CREATE TABLE t2 AS SELECT ...`) is found by the keys'
     columns. Every upsert on
     it failed ("ON CONFLICT clause does not match any PRIMARY KEY or UNIQUE constraint")."""
-    from sqlalchemy import ForeignKeyConstraint, PrimaryKeyConstraint, UniqueConstraint
+    from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
 
     missing = []
     for table in tables:
         pk, uniques = db.key_columns(conn, table.name)
-        # A foreign key gone lets a job be deleted under its events, which neither SQLite's
-        # foreign_key_check sees (no key to check) nor a transfer into PostgreSQL takes.
-        referring = db.foreign_key_columns(conn, table.name)
-        missing += [{"table": table.name, "type": "foreign_key", "name": str(k.name)}
-                    for k in table.constraints if isinstance(k, ForeignKeyConstraint)
-                    and (frozenset(c.name for c in k.columns), k.referred_table.name)
-                    not in referring]
         for key in table.constraints:
             columns = frozenset(c.name for c in key.columns)
             if isinstance(key, PrimaryKeyConstraint) and columns and columns != pk:

@@ -546,7 +546,7 @@ def test_a_stray_lease_whose_epoch_is_not_a_whole_epoch_never_makes_one(
     c.close()
 
 
-@pytest.mark.parametrize("drop", ["index", "trigger", "unique", "foreign_key"])
+@pytest.mark.parametrize("drop", ["index", "trigger", "unique", "foreign_key", "cascade"])
 def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
         target: Target, drop: str) -> None:
     """An index, a counting trigger or a uniqueness dropped by hand left `check` saying ok:
@@ -571,6 +571,13 @@ def test_check_reports_an_index_or_trigger_dropped_by_hand_and_exits_7(
         "foreign_key": ("; ".join(_without_foreign_key(c, "job_events")) if sqlite else
                         "ALTER TABLE job_events DROP CONSTRAINT fk_job_events_job_id_jobs",
                         "fk_job_events_job_id_jobs"),
+        # Made again under its name without ON DELETE CASCADE: `prune` failed, exit 1.
+        "cascade": ("; ".join(_without_foreign_key(c, "job_events", cascade_only=True))
+                    if sqlite else
+                    "ALTER TABLE job_events DROP CONSTRAINT fk_job_events_job_id_jobs; "
+                    "ALTER TABLE job_events ADD CONSTRAINT fk_job_events_job_id_jobs "
+                    "FOREIGN KEY (job_id) REFERENCES jobs (job_id)",
+                    "fk_job_events_job_id_jobs"),
     }[drop]
     with c.db.engine.begin() as conn:
         for one in statement.split("; "):
@@ -605,6 +612,8 @@ def test_a_unique_index_added_by_hand_is_found_by_check_and_commands_it_refuses_
     name = index.split()[0]
     with c.db.engine.begin() as conn:
         conn.execute(text("CREATE INDEX mine ON jobs (kind, priority)"))
+        # Over the primary key's column and more: it refuses nothing either.
+        conn.execute(text("CREATE UNIQUE INDEX mine_too ON jobs (job_id, kind)"))
     assert run_cli(target, "check", "--json").code == 0
     with c.db.engine.begin() as conn:
         conn.execute(text(f"CREATE UNIQUE INDEX {index}"))
@@ -677,9 +686,35 @@ def test_a_counting_trigger_function_replaced_on_postgresql_is_found_by_check(
     assert [t["name"] for t in found["triggers"]] == ["jobs_counted_update"], found
 
 
-def _without_foreign_key(c: Coordinator, table: str) -> list[str]:
+def test_a_unique_made_with_a_table_made_again_is_found_and_commands_it_refuses_exit_7(
+        sqlite_target: Target) -> None:
+    """`tokens` made again by hand with a UNIQUE(role) of its own: SQLite names that index
+    sqlite_autoindex_*, no statement of anyone's, and `check` said ok while a second
+    worker token was refused as exit 1. Judged by its columns, as a key is: found."""
+    c = Coordinator.open(sqlite_target)
+    c.close()
+    assert run_cli(sqlite_target, "token", "create", "a", "--role", "worker", "--worker",
+                   "w1", "--json").code == 0
+    with sqlite3.connect(sqlite_target.sqlite_path or "") as conn:
+        made = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'tokens'").fetchone()[0]
+        conn.executescript(
+            "PRAGMA foreign_keys = OFF; ALTER TABLE tokens RENAME TO old_tokens; "
+            + made.rstrip().rstrip(")") + ", UNIQUE (role)); "
+            "INSERT INTO tokens SELECT * FROM old_tokens; DROP TABLE old_tokens;")
+    r = run_cli(sqlite_target, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "index_unexpected"]
+    assert [i["name"] for i in found["indexes"]] == ["sqlite_autoindex_tokens_3"], found
+    r = run_cli(sqlite_target, "token", "create", "b", "--role", "worker", "--worker", "w9",
+                "--json")
+    assert r.code == 7 and r.json["error"]["code"] == "schema_damaged", r
+
+
+def _without_foreign_key(c: Coordinator, table: str, *, cascade_only: bool = False
+                         ) -> list[str]:
     """SQLite cannot drop a foreign key: the statements that make `table` again as it was
-    (same columns, keys and indexes, its rows) but for its foreign keys."""
+    (same columns, keys and indexes, its rows) but for its foreign keys (`cascade_only`:
+    but for their ON DELETE CASCADE)."""
     import re
 
     from sqlalchemy import text
@@ -690,8 +725,12 @@ def _without_foreign_key(c: Coordinator, table: str) -> list[str]:
         indexes = conn.execute(text("SELECT sql FROM sqlite_master WHERE type = 'index' "
                                     "AND tbl_name = :t AND sql IS NOT NULL"),
                                {"t": table}).scalars().all()
-    bare = re.sub(r",\s*CONSTRAINT \w+ FOREIGN KEY[^\n]*", "", made)
-    assert bare != made and "REFERENCES" not in bare, bare
+    if cascade_only:
+        bare = made.replace(" ON DELETE CASCADE", "")
+        assert bare != made and "REFERENCES" in bare, bare
+    else:
+        bare = re.sub(r",\s*CONSTRAINT \w+ FOREIGN KEY[^\n]*", "", made)
+        assert bare != made and "REFERENCES" not in bare, bare
     return [f"ALTER TABLE {table} RENAME TO old_{table}", bare,
             f"INSERT INTO {table} SELECT * FROM old_{table}", f"DROP TABLE old_{table}",
             *indexes]

@@ -543,21 +543,26 @@ class Database:
         the statement that made it; PostgreSQL: its function's name and body)."""
         return {}
 
-    def unique_index_names(self, conn: Connection, table: str) -> set[str]:
-        """The names of `table`'s unique indexes made by CREATE UNIQUE INDEX (those behind
-        a key or UNIQUE constraint too, where the database names them so)."""
+    def unique_indexes(self, conn: Connection, table: str
+                       ) -> dict[str, frozenset[str] | None]:
+        """`table`'s unique indexes but its primary key's, by name: their columns, None
+        where one is an expression (those behind a UNIQUE constraint included)."""
         from sqlalchemy import inspect
 
-        return {str(i["name"]) for i in inspect(conn).get_indexes(table) if i["unique"]}
+        return {str(i["name"]): (None if None in i["column_names"]
+                                 else frozenset(str(c) for c in i["column_names"]))
+                for i in inspect(conn).get_indexes(table) if i["unique"]}
 
     def foreign_key_columns(self, conn: Connection, table: str
-                            ) -> set[tuple[frozenset[str], str]]:
-        """`table`'s foreign keys as (its columns, the table they refer to), for a store
-        that does not name them (SQLite: a table made again without its foreign key is
-        found by the key's columns)."""
+                            ) -> set[tuple[frozenset[str], str, str]]:
+        """`table`'s foreign keys as (its columns, the table they refer to, what a delete
+        of the referred row does: "CASCADE", "SET NULL", "NO ACTION"...): a table made
+        again without its foreign key (SQLite names none) or with another ON DELETE is
+        found by what the key is, not by its name."""
         from sqlalchemy import inspect
 
-        return {(frozenset(k["constrained_columns"]), k["referred_table"])
+        return {(frozenset(k["constrained_columns"]), k["referred_table"],
+                 str((k.get("options") or {}).get("ondelete") or "NO ACTION").upper())
                 for k in inspect(conn).get_foreign_keys(table)}
 
     def prepare_for_migration(self) -> None:

@@ -649,12 +649,19 @@ class SqliteDatabase(Database):
             "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
             "AND lower(tbl_name) = 'jobs'").all()}
 
-    def unique_index_names(self, conn: Connection, table: str) -> set[str]:
-        # index_list's origin "c": made by CREATE INDEX (not a key's sqlite_autoindex_*);
-        # the inspector would skip expression indexes with a warning.
+    def unique_indexes(self, conn: Connection, table: str
+                       ) -> dict[str, frozenset[str] | None]:
+        # index_list's origin: "c" made by CREATE INDEX, "u" by a UNIQUE in the table's
+        # definition (named sqlite_autoindex_*), "pk" the primary key's. The inspector
+        # would skip expression indexes with a warning.
         quoted = conn.dialect.identifier_preparer.quote_identifier
-        return {str(r[1]) for r in conn.exec_driver_sql(
-            f"PRAGMA index_list({quoted(table)})").all() if r[2] and r[3] == "c"}
+        found: dict[str, frozenset[str] | None] = {}
+        for r in conn.exec_driver_sql(f"PRAGMA index_list({quoted(table)})").all():
+            if r[2] and r[3] in ("c", "u"):
+                columns = [c[2] for c in conn.exec_driver_sql(
+                    f"PRAGMA index_info({quoted(r[1])})").all()]
+                found[str(r[1])] = None if None in columns else frozenset(columns)
+        return found
 
     def integrity_check(self, conn: Connection, *, full: bool = False
                         ) -> tuple[list[str], list[list[Any]]]:
