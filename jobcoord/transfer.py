@@ -264,6 +264,7 @@ def _copy(source: SqliteDatabase, dest: PostgresDatabase, tables: list[Table],
                 _check_target_empty(dest, tconn, tables)
                 faults.point("transfer.after_empty_check")
                 _copy_rows(source, sconn, dest, tconn, tables)
+                _refuse_unsound(source, sconn)  # (raised before commit: the target empty)
                 sequences = dest.continue_sequences(tconn, [t.name for t in tables])
                 inside = {t.name: digest(dest, tconn, t) for t in tables}
                 # A mismatch raises here, before commit: the target is left empty.
@@ -290,6 +291,22 @@ def _refuse_orphans(source: Database, sconn: Connection, tables: list[Table]) ->
             f"or other parent is gone (in {names}: deleted by hand?), as `jobcoord check` "
             "lists under foreign_key_violations; nothing was copied. Restore it from a "
             "backup, then transfer", foreign_key_violations=orphans[:20])
+
+
+def _refuse_unsound(source: Database, sconn: Connection) -> None:
+    """A source `check` finds fault with (a job without its events, a running job without
+    its lease, counts drifted from the jobs): the copy would carry the damage into a
+    database that had never held it, exit 0. Judged in the snapshot copied, after the rows
+    (whose own findings, a value of the wrong type, name their table and column)."""
+    from .maintenance import _invariants
+
+    found = _invariants(source, sconn)
+    if found:
+        names = ", ".join(dict.fromkeys(v["invariant"] for v in found))
+        raise DatabaseCorrupt(
+            "database_corrupt", f"the source {source.target.display()} holds what `jobcoord "
+            f"check` finds ({names}); nothing was copied. Repair it or restore it from a "
+            "backup, then transfer", violations=found[:20])
 
 
 def _copy_rows(source: Any, sconn: Any, dest: Any, tconn: Any, tables: list[Table]) -> None:
@@ -347,6 +364,7 @@ def _copy_back(source: PostgresDatabase, dest: SqliteDatabase, tables: list[Tabl
         with dest.write_engine.begin() as tconn:
             _check_target_empty(dest, tconn, tables)
             _copy_rows(source, sconn, dest, tconn, tables)
+            _refuse_unsound(source, sconn)
             inside = {t.name: digest(dest, tconn, t) for t in tables}
             # A mismatch raises here, before commit: the target is left empty.
             _compare(source_digests, inside, "before commit")

@@ -602,6 +602,32 @@ def test_a_source_with_rows_whose_job_is_gone_is_exit_7_and_nothing_is_copied(
         assert target.jobs()["jobs"] == []
 
 
+@pytest.mark.parametrize("direction", ["sqlite_to_postgresql", "postgresql_to_sqlite"])
+def test_a_source_check_finds_fault_with_is_exit_7_and_nothing_is_copied(
+        src: Target, pg: Target, sqlite_template: str, tmp_path: Any, direction: str) -> None:
+    """A source `check` finds fault with (here a job whose events were deleted by hand:
+    job_without_events) was copied, exit 0, and the target held the damage. The source is
+    judged as `check` judges it, in the snapshot copied: exit 7 naming the finding, the
+    target left empty."""
+    from sqlalchemy import text
+
+    source, target = ((src, pg) if direction == "sqlite_to_postgresql" else
+                      (pg, fresh_sqlite(sqlite_template, str(tmp_path), "back.db")))
+    with Coordinator.open(source) as c:
+        bare = c.enqueue("k", {})["job_id"]
+        c.enqueue("k", {})
+        with c.db.engine.begin() as conn:
+            conn.execute(text("DELETE FROM job_events WHERE job_id = :j"), {"j": bare})
+    found = run_cli(source, "check", "--json")
+    assert found.code == 7 and "job_without_events" in found.out, found
+    r = run_cli(source, "transfer", "--to", target.url, "--json")
+    assert r.code == 7, r
+    assert r.json["error"]["code"] == "database_corrupt", r.json
+    assert "job_without_events" in r.json["error"]["message"], r.json
+    with Coordinator.open(target) as t:
+        assert t.jobs()["jobs"] == []
+
+
 def test_a_postgresql_source_without_a_foreign_key_is_exit_7_naming_it(
         pg: Target, sqlite_template: str, tmp_path: Any) -> None:
     """A foreign key dropped by hand on PostgreSQL let a job be deleted under its events;
