@@ -308,6 +308,34 @@ def _unexpected_unique_indexes(db: Database, conn: Connection, newest: set[str]
     return found
 
 
+def _changed_checks(db: Database, conn: Connection, newest: set[str]
+                    ) -> list[dict[str, str]]:
+    """The CHECK constraints of jobcoord's tables not as its revisions made them (a table
+    made again by hand): one gone lets a row break a rule every reader relies on; one
+    changed or added refuses writes the rules allow, as `row_breaks_check` (exit 7) that
+    named no row. By name, and on SQLite, which keeps their text, by text too."""
+    from sqlalchemy import CheckConstraint
+
+    from .schema import OPTIONAL_TABLES, metadata
+
+    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}
+    found = []
+    for table in metadata.sorted_tables:
+        if table.name in absent:
+            continue
+        made = db.check_constraints(conn, table.name)
+        ours = {str(k.name): " ".join(str(k.sqltext).split()) for k in table.constraints
+                if isinstance(k, CheckConstraint)}
+        for name, text in sorted(ours.items()):
+            if name not in made:
+                found.append({"table": table.name, "name": name, "change": "missing"})
+            elif made[name] is not None and made[name] != text:
+                found.append({"table": table.name, "name": name, "change": "changed"})
+        found += [{"table": table.name, "name": name, "change": "unexpected"}
+                  for name in sorted(set(made) - set(ours))]
+    return found
+
+
 def _missing_keys_by_columns(db: Database, conn: Connection, tables: list[Table]
                              ) -> list[dict[str, str]]:
     """SQLite names no key: a table made again without its primary key, a UNIQUE or a
@@ -349,6 +377,10 @@ def _invariants(db: Database, conn: Connection) -> list[dict[str, Any]]:
     if unique:
         violations.append({"invariant": "index_unexpected", "job_ids": [],
                            "indexes": unique[:20]})
+    checks = [] if installed is None else _changed_checks(db, conn, installed[1])
+    if checks:
+        violations.append({"invariant": "check_changed", "job_ids": [],
+                           "checks": checks[:20]})
     foreign = _unexpected_triggers(db, conn)
     if foreign:
         violations.append({"invariant": "trigger_unexpected", "job_ids": [],

@@ -710,6 +710,43 @@ def test_a_unique_made_with_a_table_made_again_is_found_and_commands_it_refuses_
     assert r.code == 7 and r.json["error"]["code"] == "schema_damaged", r
 
 
+def test_a_check_constraint_changed_dropped_or_added_by_hand_is_found_by_check(
+        target: Target) -> None:
+    """`limits` made again by hand with its concurrency CHECK narrowed (SQLite), or that
+    CHECK dropped and another added (PostgreSQL): `check` said ok, and `limit set k
+    --concurrency 3` was refused exit 7 `row_breaks_check`, "check names every such row",
+    which named none. `check` names each (`check_changed`)."""
+    from sqlalchemy import text
+
+    c = Coordinator.open(target, migrate=True)
+    c.set_limit("k", 1)
+    assert run_cli(target, "check", "--json").code == 0
+    if target.sqlite_path is not None:
+        c.close()
+        with sqlite3.connect(target.sqlite_path) as conn:
+            made = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'limits'"
+                                ).fetchone()[0]
+            narrowed = made.replace("CHECK (concurrency >= 1)",
+                                    "CHECK (concurrency >= 1 AND concurrency < 2)")
+            assert narrowed != made, made
+            conn.executescript(
+                "PRAGMA foreign_keys = OFF; ALTER TABLE limits RENAME TO old_limits; "
+                f"{narrowed}; INSERT INTO limits SELECT * FROM old_limits; "
+                "DROP TABLE old_limits;")
+        expected = [("ck_limits_concurrency", "changed")]
+    else:
+        with c.db.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE limits DROP CONSTRAINT ck_limits_concurrency"))
+            conn.execute(text("ALTER TABLE limits ADD CONSTRAINT mine CHECK "
+                              "(concurrency < 2)"))
+        c.close()
+        expected = [("ck_limits_concurrency", "missing"), ("mine", "unexpected")]
+    r = run_cli(target, "check", "--json")
+    assert r.code == 7, r
+    [found] = [v for v in r.json["violations"] if v["invariant"] == "check_changed"]
+    assert [(k["name"], k["change"]) for k in found["checks"]] == expected, found
+
+
 def _without_foreign_key(c: Coordinator, table: str, *, cascade_only: bool = False
                          ) -> list[str]:
     """SQLite cannot drop a foreign key: the statements that make `table` again as it was

@@ -543,6 +543,15 @@ class Database:
         the statement that made it; PostgreSQL: its function's name and body)."""
         return {}
 
+    def check_constraints(self, conn: Connection, table: str) -> dict[str, str | None]:
+        """`table`'s named CHECK constraints: their text, whitespace collapsed, where the
+        database keeps it as written (SQLite); None where it prints its own form back
+        (PostgreSQL: only the names are compared)."""
+        from sqlalchemy import inspect
+
+        return {str(c["name"]): None for c in inspect(conn).get_check_constraints(table)
+                if c.get("name")}
+
     def unique_indexes(self, conn: Connection, table: str
                        ) -> dict[str, frozenset[str] | None]:
         """`table`'s unique indexes but its primary key's, by name: their columns, None

@@ -649,6 +649,12 @@ class SqliteDatabase(Database):
             "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' "
             "AND lower(tbl_name) = 'jobs'").all()}
 
+    def check_constraints(self, conn: Connection, table: str) -> dict[str, str | None]:
+        from sqlalchemy import inspect
+
+        return {str(c["name"]): " ".join(str(c["sqltext"]).split())
+                for c in inspect(conn).get_check_constraints(table) if c.get("name")}
+
     def unique_indexes(self, conn: Connection, table: str
                        ) -> dict[str, frozenset[str] | None]:
         # index_list's origin: "c" made by CREATE INDEX, "u" by a UNIQUE in the table's
