@@ -677,12 +677,14 @@ class SqliteDatabase(Database):
                                tables: Sequence[Table] | None = None) -> list[list[Any]]:
         """Rows whose key points at no row (a job deleted by hand, its events left):
         SQLite enforces foreign keys only on connections that ask, and its shell does not.
-        [table, rowid, parent table, key number] each; of `tables` only when given. A
-        table made again without its foreign key is found by `check`'s schema look."""
+        [table, rowid, parent table, key number] each. A table made again without its
+        foreign key is found by `check`'s schema look."""
+        # Of jobcoord's tables only (or of `tables`): a table of one's own beside them is
+        # the owner's, its keys too (an orphan there made `backup` refuse the database).
+        from ..schema import metadata
+
         rows = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
-        if tables is None:
-            return rows
-        names = {t.name for t in tables}
+        names = {t.name for t in (metadata.sorted_tables if tables is None else tables)}
         return [r for r in rows if r[0] in names]
 
     def page_check(self, conn: Connection, *, full: bool = False) -> list[str]:
