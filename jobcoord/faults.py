@@ -16,6 +16,9 @@ puts on their path (tests/fault_site/), which calls `install` and `set_deferred_
     install("artifacts.put:bug=2")               ... only on the second pass through it
     install("write.after_commit:sigint")         a Ctrl-C (SIGINT to this process) there
 
+`await loop_point(name)` is the same on an event loop: its `sleep` leaves the loop idle,
+waiting, where `point` would hold it busy.
+
 `set_deferred_writes(True)` makes write transactions on SQLite start with a plain (deferred)
 BEGIN instead of BEGIN IMMEDIATE, so the contention tests can prove that they would catch that
 regression. store/sqlite.py reads DEFERRED_WRITES when a database is opened.
@@ -23,6 +26,7 @@ regression. store/sqlite.py reads DEFERRED_WRITES when a database is opened.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -94,3 +98,13 @@ def point(name: str) -> None:
         # SIGKILL, not an exception or sys.exit: no finally block, rollback or atexit runs,
         # exactly like a power switch on this one process.
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def loop_point(name: str) -> None:
+    """`point` on an event loop: a `sleep` there lets the loop wait (signals, timers and
+    other tasks run meanwhile) instead of blocking it."""
+    action = _ACTIONS.get(name) if _ACTIONS else None
+    if action is not None and action[0] == "sleep":
+        await asyncio.sleep(action[1])
+    else:
+        point(name)

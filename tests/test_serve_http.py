@@ -388,6 +388,36 @@ def test_signals_after_the_first_never_change_how_serve_ends(sqlite_target: Targ
         s.stop()
 
 
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130),
+                                         (signal.SIGHUP, 0)], ids=["SIGTERM", "ctrl-c", "SIGHUP"])
+def test_signals_while_the_stopped_loop_ends_change_nothing(sqlite_target: Target, sig: int,
+                                                           code: int) -> None:
+    """After the server stopped, its event loop still runs a while (tasks ended, threads
+    joined) with the signal handlers put back. A SIGTERM then ran a handler that raised, in a
+    loop callback: `Exception in callback` and a traceback after a clean stop. Signals kept
+    coming while the loop idles there a second (a fault point) change nothing."""
+    import time
+
+    s = Served(sqlite_target, "--reap-every", "0",
+               env={"JOBCOORD_FAULT": "http.served:sleep=1"}).start()
+    try:
+        assert s.proc is not None
+        with s.client() as http:
+            assert http.get("/healthz").status_code == 200
+        s.proc.send_signal(sig)
+        deadline = time.monotonic() + 30
+        while s.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            with contextlib.suppress(ProcessLookupError):
+                s.proc.send_signal(sig)
+        out, err = s.proc.communicate(timeout=30)
+        assert s.proc.returncode == code, err.decode()[-2000:]
+        assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
+        assert b"Traceback" not in err, err.decode()[-2000:]
+    finally:
+        s.stop()
+
+
 def test_sigterm_answers_waiting_long_polls_204_at_once_with_no_traceback(
         sqlite_target: Target) -> None:
     """Long-polls waiting when serve is stopped get their "nothing" answer (204) as the stop

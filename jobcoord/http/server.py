@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .. import faults
 from ..errors import InvalidInput
 from ..runtime import stop_on_hangup
 from .state import DEFAULT_UPLOAD_IDLE_S
@@ -218,14 +219,6 @@ def _protocol(head_s: float = DEFAULT_UPLOAD_IDLE_S) -> type:
     return Protocol
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: stop as asked."""
-
-
-def _terminated(_signum: int, _frame: Any) -> None:
-    raise _Terminated
-
-
 #: How long a request waits for a locked database: each try at most REQUEST_BUSY_TRY_S (the
 #: --busy-timeout, when shorter), none begun later than REQUEST_BUSY_BUDGET_S after the
 #: request asked for a thread (Server._in_pool); then the answer is 503 `database_locked`
@@ -292,6 +285,12 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
                 # end only stops the app's own tasks and threads: it runs.
                 await self.lifespan.shutdown()
 
+        async def serve(self, sockets: Any = None) -> None:
+            try:
+                await super().serve(sockets)
+            finally:
+                await faults.loop_point("http.served")  # stopped, the loop not yet ended
+
         async def startup(self, sockets: Any = None) -> None:
             await super().startup(sockets)
             if self.started:
@@ -312,10 +311,13 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     server = _Server(config)
     app.state.server.on_fatal = lambda: setattr(server, "should_exit", True)
     # uvicorn handles SIGINT/SIGTERM itself (a graceful stop), then raises the signal again
-    # under the handler that was there before: SIGINT becomes KeyboardInterrupt, which the CLI
-    # turns into exit code 130; SIGTERM (a service manager's stop) becomes _Terminated here,
-    # so the stop is said (`stopped`) and the process exits 0 instead of dying of the signal.
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    # under the handler that was there before. SIGTERM (a service manager's stop) then only
+    # asks the server to stop, so the stop is said (`stopped`) and the process exits 0
+    # instead of dying of the signal. No handler here raises: the loop runs on a while
+    # after uvicorn put them back, and one raising there (a SIGTERM repeated) raised inside
+    # a loop callback, a traceback after a clean stop.
+    previous = signal.signal(signal.SIGTERM,
+                             lambda _signum, _frame: setattr(server, "should_exit", True))
     # SIGHUP (its terminal closed) is a stop as uvicorn's own for SIGTERM: graceful, exit 0.
     hangup = stop_on_hangup(lambda _signum, _frame: setattr(server, "should_exit", True))
     interrupted = False
@@ -332,8 +334,6 @@ def run_server(coordinator: Any, *, host: str, port: int, tls_cert: str | None,
     ctrl_c = signal.signal(signal.SIGINT, _ctrl_c)
     try:
         server.run()
-    except _Terminated:
-        pass
     except KeyboardInterrupt:
         interrupted = True
     finally:
