@@ -360,16 +360,17 @@ def test_sigterm_stops_serve_gracefully_says_stopped_and_exits_0(sqlite_target: 
         s.stop()
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130),
-                                         (signal.SIGHUP, 0)], ids=["SIGTERM", "ctrl-c", "SIGHUP"])
-def test_signals_after_the_first_never_change_how_serve_ends(sqlite_target: Target, sig: int,
-                                                             code: int) -> None:
-    """A second SIGTERM as serve ended (a service manager repeating its stop) killed it,
-    exit 143 after its `stopped`: the clean stop reported as a kill. After the first, more
-    signals change nothing: the first one's exit code, `stopped` last, no traceback."""
+_STOPS = pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130),
+                                                  (signal.SIGHUP, 0)],
+                                 ids=["SIGTERM", "ctrl-c", "SIGHUP"])
+
+
+def _signalled_until_gone(s: Served, sig: int, code: int, every_s: float) -> None:
+    """Stop serve with `sig`, then send it again every `every_s` until the process is gone:
+    it ends as the first signal asked (`code`, `stopped` last) with no traceback."""
     import time
 
-    s = Served(sqlite_target, "--reap-every", "0").start()
+    s.start()
     try:
         assert s.proc is not None
         with s.client() as http:
@@ -377,7 +378,7 @@ def test_signals_after_the_first_never_change_how_serve_ends(sqlite_target: Targ
         s.proc.send_signal(sig)
         deadline = time.monotonic() + 30
         while s.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.003)
+            time.sleep(every_s)
             with contextlib.suppress(ProcessLookupError):
                 s.proc.send_signal(sig)
         out, err = s.proc.communicate(timeout=30)
@@ -388,34 +389,25 @@ def test_signals_after_the_first_never_change_how_serve_ends(sqlite_target: Targ
         s.stop()
 
 
-@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 0), (signal.SIGINT, 130),
-                                         (signal.SIGHUP, 0)], ids=["SIGTERM", "ctrl-c", "SIGHUP"])
+@_STOPS
+def test_signals_after_the_first_never_change_how_serve_ends(sqlite_target: Target, sig: int,
+                                                             code: int) -> None:
+    """A second SIGTERM as serve ended (a service manager repeating its stop) killed it,
+    exit 143 after its `stopped`: the clean stop reported as a kill. After the first, more
+    signals change nothing: the first one's exit code, `stopped` last, no traceback."""
+    _signalled_until_gone(Served(sqlite_target, "--reap-every", "0"), sig, code, 0.003)
+
+
+@_STOPS
 def test_signals_while_the_stopped_loop_ends_change_nothing(sqlite_target: Target, sig: int,
                                                            code: int) -> None:
     """After the server stopped, its event loop still runs a while (tasks ended, threads
     joined) with the signal handlers put back. A SIGTERM then ran a handler that raised, in a
     loop callback: `Exception in callback` and a traceback after a clean stop. Signals kept
     coming while the loop idles there a second (a fault point) change nothing."""
-    import time
-
-    s = Served(sqlite_target, "--reap-every", "0",
-               env={"JOBCOORD_FAULT": "http.served:sleep=1"}).start()
-    try:
-        assert s.proc is not None
-        with s.client() as http:
-            assert http.get("/healthz").status_code == 200
-        s.proc.send_signal(sig)
-        deadline = time.monotonic() + 30
-        while s.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-            with contextlib.suppress(ProcessLookupError):
-                s.proc.send_signal(sig)
-        out, err = s.proc.communicate(timeout=30)
-        assert s.proc.returncode == code, err.decode()[-2000:]
-        assert json.loads(out.decode().splitlines()[-1])["event"] == "stopped"
-        assert b"Traceback" not in err, err.decode()[-2000:]
-    finally:
-        s.stop()
+    _signalled_until_gone(Served(sqlite_target, "--reap-every", "0",
+                                 env={"JOBCOORD_FAULT": "http.served:sleep=1"}),
+                          sig, code, 0.02)
 
 
 def test_sigterm_answers_waiting_long_polls_204_at_once_with_no_traceback(
