@@ -233,16 +233,14 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     or the statement of the revision that made it, does."""
     from sqlalchemy import ForeignKeyConstraint, PrimaryKeyConstraint, UniqueConstraint
 
-    from .schema import COUNTING_TRIGGERS, OPTIONAL_TABLES, add_partial_indexes, metadata
+    from .schema import COUNTING_TRIGGERS, add_partial_indexes
 
     add_partial_indexes()  # attached on demand: without, the partial ones went unlooked for
     # Only the features at their newest revision (`newest`): one below it has the indexes
     # of its own, older revision.
-    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}
+    tables = _expected_tables(newest)
     expected: list[tuple[str, str, str]] = []
-    for table in metadata.sorted_tables:
-        if table.name in absent:
-            continue
+    for table in tables:
         expected += sorted((table.name, "index", str(i.name)) for i in table.indexes)
         if db.names_constraint_indexes:
             # A foreign key gone (PostgreSQL) lets a job be deleted under its events: the
@@ -255,7 +253,6 @@ def _missing_objects(db: Database, conn: Connection, newest: set[str]
     present = db.schema_object_names(conn)
     missing = [{"table": t, "type": kind, "name": name} for t, kind, name in expected
                if name not in present]
-    tables = [t for t in metadata.sorted_tables if t.name not in absent]
     if not db.names_constraint_indexes:
         missing += _missing_keys_by_columns(db, conn, tables)
     named = {m["name"] for m in missing}
@@ -290,14 +287,11 @@ def _unexpected_unique_indexes(db: Database, conn: Connection, newest: set[str]
     table's (and more) refuses nothing, nor does an index that is not unique: left alone."""
     from sqlalchemy import PrimaryKeyConstraint, UniqueConstraint
 
-    from .schema import OPTIONAL_TABLES, add_partial_indexes, metadata
+    from .schema import add_partial_indexes
 
     add_partial_indexes()
-    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}
     found = []
-    for table in metadata.sorted_tables:
-        if table.name in absent:
-            continue
+    for table in _expected_tables(newest):
         ours = {str(i.name) for i in table.indexes} | {str(k.name) for k in table.constraints}
         keys = [frozenset(c.name for c in k.columns) for k in table.constraints
                 if isinstance(k, PrimaryKeyConstraint | UniqueConstraint) and k.columns]
@@ -316,13 +310,8 @@ def _changed_checks(db: Database, conn: Connection, newest: set[str]
     named no row. By name, and on SQLite, which keeps their text, by text too."""
     from sqlalchemy import CheckConstraint
 
-    from .schema import OPTIONAL_TABLES, metadata
-
-    absent = {t for f, names in OPTIONAL_TABLES.items() if f not in newest for t in names}
     found = []
-    for table in metadata.sorted_tables:
-        if table.name in absent:
-            continue
+    for table in _expected_tables(newest):
         made = db.check_constraints(conn, table.name)
         ours = {str(k.name): " ".join(str(k.sqltext).split()) for k in table.constraints
                 if isinstance(k, CheckConstraint)}
