@@ -79,7 +79,9 @@ def test_a_worker_whose_store_is_gone_at_its_completion_gives_the_job_back_and_s
     (restarted elsewhere): the completion is refused `artifact_store_missing`, which the
     worker took as a refused result and failed the attempt (`invalid_result`, a try lost),
     then went on to claim the next job and meet it again. Every job with files would: it
-    gives this one back (a release, its try returned) and stops, exit 2."""
+    gives this one back (a release, its try returned) and stops, exit 2. The stop waits for
+    that release (held here a second): it closed the worker's client under it, and the job
+    stayed `running` to its lease's end."""
     path, c = db
     install(sqlite_target)
     c.features.add("artifacts")
@@ -87,7 +89,8 @@ def test_a_worker_whose_store_is_gone_at_its_completion_gives_the_job_back_and_s
     other = c.enqueue("report", {"title": "Next"})["job_id"]
     store = f"{path}.artifacts"
     w = start("--exec", f"report={PY} examples/report_cmd.py", "--burst",
-              env={"JOBCOORD_FAULT": "worker.before_complete:sleep=3"})
+              env={"JOBCOORD_FAULT": "worker.before_complete:sleep=3,"
+                   "worker.before_fail_report:sleep=1"})
     deadline = time.monotonic() + 30
     while "artifact_staged" not in [e["reason"] for e in c.show(job)["events"]]:
         assert time.monotonic() < deadline and w.proc.poll() is None

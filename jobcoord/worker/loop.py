@@ -38,7 +38,7 @@ from .completer import Completer
 from .config import WorkerConfig
 from .handlers import kill_group
 from .log import Log
-from .run import JobRun, elapsed_ms
+from .run import RELEASE_REPORT_S, JobRun, elapsed_ms
 from .threads import Threads, Watch
 
 #: Refusal codes that come from the machine's state (logged as "gate refused").
@@ -500,6 +500,8 @@ class Worker:
             raise
         finally:
             self.stopping.set()
+            if raised is not None or self.fatal is not None:
+                self._join_reports()
             if self.completer is not None:
                 self.completer.close()
             if self.waiter is not None:
@@ -707,15 +709,30 @@ class Worker:
         self._collect()
         for run in self.runs:
             if not run.reported:
-                # Still trying to report (the coordinator unreachable): the stop goes on
-                # without it and closes its client. Its outcome never reached the
-                # coordinator: the lease ends and the reaper takes the job back.
-                run.abandoned = True
-                self.count("lost")
-                self.log("report_error", job_id=run.job_id, epoch=run.epoch,
-                         error="worker_stopping", detail="the worker stopped while this "
-                         "job's report was still being tried; its lease ends and the "
-                         "reaper offers the job again")
+                self._abandon(run)
+
+    def _join_reports(self) -> None:
+        """Stopped by an error: the reports being sent now (the release of the job whose
+        report met that error, `run.py`) are waited for, a bounded while, before the client
+        closes. Closed under it, the release failed and the job stayed `running` to its
+        lease's end. Runs whose handlers still run are left as they are."""
+        end = time.monotonic() + RELEASE_REPORT_S + 1.0
+        for run in list(self.runs):
+            if run.outcome is not None and not run.reported:
+                run.thread.join(max(0.0, end - time.monotonic()))
+                if not run.reported:
+                    self._abandon(run)
+
+    def _abandon(self, run: JobRun) -> None:
+        """Still trying to report (the coordinator unreachable): the stop goes on without
+        it and closes its client. Its outcome never reached the coordinator: the lease ends
+        and the reaper takes the job back."""
+        run.abandoned = True
+        self.count("lost")
+        self.log("report_error", job_id=run.job_id, epoch=run.epoch,
+                 error="worker_stopping", detail="the worker stopped while this job's "
+                 "report was still being tried; its lease ends and the reaper offers the "
+                 "job again")
 
     def job_finished(self) -> None:
         """A run is over (called after its slot is free)."""

@@ -737,6 +737,7 @@ class JobRun:
             "released": ("worker_shutdown", False),
         }[out.kind]
         error = _clean(out.error or out.kind)
+        faults.point("worker.before_fail_report")
         got = w.calls.fail(self.job_id, cfg.worker_id, self.epoch, error, permanent=permanent,
                         reason=reason, tenant=tenant)
         event = "released" if out.kind == "released" else "failed"
