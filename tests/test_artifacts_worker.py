@@ -106,6 +106,35 @@ def test_a_worker_whose_store_is_gone_at_its_completion_gives_the_job_back_and_s
     assert c.show(other)["job"]["attempts"] == 0
 
 
+def test_a_worker_stopped_by_its_store_gone_lets_its_other_running_jobs_end_as_a_sigterm_would(
+        db: Any, start: Any, sqlite_target: Any) -> None:
+    """Beside the job whose completion met the store gone, another job of the worker's
+    still runs: the worker stops as a SIGTERM stops it (the grace, then a release), exit 2.
+    Stopped as by a fatal error, its client closed under that job, whose completion then
+    failed: the job stayed `running` to its lease's end (30 s here)."""
+    path, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    job = c.enqueue("report", {"title": "Moved"})["job_id"]
+    slow = c.enqueue("slow", {})["job_id"]
+    store = f"{path}.artifacts"
+    w = start("--exec", f"report={PY} examples/report_cmd.py",
+              "--exec", "slow=sh -c 'cat >/dev/null; sleep 5; echo {}'",
+              "--concurrency", "2", "--burst",
+              env={"JOBCOORD_FAULT": "worker.before_complete:sleep=2"})
+    deadline = time.monotonic() + 30
+    while "artifact_staged" not in [e["reason"] for e in c.show(job)["events"]]:
+        assert time.monotonic() < deadline and w.proc.poll() is None
+        time.sleep(0.05)
+    assert c.show(slow)["job"]["status"] == "running"
+    os.rename(store, store + ".moved")
+    code, _ = w.finish(timeout=40)
+    assert code == 2, (code, w.events("report_error"))
+    assert c.show(job)["job"]["status"] == "waiting"
+    shown = c.show(slow)
+    assert shown["job"]["status"] == "succeeded", (shown["events"], w.events())
+
+
 def test_a_completions_artifact_checks_longer_than_the_lease_keep_the_lease(
         db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
     """A completion re-hashes the attempt's artifacts and runs the kind's validator before

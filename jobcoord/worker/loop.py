@@ -38,7 +38,7 @@ from .completer import Completer
 from .config import WorkerConfig
 from .handlers import kill_group
 from .log import Log
-from .run import RELEASE_REPORT_S, JobRun, elapsed_ms
+from .run import JobRun, elapsed_ms
 from .threads import Threads, Watch
 
 #: Refusal codes that come from the machine's state (logged as "gate refused").
@@ -191,6 +191,9 @@ class Worker:
         self.host = socket.gethostname()
         #: An error no retry can heal, seen by the ticker: the worker stops and raises it.
         self.fatal: BaseException | None = None
+        #: An error that ends the worker while its coordinator still answers (`stop_after`):
+        #: raised once the worker has stopped as a SIGTERM stops it.
+        self.exit_error: BaseException | None = None
         #: run() has returned: a timer call still in flight fails as its coordinator closes
         #: (that is the stop, not an error to log after `stopped_worker`).
         self.stopped = False
@@ -286,6 +289,17 @@ class Worker:
         or a job's report: stop the worker, which raises it (the first, when several)."""
         if self.fatal is None:
             self.fatal = e
+        self.stopping.set()
+        self.wake.set()
+
+    def stop_after(self, e: BaseException) -> None:
+        """An error every later job would meet too, while the coordinator still answers
+        (its artifact store gone): stop claiming and stop as a SIGTERM does (the jobs
+        running get the grace, then go back), then exit with `e`. Stopped as by a fatal
+        error, the client closed under the jobs still running or reporting, the job whose
+        report met it among them, and each stayed `running` to its lease's end."""
+        if self.exit_error is None:
+            self.exit_error = e
         self.stopping.set()
         self.wake.set()
 
@@ -495,13 +509,13 @@ class Worker:
                 self._start_all(got["claimed"], t0, claim_ms, live)
             if self.fatal is None:
                 self._drain()
+            if self.fatal is None and self.exit_error is not None:
+                self.fatal = self.exit_error  # stopped as asked: now its exit
         except BaseException as e:
             raised = e
             raise
         finally:
             self.stopping.set()
-            if raised is not None or self.fatal is not None:
-                self._join_reports()
             if self.completer is not None:
                 self.completer.close()
             if self.waiter is not None:
@@ -710,18 +724,6 @@ class Worker:
         for run in self.runs:
             if not run.reported:
                 self._abandon(run)
-
-    def _join_reports(self) -> None:
-        """Stopped by an error: the reports being sent now (the release of the job whose
-        report met that error, `run.py`) are waited for, a bounded while, before the client
-        closes. Closed under it, the release failed and the job stayed `running` to its
-        lease's end. Runs whose handlers still run are left as they are."""
-        end = time.monotonic() + RELEASE_REPORT_S + 1.0
-        for run in list(self.runs):
-            if run.outcome is not None and not run.reported:
-                run.thread.join(max(0.0, end - time.monotonic()))
-                if not run.reported:
-                    self._abandon(run)
 
     def _abandon(self, run: JobRun) -> None:
         """Still trying to report (the coordinator unreachable): the stop goes on without

@@ -612,7 +612,7 @@ class JobRun:
                     # goes back with its try (a release), and the worker stops (exit 2).
                     log("report_error", **base, outcome=out.kind, error=e.code,
                         detail=e.message)
-                    w.stop_for(e)
+                    w.stop_after(e)
                     out = Outcome("released", error=f"not completed: {e.message}")
                     continue
                 if e.details.get("command_file") is not None:
