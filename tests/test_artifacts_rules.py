@@ -18,7 +18,7 @@ import pytest
 from jobcoord.artifacts import ObjectStore
 from jobcoord.artifacts import rules as artifact_rules
 from jobcoord.db import Database, Target
-from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused
+from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused, StorageUnavailable
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from tests.conftest import run_cli
@@ -877,6 +877,60 @@ def test_ctrl_c_stops_an_artifact_put_while_it_reads_and_leaves_nothing(
     with Coordinator.open(sqlite_target) as c:
         c.artifacts_dir = str(store)
         assert c.artifacts(job)["artifacts"] == []
+
+
+def test_a_stage_into_a_store_gone_while_its_objects_are_referenced_makes_no_new_store(
+        ac: Coordinator, target: Target, store_dir: str) -> None:
+    """The store moved away (or `--artifacts` mistyped) after this database's rows came to
+    name its objects: the next stage made a new, empty store there and went on, the earlier
+    objects missing from it (`artifact verify --all` exit 7, `check` saying nothing). As
+    `artifact gc` and the completion do, a stage refuses: exit 2 `artifact_store_missing`,
+    no store made, nothing changed. The first stage of a database naming no object makes
+    its store; the store back in its place takes stages again."""
+    from tests.conftest import dump
+
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"first result")
+    ac.complete(job, "w1", epoch, {"ok": True})
+    later, later_epoch = start(ac)
+    os.rename(store_dir, store_dir + ".moved")
+    before = dump(ac)
+    with pytest.raises(InvalidInput) as caught:
+        ac.put_artifact(later, "w1", later_epoch, "out.txt", b"second result")
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert store_dir in caught.value.message
+    src = Path(store_dir).parent / "second result.txt"
+    src.write_bytes(b"second result")
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "put", str(later), str(src),
+                "--worker", "w1", "--epoch", str(later_epoch), "--name", "out.txt", "--json")
+    assert r.code == 2, r
+    assert r.json["error"]["code"] == "artifact_store_missing", r.json
+    assert dump(ac) == before
+    assert not os.path.lexists(store_dir)
+    os.rename(store_dir + ".moved", store_dir)
+    got = ac.put_artifact(later, "w1", later_epoch, "out.txt", b"second result")
+    assert got["state"] == "staged"
+    ac.complete(later, "w1", later_epoch, {"ok": True})
+    assert [s for _, s in ObjectStore(store_dir).verify_all()] == ["ok", "ok"]
+
+
+def test_a_store_gone_during_a_stage_is_not_made_again(store_dir: str,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """A write into the store there (`create=False`, as a stage makes once rows name its
+    objects) finds it gone: none of it is made again (a new, empty store where the old one
+    was), whether it was gone at the write's look or went just after it."""
+    store = ObjectStore(store_dir)
+    store.put(b"first")
+    os.rename(store_dir, store_dir + ".moved")
+    with pytest.raises(InvalidInput) as caught:
+        store.put(b"second", create=False)
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert not os.path.lexists(store_dir)
+    monkeypatch.setattr(store, "present", lambda: True)  # the look saw it; then it went
+    with pytest.raises(StorageUnavailable):
+        store.put(b"second", create=False)
+    assert not os.path.lexists(store_dir)
 
 
 def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt(

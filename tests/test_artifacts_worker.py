@@ -106,6 +106,34 @@ def test_a_worker_whose_store_is_gone_at_its_completion_gives_the_job_back_and_s
     assert c.show(other)["job"]["attempts"] == 0
 
 
+def test_a_worker_whose_store_moved_between_jobs_stages_nothing_gives_the_job_back_and_stops(
+        db: Any, start: Any, sqlite_target: Any) -> None:
+    """The store moved away after a job's files were accepted, before the next job's were
+    staged: the next stage made a new, empty store in its place and the worker went on,
+    every earlier object missing from it. The stage is refused as the completion is
+    (`artifact_store_missing`): no store made, the job given back, the worker stops, exit 2."""
+    path, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    first = c.enqueue("report", {"title": "Kept"})["job_id"]
+    store = f"{path}.artifacts"
+    w = start("--exec", f"report={PY} examples/report_cmd.py")
+    deadline = time.monotonic() + 30
+    while c.show(first)["job"]["status"] != "succeeded":
+        assert time.monotonic() < deadline and w.proc.poll() is None
+        time.sleep(0.05)
+    os.rename(store, store + ".moved")
+    later = c.enqueue("report", {"title": "After the move"})["job_id"]
+    code, _ = w.finish(timeout=40)
+    assert code == 2, (code, w.events("report_error"), w.events("artifacts_stage_error"))
+    assert not os.path.lexists(store)
+    shown = c.show(later)
+    assert shown["job"]["status"] == "waiting", shown["job"]
+    assert not any(e["reason"] in ("failed", "invalid_result", "artifact_staged")
+                   for e in shown["events"]), shown["events"]
+    assert [e["error"] for e in w.events("report_error")] == ["artifact_store_missing"]
+
+
 def test_a_worker_stopped_by_its_store_gone_lets_its_other_running_jobs_end_as_a_sigterm_would(
         db: Any, start: Any, sqlite_target: Any) -> None:
     """Beside the job whose completion met the store gone, another job of the worker's

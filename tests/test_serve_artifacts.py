@@ -155,6 +155,23 @@ def test_an_upload_whose_bytes_do_not_match_its_digest_is_422_and_stores_nothing
     assert s.rows(job) == [] and s.objects() == []
 
 
+def test_an_upload_into_a_store_gone_while_its_objects_are_named_is_400_and_makes_none(
+        s: Setup) -> None:
+    """The server's store moved away once rows named its objects: an upload made a new,
+    empty one in its place. It is refused, 400 `artifact_store_missing`, no store made."""
+    job, epoch = s.leased()
+    s.c.put_artifact(job, "wa", epoch, "first.md", BYTES, tenant="alice")
+    later, later_epoch = s.leased()
+    os.rename(s.store, s.store + ".moved")
+    with served(s.target, "--reap-every", "0", env=s.env) as srv, srv.client(s.worker) as w:
+        got = put(w, later, "second.md", b"second", later_epoch,
+                  **{"X-Content-Digest": digest(b"second")})
+        assert got.status_code == 400, got.text
+        assert got.json()["error"]["code"] == "artifact_store_missing", got.text
+    assert not os.path.lexists(s.store)
+    assert [a["name"] for a in s.rows(later)] == []
+
+
 def test_a_completion_refused_by_its_artifacts_checks_is_409_the_attempt_failed(
         s: Setup) -> None:
     """A completion whose staged artifact no longer hashes to its digest is a rule's

@@ -99,12 +99,17 @@ class ObjectStore:
     def _path(self, hexdigest: str) -> str:
         return os.path.join(self.objects_dir, hexdigest[:2], hexdigest[2:4], hexdigest)
 
-    def _ensure_layout(self) -> None:
-        """Create root, objects/sha256 and tmp if needed, each new entry made durable."""
+    def _ensure_layout(self, create: bool = True) -> None:
+        """Create root, objects/sha256 and tmp if needed, each new entry made durable.
+        `create=False`: the store must be there already (its `objects/`); gone, it is not
+        made again, empty, where the old one was."""
+        if not create and not self.present():
+            raise InvalidInput("artifact_store_missing", f"no artifact store at {self.root}: "
+                               "it is gone (moved or deleted); nothing was stored")
         try:
             missing = []
             path = self.root
-            while not os.path.isdir(path) and os.path.dirname(path) != path:
+            while create and not os.path.isdir(path) and os.path.dirname(path) != path:
                 missing.append(path)
                 path = os.path.dirname(path)
             for directory in reversed(missing):  # outermost first, each entry made durable
@@ -112,6 +117,10 @@ class ObjectStore:
                     fsync_dir(os.path.dirname(directory))
             for parent, child in ((self.root, "objects"), (self.root, "tmp"),
                                   (os.path.join(self.root, "objects"), ALGORITHM)):
+                if not create and child == "objects":
+                    # Gone since the look above, the root with it: the mkdirs of the others
+                    # fail (no parent), none of it made again.
+                    continue
                 if mkdir_once(os.path.join(parent, child)):
                     fsync_dir(parent)
         except OSError as exc:
@@ -130,11 +139,12 @@ class ObjectStore:
     # --- writing ----------------------------------------------------------------------------
 
     def put(self, source: Source, *, max_bytes: int | None = None,
-            expected_digest: str | None = None) -> StoredObject:
+            expected_digest: str | None = None, create: bool = True) -> StoredObject:
         """Store the bytes of `source` (a path, bytes, or a binary file object read to its
         end) and return their object. Identical content is stored once (`created=False`).
         With `expected_digest`, bytes that hash to anything else are refused
-        (InvalidInput `artifact_invalid`) and nothing is stored."""
+        (InvalidInput `artifact_invalid`) and nothing is stored. `create=False`: into the
+        store already there only (InvalidInput `artifact_store_missing` if it is gone)."""
         if max_bytes is not None:
             # A whole number: no comparison with NaN is true, so a NaN limit limited nothing.
             max_bytes = whole(max_bytes, "max_bytes", 0, 2**62)
@@ -146,7 +156,7 @@ class ObjectStore:
                                 expected=expected_digest, actual=format_digest(actual))
 
         with open_source(source) as (fill, label):
-            self._ensure_layout()
+            self._ensure_layout(create)
             return self._ingest(fill, label=label, max_bytes=max_bytes, expected_hex=expected,
                                 mismatch=mismatch)
 

@@ -44,6 +44,19 @@ def referenced_digests(db: Database, conn: Connection) -> set[str]:
     return {r[0] for r in rows}
 
 
+def refuse_missing_store(coord: Coordinator, store: ObjectStore, action: str) -> None:
+    """No store at `store.root`: refused (InvalidInput `artifact_store_missing`) when this
+    database's rows reference objects, which a store there would hold; a database naming
+    none has no store yet, and its first stage makes one."""
+    live = coord.db.read(lambda conn: len(referenced_digests(coord.db, conn)), action)
+    if live:
+        raise InvalidInput(
+            "artifact_store_missing",
+            f"no artifact store at {store.root}, yet this database's artifacts reference "
+            f"{live} object(s): is --artifacts mistyped, or the store moved? Nothing was "
+            "changed")
+
+
 def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                  dry_run: bool = False) -> dict[str, Any]:
     """Reject the stages of attempts that are over (their lease is gone), then delete every
@@ -61,13 +74,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
         # by hand), so nothing to collect; with rows referencing objects, it is the wrong
         # place (a mistyped --artifacts: one letter off another database's store is how
         # objects get deleted). Either way the store is not made here.
-        live = coord.db.read(lambda conn: len(referenced_digests(coord.db, conn)),
-                             "artifact gc")
-        if live:
-            raise InvalidInput(
-                "artifact_store_missing",
-                f"no artifact store at {store.root}, yet this database's artifacts reference "
-                f"{live} object(s): is --artifacts mistyped? Nothing was changed")
+        refuse_missing_store(coord, store, "artifact gc")
         return _report(dry_run, 0, [], 0, 0, set(), {"removed": 0, "bytes_removed": 0},
                        store)
     # Before anything changes (the stages below included), and again under the lock.

@@ -35,6 +35,7 @@ from jobcoord.artifacts.retention import (  # noqa: F401 -- the artifacts API, a
     TEMP_MIN_AGE_S,
     gc_artifacts,
     referenced_digests,
+    refuse_missing_store,
     removal_check,
 )
 from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as before
@@ -125,8 +126,14 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     interrupts.accounted()
     rule = settings_of(coord).for_kind(kind)
     limits = [m for m in (rule.max_bytes, max_bytes) if m is not None]
+    # A store is made by the first stage of a database naming no object. Where its rows
+    # name some, a store not there moved away (or --artifacts is mistyped): made again
+    # here, empty, the worker went on staging into it and the earlier objects were missing.
+    first = not store.present()
+    if first:
+        refuse_missing_store(coord, store, "artifact put")
     obj = store.put(source, max_bytes=min(limits) if limits else None,
-                    expected_digest=expected_digest)
+                    expected_digest=expected_digest, create=first)
 
     def _do(conn: Connection) -> dict[str, Any] | JobcoordError:
         owned, now = check_owner(coord, conn, job_id, worker, epoch, tenant, "artifact")
