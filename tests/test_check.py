@@ -796,7 +796,12 @@ def test_check_reports_rows_whose_job_is_gone_and_exits_7(target: Target) -> Non
                 "CREATE TABLE my_parent (id INTEGER PRIMARY KEY); CREATE TABLE my_child "
                 "(id INTEGER PRIMARY KEY, parent_id INTEGER REFERENCES my_parent (id)); "
                 "INSERT INTO my_parent VALUES (1); INSERT INTO my_child VALUES (1, 1); "
-                "DELETE FROM my_parent;")
+                "DELETE FROM my_parent; "
+                # A key SQLite cannot check at all (no such parent column): the whole
+                # file's check raised `foreign key mismatch`: check exit 1, internal_error.
+                "CREATE TABLE my_odd (id INTEGER PRIMARY KEY, "
+                "parent_id INTEGER REFERENCES my_parent (nope)); "
+                "INSERT INTO my_odd VALUES (1, 1);")
         assert run_cli(target, "check", "--json").code == 0
         with sqlite3.connect(target.sqlite_path) as plain:
             plain.execute("DELETE FROM jobs WHERE job_id = ?", (gone,))

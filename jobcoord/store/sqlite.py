@@ -681,11 +681,20 @@ class SqliteDatabase(Database):
         foreign key is found by `check`'s schema look."""
         # Of jobcoord's tables only (or of `tables`): a table of one's own beside them is
         # the owner's, its keys too (an orphan there made `backup` refuse the database).
+        # Asked table by table: the whole file's check read every orphan of the owner's
+        # tables too, however many, only to drop them. Of `main`: a temporary table of the
+        # same name would be looked at instead.
         from ..schema import metadata
 
-        rows = [list(r) for r in conn.exec_driver_sql("PRAGMA foreign_key_check").all()]
-        names = {t.name for t in (metadata.sorted_tables if tables is None else tables)}
-        return [r for r in rows if r[0] in names]
+        present = {r[0] for r in conn.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type = 'table'").all()}
+        quote = conn.dialect.identifier_preparer.quote_identifier
+        rows: list[list[Any]] = []
+        for table in metadata.sorted_tables if tables is None else tables:
+            if table.name in present:
+                rows += [list(r) for r in conn.exec_driver_sql(
+                    f"PRAGMA main.foreign_key_check({quote(table.name)})").all()]
+        return rows
 
     def page_check(self, conn: Connection, *, full: bool = False) -> list[str]:
         """SQLite's own check of the file's pages (quick_check, or integrity_check when
