@@ -723,18 +723,15 @@ class Worker:
         self._collect()
         for run in self.runs:
             if not run.reported:
-                self._abandon(run)
-
-    def _abandon(self, run: JobRun) -> None:
-        """Still trying to report (the coordinator unreachable): the stop goes on without
-        it and closes its client. Its outcome never reached the coordinator: the lease ends
-        and the reaper takes the job back."""
-        run.abandoned = True
-        self.count("lost")
-        self.log("report_error", job_id=run.job_id, epoch=run.epoch,
-                 error="worker_stopping", detail="the worker stopped while this job's "
-                 "report was still being tried; its lease ends and the reaper offers the "
-                 "job again")
+                # Still trying to report (the coordinator unreachable): the stop goes on
+                # without it and closes its client. Its outcome never reached the
+                # coordinator: the lease ends and the reaper takes the job back.
+                run.abandoned = True
+                self.count("lost")
+                self.log("report_error", job_id=run.job_id, epoch=run.epoch,
+                         error="worker_stopping", detail="the worker stopped while this "
+                         "job's report was still being tried; its lease ends and the "
+                         "reaper offers the job again")
 
     def job_finished(self) -> None:
         """A run is over (called after its slot is free)."""
