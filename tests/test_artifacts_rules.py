@@ -18,7 +18,7 @@ import pytest
 from jobcoord.artifacts import ObjectStore
 from jobcoord.artifacts import rules as artifact_rules
 from jobcoord.db import Database, Target
-from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused, StorageUnavailable
+from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from tests.conftest import run_cli
@@ -927,10 +927,105 @@ def test_a_store_gone_during_a_stage_is_not_made_again(store_dir: str,
         store.put(b"second", create=False)
     assert caught.value.code == "artifact_store_missing", caught.value
     assert not os.path.lexists(store_dir)
-    monkeypatch.setattr(store, "present", lambda: True)  # the look saw it; then it went
-    with pytest.raises(StorageUnavailable):
+    real = ObjectStore.present
+
+    def gone_after_the_look() -> None:
+        looks = iter([True])  # the write's look saw it; then it went
+        monkeypatch.setattr(store, "present", lambda: next(looks, real(store)))
+
+    gone_after_the_look()
+    with pytest.raises(InvalidInput) as caught:
         store.put(b"second", create=False)
+    assert caught.value.code == "artifact_store_missing", caught.value
     assert not os.path.lexists(store_dir)
+    # Its objects gone from under a root left in place: not made again either.
+    os.rename(store_dir + ".moved", store_dir)
+    os.rename(os.path.join(store_dir, "objects"), os.path.join(store_dir, "objects.moved"))
+    gone_after_the_look()
+    with pytest.raises(InvalidInput) as caught:
+        store.put(b"second", create=False)
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert not os.path.lexists(os.path.join(store_dir, "objects"))
+
+
+def _accepted_then_leased(ac: Coordinator) -> tuple[int, int]:
+    """One job's artifact accepted (a row names an object), then another job leased."""
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"first result")
+    ac.complete(job, "w1", epoch, {"ok": True})
+    return start(ac)
+
+
+def test_a_store_gone_between_a_stages_write_and_its_row_is_not_made_again(
+        ac: Coordinator, store_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store moved away after a stage stored its bytes, before its row: the lock the
+    row is written under made the store again, empty; the stage said `artifact_store_busy`
+    (try again), and the retry staged into the new store. Refused `artifact_store_missing`,
+    no store made, no row; so is the retry."""
+    later, epoch = _accepted_then_leased(ac)
+    put = ObjectStore.put
+
+    def put_then_moved(self: ObjectStore, *args: Any, **kwargs: Any) -> Any:
+        stored = put(self, *args, **kwargs)
+        os.rename(store_dir, store_dir + ".moved")
+        return stored
+
+    monkeypatch.setattr(ObjectStore, "put", put_then_moved)
+    with pytest.raises(InvalidInput) as caught:
+        ac.put_artifact(later, "w1", epoch, "out.txt", b"second result")
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert not os.path.lexists(store_dir)
+    monkeypatch.setattr(ObjectStore, "put", put)
+    with pytest.raises(InvalidInput) as caught:
+        ac.put_artifact(later, "w1", epoch, "out.txt", b"second result")
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert not os.path.lexists(store_dir)
+    assert rows(ac, later) == []
+
+
+def test_a_store_gone_while_gc_looks_is_not_made_again(
+        ac: Coordinator, store_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gc found the store, then it moved away before gc's lock: the lock made it again,
+    empty, and gc said it collected nothing (stages then went on into the new store).
+    Refused `artifact_store_missing`, no store made."""
+    from jobcoord.artifacts import retention
+
+    _accepted_then_leased(ac)
+    shared = retention.refuse_if_shared
+
+    def looked_then_moved(*args: Any, **kwargs: Any) -> Any:
+        got = shared(*args, **kwargs)
+        if not os.path.lexists(store_dir + ".moved"):  # the first look only
+            os.rename(store_dir, store_dir + ".moved")
+        return got
+
+    monkeypatch.setattr(retention, "refuse_if_shared", looked_then_moved)
+    with pytest.raises(InvalidInput) as caught:
+        ac.gc_artifacts(grace_s=0)
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert not os.path.lexists(store_dir)
+
+
+def test_the_first_stages_of_a_new_database_made_at_once_are_all_staged(
+        ac: Coordinator, store_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two first stages of a database at once: one found no store, then, before it looked
+    whether rows name objects, the other made the store and committed its row. The first
+    was refused `artifact_store_missing` (its worker stopped) with the store right there."""
+    one, one_epoch = start(ac)
+    two, two_epoch = start(ac)
+    refuse = artifact_rules.refuse_missing_store
+    raced: list[dict[str, Any]] = []
+
+    def other_stage_first(*args: Any, **kwargs: Any) -> None:
+        if not raced:  # the first stage's look: the other stage runs whole first
+            raced.append({})
+            raced[0] = ac.put_artifact(two, "w1", two_epoch, "b.txt", b"two")
+        refuse(*args, **kwargs)
+
+    monkeypatch.setattr(artifact_rules, "refuse_missing_store", other_stage_first)
+    got = ac.put_artifact(one, "w1", one_epoch, "a.txt", b"one")
+    assert got["state"] == "staged" and raced[0]["state"] == "staged"
+    assert [r[2] for r in rows(ac, one) + rows(ac, two)] == ["staged", "staged"]
 
 
 def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt(

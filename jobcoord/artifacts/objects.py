@@ -104,8 +104,7 @@ class ObjectStore:
         `create=False`: the store must be there already (its `objects/`); gone, it is not
         made again, empty, where the old one was."""
         if not create and not self.present():
-            raise InvalidInput("artifact_store_missing", f"no artifact store at {self.root}: "
-                               "it is gone (moved or deleted); nothing was stored")
+            raise self._gone()
         try:
             missing = []
             path = self.root
@@ -125,6 +124,10 @@ class ObjectStore:
                     fsync_dir(parent)
         except OSError as exc:
             raise store_error(exc, self.root, "creating the store directories") from None
+
+    def _gone(self) -> InvalidInput:
+        return InvalidInput("artifact_store_missing", f"no artifact store at {self.root}: "
+                            "it went (moved or deleted) while in use; none is made again")
 
     def _make_fanout(self, hexdigest: str) -> str:
         """Create objects/sha256/ab/cd as needed; fsync the parent of each new level."""
@@ -156,9 +159,14 @@ class ObjectStore:
                                 expected=expected_digest, actual=format_digest(actual))
 
         with open_source(source) as (fill, label):
-            self._ensure_layout(create)
-            return self._ingest(fill, label=label, max_bytes=max_bytes, expected_hex=expected,
-                                mismatch=mismatch)
+            try:
+                self._ensure_layout(create)
+                return self._ingest(fill, label=label, max_bytes=max_bytes,
+                                    expected_hex=expected, mismatch=mismatch)
+            except StorageUnavailable:
+                if not create and not self.present():
+                    raise self._gone() from None  # it went after the look above
+                raise
 
     def _ingest(self, fill: Fill, *, label: str, max_bytes: int | None = None,
                 expected_hex: str | None = None,

@@ -131,7 +131,12 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     # here, empty, the worker went on staging into it and the earlier objects were missing.
     first = not store.present()
     if first:
-        refuse_missing_store(coord, store, "artifact put")
+        try:
+            refuse_missing_store(coord, store, "artifact put")
+        except InvalidInput:
+            if not store.present():
+                raise
+            first = False  # made meanwhile by a stage beside this one, its row committed
     obj = store.put(source, max_bytes=min(limits) if limits else None,
                     expected_digest=expected_digest, create=first)
 
@@ -154,7 +159,7 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
 
     # The shared gc lock from "the object is there" to the row's commit: gc cannot delete
     # an old object this upload found already stored (dedup) before the row names it.
-    with gc_lock(store, exclusive=False):
+    with gc_lock(store, exclusive=False, create=False):  # made by the put above, if new
         # This database uses the store from its first row on: recorded first, so a gc from
         # another database sharing the store is refused rather than delete its objects.
         record_user(store, database_identity(coord.db))

@@ -198,16 +198,18 @@ def location_of(digest: str) -> str:
 
 @contextlib.contextmanager
 def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
-            *, reading: bool = False) -> Iterator[None]:
+            *, reading: bool = False, create: bool = True) -> Iterator[None]:
     """Uploads committing their row hold this shared; gc holds it exclusive while it decides
     and deletes, so an object is never deleted between an upload's `put` and its row.
 
     `reading`: the holder only reads objects (a backup), so where there is no store it makes
-    none and holds nothing: gc deletes nothing in a store that is not there."""
+    none and holds nothing: gc deletes nothing in a store that is not there. `create=False`:
+    the holder found the store there (a stage that stored its bytes, gc); gone since, it is
+    not made again, empty (InvalidInput `artifact_store_missing`)."""
     if reading and not store.present():
         yield
         return
-    store._ensure_layout()
+    store._ensure_layout(create)
     path = os.path.join(store.root, "gc.lock")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
