@@ -1028,6 +1028,112 @@ def test_the_first_stages_of_a_new_database_made_at_once_are_all_staged(
     assert [r[2] for r in rows(ac, one) + rows(ac, two)] == ["staged", "staged"]
 
 
+def test_a_completion_through_another_databases_store_is_refused_and_uses_up_no_attempt(
+        ac: Coordinator, target: Target, tmp_path: Path) -> None:
+    """`--artifacts` naming the store of another database (one letter off): a store is
+    there, so the attempt's objects were judged missing, the attempt failed, and three such
+    completions made the job dead. A store that does not name this database among its
+    users is not its store: exit 2 `artifact_store_missing`, nothing changed."""
+    from jobcoord.artifacts.settings import record_user
+    from tests.conftest import dump
+
+    other = str(tmp_path / "other store")
+    ObjectStore(other).put(b"another database's object")
+    record_user(ObjectStore(other), "sqlite:" + str(tmp_path / "other.db"))
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"result bytes")
+    before = dump(ac)
+    r = run_cli(target, "--artifacts", other, "complete", str(job), "--worker", "w1",
+                "--epoch", str(epoch), "--json")
+    assert r.code == 2, r
+    assert r.json["error"]["code"] == "artifact_store_missing", r.json
+    assert other in r.json["error"]["message"]
+    assert dump(ac) == before
+    ac.complete(job, "w1", epoch, {"ok": True})
+    assert rows(ac, job)[0][2] == "accepted"
+
+
+@pytest.mark.parametrize("moved_at", ["verify", "size", "validator"])
+def test_a_store_moved_during_a_completions_checks_is_refused_and_uses_up_no_attempt(
+        ac: Coordinator, store_dir: str, monkeypatch: pytest.MonkeyPatch,
+        moved_at: str) -> None:
+    """The store moved away while a completion's checks ran (after its look found it):
+    the rows left were judged missing, or refused by a validator given no file, and the
+    attempt failed (a try lost); or the object's size was asked of no file and the
+    completion said exit 7 `artifact_missing`. Refused `artifact_store_missing`, nothing
+    changed; the store back, the completion is accepted."""
+    from tests.conftest import dump
+
+    staged = 3
+    if moved_at == "validator":
+        artifact_rules.declare_kind(ac, "render", validator=[
+            sys.executable, "-c", "import os, sys; sys.exit(not os.path.isfile(sys.argv[1]))"])
+        moved_at, staged = "verify", 1  # after its verify, before its validator
+    job, epoch = start(ac)
+    for n in range(staged):
+        ac.put_artifact(job, "w1", epoch, f"out{n}.txt", f"result {n}".encode())
+    before = dump(ac)
+    real = getattr(ObjectStore, moved_at)
+    calls: list[str] = []
+
+    def then_moved(self: ObjectStore, digest: str) -> Any:
+        got = real(self, digest)
+        if not calls:  # after the first row's
+            os.rename(store_dir, store_dir + ".moved")
+        calls.append(digest)
+        return got
+
+    monkeypatch.setattr(ObjectStore, moved_at, then_moved)
+    with pytest.raises(InvalidInput) as caught:
+        ac.complete(job, "w1", epoch, {"ok": True})
+    assert caught.value.code == "artifact_store_missing", caught.value
+    assert dump(ac) == before
+    monkeypatch.setattr(ObjectStore, moved_at, real)
+    os.rename(store_dir + ".moved", store_dir)
+    ac.complete(job, "w1", epoch, {"ok": True})
+    assert [r[2] for r in rows(ac, job)] == ["accepted"] * staged
+
+
+@pytest.mark.parametrize("store", ["mistyped", "another database's"])
+def test_reading_accepted_artifacts_through_a_store_not_the_databases_is_exit_2(
+        ac: Coordinator, target: Target, tmp_path: Path, store: str) -> None:
+    """`artifact get`, `artifact verify` and `backup` through a `--artifacts` that names no
+    store, or another database's: every accepted artifact was reported missing, exit 7 (a
+    damaged store, its results lost) when only the path was wrong. Refused as gc, a stage
+    and a completion refuse it: exit 2 `artifact_store_missing`, nothing made or changed."""
+    from jobcoord.artifacts.settings import record_user
+    from tests.conftest import dump
+
+    wrong = str(tmp_path / "stor #?%")
+    if store != "mistyped":
+        ObjectStore(wrong).put(b"another database's object")
+        record_user(ObjectStore(wrong), "sqlite:" + str(tmp_path / "other.db"))
+    def in_store() -> list[str]:  # (a backup takes the store's gc lock, its file made)
+        return sorted(str(p) for p in Path(wrong).rglob("*") if p.name != "gc.lock")
+
+    before_store = in_store()
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"result bytes")
+    ac.complete(job, "w1", epoch, {"ok": True})
+    before = dump(ac)
+    commands = [("artifact", "get", str(job), "out.txt", "-o", str(tmp_path / "got.txt")),
+                ("artifact", "verify", str(job)), ("artifact", "verify", "--all")]
+    if target.sqlite_path:
+        commands.append(("backup", str(tmp_path / "b.db")))
+    for command in commands:
+        r = run_cli(target, "--artifacts", wrong, *command, "--json")
+        assert r.code == 2, (command, r)
+        assert r.json["error"]["code"] == "artifact_store_missing", (command, r.json)
+        assert wrong in r.json["error"]["message"], (command, r.json)
+    assert dump(ac) == before
+    assert in_store() == before_store
+    assert not any(p.name.startswith(("got.txt", "b.db")) for p in tmp_path.iterdir())
+    ac.artifacts_dir = wrong
+    with pytest.raises(InvalidInput) as caught:
+        ac.verify_artifacts(job)
+    assert caught.value.code == "artifact_store_missing"
+
+
 def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt(
         ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
     """With `--artifacts` one letter off, a completion found none of its staged objects:

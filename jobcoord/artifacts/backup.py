@@ -42,6 +42,7 @@ from jobcoord.artifacts.settings import (
     ENV_STORE,
     USERS_DIR,
     gc_lock,
+    not_its_store,
     record_user,
     sqlite_identity,
     store_of,
@@ -185,7 +186,15 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
                                       f"the backup {staged}", backup=dest)
             referenced, nrows = found
             os.mkdir(work, 0o700)
-            linked, copied, size = _copy_objects(store, work, referenced)
+            try:
+                linked, copied, size = _copy_objects(store, work, referenced)
+            except DatabaseCorrupt as e:
+                # Missing through a store not this database's: only the path was wrong.
+                wrong = (not_its_store(coord.db, store) if e.code == "artifact_missing"
+                         else None)
+                if wrong is not None:
+                    raise wrong from None
+                raise
             manifest = {"format": 1, "database": os.path.basename(dest), "rows": nrows,
                         "objects": {d: referenced[d] for d in sorted(referenced)}}
             with open(os.path.join(work, MANIFEST), "w", encoding="utf-8") as f:

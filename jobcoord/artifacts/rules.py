@@ -51,6 +51,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     location_of,
     media_type_of,
     need_feature,
+    not_its_store,
     record_user,
     settings_from_mapping,
     settings_of,
@@ -62,6 +63,7 @@ from jobcoord.core.common import fenced_args, record_event
 from jobcoord.core.fencing import check_owner, reject_event
 from jobcoord.errors import (
     DatabaseBusy,
+    DatabaseCorrupt,
     InvalidInput,
     JobcoordError,
     Refused,
@@ -348,6 +350,17 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any, stop: threading.Even
     return None, "ok"
 
 
+def _refuse_not_its_store(coord: Coordinator, store: ObjectStore, job_id: int, *,
+                          missing: bool = False) -> None:
+    """Where the attempt's objects are not this database's store, the caller's --artifacts
+    is wrong (mistyped, another machine's or another database's store) or the store moved:
+    not the attempt's output. Judged missing, the attempt failed and the job lost a try for
+    each typo. Refused `artifact_store_missing`, nothing changed."""
+    wrong = not_its_store(coord.db, store, missing=missing)
+    if wrong is not None:
+        raise InvalidInput(wrong.code, wrong.message, job_id=job_id, **wrong.details)
+
+
 def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
                        tenant: str | None) -> Plan | None:
     """Before the completion's transaction: re-hash every artifact the attempt staged and run
@@ -366,20 +379,22 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     if _ELSEWHERE.get():
         raise ChecksElsewhere([(job_id, worker, epoch, tenant), *_GROUP.get()], left_s)
     store = store_of(coord)
-    if not store.present():
-        # No store at all where the objects should be: the caller's --artifacts is wrong
-        # (mistyped, or another machine's), not the attempt's output. Judged as missing, the
-        # attempt failed and the job lost a try for each typo.
-        raise InvalidInput(
-            "artifact_store_missing",
-            f"no artifact store at {store.root}, yet the attempt staged {len(rows)} "
-            "artifact(s) there: is --artifacts mistyped? Nothing was changed",
-            job_id=job_id)
+    _refuse_not_its_store(coord, store, job_id)
     rule = settings_of(coord).for_kind(kind or "")
     with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):
-        verdicts = [(row, *_validate(store, rule, row, coord.checks_stopped))
-                    for row in rows]
+        try:
+            verdicts = [(row, *_validate(store, rule, row, coord.checks_stopped))
+                        for row in rows]
+        except DatabaseCorrupt as e:
+            if e.code == "artifact_missing":  # its size asked once the file had gone
+                _refuse_not_its_store(coord, store, job_id, missing=True)
+            raise
     bad = [(row, reason, why) for row, reason, why in verdicts if reason]
+    if bad:
+        # Judged through a store that went while they were checked (a validator finds no
+        # file either), or through another database's: not the attempt's doing.
+        _refuse_not_its_store(coord, store, job_id, missing=any(
+            reason == "artifact_missing" for _, reason, _ in bad))
     if not bad:
         return Plan(tuple((r[0], r[1], r[2], r[3]) for r in rows), now_us())
     evidence = [{"name": r[1], "digest": r[2], "reason": reason, "evidence": why}
@@ -488,8 +503,22 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
     store = store_of(coord)
     dest = writable_destination(dest, force=force, database=coord.db.target.sqlite_path,
                                 what="the artifact's", store=store.root)
-    store.copy_to(row[4], dest, expected_size=row[5], replace=force)
+    try:
+        store.copy_to(row[4], dest, expected_size=row[5], replace=force)
+    except DatabaseCorrupt as e:
+        _refuse_if_not_its_store(coord, store, e)
+        raise
     return {**_row(row), "written": os.fspath(dest)}
+
+
+def _refuse_if_not_its_store(coord: Coordinator, store: ObjectStore,
+                             found: DatabaseCorrupt) -> None:
+    """An object of this database's found missing: through a store not the database's,
+    only the path was wrong (`not_its_store`)."""
+    if found.code == "artifact_missing":
+        wrong = not_its_store(coord.db, store)
+        if wrong is not None:
+            raise wrong from None
 
 
 def open_artifact(coord: Coordinator, job_id: Any, name: Any) -> Any:
@@ -497,7 +526,12 @@ def open_artifact(coord: Coordinator, job_id: Any, name: Any) -> Any:
     bytes as unverified until the iteration ended without an error."""
     need_feature(coord)
     row = _accepted(coord, job_id, name)
-    return store_of(coord).read(row[4], expected_size=row[5])
+    store = store_of(coord)
+    try:
+        return store.read(row[4], expected_size=row[5])
+    except DatabaseCorrupt as e:
+        _refuse_if_not_its_store(coord, store, e)
+        raise
 
 
 def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
@@ -523,6 +557,10 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
         if state != "ok":
             bad.append({"job_id": a["job_id"], "name": a["name"], "epoch": a["epoch"],
                         "digest": a["digest"], "state": a["state"], "problem": state})
+    if any(b["problem"] == "missing" for b in bad):
+        wrong = not_its_store(coord.db, store)
+        if wrong is not None:
+            raise wrong
     return {"ok": not bad, "checked_rows": sum(a["state"] != "rejected" for a in listed),
             "checked_objects": len(seen), "problems": bad}
 

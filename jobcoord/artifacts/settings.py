@@ -300,6 +300,33 @@ def record_user(store: ObjectStore, identity: str) -> str:
     return path
 
 
+def is_user(store: ObjectStore, identity: str) -> bool:
+    """Whether the store records the database of `identity` (database_identity) as a user."""
+    return os.path.isfile(_user_file(store, identity))
+
+
+def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
+                  ) -> InvalidInput | None:
+    """Objects of this database's rows looked for in `store`: the error to raise when the
+    store is not this database's, None when it is. No store there (a mistyped --artifacts,
+    or the store moved), or, when objects were found `missing`, a store that does not record
+    this database as a user (every stage records it before its row): another database's.
+    Judged missing (exit 7, a damaged store) or failing an attempt, it was only the path:
+    `artifact_store_missing` (exit 2)."""
+    if not store.present():
+        return InvalidInput(
+            "artifact_store_missing",
+            f"no artifact store at {store.root}, yet this database's artifacts are kept "
+            "there: is --artifacts mistyped, or the store moved? Nothing was changed",
+            store=store.root)
+    if missing and not is_user(store, database_identity(db)):
+        return InvalidInput(
+            "artifact_store_missing",
+            f"the artifact store at {store.root} is not this database's (it records no use "
+            "by it): is --artifacts mistyped? Nothing was changed", store=store.root)
+    return None
+
+
 def store_users(store: ObjectStore) -> dict[str, str]:
     """{record path: the database it names} of every database recorded as using the store.
     A record that cannot be read names an unknown database (it is never taken for this
