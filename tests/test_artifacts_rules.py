@@ -1134,6 +1134,22 @@ def test_reading_accepted_artifacts_through_a_store_not_the_databases_is_exit_2(
     assert caught.value.code == "artifact_store_missing"
 
 
+def test_an_object_missing_from_a_store_recording_no_database_is_missing(
+        ac: Coordinator, target: Target, store_dir: str) -> None:
+    """A store written before stores recorded their databases names none: it is taken as
+    the database's, and an object missing from it is missing (exit 7), not a wrong path."""
+    import shutil
+
+    job, epoch = start(ac)
+    digest = ac.put_artifact(job, "w1", epoch, "out.txt", b"result bytes")["digest"]
+    ac.complete(job, "w1", epoch, {"ok": True})
+    shutil.rmtree(os.path.join(store_dir, "databases"))
+    os.unlink(ObjectStore(store_dir).path_of(digest))
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "verify", str(job), "--json")
+    assert r.code == 7, r
+    assert r.json["problems"][0]["problem"] == "missing", r.json
+
+
 def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt(
         ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
     """With `--artifacts` one letter off, a completion found none of its staged objects:

@@ -309,8 +309,9 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
                   ) -> InvalidInput | None:
     """Objects of this database's rows looked for in `store`: the error to raise when the
     store is not this database's, None when it is. No store there (a mistyped --artifacts,
-    or the store moved), or, when objects were found `missing`, a store that does not record
-    this database as a user (every stage records it before its row): another database's.
+    or the store moved), or, when objects were found `missing`, a store that records other
+    databases as its users and not this one (every stage records it before its row):
+    another database's.
     Judged missing (exit 7, a damaged store) or failing an attempt, it was only the path:
     `artifact_store_missing` (exit 2)."""
     if not store.present():
@@ -319,7 +320,9 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
             f"no artifact store at {store.root}, yet this database's artifacts are kept "
             "there: is --artifacts mistyped, or the store moved? Nothing was changed",
             store=store.root)
-    if missing and not is_user(store, database_identity(db)):
+    # A store recording no database at all was written before the records were kept:
+    # taken as this database's, its missing objects stay missing.
+    if missing and not is_user(store, database_identity(db)) and store_users(store):
         return InvalidInput(
             "artifact_store_missing",
             f"the artifact store at {store.root} is not this database's (it records no use "
