@@ -138,6 +138,20 @@ def _check_target_empty(db: Database, conn: Connection, tables: list[Table]) -> 
         )
 
 
+def _refuse_not_the_sources_store(source: Database, store: Any) -> None:
+    """The copy's artifact rows name objects of the source's store, where the new database
+    is recorded: through a store that is not the source's (none there, or another
+    database's), it was recorded nowhere or there, and a gc from the old database then
+    deleted what only the new one named. Refused `artifact_store_missing`, nothing copied."""
+    from .artifacts.retention import referenced_digests
+    from .artifacts.settings import not_its_store
+
+    if source.read(lambda conn: bool(referenced_digests(source, conn)), "transferring"):
+        wrong = not_its_store(source, store)
+        if wrong is not None:
+            raise wrong
+
+
 def transfer(source: Database, source_features: set[str], target: Target, *,
              allow_active_leases: bool = False,
              after_snapshot: Callable[[], None] | None = None,
@@ -172,6 +186,8 @@ def transfer(source: Database, source_features: set[str], target: Target, *,
                 f"{' --with '.join(sorted(missing))}` on the target first",
             )
         tables = tables_for(source_features)
+        if store is not None and "artifacts" in source_features:
+            _refuse_not_the_sources_store(source, store)
         if store is not None and store.present():
             # The copy's artifact rows reference the source's store: the new database is
             # recorded as using it before they commit, so a gc from the old one (a timer

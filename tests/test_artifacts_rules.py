@@ -1150,6 +1150,52 @@ def test_an_object_missing_from_a_store_recording_no_database_is_missing(
     assert r.json["problems"][0]["problem"] == "missing", r.json
 
 
+def test_a_stage_into_another_databases_store_while_rows_name_objects_is_refused(
+        ac: Coordinator, target: Target, tmp_path: Path) -> None:
+    """The database's rows name objects of its store; a stage through `--artifacts` naming
+    another database's store (one recording other databases, not this one) was accepted,
+    recorded this database there, and from then on the earlier artifacts read as missing
+    through it and the new one through the right store. Refused `artifact_store_missing`,
+    nothing stored or recorded. A database naming no object yet may join a store another
+    uses (a store shared on purpose)."""
+    from jobcoord.artifacts.settings import record_user, store_users
+
+    other = str(tmp_path / "other store #?%")
+    ObjectStore(other).put(b"another database's object")
+    record_user(ObjectStore(other), "sqlite:" + str(tmp_path / "other.db"))
+    objects_before = sorted(d for d, _ in ObjectStore(other).verify_all())
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"first result")
+    ac.complete(job, "w1", epoch, {"ok": True})
+    later, later_epoch = start(ac)
+    src = tmp_path / "second.txt"
+    src.write_bytes(b"second result")
+    r = run_cli(target, "--artifacts", other, "artifact", "put", str(later), str(src),
+                "--worker", "w1", "--epoch", str(later_epoch), "--name", "out.txt", "--json")
+    assert r.code == 2, r
+    assert r.json["error"]["code"] == "artifact_store_missing", r.json
+    assert len(store_users(ObjectStore(other))) == 1
+    assert sorted(d for d, _ in ObjectStore(other).verify_all()) == objects_before
+    assert rows(ac, later) == []
+
+
+def test_a_store_whose_records_cannot_be_listed_is_unavailable_not_missing_objects(
+        ac: Coordinator, target: Target, store_dir: str) -> None:
+    """A store whose `databases/` is a file: its records were read as none, so objects
+    missing through it were `artifact_missing` (exit 7) for get and verify while every
+    other command said the store is unusable. Exit 6 `artifact_store_unavailable`."""
+    job, epoch = start(ac)
+    digest = ac.put_artifact(job, "w1", epoch, "out.txt", b"result bytes")["digest"]
+    ac.complete(job, "w1", epoch, {"ok": True})
+    records = os.path.join(store_dir, "databases")
+    os.rename(records, records + ".aside")
+    Path(records).write_text("not a directory")
+    os.unlink(ObjectStore(store_dir).path_of(digest))
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "verify", str(job), "--json")
+    assert r.code == 6, r
+    assert r.json["error"]["code"] == "artifact_store_unavailable", r.json
+
+
 def test_a_completion_through_a_mistyped_store_is_refused_and_uses_up_no_attempt(
         ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:
     """With `--artifacts` one letter off, a completion found none of its staged objects:

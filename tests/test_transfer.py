@@ -786,6 +786,39 @@ def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
         assert c.verify_artifacts()["ok"]
 
 
+@pytest.mark.parametrize("store", ["mistyped", "another database's"])
+def test_a_transfer_through_a_store_not_the_sources_is_refused_copying_nothing(
+        src: Target, pg: Target, tmp_path: Any, store: str) -> None:
+    """`transfer` with `--artifacts` mistyped recorded the new database nowhere, or with
+    another database's store recorded it there, and said ok: a gc from the old database
+    then deleted what only the new one referenced. Refused `artifact_store_missing` (exit
+    2), nothing copied, no record written."""
+    from jobcoord.artifacts import ObjectStore
+    from jobcoord.artifacts.settings import record_user
+
+    with_artifacts(src)
+    with_artifacts(pg)
+    own = str(tmp_path / "store")
+    with Coordinator.open(src) as c:
+        c.artifacts_dir = own
+        c.heartbeat("w")
+        job = c.enqueue("k", {})["job_id"]
+        epoch = c.claim("w")["lease"]["epoch"]
+        c.put_artifact(job, "w", epoch, "f.txt", b"precious bytes")
+        c.complete(job, "w", epoch, {})
+    wrong = str(tmp_path / "stor #?%")
+    if store != "mistyped":
+        ObjectStore(wrong).put(b"another database's object")
+        record_user(ObjectStore(wrong), "sqlite:" + str(tmp_path / "other.db"))
+    before = sorted(str(p) for p in tmp_path.rglob("*") if p.name != "gc.lock")
+    r = run_cli(src, "--artifacts", wrong, "transfer", "--to", pg.url, "--json")
+    assert r.code == 2, r.out + r.err
+    assert r.json["error"]["code"] == "artifact_store_missing", r.json
+    assert sorted(str(p) for p in tmp_path.rglob("*") if p.name != "gc.lock") == before
+    with Coordinator.open(pg) as c:
+        assert c.jobs()["jobs"] == []
+
+
 @pytest.mark.parametrize("what", ["table", "column"])
 @pytest.mark.parametrize("damaged", ["source", "target"])
 def test_transfer_refuses_a_database_missing_a_table_naming_it(src: Target, pg: Target,

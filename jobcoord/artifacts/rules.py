@@ -47,6 +47,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     database_identity,
     declare_kind,
     gc_lock,
+    is_user,
     kind_rule,
     location_of,
     media_type_of,
@@ -57,6 +58,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     settings_of,
     store_of,
     store_root,
+    store_users,
 )
 from jobcoord.clock import iso, now_us
 from jobcoord.core.common import fenced_args, record_event
@@ -139,6 +141,8 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
             if not store.present():
                 raise
             first = False  # made meanwhile by a stage beside this one, its row committed
+    else:
+        _refuse_another_databases(coord, store)
     obj = store.put(source, max_bytes=min(limits) if limits else None,
                     expected_digest=expected_digest, create=first)
 
@@ -348,6 +352,21 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any, stop: threading.Even
         if code != 0:
             return "validator_refused", f"the validator exited {code}: {said}"
     return None, "ok"
+
+
+def _refuse_another_databases(coord: Coordinator, store: ObjectStore) -> None:
+    """A stage into a store that records other databases as its users and not this one,
+    while this database's rows name objects: those objects are in its own store, this is
+    another database's (a mistyped --artifacts). Staged there, it recorded this database
+    and the earlier artifacts read as missing through it. A database naming no object yet
+    may join it (a store shared on purpose)."""
+    identity = database_identity(coord.db)
+    if is_user(store, identity) or not store_users(store):
+        return
+    named = coord.db.read(lambda conn: bool(referenced_digests(coord.db, conn)), "artifact put")
+    wrong = not_its_store(coord.db, store) if named else None
+    if wrong is not None:  # (recorded meanwhile by a stage beside this one: it is its store)
+        raise wrong
 
 
 def _refuse_not_its_store(coord: Coordinator, store: ObjectStore, job_id: int, *,

@@ -337,9 +337,9 @@ def store_users(store: ObjectStore) -> dict[str, str]:
     directory = os.path.join(store.root, USERS_DIR)
     try:
         names = sorted(os.listdir(directory))
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return {}
-    except OSError as exc:
+    except OSError as exc:  # not a directory: records that cannot be read are not none
         raise store_error(exc, store.root, "listing the databases that use it") from None
     found = {}
     for name in names:
