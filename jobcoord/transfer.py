@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -149,7 +150,10 @@ def _refuse_not_the_sources_store(source: Database, store: Any) -> None:
     if source.read(lambda conn: bool(referenced_digests(source, conn)), "transferring"):
         wrong = not_its_store(source, store)
         if wrong is not None:
-            raise wrong
+            raise InvalidInput(
+                wrong.code, f"{wrong.message}. A store lost for good: make an empty one "
+                f"there (the directory {os.path.join(store.root, 'objects')}) and transfer "
+                "again", **wrong.details)
 
 
 def transfer(source: Database, source_features: set[str], target: Target, *,

@@ -158,6 +158,8 @@ def test_transfer_copies_every_row_of_every_table(src: Target, pg: Target,
     ids = populate(src)
     if features:
         add_artifact_rows(src, ids["succeeded"])
+        # Rows naming objects go with their store: an empty one (its objects lost) here.
+        os.makedirs(f"{src.sqlite_path}.artifacts/objects")
     make_tokens(src)
     before = table_rows(src, features)
     reports = report_rows(src)
@@ -814,6 +816,7 @@ def test_a_transfer_through_a_store_not_the_sources_is_refused_copying_nothing(
     r = run_cli(src, "--artifacts", wrong, "transfer", "--to", pg.url, "--json")
     assert r.code == 2, r.out + r.err
     assert r.json["error"]["code"] == "artifact_store_missing", r.json
+    assert "lost for good" in r.json["error"]["message"], r.json
     assert sorted(str(p) for p in tmp_path.rglob("*") if p.name != "gc.lock") == before
     with Coordinator.open(pg) as c:
         assert c.jobs()["jobs"] == []
