@@ -757,16 +757,11 @@ def test_a_source_integer_past_its_postgresql_column_is_exit_7_naming_it(
         assert target.status()["jobs"].get("waiting", 0) == 0
 
 
-def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
-        src: Target, pg: Target, tmp_path: Any) -> None:
-    """After `transfer` the PostgreSQL database references the store's objects, but the
-    store recorded only the SQLite one until PostgreSQL's first put or gc: a gc from the
-    old SQLite database (a timer still running) deleted an accepted artifact only
-    PostgreSQL still referenced. The transfer records the new database first: that gc is
-    refused (`artifact_store_shared`)."""
+def an_accepted_artifact(src: Target, pg: Target, store: str) -> None:
+    """Both databases with the artifacts feature; in the source, a job whose artifact was
+    accepted into `store`."""
     with_artifacts(src)
     with_artifacts(pg)
-    store = str(tmp_path / "store")
     with Coordinator.open(src) as c:
         c.artifacts_dir = store
         c.heartbeat("w")
@@ -774,6 +769,17 @@ def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
         epoch = c.claim("w")["lease"]["epoch"]
         c.put_artifact(job, "w", epoch, "f.txt", b"precious bytes")
         c.complete(job, "w", epoch, {})
+
+
+def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
+        src: Target, pg: Target, tmp_path: Any) -> None:
+    """After `transfer` the PostgreSQL database references the store's objects, but the
+    store recorded only the SQLite one until PostgreSQL's first put or gc: a gc from the
+    old SQLite database (a timer still running) deleted an accepted artifact only
+    PostgreSQL still referenced. The transfer records the new database first: that gc is
+    refused (`artifact_store_shared`)."""
+    store = str(tmp_path / "store")
+    an_accepted_artifact(src, pg, store)
     r = run_cli(src, "--artifacts", store, "transfer", "--to", pg.url, "--json")
     assert r.code == 0, r.out + r.err
     with Coordinator.open(src) as c:  # the old database forgets the job: gc would take it
@@ -798,16 +804,7 @@ def test_a_transfer_through_a_store_not_the_sources_is_refused_copying_nothing(
     from jobcoord.artifacts import ObjectStore
     from jobcoord.artifacts.settings import record_user
 
-    with_artifacts(src)
-    with_artifacts(pg)
-    own = str(tmp_path / "store")
-    with Coordinator.open(src) as c:
-        c.artifacts_dir = own
-        c.heartbeat("w")
-        job = c.enqueue("k", {})["job_id"]
-        epoch = c.claim("w")["lease"]["epoch"]
-        c.put_artifact(job, "w", epoch, "f.txt", b"precious bytes")
-        c.complete(job, "w", epoch, {})
+    an_accepted_artifact(src, pg, str(tmp_path / "store"))
     wrong = str(tmp_path / "stor #?%")
     if store != "mistyped":
         ObjectStore(wrong).put(b"another database's object")
