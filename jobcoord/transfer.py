@@ -145,15 +145,21 @@ def _refuse_not_the_sources_store(source: Database, store: Any) -> None:
     database's), it was recorded nowhere or there, and a gc from the old database then
     deleted what only the new one named. Refused `artifact_store_missing`, nothing copied."""
     from .artifacts.retention import referenced_digests
-    from .artifacts.settings import not_its_store
+    from .artifacts.settings import another_databases
 
-    if source.read(lambda conn: bool(referenced_digests(source, conn)), "transferring"):
-        wrong = not_its_store(source, store)
-        if wrong is not None:
-            raise InvalidInput(
-                wrong.code, f"{wrong.message}. A store lost for good: make an empty one "
-                f"there (the directory {os.path.join(store.root, 'objects')}) and transfer "
-                "again", **wrong.details)
+    named = source.read(lambda conn: referenced_digests(source, conn), "transferring")
+    if not named:
+        return
+    if not store.present():
+        raise InvalidInput(
+            "artifact_store_missing",
+            f"no artifact store at {store.root}, yet the source's artifacts are kept there: "
+            "is --artifacts mistyped, or the store moved? Nothing was copied. A store lost "
+            f"for good: make an empty one there (the directory "
+            f"{os.path.join(store.root, 'objects')}) and transfer again", store=store.root)
+    wrong = another_databases(source, store, sorted(named))
+    if wrong is not None:
+        raise wrong
 
 
 def transfer(source: Database, source_features: set[str], target: Target, *,

@@ -1068,7 +1068,7 @@ def test_a_store_moved_during_a_completions_checks_is_refused_and_uses_up_no_att
     if moved_at == "validator":
         artifact_rules.declare_kind(ac, "render", validator=[
             sys.executable, "-c", "import os, sys; sys.exit(not os.path.isfile(sys.argv[1]))"])
-        moved_at, staged = "verify", 1  # after its verify, before its validator
+        moved_at, staged = "size", 1  # after its verify and size, before its validator
     job, epoch = start(ac)
     for n in range(staged):
         ac.put_artifact(job, "w1", epoch, f"out{n}.txt", f"result {n}".encode())
@@ -1177,6 +1177,28 @@ def test_a_stage_into_another_databases_store_while_rows_name_objects_is_refused
     assert len(store_users(ObjectStore(other))) == 1
     assert sorted(d for d, _ in ObjectStore(other).verify_all()) == objects_before
     assert rows(ac, later) == []
+
+
+def test_a_store_holding_the_databases_objects_under_another_record_still_takes_stages(
+        ac: Coordinator, store_dir: str, tmp_path: Path) -> None:
+    """A database whose store records it under another name (a SQLite file moved with its
+    store, a PostgreSQL database restored under another name) and another database too:
+    the store holds its objects, so it is its own. Judged by the records alone, its every
+    stage was refused and its workers stopped."""
+    import shutil
+
+    from jobcoord.artifacts.settings import record_user, store_users
+
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"first result")
+    ac.complete(job, "w1", epoch, {"ok": True})
+    shutil.rmtree(os.path.join(store_dir, "databases"))
+    record_user(ObjectStore(store_dir), "sqlite:" + str(tmp_path / "where it was.db"))
+    record_user(ObjectStore(store_dir), "sqlite:" + str(tmp_path / "another.db"))
+    later, later_epoch = start(ac)
+    got = ac.put_artifact(later, "w1", later_epoch, "out.txt", b"second result")
+    assert got["state"] == "staged"
+    assert len(store_users(ObjectStore(store_dir))) == 3  # this database recorded now
 
 
 def test_a_store_whose_records_cannot_be_listed_is_unavailable_not_missing_objects(

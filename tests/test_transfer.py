@@ -794,6 +794,26 @@ def test_a_transfer_records_the_new_database_in_the_store_before_it_copies(
         assert c.verify_artifacts()["ok"]
 
 
+def test_a_source_whose_store_records_it_under_another_name_is_transferred(
+        src: Target, pg: Target, tmp_path: Any) -> None:
+    """The source's store holds its objects but records it under another name (the file
+    moved with its store) beside another database: it is the source's store, and the
+    transfer goes on, recording the new database there."""
+    import shutil
+
+    from jobcoord.artifacts import ObjectStore
+    from jobcoord.artifacts.settings import record_user, store_users
+
+    store = str(tmp_path / "store")
+    an_accepted_artifact(src, pg, store)
+    shutil.rmtree(os.path.join(store, "databases"))
+    record_user(ObjectStore(store), "sqlite:" + str(tmp_path / "where it was.db"))
+    record_user(ObjectStore(store), "sqlite:" + str(tmp_path / "another.db"))
+    r = run_cli(src, "--artifacts", store, "transfer", "--to", pg.url, "--json")
+    assert r.code == 0, r.out + r.err
+    assert len(store_users(ObjectStore(store))) == 3
+
+
 @pytest.mark.parametrize("store", ["mistyped", "another database's"])
 def test_a_transfer_through_a_store_not_the_sources_is_refused_copying_nothing(
         src: Target, pg: Target, tmp_path: Any, store: str) -> None:
@@ -813,7 +833,8 @@ def test_a_transfer_through_a_store_not_the_sources_is_refused_copying_nothing(
     r = run_cli(src, "--artifacts", wrong, "transfer", "--to", pg.url, "--json")
     assert r.code == 2, r.out + r.err
     assert r.json["error"]["code"] == "artifact_store_missing", r.json
-    assert "lost for good" in r.json["error"]["message"], r.json
+    # Only a store not there can be made again (a store lost for good), not another's.
+    assert ("lost for good" in r.json["error"]["message"]) == (store == "mistyped"), r.json
     assert sorted(str(p) for p in tmp_path.rglob("*") if p.name != "gc.lock") == before
     with Coordinator.open(pg) as c:
         assert c.jobs()["jobs"] == []

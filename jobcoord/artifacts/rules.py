@@ -44,6 +44,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     GC_LOCK_WAIT_S,
     ArtifactSettings,
     KindRule,
+    another_databases,
     database_identity,
     declare_kind,
     gc_lock,
@@ -140,8 +141,8 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
         except InvalidInput:
             if not store.present():
                 raise
-            first = False  # made meanwhile by a stage beside this one, its row committed
-    else:
+            first = False  # made meanwhile (by a stage beside this one, or a restore)
+    if not first:
         _refuse_another_databases(coord, store)
     obj = store.put(source, max_bytes=min(limits) if limits else None,
                     expected_digest=expected_digest, create=first)
@@ -355,17 +356,15 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any, stop: threading.Even
 
 
 def _refuse_another_databases(coord: Coordinator, store: ObjectStore) -> None:
-    """A stage into a store that records other databases as its users and not this one,
-    while this database's rows name objects: those objects are in its own store, this is
-    another database's (a mistyped --artifacts). Staged there, it recorded this database
-    and the earlier artifacts read as missing through it. A database naming no object yet
-    may join it (a store shared on purpose)."""
-    identity = database_identity(coord.db)
-    if is_user(store, identity) or not store_users(store):
+    """A stage into another database's store (`another_databases`) while this database's
+    rows name objects: staged there, it recorded this database, and the earlier artifacts
+    read as missing through it. Looked at only while the store does not record this
+    database: once a stage records it, one `stat` a stage."""
+    if is_user(store, database_identity(coord.db)) or not store_users(store):
         return
-    named = coord.db.read(lambda conn: bool(referenced_digests(coord.db, conn)), "artifact put")
-    wrong = not_its_store(coord.db, store) if named else None
-    if wrong is not None:  # (recorded meanwhile by a stage beside this one: it is its store)
+    named = coord.db.read(lambda conn: referenced_digests(coord.db, conn), "artifact put")
+    wrong = another_databases(coord.db, store, sorted(named))
+    if wrong is not None:
         raise wrong
 
 
@@ -571,8 +570,12 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
                 state = seen[a["digest"]] = "unreadable"
             else:
                 state = seen[a["digest"]] = store.verify(a["digest"])
-            if state == "ok" and store.size(a["digest"]) != a["size"]:
-                state = seen[a["digest"]] = "corrupt"
+            if state == "ok":
+                try:
+                    if store.size(a["digest"]) != a["size"]:
+                        state = seen[a["digest"]] = "corrupt"
+                except DatabaseCorrupt:  # gone since its hash was read
+                    state = seen[a["digest"]] = "missing"
         if state != "ok":
             bad.append({"job_id": a["job_id"], "name": a["name"], "epoch": a["epoch"],
                         "digest": a["digest"], "state": a["state"], "problem": state})

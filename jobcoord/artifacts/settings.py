@@ -6,11 +6,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 import secrets
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -328,6 +329,37 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
             f"the artifact store at {store.root} is not this database's (it records no use "
             "by it): is --artifacts mistyped? Nothing was changed", store=store.root)
     return None
+
+
+#: How many of a database's objects a look for them in a store takes.
+OBJECTS_LOOKED_FOR = 32
+
+
+def another_databases(db: Database, store: ObjectStore, named: Iterable[str]
+                      ) -> InvalidInput | None:
+    """A store there that records other databases as its users and not this one, and holds
+    none of the objects this database's rows name (`named`; some of them looked for): the
+    error to raise, another database's store (a mistyped --artifacts). None otherwise: a
+    store holding its objects is its own, however its records spell the database (a file
+    moved with its store, a PostgreSQL database restored under another name); one naming
+    no object may join a store another uses (shared on purpose)."""
+    if is_user(store, database_identity(db)) or not store_users(store):
+        return None
+    looked = 0
+    for digest in itertools.islice(named, OBJECTS_LOOKED_FOR):
+        try:
+            if store.exists(digest):
+                return None
+        except InvalidInput:  # a digest changed by hand names no object: `check` says so
+            continue
+        looked += 1
+    if not looked:
+        return None
+    return InvalidInput(
+        "artifact_store_missing",
+        f"the artifact store at {store.root} is another database's: it records other "
+        f"databases, not this one, and holds none of this database's objects ({looked} "
+        "looked for): is --artifacts mistyped? Nothing was changed", store=store.root)
 
 
 def store_users(store: ObjectStore) -> dict[str, str]:
