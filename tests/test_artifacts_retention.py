@@ -408,3 +408,54 @@ def test_gc_in_a_store_another_database_uses_is_refused_and_deletes_nothing(
                         "--artifacts", store_dir, "artifact", "verify", "--all", "--json"],
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, (r.stdout, r.stderr)
+
+
+def test_a_gc_dry_run_or_a_refused_backup_makes_nothing_in_a_store_already_there(
+        ac: Coordinator, target: Target, tmp_path: Path) -> None:  # noqa: F811
+    """A store that is there (its `objects/`) but holds nothing else: `artifact gc
+    --dry-run`, and a `backup` refused because the objects its rows name are missing, made
+    `tmp/` and `objects/sha256/` in it (the lock's look at the layout made what it missed).
+    A dry run and a refused command change nothing; the lock a reader or gc takes on a store
+    already there needs only its lock file."""
+    from tests.conftest import run_cli
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    bare = tmp_path / "bare # ?%"
+    (bare / "objects").mkdir(parents=True)
+
+    def made() -> list[str]:
+        return sorted(str(p.relative_to(bare)) for p in bare.rglob("*") if p.name != "gc.lock")
+
+    r = run_cli(target, "--artifacts", str(bare), "artifact", "gc", "--dry-run", "--json")
+    assert r.code == 0, r
+    assert made() == ["objects"]
+    if target.sqlite_path:
+        r = run_cli(target, "--artifacts", str(bare), "backup", str(tmp_path / "b.db"),
+                    "--json")
+        assert r.code == 7, r
+        assert made() == ["objects"]
+
+
+@pytest.mark.parametrize("damage", [b"not json", b"{}", b'{"database": 5}', b"[1]"])
+def test_gc_with_this_databases_own_record_damaged_is_refused_and_deletes_nothing(
+        ac: Coordinator, store_dir: str, damage: bytes) -> None:  # noqa: F811
+    """gc took this database's own record by its file name alone: with its contents
+    damaged it ran, where a record it cannot read is one of an unknown database (under any
+    other name it is refused, exit 4). Refused `artifact_store_shared`, nothing deleted."""
+    from jobcoord.artifacts.settings import _user_file, database_identity
+    from jobcoord.errors import Refused
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    orphan = ObjectStore(store_dir).put(b"nobody's")
+    age(ObjectStore(store_dir).path_of(orphan.digest), 2 * 3600)
+    Path(_user_file(ObjectStore(store_dir), database_identity(ac.db))).write_bytes(damage)
+    objects = files_under(os.path.join(store_dir, "objects"))
+    for dry in (True, False):
+        with pytest.raises(Refused) as caught:
+            ac.gc_artifacts(grace_s=0, dry_run=dry)
+        assert caught.value.code == "artifact_store_shared", caught.value
+    assert files_under(os.path.join(store_dir, "objects")) == objects

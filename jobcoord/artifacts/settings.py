@@ -210,11 +210,18 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
     if reading and not store.present():
         yield
         return
-    store._ensure_layout(create)
+    if create and not reading:
+        store._ensure_layout()
+    elif not store.present():
+        raise store._gone()
+    # A store already there needs only its lock file: a reader, a dry run or a refused
+    # command makes nothing else in it.
     path = os.path.join(store.root, "gc.lock")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:  # e.g. a directory or an unreadable file where the lock goes
+        if not (create and not reading) and not store.present():
+            raise store._gone() from None  # it went since the look above
         raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
     try:
         flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, wait_s,
@@ -392,8 +399,11 @@ def refuse_if_shared(store: ObjectStore, db: Database) -> None:
     store another database uses, that would delete the objects only the other's rows
     reference (accepted artifacts included). Refused, `artifact_store_shared` (exit 4),
     nothing changed."""
-    own = _user_file(store, database_identity(db))
-    others = {p: d for p, d in store_users(store).items() if p != own}
+    identity = database_identity(db)
+    own = _user_file(store, identity)
+    # This database's own record by its name and its contents: a damaged one names an
+    # unknown database, as under any other name.
+    others = {p: d for p, d in store_users(store).items() if p != own or d != identity}
     if others:
         path, other = next(iter(others.items()))
         raise Refused(
