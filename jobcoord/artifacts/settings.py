@@ -252,10 +252,15 @@ def database_identity(db: Database) -> str:
                     "SELECT system_identifier, current_database(), current_schema() "
                     "FROM pg_control_system()").one(), "naming the database to its store")
                 found = f"postgresql:{row[0]}/{row[1]}/{row[2]}"
-            except JobcoordError:
-                # A server that does not let this role read its identifier: the URL's host,
-                # port and name (two spellings of one server then look like two databases,
-                # and gc is refused: never the other way round).
+            except JobcoordError as e:
+                if type(e) is not JobcoordError:
+                    # Named by the store layer: the server unreachable, busy, read-only...
+                    # passing, so not the role's lack of a right: the next look names it.
+                    raise
+                # A server that does not let this role read its identifier (an error no
+                # class of the store's names): the URL's host, port and name (two spellings
+                # of one server then look like two databases, and gc is refused: never the
+                # other way round).
                 from sqlalchemy.engine import make_url
 
                 url = make_url(db.target.url)
