@@ -144,22 +144,18 @@ def _refuse_not_the_sources_store(source: Database, store: Any) -> None:
     is recorded: through a store that is not the source's (none there, or another
     database's), it was recorded nowhere or there, and a gc from the old database then
     deleted what only the new one named. Refused `artifact_store_missing`, nothing copied."""
-    from .artifacts.retention import referenced_digests
-    from .artifacts.settings import another_databases
+    from .artifacts.retention import some_referenced
+    from .artifacts.settings import another_databases, not_its_store
 
-    named = source.read(lambda conn: referenced_digests(source, conn), "transferring")
+    named = some_referenced(source, "transferring")
     if not named:
         return
-    if not store.present():
-        raise InvalidInput(
-            "artifact_store_missing",
-            f"no artifact store at {store.root}, yet the source's artifacts are kept there: "
-            "is --artifacts mistyped, or the store moved? Nothing was copied. A store lost "
-            f"for good: make an empty one there (the directory "
-            f"{os.path.join(store.root, 'objects')}) and transfer again", store=store.root)
-    wrong = another_databases(source, store, sorted(named))
+    wrong = not_its_store(source, store, missing=False) or another_databases(
+        source, store, lambda: named)
     if wrong is not None:
-        raise wrong
+        lost = ("" if store.present() else " A store lost for good: make an empty one there "
+                f"(the directory {os.path.join(store.root, 'objects')}) and transfer again")
+        raise InvalidInput(wrong.code, wrong.message + lost, **wrong.details)
 
 
 def transfer(source: Database, source_features: set[str], target: Target, *,

@@ -42,8 +42,8 @@ from jobcoord.artifacts.settings import (
     ENV_STORE,
     USERS_DIR,
     gc_lock,
-    not_its_store,
     record_user,
+    refuse_if_not_its_store,
     sqlite_identity,
     store_of,
 )
@@ -189,11 +189,8 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
             try:
                 linked, copied, size = _copy_objects(store, work, referenced)
             except DatabaseCorrupt as e:
-                # Missing through a store not this database's: only the path was wrong.
-                wrong = (not_its_store(coord.db, store) if e.code == "artifact_missing"
-                         else None)
-                if wrong is not None:
-                    raise wrong from None
+                if e.code == "artifact_missing":  # through a store not the database's
+                    refuse_if_not_its_store(coord.db, store)
                 raise
             manifest = {"format": 1, "database": os.path.basename(dest), "rows": nrows,
                         "objects": {d: referenced[d] for d in sorted(referenced)}}

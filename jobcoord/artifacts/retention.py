@@ -44,16 +44,22 @@ def referenced_digests(db: Database, conn: Connection) -> set[str]:
     return {r[0] for r in rows}
 
 
+def some_referenced(db: Database, action: str) -> list[str]:
+    """Some of the objects this database's rows name (fs.OBJECTS_LOOKED_FOR at most; none:
+    it names none), for a look at whether a store is its own."""
+    return db.read(lambda conn: [r[0] for r in db.run(conn, fs.SOME_REFERENCED).all()],
+                   action)
+
+
 def refuse_missing_store(coord: Coordinator, store: ObjectStore, action: str) -> None:
     """No store at `store.root`: refused (InvalidInput `artifact_store_missing`) when this
     database's rows reference objects, which a store there would hold; a database naming
     none has no store yet, and its first stage makes one."""
-    live = coord.db.read(lambda conn: len(referenced_digests(coord.db, conn)), action)
-    if live:
+    if some_referenced(coord.db, action):
         raise InvalidInput(
             "artifact_store_missing",
             f"no artifact store at {store.root}, yet this database's artifacts reference "
-            f"{live} object(s): is --artifacts mistyped, or the store moved? Nothing was "
+            "objects kept there: is --artifacts mistyped, or the store moved? Nothing was "
             "changed")
 
 

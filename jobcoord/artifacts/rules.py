@@ -37,6 +37,7 @@ from jobcoord.artifacts.retention import (  # noqa: F401 -- the artifacts API, a
     referenced_digests,
     refuse_missing_store,
     removal_check,
+    some_referenced,
 )
 from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_MEDIA_TYPE,
@@ -55,6 +56,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     need_feature,
     not_its_store,
     record_user,
+    refuse_if_not_its_store,
     settings_from_mapping,
     settings_of,
     store_of,
@@ -143,7 +145,13 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
                 raise
             first = False  # made meanwhile (by a stage beside this one, or a restore)
     if not first:
-        _refuse_another_databases(coord, store)
+        # Into another database's store while this database's rows name objects: staged
+        # there, it recorded this database, and the earlier artifacts read as missing
+        # through it. Once a stage records it, one `stat` a stage.
+        wrong = another_databases(coord.db, store,
+                                  lambda: some_referenced(coord.db, "artifact put"))
+        if wrong is not None:
+            raise wrong
     obj = store.put(source, max_bytes=min(limits) if limits else None,
                     expected_digest=expected_digest, create=first)
 
@@ -355,30 +363,6 @@ def _validate(store: ObjectStore, rule: KindRule, row: Any, stop: threading.Even
     return None, "ok"
 
 
-def _refuse_another_databases(coord: Coordinator, store: ObjectStore) -> None:
-    """A stage into another database's store (`another_databases`) while this database's
-    rows name objects: staged there, it recorded this database, and the earlier artifacts
-    read as missing through it. Looked at only while the store does not record this
-    database: once a stage records it, one `stat` a stage."""
-    if is_user(store, database_identity(coord.db)) or not store_users(store):
-        return
-    named = coord.db.read(lambda conn: referenced_digests(coord.db, conn), "artifact put")
-    wrong = another_databases(coord.db, store, sorted(named))
-    if wrong is not None:
-        raise wrong
-
-
-def _refuse_not_its_store(coord: Coordinator, store: ObjectStore, job_id: int, *,
-                          missing: bool = False) -> None:
-    """Where the attempt's objects are not this database's store, the caller's --artifacts
-    is wrong (mistyped, another machine's or another database's store) or the store moved:
-    not the attempt's output. Judged missing, the attempt failed and the job lost a try for
-    each typo. Refused `artifact_store_missing`, nothing changed."""
-    wrong = not_its_store(coord.db, store, missing=missing)
-    if wrong is not None:
-        raise InvalidInput(wrong.code, wrong.message, job_id=job_id, **wrong.details)
-
-
 def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
                        tenant: str | None) -> Plan | None:
     """Before the completion's transaction: re-hash every artifact the attempt staged and run
@@ -397,7 +381,11 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
     if _ELSEWHERE.get():
         raise ChecksElsewhere([(job_id, worker, epoch, tenant), *_GROUP.get()], left_s)
     store = store_of(coord)
-    _refuse_not_its_store(coord, store, job_id)
+    # Where the attempt's objects are not in this database's store, the caller's
+    # --artifacts is wrong (mistyped, another machine's or database's) or the store moved:
+    # not the attempt's output (judged missing, the attempt failed and the job lost a try
+    # for each typo).
+    refuse_if_not_its_store(coord.db, store, missing=False, job_id=job_id)
     rule = settings_of(coord).for_kind(kind or "")
     with _lease_kept(coord, job_id, worker, epoch, tenant, left_s):
         try:
@@ -405,13 +393,13 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
                         for row in rows]
         except DatabaseCorrupt as e:
             if e.code == "artifact_missing":  # its size asked once the file had gone
-                _refuse_not_its_store(coord, store, job_id, missing=True)
+                refuse_if_not_its_store(coord.db, store, job_id=job_id)
             raise
     bad = [(row, reason, why) for row, reason, why in verdicts if reason]
     if bad:
         # Judged through a store that went while they were checked (a validator finds no
         # file either), or through another database's: not the attempt's doing.
-        _refuse_not_its_store(coord, store, job_id, missing=any(
+        refuse_if_not_its_store(coord.db, store, job_id=job_id, missing=any(
             reason == "artifact_missing" for _, reason, _ in bad))
     if not bad:
         return Plan(tuple((r[0], r[1], r[2], r[3]) for r in rows), now_us())
@@ -524,19 +512,10 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
     try:
         store.copy_to(row[4], dest, expected_size=row[5], replace=force)
     except DatabaseCorrupt as e:
-        _refuse_if_not_its_store(coord, store, e)
+        if e.code == "artifact_missing":  # through a store not the database's: the path
+            refuse_if_not_its_store(coord.db, store)
         raise
     return {**_row(row), "written": os.fspath(dest)}
-
-
-def _refuse_if_not_its_store(coord: Coordinator, store: ObjectStore,
-                             found: DatabaseCorrupt) -> None:
-    """An object of this database's found missing: through a store not the database's,
-    only the path was wrong (`not_its_store`)."""
-    if found.code == "artifact_missing":
-        wrong = not_its_store(coord.db, store)
-        if wrong is not None:
-            raise wrong from None
 
 
 def open_artifact(coord: Coordinator, job_id: Any, name: Any) -> Any:
@@ -548,7 +527,8 @@ def open_artifact(coord: Coordinator, job_id: Any, name: Any) -> Any:
     try:
         return store.read(row[4], expected_size=row[5])
     except DatabaseCorrupt as e:
-        _refuse_if_not_its_store(coord, store, e)
+        if e.code == "artifact_missing":  # through a store not the database's: the path
+            refuse_if_not_its_store(coord.db, store)
         raise
 
 
@@ -580,9 +560,7 @@ def verify_artifacts(coord: Coordinator, job_id: Any = None) -> dict[str, Any]:
             bad.append({"job_id": a["job_id"], "name": a["name"], "epoch": a["epoch"],
                         "digest": a["digest"], "state": a["state"], "problem": state})
     if any(b["problem"] == "missing" for b in bad):
-        wrong = not_its_store(coord.db, store)
-        if wrong is not None:
-            raise wrong
+        refuse_if_not_its_store(coord.db, store)
     return {"ok": not bad, "checked_rows": sum(a["state"] != "rejected" for a in listed),
             "checked_objects": len(seen), "problems": bad}
 

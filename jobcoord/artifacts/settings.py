@@ -11,7 +11,7 @@ import json
 import os
 import secrets
 import shlex
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as be
 )
 from jobcoord.artifacts.objects import ObjectStore, parse_digest
 from jobcoord.errors import DatabaseBusy, InvalidInput, JobcoordError, Refused, SchemaMismatch
+from jobcoord.store.feature_statements import OBJECTS_LOOKED_FOR
 
 if TYPE_CHECKING:
     from jobcoord.coordinator import Coordinator
@@ -343,22 +344,29 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
     return None
 
 
-#: How many of a database's objects a look for them in a store takes.
-OBJECTS_LOOKED_FOR = 32
+def refuse_if_not_its_store(db: Database, store: ObjectStore, *, missing: bool = True,
+                            **details: Any) -> None:
+    """Raise `not_its_store`'s error, if any, with `details` added (the job's id): where
+    this database's objects are looked for through a store not its own, only the path was
+    wrong, never the objects lost or the attempt at fault."""
+    wrong = not_its_store(db, store, missing=missing)
+    if wrong is not None:
+        raise InvalidInput(wrong.code, wrong.message, **details, **wrong.details) from None
 
 
-def another_databases(db: Database, store: ObjectStore, named: Iterable[str]
+def another_databases(db: Database, store: ObjectStore, named: Callable[[], Iterable[str]]
                       ) -> InvalidInput | None:
     """A store there that records other databases as its users and not this one, and holds
-    none of the objects this database's rows name (`named`; some of them looked for): the
-    error to raise, another database's store (a mistyped --artifacts). None otherwise: a
-    store holding its objects is its own, however its records spell the database (a file
-    moved with its store, a PostgreSQL database restored under another name); one naming
-    no object may join a store another uses (shared on purpose)."""
+    none of the objects this database's rows name (`named()`, read only then: some of
+    them, looked for): the error to raise, another database's store (a mistyped
+    --artifacts). None otherwise: a store holding its objects is its own, however its
+    records spell the database (a file moved with its store, a PostgreSQL database restored
+    under another name); one naming no object may join a store another uses (shared on
+    purpose)."""
     if is_user(store, database_identity(db)) or not store_users(store):
         return None
     looked = 0
-    for digest in itertools.islice(named, OBJECTS_LOOKED_FOR):
+    for digest in itertools.islice(named(), OBJECTS_LOOKED_FOR):
         try:
             if store.exists(digest):
                 return None
