@@ -721,3 +721,18 @@ def test_an_idempotency_key_a_header_cannot_carry_is_refused_not_garbled(
             ci.enqueue("k", {}, key="ключ")
     with Coordinator.open(target) as c:
         assert c.jobs()["jobs"] == []
+
+
+def test_an_empty_idempotency_key_is_refused_as_the_cli_refuses_it(target: Target) -> None:
+    """An `Idempotency-Key` header sent with an empty value is not taken for no key (each
+    submission sent again would make another job): refused 400 as `enqueue --key ''` and
+    the Python API refuse it (exit 2), nothing stored. (curl's `-H 'Idempotency-Key: '`
+    sends no such header at all; `-H 'Idempotency-Key;'` sends it empty.)"""
+    secret = token(target, "ci", "submitter")
+    with served(target, "--reap-every", "0") as s, s.client(secret) as h:
+        resp = h.post("/v1/jobs", json={"kind": "k", "payload": {}},
+                      headers={"Idempotency-Key": ""})
+        assert resp.status_code == 400, resp.text
+        assert "key" in resp.json()["error"]["message"]
+    with Coordinator.open(target) as c:
+        assert c.jobs()["jobs"] == []
