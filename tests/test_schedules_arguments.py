@@ -40,8 +40,11 @@ BAD_ADDS = [
     # Read as 5 minutes, a schedule meant monthly fired 8,928 times a month.
     ({"every": "5M"}, "every", "months or minutes"),
     ({"cron": "0 2 * * *", "window": "1M"}, "window", "months or minutes"),
-    ({"every": "0"}, "every", "shorter than one second"),
-    ({"every": 0}, "every", "shorter than one second"),
+    # The range named is the one checked: the shortest interval is one second.
+    ({"every": "0"}, "every", "outside [1, "),
+    ({"every": 0}, "every", "outside [1, "),
+    ({"every": "0.5s"}, "every", "outside [1, "),
+    ({"every": "99999999999w"}, "every", "outside [1, "),
     ({"every": -60}, "every", "outside"),
     ({"every": "-5m"}, "every", "not a duration"),
     ({"every": "15x"}, "every", "not a duration"),

@@ -75,7 +75,7 @@ def test_pause_resume_and_rm(cli: Any) -> None:
 BAD = [
     (["--cron", "0 2 * *"], "fields"),
     (["--cron", "0 2 * * *", "--tz", "Mars/Olympus"], "IANA"),
-    (["--every", "0"], "shorter than one second"),
+    (["--every", "0"], "outside [1, "),
     (["--every", "-15m"], "not a duration"),
     (["--every", "15m", "--window", "0"], "longer than zero"),
     (["--every", "15m", "--window", "4 hours"], "not a duration"),
