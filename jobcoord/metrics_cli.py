@@ -17,7 +17,7 @@ import click
 @click.pass_obj
 def metrics(s: Any, textfile: str | None) -> None:
     """Print the Prometheus metrics computed from the database (docs/metrics.md)."""
-    from .errors import InvalidInput
+    from .artifacts.files import dest_error
     from .metrics import exposition, registry_for, write_textfile
 
     coordinator = s.coordinator()
@@ -31,7 +31,9 @@ def metrics(s: Any, textfile: str | None) -> None:
     try:
         write_textfile(registry, textfile)
     except OSError as e:
-        raise InvalidInput("invalid_input", f"cannot write {textfile}: {e.strerror}") from None
+        # Its directory not there, the disk full, no permission: the destination is
+        # unavailable (exit 6, as for `backup` and `artifact get -o`), not a bad argument.
+        raise dest_error(e, textfile) from None
 
 
 def _textfile(coordinator: Any, textfile: str) -> str:

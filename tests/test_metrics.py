@@ -412,9 +412,36 @@ def test_metrics_command_writes_a_textfile_atomically(sqlite_target: Target,
     out = subprocess.run(base, capture_output=True, timeout=60)
     assert out.returncode == 0
     assert value(parse(out.stdout.decode()), "jobcoord_jobs_by_status", status="waiting") == 1
+    # A directory that is not there is the destination unavailable, as for `backup` and
+    # `artifact get -o` (exit 6), not a bad argument: nothing written.
     bad = subprocess.run([*base, "--textfile", str(tmp_path / "no" / "x.prom")],
                          capture_output=True, timeout=60)
-    assert bad.returncode == 2 and b"cannot write" in bad.stderr
+    assert bad.returncode == 6 and b"cannot write" in bad.stderr, bad
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_metrics_textfile_on_a_full_disk_is_exit_6_and_keeps_the_old_one(
+        sqlite_target: Target) -> None:
+    """A full disk while the exposition is written said exit 2 (bad input) where the exit
+    codes say 6 (disk full): the earlier textfile left as it was and no
+    temporary file left beside it."""
+    from tests.test_storage_faults import fill_with_ballast, small_tmpfs
+
+    with Coordinator.open(sqlite_target) as c:
+        for i in range(50):
+            c.enqueue(f"kind_{i}", {})
+    base = [*jobcoord_argv(), *db_args(sqlite_target), "metrics"]
+    with small_tmpfs("1m") as mount:
+        path = os.path.join(mount, "jobcoord # ?%.prom")
+        with open(path, "w") as f:
+            f.write("# the earlier one\n")
+        fill_with_ballast(mount)
+        got = subprocess.run([*base, "--textfile", path], capture_output=True,
+                             timeout=60)
+        assert got.returncode == 6 and b"No space left" in got.stderr, got
+        with open(path) as f:
+            assert f.read() == "# the earlier one\n"
+        assert sorted(os.listdir(mount)) == ["ballast", "jobcoord # ?%.prom"]
 
 
 @pytest.mark.parametrize("prov, expected", [
