@@ -114,3 +114,39 @@ def test_a_server_unreachable_when_the_database_is_first_named_is_unavailable_no
             database_identity(c.db)
         relay.up()
         assert database_identity(c.db) == name
+
+
+def test_a_role_the_server_does_not_let_read_its_identifier_is_named_by_its_url(
+        target: Target) -> None:
+    """A server that keeps `pg_control_system()` from the role (permission denied, SQLSTATE
+    42501): the database is named by its URL's host, port and name, every time, rather than
+    every artifact command failing."""
+    if target.sqlite_path:
+        pytest.skip("a PostgreSQL server's name for the database")
+    from jobcoord.store import Database
+    from tests.conftest import _pg_admin
+
+    url = make_url(target.url)
+    role = f"jc_noctl_{url.database}"[:63]
+    with _pg_admin() as admin:
+        admin.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        import psycopg
+
+        # Function rights are the database's own: revoked in this test's database only.
+        with psycopg.connect(url.set(drivername="postgresql").render_as_string(
+                hide_password=False), autocommit=True) as conn:
+            conn.execute("REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC")
+        limited = resolve_target(url=url.set(username=role, password=None)
+                                 .render_as_string(hide_password=False))
+        db = Database.open(limited)
+        try:
+            expected = f"postgresql://{url.host}:{url.port or 5432}/{url.database}"
+            assert database_identity(db) == expected
+            del db._artifact_store_identity  # type: ignore[attr-defined]
+            assert database_identity(db) == expected
+        finally:
+            db.close()
+    finally:
+        with _pg_admin() as admin:
+            admin.execute(f'DROP ROLE IF EXISTS "{role}"')

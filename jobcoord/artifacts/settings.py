@@ -254,14 +254,14 @@ def database_identity(db: Database) -> str:
                     "FROM pg_control_system()").one(), "naming the database to its store")
                 found = f"postgresql:{row[0]}/{row[1]}/{row[2]}"
             except JobcoordError as e:
-                if type(e) is not JobcoordError:
-                    # Named by the store layer: the server unreachable, busy, read-only...
-                    # passing, so not the role's lack of a right: the next look names it.
+                if _sqlstate(e) not in _NOT_READABLE:
+                    # The server unreachable, busy, read-only...: passing, and not kept (a
+                    # name made up now was kept for the process's life): the next look
+                    # names it.
                     raise
-                # A server that does not let this role read its identifier (an error no
-                # class of the store's names): the URL's host, port and name (two spellings
-                # of one server then look like two databases, and gc is refused: never the
-                # other way round).
+                # A server that does not let this role read its identifier: the URL's host,
+                # port and name (two spellings of one server then look like two databases,
+                # and gc is refused: never the other way round).
                 from sqlalchemy.engine import make_url
 
                 url = make_url(db.target.url)
@@ -269,6 +269,16 @@ def database_identity(db: Database) -> str:
                          f"{url.database or ''}")
         db._artifact_store_identity = found  # type: ignore[attr-defined]
     return found
+
+
+#: PostgreSQL's answers to a role that may not read the server's identifier: permission
+#: denied, or no such function (a server of PostgreSQL's protocol that has none).
+_NOT_READABLE = frozenset({"42501", "42883"})
+
+
+def _sqlstate(err: JobcoordError) -> str | None:
+    """The SQLSTATE of the driver error behind `err` (the store raises its errors from it)."""
+    return getattr(getattr(err.__cause__, "orig", None), "sqlstate", None)
 
 
 def sqlite_identity(path: str) -> str:
