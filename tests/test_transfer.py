@@ -834,7 +834,8 @@ def test_a_transfer_through_a_store_not_the_sources_is_refused_copying_nothing(
     assert r.code == 2, r.out + r.err
     assert r.json["error"]["code"] == "artifact_store_missing", r.json
     # Only a store not there can be made again (a store lost for good), not another's.
-    assert ("lost for good" in r.json["error"]["message"]) == (store == "mistyped"), r.json
+    assert ("changed. A store lost for good: make an empty one there" in
+            r.json["error"]["message"]) == (store == "mistyped"), r.json
     assert sorted(str(p) for p in tmp_path.rglob("*") if p.name != "gc.lock") == before
     with Coordinator.open(pg) as c:
         assert c.jobs()["jobs"] == []

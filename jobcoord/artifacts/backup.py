@@ -189,8 +189,7 @@ def _backup(coord: Any, dest: str, force: bool, run: Callable[..., dict[str, Any
             try:
                 linked, copied, size = _copy_objects(store, work, referenced)
             except DatabaseCorrupt as e:
-                if e.code == "artifact_missing":  # through a store not the database's
-                    refuse_if_not_its_store(coord.db, store)
+                refuse_if_not_its_store(coord.db, store, found=e)  # the path's fault?
                 raise
             manifest = {"format": 1, "database": os.path.basename(dest), "rows": nrows,
                         "objects": {d: referenced[d] for d in sorted(referenced)}}

@@ -125,6 +125,22 @@ class ObjectStore:
         except OSError as exc:
             raise store_error(exc, self.root, "creating the store directories") from None
 
+    def refuse_broken_layout(self) -> None:
+        """A store already there, looked at without making anything in it: anything but a
+        directory where it keeps `objects/`, `objects/sha256/` or `tmp/` is a store that
+        cannot be used (`artifact_store_unavailable`), not one whose objects are missing or
+        that holds no temporary file. What is not there yet is made by the next write."""
+        for path in (os.path.dirname(self.objects_dir), self.objects_dir, self.tmp_dir):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise store_error(exc, self.root, "looking at its layout") from None
+            if not stat.S_ISDIR(st.st_mode):
+                raise store_error(OSError(errno.ENOTDIR, f"{path} is not a directory"),
+                                  self.root, "looking at its layout")
+
     def _gone(self) -> InvalidInput:
         return InvalidInput("artifact_store_missing", f"no artifact store at {self.root}: "
                             "it went (moved or deleted) while in use; none is made again")

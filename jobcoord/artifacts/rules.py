@@ -392,8 +392,8 @@ def prepare_completion(coord: Coordinator, job_id: int, worker: str, epoch: int,
             verdicts = [(row, *_validate(store, rule, row, coord.checks_stopped))
                         for row in rows]
         except DatabaseCorrupt as e:
-            if e.code == "artifact_missing":  # its size asked once the file had gone
-                refuse_if_not_its_store(coord.db, store, job_id=job_id)
+            # Its size asked once the file had gone: the store moved meanwhile?
+            refuse_if_not_its_store(coord.db, store, found=e, job_id=job_id)
             raise
     bad = [(row, reason, why) for row, reason, why in verdicts if reason]
     if bad:
@@ -512,8 +512,7 @@ def get_artifact(coord: Coordinator, job_id: Any, name: Any,
     try:
         store.copy_to(row[4], dest, expected_size=row[5], replace=force)
     except DatabaseCorrupt as e:
-        if e.code == "artifact_missing":  # through a store not the database's: the path
-            refuse_if_not_its_store(coord.db, store)
+        refuse_if_not_its_store(coord.db, store, found=e)  # the path's fault, if so
         raise
     return {**_row(row), "written": os.fspath(dest)}
 
@@ -527,8 +526,7 @@ def open_artifact(coord: Coordinator, job_id: Any, name: Any) -> Any:
     try:
         return store.read(row[4], expected_size=row[5])
     except DatabaseCorrupt as e:
-        if e.code == "artifact_missing":  # through a store not the database's: the path
-            refuse_if_not_its_store(coord.db, store)
+        refuse_if_not_its_store(coord.db, store, found=e)  # the path's fault, if so
         raise
 
 

@@ -215,8 +215,10 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         store._ensure_layout()
     elif not store.present():
         raise store._gone()
-    # A store already there needs only its lock file: a reader, a dry run or a refused
-    # command makes nothing else in it.
+    else:
+        # A store already there needs only its lock file: a reader, a dry run or a refused
+        # command makes nothing else in it. Its layout is looked at all the same.
+        store.refuse_broken_layout()
     path = os.path.join(store.root, "gc.lock")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -342,7 +344,7 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
         return InvalidInput(
             "artifact_store_missing",
             f"no artifact store at {store.root}, yet this database's artifacts are kept "
-            "there: is --artifacts mistyped, or the store moved? Nothing was changed",
+            "there: is --artifacts mistyped, or the store moved? Nothing was changed.",
             store=store.root)
     # A store recording no database at all was written before the records were kept:
     # taken as this database's, its missing objects stay missing.
@@ -350,15 +352,18 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
         return InvalidInput(
             "artifact_store_missing",
             f"the artifact store at {store.root} is not this database's (it records no use "
-            "by it): is --artifacts mistyped? Nothing was changed", store=store.root)
+            "by it): is --artifacts mistyped? Nothing was changed.", store=store.root)
     return None
 
 
 def refuse_if_not_its_store(db: Database, store: ObjectStore, *, missing: bool = True,
-                            **details: Any) -> None:
+                            found: JobcoordError | None = None, **details: Any) -> None:
     """Raise `not_its_store`'s error, if any, with `details` added (the job's id): where
     this database's objects are looked for through a store not its own, only the path was
-    wrong, never the objects lost or the attempt at fault."""
+    wrong, never the objects lost or the attempt at fault. `found`: the error a read of an
+    object raised; looked at only when it says the object is missing."""
+    if found is not None and found.code != "artifact_missing":
+        return
     wrong = not_its_store(db, store, missing=missing)
     if wrong is not None:
         raise InvalidInput(wrong.code, wrong.message, **details, **wrong.details) from None
@@ -389,7 +394,7 @@ def another_databases(db: Database, store: ObjectStore, named: Callable[[], Iter
         "artifact_store_missing",
         f"the artifact store at {store.root} is another database's: it records other "
         f"databases, not this one, and holds none of this database's objects ({looked} "
-        "looked for): is --artifacts mistyped? Nothing was changed", store=store.root)
+        "looked for): is --artifacts mistyped? Nothing was changed.", store=store.root)
 
 
 def store_users(store: ObjectStore) -> dict[str, str]:

@@ -77,12 +77,12 @@ ACCEPTED_NAMED = SQL(select(*ARTIFACT_COLUMNS).where(
     A.job_id == P("j"), A.name == P("n"), A.state == const("accepted")))
 #: The objects the live rows name, with their sizes (a backup's manifest).
 LIVE_OBJECTS = SQL(select(A.digest, A.size).where(A.state != const("rejected")))
-REFERENCED_DIGESTS = SQL(select(A.digest).distinct().where(A.state != const("rejected")))
+_REFERENCED = select(A.digest).distinct().where(A.state != const("rejected"))
+REFERENCED_DIGESTS = SQL(_REFERENCED)
 #: How many of a database's objects a look for them in a store takes.
 OBJECTS_LOOKED_FOR = 32
 #: Some of them (none: the rows name no object), for a look at whether a store is theirs.
-SOME_REFERENCED = SQL(select(A.digest).distinct().where(A.state != const("rejected"))
-                      .limit(const(OBJECTS_LOOKED_FOR)))
+SOME_REFERENCED = SQL(_REFERENCED.limit(const(OBJECTS_LOOKED_FOR)))
 #: The same once gc has rejected the stages of attempts that are over (its dry run).
 REFERENCED_AFTER_END = SQL(select(A.digest).distinct().where(
     A.state != const("rejected"), ~and_(LIVE_STAGE, ATTEMPT_OVER)))
