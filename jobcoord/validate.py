@@ -170,7 +170,7 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
     if not math.isfinite(value):
         raise _bad(field, "must be a finite number")
     if value < lo or (not lo_inclusive and value == lo) or value > hi:
-        raise _bad(field, f"{value:g} is outside {_seconds_range(lo, hi, lo_inclusive)}")
+        raise _bad(field, f"{value:.15g} is outside {_seconds_range(lo, hi, lo_inclusive)}")
     return value
 
 

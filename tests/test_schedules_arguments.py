@@ -44,6 +44,7 @@ BAD_ADDS = [
     ({"every": "0"}, "every", "outside [1, "),
     ({"every": 0}, "every", "outside [1, "),
     ({"every": "0.5s"}, "every", "outside [1, "),
+    ({"every": "0.9999999s"}, "every", "0.9999999 is outside [1, "),  # not shown as 1
     ({"every": "99999999999w"}, "every", "outside [1, "),
     ({"every": -60}, "every", "outside"),
     ({"every": "-5m"}, "every", "not a duration"),
