@@ -459,3 +459,109 @@ def test_gc_with_this_databases_own_record_damaged_is_refused_and_deletes_nothin
             ac.gc_artifacts(grace_s=0, dry_run=dry)
         assert caught.value.code == "artifact_store_shared", caught.value
     assert files_under(os.path.join(store_dir, "objects")) == objects
+
+
+def each_unavailable(target: Target, store: str, job: int, *, reads: bool = True) -> None:
+    """gc (dry run or not), backup and, with `reads`, verify and get of `job`'s kept.bin
+    through `store`: each exit 6 `artifact_store_unavailable`."""
+    from tests.conftest import run_cli
+
+    beside = Path(store).parent
+    commands = [("artifact", "gc", "--dry-run"), ("artifact", "gc", "--grace", "0s")]
+    if reads:
+        commands += [("artifact", "verify", "--all"),
+                     ("artifact", "get", str(job), "kept.bin", "-o", str(beside / "got.bin"))]
+    if target.sqlite_path:
+        commands.append(("backup", str(beside / "b.db")))
+    for command in commands:
+        r = run_cli(target, "--artifacts", store, *command, "--json")
+        assert r.code == 6, (command, r)
+        assert r.json["error"]["code"] == "artifact_store_unavailable", (command, r.json)
+
+
+@pytest.mark.parametrize("entry", ["objects", "objects/sha256", "tmp"])
+def test_a_store_with_a_file_in_a_directorys_place_is_unavailable_to_gc_and_backup(
+        ac: Coordinator, target: Target, store_dir: str, entry: str) -> None:  # noqa: F811
+    """A regular file where the store keeps `objects/`, `objects/sha256/` or `tmp/`: the
+    store cannot be used (`artifact_store_unavailable`, exit 6), for gc (dry run or not),
+    backup, verify and get alike, and nothing in it is changed first (gc recorded its
+    database before it found the file; with `tmp` a file it said ok; backup, verify and
+    get said the objects were missing, exit 7: results lost, when the store is only damaged
+    in its layout)."""
+    import shutil
+
+    from tests.conftest import dump
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    shutil.rmtree(os.path.join(store_dir, "databases"))  # gc would record it again
+    place = os.path.join(store_dir, entry)
+    shutil.rmtree(place)
+    Path(place).write_text("not a directory")
+
+    def everything() -> list[tuple[str, int]]:
+        return sorted((str(p), p.stat().st_mtime_ns) for p in Path(store_dir).rglob("*"))
+
+    before, rows = everything(), dump(ac)
+    # (reads need no tmp/): read through, the objects are not missing
+    each_unavailable(target, store_dir, done, reads=entry != "tmp")
+    assert everything() == before and dump(ac) == rows
+    assert not (Path(store_dir).parent / "got.bin").exists()
+
+
+def test_a_gc_dry_run_makes_no_lock_file_and_changes_nothing_in_the_store(
+        ac: Coordinator, store_dir: str) -> None:  # noqa: F811
+    """`--dry-run` changes nothing: it made the store's `gc.lock` when it was not there
+    (and the root's mtime with it). A dry run takes the lock only where it is already."""
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    os.unlink(os.path.join(store_dir, "gc.lock"))
+
+    def everything() -> list[tuple[str, int]]:
+        return sorted((str(p), p.stat().st_mtime_ns)
+                      for p in [Path(store_dir), *Path(store_dir).rglob("*")])
+
+    before = everything()
+    report = ac.gc_artifacts(grace_s=0, dry_run=True)
+    assert report["referenced"] == 1 and report["objects_removed"] == 0
+    assert everything() == before
+
+
+def test_a_gc_lock_that_is_a_symbolic_link_is_never_followed_out_of_the_store(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """`gc.lock` replaced by a link to a file that is not there: gc, its dry run and a
+    backup created that file outside the store (the lock was opened through the link).
+    Refused as a store that cannot be used (exit 6); nothing made outside it."""
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    outside = tmp_path / "outside # ?%"
+    outside.mkdir()
+    lock = os.path.join(store_dir, "gc.lock")
+    os.unlink(lock)
+    os.symlink(outside / "made.lock", lock)
+    each_unavailable(target, store_dir, done, reads=False)  # (reads take no lock)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_store_root_that_is_a_regular_file_is_unavailable_not_missing(
+        ac: Coordinator, target: Target, store_dir: str) -> None:  # noqa: F811
+    """`--artifacts` naming a regular file: gc, verify, get and backup said there was no
+    store (exit 2, a mistyped path) where every other use of it (a stage, `migrate
+    --without artifacts`) says it cannot be used: exit 6, nothing changed."""
+    import shutil
+
+    from tests.conftest import dump
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    shutil.rmtree(store_dir)
+    Path(store_dir).write_text("not a store")
+    rows = dump(ac)
+    each_unavailable(target, store_dir, done)
+    assert Path(store_dir).read_text() == "not a store" and dump(ac) == rows
+    assert not (Path(store_dir).parent / "got.bin").exists()

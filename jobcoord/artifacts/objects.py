@@ -89,8 +89,14 @@ class ObjectStore:
         """Whether a store is there: its `objects/` made by a first write. No directory, or
         one without it (an empty one made by hand), holds none. Anything in `objects/`'s
         place (a regular file) is a store that cannot be used (`artifact_store_unavailable`
-        where it is), not a mistyped path."""
-        return os.path.lexists(os.path.join(self.root, "objects"))
+        where it is), not a mistyped path; so is a root that is no directory (raised here,
+        as a stage or `migrate --without artifacts` finds it)."""
+        if os.path.lexists(os.path.join(self.root, "objects")):
+            return True
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise store_error(OSError(errno.ENOTDIR, f"{self.root} is not a directory"),
+                              self.root, "looking for it")
+        return False
 
     def path_of(self, digest: str) -> str:
         """Where the object of `digest` lives (whether or not it exists)."""

@@ -111,7 +111,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
         return live
 
     removed, kept_young, freed = [], 0, 0
-    with gc_lock(store, exclusive=True, create=False):  # found there above
+    with gc_lock(store, exclusive=True, create=False, dry_run=dry_run):  # found there above
         # Under the lock: a database that began to use the store since is recorded by now
         # (it records itself before its first row, holding the lock shared).
         refuse_if_shared(store, coord.db)

@@ -200,14 +200,17 @@ def location_of(digest: str) -> str:
 
 @contextlib.contextmanager
 def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
-            *, reading: bool = False, create: bool = True) -> Iterator[None]:
+            *, reading: bool = False, create: bool = True,
+            dry_run: bool = False) -> Iterator[None]:
     """Uploads committing their row hold this shared; gc holds it exclusive while it decides
     and deletes, so an object is never deleted between an upload's `put` and its row.
 
     `reading`: the holder only reads objects (a backup), so where there is no store it makes
     none and holds nothing: gc deletes nothing in a store that is not there. `create=False`:
     the holder found the store there (a stage that stored its bytes, gc); gone since, it is
-    not made again, empty (InvalidInput `artifact_store_missing`)."""
+    not made again, empty (InvalidInput `artifact_store_missing`). `dry_run`: the lock
+    taken only where its file is already (a dry run makes nothing; where no file is, no
+    process holds the lock)."""
     if reading and not store.present():
         yield
         return
@@ -221,8 +224,13 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         store.refuse_broken_layout()
     path = os.path.join(store.root, "gc.lock")
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:  # e.g. a directory or an unreadable file where the lock goes
+        # Never through a link: a lock file made where it points is made outside the store.
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
+                     | (0 if dry_run else os.O_CREAT), 0o600)
+    except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
+        if isinstance(exc, FileNotFoundError) and dry_run and store.present():
+            yield  # no lock file: nobody holds the lock, and the dry run makes none
+            return
         if not (create and not reading) and not store.present():
             raise store._gone() from None  # it went since the look above
         raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
@@ -346,6 +354,8 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
             f"no artifact store at {store.root}, yet this database's artifacts are kept "
             "there: is --artifacts mistyped, or the store moved? Nothing was changed.",
             store=store.root)
+    # Objects looked for through a store whose layout is broken are not missing: exit 6.
+    store.refuse_broken_layout()
     # A store recording no database at all was written before the records were kept:
     # taken as this database's, its missing objects stay missing.
     if missing and not is_user(store, database_identity(db)) and store_users(store):
