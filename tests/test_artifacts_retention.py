@@ -461,9 +461,11 @@ def test_gc_with_this_databases_own_record_damaged_is_refused_and_deletes_nothin
     assert files_under(os.path.join(store_dir, "objects")) == objects
 
 
-def each_unavailable(target: Target, store: str, job: int, *, reads: bool = True) -> None:
-    """gc (dry run or not), backup and, with `reads`, verify and get of `job`'s kept.bin
-    through `store`: each exit 6 `artifact_store_unavailable`."""
+def each_refused(target: Target, store: str, job: int, *, reads: bool = True,
+                 backup: bool = True, code: int = 6,
+                 error: str = "artifact_store_unavailable") -> None:
+    """gc (dry run or not), `backup` and, with `reads`, verify and get of `job`'s kept.bin
+    through `store`: each refused, exit `code` naming `error`."""
     from tests.conftest import run_cli
 
     beside = Path(store).parent
@@ -471,23 +473,24 @@ def each_unavailable(target: Target, store: str, job: int, *, reads: bool = True
     if reads:
         commands += [("artifact", "verify", "--all"),
                      ("artifact", "get", str(job), "kept.bin", "-o", str(beside / "got.bin"))]
-    if target.sqlite_path:
+    if backup and target.sqlite_path:
         commands.append(("backup", str(beside / "b.db")))
     for command in commands:
         r = run_cli(target, "--artifacts", store, *command, "--json")
-        assert r.code == 6, (command, r)
-        assert r.json["error"]["code"] == "artifact_store_unavailable", (command, r.json)
+        assert r.code == code, (command, r)
+        assert r.json["error"]["code"] == error, (command, r.json)
 
 
 @pytest.mark.parametrize("entry", ["objects", "objects/sha256", "tmp"])
 def test_a_store_with_a_file_in_a_directorys_place_is_unavailable_to_gc_and_backup(
         ac: Coordinator, target: Target, store_dir: str, entry: str) -> None:  # noqa: F811
-    """A regular file where the store keeps `objects/`, `objects/sha256/` or `tmp/`: the
-    store cannot be used (`artifact_store_unavailable`, exit 6), for gc (dry run or not),
-    backup, verify and get alike, and nothing in it is changed first (gc recorded its
-    database before it found the file; with `tmp` a file it said ok; backup, verify and
-    get said the objects were missing, exit 7: results lost, when the store is only damaged
-    in its layout)."""
+    """A regular file where the store keeps `objects/` or `objects/sha256/`: the store
+    cannot be used (`artifact_store_unavailable`, exit 6), for gc (dry run or not),
+    backup, verify and get alike; one where gc cleans `tmp/`, for gc. Nothing in the store
+    or the database is changed first (gc recorded its database, and rejected the stages
+    of attempts that were over, before it found the file; with `tmp` a file it said ok;
+    backup, verify and get said the objects were missing, exit 7: results lost, when the
+    store is only damaged in its layout)."""
     import shutil
 
     from tests.conftest import dump
@@ -495,6 +498,9 @@ def test_a_store_with_a_file_in_a_directorys_place_is_unavailable_to_gc_and_back
     done, e1 = start(ac, "w1")
     ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
     ac.complete(done, "w1", e1, {})
+    over, e2 = start(ac, "w2")  # a stage of an attempt that is over: gc would reject it
+    ac.put_artifact(over, "w2", e2, "partial.bin", b"half")
+    ac.fail(over, "w2", e2, "boom", permanent=True)
     shutil.rmtree(os.path.join(store_dir, "databases"))  # gc would record it again
     place = os.path.join(store_dir, entry)
     shutil.rmtree(place)
@@ -504,8 +510,8 @@ def test_a_store_with_a_file_in_a_directorys_place_is_unavailable_to_gc_and_back
         return sorted((str(p), p.stat().st_mtime_ns) for p in Path(store_dir).rglob("*"))
 
     before, rows = everything(), dump(ac)
-    # (reads need no tmp/): read through, the objects are not missing
-    each_unavailable(target, store_dir, done, reads=entry != "tmp")
+    # Readers need no tmp/: through it, the objects are not missing
+    each_refused(target, store_dir, done, reads=entry != "tmp", backup=entry != "tmp")
     assert everything() == before and dump(ac) == rows
     assert not (Path(store_dir).parent / "got.bin").exists()
 
@@ -543,15 +549,16 @@ def test_a_gc_lock_that_is_a_symbolic_link_is_never_followed_out_of_the_store(
     lock = os.path.join(store_dir, "gc.lock")
     os.unlink(lock)
     os.symlink(outside / "made.lock", lock)
-    each_unavailable(target, store_dir, done, reads=False)  # (reads take no lock)
+    each_refused(target, store_dir, done, reads=False)  # (verify and get take no lock)
     assert list(outside.iterdir()) == []
 
 
-def test_a_store_root_that_is_a_regular_file_is_unavailable_not_missing(
+def test_a_store_root_that_is_a_regular_file_is_no_store_there(
         ac: Coordinator, target: Target, store_dir: str) -> None:  # noqa: F811
-    """`--artifacts` naming a regular file: gc, verify, get and backup said there was no
-    store (exit 2, a mistyped path) where every other use of it (a stage, `migrate
-    --without artifacts`) says it cannot be used: exit 6, nothing changed."""
+    """`--artifacts` naming a regular file (`--artifacts q.db`, a typo) holds no store:
+    while the database's rows name objects, gc, verify, get and backup refuse it as a
+    mistyped path, `artifact_store_missing` (exit 2), nothing made or changed (a worker
+    meeting it gives its job back and stops, as for any store not there)."""
     import shutil
 
     from tests.conftest import dump
@@ -562,6 +569,29 @@ def test_a_store_root_that_is_a_regular_file_is_unavailable_not_missing(
     shutil.rmtree(store_dir)
     Path(store_dir).write_text("not a store")
     rows = dump(ac)
-    each_unavailable(target, store_dir, done)
+    each_refused(target, store_dir, done, code=2, error="artifact_store_missing")
     assert Path(store_dir).read_text() == "not a store" and dump(ac) == rows
     assert not (Path(store_dir).parent / "got.bin").exists()
+
+
+def test_a_store_whose_objects_link_to_nothing_is_unavailable_not_missing(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """`objects/` a link to a directory that is gone (a volume not mounted): verify, get
+    and backup said every object was missing (exit 7, results lost). The store cannot be
+    used: exit 6, nothing changed."""
+    import shutil
+
+    from tests.conftest import dump
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    objects = os.path.join(store_dir, "objects")
+    volume = tmp_path / "volume # ?%"
+    shutil.move(objects, volume)
+    os.symlink(volume, objects)
+    ac.verify_artifacts()  # read through a link to a directory: it works
+    volume.rename(tmp_path / "unmounted")
+    rows = dump(ac)
+    each_refused(target, store_dir, done)
+    assert dump(ac) == rows and os.path.islink(objects)

@@ -89,14 +89,9 @@ class ObjectStore:
         """Whether a store is there: its `objects/` made by a first write. No directory, or
         one without it (an empty one made by hand), holds none. Anything in `objects/`'s
         place (a regular file) is a store that cannot be used (`artifact_store_unavailable`
-        where it is), not a mistyped path; so is a root that is no directory (raised here,
-        as a stage or `migrate --without artifacts` finds it)."""
-        if os.path.lexists(os.path.join(self.root, "objects")):
-            return True
-        if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise store_error(OSError(errno.ENOTDIR, f"{self.root} is not a directory"),
-                              self.root, "looking for it")
-        return False
+        where it is), not a mistyped path. A root that is a regular file holds none (a
+        mistyped path naming some file: `--artifacts q.db`)."""
+        return os.path.lexists(os.path.join(self.root, "objects"))
 
     def path_of(self, digest: str) -> str:
         """Where the object of `digest` lives (whether or not it exists)."""
@@ -131,15 +126,21 @@ class ObjectStore:
         except OSError as exc:
             raise store_error(exc, self.root, "creating the store directories") from None
 
-    def refuse_broken_layout(self) -> None:
+    def refuse_broken_layout(self, *, tmp: bool = True) -> None:
         """A store already there, looked at without making anything in it: anything but a
-        directory where it keeps `objects/`, `objects/sha256/` or `tmp/` is a store that
-        cannot be used (`artifact_store_unavailable`), not one whose objects are missing or
-        that holds no temporary file. What is not there yet is made by the next write."""
-        for path in (os.path.dirname(self.objects_dir), self.objects_dir, self.tmp_dir):
+        directory where it keeps `objects/`, `objects/sha256/` or (with `tmp`, for those
+        that clean it) `tmp/` is a store that cannot be used (`artifact_store_unavailable`),
+        not one whose objects are missing or that holds no temporary file. A link to a
+        directory is followed (reads through a linked `objects/` work); a dangling one is
+        unavailable. What is not there yet is made by the next write."""
+        paths = [os.path.dirname(self.objects_dir), self.objects_dir]
+        for path in [*paths, self.tmp_dir] if tmp else paths:
             try:
                 st = os.stat(path)
             except FileNotFoundError:
+                if os.path.islink(path):  # a link to what is gone (a volume unmounted)
+                    raise store_error(FileNotFoundError(errno.ENOENT, f"{path} is a link "
+                                      "to nothing"), self.root, "looking at its layout") from None
                 continue
             except OSError as exc:
                 raise store_error(exc, self.root, "looking at its layout") from None

@@ -85,6 +85,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
                        store)
     # Before anything changes (the stages below included), and again under the lock.
     refuse_if_shared(store, coord.db)
+    store.refuse_broken_layout()
     _refuse_unreadable(coord.db.read(lambda conn: referenced_digests(coord.db, conn),
                                      "artifact gc"))
     if dry_run:

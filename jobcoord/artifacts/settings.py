@@ -220,20 +220,25 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         raise store._gone()
     else:
         # A store already there needs only its lock file: a reader, a dry run or a refused
-        # command makes nothing else in it. Its layout is looked at all the same.
-        store.refuse_broken_layout()
+        # command makes nothing else in it. Its layout is looked at all the same (`tmp/`
+        # by gc only, which cleans it).
+        store.refuse_broken_layout(tmp=not reading)
     path = os.path.join(store.root, "gc.lock")
+    unlocked = False
     try:
         # Never through a link: a lock file made where it points is made outside the store.
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
                      | (0 if dry_run else os.O_CREAT), 0o600)
     except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
-        if isinstance(exc, FileNotFoundError) and dry_run and store.present():
-            yield  # no lock file: nobody holds the lock, and the dry run makes none
-            return
-        if not (create and not reading) and not store.present():
-            raise store._gone() from None  # it went since the look above
-        raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
+        # No lock file for a dry run: nobody holds the lock, and the dry run makes none.
+        unlocked = isinstance(exc, FileNotFoundError) and dry_run and store.present()
+        if not unlocked:
+            if not (create and not reading) and not store.present():
+                raise store._gone() from None  # it went since the look above
+            raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
+    if unlocked:
+        yield
+        return
     try:
         flock_within(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH, wait_s,
                      lambda: DatabaseBusy("artifact_store_busy", "the artifact store's gc "
@@ -264,7 +269,9 @@ def database_identity(db: Database) -> str:
                     "FROM pg_control_system()").one(), "naming the database to its store")
                 found = f"postgresql:{row[0]}/{row[1]}/{row[2]}"
             except JobcoordError as e:
-                if _sqlstate(e) not in _NOT_READABLE:
+                # Only an error the store could not class (a passing one is DatabaseBusy or
+                # StorageUnavailable, whatever its SQLSTATE), and only these answers.
+                if type(e) is not JobcoordError or _sqlstate(e) not in _NOT_READABLE:
                     # The server unreachable, busy, read-only...: passing, and not kept (a
                     # name made up now was kept for the process's life): the next look
                     # names it.
@@ -288,7 +295,8 @@ _NOT_READABLE = frozenset({"42501", "42883"})
 
 def _sqlstate(err: JobcoordError) -> str | None:
     """The SQLSTATE of the driver error behind `err` (the store raises its errors from it)."""
-    return getattr(getattr(err.__cause__, "orig", None), "sqlstate", None)
+    cause = err.__cause__
+    return getattr(getattr(cause, "orig", cause), "sqlstate", None)
 
 
 def sqlite_identity(path: str) -> str:
@@ -355,7 +363,7 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
             "there: is --artifacts mistyped, or the store moved? Nothing was changed.",
             store=store.root)
     # Objects looked for through a store whose layout is broken are not missing: exit 6.
-    store.refuse_broken_layout()
+    store.refuse_broken_layout(tmp=False)
     # A store recording no database at all was written before the records were kept:
     # taken as this database's, its missing objects stay missing.
     if missing and not is_user(store, database_identity(db)) and store_users(store):
