@@ -316,12 +316,20 @@ def test_gc_never_deletes_through_a_symlinked_objects_directory(
     """`objects/` or `objects/sha256` replaced by a link to a directory elsewhere: gc
     listed through it and deleted an old file there that no row referenced, outside the
     store (only a linked fan-out directory was skipped). gc is refused,
-    `artifact_store_unavailable` (exit 6), naming the link; nothing is deleted."""
+    `artifact_store_unavailable` (exit 6), naming the link; nothing is deleted, and the
+    database is not changed first (gc rejected the stages of attempts that were over, and
+    recorded its database, before it found the link)."""
     import shutil
+
+    from tests.conftest import dump
 
     done, e1 = start(ac, "w1")
     ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
     ac.complete(done, "w1", e1, {})
+    over, e2 = start(ac, "w2")  # a stage of an attempt that is over: gc would reject it
+    ac.put_artifact(over, "w2", e2, "partial.bin", b"half")
+    ac.fail(over, "w2", e2, "boom", permanent=True)
+    shutil.rmtree(os.path.join(store_dir, "databases"))  # gc would record it again
     inside = Path(store_dir, linked)
     outside = tmp_path / "outside" / Path(linked).name
     shutil.copytree(inside, outside, symlinks=True)
@@ -333,6 +341,7 @@ def test_gc_never_deletes_through_a_symlinked_objects_directory(
     victim.parent.mkdir(parents=True, exist_ok=True)
     victim.write_bytes(b"somebody else's file")
     age(str(victim), 7 * 86400)
+    rows = dump(ac)
     for dry in (True, False):
         with pytest.raises(StorageUnavailable) as caught:
             ac.gc_artifacts(grace_s=0, dry_run=dry)
@@ -343,6 +352,7 @@ def test_gc_never_deletes_through_a_symlinked_objects_directory(
                        cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 6, (r.stdout, r.stderr)
     assert victim.read_bytes() == b"somebody else's file"
+    assert dump(ac) == rows and not os.path.exists(os.path.join(store_dir, "databases"))
     assert ac.verify_artifacts()["ok"]
 
 

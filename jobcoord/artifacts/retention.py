@@ -86,6 +86,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
     # Before anything changes (the stages below included), and again under the lock.
     refuse_if_shared(store, coord.db)
     store.refuse_broken_layout()
+    store.refuse_linked_layout()
     _refuse_unreadable(coord.db.read(lambda conn: referenced_digests(coord.db, conn),
                                      "artifact gc"))
     if dry_run:
@@ -120,7 +121,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             # This one's own record: a database restored here later (or staging here) is
             # then refused gc, as this one is once that one is recorded.
             record_user(store, database_identity(coord.db))
-        store.refuse_linked_layout()
+        store.refuse_linked_layout()  # linked since the look above
         candidates = [(d, size) for d, size, _mtime in store.iter_objects()]
         # Read after listing, under the lock: an object listed is either referenced by now
         # or old enough to be nobody's upload in flight.
