@@ -511,14 +511,29 @@ def test_unreadable_source_is_invalid_input_naming_it() -> None:
         assert files_under(root) == []
 
 
-def test_store_root_that_cannot_be_created_gives_store_unavailable(tmp_path: Path) -> None:
-    """Root ignores permissions: the store's directory is a regular file instead."""
-    blocker = tmp_path / "store"
+def test_a_store_root_through_a_regular_file_is_a_mistyped_path_not_a_store_unavailable(
+        tmp_path: Path) -> None:
+    """The store's directory (or one above it) is a regular file: no store can ever be made
+    there, whatever is retried (`--artifacts q.db`, a typo). It was exit 6, which a worker
+    retries job after job; it is `artifact_store_missing` (exit 2), as a store root that is
+    a regular file is to every other use, and nothing is made. Inside a root that is a
+    directory, a file where `objects/` goes is a damaged store: exit 6."""
+    blocker = tmp_path / "store # ?%"
     blocker.write_bytes(b"a file where the store directory should be")
-    for root in (blocker, blocker / "below"):
-        with pytest.raises(StorageUnavailable) as exc:
+    linked = tmp_path / "linked"
+    linked.symlink_to(blocker)
+    for root in (blocker, blocker / "below", linked, linked / "below"):
+        with pytest.raises(InvalidInput) as caught:
             ObjectStore(root).put(b"data")
-        assert exc.value.code == "artifact_store_unavailable" and exc.value.exit_code == 6
+        assert caught.value.code == "artifact_store_missing" and caught.value.exit_code == 2
+        assert str(root) in caught.value.message, caught.value.message
+        assert "is a file, not a directory" in caught.value.message, caught.value.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["linked", "store # ?%"]
+    # A link to nothing where the root goes (a volume not mounted): unavailable, for now.
+    (tmp_path / "gone").symlink_to(tmp_path / "unmounted")
+    with pytest.raises(StorageUnavailable) as exc:
+        ObjectStore(tmp_path / "gone").put(b"data")
+    assert exc.value.code == "artifact_store_unavailable" and exc.value.exit_code == 6
     # objects/ taken by a file inside an otherwise good root.
     root = tmp_path / "store2"
     root.mkdir()

@@ -384,9 +384,10 @@ def test_a_destination_that_is_no_path_is_invalid_input(ac: Coordinator, store_d
 
 def test_a_store_that_cannot_be_written_is_exit_6_with_no_row(ac: Coordinator,
                                                               tmp_path: Path) -> None:
-    blocker = tmp_path / "file"
-    blocker.write_bytes(b"")
-    ac.artifacts_dir = str(blocker / "store")  # under a regular file: cannot be created
+    root = tmp_path / "store"
+    root.mkdir()
+    (root / "objects").write_bytes(b"")  # a damaged store: a file where objects/ goes
+    ac.artifacts_dir = str(root)
     job_id, epoch = start(ac)
     from jobcoord.errors import StorageUnavailable
 
@@ -394,6 +395,36 @@ def test_a_store_that_cannot_be_written_is_exit_6_with_no_row(ac: Coordinator,
         ac.put_artifact(job_id, "w1", epoch, "x", b"x")
     assert caught.value.exit_code == 6
     assert rows(ac, job_id) == []
+
+
+def test_a_first_stage_into_a_store_path_through_a_regular_file_is_a_mistyped_path(
+        ac: Coordinator, target: Target, tmp_path: Path) -> None:
+    """A database naming no object yet, its store named under (or as) a regular file
+    (`--artifacts q.db`): the first stage said exit 6, unavailable, and a worker retried it
+    job after job, where no store can ever be made. It is `artifact_store_missing`
+    (exit 2, a worker gives its job back and stops), no row, nothing made."""
+    from tests.conftest import dump
+
+    blocker = tmp_path / "q # ?%.db"
+    blocker.write_bytes(b"not a store")
+    job_id, epoch = start(ac)
+    for root in (blocker, blocker / "store"):
+        ac.artifacts_dir = str(root)
+        before = dump(ac)
+        with pytest.raises(InvalidInput) as caught:
+            ac.put_artifact(job_id, "w1", epoch, "x", b"x")
+        assert (caught.value.code, caught.value.exit_code) == ("artifact_store_missing", 2)
+        assert dump(ac) == before
+        src = tmp_path / "out.bin"
+        src.write_bytes(b"x")
+        r = run_cli(target, "--artifacts", str(root), "artifact", "put", str(job_id),
+                    str(src), "--worker", "w1", "--epoch", str(epoch), "--name", "x",
+                    "--json")
+        assert r.code == 2, (r.out, r.err)
+        assert '"artifact_store_missing"' in r.out
+        assert dump(ac) == before
+    assert blocker.read_bytes() == b"not a store"
+    assert sorted(p.name for p in tmp_path.iterdir() if "q #" in p.name) == [blocker.name]
 
 
 def test_postgresql_needs_the_store_named(backend: str, target: Target) -> None:

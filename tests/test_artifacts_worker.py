@@ -134,6 +134,31 @@ def test_a_worker_whose_store_moved_between_jobs_stages_nothing_gives_the_job_ba
     assert [e["error"] for e in w.events("report_error")] == ["artifact_store_missing"]
 
 
+def test_a_worker_whose_store_path_is_a_regular_file_gives_its_first_job_back_and_stops(
+        db: Any, start: Any, sqlite_target: Any, tmp_path: Path) -> None:
+    """`--artifacts` naming a regular file (a typo) on a database naming no object yet: the
+    first stage could not make the store and said exit 6, unavailable, which the worker
+    retries; every job with files met it again, a try lost each time. No store is ever
+    made there: `artifact_store_missing`, the job given back, the worker stops, exit 2."""
+    _, c = db
+    install(sqlite_target)
+    c.features.add("artifacts")
+    typo = tmp_path / "q # ?%.db"
+    typo.write_bytes(b"not a store")
+    job = c.enqueue("report", {"title": "Typo"})["job_id"]
+    w = start("--exec", f"report={PY} examples/report_cmd.py",
+              global_args=("--artifacts", str(typo)))
+    code, _ = w.finish(timeout=40)
+    assert code == 2, (code, w.events("report_error"), w.events("artifacts_stage_error"))
+    assert typo.read_bytes() == b"not a store"
+    shown = c.show(job)
+    assert shown["job"]["status"] == "waiting", shown["job"]
+    assert shown["events"][-1]["reason"] == "worker_shutdown", shown["events"][-1]
+    assert not any(e["reason"] in ("failed", "invalid_result", "artifact_staged")
+                   for e in shown["events"]), shown["events"]
+    assert [e["error"] for e in w.events("report_error")] == ["artifact_store_missing"]
+
+
 def test_a_worker_stopped_by_its_store_gone_lets_its_other_running_jobs_end_as_a_sigterm_would(
         db: Any, start: Any, sqlite_target: Any) -> None:
     """Beside the job whose completion met the store gone, another job of the worker's

@@ -110,6 +110,14 @@ class ObjectStore:
             missing = []
             path = self.root
             while create and not os.path.isdir(path) and os.path.dirname(path) != path:
+                if os.path.exists(path):
+                    # A file where the store's directory (or one above it) goes: no store
+                    # is ever made there, however often it is retried (`--artifacts q.db`).
+                    # A link to nothing (a volume not mounted) is left to the mkdir: exit 6.
+                    raise InvalidInput(
+                        "artifact_store_missing", f"no artifact store can be made at "
+                        f"{self.root}: {path} is a file, not a directory: is --artifacts "
+                        "mistyped? Nothing was made.", store=self.root)
                 missing.append(path)
                 path = os.path.dirname(path)
             for directory in reversed(missing):  # outermost first, each entry made durable
@@ -396,7 +404,9 @@ class ObjectStore:
         """(digest, size, mtime) of every object, in digest order. Files that are not where
         their name says (stray files) are not objects and are skipped. No store there: none;
         a store that cannot be listed (its root a regular file, no permission) is
-        `artifact_store_unavailable`, as for every other use of it."""
+        `artifact_store_unavailable`. Callers that tell "no store there" apart (gc, get,
+        verify, backup, a stage: a root that is a regular file is a mistyped path, exit 2)
+        look with `present()` before they list."""
         def listed(path: str) -> list[str]:
             try:
                 return sorted_dirs(path, 2)
