@@ -696,3 +696,32 @@ def test_every_proof_named_in_docs_artifacts_exists() -> None:
     for path, test in sorted(named):
         source = (REPO / path).read_text()
         assert re.search(rf"^def {test}\(", source, re.M), f"{path}::{test} does not exist"
+
+
+def test_puts_racing_to_make_a_new_store_never_take_its_directory_for_a_file(
+        tmp_path: Path) -> None:
+    """Puts beside each other into a store not made yet, some levels deep: one looked at a
+    directory as missing, then as there, as another put made it, and refused the path as a
+    file (`artifact_store_missing`) where there was none. Every put stores its object."""
+    import threading
+
+    for round_ in range(30):
+        root = tmp_path / f"r{round_}" / "a" / "b" / "store"
+        barrier = threading.Barrier(6)
+        errors: list[BaseException] = []
+
+        def put(i: int, root: Path = root, barrier: threading.Barrier = barrier,
+                errors: list[BaseException] = errors) -> None:
+            barrier.wait()
+            try:
+                ObjectStore(root).put(f"object {i}".encode())
+            except BaseException as exc:  # every failure is the finding
+                errors.append(exc)
+
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert errors == [], (round_, errors)
+        assert len(list(ObjectStore(root).iter_objects())) == 6

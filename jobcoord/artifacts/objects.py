@@ -109,8 +109,16 @@ class ObjectStore:
         try:
             missing = []
             path = self.root
-            while create and not os.path.isdir(path) and os.path.dirname(path) != path:
-                if os.path.exists(path):
+            while create and os.path.dirname(path) != path:
+                try:
+                    # One look (a directory made meanwhile by a put beside this one is
+                    # never taken for a file).
+                    st: os.stat_result | None = os.stat(path)
+                except OSError:  # not there (or unreadable: the mkdir below says so)
+                    st = None
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    break
+                if st is not None:
                     # A file where the store's directory (or one above it) goes: no store
                     # is ever made there, however often it is retried (`--artifacts q.db`).
                     # A link to nothing (a volume not mounted) is left to the mkdir: exit 6.
