@@ -605,3 +605,43 @@ def test_a_store_whose_objects_link_to_nothing_is_unavailable_not_missing(
     rows = dump(ac)
     each_refused(target, store_dir, done)
     assert dump(ac) == rows and os.path.islink(objects)
+
+
+@pytest.mark.parametrize("lock_file", [True, False])
+def test_a_store_on_a_read_only_filesystem_can_be_looked_at_backed_up_and_gc_dry_run(
+        ac: Coordinator, target: Target, tmp_path: Path, lock_file: bool) -> None:  # noqa: F811
+    """A store on a filesystem mounted read-only (a snapshot, a disk remounted after
+    errors): the gc dry run, which changes nothing, failed exit 6 because it opened its
+    lock file for writing; so did a backup, which only reads the objects. Both open the
+    lock file read-only where it is (where it is not, none can be made, and no gc can
+    delete there either); verify and get read as ever. gc itself, which deletes, is refused
+    exit 6, nothing changed."""
+    from tests.conftest import dump, run_cli
+
+    with small_tmpfs("4m") as mount_dir:
+        store = os.path.join(mount_dir, "store # ?%")
+        ac.artifacts_dir = store
+        done, e1 = start(ac, "w1")
+        ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+        ac.complete(done, "w1", e1, {})
+        orphan = ObjectStore(store).put(b"nobody's")
+        age(ObjectStore(store).path_of(orphan.digest), 2 * 3600)
+        assert os.path.isfile(os.path.join(store, "gc.lock"))
+        if not lock_file:
+            os.unlink(os.path.join(store, "gc.lock"))
+        subprocess.run(["mount", "-o", "remount,ro", mount_dir], check=True)
+        rows_before = dump(ac)
+        report = ac.gc_artifacts(grace_s=0, dry_run=True)
+        assert report["removed"] == [orphan.digest], report
+        for command in (("artifact", "gc", "--dry-run", "--grace", "0s"),
+                        ("artifact", "verify", "--all"),
+                        ("artifact", "get", str(done), "kept.bin", "-o",
+                         str(tmp_path / "got.bin")),
+                        *((("backup", str(tmp_path / "b.db")),) if target.sqlite_path
+                          else ())):
+            r = run_cli(target, "--artifacts", store, *command, "--json")
+            assert r.code == 0, (command, r)
+        assert (tmp_path / "got.bin").read_bytes() == b"accepted bytes"
+        r = run_cli(target, "--artifacts", store, "artifact", "gc", "--grace", "0s", "--json")
+        assert r.code == 6 and r.json["error"]["code"] == "artifact_store_unavailable", r
+        assert ObjectStore(store).exists(orphan.digest) and dump(ac) == rows_before

@@ -4,6 +4,7 @@ the settings every artifact operation reads before it touches rows or bytes."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import itertools
@@ -227,11 +228,16 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
     unlocked = False
     try:
         # Never through a link: a lock file made where it points is made outside the store.
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW
-                     | (0 if dry_run else os.O_CREAT), 0o600)
+        # Those that change nothing open it read-only (flock needs no write access): on a
+        # store mounted read-only they still work.
+        fd = os.open(path, (os.O_RDONLY if dry_run or reading else os.O_RDWR) | os.O_CLOEXEC
+                     | os.O_NOFOLLOW | (0 if dry_run else os.O_CREAT), 0o600)
     except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
         # No lock file for a dry run: nobody holds the lock, and the dry run makes none.
-        unlocked = isinstance(exc, FileNotFoundError) and dry_run and store.present()
+        # None can be made on a read-only store, where no gc deletes either.
+        unlocked = store.present() and (
+            (isinstance(exc, FileNotFoundError) and dry_run)
+            or (exc.errno == errno.EROFS and (dry_run or reading)))
         if not unlocked:
             if not (create and not reading) and not store.present():
                 raise store._gone() from None  # it went since the look above
