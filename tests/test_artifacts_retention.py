@@ -605,6 +605,13 @@ def test_a_store_whose_objects_link_to_nothing_is_unavailable_not_missing(
     rows = dump(ac)
     each_refused(target, store_dir, done)
     assert dump(ac) == rows and os.path.islink(objects)
+    # Said to a reader as it is: the store cannot be used (not "cannot be written").
+    from tests.conftest import run_cli
+
+    message = run_cli(target, "--artifacts", store_dir, "artifact", "verify", "--all",
+                      "--json").json["error"]["message"]
+    assert "cannot be used while looking at its layout" in message, message
+    assert "is a link to nothing" in message, message
 
 
 @pytest.mark.parametrize("lock_file", [True, False])

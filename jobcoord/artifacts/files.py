@@ -43,7 +43,7 @@ def store_error(exc: OSError, root: str, doing: str) -> StorageUnavailable:
                                   f"artifact store {root!r} is full while {doing}: {exc.strerror}",
                                   root=root, errno=errno.errorcode.get(exc.errno or 0))
     return StorageUnavailable("artifact_store_unavailable",
-                              f"artifact store {root!r} cannot be written while {doing}: "
+                              f"artifact store {root!r} cannot be used while {doing}: "
                               f"{exc.strerror or exc}", root=root,
                               errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)))
 
