@@ -426,7 +426,8 @@ def test_a_gc_dry_run_or_a_refused_backup_makes_nothing_in_a_store_already_there
     --dry-run`, and a `backup` refused because the objects its rows name are missing, made
     `tmp/` and `objects/sha256/` in it (the lock's look at the layout made what it missed).
     A dry run and a refused command change nothing; the lock a reader or gc takes on a store
-    already there needs only its lock file."""
+    already there needs only its lock file. (The backup is refused as the store unavailable,
+    exit 6: an `objects/` without `sha256/` is the mount point of a volume not mounted.)"""
     from tests.conftest import run_cli
 
     done, e1 = start(ac, "w1")
@@ -444,7 +445,7 @@ def test_a_gc_dry_run_or_a_refused_backup_makes_nothing_in_a_store_already_there
     if target.sqlite_path:
         r = run_cli(target, "--artifacts", str(bare), "backup", str(tmp_path / "b.db"),
                     "--json")
-        assert r.code == 7, r
+        assert r.code == 6 and r.json["error"]["code"] == "artifact_store_unavailable", r
         assert made() == ["objects"]
 
 
@@ -582,6 +583,40 @@ def test_a_store_root_that_is_a_regular_file_is_no_store_there(
     each_refused(target, store_dir, done, code=2, error="artifact_store_missing")
     assert Path(store_dir).read_text() == "not a store" and dump(ac) == rows
     assert not (Path(store_dir).parent / "got.bin").exists()
+
+
+def test_a_store_whose_objects_is_an_empty_directory_is_unavailable_to_readers_not_missing(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """`objects/` an empty directory (the mount point of a volume not mounted): verify,
+    get and backup said every object was missing (exit 7, results lost). The store cannot
+    be used: exit 6, naming `objects/sha256` not there, nothing changed. gc, which finds
+    nothing to delete there, goes on."""
+    import shutil
+
+    from tests.conftest import dump, run_cli
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    objects = os.path.join(store_dir, "objects")
+    shutil.move(objects, tmp_path / "volume")
+    os.mkdir(objects)
+    rows = dump(ac)
+    beside = Path(store_dir).parent
+    for command in (("artifact", "verify", "--all"),
+                    ("artifact", "get", str(done), "kept.bin", "-o", str(beside / "got.bin")),
+                    *((("backup", str(beside / "b.db")),) if target.sqlite_path else ())):
+        r = run_cli(target, "--artifacts", store_dir, *command, "--json")
+        assert r.code == 6, (command, r)
+        assert r.json["error"]["code"] == "artifact_store_unavailable", (command, r.json)
+        assert "sha256 is not there" in r.json["error"]["message"], r.json
+    assert dump(ac) == rows and os.listdir(objects) == []
+    assert not (beside / "got.bin").exists() and not (beside / "b.db").exists()
+    r = run_cli(target, "--artifacts", store_dir, "artifact", "gc", "--json")
+    assert r.code == 0 and r.json["objects_removed"] == 0, r
+    os.rmdir(objects)
+    shutil.move(tmp_path / "volume", objects)  # mounted again: all there
+    assert ac.verify_artifacts()["ok"]
 
 
 def test_a_store_whose_objects_link_to_nothing_is_unavailable_not_missing(

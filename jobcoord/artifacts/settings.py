@@ -23,7 +23,14 @@ from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as be
     media_type_of,
 )
 from jobcoord.artifacts.objects import ObjectStore, parse_digest
-from jobcoord.errors import DatabaseBusy, InvalidInput, JobcoordError, Refused, SchemaMismatch
+from jobcoord.errors import (
+    DatabaseBusy,
+    InvalidInput,
+    JobcoordError,
+    Refused,
+    SchemaMismatch,
+    StorageUnavailable,
+)
 from jobcoord.store.feature_statements import OBJECTS_LOOKED_FOR
 
 if TYPE_CHECKING:
@@ -370,6 +377,15 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
             store=store.root)
     # Objects looked for through a store whose layout is broken are not missing: exit 6.
     store.refuse_broken_layout(tmp=False)
+    if not os.path.lexists(store.objects_dir):
+        # `objects/` there, its `sha256/` not: no object named by a row was ever kept
+        # anywhere else, so `objects/` is the empty mount point of a volume not mounted
+        # (or the store was emptied by hand), not objects lost one by one.
+        raise StorageUnavailable(
+            "artifact_store_unavailable", f"artifact store {store.root!r} cannot be used: "
+            f"{store.objects_dir} is not there, yet this database's artifacts are kept "
+            "there: is the volume that holds objects/ not mounted? Nothing was changed.",
+            root=store.root)
     # A store recording no database at all was written before the records were kept:
     # taken as this database's, its missing objects stay missing.
     if missing and not is_user(store, database_identity(db)) and store_users(store):
