@@ -755,3 +755,53 @@ def test_gc_from_a_database_restored_into_a_shared_store_never_deletes_the_other
         assert r.code == 4 and "artifact_store_shared" in r.out, r.out  # type: ignore
     r = cli(sqlite_target, store, "artifact", "verify", "--all", "--json")
     assert r.code == 0, r.out  # type: ignore[attr-defined]
+
+
+def test_a_restore_into_a_backups_own_artifact_directory_is_exit_2_and_changes_nothing(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """`restore BACKUP --artifacts BACKUP.artifacts` (the backup's directory taken for a
+    store): it was restored, the backup's directory made a live store (its database
+    recorded, its lock made), and the restored database's prune and gc then deleted the
+    backup's objects: the backup no longer restored (exit 7). A directory holding a backup's
+    manifest is never a restore's store, nor one under it: exit 2, nothing made anywhere."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    own = tmp_path / "b.db.artifacts"
+    other = tmp_path / "other # ?%.db"
+    r = cli(sqlite_target, sc.artifacts_dir or "", "backup", str(other), "--json")
+    assert r.code == 0, r.err  # type: ignore[attr-defined]
+
+    def tree() -> list[tuple[str, int]]:
+        return sorted((str(p), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
+                      if "store" not in p.parts[-1] and not p.name.startswith("jobcoord.db"))
+
+    before = tree()
+    for store in (own, tmp_path / "other # ?%.db.artifacts", own / "objects"):
+        restored = resolve_target(db=str(tmp_path / "r.db"))
+        r = cli(restored, str(store), "restore", str(dest), "--json")
+        assert r.code == 2, (store, r)  # type: ignore[attr-defined]
+        assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
+        assert tree() == before and not (tmp_path / "r.db").exists()
+    r = cli(resolve_target(db=str(tmp_path / "r2.db")), str(tmp_path / "rs"), "restore",
+            str(dest), "--json")
+    assert r.code == 0, r  # type: ignore[attr-defined]
+
+
+def test_gc_in_a_backups_artifact_directory_is_exit_2_and_deletes_nothing(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """`artifact gc --artifacts BACKUP.artifacts` (a backup's directory taken for the live
+    store): gc recorded its database there and deleted every object of the backup its
+    database no longer names (pruned since: the backup no longer restored). Refused as not
+    a store, exit 2, dry run or not; nothing made or deleted."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    own = tmp_path / "b.db.artifacts"
+    orphan = ObjectStore(own).put(b"left in the backup's directory")  # no row names it
+    os.utime(ObjectStore(own).path_of(orphan.digest), (1, 1))
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*"))
+    for dry in ([], ["--dry-run"]):
+        r = cli(sqlite_target, str(own), "artifact", "gc", "--grace", "0s", "--json", *dry)
+        assert r.code == 2, r  # type: ignore[attr-defined]
+        assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
+    r = cli(resolve_target(db=str(tmp_path / "r.db")), str(tmp_path / "rs"), "restore",
+            str(dest), "--json")
+    assert r.code == 0, r  # type: ignore[attr-defined]

@@ -40,16 +40,17 @@ from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
     ENV_STORE,
+    MANIFEST,
     USERS_DIR,
     gc_lock,
     record_user,
+    refuse_a_backups_directory,
     refuse_if_not_its_store,
     sqlite_identity,
     store_of,
 )
 from jobcoord.errors import DatabaseBusy, DatabaseCorrupt, InvalidInput, StorageUnavailable
 
-MANIFEST = "manifest.json"
 SUFFIX = ".artifacts"
 
 
@@ -484,6 +485,7 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
         raise InvalidInput("artifact_store_required", "restoring artifacts needs the store "
                            "directory: pass --artifacts DIR")
     root = os.path.abspath(root)
+    refuse_a_backups_directory(root, "restored into")
     if target.sqlite_path:
         from jobcoord.maintenance import _within, refuse_existing
         from jobcoord.store.sqlite_files import LOG_SUFFIXES

@@ -15,6 +15,7 @@ from jobcoord.artifacts.settings import (
     gc_lock,
     need_feature,
     record_user,
+    refuse_a_backups_directory,
     refuse_if_shared,
     store_of,
     store_root,
@@ -75,6 +76,7 @@ def gc_artifacts(coord: Coordinator, *, grace_s: float = DEFAULT_GRACE_S,
             0 <= grace_s <= 10 * 365 * 86400):
         raise InvalidInput("invalid_input", "grace must be 0 s .. 10 years")
     store = store_of(coord)
+    refuse_a_backups_directory(store.root, "collected")
     if not store.present():
         # No store there (no directory, or one that never held a store: an empty one made
         # by hand), so nothing to collect; with rows referencing objects, it is the wrong

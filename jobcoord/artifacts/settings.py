@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 ENV_STORE = "JOBCOORD_ARTIFACTS"
 #: How long gc waits for uploads that are committing their rows (seconds).
 GC_LOCK_WAIT_S = 60.0
+MANIFEST = "manifest.json"  # in a backup's artifact directory
 
 
 # --- validation rules per kind --------------------------------------------------------------
@@ -353,6 +354,26 @@ def record_user(store: ObjectStore, identity: str) -> str:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
     return path
+
+
+def refuse_a_backups_directory(root: str, doing: str) -> None:
+    """A backup's artifact directory (its manifest beside its `objects/`), or one inside
+    it, is never used as a store (a backup's own directory taken for the live store, a
+    mistyped --artifacts): made a live store, its database recorded there, gc deleted the
+    backup's objects its database no longer named, and the backup no longer restored."""
+    path = root
+    while True:
+        if (os.path.isfile(os.path.join(path, MANIFEST))
+                and os.path.isdir(os.path.join(path, "objects"))):
+            raise InvalidInput(
+                "invalid_input", f"the artifact store {root} is "
+                f"{'' if path == root else 'inside '}a backup's artifact directory ({path} "
+                f"holds its manifest), never {doing}: used as a store, gc would delete the "
+                "backup's objects. Name the store with --artifacts. Nothing was changed.",
+                store=root, backup_directory=path)
+        if os.path.dirname(path) == path:
+            return
+        path = os.path.dirname(path)
 
 
 def is_user(store: ObjectStore, identity: str) -> bool:
