@@ -188,3 +188,37 @@ def test_migrate_without_artifacts_over_a_store_that_is_a_file_is_store_unavaila
     assert afile.read_bytes() == b"not a store"
     with Coordinator.open(target) as c:
         assert c.has_feature("artifacts")
+
+
+@pytest.mark.parametrize("linked", ["objects", "objects/sha256"])
+def test_migrate_without_artifacts_over_a_store_it_cannot_list_is_store_unavailable(
+        target: Target, tmp_path: Any, linked: str) -> None:
+    """`objects/` (or `objects/sha256`) a link to nothing (a volume not mounted): `migrate
+    --without artifacts` counted the store's objects as none and, with `--force`, dropped
+    the rows saying no object was left. The store cannot be listed: exit 6, nothing
+    changed, as for gc, verify, get and backup."""
+    import os
+
+    from tests.conftest import run_cli
+
+    db = Database.open(target)
+    migrate(db, add={"artifacts"})
+    db.close()
+    store = tmp_path / "store # ?%"
+    with Coordinator.open(target) as c:
+        c.artifacts_dir = str(store)
+        job = c.enqueue("k", {})["job_id"]
+        c.heartbeat("w1")
+        epoch = c.claim("w1")["lease"]["epoch"]
+        c.put_artifact(job, "w1", epoch, "kept.bin", b"accepted bytes")
+        c.complete(job, "w1", epoch, {})
+    place = store / linked
+    place.rename(tmp_path / "volume")
+    os.symlink(tmp_path / "unmounted", place)
+    for force in ([], ["--force"]):
+        r = run_cli(target, "--artifacts", str(store), "migrate", "--without", "artifacts",
+                    *force, "--json")
+        assert r.code == 6, (force, r.out)
+        assert r.json["error"]["code"] == "artifact_store_unavailable", r.json
+    with Coordinator.open(target) as c:
+        assert c.has_feature("artifacts") and c.artifacts(job)["artifacts"]

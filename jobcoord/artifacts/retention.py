@@ -167,7 +167,12 @@ def removal_check(db: Database, conn: Connection, force: bool,
                         else fs.ARTIFACT_TOTALS_A0001).one()
     objects = object_bytes = 0
     with contextlib.suppress(InvalidInput):  # PostgreSQL without a named store: rows only
-        for _digest, n, _mtime in ObjectStore(store_root(db, store)).iter_objects():
+        there = ObjectStore(store_root(db, store))
+        if there.present():
+            # A link to nothing (a volume not mounted) lists as no object: counted none,
+            # `--force` dropped the rows saying none was left.
+            there.refuse_broken_layout(tmp=False)
+        for _digest, n, _mtime in there.iter_objects():
             objects += 1
             object_bytes += n
     if (rows or objects) and not force:
