@@ -1304,3 +1304,35 @@ def test_an_empty_artifacts_directory_is_refused_never_the_default_store(
     ac.artifacts_dir = store_dir
     assert ac.artifacts(job)["artifacts"] == []
 
+
+
+@pytest.mark.parametrize("lock", ["directory", "link to a file", "link to nothing"])
+def test_a_stage_refused_for_a_broken_gc_lock_leaves_nothing_in_the_store(
+        ac: Coordinator, store_dir: str, tmp_path: Path, lock: str) -> None:
+    """`gc.lock` a directory or a link: the stage stored its object (and its fan-out
+    directories), then failed to take the lock (exit 6), leaving an object no row names,
+    which gc, refused the same lock, never collected. The lock is looked at before the
+    bytes are stored: exit 6, the store as it was."""
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    path = Path(store_dir, "gc.lock")
+    path.unlink()
+    if lock == "directory":
+        path.mkdir()
+    else:
+        aside = tmp_path / "aside.lock"
+        if lock == "link to a file":
+            aside.write_bytes(b"")
+        path.symlink_to(aside)
+
+    def tree() -> list[str]:
+        return sorted(str(p) for p in Path(store_dir).rglob("*"))
+
+    before = tree()
+    from jobcoord.errors import StorageUnavailable
+
+    with pytest.raises(StorageUnavailable) as caught:
+        ac.put_artifact(done, "w1", e1, "more.bin", b"bytes never stored")
+    assert caught.value.exit_code == 6 and "gc lock" in caught.value.message, caught.value
+    assert tree() == before
+    assert [r[1] for r in rows(ac, done)] == ["kept.bin"]

@@ -56,6 +56,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     need_feature,
     not_its_store,
     record_user,
+    refuse_broken_lock,
     refuse_if_not_its_store,
     settings_from_mapping,
     settings_of,
@@ -152,6 +153,7 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
                                   lambda: some_referenced(coord.db, "artifact put"))
         if wrong is not None:
             raise wrong
+        refuse_broken_lock(store)
     obj = store.put(source, max_bytes=min(limits) if limits else None,
                     expected_digest=expected_digest, create=first)
 

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import shlex
+import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -354,6 +355,23 @@ def record_user(store: ObjectStore, identity: str) -> str:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
     return path
+
+
+def refuse_broken_lock(store: ObjectStore) -> None:
+    """Before a stage stores its bytes: a `gc.lock` that is not a regular file (a directory,
+    a link, which is never followed) is refused now, exit 6, as the lock would be once the
+    object was stored, leaving it there with no row (and gc, refused the same lock, never
+    collected it)."""
+    path = os.path.join(store.root, "gc.lock")
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # made by the stage's lock
+    except OSError as exc:
+        raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise store_error(OSError(errno.EINVAL, f"{path} is not a regular file"), store.root,
+                          f"opening its gc lock {path!r}")
 
 
 def refuse_a_backups_directory(root: str, doing: str) -> None:
