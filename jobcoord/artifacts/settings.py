@@ -243,7 +243,9 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
                      | os.O_NOFOLLOW | (0 if dry_run else os.O_CREAT), 0o600)
     except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
         # No lock file for a dry run: nobody holds the lock, and the dry run makes none.
-        # None can be made on a read-only store, where no gc deletes either.
+        # None can be made on a read-only store, where no gc deletes either (one read-only
+        # only here, written elsewhere: a backup re-hashes every object, and fails exit 7
+        # on one deleted under it, never a backup missing one).
         unlocked = store.present() and (
             (isinstance(exc, FileNotFoundError) and dry_run)
             or (exc.errno == errno.EROFS and (dry_run or reading)))
@@ -416,10 +418,12 @@ def not_its_store(db: Database, store: ObjectStore, *, missing: bool = True
             store=store.root)
     # Objects looked for through a store whose layout is broken are not missing: exit 6.
     store.refuse_broken_layout(tmp=False)
-    if not os.path.lexists(store.objects_dir):
-        # `objects/` there, its `sha256/` not: no object named by a row was ever kept
-        # anywhere else, so `objects/` is the empty mount point of a volume not mounted
-        # (or the store was emptied by hand), not objects lost one by one.
+    if missing and not os.path.lexists(store.objects_dir):
+        # Objects found missing through an `objects/` without its `sha256/`: no object
+        # named by a row was ever kept anywhere else, so `objects/` is the empty mount
+        # point of a volume not mounted (or the store was emptied by hand), not objects
+        # lost one by one. (A transfer, and a completion, look without `missing`: an
+        # empty `objects/` is how a store lost for good is made again.)
         raise StorageUnavailable(
             "artifact_store_unavailable", f"artifact store {store.root!r} cannot be used: "
             f"{store.objects_dir} is not there, yet this database's artifacts are kept "
