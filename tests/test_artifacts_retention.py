@@ -215,11 +215,11 @@ def test_a_gc_lock_that_cannot_be_opened_is_the_store_unavailable_with_nothing_c
     assert p.returncode == 6, (out, err)
     assert b"artifact_store_unavailable" in out and b"Traceback" not in err
     assert rows(ac, job) == []
-    # The bytes were stored before the lock was needed: an unreferenced object, which gc
-    # removes once the store can be locked again.
-    os.rmdir(os.path.join(store_dir, "gc.lock"))
-    assert ac.gc_artifacts(grace_s=0)["objects_removed"] == 1
+    # The lock is looked at before the bytes are stored: no object is left with no row
+    # (it was, and gc, refused the same lock, never collected it).
     assert files_under(os.path.join(store_dir, "objects")) == []
+    os.rmdir(os.path.join(store_dir, "gc.lock"))
+    assert ac.gc_artifacts(grace_s=0)["objects_removed"] == 0
 
 
 def test_a_dry_run_of_gc_on_a_store_that_does_not_exist_creates_nothing(
