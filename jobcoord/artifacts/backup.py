@@ -40,6 +40,7 @@ from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
     ENV_STORE,
+    LOCK_FILE,
     MANIFEST,
     USERS_DIR,
     gc_lock,
@@ -267,7 +268,7 @@ def _a_backups(directory: str) -> bool:
     store holds (the record of the databases using it, its lock)."""
     return (os.path.isfile(os.path.join(directory, MANIFEST))
             and not any(os.path.lexists(os.path.join(directory, name))
-                        for name in (USERS_DIR, "gc.lock")))
+                        for name in (USERS_DIR, LOCK_FILE)))
 
 
 def _appeared(path: str) -> InvalidInput:
@@ -449,7 +450,7 @@ def _remove_if_only_ours(store: ObjectStore, database: str | None, ours: dict[st
     objects are gc's to judge."""
     from jobcoord.maintenance import _within
 
-    lock = os.path.join(store.root, "gc.lock")
+    lock = os.path.join(store.root, LOCK_FILE)
     with contextlib.suppress(Exception), gc_lock(store, exclusive=True, wait_s=5.0):
         if database is not None and os.path.lexists(database):
             return

@@ -42,6 +42,7 @@ ENV_STORE = "JOBCOORD_ARTIFACTS"
 #: How long gc waits for uploads that are committing their rows (seconds).
 GC_LOCK_WAIT_S = 60.0
 MANIFEST = "manifest.json"  # in a backup's artifact directory
+LOCK_FILE = "gc.lock"  # in the store's root: uploads hold it shared, gc exclusive
 
 
 # --- validation rules per kind --------------------------------------------------------------
@@ -233,7 +234,7 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         # command makes nothing else in it. Its layout is looked at all the same (`tmp/`
         # by gc only, which cleans it).
         store.refuse_broken_layout(tmp=not reading)
-    path = os.path.join(store.root, "gc.lock")
+    path = os.path.join(store.root, LOCK_FILE)
     unlocked = False
     try:
         # Never through a link: a lock file made where it points is made outside the store.
@@ -243,12 +244,13 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
                      | os.O_NOFOLLOW | (0 if dry_run else os.O_CREAT), 0o600)
     except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
         # No lock file for a dry run: nobody holds the lock, and the dry run makes none.
-        # None can be made on a read-only store, where no gc deletes either (one read-only
-        # only here, written elsewhere: a backup re-hashes every object, and fails exit 7
-        # on one deleted under it, never a backup missing one).
+        # None can be made by a reader on a read-only store, where no gc deletes either
+        # (one read-only only here, written elsewhere: a backup re-hashes every object, and
+        # fails exit 7 on one deleted under it, never a backup missing one). A dry run,
+        # which never makes the file, meets that as a file not there.
         unlocked = store.present() and (
             (isinstance(exc, FileNotFoundError) and dry_run)
-            or (exc.errno == errno.EROFS and (dry_run or reading)))
+            or (exc.errno == errno.EROFS and reading))
         if not unlocked:
             if not (create and not reading) and not store.present():
                 raise store._gone() from None  # it went since the look above
@@ -364,7 +366,7 @@ def refuse_broken_lock(store: ObjectStore) -> None:
     a link, which is never followed) is refused now, exit 6, as the lock would be once the
     object was stored, leaving it there with no row (and gc, refused the same lock, never
     collected it)."""
-    path = os.path.join(store.root, "gc.lock")
+    path = os.path.join(store.root, LOCK_FILE)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
