@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -687,3 +688,30 @@ def test_a_store_on_a_read_only_filesystem_can_be_looked_at_backed_up_and_gc_dry
         r = run_cli(target, "--artifacts", store, "artifact", "gc", "--grace", "0s", "--json")
         assert r.code == 6 and r.json["error"]["code"] == "artifact_store_unavailable", r
         assert ObjectStore(store).exists(orphan.digest) and dump(ac) == rows_before
+
+
+def test_a_gc_lock_that_is_a_fifo_is_the_store_unavailable_never_a_hang(
+        ac: Coordinator, target: Target, store_dir: str, tmp_path: Path) -> None:  # noqa: F811
+    """`gc.lock` a fifo: a gc dry run and a backup, which open the lock read-only, waited
+    forever for a writer; gc took a lock on the fifo and ran. Each is exit 6
+    (`artifact_store_unavailable`), at once, nothing changed."""
+    from tests.conftest import dump
+
+    done, e1 = start(ac, "w1")
+    ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
+    ac.complete(done, "w1", e1, {})
+    lock = os.path.join(store_dir, "gc.lock")
+    os.unlink(lock)
+    os.mkfifo(lock)
+    rows = dump(ac)
+    commands = [("artifact", "gc", "--dry-run"), ("artifact", "gc", "--grace", "0s")]
+    if target.sqlite_path:
+        commands.append(("backup", str(tmp_path / "b # ?%.db")))
+    for command in commands:
+        r = subprocess.run([sys.executable, "-m", "jobcoord", *where(target), "--artifacts",
+                            store_dir, *command, "--json"],
+                           cwd=REPO, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 6, (command, r.stdout, r.stderr)
+        assert '"artifact_store_unavailable"' in r.stdout, (command, r.stdout)
+    assert dump(ac) == rows and not (tmp_path / "b # ?%.db").exists()
+    assert stat.S_ISFIFO(os.lstat(lock).st_mode)

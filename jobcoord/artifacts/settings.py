@@ -240,8 +240,12 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         # Never through a link: a lock file made where it points is made outside the store.
         # Those that change nothing open it read-only (flock needs no write access): on a
         # store mounted read-only they still work.
+        # Never waiting either: a fifo there opened read-only waited for a writer forever.
         fd = os.open(path, (os.O_RDONLY if dry_run or reading else os.O_RDWR) | os.O_CLOEXEC
-                     | os.O_NOFOLLOW | (0 if dry_run else os.O_CREAT), 0o600)
+                     | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if dry_run else os.O_CREAT), 0o600)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo or a device: no lock file
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
     except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
         # No lock file for a dry run: nobody holds the lock, and the dry run makes none.
         # None can be made by a reader on a read-only store, where no gc deletes either
