@@ -17,6 +17,7 @@ import pytest
 
 from jobcoord.artifacts import ObjectStore
 from jobcoord.db import Target, resolve_target
+from jobcoord.errors import InvalidInput
 from jobcoord.service import Coordinator
 from tests.conftest import flip_root_page_byte, run_cli
 from tests.test_artifact_objects import REPO, wait_for
@@ -801,6 +802,76 @@ def test_gc_in_a_backups_artifact_directory_is_exit_2_and_deletes_nothing(
         r = cli(sqlite_target, str(own), "artifact", "gc", "--grace", "0s", "--json", *dry)
         assert r.code == 2, r  # type: ignore[attr-defined]
         assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
+    r = cli(resolve_target(db=str(tmp_path / "r.db")), str(tmp_path / "rs"), "restore",
+            str(dest), "--json")
+    assert r.code == 0, r  # type: ignore[attr-defined]
+
+
+def test_a_store_under_a_directory_with_a_manifest_not_a_backups_is_collected_and_restored(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    """Only a backup's manifest marks a backup's directory: any ancestor holding some
+    `manifest.json` beside an `objects/` (a web or extension tree, another tool's cache)
+    refused gc and restore of every store below it, exit 2, for ever."""
+    site = tmp_path / "site # ?%"
+    (site / "objects").mkdir(parents=True)
+    (site / "manifest.json").write_text('{"name": "an extension", "version": "1.0"}')
+    install(sqlite_target)
+    c = Coordinator.open(sqlite_target)
+    c.artifacts_dir = str(site / "data" / "store")
+    try:
+        dest = _good_backup(c, sqlite_target, tmp_path)
+    finally:
+        c.close()
+    r = cli(sqlite_target, str(site / "data" / "store"), "artifact", "gc", "--grace", "0s",
+            "--json")
+    assert r.code == 0, r  # type: ignore[attr-defined]
+    r = cli(resolve_target(db=str(tmp_path / "r.db")), str(site / "restored"), "restore",
+            str(dest), "--json")
+    assert r.code == 0, r  # type: ignore[attr-defined]
+    assert ObjectStore(site / "restored").present()
+
+
+def test_a_store_path_linked_to_a_backups_artifact_directory_is_refused_like_the_directory(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """The refusal looked at the path as typed: a link to the backup's directory (or to a
+    directory inside it) passed, and restore and gc used the backup's own directory."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    own = tmp_path / "b.db.artifacts"
+    (tmp_path / "link").symlink_to(own)
+    (tmp_path / "link in").symlink_to(own / "objects")
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*"))
+    for store in (tmp_path / "link", tmp_path / "link in" / "more"):
+        restored = resolve_target(db=str(tmp_path / "r.db"))
+        r = cli(restored, str(store), "restore", str(dest), "--json")
+        assert r.code == 2, (store, r)  # type: ignore[attr-defined]
+        assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
+        assert not (tmp_path / "r.db").exists()
+    r = cli(sqlite_target, str(tmp_path / "link"), "artifact", "gc", "--grace", "0s",
+            "--json")
+    assert r.code == 2, r  # type: ignore[attr-defined]
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
+
+
+def test_a_stage_into_a_backups_artifact_directory_is_exit_2_and_the_backup_still_restores(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """A worker given the backup's directory for its store staged into it: its database
+    recorded there and its lock made, the directory was no longer a backup's, and the
+    backup restored no more. Refused, exit 2, nothing stored; the backup restores."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    own = tmp_path / "b.db.artifacts"
+    before = sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*"))
+    sc.artifacts_dir = str(own)
+    b, eb = start(sc, "w2")
+    with pytest.raises(InvalidInput) as e:
+        sc.put_artifact(b, "w2", eb, "second.bin", b"second")
+    assert "backup" in str(e.value)
+    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
+    src = tmp_path / "x.bin"
+    src.write_bytes(b"x")
+    r = cli(sqlite_target, str(own), "artifact", "put", str(b), str(src), "--name", "x.bin",
+            "--worker", "w2", "--epoch", str(eb), "--json")
+    assert r.code == 2, r  # type: ignore[attr-defined]
     assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
     r = cli(resolve_target(db=str(tmp_path / "r.db")), str(tmp_path / "rs"), "restore",
             str(dest), "--json")

@@ -56,6 +56,7 @@ from jobcoord.artifacts.settings import (  # noqa: F401 -- the artifacts API, as
     need_feature,
     not_its_store,
     record_user,
+    refuse_a_backups_directory,
     refuse_broken_lock,
     refuse_if_not_its_store,
     settings_from_mapping,
@@ -138,6 +139,10 @@ def put_artifact(coord: Coordinator, job_id: Any, worker: str, epoch: Any, name:
     # name some, a store not there moved away (or --artifacts is mistyped): made again
     # here, empty, the worker went on staging into it and the earlier objects were missing.
     first = not store.present()
+    if not is_user(store, database_identity(coord.db)):
+        # Until a stage records this database: into a backup's directory, it made it a live
+        # store, and the backup no longer restored (its directory no longer a backup's).
+        refuse_a_backups_directory(store.root, "staged into")
     if first:
         try:
             refuse_missing_store(coord, store, "artifact put")

@@ -386,20 +386,51 @@ def refuse_a_backups_directory(root: str, doing: str) -> None:
     """A backup's artifact directory (its manifest beside its `objects/`), or one inside
     it, is never used as a store (a backup's own directory taken for the live store, a
     mistyped --artifacts): made a live store, its database recorded there, gc deleted the
-    backup's objects its database no longer named, and the backup no longer restored."""
-    path = root
-    while True:
-        if (os.path.isfile(os.path.join(path, MANIFEST))
-                and os.path.isdir(os.path.join(path, "objects"))):
-            raise InvalidInput(
-                "invalid_input", f"the artifact store {root} is "
-                f"{'' if path == root else 'inside '}a backup's artifact directory ({path} "
-                f"holds its manifest), never {doing}: used as a store, gc would delete the "
-                "backup's objects. Name the store with --artifacts. Nothing was changed.",
-                store=root, backup_directory=path)
-        if os.path.dirname(path) == path:
-            return
-        path = os.path.dirname(path)
+    backup's objects its database no longer named, and the backup no longer restored.
+    Looked for along the path as given and along the one its links lead to (a link to the
+    backup's directory is that directory); only a manifest a backup writes marks one."""
+    seen = set()
+    for start in (os.path.abspath(root), os.path.realpath(root)):
+        path = start
+        while path not in seen:
+            seen.add(path)
+            if (os.path.isdir(os.path.join(path, "objects"))
+                    and _a_backup_manifest(os.path.join(path, MANIFEST))):
+                raise InvalidInput(
+                    "invalid_input", f"the artifact store {root} is "
+                    f"{'' if path == start else 'inside '}a backup's artifact directory "
+                    f"({path} holds its manifest), never {doing}: used as a store, gc would "
+                    "delete the backup's objects. Name the store with --artifacts. Nothing "
+                    "was changed.", store=root, backup_directory=path)
+            if os.path.dirname(path) == path:
+                break
+            path = os.path.dirname(path)
+
+
+def _a_backup_manifest(path: str) -> bool:
+    """Whether `path` is a manifest a backup writes (a JSON object of a whole `format`,
+    `rows` and an `objects` object), not some other tool's `manifest.json` (a web or
+    extension tree): those stores are no backup's. One that is there but cannot be read or
+    parsed may be a backup's (damaged), and is taken for one: refused, it can be looked at."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there never blocks
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return os.path.isfile(path)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with open(fd, "rb", closefd=False) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return True
+    finally:
+        os.close(fd)
+    return (isinstance(manifest, dict)
+            and all(isinstance(manifest.get(k), int) and not isinstance(manifest.get(k), bool)
+                    for k in ("format", "rows"))
+            and isinstance(manifest.get("objects"), dict))
 
 
 def is_user(store: ObjectStore, identity: str) -> bool:
