@@ -35,7 +35,7 @@ from .errors import (
 from .store import Database, Target, classify, resolve_target
 from .store import report_statements as rs
 from .store.sqlite import create_private_file, file_quick_check, set_journal_mode
-from .store.sqlite_files import LOG_SUFFIXES, refuse_log_name
+from .store.sqlite_files import LOG_SUFFIXES, no_directory, refuse_log_name
 from .store.target import WRITE_ROOM, name_has_room, utf8_path
 
 
@@ -654,7 +654,7 @@ def backup(db: Database, dest: str, *, force: bool = False, store: str | None = 
     standalone_destination(dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
-        raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
+        raise no_directory(parent)
     refuse_damaged_schema(db, "backing up")
     # The copy should stand alone: one file, no -wal beside it. It is checked before it is
     # put in place (a damaged copy raises here and DEST keeps its old bytes).
@@ -864,7 +864,7 @@ def restore(backup_path: str, target: Target) -> dict[str, Any]:
     refuse_existing(dest)
     parent = os.path.dirname(dest)
     if not os.path.isdir(parent):
-        raise StorageUnavailable("database_unavailable", f"directory {parent} does not exist")
+        raise no_directory(parent)
 
     # 1. The backup: whole, a jobcoord database, every invariant holding.
     src_db = Database.open(resolve_target(db=source), frozen=True)

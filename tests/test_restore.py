@@ -238,3 +238,32 @@ def test_a_backup_with_artifacts_at_their_first_revision_restores(tmp_path: Path
     r = run_cli(new, "--artifacts", str(tmp_path / "store"), "restore",
                 str(tmp_path / "old.db"), "--json")
     assert r.code == 0, r
+
+
+@pytest.mark.parametrize("artifacts", [False, True], ids=["database", "with_artifacts"])
+def test_a_backup_or_restore_through_a_regular_file_says_it_is_not_a_directory(
+        sqlite_target: Target, tmp_path: Path, artifacts: bool) -> None:
+    """`backup q.db/b.db` (the database file taken for a directory) said "directory q.db
+    does not exist", which sent people looking for a directory while the file was there.
+    Said as it is, as for a new database's path: exit 6, nothing made; a directory that
+    is truly missing (a volume not mounted) still says so."""
+    db = sqlite_target.sqlite_path
+    assert db is not None
+    args = ["--artifacts", str(tmp_path / "store")] if artifacts else []
+    if artifacts:
+        assert run_cli(sqlite_target, "migrate", "--with", "artifacts").code == 0
+    else:
+        assert run_cli(sqlite_target, "migrate").code == 0
+    backup = tmp_path / "good.db"
+    assert run_cli(sqlite_target, *args, "backup", str(backup), "--json").code == 0
+    before = sorted(p.name for p in Path(db).parent.iterdir())
+    for dest, said in ((f"{db}/b.db", f"{db} is not a directory"),
+                       (str(tmp_path / "no dir" / "b.db"), "does not exist")):
+        r = run_cli(sqlite_target, *args, "backup", dest, "--json")
+        assert (r.code, r.json["error"]["code"]) == (6, "database_unavailable"), r
+        assert said in r.json["error"]["message"], r.json
+        restored = resolve_target(db=dest)
+        r = run_cli(restored, *args, "restore", str(backup), "--json")
+        assert (r.code, r.json["error"]["code"]) == (6, "database_unavailable"), r
+        assert said in r.json["error"]["message"], r.json
+    assert sorted(p.name for p in Path(db).parent.iterdir()) == before

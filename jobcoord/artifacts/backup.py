@@ -51,6 +51,7 @@ from jobcoord.artifacts.settings import (
     store_of,
 )
 from jobcoord.errors import DatabaseBusy, DatabaseCorrupt, InvalidInput, StorageUnavailable
+from jobcoord.store.sqlite_files import no_directory
 
 SUFFIX = ".artifacts"
 
@@ -139,8 +140,7 @@ def _one_at_a_time(parent: str) -> Iterator[None]:
     try:
         fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
-        raise StorageUnavailable("database_unavailable",
-                                 f"directory {parent} does not exist") from None
+        raise no_directory(parent) from None
     except OSError as exc:
         raise StorageUnavailable("database_unavailable", f"directory {parent} cannot be "
                                  f"opened: {exc.strerror or exc}") from None

@@ -44,12 +44,7 @@ def precheck_sqlite_path(path: str, *, create: bool) -> bool:
         except OSError:
             pass
         if not os.path.isdir(parent):
-            # Said as it is: "does not exist" of a regular file sent people looking for a
-            # directory that was never meant to be there.
-            raise StorageUnavailable(
-                "database_unavailable",
-                f"cannot create {named}: {parent} is not a directory" if os.path.lexists(parent)
-                else f"cannot create {named}: directory {parent} does not exist")
+            raise no_directory(parent, f"cannot create {named}")
         if not create:
             raise SchemaMismatch(
                 "not_migrated", f"no database at {named}; run `jobcoord migrate` to create it"
@@ -149,3 +144,12 @@ def set_journal_mode(raw: sqlite3.Connection, mode: str) -> str:
 def table_columns(raw: sqlite3.Connection, table: str) -> set[str]:
     """The columns of `table` in a plain sqlite3 connection's file (none: no such table)."""
     return {r[0] for r in raw.execute("SELECT name FROM pragma_table_info(?)", (table,))}
+
+
+def no_directory(parent: str, doing: str | None = None) -> StorageUnavailable:
+    """The error for a file's directory that is not there (exit 6: a volume not mounted is
+    the common case, and it comes back). Said as it is: "does not exist" of a regular file
+    (`backup q.db/b.db`) sent people looking for a directory never meant to be there."""
+    said = (f"{parent} is not a directory" if os.path.lexists(parent)
+            else f"directory {parent} does not exist")
+    return StorageUnavailable("database_unavailable", f"{doing}: {said}" if doing else said)
