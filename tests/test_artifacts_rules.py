@@ -18,7 +18,7 @@ import pytest
 from jobcoord.artifacts import ObjectStore
 from jobcoord.artifacts import rules as artifact_rules
 from jobcoord.db import Database, Target
-from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused
+from jobcoord.errors import DatabaseCorrupt, InvalidInput, Refused, StorageUnavailable
 from jobcoord.migrate import migrate
 from jobcoord.service import Coordinator
 from tests.conftest import run_cli
@@ -1080,6 +1080,33 @@ def test_a_completion_through_another_databases_store_is_refused_and_uses_up_no_
     assert r.json["error"]["code"] == "artifact_store_missing", r.json
     assert other in r.json["error"]["message"]
     assert dump(ac) == before
+    ac.complete(job, "w1", epoch, {"ok": True})
+    assert rows(ac, job)[0][2] == "accepted"
+
+
+def test_a_completion_through_a_store_that_cannot_be_used_names_its_job(
+        ac: Coordinator, target: Target, store_dir: str) -> None:
+    """A completion whose store's `objects/` leads nowhere (a volume not mounted) is exit 6,
+    nothing changed, as every reader; its error named no job (the other refusals of a
+    completion's look name it), so a script retrying many could not tell which."""
+    from tests.conftest import dump
+
+    job, epoch = start(ac)
+    ac.put_artifact(job, "w1", epoch, "out.txt", b"result bytes")
+    objects = Path(store_dir, "objects")
+    objects.rename(Path(store_dir, "objects.away"))
+    objects.symlink_to(Path(store_dir, "nowhere"))
+    before = dump(ac)
+    r = run_cli(target, "--artifacts", store_dir, "complete", str(job), "--worker", "w1",
+                "--epoch", str(epoch), "--json")
+    assert r.code == 6, r
+    assert r.json["error"]["details"]["job_id"] == job, r.json
+    with pytest.raises(StorageUnavailable) as e:
+        ac.complete(job, "w1", epoch, {"ok": True})
+    assert e.value.details["job_id"] == job
+    assert dump(ac) == before
+    objects.unlink()
+    Path(store_dir, "objects.away").rename(objects)
     ac.complete(job, "w1", epoch, {"ok": True})
     assert rows(ac, job)[0][2] == "accepted"
 

@@ -484,7 +484,11 @@ def refuse_if_not_its_store(db: Database, store: ObjectStore, *, missing: bool =
     object raised; looked at only when it says the object is missing."""
     if found is not None and found.code != "artifact_missing":
         return
-    wrong = not_its_store(db, store, missing=missing)
+    try:
+        wrong = not_its_store(db, store, missing=missing)
+    except JobcoordError as e:  # a store that cannot be used (exit 6) names the job too
+        e.details = {**details, **e.details}
+        raise
     if wrong is not None:
         raise InvalidInput(wrong.code, wrong.message, **details, **wrong.details) from None
 
