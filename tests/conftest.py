@@ -34,6 +34,7 @@ import contextlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
+import time  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -58,6 +59,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# --- where the suite's time goes ------------------------------------------------------------
+
+# The clock is kept in a list: freezegun replaces every module attribute holding the real
+# clock functions while a test freezes time, which made `--durations` report setups of
+# billions of seconds. A list's item is not a module attribute, so this one stays real.
+_REAL_CLOCK = [time.perf_counter]
+_WALL: dict[str, float] = {}
+SLOWEST_SHOWN = 25
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
+                            ) -> Iterator[None]:
+    started = _REAL_CLOCK[0]()
+    yield
+    _WALL[item.nodeid] = _REAL_CLOCK[0]() - started
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The slowest files and tests by wall clock (setup, call and teardown), for keeping
+    the suite short: each file's total, then the single tests."""
+    if len(_WALL) < 2:
+        return
+    files: dict[str, float] = {}
+    for nodeid, seconds in _WALL.items():
+        files[nodeid.split("::")[0]] = files.get(nodeid.split("::")[0], 0.0) + seconds
+    write = terminalreporter.write_line
+    terminalreporter.section(f"wall clock: {sum(_WALL.values()):.0f} s in all")
+    for path, seconds in sorted(files.items(), key=lambda kv: -kv[1])[:SLOWEST_SHOWN]:
+        write(f"{seconds:9.1f} s  {path}")
+    write("")
+    for nodeid, seconds in sorted(_WALL.items(), key=lambda kv: -kv[1])[:SLOWEST_SHOWN]:
+        write(f"{seconds:9.1f} s  {nodeid}")
 
 
 # --- SQLite ---------------------------------------------------------------------------------
