@@ -324,6 +324,27 @@ def test_serve_binds_loopback_and_refuses_plain_http_elsewhere(target: Target) -
             proc.wait()
 
 
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf"])
+@pytest.mark.parametrize("option", ["--reap-every", "--poll", "--upload-idle"])
+def test_serve_refuses_a_number_option_that_is_not_finite_before_listening(
+        sqlite_target: Target, option: str, value: str) -> None:
+    """NaN passes every range check (it compares false with everything): `--upload-idle nan`
+    served nothing (each connection's timer raised), `--reap-every nan` never reaped nor
+    ticked schedules and wrote a bare NaN into its JSON line, `--poll nan` spun a core.
+    Refused as usage, exit 2, nothing listening; the worker's `--wait` alike."""
+    argv = [*jobcoord_argv(), *db_args(sqlite_target), "serve", "--json", "--port", "0",
+            option, value]
+    refused = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    assert refused.returncode == 2, refused
+    error = json.loads(refused.stdout)["error"]
+    assert error["code"] == "usage_error" and option in error["message"], error
+    assert b"listening" not in refused.stdout
+    worker = subprocess.run([*jobcoord_argv(), "worker", "--server", "http://127.0.0.1:9",
+                             "--token-file", __file__, "--wait", value, "--json"],
+                            capture_output=True, timeout=60, check=False)
+    assert worker.returncode == 2, worker
+
+
 def test_the_listening_url_of_an_ipv6_address_is_a_url_a_worker_can_use(
         sqlite_target: Target) -> None:
     """`serve --host ::1` said `http://::1:PORT`, which is no URL (`--server` refused it):

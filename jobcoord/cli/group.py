@@ -19,6 +19,20 @@ from .output import note_flag
 EXIT_NOTHING_TO_CLAIM = 3
 
 
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, refusing NaN: NaN compares false with every bound, so it passed
+    the range check (`serve --upload-idle nan` answered nothing, `--reap-every nan` never
+    reaped). Infinity is outside every finite range already."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number:  # NaN, the one float unequal to itself
+            self.fail(f"{value!r} is not a number in the range {self._describe_range()}.",
+                      param, ctx)
+        return number
+
+
 @dataclass
 class Settings:
     """The global options of one invocation; the Coordinator is opened on first use, so a
@@ -131,7 +145,7 @@ def read_json_source(inline: str | None, path: str | None, field: str, limit: in
               envvar="JOBCOORD_SYNCHRONOUS", show_default=True,
               help="SQLite durability: full survives a power cut; normal is faster and may "
                    "lose the last commits on power loss (never corrupts).")
-@click.option("--busy-timeout", type=click.FloatRange(0.0, 600.0), default=5.0,
+@click.option("--busy-timeout", type=FiniteFloatRange(0.0, 600.0), default=5.0,
               envvar="JOBCOORD_BUSY_TIMEOUT", show_default=True,
               help="Seconds each try of a transaction waits for a locked database; a busy "
                    "one is tried up to 4 times (about 4x this in all) before exit 5.")

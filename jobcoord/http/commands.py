@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from ..cli.group import FiniteFloatRange
 from ..cli.output import result_out, stdout_for_the_result
 from ..errors import InvalidInput
 
@@ -35,14 +36,14 @@ def _emit(as_json: bool, payload: dict[str, Any], text: str | None = None) -> No
 @click.option("--tls-key", metavar="PEM", help="PEM private key (unencrypted), a regular file.")
 @click.option("--insecure-http", is_flag=True,
               help="Allow plain HTTP on a non-loopback address (prints a warning).")
-@click.option("--reap-every", default=5.0, show_default=True, type=click.FloatRange(0, 3600),
+@click.option("--reap-every", default=5.0, show_default=True, type=FiniteFloatRange(0, 3600),
               help="Reap expired leases this often (0: never).")
-@click.option("--poll", default=0.5, show_default=True, type=click.FloatRange(0.01, 1.0),
+@click.option("--poll", default=0.5, show_default=True, type=FiniteFloatRange(0.01, 1.0),
               help="How often long-polls look for jobs committed by other processes.")
 @click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 64),
               help="Database calls run on this many threads.")
 @click.option("--upload-idle", default=30.0, show_default=True,
-              type=click.FloatRange(0.1, 3600),
+              type=FiniteFloatRange(0.1, 3600),
               help="A request's line and headers must arrive within this many seconds "
                    "(else 408 request_timeout, closed); a JSON body that sends nothing for "
                    "this long is refused (400 body_incomplete), an artifact upload too "
@@ -175,7 +176,7 @@ def remote_worker_command(local: click.Command) -> click.Command:
                      help="Run against a `jobcoord serve` at URL instead of a database."),
         click.Option(["--token-file"], metavar="FILE",
                      help="File holding this worker's token (with --server)."),
-        click.Option(["--wait"], default=None, type=click.FloatRange(0, 30),
+        click.Option(["--wait"], default=None, type=FiniteFloatRange(0, 30),
                      help="With --server: long-poll a claim this long (default 20 s; 0 with "
                           "--burst, which leaves once a claim gets nothing)."),
         click.Option(["--ca-file"], metavar="PEM",
