@@ -272,6 +272,21 @@ def test_the_cli_takes_needs_and_capacity(cli):
     assert [w["worker_id"] for w in cli("workers", "--json").json["workers"]] == ["w1"]
 
 
+def test_needs_given_twice_on_the_cli_add_up_and_a_name_twice_is_refused(cli):
+    """`--needs gpu_mem_mb=12000 --needs slots=1` kept only the last (click's way with an
+    option given twice): the job was claimed by a worker with no GPU. They add up, as
+    `--capacity` does; a name in both is refused, nothing enqueued."""
+    job = cli("enqueue", "k", "--needs", "gpu_mem_mb=12000", "--needs", "slots=1", "--json")
+    assert job.code == 0, job.err
+    shown = cli("show", str(job.json["job_id"]), "--json")
+    assert shown.json["job"]["needs"] == {"gpu_mem_mb": 12000, "slots": 1}
+    assert cli("heartbeat", "nogpu", "--capacity", "slots=1", "--json").code == 0
+    assert cli("claim", "nogpu", "--json").code == 3
+    twice = cli("enqueue", "k", "--needs", "slots=1", "--needs", "slots=2", "--json")
+    assert twice.code == 2 and "given twice" in twice.json["error"]["message"], twice.out
+    assert cli("jobs", "--json").json["jobs"][-1]["job_id"] == job.json["job_id"]
+
+
 # --- the worker's own readings ----------------------------------------------------------------
 
 _READ = ("import json, sys\n"

@@ -22,15 +22,15 @@ from .output import emit, json_option, result_out, safe_text
 @click.option("--max-attempts", help="Attempts before the job is dead (default 3).")
 @click.option("--deadline", metavar="SECONDS", help="No attempt starts after now + SECONDS.")
 @click.option("--delay", metavar="SECONDS", default="0", help="Do not run before now + SECONDS.")
-@click.option("--needs", metavar="NAME=INT[,NAME=INT]",
-              help="Resources it takes, e.g. gpu_mem_mb=12000,ram_mb=8000: only a worker "
-                   "with that much free claims it.")
+@click.option("--needs", multiple=True, metavar="NAME=INT[,NAME=INT]",
+              help="Resources it takes, e.g. gpu_mem_mb=12000,ram_mb=8000 (repeatable): only "
+                   "a worker with that much free claims it.")
 @json_option
 @click.pass_obj
 def enqueue(s: Settings, kind: str, payload: str | None, payload_file: str | None,
             priority: str | None, role: str | None, tenant: str | None, key: str | None,
-            max_attempts: str | None, deadline: str | None, delay: str, needs: str | None,
-            as_json: bool) -> None:
+            max_attempts: str | None, deadline: str | None, delay: str,
+            needs: tuple[str, ...], as_json: bool) -> None:
     """Accept a job; print its id only after it is committed."""
     c = s.coordinator()
     raw = read_json_source(payload, payload_file, "payload", c.policy.max_payload_bytes,
@@ -38,7 +38,9 @@ def enqueue(s: Settings, kind: str, payload: str | None, payload_file: str | Non
     result = c.enqueue(kind, "{}" if raw is None else raw, priority=priority, role=role,
                        tenant="default" if tenant is None else tenant, key=key,
                        max_attempts=max_attempts, deadline_s=deadline, delay_s=delay,
-                       needs=needs)
+                       # Repeated, they add up (as --capacity): only the last was kept, and a
+                       # job needing a GPU was claimed by a worker without one.
+                       needs=",".join(needs) if needs else None)
     emit(as_json, result, lambda: f"job {result['job_id']} "
          + ("enqueued" if result["created"] else "already existed (same idempotency key)"))
 
