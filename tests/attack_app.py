@@ -75,6 +75,10 @@ def odd_provenance(payload: dict[str, Any], ctx: Context) -> Any:
         reported = {}
         for _ in range(3000):
             reported = {"x": reported}
+    elif how == "list":
+        reported = ["model", "v2"]
+    elif how == "text":
+        reported = "model v2"
     else:
         reported = {"o": _Unreadable()}
     return Result({"a": 1}, provenance=reported)

@@ -364,13 +364,16 @@ def test_a_command_deaf_to_sigterm_that_timed_out_fails_as_a_timeout_within_its_
     _books(coord)
 
 
-@pytest.mark.parametrize("how", ["tuple_key", "big_int", "deep", "unreadable"])
+@pytest.mark.parametrize("how", ["tuple_key", "big_int", "deep", "unreadable", "list",
+                                 "text"])
 def test_a_provenance_that_is_no_json_fails_its_attempt_as_invalid_result(
         coord: Coordinator, target: Any, tmp_path: Path, procs: Any, how: str) -> None:
     """A Python handler's provenance with a tuple key, a 5,000-digit number, 3,000 levels
     or a value whose repr raises was an internal error at every report until the lease
     ran out; the reaper then ended the job with no error recorded. It fails the attempt
-    as a result that is no JSON does: `invalid_result`, its error saying why."""
+    as a result that is no JSON does: `invalid_result`, its error saying why. A provenance
+    that is no mapping (a list, a string) failed as if the handler had raised the worker's
+    own `ValueError` of turning it into one, which pointed at the handler's code."""
     job = coord.enqueue("odd_provenance", {"how": how}, max_attempts=1)["job_id"]
     w = procs(target, tmp_path / "w.log", "w1", "--burst", "--lease", "30")
     code, summary = w.finish(60)

@@ -207,7 +207,15 @@ def call_python(run: JobRun, ctx: Context) -> Outcome:
     try:
         value = run.spec.fn(run.job["payload"], ctx)
         if isinstance(value, Result):
-            return Outcome("success", value.value, dict(value.provenance))
+            reported = value.provenance
+            if reported is None:
+                return Outcome("success", value.value, {})
+            if not isinstance(reported, Mapping):
+                # Turned into a dict here, a list raised the worker's own ValueError, and
+                # the attempt failed as if the handler had raised it.
+                return Outcome("invalid", error="the provenance must be a mapping of names "
+                               f"to JSON values, not {type(reported).__name__}")
+            return Outcome("success", value.value, dict(reported))
         return Outcome("success", value, {})
     except Cancelled as e:
         if ctx.cancelled:
