@@ -611,6 +611,8 @@ def test_a_local_workers_command_calls_back_to_its_database_not_an_inherited_ser
     (("--exec", f"summarize={CMD}", "--lease", "-1"), "lease"),
     (("--exec", f"summarize={CMD}", "--tenant", "two words"), "tenant: 'two words' may use"),
     (("--exec", f"summarize={CMD}", "--tenant", ""), "tenant: must not be empty"),
+    # An empty id (an unset shell variable) became HOST:PID, a new worker at every start.
+    (("--exec", f"summarize={CMD}", "--worker-id", ""), "worker: must not be empty"),
     (("--exec", "summarize=''"), "empty command"),
     (("--exec", "summarize=\"\" --flag"), "empty command"),
     # A program that is not there failed every job of its kind, one attempt at a time.

@@ -192,7 +192,10 @@ def make_config(*, app_spec: str | None, execs: tuple[str, ...], roles: tuple[st
     all_roles = {v.name(r, "role") for r in roles}
     all_roles |= {h.role for h in handlers.values() if h.role is not None}
     return WorkerConfig(
-        worker_id=v.name(worker_id or default_worker_id(), "worker", max_len=v.MAX_WORKER_ID),
+        # Only an id not given defaults: an empty one (an unset shell variable) became
+        # HOST:PID, a new id at every start, where every other command refuses it.
+        worker_id=v.name(default_worker_id() if worker_id is None else worker_id, "worker",
+                         max_len=v.MAX_WORKER_ID),
         handlers=handlers, roles=sorted(all_roles), lease_s=lease_s, heartbeat_s=hb_s,
         reap_s=v.seconds(reap_every, "reap-every", 0, 3600.0),
         poll_s=v.seconds(poll, "poll", 0.01, 60.0),
