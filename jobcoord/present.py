@@ -196,7 +196,8 @@ def explain_job(policy: Policy, job: dict[str, Any], ahead: int | None, lease: A
                 else "no worker has sent a heartbeat yet")
         handlers = [w for w in able if w["kinds"] is None or kind in w["kinds"]]
         if able and not handlers:
-            say("no_handler", f"no worker with role {role!r} has a handler for kind {kind!r}")
+            say("no_handler", f"no worker{'' if role is None else f' with role {role!r}'} "
+                f"has a handler for kind {kind!r}")
         ready = []
         for w in handlers:
             gate, _age = gate_of(w, now)

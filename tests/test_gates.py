@@ -296,6 +296,16 @@ def test_explain_says_when_no_worker_has_a_handler_for_the_kind(coord, clock):
     assert got["job"] is None
 
 
+def test_explain_of_a_job_without_a_role_never_names_a_role_none(coord, clock):
+    """A job that needs no role, with no worker handling its kind, was explained as "no
+    worker with role None has a handler", as if it needed a role called None."""
+    job_id = coord.enqueue("render", {}, priority=0)["job_id"]
+    coord.heartbeat("w1", kinds=["summarize"], readings=IDLE_ON_AC)
+    (reason,) = coord.explain(job_id)["reasons"]
+    assert reason == {"code": "no_handler", "detail": "no worker has a handler for kind "
+                      "'render'"}, reason
+
+
 def test_explain_names_every_gated_worker_and_its_gate(coord, clock):
     job_id = coord.enqueue("learn", {}, priority=3)["job_id"]
     for name, (bad, _, _) in GATED.items():
