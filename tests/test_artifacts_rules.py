@@ -1333,20 +1333,31 @@ def test_an_empty_artifacts_directory_is_refused_never_the_default_store(
 
 
 
-@pytest.mark.parametrize("lock", ["directory", "link to a file", "link to nothing"])
+@pytest.mark.parametrize("lock", ["directory", "link to a file", "link to nothing",
+                                  "immutable file"])
 def test_a_stage_refused_for_a_broken_gc_lock_leaves_nothing_in_the_store(
         ac: Coordinator, store_dir: str, tmp_path: Path, lock: str) -> None:
     """`gc.lock` a directory or a link: the stage stored its object (and its fan-out
     directories), then failed to take the lock (exit 6), leaving an object no row names,
     which gc, refused the same lock, never collected. The lock is looked at before the
-    bytes are stored: exit 6, the store as it was."""
+    bytes are stored: exit 6, the store as it was. A regular file the stage cannot open
+    for writing (the immutable flag: root too is refused) is looked at by opening it."""
+    import shutil
+    import subprocess
+
     done, e1 = start(ac, "w1")
     ac.put_artifact(done, "w1", e1, "kept.bin", b"accepted bytes")
     path = Path(store_dir, "gc.lock")
-    path.unlink()
-    if lock == "directory":
+    if lock == "immutable file":
+        if shutil.which("chattr") is None:
+            pytest.skip("chattr is not installed")
+        if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+            pytest.skip("this filesystem has no immutable flag")
+    elif lock == "directory":
+        path.unlink()
         path.mkdir()
     else:
+        path.unlink()
         aside = tmp_path / "aside.lock"
         if lock == "link to a file":
             aside.write_bytes(b"")
@@ -1358,8 +1369,12 @@ def test_a_stage_refused_for_a_broken_gc_lock_leaves_nothing_in_the_store(
     before = tree()
     from jobcoord.errors import StorageUnavailable
 
-    with pytest.raises(StorageUnavailable) as caught:
-        ac.put_artifact(done, "w1", e1, "more.bin", b"bytes never stored")
+    try:
+        with pytest.raises(StorageUnavailable) as caught:
+            ac.put_artifact(done, "w1", e1, "more.bin", b"bytes never stored")
+    finally:
+        if lock == "immutable file":
+            subprocess.run(["chattr", "-i", str(path)], check=True)
     assert caught.value.exit_code == 6 and "gc lock" in caught.value.message, caught.value
     assert tree() == before
     assert [r[1] for r in rows(ac, done)] == ["kept.bin"]

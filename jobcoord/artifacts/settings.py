@@ -369,15 +369,20 @@ def refuse_broken_lock(store: ObjectStore) -> None:
     """Before a stage stores its bytes: a `gc.lock` that is not a regular file (a directory,
     a link, which is never followed) is refused now, exit 6, as the lock would be once the
     object was stored, leaving it there with no row (and gc, refused the same lock, never
-    collected it)."""
+    collected it). Opened as the stage's lock opens it, so a regular file it cannot open
+    (no write access, the immutable flag) is refused now too."""
     path = os.path.join(store.root, LOCK_FILE)
     try:
-        st = os.lstat(path)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return  # made by the stage's lock
     except OSError as exc:
         raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
-    if not stat.S_ISREG(st.st_mode):
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+    if not regular:
         raise store_error(OSError(errno.EINVAL, f"{path} is not a regular file"), store.root,
                           f"opening its gc lock {path!r}")
 
