@@ -256,9 +256,11 @@ def test_a_backup_or_restore_through_a_regular_file_says_it_is_not_a_directory(
         assert run_cli(sqlite_target, "migrate").code == 0
     backup = tmp_path / "good.db"
     assert run_cli(sqlite_target, *args, "backup", str(backup), "--json").code == 0
+    (tmp_path / "unmounted").symlink_to(tmp_path / "no volume" / "backups")
     before = sorted(p.name for p in Path(db).parent.iterdir())
     for dest, said in ((f"{db}/b.db", f"{db} is not a directory"),
-                       (str(tmp_path / "no dir" / "b.db"), "does not exist")):
+                       (str(tmp_path / "no dir" / "b.db"), "does not exist"),
+                       (str(tmp_path / "unmounted" / "b.db"), "does not exist")):
         r = run_cli(sqlite_target, *args, "backup", dest, "--json")
         assert (r.code, r.json["error"]["code"]) == (6, "database_unavailable"), r
         assert said in r.json["error"]["message"], r.json

@@ -150,6 +150,8 @@ def no_directory(parent: str, doing: str | None = None) -> StorageUnavailable:
     """The error for a file's directory that is not there (exit 6: a volume not mounted is
     the common case, and it comes back). Said as it is: "does not exist" of a regular file
     (`backup q.db/b.db`) sent people looking for a directory never meant to be there."""
-    said = (f"{parent} is not a directory" if os.path.lexists(parent)
+    # exists, not lexists: a link to nothing where the directory goes is a volume not
+    # mounted, whose directory does not exist.
+    said = (f"{parent} is not a directory" if os.path.exists(parent)
             else f"directory {parent} does not exist")
     return StorageUnavailable("database_unavailable", f"{doing}: {said}" if doing else said)
