@@ -79,6 +79,8 @@ def odd_provenance(payload: dict[str, Any], ctx: Context) -> Any:
         reported = ["model", "v2"]
     elif how == "text":
         reported = "model v2"
+    elif how == "pairs":  # what dict() takes: a provenance, as it always was
+        return Result({"a": 1}, provenance=[("model", "v2")])
     else:
         reported = {"o": _Unreadable()}
     return Result({"a": 1}, provenance=reported)

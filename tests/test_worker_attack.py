@@ -374,6 +374,8 @@ def test_a_provenance_that_is_no_json_fails_its_attempt_as_invalid_result(
     as a result that is no JSON does: `invalid_result`, its error saying why. A provenance
     that is no mapping (a list, a string) failed as if the handler had raised the worker's
     own `ValueError` of turning it into one, which pointed at the handler's code."""
+    if how == "list":  # pairs are what dict() takes: still a provenance
+        ok = coord.enqueue("odd_provenance", {"how": "pairs"}, max_attempts=1)["job_id"]
     job = coord.enqueue("odd_provenance", {"how": how}, max_attempts=1)["job_id"]
     w = procs(target, tmp_path / "w.log", "w1", "--burst", "--lease", "30")
     code, summary = w.finish(60)
@@ -383,6 +385,10 @@ def test_a_provenance_that_is_no_json_fails_its_attempt_as_invalid_result(
     assert shown["job"]["status"] == "dead", shown["job"]
     assert shown["events"][-1]["reason"] == "invalid_result", shown["events"][-1]
     assert "provenance" in shown["job"]["last_error"], shown["job"]["last_error"]
+    if how == "list":
+        good = coord.show(ok)
+        assert good["job"]["status"] == "succeeded", good["job"]
+        assert good["job"]["provenance"]["reported"] == {"model": "v2"}
     _books(coord)
 
 

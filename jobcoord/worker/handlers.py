@@ -210,12 +210,15 @@ def call_python(run: JobRun, ctx: Context) -> Outcome:
             reported = value.provenance
             if reported is None:
                 return Outcome("success", value.value, {})
-            if not isinstance(reported, Mapping):
-                # Turned into a dict here, a list raised the worker's own ValueError, and
-                # the attempt failed as if the handler had raised it.
+            try:
+                # What dict() takes is taken (a mapping, pairs, a database row).
+                prov = dict(reported)
+            except (TypeError, ValueError):
+                # Raised here, the worker's own error failed the attempt as if the handler
+                # had raised it, and pointed at the handler's code.
                 return Outcome("invalid", error="the provenance must be a mapping of names "
                                f"to JSON values, not {type(reported).__name__}")
-            return Outcome("success", value.value, dict(reported))
+            return Outcome("success", value.value, prov)
         return Outcome("success", value, {})
     except Cancelled as e:
         if ctx.cancelled:
