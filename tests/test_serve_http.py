@@ -339,10 +339,15 @@ def test_serve_refuses_a_number_option_that_is_not_finite_before_listening(
     error = json.loads(refused.stdout)["error"]
     assert error["code"] == "usage_error" and option in error["message"], error
     assert b"listening" not in refused.stdout
+    token_file = sqlite_target.sqlite_path + ".token"
+    with open(token_file, "w", encoding="utf-8") as f:
+        f.write("jc_" + "a" * 43 + "\n")
     worker = subprocess.run([*jobcoord_argv(), "worker", "--server", "http://127.0.0.1:9",
-                             "--token-file", __file__, "--wait", value, "--json"],
+                             "--token-file", token_file, "--wait", value, "--json"],
                             capture_output=True, timeout=60, check=False)
     assert worker.returncode == 2, worker
+    error = json.loads(worker.stdout)["error"]
+    assert error["code"] == "usage_error" and "--wait" in error["message"], error
 
 
 def test_the_listening_url_of_an_ipv6_address_is_a_url_a_worker_can_use(
