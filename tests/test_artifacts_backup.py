@@ -876,3 +876,33 @@ def test_a_stage_into_a_backups_artifact_directory_is_exit_2_and_the_backup_stil
     r = cli(resolve_target(db=str(tmp_path / "r.db")), str(tmp_path / "rs"), "restore",
             str(dest), "--json")
     assert r.code == 0, r  # type: ignore[attr-defined]
+
+
+def test_a_backup_of_no_objects_is_a_backups_directory_too(
+        sqlite_target: Target, tmp_path: Path) -> None:
+    """A backup of a database naming no object writes its manifest alone, no `objects/`:
+    it was not taken for a backup's directory, a stage made it a live store, and every
+    later `backup --force` to that DEST was refused (exit 2). Its manifest (of no object)
+    marks it as well: the stage, restore and gc are refused, and the backup is replaced."""
+    install(sqlite_target)
+    c = Coordinator.open(sqlite_target)
+    try:
+        c.artifacts_dir = str(tmp_path / "store")
+        dest = tmp_path / "b # ?%.db"
+        r = cli(sqlite_target, c.artifacts_dir, "backup", str(dest), "--json")
+        assert r.code == 0, r  # type: ignore[attr-defined]
+        own = Path(f"{dest}.artifacts")
+        assert sorted(p.name for p in own.iterdir()) == ["manifest.json"]
+        c.artifacts_dir = str(own)
+        job, epoch = start(c, "w1")
+        with pytest.raises(InvalidInput) as e:
+            c.put_artifact(job, "w1", epoch, "x.bin", b"x")
+        assert "backup" in str(e.value)
+        assert sorted(p.name for p in own.iterdir()) == ["manifest.json"]
+        r = cli(sqlite_target, str(own), "artifact", "gc", "--json")
+        assert r.code == 2, r  # type: ignore[attr-defined]
+        r = cli(sqlite_target, str(tmp_path / "store"), "backup", str(dest), "--force",
+                "--json")
+        assert r.code == 0, r  # type: ignore[attr-defined]
+    finally:
+        c.close()

@@ -399,8 +399,8 @@ def refuse_a_backups_directory(root: str, doing: str) -> None:
         path = start
         while path not in seen:
             seen.add(path)
-            if (os.path.isdir(os.path.join(path, "objects"))
-                    and _a_backup_manifest(os.path.join(path, MANIFEST))):
+            if _a_backup_manifest(os.path.join(path, MANIFEST),
+                                  os.path.isdir(os.path.join(path, "objects"))):
                 raise InvalidInput(
                     "invalid_input", f"the artifact store {root} is "
                     f"{'' if path == start else 'inside '}a backup's artifact directory "
@@ -412,30 +412,33 @@ def refuse_a_backups_directory(root: str, doing: str) -> None:
             path = os.path.dirname(path)
 
 
-def _a_backup_manifest(path: str) -> bool:
+def _a_backup_manifest(path: str, beside_objects: bool) -> bool:
     """Whether `path` is a manifest a backup writes (a JSON object of a whole `format`,
     `rows` and an `objects` object), not some other tool's `manifest.json` (a web or
-    extension tree): those stores are no backup's. One that is there but cannot be read or
-    parsed may be a backup's (damaged), and is taken for one: refused, it can be looked at."""
+    extension tree): those stores are no backup's. `beside_objects`: an `objects/`
+    directory is beside it; a backup of no object writes its manifest alone. One beside
+    `objects/` that cannot be read or parsed may be a backup's (damaged), and is taken for
+    one: refused, it can be looked at."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there never blocks
     except FileNotFoundError:
         return False
     except OSError:
-        return os.path.isfile(path)
+        return beside_objects and os.path.isfile(path)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return False
         with open(fd, "rb", closefd=False) as f:
             manifest = json.load(f)
     except (OSError, ValueError, RecursionError):
-        return True
+        return beside_objects
     finally:
         os.close(fd)
     return (isinstance(manifest, dict)
             and all(isinstance(manifest.get(k), int) and not isinstance(manifest.get(k), bool)
                     for k in ("format", "rows"))
-            and isinstance(manifest.get("objects"), dict))
+            and isinstance(manifest.get("objects"), dict)
+            and (beside_objects or not manifest["objects"]))
 
 
 def is_user(store: ObjectStore, identity: str) -> bool:
