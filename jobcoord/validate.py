@@ -170,7 +170,11 @@ def seconds(value: Any, field: str, lo: float, hi: float, *, lo_inclusive: bool 
     if not math.isfinite(value):
         raise _bad(field, "must be a finite number")
     if value < lo or (not lo_inclusive and value == lo) or value > hi:
-        raise _bad(field, f"{value:.15g} is outside {_seconds_range(lo, hi, lo_inclusive)}")
+        # 15 digits read well (30, not 30.0), but may round a value onto the bound it
+        # passed (43200.00000000001 shown as 43200): then every digit it has.
+        text = f"{value:.15g}"
+        raise _bad(field, f"{text if float(text) == value else repr(value)} is outside "
+                   f"{_seconds_range(lo, hi, lo_inclusive)}")
     return value
 
 

@@ -478,6 +478,21 @@ def test_a_duration_out_of_range_names_the_same_range_whatever_its_type(
     assert dump(coord) == before
 
 
+def test_a_duration_just_past_its_bound_is_named_as_given_not_rounded_onto_it(
+        coord: Coordinator) -> None:
+    """A lease of 43200.00000000001 s (just past the limit) was refused as "43200 is outside
+    (0, 43200] seconds": rounded to 15 digits, the value named was the bound itself."""
+    coord.heartbeat("w1", readings=IDLE_ON_AC)
+    just_past = 43200.00000000001
+    with pytest.raises(InvalidInput) as caught:
+        coord.claim("w1", lease_s=just_past)
+    assert caught.value.message.startswith(f"lease: {just_past!r} is outside"), (
+        caught.value.message)
+    with pytest.raises(InvalidInput) as caught:  # and a value with few digits, as before
+        coord.claim("w1", lease_s=-0.5)
+    assert caught.value.message.startswith("lease: -0.5 is outside"), caught.value.message
+
+
 #: Yes/no arguments given what only looks like an answer: `prune(dry_run="false")` counted
 #: (a non-empty string is true) while `dry_run=0` deleted; `open(migrate="no")` migrated.
 NOT_A_FLAG = ("false", "no", 0, 1, None, 1.0)
