@@ -190,7 +190,8 @@ def test_migrate_without_artifacts_over_a_store_that_is_a_file_is_store_unavaila
         assert c.has_feature("artifacts")
 
 
-@pytest.mark.parametrize("linked", ["objects", "objects/sha256"])
+@pytest.mark.parametrize("linked", ["objects", "objects/sha256", "objects/sha256 gone",
+                                    "the store"])
 def test_migrate_without_artifacts_over_a_store_it_cannot_list_is_store_unavailable(
         target: Target, tmp_path: Any, linked: str) -> None:
     """`objects/` (or `objects/sha256`) a link to nothing (a volume not mounted): `migrate
@@ -212,9 +213,13 @@ def test_migrate_without_artifacts_over_a_store_it_cannot_list_is_store_unavaila
         epoch = c.claim("w1")["lease"]["epoch"]
         c.put_artifact(job, "w1", epoch, "kept.bin", b"accepted bytes")
         c.complete(job, "w1", epoch, {})
-    place = store / linked
+    # Also `objects/` left without its `sha256/` (the empty mount point of a volume not
+    # mounted), and the store's own path a link to nothing, while rows name objects.
+    place = {"objects/sha256 gone": store / "objects" / "sha256", "the store": store}.get(
+        linked, store / linked)
     place.rename(tmp_path / "volume")
-    os.symlink(tmp_path / "unmounted", place)
+    if linked != "objects/sha256 gone":
+        os.symlink(tmp_path / "unmounted", place)
     for force in ([], ["--force"]):
         r = run_cli(target, "--artifacts", str(store), "migrate", "--without", "artifacts",
                     *force, "--json")

@@ -4,10 +4,12 @@ row references, and the check before the artifacts feature is removed."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from jobcoord.artifacts.files import store_error
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
@@ -172,6 +174,15 @@ def removal_check(db: Database, conn: Connection, force: bool,
             # A link to nothing (a volume not mounted) lists as no object: counted none,
             # `--force` dropped the rows saying none was left.
             there.refuse_broken_layout(tmp=False)
+        if rows and ((there.present() and not os.path.lexists(there.objects_dir))
+                     or (os.path.islink(there.root) and not os.path.exists(there.root))):
+            # So do an `objects/` without its `sha256/` (the empty mount point of a volume
+            # not mounted) and a store path that is a link to nothing, where rows name
+            # objects: as every reader says of them, the store cannot be used.
+            raise store_error(FileNotFoundError(
+                errno.ENOENT, f"{there.objects_dir} is not there, yet this database's "
+                "artifacts are kept there: is its volume not mounted?"), there.root,
+                "counting the objects it holds")
         for _digest, n, _mtime in there.iter_objects():
             objects += 1
             object_bytes += n
