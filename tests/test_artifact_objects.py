@@ -534,6 +534,8 @@ def test_a_store_root_through_a_regular_file_is_a_mistyped_path_not_a_store_unav
     with pytest.raises(StorageUnavailable) as exc:
         ObjectStore(tmp_path / "gone").put(b"data")
     assert exc.value.code == "artifact_store_unavailable" and exc.value.exit_code == 6
+    # Said as it is (it said "exists and is not a directory", naming no path).
+    assert f"{tmp_path / 'gone'} is a link to nothing" in exc.value.message, exc.value.message
     # objects/ taken by a file inside an otherwise good root.
     root = tmp_path / "store2"
     root.mkdir()

@@ -95,8 +95,11 @@ def mkdir_once(path: str) -> bool:
         return True
     except FileExistsError:
         if not os.path.isdir(path):
-            raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory",
-                                     path) from None
+            if not os.path.exists(path):  # a link to nothing: a volume not mounted?
+                raise FileNotFoundError(errno.ENOENT, f"{path} is a link to nothing (is its "
+                                        "volume not mounted?)") from None
+            raise NotADirectoryError(errno.ENOTDIR, f"{path} exists and is not a directory"
+                                     ) from None
         return False
 
 
