@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from jobcoord import faults
-from jobcoord.artifacts.files import dest_error, flock_within
+from jobcoord.artifacts.files import NotRegularFile, dest_error, flock_within, open_regular
 from jobcoord.artifacts.names import parse_digest
 from jobcoord.artifacts.objects import ObjectStore
 from jobcoord.artifacts.settings import (
@@ -363,20 +363,14 @@ def _checked(source: str, directory: str, referenced: dict[str, int], nrows: int
                                backup=source)
 
     try:
-        # Non-blocking, and only a regular file is read: a FIFO in its place blocked the
-        # restore in open() for ever.
-        fd = os.open(os.path.join(directory, MANIFEST), os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            # Before open(): it refuses a directory naming only the descriptor.
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-        except OSError:
-            os.close(fd)
-            raise
-        if not regular:
-            os.close(fd)
-            raise bad(f"{directory}/{MANIFEST} is not a regular file")
+        # Only a regular file, never waiting (a FIFO in its place blocked the restore in
+        # open() for ever), and looked at before open(), which refuses a directory naming
+        # only the descriptor.
+        fd = open_regular(os.path.join(directory, MANIFEST), os.O_RDONLY)
         with open(fd, encoding="utf-8") as f:
             manifest = json.load(f)
+    except NotRegularFile:
+        raise bad(f"{directory}/{MANIFEST} is not a regular file") from None
     except FileNotFoundError:
         raise bad(f"{directory}/{MANIFEST} is missing") from None
     except (OSError, ValueError, RecursionError) as exc:

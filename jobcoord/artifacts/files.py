@@ -37,6 +37,27 @@ class StoredObject:
     created: bool  # False: the same content was already stored
 
 
+class NotRegularFile(OSError):
+    """What `open_regular` found is no regular file (a fifo, a device, a directory)."""
+
+
+def open_regular(path: str, flags: int, mode: int = 0o600) -> int:
+    """`os.open(path, flags)` without ever waiting, keeping only a regular file: anything
+    else is closed and refused (NotRegularFile, errno EINVAL). A fifo opened read-only
+    waited for a writer for ever (a manifest or a lock file in its place hung restore,
+    backup and gc)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except OSError:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise NotRegularFile(errno.EINVAL, f"{path} is not a regular file")
+    return fd
+
+
 def store_error(exc: OSError, root: str, doing: str) -> StorageUnavailable:
     if exc.errno in _FULL:
         return StorageUnavailable("artifact_store_full",

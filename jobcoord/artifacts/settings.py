@@ -12,12 +12,18 @@ import json
 import os
 import secrets
 import shlex
-import stat
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jobcoord.artifacts.files import flock_within, fsync_dir, mkdir_once, store_error
+from jobcoord.artifacts.files import (
+    NotRegularFile,
+    flock_within,
+    fsync_dir,
+    mkdir_once,
+    open_regular,
+    store_error,
+)
 from jobcoord.artifacts.names import (  # noqa: F401 -- the artifacts API, as before
     DEFAULT_MEDIA_TYPE,
     MEDIA_TYPE,
@@ -240,12 +246,9 @@ def gc_lock(store: ObjectStore, exclusive: bool, wait_s: float = GC_LOCK_WAIT_S,
         # Never through a link: a lock file made where it points is made outside the store.
         # Those that change nothing open it read-only (flock needs no write access): on a
         # store mounted read-only they still work.
-        # Never waiting either: a fifo there opened read-only waited for a writer forever.
-        fd = os.open(path, (os.O_RDONLY if dry_run or reading else os.O_RDWR) | os.O_CLOEXEC
-                     | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if dry_run else os.O_CREAT), 0o600)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo or a device: no lock file
-            os.close(fd)
-            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        # Never waiting either (a fifo there), and a regular file only.
+        fd = open_regular(path, (os.O_RDONLY if dry_run or reading else os.O_RDWR)
+                          | os.O_NOFOLLOW | (0 if dry_run else os.O_CREAT))
     except OSError as exc:  # a link, a directory or an unreadable file where the lock goes
         # No lock file for a dry run: nobody holds the lock, and the dry run makes none.
         # None can be made by a reader on a read-only store, where no gc deletes either
@@ -373,18 +376,11 @@ def refuse_broken_lock(store: ObjectStore) -> None:
     (no write access, the immutable flag) is refused now too."""
     path = os.path.join(store.root, LOCK_FILE)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        os.close(open_regular(path, os.O_RDWR | os.O_NOFOLLOW))
     except FileNotFoundError:
         return  # made by the stage's lock
     except OSError as exc:
         raise store_error(exc, store.root, f"opening its gc lock {path!r}") from None
-    try:
-        regular = stat.S_ISREG(os.fstat(fd).st_mode)
-    finally:
-        os.close(fd)
-    if not regular:
-        raise store_error(OSError(errno.EINVAL, f"{path} is not a regular file"), store.root,
-                          f"opening its gc lock {path!r}")
 
 
 def refuse_a_backups_directory(root: str, doing: str) -> None:
@@ -420,20 +416,16 @@ def _a_backup_manifest(path: str, beside_objects: bool) -> bool:
     `objects/` that cannot be read or parsed may be a backup's (damaged), and is taken for
     one: refused, it can be looked at."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there never blocks
-    except FileNotFoundError:
+        fd = open_regular(path, os.O_RDONLY)
+    except (FileNotFoundError, NotRegularFile):
         return False
     except OSError:
         return beside_objects and os.path.isfile(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        with open(fd, "rb", closefd=False) as f:
+        with open(fd, "rb") as f:
             manifest = json.load(f)
     except (OSError, ValueError, RecursionError):
         return beside_objects
-    finally:
-        os.close(fd)
     return (isinstance(manifest, dict)
             and all(isinstance(manifest.get(k), int) and not isinstance(manifest.get(k), bool)
                     for k in ("format", "rows"))
