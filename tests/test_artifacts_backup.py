@@ -758,6 +758,19 @@ def test_gc_from_a_database_restored_into_a_shared_store_never_deletes_the_other
     assert r.code == 0, r.out  # type: ignore[attr-defined]
 
 
+def _stamps(directory: Path) -> list[tuple[str, int]]:
+    """Every path under `directory` with its modification time: what "changes nothing"
+    compares."""
+    return sorted((str(p), p.stat().st_mtime_ns) for p in directory.rglob("*"))
+
+
+def _restores(dest: Path, tmp_path: Path, name: str = "r.db") -> None:
+    """The backup at `dest` still restores, into a new database and store."""
+    r = cli(resolve_target(db=str(tmp_path / name)), str(tmp_path / "rs"), "restore",
+            str(dest), "--json")
+    assert r.code == 0, r  # type: ignore[attr-defined]
+
+
 def test_a_restore_into_a_backups_own_artifact_directory_is_exit_2_and_changes_nothing(
         sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
     """`restore BACKUP --artifacts BACKUP.artifacts` (the backup's directory taken for a
@@ -782,9 +795,7 @@ def test_a_restore_into_a_backups_own_artifact_directory_is_exit_2_and_changes_n
         assert r.code == 2, (store, r)  # type: ignore[attr-defined]
         assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
         assert tree() == before and not (tmp_path / "r.db").exists()
-    r = cli(resolve_target(db=str(tmp_path / "r2.db")), str(tmp_path / "rs"), "restore",
-            str(dest), "--json")
-    assert r.code == 0, r  # type: ignore[attr-defined]
+    _restores(dest, tmp_path, "r2.db")
 
 
 def test_gc_in_a_backups_artifact_directory_is_exit_2_and_deletes_nothing(
@@ -797,15 +808,13 @@ def test_gc_in_a_backups_artifact_directory_is_exit_2_and_deletes_nothing(
     own = tmp_path / "b.db.artifacts"
     orphan = ObjectStore(own).put(b"left in the backup's directory")  # no row names it
     os.utime(ObjectStore(own).path_of(orphan.digest), (1, 1))
-    before = sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*"))
+    before = _stamps(own)
     for dry in ([], ["--dry-run"]):
         r = cli(sqlite_target, str(own), "artifact", "gc", "--grace", "0s", "--json", *dry)
         assert r.code == 2, r  # type: ignore[attr-defined]
         assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
-    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
-    r = cli(resolve_target(db=str(tmp_path / "r.db")), str(tmp_path / "rs"), "restore",
-            str(dest), "--json")
-    assert r.code == 0, r  # type: ignore[attr-defined]
+    assert _stamps(own) == before
+    _restores(dest, tmp_path)
 
 
 def test_a_store_under_a_directory_with_a_manifest_not_a_backups_is_collected_and_restored(
@@ -840,7 +849,7 @@ def test_a_store_path_linked_to_a_backups_artifact_directory_is_refused_like_the
     own = tmp_path / "b.db.artifacts"
     (tmp_path / "link").symlink_to(own)
     (tmp_path / "link in").symlink_to(own / "objects")
-    before = sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*"))
+    before = _stamps(own)
     for store in (tmp_path / "link", tmp_path / "link in" / "more"):
         restored = resolve_target(db=str(tmp_path / "r.db"))
         r = cli(restored, str(store), "restore", str(dest), "--json")
@@ -850,7 +859,7 @@ def test_a_store_path_linked_to_a_backups_artifact_directory_is_refused_like_the
     r = cli(sqlite_target, str(tmp_path / "link"), "artifact", "gc", "--grace", "0s",
             "--json")
     assert r.code == 2, r  # type: ignore[attr-defined]
-    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
+    assert _stamps(own) == before
 
 
 def test_a_stage_into_a_backups_artifact_directory_is_exit_2_and_the_backup_still_restores(
@@ -860,22 +869,20 @@ def test_a_stage_into_a_backups_artifact_directory_is_exit_2_and_the_backup_stil
     backup restored no more. Refused, exit 2, nothing stored; the backup restores."""
     dest = _good_backup(sc, sqlite_target, tmp_path)
     own = tmp_path / "b.db.artifacts"
-    before = sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*"))
+    before = _stamps(own)
     sc.artifacts_dir = str(own)
     b, eb = start(sc, "w2")
     with pytest.raises(InvalidInput) as e:
         sc.put_artifact(b, "w2", eb, "second.bin", b"second")
     assert "backup" in str(e.value)
-    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
+    assert _stamps(own) == before
     src = tmp_path / "x.bin"
     src.write_bytes(b"x")
     r = cli(sqlite_target, str(own), "artifact", "put", str(b), str(src), "--name", "x.bin",
             "--worker", "w2", "--epoch", str(eb), "--json")
     assert r.code == 2, r  # type: ignore[attr-defined]
-    assert sorted((str(p), p.stat().st_mtime_ns) for p in own.rglob("*")) == before
-    r = cli(resolve_target(db=str(tmp_path / "r.db")), str(tmp_path / "rs"), "restore",
-            str(dest), "--json")
-    assert r.code == 0, r  # type: ignore[attr-defined]
+    assert _stamps(own) == before
+    _restores(dest, tmp_path)
 
 
 def test_a_backup_of_no_objects_is_a_backups_directory_too(
