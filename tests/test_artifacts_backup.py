@@ -761,7 +761,7 @@ def test_gc_from_a_database_restored_into_a_shared_store_never_deletes_the_other
 def _stamps(directory: Path) -> list[tuple[str, int]]:
     """Every path under `directory` with its modification time: what "changes nothing"
     compares."""
-    return sorted((str(p), p.stat().st_mtime_ns) for p in directory.rglob("*"))
+    return sorted((str(p), p.lstat().st_mtime_ns) for p in directory.rglob("*"))
 
 
 def _restores(dest: Path, tmp_path: Path, name: str = "r.db") -> None:
@@ -913,3 +913,48 @@ def test_a_backup_of_no_objects_is_a_backups_directory_too(
         assert r.code == 0, r  # type: ignore[attr-defined]
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("manifest", ["fifo", "directory", "link to nothing"])
+def test_a_backups_directory_whose_manifest_cannot_be_read_is_still_never_collected(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path, manifest: str) -> None:
+    """A backup's directory whose `manifest.json` was a fifo, a directory or a link to
+    nothing was taken for no backup's: a stage made it a live store and gc deleted the
+    backup's objects. A manifest that cannot be read beside `objects/` may be a backup's,
+    damaged: refused, exit 2, nothing deleted."""
+    _good_backup(sc, sqlite_target, tmp_path)
+    own = tmp_path / "b.db.artifacts"
+    path = own / "manifest.json"
+    path.unlink()
+    if manifest == "fifo":
+        os.mkfifo(path)
+    elif manifest == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to(tmp_path / "nowhere")
+    orphan = ObjectStore(own).put(b"left in the backup's directory")  # no row names it
+    os.utime(ObjectStore(own).path_of(orphan.digest), (1, 1))
+    before = _stamps(own)
+    r = cli(sqlite_target, str(own), "artifact", "gc", "--grace", "0s", "--json")
+    assert r.code == 2, r  # type: ignore[attr-defined]
+    assert "backup" in r.json["error"]["message"], r.json  # type: ignore[attr-defined]
+    assert _stamps(own) == before
+
+
+def test_a_restore_with_artifacts_into_a_missing_directory_makes_nothing(
+        sc: Coordinator, sqlite_target: Target, tmp_path: Path) -> None:
+    """A backup with artifacts restored to `nodir/sub/x.db` with the default store made
+    the store, its directories with it, and so the database's directory: exit 0, where
+    a backup without artifacts is exit 6 saying the directory does not exist. Refused
+    alike, before any object is placed; through a regular file, "is not a directory"."""
+    dest = _good_backup(sc, sqlite_target, tmp_path)
+    (tmp_path / "afile").write_bytes(b"a file")
+    (tmp_path / "dang").symlink_to(tmp_path / "unmounted")
+    before = _stamps(tmp_path)
+    for where, said in (("nodir/sub", "does not exist"), ("afile", "is not a directory"),
+                        ("dang", "does not exist")):
+        r = run_cli(resolve_target(db=str(tmp_path / where / "x.db")), "restore", str(dest),
+                    "--json")
+        assert (r.code, r.json["error"]["code"]) == (6, "database_unavailable"), (where, r)
+        assert said in r.json["error"]["message"], (where, r.json)
+        assert _stamps(tmp_path) == before

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jobcoord.artifacts.files import (
-    NotRegularFile,
     flock_within,
     fsync_dir,
     mkdir_once,
@@ -414,13 +413,16 @@ def _a_backup_manifest(path: str, beside_objects: bool) -> bool:
     extension tree): those stores are no backup's. `beside_objects`: an `objects/`
     directory is beside it; a backup of no object writes its manifest alone. One beside
     `objects/` that cannot be read or parsed may be a backup's (damaged), and is taken for
-    one: refused, it can be looked at."""
+    one (a fifo, a directory or a link to nothing in its place too: taken for none, a
+    stage made the directory a live store and gc deleted the backup's objects): refused,
+    it can be looked at."""
     try:
         fd = open_regular(path, os.O_RDONLY)
-    except (FileNotFoundError, NotRegularFile):
-        return False
-    except OSError:
-        return beside_objects and os.path.isfile(path)
+    except FileNotFoundError:
+        # A link to nothing in its place is a manifest that cannot be read.
+        return beside_objects and os.path.islink(path)
+    except OSError:  # a fifo, a directory, unreadable: one that cannot be read
+        return beside_objects
     try:
         with open(fd, "rb") as f:
             manifest = json.load(f)
