@@ -486,6 +486,11 @@ def restore(backup_file: str, target: Any, explicit_store: str | None,
         from jobcoord.store.sqlite_files import LOG_SUFFIXES
 
         refuse_existing(target.sqlite_path)  # before any object is placed for it
+        # And its directory: a default store (`<db>.artifacts`) made there made the
+        # missing directories with it, and the restore went on where one without
+        # artifacts is refused.
+        if not os.path.isdir(os.path.dirname(target.sqlite_path)):
+            raise no_directory(os.path.dirname(target.sqlite_path))
         for part in (target.sqlite_path, *(target.sqlite_path + s for s in LOG_SUFFIXES)):
             if _within(root, part):
                 # Made there, the store would be a directory at the target's name (or at
